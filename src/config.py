@@ -1,0 +1,82 @@
+"""Config checks that run before any compute, and the `${root:}` resolver the YAML uses.
+
+Hydra already refuses unknown option names (`buffer=age9`) and unknown keys
+(`buffer.ratoi=2`) with a message listing what exists; this module refuses values that
+compose but make no sense for the method, each with a message naming the value and the fix.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from src.paths import PROJECT_ROOT
+
+if not OmegaConf.has_resolver("root"):
+    OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
+
+ENGINES = ("hf", "vllm")
+ESTIMATORS = ("first_k", "unbiased")
+DTYPES = ("float32", "bfloat16", "float16")
+SOURCES = ("generator", "hub")
+
+
+class ConfigError(ValueError):
+    """A configuration that composes but cannot run; the message says how to fix it."""
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first problem found; return quietly for a runnable config."""
+    trainer, buffer, clip, evaluation = cfg.trainer, cfg.buffer, cfg.clip, cfg.evaluation
+    _check(trainer.group_size >= 2,
+           f"trainer.group_size K={trainer.group_size}: the leave-one-out baseline needs K >= 2; set trainer.group_size=8")
+    _check(trainer.groups_per_step >= 1,
+           f"trainer.groups_per_step B={trainer.groups_per_step}: need at least one prompt group per step")
+    _check(trainer.steps >= 1, f"trainer.steps={trainer.steps}: train for at least one step")
+    _check(buffer.ratio >= 0,
+           f"buffer.ratio rho={buffer.ratio} is negative: use 0 for fresh-only (buffer=none) or a positive ratio")
+    _check(buffer.max_age >= 0, f"buffer.max_age L={buffer.max_age} is negative: use 1, 2 or 3")
+    fresh_groups = round(trainer.groups_per_step / (1 + buffer.ratio))  # B_fresh, as src.objective.plan_batch
+    _check(fresh_groups >= 1,
+           f"buffer.ratio rho={buffer.ratio} with trainer.groups_per_step B={trainer.groups_per_step} plans "
+           f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
+    if buffer.ratio > 0:
+        _check(buffer.max_age >= 1,
+               f"buffer.ratio rho={buffer.ratio} needs a replay age: buffer.max_age L={buffer.max_age}; "
+               "choose buffer=age1, age2 or age3")
+    _check(buffer.ratio <= buffer.max_age or buffer.ratio == 0 or buffer.allow_infeasible,
+           f"buffer.ratio rho={buffer.ratio} > buffer.max_age L={buffer.max_age}: the pool of reusable groups "
+           "(about L * B_fresh) cannot meet the replay demand (rho * B_fresh), so the planned budget is "
+           f"unreachable. Use rho <= {buffer.max_age}, a larger L (buffer=age2/age3), or "
+           "buffer.allow_infeasible=true to run anyway with gap fill logged")
+    _check(buffer.capacity >= 1, f"buffer.capacity={buffer.capacity}: must be at least 1 (default 4096)")
+    _check(clip.ceiling > 0,
+           f"clip.ceiling c={clip.ceiling}: the importance-weight ceiling must be > 0 (clip=tight/mid/loose: 1/3/10)")
+    _check(trainer.learning_rate > 0, f"trainer.learning_rate={trainer.learning_rate}: must be > 0")
+    _check(trainer.micro_batch_size >= 1, f"trainer.micro_batch_size={trainer.micro_batch_size}: must be >= 1")
+    _check(trainer.rollout.temperature > 0, f"trainer.rollout.temperature={trainer.rollout.temperature}: must be > 0")
+    _check(cfg.policy.engine in ENGINES, f"policy.engine='{cfg.policy.engine}': choose one of {ENGINES}")
+    _check(cfg.policy.max_new_tokens >= 1, f"policy.max_new_tokens={cfg.policy.max_new_tokens}: must be >= 1")
+    _check(cfg.hardware.dtype in DTYPES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {DTYPES}")
+    _check(cfg.task.source in SOURCES, f"task.source='{cfg.task.source}': choose one of {SOURCES}")
+    _check(1 <= evaluation.prompts <= cfg.task.heldout_size,
+           f"evaluation.prompts={evaluation.prompts}: must be between 1 and task.heldout_size={cfg.task.heldout_size}")
+    _check(evaluation.estimator in ESTIMATORS,
+           f"evaluation.estimator='{evaluation.estimator}': choose one of {ESTIMATORS}")
+    _check(evaluation.samples_per_prompt >= 1 and evaluation.repeats >= 1,
+           "evaluation.samples_per_prompt and evaluation.repeats must be >= 1 "
+           f"(got {evaluation.samples_per_prompt} and {evaluation.repeats})")
+    too_large = [k for k in evaluation.ks if not 1 <= k <= evaluation.samples_per_prompt]
+    _check(not too_large,
+           f"evaluation.ks has {too_large} outside 1..samples_per_prompt={evaluation.samples_per_prompt}; "
+           "drop them or raise evaluation.samples_per_prompt")
+    if cfg.hardware.device.startswith("cuda"):
+        import torch
+
+        _check(torch.cuda.is_available(),
+               f"hardware.device='{cfg.hardware.device}' but no CUDA device is visible here: use hardware=cpu, "
+               "or launch on a GPU node (hardware=h100 -m sends the run through SLURM)")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)

@@ -1,0 +1,118 @@
+"""MLflow in one place: one run per training job, with its config, per-step metrics and evaluations.
+
+Everything a later analysis needs is in the run: the resolved config as params and as a
+YAML artifact, tags naming the study (`sweep`) and the grid cell (rho, L, c), per-step
+metrics (SPEC 6), evaluation summaries as metrics and the per-prompt / per-repeat tables
+as CSV artifacts. A run that raises is closed as FAILED, never left RUNNING.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+
+def cell_name(cfg: DictConfig) -> str:
+    """The grid cell as text, e.g. 'rho1-L2-c1' (fresh-only runs: 'rho0')."""
+    if cfg.buffer.ratio == 0:
+        return "rho0"
+    return f"rho{cfg.buffer.ratio:g}-L{cfg.buffer.max_age}-c{cfg.clip.ceiling:g}"
+
+
+def run_tags(cfg: DictConfig) -> dict[str, str]:
+    """Tags that name the study and the cell, so runs can be filtered without parsing params."""
+    return {
+        "sweep": str(cfg.tracking.sweep),
+        "cell": cell_name(cfg),
+        "rho": f"{cfg.buffer.ratio:g}",
+        "L": str(cfg.buffer.max_age),
+        "c": f"{cfg.clip.ceiling:g}",
+        "buffer": str(cfg.buffer.name),
+        "clip": str(cfg.clip.name),
+        "policy": str(cfg.policy.name_or_path),
+        "hardware": str(cfg.hardware.name),
+        "evaluation": str(cfg.evaluation.name),
+    }
+
+
+def flat_params(cfg: DictConfig) -> dict[str, str]:
+    """The resolved config flattened to dotted keys (MLflow params are strings)."""
+    flat: dict[str, str] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = str(node)
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return flat
+
+
+def metric_key(name: str) -> str:
+    """MLflow metric names cannot hold '@': pass@16 is logged as pass_at_16."""
+    return name.replace("@", "_at_")
+
+
+def finite(metrics: dict[str, float]) -> dict[str, float]:
+    """Finite values only, under MLflow-safe names (a NaN half-width with one repeat is simply absent)."""
+    return {metric_key(key): float(value) for key, value in metrics.items()
+            if value is not None and math.isfinite(value)}
+
+
+class Tracker:
+    """Logging calls the training loop makes; a thin layer over the active MLflow run."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+
+    def log_step(self, metrics: dict[str, float], step: int) -> None:
+        mlflow.log_metrics(finite(metrics), step=step)
+
+    def log_evaluation(self, result, stage: str, step: int) -> None:
+        """Summary metrics as `<protocol>/<stage>/<metric>`, tables as CSV artifacts."""
+        prefix = f"{result.name}/{stage}"
+        mlflow.log_metrics(finite({f"{prefix}/{key}": value for key, value in result.summary.items()}), step=step)
+        with tempfile.TemporaryDirectory() as folder:
+            for table_name, table in (("per_prompt", result.per_prompt), ("per_repeat", result.per_repeat)):
+                path = Path(folder) / f"{result.name}_{stage}_{table_name}.csv"
+                table.to_csv(path, index=False)
+                mlflow.log_artifact(str(path), artifact_path="evaluation")
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        mlflow.set_tags(tags)
+
+
+def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str:
+    """The experiment id, creating the experiment (with its artifact folder) on first use."""
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = Path(artifact_location).as_uri() if artifact_location and "://" not in artifact_location else artifact_location
+    return client.create_experiment(name, artifact_location=location)
+
+
+@contextmanager
+def start_run(cfg: DictConfig, resume_run_id: str | None = None) -> Iterator[Tracker]:
+    """Open (or reopen, when resuming) the MLflow run for this job; FAILED if the body raises."""
+    experiment_id = ensure_experiment(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+    run_name = cfg.tracking.run_name or cell_name(cfg)
+    if resume_run_id:
+        context = mlflow.start_run(run_id=resume_run_id)
+    else:
+        context = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=run_tags(cfg))
+    with context as run:
+        if not resume_run_id:
+            mlflow.log_params(flat_params(cfg))
+            mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        yield Tracker(run.info.run_id)

@@ -1,0 +1,315 @@
+"""Replay-RLOO training: one optimizer step reads as SPEC 3 (paper section 3, appendix B.3).
+
+    plan -> draw replay groups -> sample and score fresh groups -> leave-one-out advantages
+    -> clipped importance weights from the same forward as the loss -> loss (eq. 3), update
+    -> add fresh groups to the buffer, drop over-age ones -> log
+
+Fresh-only RLOO is the same loop with rho = 0: no buffer, every weight is exactly 1.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from src.objective import (
+    clip_fraction,
+    effective_sample_size,
+    importance_weights,
+    kl_k3,
+    leave_one_out_advantages,
+    plan_batch,
+    token_entropy,
+)
+from src.replay.buffer import Group, ReplayBuffer
+from src.rollout.engine import RolloutEngine, SamplingParams
+from src.task import countdown
+from src.task.sampler import PromptSampler
+
+AGE_BUCKETS = ("age0", "age1", "age2", "age3plus")
+
+
+@dataclass
+class TrainState:
+    """Everything that changes during training; all of it goes into a checkpoint."""
+
+    step: int = 0                         # next step to run
+    fresh_evaluations: int = 0            # fresh verifier calls so far (SPEC 5), counted as they happen
+    fresh_groups: int = 0
+    replay_groups: int = 0
+    history: list[dict] = field(default_factory=list)  # per-step headline numbers for the summary
+
+
+def age_bucket(age: int) -> str:
+    return AGE_BUCKETS[min(age, 3)]
+
+
+def generation_seed(base_seed: int, step: int) -> int:
+    """A per-step sampling seed, so a resumed run generates exactly what the uninterrupted one would."""
+    return base_seed * 1_000_003 + step
+
+
+# --------------------------------------------------------------------------- forward pass
+def response_token_stats(model, sequences, pad_id: int, with_entropy: bool):
+    """Per-token log-probs (and entropies) of each response given its prompt, plus the response mask.
+
+    `sequences` are (prompt_ids, response_ids) pairs; they are right-padded, so position ids
+    from the attention mask are plain 0..n-1 for every row.
+    """
+    width = max(len(p) + len(r) for p, r in sequences)
+    device = next(model.parameters()).device
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    response_mask = torch.zeros((len(sequences), width - 1), dtype=torch.bool)
+    for row, (prompt, response) in enumerate(sequences):
+        length = len(prompt) + len(response)
+        input_ids[row, :length] = torch.tensor(list(prompt) + list(response))
+        attention[row, :length] = 1
+        # Position t predicts token t+1: response tokens are predicted from len(prompt)-1 on.
+        response_mask[row, len(prompt) - 1 : length - 1] = True
+    input_ids, attention, response_mask = input_ids.to(device), attention.to(device), response_mask.to(device)
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
+    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = token_entropy(logits) if with_entropy else None
+    return token_logprobs, entropy, response_mask
+
+
+@dataclass
+class UpdateResult:
+    """Per-response numbers from the update, in batch order (detached, on the CPU)."""
+
+    logprobs: torch.Tensor      # log pi_theta(y|x) before the update
+    raw_weights: torch.Tensor
+    weights: torch.Tensor       # clipped, as used in the gradient
+    kl_sums: torch.Tensor       # per-response sum of token KL estimates
+    token_counts: torch.Tensor
+    loss: float
+    policy_loss: float
+    kl: float
+    entropy: float
+
+
+def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg: DictConfig,
+                  clip_ceiling: float, pad_id: int) -> UpdateResult:
+    """One optimizer step on the whole batch of groups, loss eq. 3, micro-batched with gradient accumulation.
+
+    L = -(1/B) sum_i w_i A_i log pi(y_i|x_i) + beta_KL * KL - beta_H * H, where B is the number of
+    responses; KL (k3 estimator) and H (exact per-token entropy) are means over all response tokens.
+    Micro-batch losses are scaled by the full-batch B and token count, so the accumulated gradient
+    equals the one-batch gradient exactly.
+    """
+    # Leave-one-out advantages within each group (eq. 1); groups always stay whole.
+    advantages = leave_one_out_advantages(torch.tensor([g.rewards for g in groups], dtype=torch.float32)).flatten()
+    sequences = [(g.prompt_ids, response) for g in groups for response in g.response_ids]
+    # Fresh groups have no behaviour log-probs yet: mu = pi_theta now, so their weight is exactly 1.
+    behaviour = [g.behaviour_logprobs[j] if g.behaviour_logprobs is not None else None
+                 for g in groups for j in range(g.size)]
+    batch_size = len(sequences)
+    total_tokens = sum(len(response) for _, response in sequences)
+    logprobs = torch.zeros(batch_size)
+    raw_weights = torch.ones(batch_size)
+    weights = torch.ones(batch_size)
+    kl_sums = torch.zeros(batch_size)
+    token_counts = torch.tensor([float(len(response)) for _, response in sequences])
+    totals = defaultdict(float)
+
+    policy.train()
+    optimizer.zero_grad(set_to_none=True)
+    # Length-sorted micro-batches keep padding small; the loss does not depend on the order.
+    order = sorted(range(batch_size), key=lambda i: len(sequences[i][0]) + len(sequences[i][1]))
+    for start in range(0, batch_size, trainer_cfg.micro_batch_size):
+        index = torch.tensor(order[start : start + trainer_cfg.micro_batch_size])
+        chunk = [sequences[i] for i in index.tolist()]
+        token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True)
+        with torch.no_grad():
+            reference_logprobs, _, _ = response_token_stats(reference, chunk, pad_id, with_entropy=False)
+        mask = mask.float()
+        sequence_logprobs = (token_logprobs * mask).sum(-1)                      # log pi_theta(y|x)
+        current = sequence_logprobs.detach().cpu()
+        behaviour_chunk = torch.tensor([behaviour[i] if behaviour[i] is not None else current[n].item()
+                                        for n, i in enumerate(index.tolist())])
+        clipped, raw = importance_weights(current, behaviour_chunk, clip_ceiling)  # eq. 2, constants
+        device = sequence_logprobs.device
+        kl_tokens = kl_k3(token_logprobs, reference_logprobs) * mask
+        policy_term = -(clipped.to(device) * advantages[index].to(device) * sequence_logprobs).sum() / batch_size
+        kl_term = kl_tokens.sum() / total_tokens
+        entropy_term = (entropy * mask).sum() / total_tokens
+        loss = policy_term + trainer_cfg.kl_coef * kl_term - trainer_cfg.entropy_coef * entropy_term   # eq. 3
+        loss.backward()
+
+        logprobs[index], raw_weights[index], weights[index] = current, raw, clipped
+        kl_sums[index] = kl_tokens.sum(-1).detach().cpu()
+        totals["loss"] += loss.item()
+        totals["policy_loss"] += policy_term.item()
+        totals["kl"] += kl_term.item()
+        totals["entropy"] += entropy_term.item()
+
+    if trainer_cfg.max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), trainer_cfg.max_grad_norm)
+    optimizer.step()
+    return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=kl_sums,
+                        token_counts=token_counts, **totals)
+
+
+# --------------------------------------------------------------------------- bookkeeping
+def step_metrics(groups: list[Group], ages: list[int], update: UpdateResult, clip_ceiling: float) -> dict[str, float]:
+    """SPEC 6 per-step diagnostics, overall and split by source (fresh/replay) and by age bucket."""
+    rewards = torch.tensor([r for g in groups for r in g.rewards])
+    response_ages = torch.tensor([age for g, age in zip(groups, ages) for _ in range(g.size)])
+    metrics = {
+        "train/loss": update.loss,
+        "train/policy_loss": update.policy_loss,
+        "train/kl": update.kl,
+        "train/entropy": update.entropy,
+    }
+    selections = {"all": torch.ones_like(response_ages, dtype=torch.bool),
+                  "fresh": response_ages == 0, "replay": response_ages > 0}
+    selections.update({bucket: response_ages.clamp(max=3) == n for n, bucket in enumerate(AGE_BUCKETS)})
+    for name, selected in selections.items():
+        if not selected.any():
+            continue
+        suffix = "" if name == "all" else f"/{name}"
+        raw, clipped = update.raw_weights[selected], update.weights[selected]
+        metrics.update({
+            f"train/reward{suffix}": rewards[selected].mean().item(),
+            f"train/correct_fraction{suffix}": (rewards[selected] == 1.0).float().mean().item(),
+            f"train/kl_per_token{suffix}": (update.kl_sums[selected].sum() / update.token_counts[selected].sum()).item(),
+            f"weights/raw_mean{suffix}": raw.mean().item(),
+            f"weights/raw_max{suffix}": raw.max().item(),
+            f"weights/clipped_mean{suffix}": clipped.mean().item(),
+            f"weights/clipped_max{suffix}": clipped.max().item(),
+        })
+        if name != "fresh" and name != "age0":
+            reused = response_ages[selected] > 0
+            if reused.any():  # clip fraction and ESS are about reused responses only
+                metrics[f"weights/clip_fraction{suffix}"] = clip_fraction(raw[reused], clip_ceiling)
+                metrics[f"weights/ess{suffix}"] = effective_sample_size(clipped[reused])
+    return metrics
+
+
+# --------------------------------------------------------------------------- the loop
+@dataclass
+class Components:
+    """What the loop works with, built from config by `src.run`."""
+
+    policy: torch.nn.Module
+    reference: torch.nn.Module
+    tokenizer: object
+    engine: RolloutEngine
+    optimizer: torch.optim.Optimizer
+    buffer: ReplayBuffer | None
+    sampler: PromptSampler
+
+
+def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[str, float]:
+    """Run optimizer step `state.step` (SPEC 3) and return its metrics."""
+    trainer, step = cfg.trainer, state.step
+    started = time.perf_counter()
+
+    # 1. Plan: B_fresh = round(B / (1 + rho)), B_replay = B - B_fresh.
+    planned_fresh, planned_replay = plan_batch(trainer.groups_per_step, cfg.buffer.ratio)
+
+    # 3. Draw reused groups: eligible = age in [1, L], uniform without replacement. (Drawn before
+    #    generating so that the fresh and gap-fill groups share one generate call; the draw does not
+    #    depend on this step's fresh groups, which only enter the buffer after the update.)
+    buffer_ages = parts.buffer.age_histogram(step) if parts.buffer else {}
+    replayed = parts.buffer.sample(planned_replay, step) if parts.buffer else []
+    gap_fill = planned_replay - len(replayed)  # too few eligible (e.g. step 0): fill with fresh groups
+
+    # 2. Sample fresh prompts, generate K responses each with the current policy, score each once.
+    instances = parts.sampler.sample(planned_fresh + gap_fill)
+    prompts = [countdown.format_prompt(instance, cfg.task.prompt_template) for instance in instances]
+    prompts = [apply_chat_template(parts.tokenizer, p) if cfg.policy.use_chat_template else p for p in prompts]
+    sampling = SamplingParams(temperature=trainer.rollout.temperature, top_p=trainer.rollout.top_p,
+                              top_k=trainer.rollout.top_k, max_new_tokens=cfg.policy.max_new_tokens)
+    generated = parts.engine.generate(prompts, trainer.group_size, sampling, seed=generation_seed(trainer.seed, step))
+    generate_done = time.perf_counter()
+    fresh = []
+    for instance, prompt, prompt_ids, completions in zip(instances, prompts, generated.prompt_ids, generated.completions):
+        rewards = [countdown.score(c.text, instance.numbers, instance.target) for c in completions]
+        fresh.append(Group(prompt=prompt, prompt_ids=prompt_ids, numbers=instance.numbers, target=instance.target,
+                           responses=[c.text for c in completions], response_ids=[c.token_ids for c in completions],
+                           rewards=rewards, step=step))
+    state.fresh_evaluations += sum(group.size for group in fresh)  # one verifier call per fresh response
+    score_done = time.perf_counter()
+
+    # 4. Update: one optimizer step on fresh + reused groups (advantages eq. 1, weights eq. 2, loss eq. 3).
+    batch = fresh + replayed
+    ages = [0] * len(fresh) + [group.age(step) for group in replayed]
+    update = policy_update(parts.policy, parts.reference, parts.optimizer, batch, trainer,
+                           cfg.clip.ceiling, parts.tokenizer.pad_token_id)
+    parts.engine.sync_weights(parts.policy)
+    train_done = time.perf_counter()
+
+    # 5. After the update: store fresh groups with mu's log-probs from this step's forward pass
+    #    (so they cannot be replayed in the step that sampled them), then drop over-age groups.
+    if parts.buffer is not None:
+        offsets = [sum(group.size for group in fresh[:n]) for n in range(len(fresh))]
+        parts.buffer.add(group.with_behaviour_logprobs(update.logprobs[offset : offset + group.size].tolist())
+                         for group, offset in zip(fresh, offsets))
+        parts.buffer.evict(step)
+
+    # Bookkeeping (SPEC 6).
+    state.fresh_groups += len(fresh)
+    state.replay_groups += len(replayed)
+    metrics = step_metrics(batch, ages, update, cfg.clip.ceiling)
+    metrics.update({
+        "budget/fresh_evaluations": state.fresh_evaluations,
+        "batch/fresh_groups": len(fresh),
+        "batch/replay_groups": len(replayed),
+        "batch/gap_fill_groups": gap_fill,
+        "batch/replay_ratio": len(replayed) / len(fresh),
+        "batch/replay_ratio_cumulative": state.replay_groups / state.fresh_groups,
+        "buffer/size": sum(buffer_ages.values()),
+        **{f"buffer/age{age}": count for age, count in buffer_ages.items()},
+        "time/generate": generate_done - started,
+        "time/score": score_done - generate_done,
+        "time/train": train_done - score_done,
+    })
+    metrics["time/step"] = time.perf_counter() - started
+    state.step += 1
+    return metrics
+
+
+def apply_chat_template(tokenizer, prompt: str) -> str:
+    """Wrap a prompt as one user turn; the text after '<think>' stays the model's to write."""
+    question, _, assistant_start = prompt.partition("\nAssistant:")
+    messages = [{"role": "user", "content": question}]
+    prefix = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return prefix + assistant_start.lstrip()
+
+
+# --------------------------------------------------------------------------- checkpoints
+def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: str) -> None:
+    """Model, optimizer, buffer, sampler and RNG states, step and MLflow run id; written atomically."""
+    payload = {
+        "policy": parts.policy.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "buffer": parts.buffer.state_dict() if parts.buffer else None,
+        "sampler": parts.sampler.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "state": state.__dict__,
+        "run_id": run_id,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    torch.save(payload, temporary)
+    os.replace(temporary, path)  # a kill mid-write never corrupts the last good checkpoint
+
+
+def load_checkpoint(path: Path, parts: Components) -> tuple[TrainState, str]:
+    """Restore everything `save_checkpoint` wrote; returns the state and the MLflow run id."""
+    payload = torch.load(path, weights_only=False)
+    parts.policy.load_state_dict(payload["policy"])
+    parts.optimizer.load_state_dict(payload["optimizer"])
+    if parts.buffer is not None:
+        parts.buffer.load_state_dict(payload["buffer"])
+    parts.sampler.load_state_dict(payload["sampler"])
+    torch.set_rng_state(payload["torch_rng"])
+    return TrainState(**payload["state"]), payload["run_id"]

@@ -1,0 +1,39 @@
+"""Shared fixtures: composed configs and a tiny model saved to a local folder."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import src.config  # noqa: F401  (registers the ${root:} resolver)
+from src.paths import CONFIG_DIR, PROJECT_ROOT
+
+TINY_CHECKPOINT = PROJECT_ROOT / "checkpoints" / "tiny-countdown"
+
+
+@pytest.fixture
+def compose_config():
+    """compose_config(*overrides, hydra=False) -> the composed DictConfig."""
+
+    def _compose(*overrides: str, hydra: bool = False):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+    return _compose
+
+
+@pytest.fixture(scope="session")
+def random_policy_dir(tmp_path_factory):
+    """A randomly initialised tiny policy + tokenizer written with save_pretrained (no training)."""
+    from src.policy.model import build_tiny_model
+    from src.policy.tokenizer import build_countdown_tokenizer, template_pieces
+    from src.task import countdown
+
+    folder = tmp_path_factory.mktemp("random-policy")
+    template = countdown.DEFAULT_PROMPT_TEMPLATE
+    demos = [countdown.demonstration(i) for i in countdown.generate_instances(50, seed=3)]
+    tokenizer = build_countdown_tokenizer([template, *demos], template_pieces(template))
+    model = build_tiny_model(tokenizer, hidden_size=32, layers=1, heads=2, kv_heads=1)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

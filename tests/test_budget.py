@@ -1,0 +1,135 @@
+"""Budget planning (SPEC 5): simulation with the real buffer vs the paper's closed form."""
+
+import time
+
+import pytest
+
+from src.budget import (
+    BudgetPlan,
+    closed_form_fresh_evaluations,
+    plan_fresh_evaluations,
+    replay_demand_met,
+)
+from src.objective import plan_batch
+
+PAPER = {0: 102_400, 0.5: 68_344, 1: 51_712, 1.5: 41_416, 2: 35_080}
+
+
+@pytest.mark.parametrize("ratio, evaluations", sorted(PAPER.items()))
+def test_paper_table(ratio, evaluations):
+    plan = plan_fresh_evaluations(groups_per_step=128, group_size=8, steps=100, ratio=ratio, max_age=2)
+    assert plan.fresh_evaluations == evaluations
+    assert closed_form_fresh_evaluations(128, 8, 100, ratio) == evaluations
+    assert plan.gap_fill_groups == 0
+    b_fresh, b_replay = plan_batch(128, ratio)
+    assert plan.fresh_groups_per_step == (128,) + (b_fresh,) * 99  # step 0 all fresh
+    assert plan.replay_groups_per_step == (0,) + (b_replay,) * 99
+    assert plan.achieved_ratio == pytest.approx(b_replay / b_fresh)
+
+
+def test_simulation_is_fast():
+    start = time.perf_counter()
+    plan_fresh_evaluations(128, 8, 100, 2.0, 3)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize(
+    "b, ratio, max_age",
+    [
+        (b, ratio, max_age)
+        for b in (128, 96, 32, 8)
+        for ratio in (0, 0.25, 0.5, 1, 1.5, 2, 2.5, 3)
+        for max_age in (1, 2, 3)
+        if ratio <= max_age
+    ],
+)
+def test_simulation_matches_closed_form_when_ratio_within_age(b, ratio, max_age):
+    steps = 30
+    plan = plan_fresh_evaluations(b, 8, steps, ratio, max_age)
+    closed = closed_form_fresh_evaluations(b, 8, steps, ratio)
+    # For these B, ratio <= L implies B_replay <= L * B_fresh (no rounding shortfall; see below).
+    assert replay_demand_met(b, ratio, max_age)
+    assert plan.fresh_evaluations == closed
+    assert plan.gap_fill_groups == 0
+
+
+@pytest.mark.parametrize(
+    "b, ratio, max_age",
+    [
+        (b, ratio, max_age)
+        for b in range(1, 20)
+        for ratio in (0.5, 0.9, 1, 1.5, 1.9, 2, 3)
+        for max_age in (1, 2, 3)
+        if round(b / (1 + ratio)) >= 1  # plan_batch refuses B_fresh = 0
+    ],
+)
+def test_gap_fill_exactly_when_pool_too_small(b, ratio, max_age):
+    # Exact feasibility: gap fill (and more fresh evaluations than the formula) iff B_replay > L * B_fresh.
+    plan = plan_fresh_evaluations(b, 4, max_age + 5, ratio, max_age)
+    closed = closed_form_fresh_evaluations(b, 4, max_age + 5, ratio)
+    if replay_demand_met(b, ratio, max_age):
+        assert plan.gap_fill_groups == 0 and plan.fresh_evaluations == closed
+    else:
+        assert plan.gap_fill_groups > 0 and plan.fresh_evaluations > closed
+
+
+@pytest.mark.parametrize(
+    "b, ratio, max_age, split",
+    [
+        (5, 1.0, 1, (2, 3)),  # round(2.5) = 2 (half to even): B_replay 3 > 1 * 2
+        (64, 2.0, 2, (21, 43)),  # round(21.33) = 21: B_replay 43 > 2 * 21
+    ],
+)
+def test_rounding_can_starve_the_pool_even_at_ratio_equal_to_age(b, ratio, max_age, split):
+    assert plan_batch(b, ratio) == split
+    assert not replay_demand_met(b, ratio, max_age)
+    plan = plan_fresh_evaluations(b, 8, 10, ratio, max_age)
+    assert plan.gap_fill_groups > 0
+    assert plan.fresh_evaluations > closed_form_fresh_evaluations(b, 8, 10, ratio)
+
+
+def test_ratio_above_age_shows_gap_fill():
+    plan = plan_fresh_evaluations(128, 8, 100, ratio=2, max_age=1)
+    closed = closed_form_fresh_evaluations(128, 8, 100, 2)
+    assert plan.gap_fill_groups > 0
+    assert plan.fresh_evaluations > closed
+    assert plan.achieved_ratio < 2
+    # Hand-traced: step 1 replays 85 of step 0's 128; step 2 finds only step 1's 43 (gap 42,
+    # so 85 fresh); step 3 finds those 85 again. The schedule alternates.
+    assert plan.replay_groups_per_step[:5] == (0, 85, 43, 85, 43)
+    assert plan.fresh_groups_per_step[:5] == (128, 43, 85, 43, 85)
+    assert plan.fresh_evaluations == sum(plan.fresh_groups_per_step) * 8
+
+
+def test_ratio_zero_is_fresh_only():
+    plan = plan_fresh_evaluations(128, 8, 100, 0, max_age=1)
+    assert plan.replay_groups_per_step == (0,) * 100
+    assert plan.achieved_ratio == 0.0
+    assert plan.fresh_evaluations == 100 * 128 * 8
+
+
+def test_single_step_run():
+    plan = plan_fresh_evaluations(128, 8, 1, 1.0, 2)
+    assert plan.fresh_evaluations == 128 * 8 == closed_form_fresh_evaluations(128, 8, 1, 1.0)
+    assert plan.achieved_ratio != plan.achieved_ratio  # nan: no step after the first
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(groups_per_step=128, group_size=1, steps=10, ratio=1, max_age=2), "group_size"),
+        (dict(groups_per_step=128, group_size=8, steps=0, ratio=1, max_age=2), "steps"),
+        (dict(groups_per_step=128, group_size=8, steps=10, ratio=1, max_age=0), "max_age"),
+        (dict(groups_per_step=0, group_size=8, steps=10, ratio=1, max_age=2), "groups_per_step"),
+    ],
+)
+def test_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plan_fresh_evaluations(**kwargs)
+
+
+def test_budget_plan_is_frozen():
+    plan = plan_fresh_evaluations(16, 8, 5, 1, 2)
+    assert isinstance(plan, BudgetPlan)
+    with pytest.raises(AttributeError):
+        plan.steps = 3

@@ -1,0 +1,56 @@
+"""The transformers rollout engine: shapes, seeding, and stopping at the end of </answer>."""
+
+from __future__ import annotations
+
+import torch
+
+from src.policy.model import load_policy
+from src.rollout.engine import HFGenerateEngine, SamplingParams, StopAfterAnswer, closing_tokens, response_end
+from src.task import countdown
+
+SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, top_k=None, max_new_tokens=10)
+
+
+def prompts(n):
+    return [countdown.format_prompt(i, countdown.DEFAULT_PROMPT_TEMPLATE) for i in countdown.generate_instances(n, seed=2)]
+
+
+def test_generate_returns_k_completions_per_prompt_reproducibly(random_policy_dir):
+    model, tokenizer = load_policy(str(random_policy_dir))
+    engine = HFGenerateEngine(model, tokenizer, batch_size=6)  # forces several generate calls
+    first = engine.generate(prompts(5), 3, SAMPLING, seed=11)
+    assert [len(c) for c in first.completions] == [3] * 5
+    assert all(1 <= len(c.token_ids) <= 10 for group in first.completions for c in group)
+    assert first.prompt_ids[0] == tuple(tokenizer(prompts(5)[0])["input_ids"])
+    again = engine.generate(prompts(5), 3, SAMPLING, seed=11)
+    other = engine.generate(prompts(5), 3, SAMPLING, seed=12)
+    assert again.completions == first.completions
+    assert other.completions != first.completions
+    for group in first.completions:
+        for completion in group:
+            assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+
+
+def test_response_ends_after_the_closing_answer_tag_or_eos(random_policy_dir):
+    _, tokenizer = load_policy(str(random_policy_dir))
+    closing = closing_tokens(tokenizer)
+    stop_ids = {tokenizer.eos_token_id}
+    answer = tokenizer(" 1 </think>\n<answer> 1 + 2 </answer>", add_special_tokens=False)["input_ids"]
+    tail = tokenizer(" 5 5 <answer> 3", add_special_tokens=False)["input_ids"]
+    assert response_end(answer + tail, tokenizer, stop_ids, closing) == len(answer)
+    assert response_end(tail + [tokenizer.eos_token_id] + answer, tokenizer, stop_ids, closing) == len(tail) + 1
+    assert response_end(tail, tokenizer, stop_ids, closing) == len(tail)
+    # '>' alone (e.g. in '<think>') must not stop a response.
+    think = tokenizer(" <think> 4 >", add_special_tokens=False)["input_ids"]
+    assert response_end(think, tokenizer, stop_ids, closing) == len(think)
+
+
+def test_stopping_criterion_marks_only_rows_that_closed_their_answer(random_policy_dir):
+    _, tokenizer = load_policy(str(random_policy_dir))
+    prompt = tokenizer("[1, 2]", add_special_tokens=False)["input_ids"]
+    done = tokenizer(" <answer> 1 + 2 </answer>", add_special_tokens=False)["input_ids"]
+    open_ = tokenizer(" <answer> 1 + 2 + 3 + 4", add_special_tokens=False)["input_ids"]
+    width = max(len(done), len(open_))
+    rows = [prompt + [tokenizer.pad_token_id] * (width - len(r)) + r for r in (done, open_)]
+    criterion = StopAfterAnswer(tokenizer, closing_tokens(tokenizer), prompt_length=len(prompt))
+    assert criterion(torch.tensor(rows), None).tolist() == [True, False]

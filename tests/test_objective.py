@@ -1,0 +1,128 @@
+"""Objective pieces (SPEC 4) against hand-worked numbers."""
+
+import math
+
+import pytest
+import torch
+
+from src.objective import (
+    clip_fraction,
+    effective_sample_size,
+    importance_weights,
+    kl_k3,
+    leave_one_out_advantages,
+    plan_batch,
+    token_entropy,
+)
+
+
+@pytest.mark.parametrize(
+    "ratio, expected",
+    [(0, (128, 0)), (0.5, (85, 43)), (1, (64, 64)), (1.5, (51, 77)), (2, (43, 85))],
+)
+def test_plan_batch_paper_table(ratio, expected):
+    assert plan_batch(128, ratio) == expected
+
+
+@pytest.mark.parametrize("b, ratio, match", [(0, 1.0, "groups_per_step"), (128, -0.5, "ratio"), (1, 1.0, "B_fresh")])
+def test_plan_batch_validates(b, ratio, match):
+    with pytest.raises(ValueError, match=match):
+        plan_batch(b, ratio)
+
+
+def test_leave_one_out_hand_worked():
+    rewards = torch.tensor([[1.0, 0.0, 0.1, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    # Row 0, sum 2.1: A_0 = 1 - (0 + 0.1 + 1)/3 = 0.633333..., A_1 = 0 - 2.1/3 = -0.7,
+    # A_2 = 0.1 - 2.0/3 = -0.566666..., A_3 = A_0. Row 1: identical rewards -> all zero.
+    expected = torch.tensor(
+        [[0.6333333, -0.7, -0.5666667, 0.6333333], [0.0, 0.0, 0.0, 0.0]]
+    )
+    torch.testing.assert_close(leave_one_out_advantages(rewards), expected)
+
+
+def test_leave_one_out_k2():
+    torch.testing.assert_close(leave_one_out_advantages(torch.tensor([[1.0, 0.1]])), torch.tensor([[0.9, -0.9]]))
+
+
+def test_leave_one_out_needs_k_at_least_two():
+    with pytest.raises(ValueError, match="K=1"):
+        leave_one_out_advantages(torch.tensor([[1.0]]))
+
+
+def test_importance_weights_hand_worked():
+    beh = torch.tensor([-3.0, -1.0, -2.0])
+    cur = beh + torch.tensor([math.log(2.0), math.log(0.5), math.log(5.0)])
+    clipped, raw = importance_weights(cur, beh, clip_ceiling=3.0)
+    torch.testing.assert_close(raw, torch.tensor([2.0, 0.5, 5.0]))
+    torch.testing.assert_close(clipped, torch.tensor([2.0, 0.5, 3.0]))
+    assert clip_fraction(raw, 3.0) == pytest.approx(1 / 3)
+
+
+def test_importance_weights_carry_no_gradient():
+    cur = torch.tensor([-1.0, -2.0], requires_grad=True)
+    beh = torch.tensor([-1.5, -1.0])
+    clipped, raw = importance_weights(cur, beh, clip_ceiling=3.0)
+    assert not clipped.requires_grad and not raw.requires_grad
+    # In the eq. 3 surrogate the gradient flows only through log pi: d/dcur of (w * cur) = w.
+    (clipped * cur).sum().backward()
+    torch.testing.assert_close(cur.grad, clipped)
+
+
+def test_importance_weights_validate():
+    x = torch.zeros(3)
+    with pytest.raises(ValueError, match="clip_ceiling"):
+        importance_weights(x, x, clip_ceiling=0.0)
+    with pytest.raises(ValueError, match="shape"):
+        importance_weights(x, torch.zeros(2), clip_ceiling=1.0)
+
+
+def test_clip_fraction_strict_and_empty():
+    assert clip_fraction(torch.tensor([1.0, 3.0, 3.0001]), 3.0) == pytest.approx(1 / 3)
+    assert math.isnan(clip_fraction(torch.tensor([]), 3.0))
+
+
+def test_effective_sample_size_hand_worked():
+    assert effective_sample_size(torch.tensor([1.0, 1.0, 1.0, 1.0])) == pytest.approx(1.0)
+    assert effective_sample_size(torch.tensor([1.0, 0.0, 0.0, 0.0])) == pytest.approx(0.25)
+    # (2 + 0.5 + 3)^2 / (3 * (4 + 0.25 + 9)) = 30.25 / 39.75
+    assert effective_sample_size(torch.tensor([2.0, 0.5, 3.0])) == pytest.approx(5.5**2 / (3 * 13.25))
+    assert math.isnan(effective_sample_size(torch.tensor([])))
+
+
+def test_kl_k3_zero_when_equal_and_hand_value():
+    lp = torch.tensor([-0.3, -2.0, -7.0])
+    torch.testing.assert_close(kl_k3(lp, lp), torch.zeros(3))
+    # logp = ln 0.5, ref = ln 0.25: d = ln 0.5; exp(d) - d - 1 = 0.5 + 0.693147 - 1 = 0.193147
+    val = kl_k3(torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)]))
+    torch.testing.assert_close(val, torch.tensor([0.5 + math.log(2.0) - 1.0]))
+    assert (kl_k3(torch.randn(100), torch.randn(100)) >= 0).all()
+
+
+def test_kl_k3_is_differentiable_in_logprobs():
+    lp = torch.tensor([math.log(0.5)], requires_grad=True)
+    ref = torch.tensor([math.log(0.25)])
+    kl_k3(lp, ref).sum().backward()
+    # d/dlogp [exp(ref - logp) - (ref - logp) - 1] = -exp(ref - logp) + 1 = 1 - 0.5
+    torch.testing.assert_close(lp.grad, torch.tensor([0.5]))
+
+
+def test_token_entropy_uniform_is_log_v():
+    logits = torch.zeros(2, 5, 7)
+    torch.testing.assert_close(token_entropy(logits), torch.full((2, 5), math.log(7)))
+
+
+def test_token_entropy_hand_value_and_gradient():
+    # softmax([ln 1, ln 3]) = [0.25, 0.75]; H = -(0.25 ln 0.25 + 0.75 ln 0.75) = 0.562335
+    logits = torch.tensor([[0.0, math.log(3.0)]], requires_grad=True)
+    h = token_entropy(logits)
+    torch.testing.assert_close(h, torch.tensor([-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))]))
+    h.sum().backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+def test_token_entropy_masked_logits_are_finite():
+    logits = torch.tensor([[0.0, 0.0, float("-inf")]], requires_grad=True)
+    h = token_entropy(logits)
+    torch.testing.assert_close(h, torch.tensor([math.log(2.0)]))
+    h.sum().backward()
+    assert torch.isfinite(logits.grad).all()

@@ -1,0 +1,110 @@
+"""End to end: `python -m src.run` trains, evaluates and logs; the run reads back from MLflow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from src.paths import PROJECT_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def run_cli(tmp_path, *overrides, check=True):
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    command = [sys.executable, "-m", "src.run", f"tracking.uri={store}",
+               f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/run",
+               f"hydra.sweep.dir={tmp_path}/multirun", *overrides]
+    result = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result, store
+
+
+def runs(store, sweep):
+    mlflow.set_tracking_uri(store)
+    return mlflow.search_runs(experiment_names=["replay-rloo"], filter_string=f"tags.sweep = '{sweep}'")
+
+
+def test_two_step_replay_run_logs_everything_to_mlflow(tmp_path, random_policy_dir):
+    _, store = run_cli(tmp_path, f"policy.name_or_path={random_policy_dir}", "buffer=age1", "clip=tight",
+                       "trainer.steps=2", "trainer.groups_per_step=4", "trainer.group_size=2",
+                       "policy.max_new_tokens=8", "evaluation.prompts=3", "evaluation.samples_per_prompt=2",
+                       "evaluation.ks=[1,2]", "tracking.sweep=e2e")
+    table = runs(store, "e2e")
+    assert len(table) == 1
+    run = MlflowClient(store).get_run(table.run_id[0])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["cell"] == "rho1-L1-c1"
+    assert (run.data.tags["rho"], run.data.tags["L"], run.data.tags["c"]) == ("1", "1", "1")
+    assert run.data.params["buffer.max_age"] == "1" and run.data.params["clip.ceiling"] == "1"
+    history = MlflowClient(store).get_metric_history(run.info.run_id, "budget/fresh_evaluations")
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == [8, 12]  # step 0: 4 groups, step 1: 2 fresh
+    for key in ("train/reward", "train/kl", "weights/clip_fraction", "weights/ess", "batch/replay_ratio",
+                "train/reward/fresh", "train/reward/replay", "train/reward/age1", "buffer/age1", "time/generate",
+                "quick/start/mean_reward", "quick/final/pass_at_1", "quick/final/correction_rate"):
+        assert key in run.data.metrics, key
+    artifacts = {a.path for a in MlflowClient(store).list_artifacts(run.info.run_id)}
+    assert "config.yaml" in artifacts and "evaluation" in artifacts
+    tables = {a.path for a in MlflowClient(store).list_artifacts(run.info.run_id, "evaluation")}
+    assert "evaluation/quick_final_per_prompt.csv" in tables
+
+
+def test_config_mistakes_fail_before_any_run_is_created(tmp_path):
+    result, store = run_cli(tmp_path, "buffer=age1", "buffer.ratio=2", "tracking.sweep=bad", check=False)
+    assert result.returncode != 0
+    assert "rho=2" in result.stderr and "L=1" in result.stderr
+    assert not (tmp_path / "mlruns.db").exists()  # nothing was logged, nothing was loaded
+
+
+def test_a_crashing_run_is_marked_failed(tmp_path, random_policy_dir, compose_config, monkeypatch):
+    """A crash mid-training closes the MLflow run as FAILED (not RUNNING) and keeps the last checkpoint."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    import src.run
+
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    cfg = compose_config(f"policy.name_or_path={random_policy_dir}", "trainer.steps=3", "trainer.groups_per_step=2",
+                         "trainer.group_size=2", "policy.max_new_tokens=4", "evaluation.at_start=false",
+                         "trainer.checkpoint_every=1", f"tracking.uri={store}", "tracking.sweep=crash",
+                         f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/run",
+                         hydra=True)
+    cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]  # as under @hydra.main: the job sees its config without the hydra node
+    real_step, calls = src.run.train_step, []
+
+    def crash_on_second_step(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("simulated crash")
+        return real_step(*args)
+
+    monkeypatch.setattr(src.run, "train_step", crash_on_second_step)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        src.run.train(cfg)
+    table = runs(store, "crash")
+    assert len(table) == 1 and table.status[0] == "FAILED"
+    assert (tmp_path / "run" / "checkpoint.pt").exists()  # written after step 1, ready to resume
+
+
+def test_resume_from_checkpoint_continues_the_same_mlflow_run(tmp_path, random_policy_dir):
+    common = [f"policy.name_or_path={random_policy_dir}", "buffer=age2", "trainer.groups_per_step=4",
+              "trainer.group_size=2", "policy.max_new_tokens=6", "evaluation.at_start=false",
+              "evaluation.prompts=2", "evaluation.samples_per_prompt=2", "evaluation.ks=[1]",
+              "trainer.checkpoint_every=2", "tracking.sweep=resume"]
+    run_cli(tmp_path, *common, "trainer.steps=2")
+    first = runs(f"sqlite:///{tmp_path}/mlruns.db", "resume")
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    assert checkpoint.exists()
+    run_cli(tmp_path, *common, "trainer.steps=4", f"trainer.resume_from={checkpoint}")
+    table = runs(f"sqlite:///{tmp_path}/mlruns.db", "resume")
+    assert len(table) == 1 and table.run_id[0] == first.run_id[0]
+    history = MlflowClient(f"sqlite:///{tmp_path}/mlruns.db").get_metric_history(table.run_id[0], "train/reward")
+    assert sorted(m.step for m in history) == [0, 1, 2, 3]

@@ -1,0 +1,122 @@
+"""The training step: loss/gradient properties, budget counting, and exact resume from a checkpoint."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from src.budget import plan_fresh_evaluations
+from src.policy.model import frozen_copy, load_policy
+from src.replay.buffer import Group, ReplayBuffer
+from src.rollout.engine import HFGenerateEngine
+from src.task import countdown
+from src.task.sampler import PromptSampler
+from src.train import Components, TrainState, load_checkpoint, policy_update, save_checkpoint, train_step
+
+
+def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
+    torch.manual_seed(0)
+    policy, tokenizer = load_policy(str(policy_dir))
+    train_set = countdown.generate_instances(64, seed=1)
+    buffer = ReplayBuffer(cfg.buffer.max_age, seed=cfg.trainer.seed) if cfg.buffer.ratio > 0 else None
+    return Components(
+        policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer,
+        engine=HFGenerateEngine(policy, tokenizer),
+        optimizer=torch.optim.AdamW(policy.parameters(), lr=learning_rate or cfg.trainer.learning_rate),
+        buffer=buffer, sampler=PromptSampler(train_set, seed=cfg.trainer.seed),
+    )
+
+
+def small_config(compose_config, *overrides):
+    return compose_config("trainer.groups_per_step=4", "trainer.group_size=2", "policy.max_new_tokens=12",
+                          "trainer.micro_batch_size=3", *overrides)
+
+
+def group(tokenizer, responses, rewards, step=0, behaviour=None) -> Group:
+    prompt = countdown.format_prompt(countdown.Instance((1, 2, 3), 6), countdown.DEFAULT_PROMPT_TEMPLATE)
+    return Group(prompt=prompt, prompt_ids=tuple(tokenizer(prompt)["input_ids"]), numbers=(1, 2, 3), target=6,
+                 responses=responses, response_ids=[tuple(tokenizer(r)["input_ids"]) for r in responses],
+                 rewards=rewards, step=step, behaviour_logprobs=behaviour)
+
+
+def gradients_after_update(policy_dir, compose_config, groups_of, micro_batch_size):
+    cfg = small_config(compose_config, f"trainer.micro_batch_size={micro_batch_size}")
+    parts = make_parts(policy_dir, cfg)
+    parts.optimizer = torch.optim.SGD(parts.policy.parameters(), lr=0.0)  # keep weights, inspect grads
+    result = policy_update(parts.policy, parts.reference, parts.optimizer, groups_of(parts.tokenizer),
+                           cfg.trainer, clip_ceiling=3.0, pad_id=parts.tokenizer.pad_token_id)
+    return result, [p.grad.clone() for p in parts.policy.parameters()]
+
+
+def sample_groups(tokenizer):
+    return [
+        group(tokenizer, [" 1 + 2 = 3 </think>\n<answer> 1 + 2 + 3 </answer>", " 7", " 8 8"], [1.0, 0.0, 0.1]),
+        group(tokenizer, [" 3 * 2 = 6", " 1 - 1 = 0 </think>\n<answer> 1 </answer>", " 6"], [0.1, 0.0, 1.0],
+              step=0, behaviour=[-3.0, -80.0, -2.0]),
+    ]
+
+
+def test_micro_batching_gives_the_same_loss_and_gradients(random_policy_dir, compose_config):
+    whole, whole_grads = gradients_after_update(random_policy_dir, compose_config, sample_groups, 100)
+    parts, parts_grads = gradients_after_update(random_policy_dir, compose_config, sample_groups, 2)
+    assert math.isclose(whole.loss, parts.loss, rel_tol=1e-5, abs_tol=1e-7)
+    for a, b in zip(whole_grads, parts_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_fresh_weights_are_one_and_replayed_weights_are_clipped(random_policy_dir, compose_config):
+    result, _ = gradients_after_update(random_policy_dir, compose_config, sample_groups, 100)
+    assert result.weights[:3].tolist() == [1.0, 1.0, 1.0]  # fresh group: mu = pi_theta
+    expected_raw = torch.exp(result.logprobs[3:] - torch.tensor([-3.0, -80.0, -2.0]))
+    torch.testing.assert_close(result.raw_weights[3:], expected_raw)
+    torch.testing.assert_close(result.weights[3:], expected_raw.clamp(max=3.0))
+    assert result.weights[4].item() == 3.0  # log mu = -80: far below pi, clipped at c
+
+
+def test_the_update_raises_the_log_prob_of_the_rewarded_response(random_policy_dir, compose_config):
+    cfg = small_config(compose_config, "trainer.kl_coef=0", "trainer.entropy_coef=0")
+    parts = make_parts(random_policy_dir, cfg)
+    parts.optimizer = torch.optim.SGD(parts.policy.parameters(), lr=0.01)
+    groups = [group(parts.tokenizer, [" 1 + 2 + 3", " 9 9 9"], [1.0, 0.0])]
+    before = policy_update(parts.policy, parts.reference, parts.optimizer, groups, cfg.trainer, 10.0, 0).logprobs
+    after = policy_update(parts.policy, parts.reference, parts.optimizer, groups, cfg.trainer, 10.0, 0).logprobs
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+@pytest.mark.parametrize("buffer_option,ratio", [("none", 0), ("age1", 1), ("age2", 2)])
+def test_counted_fresh_evaluations_equal_the_planned_budget(random_policy_dir, compose_config, buffer_option, ratio):
+    cfg = small_config(compose_config, f"buffer={buffer_option}", f"buffer.ratio={ratio}", "trainer.steps=4",
+                       "trainer.groups_per_step=6")
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    replayed = []
+    for _ in range(cfg.trainer.steps):
+        metrics = train_step(cfg, parts, state)
+        replayed.append(metrics["batch/replay_groups"])
+    plan = plan_fresh_evaluations(6, 2, 4, ratio, max(cfg.buffer.max_age, 1))
+    assert state.fresh_evaluations == plan.fresh_evaluations
+    assert tuple(replayed) == plan.replay_groups_per_step
+    if parts.buffer is not None:  # every stored group carries mu's log-probs from the trainer's forward
+        assert all(g.behaviour_logprobs is not None for g in parts.buffer.groups)
+
+
+def test_resuming_from_a_checkpoint_continues_exactly(random_policy_dir, compose_config, tmp_path):
+    cfg = small_config(compose_config, "buffer=age2", "trainer.steps=4")
+    keys = ("train/reward", "train/loss", "batch/replay_groups", "weights/raw_mean", "budget/fresh_evaluations")
+
+    straight_parts, straight_state = make_parts(random_policy_dir, cfg, learning_rate=1e-2), TrainState()
+    straight = [train_step(cfg, straight_parts, straight_state) for _ in range(4)]
+
+    first_parts, first_state = make_parts(random_policy_dir, cfg, learning_rate=1e-2), TrainState()
+    for _ in range(2):
+        train_step(cfg, first_parts, first_state)
+    save_checkpoint(tmp_path / "checkpoint.pt", first_parts, first_state, run_id="run-1")
+
+    resumed_parts = make_parts(random_policy_dir, cfg, learning_rate=1e-2)
+    resumed_state, run_id = load_checkpoint(tmp_path / "checkpoint.pt", resumed_parts)
+    assert (run_id, resumed_state.step) == ("run-1", 2)
+    resumed = [train_step(cfg, resumed_parts, resumed_state) for _ in range(2)]
+    for expected, actual in zip(straight[2:], resumed):
+        for key in keys:
+            assert expected.get(key) == pytest.approx(actual.get(key), rel=1e-5), key
