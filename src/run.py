@@ -107,6 +107,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 tracker.log_step(metrics, step)
                 state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
                 progress.update(task, advance=1, info=_progress_info(metrics))
+                if not console.is_terminal and state.step % max(1, cfg.trainer.steps // 10) == 0:
+                    log.info("step %d/%d  %s", state.step, cfg.trainer.steps, _progress_info(metrics))
                 every = cfg.trainer.checkpoint_every
                 if every and state.step % every == 0 and state.step < cfg.trainer.steps:
                     save_checkpoint(checkpoint_path, parts, state, tracker.run_id)

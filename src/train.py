@@ -221,6 +221,7 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     buffer_ages = parts.buffer.age_histogram(step) if parts.buffer else {}
     replayed = parts.buffer.sample(planned_replay, step) if parts.buffer else []
     gap_fill = planned_replay - len(replayed)  # too few eligible (e.g. step 0): fill with fresh groups
+    drawn = time.perf_counter()
 
     # 2. Sample fresh prompts, generate K responses each with the current policy, score each once.
     instances = parts.sampler.sample(planned_fresh + gap_fill)
@@ -254,6 +255,7 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
         parts.buffer.add(group.with_behaviour_logprobs(update.logprobs[offset : offset + group.size].tolist())
                          for group, offset in zip(fresh, offsets))
         parts.buffer.evict(step)
+    stored = time.perf_counter()
 
     # Bookkeeping (SPEC 6).
     state.fresh_groups += len(fresh)
@@ -268,11 +270,15 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
         "batch/replay_ratio_cumulative": state.replay_groups / state.fresh_groups,
         "buffer/size": sum(buffer_ages.values()),
         **{f"buffer/age{age}": count for age, count in buffer_ages.items()},
-        "time/generate": generate_done - started,
+        "time/replay_draw": drawn - started,
+        "time/generate": generate_done - drawn,
         "time/score": score_done - generate_done,
         "time/train": train_done - score_done,
+        "time/buffer_update": stored - train_done,
     })
-    metrics["time/step"] = time.perf_counter() - started
+    done = time.perf_counter()
+    metrics["time/bookkeeping"] = done - stored
+    metrics["time/step"] = done - started
     state.step += 1
     return metrics
 
