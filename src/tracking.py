@@ -8,6 +8,7 @@ as CSV artifacts. A run that raises is closed as FAILED, never left RUNNING.
 
 from __future__ import annotations
 
+import fcntl
 import math
 import tempfile
 from collections.abc import Iterator
@@ -91,15 +92,34 @@ class Tracker:
         mlflow.set_tags(tags)
 
 
+@contextmanager
+def sqlite_store_lock(uri: str) -> Iterator[None]:
+    """Serialise creating a SQLite store and its experiment: runs launched together would race on the schema."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    lock_path = Path(uri.removeprefix("sqlite:///") + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str:
-    """The experiment id, creating the experiment (with its artifact folder) on first use."""
+    """The experiment id, creating the store and the experiment (with its artifact folder) on first use."""
     mlflow.set_tracking_uri(uri)
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    location = Path(artifact_location).as_uri() if artifact_location and "://" not in artifact_location else artifact_location
-    return client.create_experiment(name, artifact_location=location)
+    with sqlite_store_lock(uri):
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        location = artifact_location
+        if artifact_location and "://" not in artifact_location:
+            location = Path(artifact_location).as_uri()
+        return client.create_experiment(name, artifact_location=location)
 
 
 @contextmanager

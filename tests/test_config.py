@@ -79,7 +79,7 @@ def test_h100_selects_the_submitit_slurm_launcher(compose_config):
     (["trainer.groups_per_step=0"], ["B=0"]),
     (["policy.engine=sglang"], ["sglang", "hf"]),
     (["evaluation.estimator=mean"], ["mean", "first_k"]),
-    (["evaluation.ks=[1,8]"], ["[8]", "samples_per_prompt"]),
+    (["evaluation.ks=[1,16]"], ["[16]", "samples_per_prompt"]),
     (["evaluation.prompts=80"], ["80", "heldout_size"]),
 ])
 def test_invalid_configs_are_refused_with_the_value_and_the_fix(compose_config, overrides, words):

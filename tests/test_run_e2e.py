@@ -108,3 +108,15 @@ def test_resume_from_checkpoint_continues_the_same_mlflow_run(tmp_path, random_p
     assert len(table) == 1 and table.run_id[0] == first.run_id[0]
     history = MlflowClient(f"sqlite:///{tmp_path}/mlruns.db").get_metric_history(table.run_id[0], "train/reward")
     assert sorted(m.step for m in history) == [0, 1, 2, 3]
+
+
+def test_runs_started_together_on_a_new_store_do_not_race(tmp_path):
+    """Two processes creating the same SQLite store at once both get the one experiment."""
+    code = ("import sys, src.tracking as t; "
+            "print(t.ensure_experiment(sys.argv[1], 'replay-rloo', sys.argv[2]))")
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    processes = [subprocess.Popen([sys.executable, "-c", code, store, str(tmp_path / "artifacts")], cwd=PROJECT_ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [process.communicate(timeout=120) for process in processes]
+    assert all(process.returncode == 0 for process in processes), [err[-500:] for _, err in results]
+    assert len({out.strip() for out, _ in results}) == 1
