@@ -64,7 +64,7 @@ def main() -> None:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         tracking = compose("config", overrides=args.overrides).tracking
     runs = load_runs(tracking.uri, tracking.experiment, args.sweep, args.latest)
-    console = Console()
+    console = Console(width=max(Console().width, 110))  # logs and pipes default to 80 columns
     if runs.empty:
         console.print(f"no runs found in experiment '{tracking.experiment}' at {tracking.uri}"
                       + (f" with sweep '{args.sweep}'" if args.sweep else ""))
