@@ -36,7 +36,7 @@ def summary_table(runs: pd.DataFrame) -> Table:
     """One row per run: cell, status, fresh evaluations, held-out reward and pass@1 before/after RL."""
     table = Table(title="Runs (held-out evaluation before and after RL)")
     for heading in ["run", "cell", "status", *COLUMNS.values()]:
-        table.add_column(heading, justify="right")
+        table.add_column(heading, justify="right", no_wrap=heading in ("run", "cell", "status"))
     for _, run in runs.iloc[::-1].iterrows():
         protocol = run.get("tags.evaluation", "quick")
         values = []
