@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from src.eval.protocol import ESTIMATORS
 from src.paths import PROJECT_ROOT
+from src.policy.model import DTYPES
 
 if not OmegaConf.has_resolver("root"):
     OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
 
 ENGINES = ("hf", "vllm")
-ESTIMATORS = ("first_k", "unbiased")
-DTYPES = ("float32", "bfloat16", "float16")
 SOURCES = ("generator", "hub")
 
 
@@ -56,7 +56,7 @@ def validate(cfg: DictConfig) -> None:
     _check(trainer.rollout.temperature > 0, f"trainer.rollout.temperature={trainer.rollout.temperature}: must be > 0")
     _check(cfg.policy.engine in ENGINES, f"policy.engine='{cfg.policy.engine}': choose one of {ENGINES}")
     _check(cfg.policy.max_new_tokens >= 1, f"policy.max_new_tokens={cfg.policy.max_new_tokens}: must be >= 1")
-    _check(cfg.hardware.dtype in DTYPES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {DTYPES}")
+    _check(cfg.hardware.dtype in DTYPES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {tuple(DTYPES)}")
     _check(cfg.task.source in SOURCES, f"task.source='{cfg.task.source}': choose one of {SOURCES}")
     _check(1 <= evaluation.prompts <= cfg.task.heldout_size,
            f"evaluation.prompts={evaluation.prompts}: must be between 1 and task.heldout_size={cfg.task.heldout_size}")

@@ -9,6 +9,7 @@ Fresh-only RLOO is the same loop with rho = 0: no buffer, every weight is exactl
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections import defaultdict
@@ -251,9 +252,9 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     # 5. After the update: store fresh groups with mu's log-probs from this step's forward pass
     #    (so they cannot be replayed in the step that sampled them), then drop over-age groups.
     if parts.buffer is not None:
-        offsets = [sum(group.size for group in fresh[:n]) for n in range(len(fresh))]
-        parts.buffer.add(group.with_behaviour_logprobs(update.logprobs[offset : offset + group.size].tolist())
-                         for group, offset in zip(fresh, offsets))
+        starts = itertools.accumulate((group.size for group in fresh), initial=0)  # fresh come first in the batch
+        parts.buffer.add(group.with_behaviour_logprobs(update.logprobs[start : start + group.size].tolist())
+                         for group, start in zip(fresh, starts))
         parts.buffer.evict(step)
     stored = time.perf_counter()
 
