@@ -9,7 +9,19 @@ TORCH_SPEC ?= torch==2.13.0
 export HYDRA_FULL_ERROR ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-fast ui budget sft-tiny bench clean
+# Sweeps: make sweep-ratio [HARDWARE=cpu|h100] [DRY_RUN=1] [ARGS="policy=qwen-sft-countdown ..."]
+HARDWARE ?= cpu
+DRY_RUN ?= 0
+ARGS ?=
+SWEEP_FLAGS = hardware=$(HARDWARE) hydra.sweeper.dry_run=$(if $(filter 1 true yes,$(DRY_RUN)),true,false) $(ARGS)
+# Reports: make report [SWEEP=ratio] [EXPERIMENT=replay-rloo]
+SWEEP ?=
+EXPERIMENT ?=
+MLFLOW_PORT ?= 5000
+MLFLOW_BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
+
+.PHONY: install demo test test-fast ui budget sft-tiny bench bench-eval report mlflow-server clean \
+	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +53,19 @@ sft-tiny: $(STAMP)  ## rebuild the tiny policy's warm start (checkpoints/tiny-co
 
 bench: $(STAMP)  ## per-phase step time of the tiny policy
 	$(PY) -m benchmarks.step_phases
+
+bench-eval: $(STAMP)  ## wall time of the canonical evaluation of the tiny policy
+	$(PY) -m benchmarks.evaluation
+
+sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun
+	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)
+
+report: $(STAMP)  ## tables and figures from MLflow into reports/<name>/
+	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT))
+
+mlflow-server: $(STAMP)  ## a tracking server for cluster jobs (tracking.uri=http://<this host>:$(MLFLOW_PORT))
+	$(PY) -m mlflow server --host 0.0.0.0 --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
+		--artifacts-destination $(CURDIR)/mlartifacts --serve-artifacts
 
 clean:
 	rm -rf outputs multirun .pytest_cache

@@ -24,6 +24,7 @@ import src.config  # noqa: F401  (the ${root:} resolver)
 from src import tracking
 from src.paths import CONFIG_DIR
 from src.run import build_components
+from src.sweep import cell_name
 from src.task import countdown
 from src.train import TrainState, train_step
 
@@ -64,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg, phases = measure(args.overrides, args.steps, args.warmup)
     step_mean = statistics.mean(phases["step"])
-    table = Table(title=f"Step phases: {tracking.cell_name(cfg)}, policy {cfg.policy.name_or_path}, "
+    table = Table(title=f"Step phases: {cell_name(cfg)}, policy {cfg.policy.name_or_path}, "
                         f"B={cfg.trainer.groups_per_step}, K={cfg.trainer.group_size}, {args.steps} steps, "
                         f"{torch.get_num_threads()} threads")
     for column in ("phase", "kind", "mean s", "share"):

@@ -24,8 +24,11 @@ class ConfigError(ValueError):
     """A configuration that composes but cannot run; the message says how to fix it."""
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError for the first problem found; return quietly for a runnable config."""
+def validate(cfg: DictConfig, check_device: bool = True) -> None:
+    """Raise ConfigError for the first problem found; return quietly for a runnable config.
+
+    `check_device=False` skips the CUDA check: a sweep is planned on a login node without GPUs.
+    """
     trainer, buffer, clip, evaluation = cfg.trainer, cfg.buffer, cfg.clip, cfg.evaluation
     _check(trainer.group_size >= 2,
            f"trainer.group_size K={trainer.group_size}: the leave-one-out baseline needs K >= 2; set trainer.group_size=8")
@@ -69,7 +72,7 @@ def validate(cfg: DictConfig) -> None:
     _check(not too_large,
            f"evaluation.ks has {too_large} outside 1..samples_per_prompt={evaluation.samples_per_prompt}; "
            "drop them or raise evaluation.samples_per_prompt")
-    if cfg.hardware.device.startswith("cuda"):
+    if check_device and cfg.hardware.device.startswith("cuda"):
         import torch
 
         _check(torch.cuda.is_available(),

@@ -23,13 +23,16 @@ from rich.table import Table
 from src import tracking
 from src.budget import plan_fresh_evaluations, replay_demand_met
 from src.config import validate
-from src.eval.protocol import evaluate
+from src.evaluate import evaluate_policy
 from src.policy.model import frozen_copy, load_policy
 from src.replay.buffer import ReplayBuffer
-from src.rollout.engine import SamplingParams, build_engine
+from src.sweep import cell_identity, cell_name, cell_runs, slurm_job_key
+from src.interrupt import StopOnSignal
+from src.paths import CONFIG_DIR
+from src.rollout.engine import build_engine
 from src.task import countdown
 from src.task.sampler import PromptSampler
-from src.train import Components, TrainState, apply_chat_template, load_checkpoint, save_checkpoint, train_step
+from src.train import Components, TrainState, load_checkpoint, save_checkpoint, train_step
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -60,20 +63,15 @@ def build_components(cfg: DictConfig, train_set) -> Components:
 
 def run_evaluation(cfg: DictConfig, parts: Components, heldout, stage: str, tracker, step: int):
     """The configured evaluation protocol on the held-out prompts, logged to this run."""
-    evaluation = cfg.evaluation
-    template = cfg.task.prompt_template
-    if cfg.policy.use_chat_template:
-        template = apply_chat_template(parts.tokenizer, template)
-    result = evaluate(
-        parts.engine, heldout[: evaluation.prompts], template, name=evaluation.name,
-        samples_per_prompt=evaluation.samples_per_prompt, repeats=evaluation.repeats, ks=list(evaluation.ks),
-        estimator=evaluation.estimator,
-        sampling=SamplingParams(temperature=evaluation.temperature, top_p=evaluation.top_p,
-                                top_k=evaluation.top_k, max_new_tokens=cfg.policy.max_new_tokens),
-        seed=evaluation.seed,
-    )
+    result = evaluate_policy(cfg, parts.policy, parts.tokenizer, parts.engine, heldout)
     tracker.log_evaluation(result, stage, step)
     return result
+
+
+def resumable_checkpoint(cfg: DictConfig) -> str | None:
+    """The checkpoint of this cell's last FAILED/KILLED run (or of this requeued SLURM job), if one exists."""
+    identity = cell_identity(cfg)
+    return cell_runs(cfg.tracking.uri, cfg.tracking.experiment, identity).resumable.get(identity)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -89,17 +87,19 @@ def train(cfg: DictConfig) -> dict[str, float]:
     train_set, heldout = countdown.train_and_heldout(cfg.task)
     parts = build_components(cfg, train_set)
     state, resume_run_id = TrainState(), None
-    if cfg.trainer.resume_from:
-        state, resume_run_id = load_checkpoint(Path(cfg.trainer.resume_from), parts)
-        log.info("resumed from %s at step %d (MLflow run %s)", cfg.trainer.resume_from, state.step, resume_run_id)
+    resume_from = cfg.trainer.resume_from or (cfg.trainer.auto_resume and resumable_checkpoint(cfg))
+    if resume_from:
+        state, resume_run_id = load_checkpoint(Path(resume_from), parts)
+        log.info("resumed from %s at step %d (MLflow run %s)", resume_from, state.step, resume_run_id)
 
-    with tracking.start_run(cfg, resume_run_id) as tracker:
-        tracker.set_tags({"output_dir": str(output_dir), "planned_fresh_evaluations": str(plan.fresh_evaluations)})
+    with tracking.start_run(cfg, resume_run_id) as tracker, StopOnSignal() as stop:
+        tracker.set_tags({"output_dir": str(output_dir), "planned_fresh_evaluations": str(plan.fresh_evaluations),
+                          "slurm_job": slurm_job_key() or "-"})
         before = None
         if cfg.evaluation.at_start and state.step == 0:
             before = run_evaluation(cfg, parts, heldout, "start", tracker, step=0)
         with _progress() as progress:
-            task = progress.add_task(tracking.cell_name(cfg), total=cfg.trainer.steps, completed=state.step,
+            task = progress.add_task(cell_name(cfg), total=cfg.trainer.steps, completed=state.step,
                                      info="")
             while state.step < cfg.trainer.steps:
                 metrics = train_step(cfg, parts, state)
@@ -114,6 +114,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
                     save_checkpoint(checkpoint_path, parts, state, tracker.run_id)
                 if cfg.evaluation.every and state.step % cfg.evaluation.every == 0 and state.step < cfg.trainer.steps:
                     run_evaluation(cfg, parts, heldout, "during", tracker, step=state.step)
+                if stop.requested and state.step < cfg.trainer.steps:  # pre-empted: keep this step, then go
+                    save_checkpoint(checkpoint_path, parts, state, tracker.run_id)
+                    log.warning("checkpoint at step %d written to %s; run %s marked KILLED (it resumes)",
+                                state.step, checkpoint_path, tracker.run_id)
+                    tracking.end_run("KILLED")
+                    stop.hand_on()
         save_checkpoint(checkpoint_path, parts, state, tracker.run_id)
         final_dir = output_dir / "policy"
         parts.policy.save_pretrained(final_dir)
@@ -135,7 +141,7 @@ def _progress_info(metrics: dict[str, float]) -> str:
 
 
 def _print_summary(cfg, plan, state: TrainState, before, after, run_id: str) -> None:
-    table = Table(title=f"{tracking.cell_name(cfg)}  (MLflow run {run_id[:8]})")
+    table = Table(title=f"{cell_name(cfg)}  (MLflow run {run_id[:8]})")
     table.add_column("held-out " + cfg.evaluation.name)
     if before is not None:
         table.add_column("warm start", justify="right")
@@ -151,7 +157,7 @@ def _fmt(value) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")  # absolute: see __main__
 def main(cfg: DictConfig) -> float:
     summary = train(cfg)
     # The value a Hydra sweeper would optimise: held-out mean reward.
@@ -159,4 +165,8 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    # Call the task through the importable module, not __main__: submitit pickles it for SLURM
+    # jobs, and a __main__ function would be pickled by value with this module's globals.
+    from src import run
+
+    run.main()

@@ -11,27 +11,26 @@ from __future__ import annotations
 import fcntl
 import math
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-
-def cell_name(cfg: DictConfig) -> str:
-    """The grid cell as text, e.g. 'rho1-L2-c1' (fresh-only runs: 'rho0')."""
-    if cfg.buffer.ratio == 0:
-        return "rho0"
-    return f"rho{cfg.buffer.ratio:g}-L{cfg.buffer.max_age}-c{cfg.clip.ceiling:g}"
+from src.sweep import cell_identity, cell_name
 
 
 def run_tags(cfg: DictConfig) -> dict[str, str]:
     """Tags that name the study and the cell, so runs can be filtered without parsing params."""
     return {
         "sweep": str(cfg.tracking.sweep),
+        "sweeps": f",{cfg.tracking.sweep},",  # every study this cell belongs to; the sweeper appends shared ones
         "cell": cell_name(cfg),
+        "cell_id": cell_identity(cfg),
         "rho": f"{cfg.buffer.ratio:g}",
         "L": str(cfg.buffer.max_age),
         "c": f"{cfg.clip.ceiling:g}",
@@ -69,6 +68,26 @@ def finite(metrics: dict[str, float]) -> dict[str, float]:
             if value is not None and math.isfinite(value)}
 
 
+def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
+    """Summary metrics as `<protocol>/<stage>/<metric>`, the seed range as a tag, tables as CSV artifacts.
+
+    Goes through the client, not the active run, so `src.evaluate` can add results to a
+    finished run without reopening it (a failed evaluation never marks that run FAILED).
+    """
+    client = MlflowClient()
+    timestamp = int(time.time() * 1000)
+    prefix = f"{result.name}/{stage}"
+    summary = finite({f"{prefix}/{key}": value for key, value in result.summary.items()})
+    client.log_batch(run_id, metrics=[Metric(key, value, timestamp, step) for key, value in summary.items()])
+    seeds = result.per_repeat["seed"].astype(int)
+    client.set_tag(run_id, f"eval.{result.name}.seeds", f"{seeds.min()}-{seeds.max()}")
+    with tempfile.TemporaryDirectory() as folder:
+        for table_name, table in (("per_prompt", result.per_prompt), ("per_repeat", result.per_repeat)):
+            path = Path(folder) / f"{result.name}_{stage}_{table_name}.csv"
+            table.to_csv(path, index=False)
+            client.log_artifact(run_id, str(path), artifact_path="evaluation")
+
+
 class Tracker:
     """Logging calls the training loop makes; a thin layer over the active MLflow run."""
 
@@ -79,17 +98,15 @@ class Tracker:
         mlflow.log_metrics(finite(metrics), step=step)
 
     def log_evaluation(self, result, stage: str, step: int) -> None:
-        """Summary metrics as `<protocol>/<stage>/<metric>`, tables as CSV artifacts."""
-        prefix = f"{result.name}/{stage}"
-        mlflow.log_metrics(finite({f"{prefix}/{key}": value for key, value in result.summary.items()}), step=step)
-        with tempfile.TemporaryDirectory() as folder:
-            for table_name, table in (("per_prompt", result.per_prompt), ("per_repeat", result.per_repeat)):
-                path = Path(folder) / f"{result.name}_{stage}_{table_name}.csv"
-                table.to_csv(path, index=False)
-                mlflow.log_artifact(str(path), artifact_path="evaluation")
+        log_evaluation(self.run_id, result, stage, step)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         mlflow.set_tags(tags)
+
+
+def end_run(status: str) -> None:
+    """End the active run with this status (e.g. KILLED on pre-emption: the run resumes later)."""
+    mlflow.end_run(status)
 
 
 @contextmanager

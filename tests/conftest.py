@@ -37,3 +37,6 @@ def random_policy_dir(tmp_path_factory):
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+from tests.slurm_cluster import slurm_cluster, slurm_env  # noqa: E402,F401  (the local SLURM fixtures)

@@ -9,7 +9,7 @@ seed namespaces never overlap and their results stay apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -49,8 +49,12 @@ def evaluate(
     estimator: str,
     sampling: SamplingParams,
     seed: int,
+    on_repeat: Callable[[int], None] | None = None,
 ) -> EvalResult:
-    """Run `repeats` seeded repeats (engine seed `seed + r`) and return pass@k, reward, correction and unique rates."""
+    """Run `repeats` seeded repeats (engine seed `seed + r`) and return pass@k, reward, correction and unique rates.
+
+    `on_repeat(r)` is called after each repeat (a progress display).
+    """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; valid: {', '.join(ESTIMATORS)}")
     if repeats < 1 or not instances:
@@ -98,6 +102,8 @@ def evaluate(
             }
         )
         prompt_rows += rows
+        if on_repeat is not None:
+            on_repeat(r)
 
     per_repeat = pd.DataFrame(repeat_rows)
     summary: dict[str, float] = {}

@@ -404,10 +404,17 @@ def _cfg(cfg: Any, key: str, default: Any = None) -> Any:
     return getattr(cfg, key, default)
 
 
-def train_and_heldout(cfg: Any) -> tuple[list[Instance], list[Instance]]:
-    """Training and held-out instances for a task config, disjoint by key."""
+def heldout_instances(cfg: Any) -> list[Instance]:
+    """Only the held-out set (evaluation needs no training data; generating it costs seconds)."""
+    if _cfg(cfg, "source", "generator") == "generator":
+        return train_and_heldout(cfg, train_size=0)[1]
+    return train_and_heldout(cfg)[1]
+
+
+def train_and_heldout(cfg: Any, train_size: int | None = None) -> tuple[list[Instance], list[Instance]]:
+    """Training and held-out instances for a task config, disjoint by key (`train_size` overrides the config's)."""
     source = _cfg(cfg, "source", "generator")
-    train_size = int(_cfg(cfg, "train_size"))
+    train_size = int(_cfg(cfg, "train_size") if train_size is None else train_size)
     heldout_size = int(_cfg(cfg, "heldout_size", 50))
     seed = int(_cfg(cfg, "seed", 0))
     heldout_seed = int(_cfg(cfg, "heldout_seed", 1))

@@ -1,0 +1,547 @@
+"""A self-contained report folder (report.md, CSV tables, PNG figures) for the runs of a study, read from MLflow.
+
+    python -m analysis.report --sweep age --sweep ratio --sweep baseline
+    python -m analysis.report --experiment replay-rloo --out reports/all tracking.uri=sqlite:////tmp/x/mlruns.db
+
+Only FINISHED runs give numbers; the newest finished run of a cell is used and older ones are listed
+as superseded. Results come from `canonical/final/*` when a run has it, else `quick/final/*`, and every
+row says which. Figures follow the paper: budget frontier (Fig. 3), L x c and rho x c heatmaps
+(Figs. 4, 5, 9), best-of-N probe (Table 4, Fig. 6), training dynamics (Fig. 7), diversity (Fig. 8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+
+from analysis import figures
+
+PROTOCOL_PREFERENCE = ["canonical", "quick"]  # results-table protocol, first one a run has
+PROBE_KS = [1, 4, 8, 16, 32, 64]
+SUMMARY_METRICS = {"mean_reward": "reward", "correction_rate": "correction_rate", "unique_rate": "unique_rate"}
+DYNAMICS_KEYS = [key for key, _ in figures.DYNAMICS_PANELS]
+PROBE_HINT = ("no probe results yet: run the best-of-N probe on the chosen cells, e.g.\n"
+              "python -m src.evaluate evaluation=probe ...\n(it logs probe/final/pass_at_<k> into the run)")
+UNFINISHED = ("FAILED", "RUNNING", "KILLED", "SCHEDULED")
+
+# The two design grids of SPEC 8: a fixed coordinate plus rows x columns.
+GRIDS = {
+    "age": dict(title="L × c at ρ = 1", fixed=("rho", 1.0), row=("L", [1, 2, 3]), col=("c", [1, 3, 10])),
+    "ratio": dict(title="ρ × c at L = 2", fixed=("L", 2), row=("rho", [0.5, 1, 1.5, 2]), col=("c", [1, 3, 10])),
+}
+HEATMAP_PANELS = ["pass@k_max", "reward", "correction_rate", "pass@1"]  # pass@1 panel: paper Figure 9
+
+console = Console()
+
+
+class ReportError(Exception):
+    """A problem the command reports in one line (no traceback): empty store, unknown experiment."""
+
+
+# --------------------------------------------------------------------------- reading MLflow
+
+
+def load_runs(uri: str, experiment: str, sweeps: list[str] | None = None) -> pd.DataFrame:
+    """All runs of one experiment (optionally only the given sweep tags), newest first."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        # Opening a missing SQLite file would silently create an empty store.
+        raise ReportError(f"no MLflow store at {uri}")
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    if client.get_experiment_by_name(experiment) is None:
+        known = sorted(e.name for e in client.search_experiments())
+        raise ReportError(f"experiment '{experiment}' not found at {uri} "
+                          f"(experiments there: {', '.join(known) or 'none'})")
+    # A cell shared by two studies runs once, under the first study's `sweep` tag; the sweeper
+    # adds every study that reuses it to the `sweeps` tag (",age,ratio,").
+    filters = [query for sweep in sweeps for query in (f"tags.sweep = '{sweep}'", f"tags.sweeps LIKE '%,{sweep},%'")
+               ] if sweeps else [""]
+    frames = [mlflow.search_runs(experiment_names=[experiment], filter_string=query, order_by=["start_time DESC"])
+              for query in filters]
+    frames = [frame for frame in frames if not frame.empty]
+    if not frames:
+        return pd.DataFrame()
+    runs = pd.concat(frames, ignore_index=True).drop_duplicates("run_id")
+    return runs.sort_values("start_time", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _column(runs: pd.DataFrame, name: str, default="") -> pd.Series:
+    """A column of the search_runs frame, or the default when no run logged it."""
+    return runs[name].fillna(default) if name in runs else pd.Series(default, index=runs.index)
+
+
+def select_cells(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Split runs into (used: newest FINISHED per cell, superseded: older FINISHED, unfinished).
+
+    A cell is its `cell_id` tag (the whole config that decides results, `src.sweep.cell_identity`),
+    or for runs logged without one, its cell name and policy.
+    """
+    if runs.empty:
+        return runs, runs, runs
+    cell = _column(runs, "tags.cell", "?")
+    if "tags.cell_id" in runs:
+        cell = runs["tags.cell_id"].where(runs["tags.cell_id"].notna(), cell)
+    runs = runs.assign(_cell=cell, _policy=_column(runs, "tags.policy"))
+    runs = runs.sort_values("start_time", ascending=False, kind="stable")
+    finished = runs[runs["status"] == "FINISHED"]
+    newest = ~finished.duplicated(["_cell", "_policy"], keep="first")
+    used = finished[newest]
+    superseded = finished[~newest].copy()
+    # Name the run that replaces each superseded one, so the reader can follow the chain.
+    replacement = used.set_index(["_cell", "_policy"])["run_id"]
+    superseded["superseded_by"] = [replacement[(cell, policy)]
+                                   for cell, policy in zip(superseded["_cell"], superseded["_policy"])]
+    unfinished = runs[runs["status"] != "FINISHED"]
+    drop = ["_cell", "_policy"]
+    return (used.drop(columns=drop).reset_index(drop=True), superseded.drop(columns=drop).reset_index(drop=True),
+            unfinished.drop(columns=drop).reset_index(drop=True))
+
+
+def _metric(run: pd.Series, key: str) -> float:
+    value = run.get("metrics." + key)
+    return float(value) if value is not None and not pd.isna(value) else np.nan
+
+
+def _pass_ks(run: pd.Series, prefix: str) -> list[int]:
+    """The k values with a logged `<prefix>/pass_at_<k>` in this run, ascending."""
+    pattern = re.compile(re.escape(f"metrics.{prefix}/pass_at_") + r"(\d+)$")
+    return sorted(int(m.group(1)) for key in run.index if (m := pattern.match(key)) and not pd.isna(run[key]))
+
+
+def run_protocol(run: pd.Series) -> str:
+    """'canonical' when the run has canonical final metrics, else 'quick', else 'none'."""
+    for protocol in PROTOCOL_PREFERENCE:
+        if any(key.startswith(f"metrics.{protocol}/final/") and not pd.isna(value) for key, value in run.items()):
+            return protocol
+    return "none"
+
+
+def _coordinates(run: pd.Series) -> tuple[float, float, float]:
+    """(rho, L, c) from the tags (params as fallback); L and c are NaN for fresh-only runs."""
+    def read(tag: str, param: str) -> float:
+        for key in (f"tags.{tag}", f"params.{param}"):
+            value = run.get(key)
+            if value is not None and not pd.isna(value) and str(value) not in ("", "None"):
+                return float(value)
+        return np.nan
+
+    rho = read("rho", "buffer.ratio")
+    if rho == 0:  # fresh-only runs still carry the config's clip value: it means nothing without replay
+        return 0.0, np.nan, np.nan
+    return rho, read("L", "buffer.max_age"), read("c", "clip.ceiling")
+
+
+def _fresh_evaluations(run: pd.Series) -> float:
+    """Final fresh-evaluation count: the end-of-run tag, else the last logged cumulative metric."""
+    tag = run.get("tags.fresh_evaluations")
+    if tag is not None and not pd.isna(tag) and str(tag).strip():
+        return float(tag)
+    return _metric(run, "budget/fresh_evaluations")
+
+
+def format_cell(rho: float, L: float, c: float) -> str:
+    """(rho, L, c) as in the paper tables: '(0, -, -)', '(1, 2, 1)'."""
+    parts = [f"{value:g}" if not pd.isna(value) else "-" for value in (rho, L, c)]
+    return f"({', '.join(parts)})"
+
+
+def format_value(mean: float, hw: float = np.nan, digits: int = 3) -> str:
+    """'mean ± half-width' with three decimals; just the mean without a half-width, '-' without a mean."""
+    return figures._mean_hw(mean, hw, digits)
+
+
+def format_count(value: float) -> str:
+    """Fresh-evaluation counts as in the paper: 51712 -> '51.7K' (small counts as integers)."""
+    if pd.isna(value):
+        return "-"
+    return f"{value / 1000:.1f}K" if value >= 10_000 else f"{int(value)}"
+
+
+def results_table(used: pd.DataFrame) -> pd.DataFrame:
+    """One numeric row per used run (paper Tables 2/3): coordinates, protocol, fresh evaluations, metrics ± hw."""
+    rows = []
+    for _, run in used.iterrows():
+        rho, L, c = _coordinates(run)
+        protocol = run_protocol(run)
+        prefix = f"{protocol}/final"
+        ks = _pass_ks(run, prefix) if protocol != "none" else []
+        row = {
+            "run_id": run["run_id"], "sweep": run.get("tags.sweep", ""), "cell": run.get("tags.cell", "?"),
+            "policy": run.get("tags.policy", ""), "setting": "Fresh-only" if rho == 0 else "Replay",
+            "rho": rho, "L": L, "c": c, "coordinates": format_cell(rho, L, c), "protocol": protocol,
+            "fresh_evaluations": _fresh_evaluations(run), "k_max": ks[-1] if ks else np.nan,
+        }
+        for k in ks:
+            row[f"pass@{k}"] = _metric(run, f"{prefix}/pass_at_{k}")
+            row[f"pass@{k}_hw"] = _metric(run, f"{prefix}/pass_at_{k}_hw")
+        # The largest k of the run's own protocol (16 canonical, 8 quick): the frontier/heatmap axis.
+        row["pass@k_max"] = row[f"pass@{ks[-1]}"] if ks else np.nan
+        row["pass@k_max_hw"] = row[f"pass@{ks[-1]}_hw"] if ks else np.nan
+        for metric, name in SUMMARY_METRICS.items():
+            row[name] = _metric(run, f"{prefix}/{metric}")
+            row[f"{name}_hw"] = _metric(run, f"{prefix}/{metric}_hw")
+        rows.append(row)
+    base = ["run_id", "sweep", "cell", "policy", "setting", "rho", "L", "c", "coordinates", "protocol",
+            "fresh_evaluations", "k_max"]
+    table = pd.DataFrame(rows, columns=None if rows else base)
+    for column in ["pass@1", "pass@1_hw", "pass@k_max", "pass@k_max_hw",
+                   *[f"{n}{s}" for n in SUMMARY_METRICS.values() for s in ("", "_hw")]]:
+        if column not in table:
+            table[column] = np.nan
+    pass_columns = sorted((col for col in table if re.fullmatch(r"pass@\d+(_hw)?", col)),
+                          key=lambda col: (int(re.search(r"\d+", col).group()), col.endswith("_hw")))
+    rest = [col for col in table if col not in base and col not in pass_columns]
+    table = table[base + pass_columns + rest]
+    if table.empty:
+        return table
+    # Baseline first, then by rho, L, c (NaN L/c only occur on the rho = 0 rows).
+    return table.sort_values(["rho", "L", "c", "cell"], na_position="first", kind="stable").reset_index(drop=True)
+
+
+def baseline_values(results: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    """(mean, half-width) of each metric for the fresh-only run (first one), empty when there is none."""
+    baseline = results[results["rho"] == 0]
+    if baseline.empty:
+        return {}
+    row = baseline.iloc[0]
+    return {metric: (row[metric], row.get(metric + "_hw", np.nan)) for metric in HEATMAP_PANELS + ["unique_rate"]}
+
+
+def heatmap_grid(results: pd.DataFrame, name: str, unfinished: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every position of a design grid (GRIDS[name]) with its run's metrics; run_id NaN where no finished run.
+
+    `unfinished` (runs from select_cells) fills the `unfinished` column: the status of the newest
+    unfinished run of a position that has no finished run, so the report can say why it is missing.
+    """
+    pending = {}
+    if unfinished is not None and not unfinished.empty:
+        for cell, status in zip(_column(unfinished, "tags.cell", "?")[::-1], unfinished["status"][::-1]):
+            pending[cell] = status  # newest first in `unfinished`, so the reversed walk ends on the newest
+    spec = GRIDS[name]
+    (fixed_key, fixed_value), (row_key, row_values), (col_key, col_values) = spec["fixed"], spec["row"], spec["col"]
+    replay = results[results["rho"] > 0]
+    cells = []
+    for row_value in row_values:
+        for col_value in col_values:
+            where = {fixed_key: fixed_value, row_key: row_value, col_key: col_value}
+            match = replay[np.logical_and.reduce([np.isclose(replay[k], v) for k, v in where.items()])] \
+                if not replay.empty else replay
+            cell = {"row": row_value, "col": col_value,
+                    "cell": f"rho{where['rho']:g}-L{where['L']:g}-c{where['c']:g}", "run_id": np.nan, "protocol": ""}
+            cell["unfinished"] = pending.get(cell["cell"], "")
+            if not match.empty:
+                # Several policies could share a position; the results order (newest first within a cell) decides.
+                found = match.iloc[0]
+                cell.update({"run_id": found["run_id"], "protocol": found["protocol"], "unfinished": ""})
+                cell.update({m + s: found[m + s] for m in HEATMAP_PANELS for s in ("", "_hw")})
+            cells.append(cell)
+    grid = pd.DataFrame(cells)
+    for column in [m + s for m in HEATMAP_PANELS for s in ("", "_hw")]:
+        if column not in grid:
+            grid[column] = np.nan
+    return grid
+
+
+def missing_cells(grid: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(grid cells without a finished run, cells whose run has no final evaluation)."""
+    no_run = grid.loc[grid["run_id"].isna(), "cell"].tolist()
+    no_eval = grid.loc[grid["run_id"].notna() & grid["pass@k_max"].isna(), "cell"].tolist()
+    return no_run, no_eval
+
+
+def best_of_n_table(used: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
+    """Paper Table 4: probe/final pass@k (unbiased) for each used run that has probe results, and the ks."""
+    rows, ks = [], set()
+    for _, run in used.iterrows():
+        found = _pass_ks(run, "probe/final")
+        if not found:
+            continue
+        ks.update(found)
+        rho, L, c = _coordinates(run)
+        row = {"run_id": run["run_id"], "cell": run.get("tags.cell", "?"),
+               "setting": "Fresh-only" if rho == 0 else "Replay", "rho": rho, "L": L, "c": c, "coordinates": format_cell(rho, L, c)}
+        for k in found:
+            row[f"pass@{k}"] = _metric(run, f"probe/final/pass_at_{k}")
+            row[f"pass@{k}_hw"] = _metric(run, f"probe/final/pass_at_{k}_hw")
+        rows.append(row)
+    ks = sorted(ks) or PROBE_KS
+    table = pd.DataFrame(rows, columns=None if rows else ["run_id", "cell", "setting", "rho", "L", "c", "coordinates"])
+    for k in ks:
+        for column in (f"pass@{k}", f"pass@{k}_hw"):
+            if column not in table:
+                table[column] = np.nan
+    if not table.empty:
+        table = table.sort_values(["rho", "L", "c", "cell"], na_position="first", kind="stable").reset_index(drop=True)
+    return table, ks
+
+
+def metric_histories(client: MlflowClient, results: pd.DataFrame, keys: list[str] = DYNAMICS_KEYS) -> pd.DataFrame:
+    """Long table (run_id, key, step, value) of per-step metrics, last value per step (resumed runs re-log steps)."""
+    rows = []
+    for run_id in results["run_id"]:
+        for key in keys:
+            for point in client.get_metric_history(run_id, key):
+                rows.append({"run_id": run_id, "key": key, "step": point.step, "value": point.value,
+                             "timestamp": point.timestamp})
+    if not rows:
+        return pd.DataFrame(columns=["run_id", "key", "step", "value"])
+    history = pd.DataFrame(rows).sort_values(["run_id", "key", "step", "timestamp"])
+    history = history.drop_duplicates(["run_id", "key", "step"], keep="last")
+    return history.drop(columns="timestamp").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- writing the report
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    """A GitHub-flavoured markdown table ('|' inside cells escaped)."""
+    def line(cells) -> str:
+        return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+
+    return "\n".join([line(headers), line(["---"] * len(headers)), *(line(row) for row in rows)])
+
+
+def _when(value) -> str:
+    return "-" if value is None or pd.isna(value) else pd.Timestamp(value).strftime("%Y-%m-%d %H:%M")
+
+
+def k_label(results: pd.DataFrame) -> str:
+    """'pass@16' when every row has the same largest k, else a label saying that k differs by protocol."""
+    ks = sorted({int(k) for k in results["k_max"].dropna()}) if not results.empty else []
+    if len(ks) == 1:
+        return f"pass@{ks[0]}"
+    if not ks:
+        return "pass@16"
+    return "pass@k (largest k of each row's protocol: " + ", ".join(
+        f"{p} k={int(results.loc[results['protocol'] == p, 'k_max'].max())}"
+        for p in PROTOCOL_PREFERENCE if (results["protocol"] == p).any()) + ")"
+
+
+def _results_markdown(results: pd.DataFrame) -> str:
+    label = k_label(results)
+    mixed_k = results["k_max"].dropna().nunique() > 1
+    multi_policy = results["policy"].nunique() > 1
+    headers = ["Setting", "(ρ, L, c)", "cell", *(["policy"] if multi_policy else []), "protocol", "fresh evals",
+               "pass@1", label if not mixed_k else "pass@k (largest k)", "reward", "correction rate", "run"]
+    rows = []
+    for _, row in results.iterrows():
+        top = format_value(row["pass@k_max"], row["pass@k_max_hw"])
+        if mixed_k and not pd.isna(row["k_max"]):
+            top += f" (k={int(row['k_max'])})"
+        rows.append([row["setting"], row["coordinates"], row["cell"], *([row["policy"]] if multi_policy else []),
+                     row["protocol"], format_count(row["fresh_evaluations"]),
+                     format_value(row["pass@1"], row["pass@1_hw"]), top,
+                     format_value(row["reward"], row["reward_hw"]),
+                     format_value(row["correction_rate"], row["correction_rate_hw"]), f"`{row['run_id'][:8]}`"])
+    return markdown_table(headers, rows)
+
+
+def _protocol_note(results: pd.DataFrame) -> str:
+    counts = results["protocol"].value_counts()
+    parts = [f"{counts[p]} run(s) from `{p}/final/*`" for p in [*PROTOCOL_PREFERENCE, "none"] if p in counts]
+    note = ("Values are read from `canonical/final/*` when a run has them, else from `quick/final/*`; "
+            "the `protocol` column names the source of every row. Here: " + (", ".join(parts) or "no runs") + ".")
+    if counts.drop("none", errors="ignore").size > 1:
+        note += ("\n\n**Protocols are mixed in this report.** quick and canonical differ in samples per prompt, "
+                 "repeats and seeds, so their values are not comparable; quick values are marked in the figures "
+                 "(hollow markers, hatched bars, '(quick)' in heatmap cells).")
+    if "none" in counts:
+        note += "\n\nRows with protocol `none` finished without a final evaluation; their metrics are blank."
+    return note
+
+
+def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, title: str = "Replay-RLOO report",
+                 source: str = "", sweeps: list[str] | None = None) -> Path:
+    """Write report.md, the CSV tables and every PNG figure into out_dir; returns the path of report.md."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def wrote(path: Path, what: str) -> Path:
+        console.print(f"[green]wrote[/green] {path.name:<20} {what}")
+        return path
+
+    used, superseded, unfinished = select_cells(runs)
+    results = results_table(used)
+    wrote(_write_csv(results, out_dir / "results_table.csv"), f"{len(results)} row(s)")
+    label = k_label(results)
+    baseline = baseline_values(results)
+
+    short = label if results["k_max"].dropna().nunique() <= 1 else "pass@k (largest k of the row's protocol)"
+    wrote(figures.plot_frontier(results, out_dir / "frontier.png", short), "budget frontier (Figure 3)")
+    panel_labels = {"pass@k_max": short, "reward": "evaluation reward", "correction_rate": "correction rate",
+                    "pass@1": "pass@1"}
+    grids, missing = {}, {}
+    for name, figure in (("age", "Figure 4"), ("ratio", "Figures 5, 9")):
+        grids[name] = heatmap_grid(results, name, unfinished)
+        missing[name] = missing_cells(grids[name])
+        spec = GRIDS[name]
+        figures.plot_heatmaps(grids[name], [(m, panel_labels[m]) for m in HEATMAP_PANELS], baseline,
+                              row_label="ρ" if spec["row"][0] == "rho" else spec["row"][0], col_label="c",
+                              title=spec["title"], path=out_dir / f"heatmap_{name}.png")
+        have = int(grids[name]["run_id"].notna().sum())
+        wrote(out_dir / f"heatmap_{name}.png", f"{spec['title']} ({figure}): {have}/{len(grids[name])} cells")
+
+    probe, probe_ks = best_of_n_table(used)
+    wrote(_write_csv(probe, out_dir / "best_of_n.csv"), f"{len(probe)} probed cell(s)")
+    wrote(figures.plot_best_of_n(probe, probe_ks, out_dir / "best_of_n.png", PROBE_HINT), "best-of-N (Figure 6)")
+
+    history = metric_histories(client, results)
+    wrote(figures.plot_dynamics(history, results, out_dir / "dynamics.png"),
+          f"training dynamics (Figure 7): {history['run_id'].nunique()} run(s)")
+    wrote(figures.plot_diversity(results, out_dir / "diversity.png"), "answer-span diversity (Figure 8)")
+
+    text = _markdown(results, used, superseded, unfinished, grids, missing, probe, probe_ks, baseline,
+                     title=title, source=source, sweeps=sweeps)
+    report = out_dir / "report.md"
+    report.write_text(text)
+    wrote(report, f"{len(used)} used, {len(superseded)} superseded, {len(unfinished)} unfinished run(s)")
+    return report
+
+
+def _write_csv(table: pd.DataFrame, path: Path) -> Path:
+    table.to_csv(path, index=False)
+    return path
+
+
+def _markdown(results, used, superseded, unfinished, grids, missing, probe, probe_ks, baseline, *,
+              title: str, source: str, sweeps: list[str] | None) -> str:
+    protocols = dict(zip(results["run_id"], results["protocol"]))
+    label = k_label(results)
+    out = [f"# {title}", "",
+           f"Generated {datetime.now():%Y-%m-%d %H:%M} by `python -m analysis.report`"
+           + (f" from {source}" if source else "") + ". Figures and CSV files sit next to this file.", ""]
+
+    out += ["## Runs used", "",
+            "Only FINISHED runs give numbers. When several finished runs share a cell (same `cell` and `policy` "
+            "tags), the newest is used and the others are listed as superseded.", ""]
+    out.append(markdown_table(["run id", "sweep", "cell", "status", "protocol used", "started"],
+                              [[f"`{run['run_id']}`", run.get("tags.sweep", ""), run.get("tags.cell", "?"),
+                                run["status"], protocols.get(run["run_id"], "none"), _when(run.get("start_time"))]
+                               for _, run in used.iterrows()]) if not used.empty else "_No finished runs._")
+    out += ["", "### Superseded runs", ""]
+    out.append(markdown_table(["run id", "sweep", "cell", "started", "superseded by"],
+                              [[f"`{run['run_id']}`", run.get("tags.sweep", ""), run.get("tags.cell", "?"),
+                                _when(run.get("start_time")), f"`{run['superseded_by']}`"]
+                               for _, run in superseded.iterrows()]) if not superseded.empty else "_None._")
+    out += ["", "### Unfinished runs (no numbers taken from them)", ""]
+    out.append(markdown_table(["run id", "sweep", "cell", "status", "started"],
+                              [[f"`{run['run_id']}`", run.get("tags.sweep", ""), run.get("tags.cell", "?"),
+                                run["status"], _when(run.get("start_time"))]
+                               for _, run in unfinished.iterrows()]) if not unfinished.empty else "_None._")
+
+    out += ["", "## Results (paper Tables 2/3)", "", _protocol_note(results), "",
+            f"Each value is `mean ± 95 % t half-width` over evaluation repeats (just the mean when the protocol "
+            f"has one repeat). The high-k column is {label}. Full numbers: [results_table.csv](results_table.csv).", ""]
+    out.append(_results_markdown(results) if not results.empty else "_No finished runs._")
+
+    out += ["", "## Budget frontier (Figure 3)", "",
+            f"{label} against fresh verifier evaluations; colour is ρ, marker is c, the star and dashed line are the "
+            "fresh-only baseline, error bars are half-widths. Right: the L = 2 cells, one line per c.", "",
+            "![budget frontier](frontier.png)", ""]
+
+    for name, figure in (("age", "Figure 4"), ("ratio", "Figures 5 and 9")):
+        spec = GRIDS[name]
+        no_run, no_eval = missing[name]
+        pending = dict(zip(grids[name]["cell"], grids[name]["unfinished"]))
+        out += [f"## Heatmap: {spec['title']} ({figure})", "",
+                f"Panels: {label}, evaluation reward, correction rate, pass@1; cells show mean ± half-width, the "
+                "colour map is centred on the fresh-only value named in each panel title"
+                + ("" if baseline else " (no fresh-only run in this report, so the map is not centred)")
+                + ". Missing cells are drawn grey and hatched.", "", f"![{spec['title']}](heatmap_{name}.png)", "",
+                "Missing grid cells (no finished run): " + (", ".join(
+                    f"`{c}`" + (f" ({status} run)" if (status := pending.get(c)) else "") for c in no_run) or "none")
+                + "."]
+        if no_eval:
+            out.append("Cells with a finished run but no final evaluation: "
+                       + ", ".join(f"`{c}`" for c in no_eval) + ".")
+        if no_run and sweeps:
+            out.append("(Studies share cells, SPEC 8. A shared cell skipped by the sweeper is found through the "
+                       "`sweeps` tag; one run outside any sweep can be added with another `--sweep` option.)")
+        out.append("")
+
+    out += ["## Best-of-N probe (Table 4, Figure 6)", "",
+            "Unbiased pass@k from `probe/final/*` (64 samples per prompt per repeat); a different estimator and "
+            "seed namespace from the canonical table, so the two are complementary, not one scale. "
+            "Full numbers: [best_of_n.csv](best_of_n.csv).", ""]
+    if probe.empty:
+        out.append("_" + PROBE_HINT.replace("\n", " ") + "_")
+    else:
+        out.append(markdown_table(["Setting", "(ρ, L, c)", "cell", *[f"K={k}" for k in probe_ks], "run"],
+                                  [[row["setting"], row["coordinates"], row["cell"],
+                                    *[format_value(row[f"pass@{k}"], row[f"pass@{k}_hw"]) for k in probe_ks],
+                                    f"`{row['run_id'][:8]}`"] for _, row in probe.iterrows()]))
+    out += ["", "![best-of-N probe](best_of_n.png)", ""]
+
+    out += ["## Training dynamics (Figure 7)", "",
+            "Per-step training reward, clip fraction and normalised ESS of the reused responses (absent for "
+            "fresh-only runs and for steps without replay), and KL to the reference per token; colour is c, "
+            "line style is L, fresh-only in black.", "", "![training dynamics](dynamics.png)", ""]
+
+    out += ["## Diversity (Figure 8)", "",
+            "Answer-span unique rate of the final evaluation (same protocol as the results table), error bars "
+            "are half-widths.", ""]
+    diversity = results[results["unique_rate"].notna()] if not results.empty else results
+    if not diversity.empty:
+        out.append(markdown_table(["cell", "(ρ, L, c)", "protocol", "unique rate"],
+                                  [[row["cell"], row["coordinates"], row["protocol"],
+                                    format_value(row["unique_rate"], row["unique_rate_hw"])]
+                                   for _, row in diversity.iterrows()]))
+        out.append("")
+    out += ["![answer-span diversity](diversity.png)", ""]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: compose the tracking settings, read the runs, write the report folder."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from src.paths import CONFIG_DIR, PROJECT_ROOT
+
+    # The ${root:} resolver exactly as src.config registers it; importing src.config instead
+    # would pull in torch and transformers (seconds) for a command that only reads MLflow.
+    if not OmegaConf.has_resolver("root"):
+        OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", action="append", help="only runs tagged with this sweep (repeatable)")
+    parser.add_argument("--experiment", help="MLflow experiment (default: tracking.experiment of the config)")
+    parser.add_argument("--out", type=Path, help="report folder (default: reports/<sweeps or experiment>)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
+    args = parser.parse_args(argv)
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        tracking = compose("config", overrides=args.overrides).tracking
+    experiment = args.experiment or tracking.experiment
+    searched = f"experiment '{experiment}' at {tracking.uri}" + (
+        f" with sweep {' or '.join(repr(s) for s in args.sweep)}" if args.sweep else "")
+    err = Console(stderr=True)
+    try:
+        runs = load_runs(tracking.uri, experiment, args.sweep)
+        if runs.empty:
+            raise ReportError(f"no runs found in {searched}")
+    except ReportError as error:
+        err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+        return 1
+    name = "+".join(args.sweep) if args.sweep else experiment
+    out_dir = args.out or PROJECT_ROOT / "reports" / name
+    console.print(f"{len(runs)} run(s) in {searched}")
+    report = write_report(runs, out_dir, MlflowClient(tracking.uri), title=f"Replay-RLOO report: {name}",
+                          source=searched, sweeps=args.sweep)
+    console.print(f"report: {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""A Hydra sweeper that launches each cell of a study once and never reruns a finished one.
+
+It is Hydra's basic sweeper (cartesian product of `hydra.sweeper.params` and the command
+line) with three additions, selected for every multirun by `conf/config.yaml`:
+
+- `grids`: a study may be the union of several grids (the ratio study is its rho x c grid
+  plus the fresh-only baseline; `paper` is every study), all sent as one launch, so on SLURM
+  the whole sweep goes out as one job array.
+- Before launching anything it composes and validates every job's config, computes the
+  cell identity (`src.sweep.cell_identity`), and looks the cells up in MLflow: finished
+  cells are skipped, a cell repeated within the sweep runs once, and a cell whose last run
+  failed or was killed resumes from its checkpoint. The plan is printed with each cell's
+  planned fresh-evaluation budget.
+- `dry_run=true` prints that plan and launches nothing.
+"""
+
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SkipFinishedSweeperConf:
+    _target_: str = "hydra_plugins.replay_rloo_sweeper.SkipFinishedSweeper"
+    max_batch_size: Optional[int] = None  # jobs per launch call (None: the whole sweep as one job array)
+    params: Optional[Dict[str, Any]] = None  # swept like the basic sweeper: {key: "v1,v2"}
+    grids: Optional[List[Dict[str, Any]]] = None  # several such grids, launched as their union
+    dry_run: bool = False  # print the plan, launch nothing
+    skip_finished: bool = True  # false: run every cell even if MLflow has it FINISHED
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="skip_finished", node=SkipFinishedSweeperConf,
+                             provider="replay-rloo")
+
+
+class SkipFinishedSweeper(Sweeper):
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, Any]] = None,
+                 grids: Optional[List[Dict[str, Any]]] = None, dry_run: bool = False, skip_finished: bool = True):
+        super().__init__()
+        self.max_batch_size = max_batch_size
+        self.params = dict(params or {})
+        self.grids = [dict(grid) for grid in grids] if grids else [{}]
+        self.dry_run = dry_run
+        self.skip_finished = skip_finished
+        self.hydra_context: Optional[HydraContext] = None
+        self.config: Optional[DictConfig] = None
+        self.launcher = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                               task_function=task_function, config=config)
+
+    def job_overrides(self, arguments: List[str]) -> List[List[str]]:
+        """Every job of every grid: grid params first, then the command line (which wins on a shared key)."""
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        jobs: List[List[str]] = []
+        for grid in self.grids:
+            params = {**self.params, **grid}
+            parsed = parser.parse_overrides([f"{key}={value}" for key, value in params.items()] + list(arguments))
+            jobs += BasicSweeper.split_arguments(parsed, None)[0]
+        return jobs
+
+    def sweep(self, arguments: List[str]) -> Any:
+        import os
+        from pathlib import Path
+
+        from src.config import ConfigError, validate
+        from src.sweep import CellRuns, cell_runs, plan_cells, record_membership
+        from src.tracking import ensure_experiment
+
+        started = time.perf_counter()
+        # A tracking server that is down should fail in seconds, not after MLflow's minutes of retries.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        jobs = []
+        for overrides in self.job_overrides(arguments):
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            task_cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+            try:
+                validate(task_cfg, check_device=False)  # a bad cell stops the sweep before anything runs
+            except ConfigError as error:
+                raise HydraException(f"cell {' '.join(overrides)}: {error}") from None
+            jobs.append((overrides, task_cfg))
+
+        tracking = self.config.tracking
+        known = CellRuns({}, {})
+        if self.skip_finished:
+            try:
+                if not self.dry_run:  # once, here: jobs starting together must not race to create it
+                    ensure_experiment(tracking.uri, tracking.experiment, tracking.artifact_location)
+                known = cell_runs(tracking.uri, tracking.experiment)
+            except Exception as error:  # noqa: BLE001  (an unreachable server must not hide the plan)
+                if not self.dry_run:
+                    raise HydraException(f"cannot reach the MLflow store {tracking.uri} to check for finished "
+                                         f"cells ({error.__class__.__name__}: {error}). Start it (make "
+                                         "mlflow-server) or set tracking.uri / MLFLOW_TRACKING_URI") from None
+                log.warning("MLflow store %s unreachable (%s): finished cells not marked", tracking.uri, error)
+        planned = plan_cells(jobs, known)
+        print_plan(planned, tracking, time.perf_counter() - started, self.dry_run)
+        if self.skip_finished and not self.dry_run:
+            record_membership(tracking.uri, planned, tracking.sweep)
+        to_run = [cell.overrides for cell in planned if cell.status in ("launch", "resume")]
+        if self.dry_run or not to_run:
+            return []
+
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        size = self.max_batch_size or len(to_run)
+        returns: List[Sequence[JobReturn]] = []
+        failed = []
+        for start in range(0, len(to_run), size):
+            results = self.launcher.launch(to_run[start : start + size], initial_job_idx=start)
+            failed += [result for result in results if result.status != JobStatus.COMPLETED]
+            returns.append(results)
+        if failed:
+            lines = [f"  {' '.join(result.overrides or [])}: {result._return_value!r}" for result in failed]
+            raise HydraException(f"{len(failed)} of {len(to_run)} cells failed (their MLflow runs are FAILED; "
+                                 "relaunching the sweep resumes them from their checkpoints):\n" + "\n".join(lines))
+        return returns
+
+
+def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
+    """The launch plan as a table: cell, planned fresh evaluations, what happens to it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    counts = {status: sum(cell.status == status for cell in planned)
+              for status in ("launch", "resume", "finished", "duplicate")}
+    table = Table(title=("DRY RUN: nothing launched. " if dry_run else "") + f"{len(planned)} jobs, "
+                  f"{counts['launch']} to launch, {counts['resume']} to resume, {counts['finished']} finished "
+                  f"(skipped), {counts['duplicate']} duplicate (skipped)")
+    for heading in ("#", "cell", "planned fresh evals", "status", "overrides"):
+        table.add_column(heading, justify="right" if heading in ("#", "planned fresh evals") else "left")
+    for index, cell in enumerate(planned):
+        status = {"finished": f"finished, skip (run {cell.previous[:8] if cell.previous else ''})",
+                  "duplicate": "duplicate, skip", "launch": "launch",
+                  "resume": f"resume from {cell.previous}"}[cell.status]
+        shown = [o for o in cell.overrides if not o.startswith(("+sweep=", "trainer.resume_from="))]
+        table.add_row(str(index), cell.cell, f"{cell.fresh_evaluations:,}", status, " ".join(shown))
+    console = Console(width=max(Console().width, 140))
+    console.print(table)
+    console.print(f"checked {len(planned)} cells against {tracking.uri} (experiment '{tracking.experiment}') "
+                  f"in {seconds:.1f} s")

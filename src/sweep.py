@@ -1,0 +1,168 @@
+"""Cells of a study: their identity, which are finished in MLflow, and the launch plan.
+
+A cell is identified by its resolved config minus the keys that only say how or where it
+runs (`LAUNCH_ONLY`). A fresh-only cell (rho = 0) has no buffer and every weight is 1, so
+its buffer and clip settings are dropped too: the ratio study's rho = 0 baseline and the
+baseline study's `buffer=none` run are the same cell, and run once. The identity is stored on
+every run as the tag `cell_id`; the sweeper (`hydra_plugins/replay_rloo_sweeper`) skips a
+cell that has a FINISHED run with that tag and launches each remaining identity once; a job
+whose cell last FAILED or was KILLED (or a requeued SLURM job) resumes from that run's
+checkpoint into the same MLflow run (`src.run`, `trainer.auto_resume`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+from src.budget import plan_fresh_evaluations
+
+# Keys that change how a cell is launched or logged, never what it computes.
+LAUNCH_ONLY = (
+    "hydra",
+    "tracking",
+    "hardware.threads",
+    "hardware.name",
+    "trainer.resume_from",
+    "trainer.auto_resume",
+    "trainer.checkpoint_every",
+)
+
+
+def cell_name(cfg: DictConfig) -> str:
+    """The grid cell as text, e.g. 'rho1-L2-c1' (fresh-only runs: 'rho0')."""
+    if cfg.buffer.ratio == 0:
+        return "rho0"
+    return f"rho{cfg.buffer.ratio:g}-L{cfg.buffer.max_age}-c{cfg.clip.ceiling:g}"
+
+
+def cell_identity(cfg: DictConfig) -> str:
+    """A short stable hash of the config that decides the cell's results."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for key in LAUNCH_ONLY:
+        _drop(resolved, key)
+    if resolved["buffer"]["ratio"] == 0:  # fresh-only: no buffer, every weight 1
+        resolved.pop("buffer")
+        resolved.pop("clip")
+    text = json.dumps(_numbers_as_floats(resolved), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _numbers_as_floats(node):
+    """`buffer.ratio=1` on the command line and `ratio: 1.0` in a YAML file are the same cell."""
+    if isinstance(node, dict):
+        return {key: _numbers_as_floats(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_numbers_as_floats(value) for value in node]
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return float(node)
+    return node
+
+
+def _drop(tree: dict, dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.get(part, {})
+    if isinstance(tree, dict):
+        tree.pop(leaf, None)
+
+
+@dataclass
+class CellRuns:
+    """What the tracking store knows about the cells of one experiment."""
+
+    finished: dict[str, str]  # cell_id -> run id of a FINISHED run
+    resumable: dict[str, str]  # cell_id -> checkpoint of the newest FAILED/KILLED run, where it still exists
+
+
+def slurm_job_key() -> str | None:
+    """This process's SLURM job (array job and task), the same across a requeue; None outside SLURM."""
+    if "SLURM_ARRAY_JOB_ID" in os.environ:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def cell_runs(uri: str, experiment: str, cell_id: str | None = None) -> CellRuns:
+    """Finished and resumable cells of the experiment (or of one cell), read with one paged search.
+
+    Resumable: the newest FAILED or KILLED run whose checkpoint still exists, or a RUNNING run
+    started by this same SLURM job (a requeued job whose first attempt was killed outright).
+    """
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    known = CellRuns({}, {})
+    if found is None:
+        return known
+    query = f"tags.cell_id = '{cell_id}'" if cell_id else ""
+    this_job = slurm_job_key()
+    page_token = None
+    while True:  # oldest first, so the newest run of a cell wins
+        page = client.search_runs([found.experiment_id], filter_string=query, max_results=1000,
+                                  order_by=["attributes.start_time ASC"], page_token=page_token)
+        for run in page:
+            identity, status, tags = run.data.tags.get("cell_id"), run.info.status, run.data.tags
+            if identity is None:
+                continue
+            if status == "FINISHED":
+                known.finished[identity] = run.info.run_id
+                known.resumable.pop(identity, None)
+                continue
+            requeued = status == "RUNNING" and this_job is not None and tags.get("slurm_job") == this_job
+            if (status in ("FAILED", "KILLED") or requeued) and tags.get("output_dir"):
+                checkpoint = Path(tags["output_dir"]) / "checkpoint.pt"
+                if checkpoint.exists():
+                    known.resumable[identity] = str(checkpoint)
+        page_token = page.token
+        if not page_token:
+            return known
+
+
+@dataclass
+class PlannedCell:
+    """One job of a sweep as the sweeper sees it before launching."""
+
+    overrides: list[str]
+    cell: str
+    cell_id: str
+    fresh_evaluations: int
+    status: str  # "launch", "resume", "finished" (skipped) or "duplicate" (same cell earlier in this sweep)
+    previous: str | None = None  # the finished run id, or the checkpoint a resumed cell continues from
+
+
+def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> list[PlannedCell]:
+    """Mark each (overrides, composed config) job as launch / resume / finished / duplicate."""
+    seen: set[str] = set()
+    planned = []
+    for overrides, cfg in jobs:
+        identity = cell_identity(cfg)
+        trainer, buffer = cfg.trainer, cfg.buffer
+        budget = plan_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps,
+                                        buffer.ratio, max(buffer.max_age, 1)).fresh_evaluations
+        previous = None
+        if identity in known.finished:
+            status, previous = "finished", known.finished[identity]
+        elif identity in seen:
+            status = "duplicate"
+        elif identity in known.resumable and cfg.trainer.auto_resume and not cfg.trainer.resume_from:
+            status, previous = "resume", known.resumable[identity]  # the job finds it itself (src.run)
+        else:
+            status = "launch"
+        seen.add(identity)
+        planned.append(PlannedCell(list(overrides), cell_name(cfg), identity, budget, status, previous))
+    return planned
+
+
+def record_membership(uri: str, planned: list[PlannedCell], sweep: str) -> None:
+    """Add this study to the `sweeps` tag of the finished runs it reuses, so its report finds them."""
+    client = MlflowClient(uri)
+    for cell in planned:
+        if cell.status == "finished":
+            members = client.get_run(cell.previous).data.tags.get("sweeps", ",")
+            if f",{sweep}," not in members:
+                client.set_tag(cell.previous, "sweeps", f"{members}{sweep},")

@@ -1,0 +1,94 @@
+"""A sweep through Hydra's submitit SLURM launcher on a real single-node SLURM: launch, then skip when finished."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import mlflow
+import pytest
+
+from src.paths import PROJECT_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+
+def test_two_cell_sweep_runs_on_slurm_then_is_skipped(tmp_path, slurm_cluster, random_policy_dir):
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    command = [sys.executable, "-m", "src.run", "-m", "hydra/launcher=submitit_slurm",
+               f"hydra.launcher.partition={slurm_cluster.partition}", "hydra.launcher.timeout_min=10",
+               "hydra.launcher.cpus_per_task=1", f"hydra.sweep.dir={tmp_path}/multirun",
+               f"policy.name_or_path={random_policy_dir}", "buffer=none,age1", "clip=tight", "trainer.steps=2",
+               "trainer.groups_per_step=4", "trainer.group_size=2", "policy.max_new_tokens=6",
+               "evaluation.at_start=false", "evaluation.prompts=2", "evaluation.samples_per_prompt=2",
+               "evaluation.ks=[1]", "hardware.threads=1", f"tracking.uri={store}",
+               f"tracking.artifact_location={tmp_path}/artifacts", "tracking.sweep=slurm"]
+
+    first = subprocess.run(command, cwd=PROJECT_ROOT, env=slurm_cluster.env, capture_output=True, text=True,
+                           timeout=900)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+    assert "2 to launch" in first.stdout
+    submitted = list((tmp_path / "multirun" / ".submitit").glob("*/*_submitted.pkl"))
+    assert len(submitted) == 2  # both cells went out as SLURM jobs (one array)
+    mlflow.set_tracking_uri(store)
+    runs = mlflow.search_runs(experiment_names=["replay-rloo"])
+    assert sorted(runs["status"]) == ["FINISHED", "FINISHED"]
+    assert sorted(runs["tags.slurm_job"]) != ["-", "-"]  # each ran inside a SLURM job
+
+    started = time.perf_counter()
+    again = subprocess.run(command, cwd=PROJECT_ROOT, env=slurm_cluster.env, capture_output=True, text=True,
+                           timeout=300)
+    seconds = time.perf_counter() - started
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert "2 finished (skipped)" in again.stdout and "0 to launch" in again.stdout
+    assert len(mlflow.search_runs(experiment_names=["replay-rloo"])) == 2
+    print(f"relaunch of a finished 2-cell sweep: {seconds:.1f} s")
+
+
+def test_requeued_slurm_job_resumes_into_the_same_run_with_identical_metrics(tmp_path, slurm_cluster,
+                                                                           random_policy_dir):
+    """`scontrol requeue` mid-run: SIGTERM, checkpoint, KILLED; the requeued job resumes the same MLflow run."""
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    cell = [f"policy.name_or_path={random_policy_dir}", "buffer=age1", "clip=tight", "trainer.steps=8",
+            "trainer.checkpoint_every=1", "trainer.groups_per_step=4", "trainer.group_size=2",
+            "policy.max_new_tokens=6", "evaluation.at_start=false", "evaluation.prompts=2",
+            "evaluation.samples_per_prompt=2", "evaluation.ks=[1]", "hardware.threads=1", f"tracking.uri={store}",
+            f"tracking.artifact_location={tmp_path}/artifacts"]
+    reference = subprocess.run([sys.executable, "-m", "src.run", *cell, "tracking.experiment=reference",
+                                f"hydra.run.dir={tmp_path}/reference"], cwd=PROJECT_ROOT, capture_output=True,
+                               text=True, timeout=600)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "src.run", "-m", "hydra/launcher=submitit_slurm",
+         f"hydra.launcher.partition={slurm_cluster.partition}", "hydra.launcher.timeout_min=10",
+         "hydra.launcher.cpus_per_task=1", f"hydra.sweep.dir={tmp_path}/multirun", *cell],
+        cwd=PROJECT_ROOT, env=slurm_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    checkpoints = []
+    while not checkpoints and sweep.poll() is None and time.time() < deadline:
+        checkpoints = list((tmp_path / "multirun").glob("*/checkpoint.pt"))
+        time.sleep(0.1)
+    assert checkpoints, "no checkpoint was written"
+    job_ids = slurm_cluster.run("squeue", "--noheader", "--format=%i").stdout.split()
+    assert len(job_ids) == 1
+    slurm_cluster.run("scontrol", "requeue", job_ids[0])
+    output, _ = sweep.communicate(timeout=600)
+    assert sweep.returncode == 0, output[-4000:]
+
+    mlflow.set_tracking_uri(store)
+    runs = mlflow.search_runs(experiment_names=["replay-rloo"])
+    assert list(runs["status"]) == ["FINISHED"]  # one run: the requeued job continued it
+    logs = "".join(path.read_text() for path in (tmp_path / "multirun").glob(".submitit/*/*_log.out"))
+    assert "marked KILLED" in logs and "resumed from" in logs
+    client = MlflowClient(store)
+    expected_run = mlflow.search_runs(experiment_names=["reference"]).run_id[0]
+    keys = [key for key in client.get_run(expected_run).data.metrics if not key.startswith("time/")]
+    for key in keys:
+        expected = sorted(client.get_metric_history(expected_run, key), key=lambda m: m.step)
+        actual = sorted(client.get_metric_history(runs.run_id[0], key), key=lambda m: m.step)
+        assert [m.step for m in actual] == [m.step for m in expected], key
+        assert [m.value for m in actual] == pytest.approx([m.value for m in expected], rel=1e-5), key

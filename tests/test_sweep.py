@@ -1,0 +1,167 @@
+"""Studies as sweeps: cell identity, the launch plan, skipping finished cells, and resuming a pre-empted run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import mlflow
+import pytest
+from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
+
+from src.paths import CONFIG_DIR, PROJECT_ROOT
+from src.sweep import CellRuns, cell_identity, plan_cells
+
+
+# --------------------------------------------------------------------------- identity
+def test_identity_ignores_launch_only_keys(compose_config):
+    base = cell_identity(compose_config("buffer=age2", "clip=tight"))
+    same = cell_identity(compose_config("buffer=age2", "clip=tight", "tracking.uri=http://x:5000",
+                                        "tracking.sweep=other", "trainer.checkpoint_every=3",
+                                        "trainer.resume_from=/tmp/c.pt", "hardware.threads=1"))
+    assert base == same
+
+
+def test_identity_separates_cells_and_seeds(compose_config):
+    cells = [("buffer=age2", "clip=tight"), ("buffer=age2", "clip=mid"), ("buffer=age1", "clip=tight"),
+             ("buffer=age2", "clip=tight", "buffer.ratio=2"), ("buffer=age2", "clip=tight", "trainer.seed=1"),
+             ("buffer=age2", "clip=tight", "trainer.steps=7")]
+    identities = [cell_identity(compose_config(*cell)) for cell in cells]
+    assert len(set(identities)) == len(cells)
+
+
+def test_identity_does_not_depend_on_how_a_number_is_written(compose_config):
+    assert cell_identity(compose_config("buffer=age2", "buffer.ratio=1")) == cell_identity(
+        compose_config("buffer=age2", "buffer.ratio=1.0"))
+
+
+def test_fresh_only_cells_ignore_buffer_and_clip(compose_config):
+    """The ratio study's rho=0 baseline is the baseline study's buffer=none cell."""
+    assert cell_identity(compose_config("buffer=none", "clip=loose")) == cell_identity(
+        compose_config("buffer=age2", "buffer.ratio=0", "clip=tight"))
+
+
+# --------------------------------------------------------------------------- the studies
+def study_jobs(name: str, *arguments: str):
+    """Every job (overrides, composed config) of a study, as the sweeper expands it."""
+    from hydra_plugins.replay_rloo_sweeper import SkipFinishedSweeper
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        grids = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True).hydra.sweeper.grids
+        sweeper = SkipFinishedSweeper(grids=grids)
+
+        class Context:  # the sweeper only needs the parser's config loader, which the grammar ignores here
+            config_loader = None
+
+        sweeper.hydra_context = Context()
+        jobs = sweeper.job_overrides([f"+sweep={name}", *arguments])
+        return [(job, compose("config", overrides=list(job))) for job in jobs]
+
+
+@pytest.mark.parametrize("study, jobs, launched", [("baseline", 1, 1), ("age", 9, 9), ("ratio", 13, 13),
+                                                   ("stress", 1, 1), ("paper", 23, 20)])
+def test_study_sizes(study, jobs, launched):
+    planned = plan_cells(study_jobs(study), CellRuns({}, {}))
+    assert len(planned) == jobs
+    assert sum(cell.status == "launch" for cell in planned) == launched  # paper: shared cells once
+
+
+def test_ratio_study_cells_and_budgets():
+    planned = plan_cells(study_jobs("ratio", "trainer=paper"), CellRuns({}, {}))
+    budgets = {cell.cell: cell.fresh_evaluations for cell in planned}
+    assert budgets["rho0"] == 102_400 and budgets["rho0.5-L2-c1"] == 68_344 and budgets["rho2-L2-c10"] == 35_080
+    assert {cell.cell for cell in planned} >= {f"rho{r}-L2-c{c}" for r in ("0.5", "1", "1.5", "2") for c in (1, 3, 10)}
+
+
+def test_command_line_wins_over_the_grid():
+    jobs = study_jobs("stress", "trainer.steps=5")
+    assert [cfg.trainer.steps for _, cfg in jobs] == [5]
+
+
+def test_finished_and_resumable_cells_are_marked():
+    jobs = study_jobs("age")
+    done, broken = cell_identity(jobs[0][1]), cell_identity(jobs[1][1])
+    planned = plan_cells(jobs, CellRuns({done: "run-a"}, {broken: "/x/checkpoint.pt"}))
+    assert [cell.status for cell in planned[:3]] == ["finished", "resume", "launch"]
+    assert planned[0].previous == "run-a" and planned[1].previous == "/x/checkpoint.pt"
+
+
+# --------------------------------------------------------------------------- end to end, basic launcher
+def tiny_cli(tmp_path, policy_dir, *overrides, experiment="replay-rloo", multirun=False):
+    return [sys.executable, "-m", "src.run", *(["-m"] if multirun else []), f"policy.name_or_path={policy_dir}", f"tracking.uri={store(tmp_path)}",
+            f"tracking.artifact_location={tmp_path}/artifacts", f"tracking.experiment={experiment}",
+            f"hydra.sweep.dir={tmp_path}/multirun", "trainer.groups_per_step=4", "trainer.group_size=2",
+            "policy.max_new_tokens=6", "evaluation.at_start=false", "evaluation.prompts=2",
+            "evaluation.samples_per_prompt=2", "evaluation.ks=[1]", *overrides]
+
+
+def store(tmp_path) -> str:
+    return f"sqlite:///{tmp_path}/mlruns.db"
+
+
+def run(command, **kwargs):
+    result = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600, **kwargs)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_relaunched_sweep_skips_finished_cells(tmp_path, random_policy_dir):
+    sweep = tiny_cli(tmp_path, random_policy_dir, "buffer=none,age1", "clip=tight", "trainer.steps=2",
+                     "tracking.sweep=grid", multirun=True)
+    first = run(sweep)
+    assert "2 to launch" in first
+    mlflow.set_tracking_uri(store(tmp_path))
+    runs = mlflow.search_runs(experiment_names=["replay-rloo"])
+    assert sorted(runs["status"]) == ["FINISHED", "FINISHED"] and runs["tags.cell_id"].nunique() == 2
+
+    again = run([*sweep[:-1], "tracking.sweep=other"])  # a second study sharing both cells
+    assert "2 finished (skipped)" in again and "0 to launch" in again
+    runs = mlflow.search_runs(experiment_names=["replay-rloo"])
+    assert len(runs) == 2  # nothing ran twice
+    assert set(runs["tags.sweeps"]) == {",grid,other,"}  # the other study's report finds them
+
+    dry = run([*sweep, "hydra.sweeper.dry_run=true", "buffer=none,age1,age2"])
+    assert "DRY RUN" in dry and "1 to launch" in dry and "2 finished" in dry
+
+
+@pytest.mark.slow
+def test_preempted_run_resumes_into_the_same_run_with_identical_metrics(tmp_path, random_policy_dir):
+    """SIGTERM after a checkpoint: the job checkpoints, is marked KILLED, and a relaunch continues it exactly."""
+    cell = ["buffer=age1", "clip=tight", "trainer.steps=6", "trainer.checkpoint_every=1", "tracking.sweep=preempt"]
+    run([*tiny_cli(tmp_path, random_policy_dir, *cell, experiment="reference"), f"hydra.run.dir={tmp_path}/ref"])
+
+    command = [*tiny_cli(tmp_path, random_policy_dir, *cell), f"hydra.run.dir={tmp_path}/first"]
+    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoint = tmp_path / "first" / "checkpoint.pt"
+    deadline = time.time() + 300
+    while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "marked KILLED" in stdout + stderr
+    mlflow.set_tracking_uri(store(tmp_path))
+    killed = mlflow.search_runs(experiment_names=["replay-rloo"])
+    assert list(killed["status"]) == ["KILLED"]
+    steps_done = len(MlflowClient(store(tmp_path)).get_metric_history(killed.run_id[0], "train/reward"))
+    assert 1 <= steps_done < 6
+
+    resumed_log = run([*tiny_cli(tmp_path, random_policy_dir, *cell), f"hydra.run.dir={tmp_path}/second"])
+    assert "resumed from" in resumed_log
+    after = mlflow.search_runs(experiment_names=["replay-rloo"])
+    assert list(after["status"]) == ["FINISHED"] and after.run_id[0] == killed.run_id[0]
+
+    reference = mlflow.search_runs(experiment_names=["reference"]).run_id[0]
+    client = MlflowClient(store(tmp_path))
+    keys = [key for key in client.get_run(reference).data.metrics if not key.startswith("time/")]
+    assert "train/reward" in keys and "weights/ess" in keys and "quick/final/mean_reward" in keys
+    for key in keys:
+        expected = [(m.step, m.value) for m in sorted(client.get_metric_history(reference, key), key=lambda m: m.step)]
+        actual = [(m.step, m.value) for m in sorted(client.get_metric_history(after.run_id[0], key),
+                                                    key=lambda m: m.step)]
+        assert [step for step, _ in actual] == [step for step, _ in expected], key
+        assert [value for _, value in actual] == pytest.approx([value for _, value in expected], rel=1e-5), key
