@@ -17,8 +17,11 @@ SWEEP_FLAGS = hardware=$(HARDWARE) hydra.sweeper.dry_run=$(if $(filter 1 true ye
 # Reports: make report [SWEEP=ratio] [EXPERIMENT=replay-rloo]
 SWEEP ?=
 EXPERIMENT ?=
+MLFLOW_HOST ?= 0.0.0.0
 MLFLOW_PORT ?= 5000
 MLFLOW_BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
+MLFLOW_ARTIFACTS ?= $(CURDIR)/mlflow-server-artifacts
+MLFLOW_ALLOWED_HOSTS ?=   # jobs reaching the server by host name: e.g. MLFLOW_ALLOWED_HOSTS="login01,login01:5000"
 
 .PHONY: install demo test test-fast ui budget sft-tiny bench bench-eval report mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper
@@ -64,8 +67,9 @@ report: $(STAMP)  ## tables and figures from MLflow into reports/<name>/
 	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT))
 
 mlflow-server: $(STAMP)  ## a tracking server for cluster jobs (tracking.uri=http://<this host>:$(MLFLOW_PORT))
-	$(PY) -m mlflow server --host 0.0.0.0 --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
-		--artifacts-destination $(CURDIR)/mlartifacts --serve-artifacts
+	$(PY) -m mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
+		--artifacts-destination $(MLFLOW_ARTIFACTS) --serve-artifacts \
+		$(if $(strip $(MLFLOW_ALLOWED_HOSTS)),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS))
 
 clean:
 	rm -rf outputs multirun .pytest_cache
