@@ -38,6 +38,7 @@ install: $(STAMP)  ## create .venv and install the project with its test tools
 demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised
 	$(PY) -m src.run -m buffer=none,age1 clip=tight tracking.sweep=demo
 	$(PY) -m analysis.summary --sweep demo --latest 2
+	$(PY) -m analysis.report --sweep demo
 
 test: $(STAMP)  ## the whole test suite (what CI runs)
 	$(PY) -m pytest -q

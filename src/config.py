@@ -60,6 +60,10 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(cfg.policy.engine in ENGINES, f"policy.engine='{cfg.policy.engine}': choose one of {ENGINES}")
     _check(cfg.policy.max_new_tokens >= 1, f"policy.max_new_tokens={cfg.policy.max_new_tokens}: must be >= 1")
     _check(cfg.hardware.dtype in DTYPES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {tuple(DTYPES)}")
+    _check(cfg.hardware.autocast in (None, "bfloat16", "float16"),
+           f"hardware.autocast='{cfg.hardware.autocast}': choose null, bfloat16 or float16")
+    _check(trainer.micro_batch_tokens is None or trainer.micro_batch_tokens >= 1,
+           f"trainer.micro_batch_tokens={trainer.micro_batch_tokens}: a token budget >= 1, or null for rows only")
     _check(cfg.task.source in SOURCES, f"task.source='{cfg.task.source}': choose one of {SOURCES}")
     _check(1 <= evaluation.prompts <= cfg.task.heldout_size,
            f"evaluation.prompts={evaluation.prompts}: must be between 1 and task.heldout_size={cfg.task.heldout_size}")

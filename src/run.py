@@ -44,6 +44,8 @@ def build_components(cfg: DictConfig, train_set) -> Components:
         torch.set_num_threads(cfg.hardware.threads)
     torch.manual_seed(cfg.trainer.seed)
     policy, tokenizer = load_policy(cfg.policy.name_or_path, cfg.hardware.device, cfg.hardware.dtype)
+    if cfg.trainer.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
     trainer = cfg.trainer
     optimizer = torch.optim.AdamW(policy.parameters(), lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
                                   betas=tuple(trainer.betas))

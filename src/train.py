@@ -9,6 +9,7 @@ Fresh-only RLOO is the same loop with rho = 0: no buffer, every weight is exactl
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -81,6 +82,51 @@ def response_token_stats(model, sequences, pad_id: int, with_entropy: bool):
     return token_logprobs, entropy, response_mask
 
 
+def autocast_context(model, dtype: str | None):
+    """torch.autocast on the model's device for `dtype` ("bfloat16"), or a no-op."""
+    if not dtype:
+        return contextlib.nullcontext()
+    device_type = next(model.parameters()).device.type
+    return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+
+
+def micro_batches(sequences, max_rows: int, max_tokens: int | None) -> list[list[int]]:
+    """Row indices of length-sorted micro-batches of at most `max_rows` rows and `max_tokens` padded tokens.
+
+    Sorting by length keeps padding small; the loss does not depend on the order. A single
+    sequence longer than the token budget still gets a micro-batch of its own.
+    """
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]) + len(sequences[i][1]))
+    batches, current, width = [], [], 0
+    for i in order:
+        length = len(sequences[i][0]) + len(sequences[i][1])
+        too_many_tokens = max_tokens is not None and (len(current) + 1) * max(width, length) > max_tokens
+        if current and (len(current) == max_rows or too_many_tokens):
+            batches.append(current)
+            current, width = [], 0
+        current.append(i)
+        width = max(width, length)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def reference_token_logprobs(reference, chunk, cached, pad_id: int, like: torch.Tensor) -> torch.Tensor:
+    """Per-token log pi_ref laid out like the policy's `like` tensor; a forward pass only for rows not cached."""
+    out = torch.zeros_like(like, dtype=torch.float32)
+    missing = [row for row, tokens in enumerate(cached) if tokens is None]
+    if missing:
+        with torch.no_grad():
+            computed, _, _ = response_token_stats(reference, [chunk[row] for row in missing], pad_id, with_entropy=False)
+        # Rows are right-padded from position 0, so a row's positions agree whatever the batch width.
+        out[missing, : computed.shape[1]] = computed.to(out.dtype)
+    for row, tokens in enumerate(cached):
+        if tokens is not None:
+            start = len(chunk[row][0]) - 1  # position t predicts token t + 1
+            out[row, start : start + len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
+    return out
+
+
 @dataclass
 class UpdateResult:
     """Per-response numbers from the update, in batch order (detached, on the CPU)."""
@@ -90,6 +136,7 @@ class UpdateResult:
     weights: torch.Tensor       # clipped, as used in the gradient
     kl_sums: torch.Tensor       # per-response sum of token KL estimates
     token_counts: torch.Tensor
+    reference_tokens: list[tuple[float, ...]]  # per-response log pi_ref per token, stored with new groups
     loss: float
     policy_loss: float
     kl: float
@@ -97,13 +144,14 @@ class UpdateResult:
 
 
 def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg: DictConfig,
-                  clip_ceiling: float, pad_id: int) -> UpdateResult:
+                  clip_ceiling: float, pad_id: int, autocast: str | None = None) -> UpdateResult:
     """One optimizer step on the whole batch of groups, loss eq. 3, micro-batched with gradient accumulation.
 
     L = -(1/B) sum_i w_i A_i log pi(y_i|x_i) + beta_KL * KL - beta_H * H, where B is the number of
     responses; KL (k3 estimator) and H (exact per-token entropy) are means over all response tokens.
     Micro-batch losses are scaled by the full-batch B and token count, so the accumulated gradient
-    equals the one-batch gradient exactly.
+    equals the one-batch gradient exactly. `autocast="bfloat16"` runs the forward passes in bf16
+    on fp32 weights (fp32 optimizer state: bf16 weights would round lr-1e-5 updates away).
     """
     # Leave-one-out advantages within each group (eq. 1); groups always stay whole.
     advantages = leave_one_out_advantages(torch.tensor([g.rewards for g in groups], dtype=torch.float32)).flatten()
@@ -120,16 +168,20 @@ def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg
     token_counts = torch.tensor([float(len(response)) for _, response in sequences])
     totals = defaultdict(float)
 
+    # Reference log-probs stored with a replayed group (pi_ref is frozen) save its reference forward.
+    cached_reference = [g.reference_logprobs[j] if g.reference_logprobs is not None else None
+                        for g in groups for j in range(g.size)]
+    reference_tokens: list[tuple[float, ...]] = [()] * batch_size
+
     policy.train()
     optimizer.zero_grad(set_to_none=True)
-    # Length-sorted micro-batches keep padding small; the loss does not depend on the order.
-    order = sorted(range(batch_size), key=lambda i: len(sequences[i][0]) + len(sequences[i][1]))
-    for start in range(0, batch_size, trainer_cfg.micro_batch_size):
-        index = torch.tensor(order[start : start + trainer_cfg.micro_batch_size])
+    for index in micro_batches(sequences, trainer_cfg.micro_batch_size, trainer_cfg.micro_batch_tokens):
+        index = torch.tensor(index)
         chunk = [sequences[i] for i in index.tolist()]
-        token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True)
-        with torch.no_grad():
-            reference_logprobs, _, _ = response_token_stats(reference, chunk, pad_id, with_entropy=False)
+        with autocast_context(policy, autocast):
+            token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True)
+            reference_logprobs = reference_token_logprobs(reference, chunk, [cached_reference[i] for i in index.tolist()],
+                                                          pad_id, like=token_logprobs)
         mask = mask.float()
         sequence_logprobs = (token_logprobs * mask).sum(-1)                      # log pi_theta(y|x)
         current = sequence_logprobs.detach().cpu()
@@ -145,6 +197,9 @@ def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg
         loss.backward()
 
         logprobs[index], raw_weights[index], weights[index] = current, raw, clipped
+        reference_cpu, mask_cpu = reference_logprobs.detach().cpu(), mask.bool().cpu()
+        for row, i in enumerate(index.tolist()):
+            reference_tokens[i] = tuple(reference_cpu[row][mask_cpu[row]].tolist())
         kl_sums[index] = kl_tokens.sum(-1).detach().cpu()
         totals["loss"] += loss.item()
         totals["policy_loss"] += policy_term.item()
@@ -155,7 +210,7 @@ def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg
         torch.nn.utils.clip_grad_norm_(policy.parameters(), trainer_cfg.max_grad_norm)
     optimizer.step()
     return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=kl_sums,
-                        token_counts=token_counts, **totals)
+                        token_counts=token_counts, reference_tokens=reference_tokens, **totals)
 
 
 # --------------------------------------------------------------------------- bookkeeping
@@ -245,7 +300,7 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     batch = fresh + replayed
     ages = [0] * len(fresh) + [group.age(step) for group in replayed]
     update = policy_update(parts.policy, parts.reference, parts.optimizer, batch, trainer,
-                           cfg.clip.ceiling, parts.tokenizer.pad_token_id)
+                           cfg.clip.ceiling, parts.tokenizer.pad_token_id, cfg.hardware.autocast)
     parts.engine.sync_weights(parts.policy)
     train_done = time.perf_counter()
 
@@ -253,7 +308,8 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     #    (so they cannot be replayed in the step that sampled them), then drop over-age groups.
     if parts.buffer is not None:
         starts = itertools.accumulate((group.size for group in fresh), initial=0)  # fresh come first in the batch
-        parts.buffer.add(group.with_behaviour_logprobs(update.logprobs[start : start + group.size].tolist())
+        parts.buffer.add(group.with_behaviour_logprobs(update.logprobs[start : start + group.size].tolist(),
+                                                       update.reference_tokens[start : start + group.size])
                          for group, start in zip(fresh, starts))
         parts.buffer.evict(step)
     stored = time.perf_counter()

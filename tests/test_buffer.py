@@ -66,6 +66,19 @@ def test_with_behaviour_logprobs_copies_and_validates():
         g.with_behaviour_logprobs([-1.0, -1.0, -1.0])
 
 
+def test_reference_logprobs_are_per_token_and_survive_save_and_load(tmp_path):
+    g = make_group(step=0, logprobs=False).with_behaviour_logprobs([-0.5, -0.25], [[-0.1, -0.2], [-0.3, -0.4]])
+    assert g.reference_logprobs == ((-0.1, -0.2), (-0.3, -0.4))
+    with pytest.raises(ValueError, match="one value per response token"):
+        make_group(step=0).with_behaviour_logprobs([-0.5, -0.25], [[-0.1], [-0.3, -0.4]])
+    with pytest.raises(ValueError, match="reference_logprobs=1"):
+        make_group(step=0).with_behaviour_logprobs([-0.5, -0.25], [[-0.1, -0.2]])
+    buffer = ReplayBuffer(max_age=2)
+    buffer.add([g])
+    buffer.save(tmp_path / "buffer.json")
+    assert ReplayBuffer.load(tmp_path / "buffer.json").groups == (g,)
+
+
 def test_with_behaviour_logprobs_accepts_a_tensor():
     torch = pytest.importorskip("torch")
     g = make_group(step=0, logprobs=False).with_behaviour_logprobs(torch.tensor([-0.5, -0.25]))

@@ -62,7 +62,7 @@ def test_h100_selects_the_submitit_slurm_launcher(compose_config):
     cfg = compose_config("hardware=h100", "policy=qwen-sft-countdown", hydra=True)
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
     assert cfg.hydra.launcher.gpus_per_node == 1
-    assert (cfg.hardware.device, cfg.hardware.dtype) == ("cuda", "bfloat16")
+    assert (cfg.hardware.device, cfg.hardware.dtype, cfg.hardware.autocast) == ("cuda", "float32", "bfloat16")
     cpu = compose_config(hydra=True)
     assert cpu.hydra.launcher._target_.endswith("BasicLauncher")
 

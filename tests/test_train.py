@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,7 +14,8 @@ from src.replay.buffer import Group, ReplayBuffer
 from src.rollout.engine import HFGenerateEngine
 from src.task import countdown
 from src.task.sampler import PromptSampler
-from src.train import Components, TrainState, load_checkpoint, policy_update, save_checkpoint, train_step
+from src.train import (Components, TrainState, load_checkpoint, micro_batches, policy_update, save_checkpoint,
+                       train_step)
 
 
 def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
@@ -64,6 +66,57 @@ def test_micro_batching_gives_the_same_loss_and_gradients(random_policy_dir, com
     assert math.isclose(whole.loss, parts.loss, rel_tol=1e-5, abs_tol=1e-7)
     for a, b in zip(whole_grads, parts_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_token_budget_micro_batches_give_the_same_loss_and_gradients(random_policy_dir, compose_config):
+    whole, whole_grads = gradients_after_update(random_policy_dir, compose_config, sample_groups, 100)
+    cfg_tokens = "trainer.micro_batch_tokens=60"  # a few rows per micro-batch at these lengths
+    cfg = small_config(compose_config, "trainer.micro_batch_size=100", cfg_tokens)
+    parts = make_parts(random_policy_dir, cfg)
+    parts.optimizer = torch.optim.SGD(parts.policy.parameters(), lr=0.0)
+    groups = sample_groups(parts.tokenizer)
+    sequences = [(g.prompt_ids, r) for g in groups for r in g.response_ids]
+    batches = micro_batches(sequences, 100, 60)
+    assert len(batches) > 1 and sorted(i for b in batches for i in b) == list(range(len(sequences)))
+    result = policy_update(parts.policy, parts.reference, parts.optimizer, groups, cfg.trainer, 3.0,
+                           parts.tokenizer.pad_token_id)
+    assert math.isclose(whole.loss, result.loss, rel_tol=1e-5, abs_tol=1e-7)
+    for a, b in zip(whole_grads, [p.grad for p in parts.policy.parameters()]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_micro_batches_respect_rows_and_padded_tokens():
+    sequences = [((1,) * 5, (2,) * n) for n in (1, 9, 3, 5, 20)]  # lengths 6, 14, 8, 10, 25
+    assert micro_batches(sequences, 2, None) == [[0, 2], [3, 1], [4]]
+    assert micro_batches(sequences, 10, 30) == [[0, 2, 3], [1, 4][:1], [4]]  # 3 x 10 = 30; 25 alone
+
+
+class NoForward(torch.nn.Module):
+    """A reference model that must not be called: every log-prob it could give is cached."""
+
+    def forward(self, *args, **kwargs):
+        raise AssertionError("reference forward pass on a group whose reference log-probs are stored")
+
+
+def test_stored_reference_logprobs_replace_the_reference_forward(random_policy_dir, compose_config):
+    cfg = small_config(compose_config)
+    parts = make_parts(random_policy_dir, cfg)
+    parts.optimizer = torch.optim.SGD(parts.policy.parameters(), lr=0.5)  # move pi away from pi_ref
+    groups = sample_groups(parts.tokenizer)
+    first = policy_update(parts.policy, parts.reference, parts.optimizer, groups, cfg.trainer, 3.0, 0)
+    assert [len(t) for t in first.reference_tokens] == [len(r) for g in groups for r in g.response_ids]
+    stored, start = [], 0
+    for g in groups:  # as the trainer stores a fresh group after its first update
+        stored.append(g.with_behaviour_logprobs(first.logprobs[start : start + g.size].tolist(),
+                                                first.reference_tokens[start : start + g.size]))
+        start += g.size
+    plain = [dataclasses.replace(g, reference_logprobs=None) for g in stored]
+    frozen = torch.optim.SGD(parts.policy.parameters(), lr=0.0)
+    computed = policy_update(parts.policy, parts.reference, frozen, plain, cfg.trainer, 3.0, 0)
+    cached = policy_update(parts.policy, NoForward(), frozen, stored, cfg.trainer, 3.0, 0)  # no reference forward
+    assert computed.kl > 0
+    assert cached.kl == pytest.approx(computed.kl, rel=1e-6) and cached.loss == pytest.approx(computed.loss, rel=1e-6)
+    torch.testing.assert_close(cached.kl_sums, computed.kl_sums)
 
 
 def test_fresh_weights_are_one_and_replayed_weights_are_clipped(random_policy_dir, compose_config):

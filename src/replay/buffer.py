@@ -58,6 +58,9 @@ class Group:
     step: int  # optimizer step the group was sampled at
     # log mu(y|x) per response, filled in at first use by the trainer's own forward pass.
     behaviour_logprobs: tuple[float, ...] | None = None
+    # log pi_ref per response token, also from first use: pi_ref is frozen, so a replayed group
+    # needs no second reference forward pass.
+    reference_logprobs: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         # Normalise to tuples of plain numbers so the group is immutable and serialisable.
@@ -71,6 +74,8 @@ class Group:
         setter(self, "step", int(self.step))
         if self.behaviour_logprobs is not None:
             setter(self, "behaviour_logprobs", _floats(self.behaviour_logprobs))
+        if self.reference_logprobs is not None:
+            setter(self, "reference_logprobs", tuple(_floats(tokens) for tokens in self.reference_logprobs))
 
         # A length mismatch would silently break the leave-one-out baseline (paper B.3).
         lengths = {
@@ -80,6 +85,8 @@ class Group:
         }
         if self.behaviour_logprobs is not None:
             lengths["behaviour_logprobs"] = len(self.behaviour_logprobs)
+        if self.reference_logprobs is not None:
+            lengths["reference_logprobs"] = len(self.reference_logprobs)
         if len(set(lengths.values())) != 1:
             detail = ", ".join(f"{name}={n}" for name, n in lengths.items())
             raise ValueError(
@@ -91,6 +98,11 @@ class Group:
                 f"Group has K={self.size} responses; leave-one-out advantages (eq. 1) need K >= 2."
             )
 
+        if self.reference_logprobs is not None and any(
+            len(tokens) != len(ids) for tokens, ids in zip(self.reference_logprobs, self.response_ids)
+        ):
+            raise ValueError("reference_logprobs must hold one value per response token")
+
     @property
     def size(self) -> int:
         """Number of responses K in the group."""
@@ -100,9 +112,11 @@ class Group:
         """Age of the group at optimizer step `step` (step - sampled step)."""
         return int(step) - self.step
 
-    def with_behaviour_logprobs(self, logprobs: Iterable[float]) -> "Group":
-        """Return a copy carrying the behaviour log-probs log mu(y|x) (validated again)."""
-        return dataclasses.replace(self, behaviour_logprobs=_floats(logprobs))
+    def with_behaviour_logprobs(self, logprobs: Iterable[float],
+                                reference: Iterable[Iterable[float]] | None = None) -> "Group":
+        """Return a copy carrying log mu(y|x) (and, optionally, per-token log pi_ref), validated again."""
+        reference = tuple(_floats(tokens) for tokens in reference) if reference is not None else None
+        return dataclasses.replace(self, behaviour_logprobs=_floats(logprobs), reference_logprobs=reference)
 
 
 class ReplayBuffer:
