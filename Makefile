@@ -23,7 +23,7 @@ MLFLOW_BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 MLFLOW_ARTIFACTS ?= $(CURDIR)/mlflow-server-artifacts
 MLFLOW_ALLOWED_HOSTS ?=   # jobs reaching the server by host name: e.g. MLFLOW_ALLOWED_HOSTS="login01,login01:5000"
 
-.PHONY: install demo test test-fast ui budget sft-tiny bench bench-eval report mlflow-server clean \
+.PHONY: install demo test test-fast ui budget sft-tiny bench bench-eval bench-gpu report mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper
 
 $(STAMP): pyproject.toml
@@ -60,6 +60,10 @@ bench: $(STAMP)  ## per-phase step time of the tiny policy
 
 bench-eval: $(STAMP)  ## wall time of the canonical evaluation of the tiny policy
 	$(PY) -m benchmarks.evaluation
+
+bench-gpu: $(STAMP)  ## one step at the paper's scale per phase, rho = 0/1/2 (GPU node; writes benchmarks/results/)
+	$(PY) -m benchmarks.gpu_step --save
+	$(PY) -m benchmarks.gpu_step --save --response-tokens 1024 --ratios 0
 
 sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)
