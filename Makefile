@@ -23,7 +23,7 @@ MLFLOW_BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 MLFLOW_ARTIFACTS ?= $(CURDIR)/mlflow-server-artifacts
 MLFLOW_ALLOWED_HOSTS ?=   # jobs reaching the server by host name: e.g. MLFLOW_ALLOWED_HOSTS="login01,login01:5000"
 
-.PHONY: install demo test test-fast ui budget sft-tiny bench bench-eval bench-gpu report mlflow-server clean \
+.PHONY: install demo test test-fast ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-gpu report mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper
 
 $(STAMP): pyproject.toml
@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)  ## create .venv and install the project with its test tools
 
 demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised
-	$(PY) -m src.run -m buffer=none,age1 clip=tight tracking.sweep=demo
+	$(PY) -m src.run -m buffer=none,age1 clip=tight tracking.sweep=demo hydra.sweeper.skip_finished=false
 	$(PY) -m analysis.summary --sweep demo --latest 2
 	$(PY) -m analysis.report --sweep demo
 
@@ -60,6 +60,12 @@ bench: $(STAMP)  ## per-phase step time of the tiny policy
 
 bench-eval: $(STAMP)  ## wall time of the canonical evaluation of the tiny policy
 	$(PY) -m benchmarks.evaluation
+
+install-gpu: $(STAMP)  ## add vLLM (the gpu extra) to .venv; run on a CUDA node
+	$(PY) -m pip install --quiet -e ".[dev,gpu]"
+
+check-gpu: $(STAMP)  ## vLLM engine on this node's GPU: generate, sync weights in place, compare log-probs with the trainer
+	$(PY) -m benchmarks.check_gpu $(ARGS)
 
 bench-gpu: $(STAMP)  ## one step at the paper's scale per phase, rho = 0/1/2 (GPU node; writes benchmarks/results/)
 	$(PY) -m benchmarks.gpu_step --save

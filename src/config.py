@@ -58,6 +58,9 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(trainer.micro_batch_size >= 1, f"trainer.micro_batch_size={trainer.micro_batch_size}: must be >= 1")
     _check(trainer.rollout.temperature > 0, f"trainer.rollout.temperature={trainer.rollout.temperature}: must be > 0")
     _check(cfg.policy.engine in ENGINES, f"policy.engine='{cfg.policy.engine}': choose one of {ENGINES}")
+    if cfg.policy.engine == "vllm":
+        share = cfg.policy.vllm.gpu_memory_utilization
+        _check(0 < share < 1, f"policy.vllm.gpu_memory_utilization={share}: vLLM's share of the GPU, between 0 and 1")
     _check(cfg.policy.max_new_tokens >= 1, f"policy.max_new_tokens={cfg.policy.max_new_tokens}: must be >= 1")
     _check(cfg.hardware.dtype in DTYPES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {tuple(DTYPES)}")
     _check(cfg.hardware.autocast in (None, "bfloat16", "float16"),

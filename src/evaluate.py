@@ -101,7 +101,8 @@ def load_for_evaluation(cfg: DictConfig, policy_path: str, checkpoint: Path | No
     if checkpoint is not None:
         payload = torch.load(checkpoint, weights_only=False, map_location=cfg.hardware.device)
         policy.load_state_dict(payload["policy"])
-    engine = build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size)
+    engine = build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
+                         **cfg.policy.get("vllm", {}))
     return policy, tokenizer, engine
 
 

@@ -63,6 +63,7 @@ def test_h100_selects_the_submitit_slurm_launcher(compose_config):
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
     assert cfg.hydra.launcher.gpus_per_node == 1
     assert (cfg.hardware.device, cfg.hardware.dtype, cfg.hardware.autocast) == ("cuda", "float32", "bfloat16")
+    assert cfg.policy.engine == "vllm" and 0 < cfg.policy.vllm.gpu_memory_utilization < 1
     cpu = compose_config(hydra=True)
     assert cpu.hydra.launcher._target_.endswith("BasicLauncher")
 
@@ -78,6 +79,9 @@ def test_h100_selects_the_submitit_slurm_launcher(compose_config):
     (["trainer.groups_per_step=1", "buffer=age1"], ["B_fresh", "0"]),
     (["trainer.groups_per_step=0"], ["B=0"]),
     (["policy.engine=sglang"], ["sglang", "hf"]),
+    (["policy.engine=vllm", "policy.vllm.gpu_memory_utilization=1.5"], ["gpu_memory_utilization=1.5"]),
+    (["hardware.autocast=int8"], ["int8", "bfloat16"]),
+    (["trainer.micro_batch_tokens=0"], ["micro_batch_tokens=0"]),
     (["evaluation.estimator=mean"], ["mean", "first_k"]),
     (["evaluation.ks=[1,16]"], ["[16]", "samples_per_prompt"]),
     (["evaluation.prompts=80"], ["80", "heldout_size"]),
@@ -123,7 +127,8 @@ def test_every_yaml_knob_is_read_by_the_code():
             for key in _leaf_keys({k: v for k, v in node.items() if k not in ("defaults", "hydra")}):
                 if key == "name":  # option names become tags (src/tracking.py)
                     continue
-                if f".{key}" not in source and f'"{key}"' not in source and f"['{key}']" not in source:
+                # Read as an attribute, a string key, or a keyword argument (groups passed on with **).
+                if not any(form in source for form in (f".{key}", f'"{key}"', f"['{key}']", f"{key}={key}")):
                     unread.append(f"{group}/{path.stem}: {key}")
     assert not unread, f"config keys no code reads: {unread}"
 

@@ -149,13 +149,19 @@ def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
                   f"(skipped), {counts['duplicate']} duplicate (skipped)")
     for heading in ("#", "cell", "planned fresh evals", "status", "overrides"):
         table.add_column(heading, justify="right" if heading in ("#", "planned fresh evals") else "left")
+    # Overrides every job shares are printed once, below the table; the column shows what varies.
+    hidden = ("+sweep=", "trainer.resume_from=")
+    common = set.intersection(*(set(cell.overrides) for cell in planned)) if planned else set()
     for index, cell in enumerate(planned):
         status = {"finished": f"finished, skip (run {cell.previous[:8] if cell.previous else ''})",
                   "duplicate": "duplicate, skip", "launch": "launch",
                   "resume": f"resume from {cell.previous}"}[cell.status]
-        shown = [o for o in cell.overrides if not o.startswith(("+sweep=", "trainer.resume_from="))]
+        shown = [o for o in cell.overrides if o not in common and not o.startswith(hidden)]
         table.add_row(str(index), cell.cell, f"{cell.fresh_evaluations:,}", status, " ".join(shown))
     console = Console(width=max(Console().width, 140))
     console.print(table)
+    shared = [o for o in planned[0].overrides if o in common and not o.startswith(hidden)] if planned else []
+    if shared:
+        console.print("every cell also has: " + " ".join(shared))
     console.print(f"checked {len(planned)} cells against {tracking.uri} (experiment '{tracking.experiment}') "
                   f"in {seconds:.1f} s")

@@ -1,0 +1,292 @@
+"""The vLLM rollout engine on a real GPU (`make check-gpu`): start, generate, sync weights, compare log-probs.
+
+    python -m benchmarks.check_gpu                                    # checkpoints/tiny-countdown
+    python -m benchmarks.check_gpu --model Qwen/Qwen2.5-0.5B --max-new-tokens 256
+    python -m benchmarks.check_gpu --random-tiny                      # a freshly built random tiny policy
+
+What tests/test_vllm_engine.py checks on CPU against a stand-in, this checks against the real
+vLLM, colocated with a trainer model on the GPU exactly as `policy.engine=vllm` runs:
+
+1. the engine starts on the policy folder (and syncs the trainer's weights once);
+2. `generate` returns K completions per prompt, each 1..max_new_tokens tokens of the vocabulary,
+   ending where the HF engine would end it (EOS/pad or the token completing `</answer>`), with
+   vLLM's own text agreeing with the trainer tokenizer's decode of the ids;
+3. the same seed gives the same samples (vLLM's logits can vary in the last bits with batching
+   and prefix-cache hits, so this is a share, and a warning rather than a failure);
+4. vLLM's per-token log-probs at temperature 1 agree with the trainer's forward pass (bf16);
+5. after perturbing the trainer's weights, the not-yet-synced vLLM disagrees with the trainer
+   (the comparison can see a stale engine), and after `sync_weights` it agrees again and samples
+   differently: weights went in in place and the prefix cache was reset (the same prompts are
+   sampled again, so stale cached KV blocks would show).
+
+Prints a PASS/WARN/FAIL table with timings. Exit status 0 when nothing failed, 1 when a check
+failed, 2 when this machine cannot run the check (no CUDA device, or no supported vLLM), which
+is reported as a message, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from src.paths import PROJECT_ROOT
+from src.rollout.engine import STOP_STRING, SamplingParams, closing_tokens, response_end
+from src.rollout.vllm_engine import SUPPORTED_VLLM, VLLMUnavailableError, import_vllm, request_seed
+from src.task import countdown
+
+TINY_CHECKPOINT = PROJECT_ROOT / "checkpoints" / "tiny-countdown"
+STYLES = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "INFO": "cyan"}
+
+
+@dataclasses.dataclass
+class Report:
+    """The rows of the result table; a check that failed keeps its message."""
+
+    rows: list[tuple[str, str, str, str]] = dataclasses.field(default_factory=list)
+
+    def add(self, check: str, status: str, detail: str, seconds: float | None = None) -> None:
+        self.rows.append((check, status, detail, "" if seconds is None else f"{seconds:.2f}"))
+
+    @property
+    def failed(self) -> bool:
+        return any(status == "FAIL" for _, status, _, _ in self.rows)
+
+    def print(self, console: Console, title: str) -> None:
+        table = Table(title=title)
+        for column in ("check", "status", "detail", "seconds"):
+            table.add_column(column, justify="right" if column == "seconds" else "left")
+        for check, status, detail, seconds in self.rows:
+            table.add_row(escape(check), f"[{STYLES[status]}]{status}[/]", escape(detail), seconds)
+        console.print(table)
+
+
+# --------------------------------------------------------------------------- preflight
+def preflight(report: Report, allow_untested_version: bool) -> bool:
+    """Can this machine run the check at all? Adds one row each for CUDA and vLLM."""
+    ready = True
+    if torch.cuda.is_available():
+        report.add("CUDA device", "PASS", f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    else:
+        ready = False
+        why = (f"torch {torch.__version__} is a CPU build: install its CUDA build (on a GPU node, "
+               f"`pip install --force-reinstall torch=={torch.__version__.split('+')[0]}` from PyPI)"
+               if torch.version.cuda is None else "no CUDA device is visible (CUDA_VISIBLE_DEVICES? a GPU node?)")
+        report.add("CUDA device", "FAIL", why)
+    try:
+        vllm = import_vllm(allow_untested_version)
+        report.add("vLLM", "PASS", f"vLLM {vllm.__version__} (supported {SUPPORTED_VLLM})")
+    except VLLMUnavailableError as error:
+        ready = False
+        report.add("vLLM", "FAIL", str(error))
+    return ready
+
+
+# --------------------------------------------------------------------------- helpers
+def build_random_tiny(folder: Path) -> Path:
+    """A randomly initialised tiny policy + tokenizer saved like the committed one (as tests/conftest.py does)."""
+    from src.policy.model import build_tiny_model
+    from src.policy.tokenizer import build_countdown_tokenizer, template_pieces
+
+    template = countdown.DEFAULT_PROMPT_TEMPLATE
+    demos = [countdown.demonstration(i) for i in countdown.generate_instances(50, seed=3)]
+    tokenizer = build_countdown_tokenizer([template, *demos], template_pieces(template))
+    build_tiny_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def sample_with_logprobs(engine, prompt_ids, samples: int, sampling: SamplingParams, seed: int):
+    """(prompt, response) pairs sampled by vLLM with each sampled token's log-prob, and vLLM's own texts."""
+    params = [engine.sampling_params(sampling, samples, request_seed(seed, i), logprobs=0)
+              for i in range(len(prompt_ids))]
+    outputs = engine.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompt_ids], params, use_tqdm=False)
+    sequences, logprobs, texts = [], [], []
+    for ids, output in zip(prompt_ids, outputs):
+        for sample in sorted(output.outputs, key=lambda s: s.index):
+            tokens = tuple(sample.token_ids)
+            sequences.append((ids, tokens))
+            logprobs.append([sample.logprobs[i][token].logprob for i, token in enumerate(tokens)])
+            texts.append(sample.text)
+    return sequences, logprobs, texts
+
+
+@torch.no_grad()
+def trainer_logprobs(model, sequences, pad_id: int, rows: int = 64) -> list[list[float]]:
+    """The trainer's per-token log-probs of each response (its own forward pass, as in training)."""
+    from src.train import response_token_stats
+
+    model.eval()
+    result = []
+    for start in range(0, len(sequences), rows):
+        chunk = sequences[start : start + rows]
+        logprobs, _, mask = response_token_stats(model, chunk, pad_id, with_entropy=False)
+        result += [logprobs[row][mask[row]].tolist() for row in range(len(chunk))]
+    return result
+
+
+def logprob_gap(a: list[list[float]], b: list[list[float]]) -> tuple[float, float, float]:
+    """Mean, 99th percentile and max of |a - b| over all response tokens."""
+    gaps = torch.tensor([abs(x - y) for row_a, row_b in zip(a, b) for x, y in zip(row_a, row_b)])
+    return gaps.mean().item(), torch.quantile(gaps, 0.99).item(), gaps.max().item()
+
+
+@torch.no_grad()
+def perturb(model, relative: float, seed: int) -> None:
+    """Add Gaussian noise of `relative` x each tensor's RMS: a large, deterministic 'optimizer step'."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    for parameter in model.parameters():
+        noise = torch.randn(parameter.shape, generator=generator).to(parameter.device, parameter.dtype)
+        parameter.add_(noise * relative * parameter.float().pow(2).mean().sqrt().clamp(min=1e-3))
+
+
+# --------------------------------------------------------------------------- the check
+def run_checks(args, report: Report) -> None:
+    """Every check after the preflight; raises on the first step that cannot go on."""
+    from src.policy.model import load_policy
+    from src.rollout.engine import build_engine
+
+    started = time.perf_counter()
+    model, tokenizer = load_policy(str(args.model), "cuda", args.dtype)
+    report.add("trainer policy", "INFO", f"{args.model} ({sum(p.numel() for p in model.parameters()):,} "
+                                         f"parameters, {args.dtype})", time.perf_counter() - started)
+
+    started = time.perf_counter()
+    engine = build_engine("vllm", model, tokenizer, batch_size=args.prompts * args.samples,
+                          gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+                          allow_untested_version=args.allow_untested_version)
+    used = torch.cuda.memory_allocated() / 2**30
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    report.add("start engine (+ first sync)", "PASS",
+               f"gpu_memory_utilization={args.gpu_memory_utilization}, enforce_eager={args.enforce_eager}; "
+               f"{used:.1f} of {total:.0f} GiB allocated in this process", time.perf_counter() - started)
+
+    # Rollouts as the trainer asks for them (SPEC 3: T=1, top-p 1, no top-k).
+    rollout = SamplingParams(temperature=1.0, top_p=1.0, top_k=None, max_new_tokens=args.max_new_tokens)
+    prompts = [countdown.format_prompt(i) for i in countdown.generate_instances(args.prompts, seed=args.seed)]
+    started = time.perf_counter()
+    first = engine.generate(prompts, args.samples, rollout, seed=args.seed)
+    seconds = time.perf_counter() - started
+    flat = [c for group in first.completions for c in group]
+    tokens = sum(len(c.token_ids) for c in flat)
+    shapes_ok = (len(first.completions) == args.prompts and all(len(g) == args.samples for g in first.completions)
+                 and all(1 <= len(c.token_ids) <= args.max_new_tokens for c in flat)
+                 and all(0 <= t < len(tokenizer) for c in flat for t in c.token_ids))
+    report.add("generate: shapes", "PASS" if shapes_ok else "FAIL",
+               f"{args.prompts} prompts x {args.samples} samples, {tokens} tokens, {tokens / seconds:,.0f} tokens/s",
+               seconds)
+    stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
+    closing = closing_tokens(tokenizer)
+    early = [c for c in flat if response_end(list(c.token_ids), tokenizer, stop_ids, closing) != len(c.token_ids)]
+    decoded = all(c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in flat)
+    answered = sum(STOP_STRING in c.text for c in flat)
+    report.add("generate: stops and texts", "PASS" if not early and decoded else "FAIL",
+               f"{len(early)} responses run past EOS or '{STOP_STRING}'; {answered} of {len(flat)} close an answer; "
+               f"texts {'are' if decoded else 'are NOT'} the tokenizer's decode of the ids")
+
+    again = engine.generate(prompts, args.samples, rollout, seed=args.seed)
+    same = sum(a == b for ga, gb in zip(first.completions, again.completions) for a, b in zip(ga, gb)) / len(flat)
+    report.add("same seed, same samples", "PASS" if same >= 0.9 else "WARN",
+               f"{same:.0%} identical (logits may differ in the last bits with batching and prefix-cache hits)")
+
+    # Log-probs at temperature 1: vLLM's sampled-token log-probs against the trainer's forward.
+    sequences, vllm_lp, vllm_texts = sample_with_logprobs(engine, first.prompt_ids, args.samples, rollout, args.seed)
+    texts_agree = all(text == tokenizer.decode(tokens, skip_special_tokens=True)
+                      or (text.endswith(STOP_STRING) and tokenizer.decode(tokens, skip_special_tokens=True)
+                          .startswith(text)) for (_, tokens), text in zip(sequences, vllm_texts))
+    report.add("vLLM detokenizer", "PASS" if texts_agree else "WARN",
+               "vLLM's texts " + ("agree" if texts_agree else "do NOT agree")
+               + " with the trainer tokenizer (the engine returns the tokenizer's decode either way)")
+    mean, p99, worst = logprob_gap(vllm_lp, trainer_logprobs(model, sequences, tokenizer.pad_token_id))
+    close = mean <= args.logprob_mean_tol and p99 <= args.logprob_p99_tol
+    report.add("log-probs vs trainer (synced)", "PASS" if close else "FAIL",
+               f"|delta| mean {mean:.4f} (<= {args.logprob_mean_tol}), p99 {p99:.4f} (<= {args.logprob_p99_tol}), "
+               f"max {worst:.4f}")
+
+    # An 'optimizer step': the stale engine must disagree with the trainer, the synced one agree.
+    perturb(model, args.perturb, args.seed)
+    stale_lp = sample_with_logprobs(engine, first.prompt_ids, args.samples, rollout, args.seed)
+    stale_mean, _, _ = logprob_gap(stale_lp[1], trainer_logprobs(model, stale_lp[0], tokenizer.pad_token_id))
+    report.add("log-probs vs trainer (stale)", "PASS" if stale_mean > args.logprob_mean_tol else "FAIL",
+               f"|delta| mean {stale_mean:.4f} before sync_weights: the comparison "
+               + ("sees" if stale_mean > args.logprob_mean_tol else "does NOT see (raise --perturb)")
+               + " a stale engine")
+
+    timings = []
+    for _ in range(args.sync_repeats):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        engine.sync_weights(model)
+        torch.cuda.synchronize()
+        timings.append(time.perf_counter() - started)
+    report.add("sync_weights", "INFO", f"{len(list(model.parameters()))} tensors in place + prefix-cache reset; "
+                                       f"best of {args.sync_repeats}", min(timings))
+
+    after = engine.generate(prompts, args.samples, rollout, seed=args.seed)
+    changed = sum(a != b for ga, gb in zip(first.completions, after.completions) for a, b in zip(ga, gb)) / len(flat)
+    report.add("samples change after sync", "PASS" if changed > 0 else "FAIL",
+               f"{changed:.0%} of the same-seed samples differ from before the weight change")
+    sequences, synced_lp, _ = sample_with_logprobs(engine, first.prompt_ids, args.samples, rollout, args.seed)
+    mean, p99, worst = logprob_gap(synced_lp, trainer_logprobs(model, sequences, tokenizer.pad_token_id))
+    close = mean <= args.logprob_mean_tol and p99 <= args.logprob_p99_tol
+    report.add("log-probs vs trainer (after sync)", "PASS" if close else "FAIL",
+               f"|delta| mean {mean:.4f}, p99 {p99:.4f}, max {worst:.4f} (same prompts: a stale prefix cache "
+               "would show here)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="policy folder or hub name (default: checkpoints/tiny-countdown)")
+    parser.add_argument("--random-tiny", action="store_true", help="build a random tiny policy instead")
+    parser.add_argument("--dtype", default="bfloat16", help="the trainer's dtype (hardware=h100: bfloat16)")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=8, help="K samples per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (default: graphs, as in training)")
+    parser.add_argument("--allow-untested-version", action="store_true")
+    parser.add_argument("--perturb", type=float, default=0.2, help="weight noise, relative to each tensor's RMS")
+    parser.add_argument("--sync-repeats", type=int, default=3)
+    parser.add_argument("--logprob-mean-tol", type=float, default=0.05, help="bf16 tolerance, mean |delta| per token")
+    parser.add_argument("--logprob-p99-tol", type=float, default=0.5, help="bf16 tolerance, 99th percentile")
+    args = parser.parse_args()
+
+    console, report = Console(), Report()
+    if not preflight(report, args.allow_untested_version):
+        report.print(console, "vLLM engine check: this machine cannot run it")
+        console.print("[red]Not run.[/] " + escape(
+            f"The vLLM engine check needs a CUDA GPU and vLLM {SUPPORTED_VLLM}: on a GPU node, "
+            "`make install-gpu` (pip install -e '.[gpu]') then `make check-gpu`. "
+            "Without a GPU, train with policy.engine=hf."))
+        return 2
+
+    with tempfile.TemporaryDirectory() as folder:
+        if args.random_tiny or (args.model is None and not TINY_CHECKPOINT.exists()):
+            args.model = build_random_tiny(Path(folder))
+        elif args.model is None:
+            args.model = TINY_CHECKPOINT
+        try:
+            run_checks(args, report)
+        except Exception as error:  # a real failure on a GPU node: keep the table, show where it broke
+            report.add("stopped", "FAIL", f"{type(error).__name__}: {error}")
+            report.print(console, f"vLLM engine check on {args.model}")
+            traceback.print_exc()
+            return 1
+    report.print(console, f"vLLM engine check on {args.model}")
+    console.print("[red]FAILED[/]" if report.failed else "[green]All checks passed.[/]")
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
