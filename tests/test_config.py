@@ -139,3 +139,21 @@ def _leaf_keys(node):
             yield from _leaf_keys(value)
         else:
             yield key
+
+
+def test_site_example_config_composes_with_h100(tmp_path, compose_config):
+    """launch/site-example.yaml, copied to conf/local/<site>.yaml, sets the cluster's launcher and tracking."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+
+    from src.paths import PROJECT_ROOT
+
+    site = tmp_path / "local"
+    site.mkdir()
+    shutil.copy(PROJECT_ROOT / "launch" / "site-example.yaml", site / "mysite.yaml")
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["hardware=h100", f"hydra.searchpath=[file://{tmp_path}]", "+local=mysite"],
+                      return_hydra_config=True)
+    assert (cfg.hydra.launcher.partition, cfg.hydra.launcher.account) == ("gpu", "my-account")
+    assert cfg.tracking.uri == "http://login01:5000" and cfg.hydra.launcher.gpus_per_node == 1
