@@ -421,8 +421,9 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
            + (f" from {source}" if source else "") + ". Figures and CSV files sit next to this file.", ""]
 
     out += ["## Runs used", "",
-            "Only FINISHED runs give numbers. When several finished runs share a cell (same `cell` and `policy` "
-            "tags), the newest is used and the others are listed as superseded.", ""]
+            "Only FINISHED runs give numbers. When several finished runs share a cell (same `cell_id` tag: the "
+            "config that decides results; older runs without one: same `cell` and `policy`), the newest is used "
+            "and the others are listed as superseded.", ""]
     out.append(markdown_table(["run id", "sweep", "cell", "status", "protocol used", "started"],
                               [[f"`{run['run_id']}`", run.get("tags.sweep", ""), run.get("tags.cell", "?"),
                                 run["status"], protocols.get(run["run_id"], "none"), _when(run.get("start_time"))]
