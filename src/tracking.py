@@ -83,7 +83,9 @@ def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
     client.set_tag(run_id, f"eval.{result.name}.seeds", f"{seeds.min()}-{seeds.max()}")
     with tempfile.TemporaryDirectory() as folder:
         for table_name, table in (("per_prompt", result.per_prompt), ("per_repeat", result.per_repeat)):
-            path = Path(folder) / f"{result.name}_{stage}_{table_name}.csv"
+            # Learning-curve evaluations happen at several steps: keep each one's tables.
+            label = f"{stage}_step{step}" if stage == "during" else stage
+            path = Path(folder) / f"{result.name}_{label}_{table_name}.csv"
             table.to_csv(path, index=False)
             client.log_artifact(run_id, str(path), artifact_path="evaluation")
 

@@ -86,3 +86,22 @@ def test_checkpoint_evaluation_and_report_hold_the_logged_numbers(study, tmp_pat
         _assert_png(tmp_path / name)
     text = (tmp_path / "report.md").read_text()
     assert all(run_id in text for run_id in study["runs"]["run_id"])
+
+
+def test_evaluation_every_n_steps_gives_a_learning_curve(tmp_path, random_policy_dir):
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    command = [sys.executable, "-m", "src.run", f"policy.name_or_path={random_policy_dir}", "trainer.steps=4",
+               "trainer.groups_per_step=2", "trainer.group_size=2", "policy.max_new_tokens=6",
+               "evaluation.every=2", "evaluation.prompts=2", "evaluation.samples_per_prompt=2", "evaluation.ks=[1]",
+               f"tracking.uri={store}", f"tracking.artifact_location={tmp_path}/artifacts",
+               f"hydra.run.dir={tmp_path}/run"]
+    result = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    mlflow.set_tracking_uri(store)
+    run_id = mlflow.search_runs(experiment_names=["replay-rloo"]).run_id[0]
+    client = MlflowClient(store)
+    steps = {stage: [m.step for m in client.get_metric_history(run_id, f"quick/{stage}/mean_reward")]
+             for stage in ("start", "during", "final")}
+    assert steps == {"start": [0], "during": [2], "final": [4]}
+    artifacts = {a.path for a in client.list_artifacts(run_id, "evaluation")}
+    assert "evaluation/quick_during_step2_per_prompt.csv" in artifacts
