@@ -23,6 +23,7 @@ from pathlib import Path
 
 import mlflow
 import torch
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -65,17 +66,25 @@ def run_config(client: MlflowClient, run_id: str) -> DictConfig:
 
 
 def runs_to_evaluate(client: MlflowClient, experiment: str, run_ids: list[str], sweeps: list[str]) -> list:
-    """The MLflow runs named by id, or every FINISHED run of the given sweeps, oldest first."""
-    runs = [client.get_run(run_id) for run_id in run_ids]
+    """The MLflow runs named by id, and every FINISHED run of the given studies (shared cells included)."""
+    runs = []
+    for run_id in run_ids:
+        try:
+            runs.append(client.get_run(run_id))
+        except MlflowException:
+            raise SystemExit(f"no MLflow run '{run_id}' at {mlflow.get_tracking_uri()}; "
+                             "run ids are listed by `make ui` or `python -m analysis.summary`") from None
     if sweeps:
         found = client.get_experiment_by_name(experiment)
         if found is None:
             raise SystemExit(f"no MLflow experiment '{experiment}' at {mlflow.get_tracking_uri()}")
-        for sweep in sweeps:
-            runs += client.search_runs([found.experiment_id],
-                                       filter_string=f"tags.sweep = '{sweep}' and attributes.status = 'FINISHED'",
-                                       max_results=10000, order_by=["attributes.start_time ASC"])
-    return runs
+        for sweep in sweeps:  # a cell a study reused from another one carries the study in `sweeps`
+            for query in (f"tags.sweep = '{sweep}'", f"tags.sweeps LIKE '%,{sweep},%'"):
+                runs += client.search_runs([found.experiment_id],
+                                           filter_string=f"{query} and attributes.status = 'FINISHED'",
+                                           max_results=10000, order_by=["attributes.start_time ASC"])
+    unique = {run.info.run_id: run for run in runs}
+    return list(unique.values())
 
 
 def merged_config(trained: DictConfig, composed: DictConfig) -> DictConfig:
@@ -166,11 +175,17 @@ def main(argv: list[str] | None = None) -> int:
         for table_name, table in (("per_prompt", result.per_prompt), ("per_repeat", result.per_repeat)):
             table.to_csv(args.out / f"{Path(args.policy).name}_{protocol}_{table_name}.csv", index=False)
         console.print(f"tables written to {args.out}")
+        if not (args.run or args.sweep or args.checkpoint):
+            return 0
 
     ensure_experiment(composed.tracking.uri, composed.tracking.experiment, composed.tracking.artifact_location)
     client = MlflowClient()
     jobs: list[tuple[str, str, Path | None, int]] = []  # (run id, policy path, checkpoint, step)
     if args.checkpoint:
+        if not args.checkpoint.is_file():
+            console.print(f"[red]no checkpoint at {args.checkpoint}[/red]: runs write checkpoint.pt into their "
+                          "output folder (the run's `output_dir` tag)")
+            return 2
         payload = torch.load(args.checkpoint, weights_only=False, map_location="cpu")
         jobs.append((payload["run_id"], None, args.checkpoint, payload["state"]["step"]))
     for run in runs_to_evaluate(client, composed.tracking.experiment, args.run, args.sweep):

@@ -51,3 +51,11 @@ def test_cli_needs_a_target_and_refuses_bad_settings(capsys):
         main([])
     assert "--run" in capsys.readouterr().err
     assert main(["--policy", "unused", "evaluation=probe", "evaluation.ks=[128]"]) == 2  # before loading anything
+
+
+def test_cli_names_a_missing_checkpoint_or_run(tmp_path, capsys):
+    store = [f"tracking.uri=sqlite:///{tmp_path}/mlruns.db", f"tracking.artifact_location={tmp_path}/a"]
+    assert main(["--checkpoint", str(tmp_path / "nope.pt"), *store]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no MLflow run 'deadbeef'"):
+        main(["--run", "deadbeef", *store])
