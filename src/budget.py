@@ -52,6 +52,16 @@ def _check_sizes(groups_per_step: int, group_size: int, steps: int) -> None:
     # groups_per_step and ratio are validated by plan_batch.
 
 
+def planning_max_age(buffer, steps: int) -> int:
+    """The age window L the budget simulation uses: buffer.max_age (at least 1); buffer=fifo has no
+    window (every stored group of age >= 1 is eligible), so it plans with L = steps. That is exact
+    for FIFO: from step 1 on its pool holds at least the B groups of step 0 (fresh and gap fill),
+    so demand B_replay < B is always met, by with_replacement draws from any non-empty pool and by
+    distinct draws because validation requires capacity N >= B_replay for those modes.
+    """
+    return int(steps) if buffer.name == "fifo" else max(int(buffer.max_age), 1)
+
+
 def replay_demand_met(groups_per_step: int, ratio: float, max_age: int) -> bool:
     """True when the steady-state pool L * B_fresh covers B_replay, so no gap fill ever occurs."""
     b_fresh, b_replay = plan_batch(groups_per_step, ratio)
@@ -123,7 +133,7 @@ def budget_table(cfg, ratios: list[float] | None = None):
     trainer, buffer = cfg.trainer, cfg.buffer
     rows = []
     for ratio in ratios if ratios is not None else [float(buffer.ratio)]:
-        max_age = max(int(buffer.max_age), 1)
+        max_age = planning_max_age(buffer, trainer.steps)
         plan = plan_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps, ratio, max_age)
         b_fresh, b_replay = plan_batch(trainer.groups_per_step, ratio)
         rows.append({

@@ -17,6 +17,8 @@ if not OmegaConf.has_resolver("root"):
     OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
 
 ENGINES = ("hf", "vllm")
+LOSSES = ("rloo", "grpo")
+FIFO_MODES = ("with_replacement", "without_replacement", "at_least_once")  # src.replay.fifo.SAMPLING_MODES
 SOURCES = ("generator", "hub")
 
 
@@ -42,11 +44,14 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(fresh_groups >= 1,
            f"buffer.ratio rho={buffer.ratio} with trainer.groups_per_step B={trainer.groups_per_step} plans "
            f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
-    if buffer.ratio > 0:
+    _validate_loss(cfg.loss)
+    if buffer.name == "fifo":
+        _validate_fifo(buffer, trainer.groups_per_step - fresh_groups)
+    elif buffer.ratio > 0:
         _check(buffer.max_age >= 1,
                f"buffer.ratio rho={buffer.ratio} needs a replay age: buffer.max_age L={buffer.max_age}; "
                "choose buffer=age1, age2 or age3")
-    _check(buffer.ratio <= buffer.max_age or buffer.ratio == 0 or buffer.allow_infeasible,
+    _check(buffer.name == "fifo" or buffer.ratio <= buffer.max_age or buffer.ratio == 0 or buffer.allow_infeasible,
            f"buffer.ratio rho={buffer.ratio} > buffer.max_age L={buffer.max_age}: the pool of reusable groups "
            "(about L * B_fresh) cannot meet the replay demand (rho * B_fresh), so the planned budget is "
            f"unreachable. Use rho <= {buffer.max_age}, a larger L (buffer=age2/age3), or "
@@ -85,6 +90,42 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
         _check(torch.cuda.is_available(),
                f"hardware.device='{cfg.hardware.device}' but no CUDA device is visible here: use hardware=cpu, "
                "or launch on a GPU node (hardware=h100 -m sends the run through SLURM)")
+
+
+def _validate_loss(loss: DictConfig) -> None:
+    _check(loss.name in LOSSES, f"loss.name='{loss.name}': choose one of {LOSSES} (loss=rloo or loss=grpo)")
+    if loss.name != "grpo":
+        return
+    _check(0 <= loss.eps_low < 1,
+           f"loss.eps_low={loss.eps_low}: the ratio is clipped below at 1 - eps_low, so use 0 <= eps_low < 1 (POPO: 0.2)")
+    _check(0 <= loss.eps_high < float("inf"),
+           f"loss.eps_high={loss.eps_high}: the ratio is clipped above at 1 + eps_high; use a finite eps_high >= 0 "
+           "(clip-higher: 0.28)")
+    _check(loss.behaviour_cap > 0,
+           f"loss.behaviour_cap={loss.behaviour_cap}: the cap on pi_prox/mu must be > 0 (POPO: 2.0)")
+    steps = loss.updates_per_step
+    _check(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
+           f"loss.updates_per_step={steps}: mini-batch optimizer steps per RL step, an integer >= 1 (e.g. 4)")
+
+
+def _validate_fifo(buffer: DictConfig, replay_groups: int) -> None:
+    _check(buffer.mode in FIFO_MODES, f"buffer.mode='{buffer.mode}': choose one of {FIFO_MODES}")
+    _check(0 <= buffer.positive_bias < 1,
+           f"buffer.positive_bias delta={buffer.positive_bias}: use 0 <= delta < 1 (0 = plain FIFO; seed 001 uses 0.5)")
+    extra = buffer.extra_updates
+    _check(isinstance(extra, int) and not isinstance(extra, bool) and extra >= 0,
+           f"buffer.extra_updates={extra}: R - 1 extra updates per step, an integer >= 0 (0 = none, seed 002: 1)")
+    _check(buffer.max_age == 0,
+           f"buffer.max_age={buffer.max_age}: buffer=fifo has no age window (the capacity N bounds staleness); "
+           "leave max_age=0, or use buffer=age1/age2/age3 for an age window")
+    _check(buffer.ratio > 0 or extra > 0,
+           f"buffer=fifo with buffer.ratio rho={buffer.ratio} and buffer.extra_updates=0 never replays; "
+           "set rho > 0 or extra_updates >= 1, or use buffer=none")
+    if buffer.mode != "with_replacement":
+        _check(buffer.capacity >= replay_groups or buffer.allow_infeasible,
+               f"buffer.capacity N={buffer.capacity} < B_replay={replay_groups}: mode={buffer.mode} draws distinct "
+               "groups, so every step would need gap fill; raise buffer.capacity, use mode=with_replacement, or "
+               "buffer.allow_infeasible=true")
 
 
 def _check(condition: bool, message: str) -> None:

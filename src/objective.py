@@ -97,3 +97,30 @@ def token_entropy(logits: Tensor) -> Tensor:
     p = logp.exp()
     # Masked (-inf) logits have p = 0; zero their log-prob so 0 * -inf does not give nan.
     return -(p * logp.masked_fill(p == 0, 0.0)).sum(dim=-1)
+
+
+def batch_rows(group_sizes: list[int], responses: list | None = None) -> list[tuple[int, int]]:
+    """(group, response) index pairs of the responses a batch trains on, in batch order.
+
+    `responses[g]` lists the response indices of group g to train on (a FIFO positive-bias draw
+    keeps only some); None there, or `responses=None`, means all K. Advantages are still
+    computed from every reward of the group (SPEC 9 FIFO: "train only on draw.responses").
+    """
+    if responses is None:
+        responses = [None] * len(group_sizes)
+    if len(responses) != len(group_sizes):
+        raise ValueError(f"responses has {len(responses)} entries for {len(group_sizes)} groups; pass one per group.")
+    return [(g, j) for g, (size, keep) in enumerate(zip(group_sizes, responses))
+            for j in (range(size) if keep is None else keep)]
+
+
+def interleaved_mini_batches(rows: int, updates: int) -> list[list[int]]:
+    """Split rows 0..rows-1 into min(updates, rows) mini-batches, row i going to mini-batch i mod M.
+
+    Deterministic (a resumed run splits identically) and it mixes fresh and replayed rows,
+    which the batch lists fresh first.
+    """
+    if updates < 1:
+        raise ValueError(f"updates_per_step must be >= 1, got {updates!r}.")
+    m = min(int(updates), rows)
+    return [list(range(start, rows, m)) for start in range(m)]

@@ -21,11 +21,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from src import tracking
-from src.budget import plan_fresh_evaluations, replay_demand_met
+from src.budget import plan_fresh_evaluations, planning_max_age, replay_demand_met
 from src.config import validate
 from src.evaluate import evaluate_policy
 from src.policy.model import frozen_copy, load_policy
 from src.replay.buffer import ReplayBuffer
+from src.replay.fifo import FifoReplayBuffer
 from src.sweep import cell_identity, cell_name, cell_runs, slurm_job_key
 from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
@@ -50,7 +51,10 @@ def build_components(cfg: DictConfig, train_set) -> Components:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
                                   betas=tuple(trainer.betas))
     buffer = None
-    if cfg.buffer.ratio > 0:
+    if cfg.buffer.name == "fifo":  # also at rho = 0: seed 002's extra updates replay from it
+        buffer = FifoReplayBuffer(capacity=cfg.buffer.capacity, mode=cfg.buffer.mode,
+                                  positive_bias=cfg.buffer.positive_bias, seed=trainer.seed)
+    elif cfg.buffer.ratio > 0:
         buffer = ReplayBuffer(max_age=cfg.buffer.max_age, capacity=cfg.buffer.capacity, seed=trainer.seed)
     return Components(
         policy=policy,
@@ -80,13 +84,14 @@ def resumable_checkpoint(cfg: DictConfig) -> str | None:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one cell; returns the final evaluation summary."""
     validate(cfg)  # config mistakes fail here, before any model is loaded
-    if cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age):
+    fifo = cfg.buffer.name == "fifo"  # no age window: its pool is every stored group of age >= 1
+    if not fifo and cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age):
         log.warning("B=%d, rho=%g, L=%d: rounding leaves the replay pool short of demand; gap fill will be "
                     "logged (batch/gap_fill_groups)", cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age)
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     checkpoint_path = output_dir / "checkpoint.pt"
     plan = plan_fresh_evaluations(cfg.trainer.groups_per_step, cfg.trainer.group_size, cfg.trainer.steps,
-                                  cfg.buffer.ratio, max(cfg.buffer.max_age, 1))
+                                  cfg.buffer.ratio, planning_max_age(cfg.buffer, cfg.trainer.steps))
     train_set, heldout = countdown.train_and_heldout(cfg.task)
     parts = build_components(cfg, train_set)
     state, resume_run_id = TrainState(), None

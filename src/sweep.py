@@ -21,7 +21,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from src.budget import plan_fresh_evaluations
+from src.budget import plan_fresh_evaluations, planning_max_age
 
 # Keys that change how a cell is launched or logged, never what it computes.
 LAUNCH_ONLY = (
@@ -37,9 +37,16 @@ LAUNCH_ONLY = (
 
 def cell_name(cfg: DictConfig) -> str:
     """The grid cell as text, e.g. 'rho1-L2-c1' (fresh-only runs: 'rho0')."""
-    if cfg.buffer.ratio == 0:
-        return "rho0"
-    return f"rho{cfg.buffer.ratio:g}-L{cfg.buffer.max_age}-c{cfg.clip.ceiling:g}"
+    loss = "" if cfg.loss.name == "rloo" else f"-{cfg.loss.name}"
+    buffer = cfg.buffer
+    if buffer.name == "fifo":  # e.g. fifo-rho1-N256-with_replacement-pb0.5-R2-c1
+        extras = (f"-pb{buffer.positive_bias:g}" if buffer.positive_bias else "") + \
+                 (f"-R{buffer.extra_updates + 1}" if buffer.extra_updates else "")
+        return (f"fifo-rho{buffer.ratio:g}-N{buffer.capacity}-{buffer.mode}{extras}"
+                f"{'' if loss else f'-c{cfg.clip.ceiling:g}'}{loss}")
+    if buffer.ratio == 0:
+        return "rho0" + loss
+    return f"rho{buffer.ratio:g}-L{buffer.max_age}" + (loss or f"-c{cfg.clip.ceiling:g}")
 
 
 def cell_identity(cfg: DictConfig) -> str:
@@ -47,9 +54,12 @@ def cell_identity(cfg: DictConfig) -> str:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for key in LAUNCH_ONLY:
         _drop(resolved, key)
-    if resolved["buffer"]["ratio"] == 0:  # fresh-only: no buffer, every weight 1
+    if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] != "fifo":  # fresh-only: every weight 1
         resolved.pop("buffer")
         resolved.pop("clip")
+    if resolved.pop("loss", {"name": "rloo"})["name"] != "rloo":  # rloo, the default: cells keep their old id
+        resolved["loss"] = OmegaConf.to_container(cfg.loss, resolve=True)
+        resolved.pop("clip", None)  # loss=grpo does not read clip.ceiling
     text = json.dumps(_numbers_as_floats(resolved), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -143,7 +153,7 @@ def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> lis
         identity = cell_identity(cfg)
         trainer, buffer = cfg.trainer, cfg.buffer
         budget = plan_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps,
-                                        buffer.ratio, max(buffer.max_age, 1)).fresh_evaluations
+                                        buffer.ratio, planning_max_age(buffer, trainer.steps)).fresh_evaluations
         previous = None
         if identity in known.finished:
             status, previous = "finished", known.finished[identity]

@@ -36,6 +36,7 @@ def run_tags(cfg: DictConfig) -> dict[str, str]:
         "c": f"{cfg.clip.ceiling:g}",
         "buffer": str(cfg.buffer.name),
         "clip": str(cfg.clip.name),
+        "loss": str(cfg.loss.name),
         "policy": str(cfg.policy.name_or_path),
         "hardware": str(cfg.hardware.name),
         "evaluation": str(cfg.evaluation.name),

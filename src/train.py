@@ -5,6 +5,15 @@
     -> add fresh groups to the buffer, drop over-age ones -> log
 
 Fresh-only RLOO is the same loop with rho = 0: no buffer, every weight is exactly 1.
+
+Variants are options of this same loop (SPEC 9), never a second trainer:
+
+* `loss=grpo` swaps only the update (`policy_update` dispatches to `clipped_update`: group-
+  normalised advantages, POPO's decoupled clip-higher surrogate, `loss.updates_per_step`
+  mini-batch optimizer steps); plan, draw, generate, store and log are unchanged.
+* `buffer=fifo` swaps the buffer (`FifoReplayBuffer`): the draw at step 3 returns `FifoDraw`s,
+  whose possibly trimmed groups (positive bias) train only on `draw.responses` with advantages
+  from all K rewards; `buffer.extra_updates` = R - 1 extra updates follow the main one (seed 002).
 """
 
 from __future__ import annotations
@@ -23,13 +32,17 @@ from omegaconf import DictConfig
 from src.objective import (
     clip_fraction,
     effective_sample_size,
+    batch_rows,
     importance_weights,
+    interleaved_mini_batches,
     kl_k3,
     leave_one_out_advantages,
     plan_batch,
     token_entropy,
 )
+from src.losses import clipped_surrogate, group_normalised_advantages
 from src.replay.buffer import Group, ReplayBuffer
+from src.replay.fifo import FifoReplayBuffer, use_statistics
 from src.rollout.engine import RolloutEngine, SamplingParams
 from src.task import countdown
 from src.task.sampler import PromptSampler
@@ -45,6 +58,7 @@ class TrainState:
     fresh_evaluations: int = 0            # fresh verifier calls so far (SPEC 5), counted as they happen
     fresh_groups: int = 0
     replay_groups: int = 0
+    gradient_steps: int = 0               # optimizer steps so far (grpo: updates_per_step per update; fifo extras)
     history: list[dict] = field(default_factory=list)  # per-step headline numbers for the summary
 
 
@@ -120,10 +134,15 @@ def reference_token_logprobs(reference, chunk, cached, pad_id: int, like: torch.
             computed, _, _ = response_token_stats(reference, [chunk[row] for row in missing], pad_id, with_entropy=False)
         # Rows are right-padded from position 0, so a row's positions agree whatever the batch width.
         out[missing, : computed.shape[1]] = computed.to(out.dtype)
-    for row, tokens in enumerate(cached):
+    return place_tokens(chunk, cached, out)
+
+
+def place_tokens(chunk, values, out: torch.Tensor) -> torch.Tensor:
+    """Write each row's per-response-token values (None: leave the row) at its response positions in `out`."""
+    for row, tokens in enumerate(values):
         if tokens is not None:
             start = len(chunk[row][0]) - 1  # position t predicts token t + 1
-            out[row, start : start + len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
+            out[row, start : start + len(tokens)] = torch.as_tensor(tokens, dtype=out.dtype)
     return out
 
 
@@ -141,10 +160,29 @@ class UpdateResult:
     policy_loss: float
     kl: float
     entropy: float
+    # loss=grpo: per-response log pi_prox per token (stored as the fresh groups' token log mu); else None.
+    behaviour_tokens: list[tuple[float, ...]] | None = None
+    extras: dict[str, float] = field(default_factory=dict)  # loss-specific diagnostics (grpo/*)
+    optimizer_steps: int = 1
 
 
 def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg: DictConfig,
-                  clip_ceiling: float, pad_id: int, autocast: str | None = None) -> UpdateResult:
+                  clip_ceiling: float, pad_id: int, autocast: str | None = None,
+                  loss_cfg: DictConfig | None = None, responses: list | None = None) -> UpdateResult:
+    """Update the policy on a batch of groups with the configured loss; returns per-response numbers in batch order.
+
+    `loss_cfg=None` or `loss.name == "rloo"`: one optimizer step, loss eq. 3 (below).
+    `loss.name == "grpo"`: `clipped_update`. `responses[g]` (None: all) are the response
+    indices of group g to train on; advantages always use the group's K rewards.
+    """
+    rows = batch_rows([g.size for g in groups], responses)
+    if loss_cfg is not None and loss_cfg.name == "grpo":
+        return clipped_update(policy, reference, optimizer, groups, rows, trainer_cfg, loss_cfg, pad_id, autocast)
+    return rloo_update(policy, reference, optimizer, groups, rows, trainer_cfg, clip_ceiling, pad_id, autocast)
+
+
+def rloo_update(policy, reference, optimizer, groups: list[Group], rows: list[tuple[int, int]],
+                trainer_cfg: DictConfig, clip_ceiling: float, pad_id: int, autocast: str | None) -> UpdateResult:
     """One optimizer step on the whole batch of groups, loss eq. 3, micro-batched with gradient accumulation.
 
     L = -(1/B) sum_i w_i A_i log pi(y_i|x_i) + beta_KL * KL - beta_H * H, where B is the number of
@@ -154,11 +192,12 @@ def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg
     on fp32 weights (fp32 optimizer state: bf16 weights would round lr-1e-5 updates away).
     """
     # Leave-one-out advantages within each group (eq. 1); groups always stay whole.
-    advantages = leave_one_out_advantages(torch.tensor([g.rewards for g in groups], dtype=torch.float32)).flatten()
-    sequences = [(g.prompt_ids, response) for g in groups for response in g.response_ids]
+    loo = leave_one_out_advantages(torch.tensor([g.rewards for g in groups], dtype=torch.float32))
+    advantages = loo[[g for g, _ in rows], [j for _, j in rows]]
+    sequences = [(groups[g].prompt_ids, groups[g].response_ids[j]) for g, j in rows]
     # Fresh groups have no behaviour log-probs yet: mu = pi_theta now, so their weight is exactly 1.
-    behaviour = [g.behaviour_logprobs[j] if g.behaviour_logprobs is not None else None
-                 for g in groups for j in range(g.size)]
+    behaviour = [groups[g].behaviour_logprobs[j] if groups[g].behaviour_logprobs is not None else None
+                 for g, j in rows]
     batch_size = len(sequences)
     total_tokens = sum(len(response) for _, response in sequences)
     logprobs = torch.zeros(batch_size)
@@ -169,8 +208,8 @@ def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg
     totals = defaultdict(float)
 
     # Reference log-probs stored with a replayed group (pi_ref is frozen) save its reference forward.
-    cached_reference = [g.reference_logprobs[j] if g.reference_logprobs is not None else None
-                        for g in groups for j in range(g.size)]
+    cached_reference = [groups[g].reference_logprobs[j] if groups[g].reference_logprobs is not None else None
+                        for g, j in rows]
     reference_tokens: list[tuple[float, ...]] = [()] * batch_size
 
     policy.train()
@@ -213,11 +252,124 @@ def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg
                         token_counts=token_counts, reference_tokens=reference_tokens, **totals)
 
 
+def clipped_update(policy, reference, optimizer, groups: list[Group], rows: list[tuple[int, int]],
+                   trainer_cfg: DictConfig, loss_cfg: DictConfig, pad_id: int, autocast: str | None) -> UpdateResult:
+    """loss=grpo: `loss.updates_per_step` mini-batch optimizer steps on POPO's decoupled clip-higher surrogate.
+
+    1. Group-normalised advantages from each group's K rewards (`group_normalised_advantages`).
+    2. pi_prox = the policy at the start of this update: its per-token log-probs (and pi_ref's,
+       or the stored ones) come from a no-grad forward over the same micro-batches the updates
+       use, before the first optimizer step (so the first mini-batch's ratio is exactly 1).
+    3. mu per token: a replayed group's stored `behaviour_token_logprobs`; a fresh group has
+       mu = pi_prox (behaviour weight exactly 1).
+    4. Rows go to mini-batch i mod M (`interleaved_mini_batches`). Per mini-batch:
+       L = surrogate (token-mean over the mini-batch, `clipped_surrogate`) + beta_KL * KL
+       - beta_H * H (k3 KL and exact entropy, token means over the mini-batch); micro-batch
+       terms are scaled by their share of the mini-batch's tokens, so gradient accumulation is exact.
+    """
+    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+    advantages = group_normalised_advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
+    sequences = [(groups[g].prompt_ids, groups[g].response_ids[j]) for g, j in rows]
+    cached_reference = [groups[g].reference_logprobs[j] if groups[g].reference_logprobs is not None else None
+                        for g, j in rows]
+    n = len(sequences)
+    minis = interleaved_mini_batches(n, loss_cfg.updates_per_step)
+    plans = [[[mini[k] for k in chunk] for chunk in micro_batches([sequences[i] for i in mini],
+                                                                   trainer_cfg.micro_batch_size,
+                                                                   trainer_cfg.micro_batch_tokens)]
+             for mini in minis]
+
+    # 2. pi_prox and pi_ref per response token, before any optimizer step.
+    prox: list[torch.Tensor] = [torch.empty(0)] * n
+    reference_tokens: list[tuple[float, ...]] = [()] * n
+    policy.train()
+    with torch.no_grad():
+        for index in (chunk for plan in plans for chunk in plan):
+            chunk = [sequences[i] for i in index]
+            with autocast_context(policy, autocast):
+                token_logprobs, _, mask = response_token_stats(policy, chunk, pad_id, with_entropy=False)
+                ref = reference_token_logprobs(reference, chunk, [cached_reference[i] for i in index], pad_id,
+                                               like=token_logprobs)
+            token_logprobs, ref, mask = token_logprobs.float().cpu(), ref.cpu(), mask.cpu()
+            for row, i in enumerate(index):
+                prox[i] = token_logprobs[row][mask[row]].clone()
+                reference_tokens[i] = tuple(ref[row][mask[row]].tolist())
+
+    # 3. mu per token: stored for replayed groups, pi_prox for fresh ones.
+    behaviour: list[torch.Tensor] = []
+    for i, (g, j) in enumerate(rows):
+        group = groups[g]
+        if group.behaviour_logprobs is None:
+            behaviour.append(prox[i])
+        elif group.behaviour_token_logprobs is None:
+            raise ValueError(f"a replayed group of step {group.step} has no per-token behaviour log-probs; "
+                             "loss=grpo needs them (groups stored by a loss=rloo run cannot be replayed under grpo)")
+        else:
+            behaviour.append(torch.tensor(group.behaviour_token_logprobs[j], dtype=torch.float32))
+
+    token_counts = torch.tensor([float(len(response)) for _, response in sequences])
+    kl_sums = torch.zeros(n)
+    totals, diagnostics = defaultdict(float), defaultdict(float)
+    for plan in plans:  # 4. one optimizer step per mini-batch
+        mini_tokens = sum(len(sequences[i][1]) for chunk in plan for i in chunk)
+        optimizer.zero_grad(set_to_none=True)
+        for index in plan:
+            chunk = [sequences[i] for i in index]
+            with autocast_context(policy, autocast):
+                token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True)
+            zeros = torch.zeros_like(token_logprobs, dtype=torch.float32)
+            prox_chunk = place_tokens(chunk, [prox[i] for i in index], zeros.clone())
+            behaviour_chunk = place_tokens(chunk, [behaviour[i] for i in index], zeros.clone())
+            ref_chunk = place_tokens(chunk, [reference_tokens[i] for i in index], zeros.clone())
+            mask = mask.float()
+            device = token_logprobs.device
+            surrogate, diag = clipped_surrogate(token_logprobs, prox_chunk, behaviour_chunk,
+                                                advantages[index].to(device), mask, eps_low=loss_cfg.eps_low,
+                                                eps_high=loss_cfg.eps_high, behaviour_cap=loss_cfg.behaviour_cap)
+            share = diag["n_tokens"] / mini_tokens
+            kl_tokens = kl_k3(token_logprobs, ref_chunk) * mask
+            policy_term = surrogate * share
+            kl_term = kl_tokens.sum() / mini_tokens
+            entropy_term = (entropy * mask).sum() / mini_tokens
+            loss = policy_term + trainer_cfg.kl_coef * kl_term - trainer_cfg.entropy_coef * entropy_term
+            loss.backward()
+
+            kl_sums[index] = kl_tokens.sum(-1).detach().cpu()
+            for key, value in (("loss", loss), ("policy_loss", policy_term), ("kl", kl_term),
+                               ("entropy", entropy_term)):
+                totals[key] += value.item() / len(plans)  # mean over the mini-batch updates
+            for key in ("clip_frac_low", "clip_frac_high", "ratio_mean", "behaviour_weight_mean", "behaviour_cap_frac"):
+                diagnostics[key] += diag[key] * diag["n_tokens"]
+            diagnostics["ratio_max"] = max(diagnostics["ratio_max"], diag["ratio_max"])
+            diagnostics["n_tokens"] += diag["n_tokens"]
+        if trainer_cfg.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), trainer_cfg.max_grad_norm)
+        optimizer.step()
+
+    # Per-response diagnostics: raw = sequence pi_prox/mu, weights = mean capped token weight used.
+    logprobs = torch.stack([p.sum() for p in prox])
+    raw_weights = torch.stack([(p - b).sum().exp() for p, b in zip(prox, behaviour)])
+    weights = torch.stack([(p - b).exp().clamp(max=loss_cfg.behaviour_cap).mean() if len(p) else torch.tensor(1.0)
+                           for p, b in zip(prox, behaviour)])
+    tokens = diagnostics.pop("n_tokens")
+    extras = {f"grpo/{key}": (value if key == "ratio_max" else value / tokens) for key, value in diagnostics.items()}
+    extras["grpo/updates"] = float(len(plans))
+    return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=kl_sums,
+                        token_counts=token_counts, reference_tokens=reference_tokens,
+                        behaviour_tokens=[tuple(p.tolist()) for p in prox], extras=extras,
+                        optimizer_steps=len(plans), **totals)
+
+
 # --------------------------------------------------------------------------- bookkeeping
-def step_metrics(groups: list[Group], ages: list[int], update: UpdateResult, clip_ceiling: float) -> dict[str, float]:
-    """SPEC 6 per-step diagnostics, overall and split by source (fresh/replay) and by age bucket."""
-    rewards = torch.tensor([r for g in groups for r in g.rewards])
-    response_ages = torch.tensor([age for g, age in zip(groups, ages) for _ in range(g.size)])
+def step_metrics(groups: list[Group], ages: list[int], update: UpdateResult, clip_ceiling: float,
+                 responses: list | None = None) -> dict[str, float]:
+    """SPEC 6 per-step diagnostics, overall and split by source (fresh/replay) and by age bucket.
+
+    `responses` as for `policy_update`: the trained responses of each group (None: all).
+    """
+    rows = batch_rows([g.size for g in groups], responses)
+    rewards = torch.tensor([groups[g].rewards[j] for g, j in rows])
+    response_ages = torch.tensor([ages[g] for g, _ in rows])
     metrics = {
         "train/loss": update.loss,
         "train/policy_loss": update.policy_loss,
@@ -246,6 +398,7 @@ def step_metrics(groups: list[Group], ages: list[int], update: UpdateResult, cli
             if reused.any():  # clip fraction and ESS are about reused responses only
                 metrics[f"weights/clip_fraction{suffix}"] = clip_fraction(raw[reused], clip_ceiling)
                 metrics[f"weights/ess{suffix}"] = effective_sample_size(clipped[reused])
+    metrics.update(update.extras)
     return metrics
 
 
@@ -259,7 +412,7 @@ class Components:
     tokenizer: object
     engine: RolloutEngine
     optimizer: torch.optim.Optimizer
-    buffer: ReplayBuffer | None
+    buffer: ReplayBuffer | FifoReplayBuffer | None
     sampler: PromptSampler
 
 
@@ -274,8 +427,11 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     # 3. Draw reused groups: eligible = age in [1, L], uniform without replacement. (Drawn before
     #    generating so that the fresh and gap-fill groups share one generate call; the draw does not
     #    depend on this step's fresh groups, which only enter the buffer after the update.)
+    #    buffer=fifo: any age >= 1, the buffer's sampling mode; a draw may keep only some responses.
+    fifo = isinstance(parts.buffer, FifoReplayBuffer)
     buffer_ages = parts.buffer.age_histogram(step) if parts.buffer else {}
-    replayed = parts.buffer.sample(planned_replay, step) if parts.buffer else []
+    draws = parts.buffer.sample(planned_replay, step) if parts.buffer else []
+    replayed = [draw.group for draw in draws] if fifo else draws
     gap_fill = planned_replay - len(replayed)  # too few eligible (e.g. step 0): fill with fresh groups
     drawn = time.perf_counter()
 
@@ -297,29 +453,58 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     score_done = time.perf_counter()
 
     # 4. Update: one optimizer step on fresh + reused groups (advantages eq. 1, weights eq. 2, loss eq. 3).
+    #    loss=grpo: updates_per_step mini-batch steps on the clipped surrogate instead (see policy_update).
     batch = fresh + replayed
     ages = [0] * len(fresh) + [group.age(step) for group in replayed]
+    trained = None  # every response of every group, unless a FIFO draw kept only some
+    if fifo and any(len(draw.responses) < draw.group.size for draw in draws):
+        trained = [None] * len(fresh) + [draw.responses for draw in draws]
     update = policy_update(parts.policy, parts.reference, parts.optimizer, batch, trainer,
-                           cfg.clip.ceiling, parts.tokenizer.pad_token_id, cfg.hardware.autocast)
+                           cfg.clip.ceiling, parts.tokenizer.pad_token_id, cfg.hardware.autocast,
+                           loss_cfg=cfg.loss, responses=trained)
+    state.gradient_steps += update.optimizer_steps
+    # buffer=fifo, extra_updates = R - 1 > 0 (seed 002 Algorithm 1): further updates on B groups
+    # drawn from the buffer, before this step's fresh groups are added.
+    extra_draws = []
+    if fifo and cfg.buffer.extra_updates > 0:
+        for extra_batch in parts.buffer.extra_update_batches(cfg.buffer.extra_updates + 1, trainer.groups_per_step, step):
+            if not extra_batch:
+                continue
+            extra = policy_update(parts.policy, parts.reference, parts.optimizer, [d.group for d in extra_batch],
+                                  trainer, cfg.clip.ceiling, parts.tokenizer.pad_token_id, cfg.hardware.autocast,
+                                  loss_cfg=cfg.loss, responses=[d.responses for d in extra_batch])
+            state.gradient_steps += extra.optimizer_steps
+            extra_draws += extra_batch
     parts.engine.sync_weights(parts.policy)
     train_done = time.perf_counter()
 
     # 5. After the update: store fresh groups with mu's log-probs from this step's forward pass
     #    (so they cannot be replayed in the step that sampled them), then drop over-age groups.
+    #    loss=grpo also stores mu per token (pi_prox's, from the no-grad forward before its first update).
     if parts.buffer is not None:
-        starts = itertools.accumulate((group.size for group in fresh), initial=0)  # fresh come first in the batch
+        starts = itertools.accumulate((group.size for group in fresh), initial=0)  # fresh come first, whole
+        tokens = update.behaviour_tokens
         parts.buffer.add(group.with_behaviour_logprobs(update.logprobs[start : start + group.size].tolist(),
-                                                       update.reference_tokens[start : start + group.size])
+                                                       update.reference_tokens[start : start + group.size],
+                                                       tokens[start : start + group.size] if tokens else None)
                          for group, start in zip(fresh, starts))
-        parts.buffer.evict(step)
+        if not fifo:  # the FIFO buffer drops its oldest groups in add() (capacity N)
+            parts.buffer.evict(step)
     stored = time.perf_counter()
 
     # Bookkeeping (SPEC 6).
     state.fresh_groups += len(fresh)
     state.replay_groups += len(replayed)
-    metrics = step_metrics(batch, ages, update, cfg.clip.ceiling)
+    ceiling = cfg.loss.behaviour_cap if cfg.loss.name == "grpo" else cfg.clip.ceiling
+    metrics = step_metrics(batch, ages, update, ceiling, trained)
+    if fifo:  # seed 001's off-policiness, replay count and steps-since-last-use statistics
+        metrics.update(use_statistics(draws + extra_draws).metrics())
+        metrics.update(parts.buffer.replay_counts().metrics())
+        metrics["fifo/extra_draws"] = len(extra_draws)
+        metrics["fifo/stored_rollouts"] = parts.buffer.rollouts
     metrics.update({
         "budget/fresh_evaluations": state.fresh_evaluations,
+        "budget/gradient_steps": state.gradient_steps,
         "batch/fresh_groups": len(fresh),
         "batch/replay_groups": len(replayed),
         "batch/gap_fill_groups": gap_fill,

@@ -355,10 +355,10 @@ def test_extra_update_batches_follow_algorithm_1():
     # Step 0: the buffer is empty, so no extra update is taken.
     assert buf.extra_update_batches(replay_factor=3, batch_size=2, step=0) == []
     buf.add([make_group(0, t) for t in "abc"])  # fresh batch of step 0, added after its updates
-    # Fresh update at optimizer step 3, then R - 1 = 2 extra batches at steps 4 and 5.
+    # Fresh update at RL step 3, then R - 1 = 2 extra batches, drawn at the same RL step.
     batches = buf.extra_update_batches(replay_factor=3, batch_size=2, step=3)
-    assert [[d.step for d in b] for b in batches] == [[4, 4], [5, 5]]
-    assert [[d.age for d in b] for b in batches] == [[4, 4], [5, 5]]
+    assert [[d.step for d in b] for b in batches] == [[3, 3], [3, 3]]
+    assert [[d.age for d in b] for b in batches] == [[3, 3], [3, 3]]
     assert all(len(set(prompts(b))) == 2 for b in batches)
     assert buf.extra_update_batches(replay_factor=1, batch_size=2, step=6) == []
     buf.add([make_group(6, "d")])

@@ -61,6 +61,9 @@ class Group:
     # log pi_ref per response token, also from first use: pi_ref is frozen, so a replayed group
     # needs no second reference forward pass.
     reference_logprobs: tuple[tuple[float, ...], ...] | None = None
+    # log mu per response token (loss=grpo's token-level behaviour weight pi_prox/mu); None for loss=rloo,
+    # which needs only the sequence log-prob above.
+    behaviour_token_logprobs: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         # Normalise to tuples of plain numbers so the group is immutable and serialisable.
@@ -76,6 +79,8 @@ class Group:
             setter(self, "behaviour_logprobs", _floats(self.behaviour_logprobs))
         if self.reference_logprobs is not None:
             setter(self, "reference_logprobs", tuple(_floats(tokens) for tokens in self.reference_logprobs))
+        if self.behaviour_token_logprobs is not None:
+            setter(self, "behaviour_token_logprobs", tuple(_floats(t) for t in self.behaviour_token_logprobs))
 
         # A length mismatch would silently break the leave-one-out baseline (paper B.3).
         lengths = {
@@ -87,6 +92,8 @@ class Group:
             lengths["behaviour_logprobs"] = len(self.behaviour_logprobs)
         if self.reference_logprobs is not None:
             lengths["reference_logprobs"] = len(self.reference_logprobs)
+        if self.behaviour_token_logprobs is not None:
+            lengths["behaviour_token_logprobs"] = len(self.behaviour_token_logprobs)
         if len(set(lengths.values())) != 1:
             detail = ", ".join(f"{name}={n}" for name, n in lengths.items())
             raise ValueError(
@@ -102,6 +109,10 @@ class Group:
             len(tokens) != len(ids) for tokens, ids in zip(self.reference_logprobs, self.response_ids)
         ):
             raise ValueError("reference_logprobs must hold one value per response token")
+        if self.behaviour_token_logprobs is not None and any(
+            len(tokens) != len(ids) for tokens, ids in zip(self.behaviour_token_logprobs, self.response_ids)
+        ):
+            raise ValueError("behaviour_token_logprobs must hold one value per response token")
 
     @property
     def size(self) -> int:
@@ -113,10 +124,13 @@ class Group:
         return int(step) - self.step
 
     def with_behaviour_logprobs(self, logprobs: Iterable[float],
-                                reference: Iterable[Iterable[float]] | None = None) -> "Group":
-        """Return a copy carrying log mu(y|x) (and, optionally, per-token log pi_ref), validated again."""
-        reference = tuple(_floats(tokens) for tokens in reference) if reference is not None else None
-        return dataclasses.replace(self, behaviour_logprobs=_floats(logprobs), reference_logprobs=reference)
+                                reference: Iterable[Iterable[float]] | None = None,
+                                tokens: Iterable[Iterable[float]] | None = None) -> "Group":
+        """Return a copy carrying log mu(y|x) (optionally per-token log pi_ref and log mu), validated again."""
+        reference = tuple(_floats(t) for t in reference) if reference is not None else None
+        tokens = tuple(_floats(t) for t in tokens) if tokens is not None else None
+        return dataclasses.replace(self, behaviour_logprobs=_floats(logprobs), reference_logprobs=reference,
+                                   behaviour_token_logprobs=tokens)
 
 
 class ReplayBuffer:

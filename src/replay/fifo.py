@@ -388,8 +388,9 @@ class FifoReplayBuffer:
     def extra_update_batches(self, replay_factor: int, batch_size: int, step: int) -> list[list[FifoDraw]]:
         """Seed 002's replay mode: the R - 1 extra batches after the fresh update at optimizer step `step`.
 
-        Extra batch j (1-based) is drawn for optimizer step ``step + j``, so ages and steps since
-        last use count gradient steps. Call it after the fresh update and before ``add``-ing the
+        Every extra batch is drawn at RL step ``step``: ages and steps since last use count RL
+        steps, the one clock of this framework (gradient steps are counted apart, as
+        ``budget/gradient_steps``). Call it after the fresh update and before ``add``-ing the
         fresh batch (seed 002 Algorithm 1, lines 4-10). Returns [] when nothing is eligible (the
         first step), so no extra update is taken; otherwise R - 1 batches of this buffer's mode.
         """
@@ -403,7 +404,7 @@ class FifoReplayBuffer:
             )
         if n_extra == 0 or not self._slots:
             return []
-        return [self.sample(batch_size, step + j) for j in range(1, n_extra + 1)]
+        return [self.sample(batch_size, step) for _ in range(n_extra)]
 
     # ---- statistics ----
 

@@ -1,0 +1,285 @@
+"""Variants as options of the one runner (SPEC 9): loss=grpo and buffer=fifo through `train_step`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from src.budget import plan_fresh_evaluations, planning_max_age
+from src.config import ConfigError, validate
+from src.paths import CONFIG_DIR, PROJECT_ROOT
+from src.policy.model import frozen_copy, load_policy
+from src.replay.buffer import ReplayBuffer
+from src.replay.fifo import FifoReplayBuffer
+from src.rollout.engine import HFGenerateEngine
+from src.sweep import cell_identity, cell_name
+from src.task import countdown
+from src.task.sampler import PromptSampler
+from src.train import Components, TrainState, load_checkpoint, policy_update, save_checkpoint, train_step
+from tests.test_train import group, sample_groups, small_config
+
+
+def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
+    """As tests/test_train.py, with the buffer src.run.build_components would build."""
+    torch.manual_seed(0)
+    policy, tokenizer = load_policy(str(policy_dir))
+    if cfg.buffer.name == "fifo":
+        buffer = FifoReplayBuffer(cfg.buffer.capacity, mode=cfg.buffer.mode, positive_bias=cfg.buffer.positive_bias,
+                                  seed=cfg.trainer.seed)
+    else:
+        buffer = ReplayBuffer(cfg.buffer.max_age, seed=cfg.trainer.seed) if cfg.buffer.ratio > 0 else None
+    return Components(
+        policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=HFGenerateEngine(policy, tokenizer),
+        optimizer=torch.optim.AdamW(policy.parameters(), lr=learning_rate or cfg.trainer.learning_rate),
+        buffer=buffer, sampler=PromptSampler(countdown.generate_instances(64, seed=1), seed=cfg.trainer.seed),
+    )
+
+
+# --------------------------------------------------------------------------- config
+@pytest.mark.parametrize("overrides", [
+    ["loss=rloo"], ["loss=grpo"], ["buffer=fifo"], ["loss=grpo", "buffer=age1"], ["loss=grpo", "buffer=fifo"],
+    ["buffer=fifo", "buffer.positive_bias=0.5"], ["buffer=fifo", "buffer.extra_updates=1"],
+    ["buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=1"],
+    ["buffer=fifo", "buffer.mode=without_replacement"], ["buffer=fifo", "buffer.mode=at_least_once"],
+])
+def test_every_variant_option_composes_and_validates(compose_config, overrides):
+    validate(compose_config(*overrides, hydra=True))
+
+
+def test_the_default_loss_is_rloo_and_leaves_cell_ids_and_names_unchanged(compose_config):
+    """Finished cells in the tracking store keep their ids, so the sweeper still skips them."""
+    for overrides in ([], ["buffer=age2", "clip=tight"], ["buffer=age1", "buffer.ratio=0.5"]):
+        cfg = compose_config(*overrides)
+        assert cfg.loss.name == "rloo"
+        as_before = OmegaConf.create(OmegaConf.to_container(cfg))  # the config before the loss group existed
+        del as_before["loss"]
+        assert cell_identity(as_before) == cell_identity(cfg)
+    assert cell_name(compose_config("buffer=age2", "clip=tight")) == "rho1-L2-c1" and cell_name(compose_config()) == "rho0"
+
+
+def test_variant_cells_are_distinct(compose_config):
+    cells = [compose_config(*o) for o in (
+        [], ["loss=grpo"], ["buffer=age1", "clip=tight"], ["buffer=age1", "loss=grpo"], ["buffer=fifo"],
+        ["buffer=fifo", "buffer.positive_bias=0.5"], ["buffer=fifo", "buffer.extra_updates=1"])]
+    assert len({cell_identity(c) for c in cells}) == len(cells)
+    assert len({cell_name(c) for c in cells}) == len(cells)
+    # grpo does not read clip.ceiling: changing it does not make a new cell
+    assert cell_identity(compose_config("loss=grpo", "clip=tight")) == cell_identity(compose_config("loss=grpo"))
+
+
+def test_every_new_yaml_knob_is_read_by_the_code():
+    source = "\n".join(path.read_text() for path in (PROJECT_ROOT / "src").rglob("*.py"))
+    for path in [*(CONFIG_DIR / "loss").glob("*.yaml"), CONFIG_DIR / "buffer" / "fifo.yaml"]:
+        for key in OmegaConf.load(path):
+            assert key == "name" or f".{key}" in source, f"{path.name}: {key} is read by no code"
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["loss.name=ppo"], ["ppo", "grpo"]),
+    (["loss=grpo", "loss.eps_low=1.0"], ["eps_low=1.0", "0 <= eps_low < 1"]),
+    (["loss=grpo", "loss.eps_low=-0.1"], ["eps_low=-0.1"]),
+    (["loss=grpo", "loss.eps_high=-0.5"], ["eps_high=-0.5", ">= 0"]),
+    (["loss=grpo", "loss.behaviour_cap=0"], ["behaviour_cap=0", "> 0"]),
+    (["loss=grpo", "loss.updates_per_step=0"], ["updates_per_step=0", ">= 1"]),
+    (["loss=grpo", "loss.updates_per_step=1.5"], ["updates_per_step=1.5", "integer"]),
+    (["buffer=fifo", "buffer.mode=lifo"], ["lifo", "with_replacement"]),
+    (["buffer=fifo", "buffer.positive_bias=1.0"], ["delta=1.0", "0 <= delta < 1"]),
+    (["buffer=fifo", "buffer.positive_bias=-0.1"], ["delta=-0.1"]),
+    (["buffer=fifo", "buffer.capacity=0"], ["capacity=0", "at least 1"]),
+    (["buffer=fifo", "buffer.extra_updates=-1"], ["extra_updates=-1", ">= 0"]),
+    (["buffer=fifo", "buffer.max_age=2"], ["max_age=2", "no age window"]),
+    (["buffer=fifo", "buffer.ratio=0"], ["rho=0", "extra_updates"]),
+    (["buffer=fifo", "buffer.mode=without_replacement", "buffer.capacity=4"], ["N=4", "B_replay=16"]),
+])
+def test_invalid_variant_configs_are_refused_with_the_value_and_the_fix(compose_config, overrides, words):
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config(*overrides))
+    for word in words:
+        assert word in str(error.value)
+
+
+# --------------------------------------------------------------------------- loss=grpo
+def test_grpo_update_raises_the_log_prob_of_the_rewarded_response(random_policy_dir, compose_config):
+    cfg = small_config(compose_config, "loss=grpo", "loss.updates_per_step=1", "trainer.kl_coef=0",
+                       "trainer.entropy_coef=0")
+    parts = make_parts(random_policy_dir, cfg)
+    parts.optimizer = torch.optim.SGD(parts.policy.parameters(), lr=0.01)
+    groups = [group(parts.tokenizer, [" 1 + 2 + 3", " 9 9 9"], [1.0, 0.0])]
+    update = lambda: policy_update(parts.policy, parts.reference, parts.optimizer, groups, cfg.trainer, 1.0, 0,
+                                   loss_cfg=cfg.loss)
+    before, after = update().logprobs, update().logprobs
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_grpo_single_update_on_fresh_groups_has_ratio_one_and_clips_nothing(random_policy_dir, compose_config):
+    cfg = small_config(compose_config, "loss=grpo", "loss.updates_per_step=1")
+    parts = make_parts(random_policy_dir, cfg)
+    groups = [dataclasses.replace(g, behaviour_logprobs=None) for g in sample_groups(parts.tokenizer)]  # all fresh
+    result = policy_update(parts.policy, parts.reference, parts.optimizer, groups, cfg.trainer, 1.0, 0,
+                           loss_cfg=cfg.loss)
+    assert result.extras["grpo/ratio_mean"] == 1.0 and result.extras["grpo/ratio_max"] == 1.0
+    assert result.extras["grpo/clip_frac_low"] == 0.0 and result.extras["grpo/clip_frac_high"] == 0.0
+    assert result.extras["grpo/behaviour_weight_mean"] == 1.0 and result.weights.tolist() == [1.0] * 6
+    assert result.optimizer_steps == 1
+    assert [len(t) for t in result.behaviour_tokens] == [len(r) for g in groups for r in g.response_ids]
+    torch.testing.assert_close(result.logprobs, torch.tensor([sum(t) for t in result.behaviour_tokens]))
+
+
+def test_grpo_micro_batching_gives_the_same_gradients(random_policy_dir, compose_config):
+    grads = []
+    for micro in (100, 2):
+        cfg = small_config(compose_config, "loss=grpo", "loss.updates_per_step=1", f"trainer.micro_batch_size={micro}")
+        parts = make_parts(random_policy_dir, cfg)
+        parts.optimizer = torch.optim.SGD(parts.policy.parameters(), lr=0.0)
+        groups = [dataclasses.replace(g, behaviour_logprobs=None) for g in sample_groups(parts.tokenizer)]
+        result = policy_update(parts.policy, parts.reference, parts.optimizer, groups, cfg.trainer, 1.0, 0,
+                               loss_cfg=cfg.loss)
+        grads.append(([p.grad.clone() for p in parts.policy.parameters()], result.loss))
+    assert grads[0][1] == pytest.approx(grads[1][1], rel=1e-5, abs=1e-7)
+    for a, b in zip(grads[0][0], grads[1][0]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_grpo_takes_updates_per_step_optimizer_steps_and_caps_the_behaviour_weight(random_policy_dir,
+                                                                                     compose_config):
+    cfg = small_config(compose_config, "loss=grpo", "loss.updates_per_step=3")
+    parts = make_parts(random_policy_dir, cfg)
+    groups = sample_groups(parts.tokenizer)
+    # the replayed group's mu per token: very unlikely tokens, so pi_prox/mu is far above the cap
+    tokens = [tuple([-20.0] * len(ids)) for ids in groups[1].response_ids]
+    groups[1] = dataclasses.replace(groups[1], behaviour_token_logprobs=tokens)
+    result = policy_update(parts.policy, parts.reference, parts.optimizer, groups, cfg.trainer, 1.0, 0,
+                           loss_cfg=cfg.loss)
+    assert result.optimizer_steps == 3 and result.extras["grpo/updates"] == 3.0
+    assert result.weights[:3].tolist() == [1.0] * 3
+    assert result.weights[3:].tolist() == pytest.approx([2.0] * 3)  # capped at behaviour_cap
+    assert result.extras["grpo/behaviour_cap_frac"] > 0
+
+
+# --------------------------------------------------------------------------- the loop
+@pytest.mark.parametrize("loss,buffer,ratio", [("grpo", "none", 0), ("grpo", "age1", 1), ("grpo", "fifo", 1),
+                                               ("rloo", "fifo", 1)])
+def test_variants_run_the_step_and_count_fresh_evaluations_as_planned(random_policy_dir, compose_config, loss,
+                                                                      buffer, ratio):
+    cfg = small_config(compose_config, f"loss={loss}", f"buffer={buffer}", f"buffer.ratio={ratio}",
+                       "trainer.steps=3", "trainer.groups_per_step=6", "loss.updates_per_step=2" if loss == "grpo"
+                       else "trainer.seed=0")
+    validate(cfg)
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    metrics = [train_step(cfg, parts, state) for _ in range(cfg.trainer.steps)]
+    plan = plan_fresh_evaluations(6, 2, 3, ratio, planning_max_age(cfg.buffer, cfg.trainer.steps))
+    assert state.fresh_evaluations == plan.fresh_evaluations
+    assert tuple(m["batch/replay_groups"] for m in metrics) == plan.replay_groups_per_step
+    per_update = 2 if loss == "grpo" else 1
+    assert [m["budget/gradient_steps"] for m in metrics] == [per_update, 2 * per_update, 3 * per_update]
+    if loss == "grpo":
+        assert all("grpo/ratio_mean" in m for m in metrics)
+        if parts.buffer is not None:
+            assert all(g.behaviour_token_logprobs is not None for g in parts.buffer.groups)
+    if buffer == "fifo":
+        assert metrics[-1]["fifo/age_at_use_mean"] >= 1 and metrics[-1]["fifo/replay_count_max"] >= 1
+        assert metrics[-1]["fifo/draws"] == plan.replay_groups_per_step[-1]
+
+
+@pytest.mark.parametrize("loss", ["rloo", "grpo"])
+def test_a_partial_group_trains_only_its_kept_responses_with_advantages_from_all_k(random_policy_dir,
+                                                                                   compose_config, loss):
+    cfg = small_config(compose_config, f"loss={loss}", "loss.updates_per_step=1" if loss == "grpo" else "clip=loose")
+    parts = make_parts(random_policy_dir, cfg)
+    parts.optimizer = torch.optim.SGD(parts.policy.parameters(), lr=0.0)
+    groups = sample_groups(parts.tokenizer)
+    if loss == "grpo":  # a replayed group needs mu per token; make it equal pi (weight 1) for a clean check
+        groups = [dataclasses.replace(g, behaviour_logprobs=None) for g in groups]
+    full = policy_update(parts.policy, parts.reference, parts.optimizer, groups, cfg.trainer, 3.0, 0,
+                         loss_cfg=cfg.loss)
+    part = policy_update(parts.policy, parts.reference, parts.optimizer, groups, cfg.trainer, 3.0, 0,
+                         loss_cfg=cfg.loss, responses=[None, (0, 2)])
+    kept = [0, 1, 2, 3, 5]
+    torch.testing.assert_close(part.logprobs, full.logprobs[kept])
+    torch.testing.assert_close(part.weights, full.weights[kept])
+    rewards = torch.tensor([g.rewards for g in groups])
+    if loss == "rloo":  # eq. 3 over the kept responses, A from all K rewards of each group
+        from src.objective import leave_one_out_advantages
+        advantages = leave_one_out_advantages(rewards).flatten()[kept]
+        expected = -(full.weights[kept] * advantages * full.logprobs[kept]).sum().item() / len(kept)
+    else:  # ratio 1, weight 1: -(token-mean of A), A group-normalised from all K rewards
+        from src.losses import group_normalised_advantages
+        advantages = group_normalised_advantages(rewards).flatten()[kept]
+        counts = full.token_counts[kept]
+        expected = -(advantages * counts).sum().item() / counts.sum().item()
+    assert part.policy_loss == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+def test_train_step_passes_a_trimmed_fifo_draw_as_its_kept_responses(random_policy_dir, compose_config,
+                                                                      monkeypatch):
+    import src.train
+
+    cfg = small_config(compose_config, "buffer=fifo", "buffer.mode=without_replacement", "trainer.steps=2")
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    train_step(cfg, parts, state)
+    for slot in parts.buffer._slots:  # as positive bias leaves an old group: one response kept
+        slot.responses = (1,)
+    seen = []
+    real = src.train.policy_update
+    monkeypatch.setattr(src.train, "policy_update",
+                        lambda *a, **k: seen.append((a[3], k["responses"])) or real(*a, **k))
+    metrics = train_step(cfg, parts, state)
+    (batch, responses), = seen
+    assert responses == [None, None, (1,), (1,)]  # 2 fresh groups whole, 2 replayed trimmed
+    assert metrics["batch/replay_groups"] == 2 and all(g.step == 0 for g in batch[2:])
+    replayed_rewards = [g.rewards[1] for g in batch[2:]]
+    assert metrics["train/reward/replay"] == pytest.approx(sum(replayed_rewards) / 2)
+
+
+def test_fifo_extra_updates_add_gradient_steps(random_policy_dir, compose_config):
+    cfg = small_config(compose_config, "buffer=fifo", "buffer.extra_updates=1", "trainer.steps=3")
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    metrics = [train_step(cfg, parts, state) for _ in range(3)]
+    # step 0: empty buffer, no extra update; then 1 main + 1 extra per step
+    assert [m["budget/gradient_steps"] for m in metrics] == [1, 3, 5]
+    assert [m["fifo/extra_draws"] for m in metrics] == [0, 4, 4]  # extra batches of B = 4 groups
+    cfg0 = small_config(compose_config, "buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=2", "trainer.steps=2")
+    parts0, state0 = make_parts(random_policy_dir, cfg0), TrainState()
+    metrics0 = [train_step(cfg0, parts0, state0) for _ in range(2)]
+    assert [m["budget/gradient_steps"] for m in metrics0] == [1, 4]  # seed 002: all-fresh batch, then R-1 = 2 more
+    assert [m["batch/replay_groups"] for m in metrics0] == [0, 0]
+
+
+@pytest.mark.parametrize("overrides", [["buffer=fifo", "buffer.extra_updates=1"],
+                                       ["buffer=fifo", "loss=grpo", "loss.updates_per_step=2",
+                                        "buffer.positive_bias=0.5"]])
+def test_resuming_a_fifo_run_from_a_checkpoint_continues_exactly(random_policy_dir, compose_config, tmp_path,
+                                                                 overrides):
+    cfg = small_config(compose_config, *overrides, "trainer.steps=4")
+    keys = ("train/reward", "train/loss", "batch/replay_groups", "weights/raw_mean", "budget/fresh_evaluations",
+            "budget/gradient_steps", "fifo/age_at_use_mean", "fifo/replay_count_mean", "fifo/stored_rollouts")
+
+    straight_parts, straight_state = make_parts(random_policy_dir, cfg, learning_rate=1e-2), TrainState()
+    straight = [train_step(cfg, straight_parts, straight_state) for _ in range(4)]
+
+    first_parts, first_state = make_parts(random_policy_dir, cfg, learning_rate=1e-2), TrainState()
+    for _ in range(2):
+        train_step(cfg, first_parts, first_state)
+    save_checkpoint(tmp_path / "checkpoint.pt", first_parts, first_state, run_id="run-1")
+
+    resumed_parts = make_parts(random_policy_dir, cfg, learning_rate=1e-2)
+    resumed_state, run_id = load_checkpoint(tmp_path / "checkpoint.pt", resumed_parts)
+    assert (run_id, resumed_state.step, len(resumed_parts.buffer)) == ("run-1", 2, len(first_parts.buffer))
+    resumed = [train_step(cfg, resumed_parts, resumed_state) for _ in range(2)]
+    for expected, actual in zip(straight[2:], resumed):
+        for key in keys:
+            assert key in expected, key
+            assert expected[key] == pytest.approx(actual[key], rel=1e-5), key
+
+
+def test_the_variants_study_has_seven_distinct_cells_sharing_the_baseline_ones():
+    from src.sweep import CellRuns, plan_cells
+    from tests.test_sweep import study_jobs
+
+    planned = plan_cells(study_jobs("variants"), CellRuns({}, {}))
+    assert len(planned) == 7 and len({cell.cell_id for cell in planned}) == 7
+    shared = {cell.cell_id for cell in plan_cells(study_jobs("baseline") + study_jobs("age"), CellRuns({}, {}))}
+    assert {cell.cell for cell in planned if cell.cell_id in shared} == {"rho0", "rho1-L1-c1"}
