@@ -214,14 +214,13 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict:
         """Plain-data snapshot: config, groups, RNG state and counters."""
-        version, internal, gauss_next = self._rng.getstate()
         return {
             "version": _STATE_VERSION,
             "max_age": self.max_age,
             "capacity": self.capacity,
             "seed": self.seed,
             "groups": [dataclasses.asdict(g) for g in self._groups],
-            "rng_state": [version, list(internal), gauss_next],
+            "rng_state": rng_state(self._rng),
             "counters": {
                 "capacity_drops": self.capacity_drops,
                 "evicted": self.evicted,
@@ -243,8 +242,7 @@ class ReplayBuffer:
         self.capacity = int(state["capacity"])
         self.seed = int(state["seed"])
         self._groups = [Group(**g) for g in state["groups"]]
-        version, internal, gauss_next = state["rng_state"]
-        self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
+        restore_rng(self._rng, state["rng_state"])
         counters = state["counters"]
         self.capacity_drops = int(counters["capacity_drops"])
         self.evicted = int(counters["evicted"])
@@ -252,21 +250,7 @@ class ReplayBuffer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the state as JSON atomically (temp file in the same directory, then os.replace)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.state_dict(), f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        write_json_atomic(path, self.state_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ReplayBuffer":
@@ -276,3 +260,34 @@ class ReplayBuffer:
         buf = cls(max_age=state["max_age"], capacity=state["capacity"], seed=state["seed"])
         buf.load_state_dict(state)
         return buf
+
+
+def rng_state(rng: random.Random) -> list:
+    """A random.Random's state as plain JSON data."""
+    version, internal, gauss_next = rng.getstate()
+    return [version, list(internal), gauss_next]
+
+
+def restore_rng(rng: random.Random, state: list) -> None:
+    """Inverse of `rng_state`."""
+    version, internal, gauss_next = state
+    rng.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
+
+
+def write_json_atomic(path: str | os.PathLike, state: dict) -> None:
+    """Write `state` as JSON to `path` atomically, so a crash never leaves a half-written checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

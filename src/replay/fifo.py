@@ -72,12 +72,10 @@ import dataclasses
 import json
 import os
 import random
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Sequence
 
-from src.replay.buffer import Group
+from src.replay.buffer import Group, restore_rng, rng_state, write_json_atomic
 from src.task.countdown import REWARD_CORRECT
 
 _STATE_VERSION = 1
@@ -429,7 +427,6 @@ class FifoReplayBuffer:
 
     def state_dict(self) -> dict:
         """Plain-data snapshot: config, stored groups with their use records, RNG state and counters."""
-        version, internal, gauss_next = self._rng.getstate()
         return {
             "version": _STATE_VERSION,
             "capacity": self.capacity,
@@ -445,7 +442,7 @@ class FifoReplayBuffer:
             ],
             "next_uid": self._next_uid,
             "retired_uses": sorted([u, n] for u, n in self._retired_uses.items()),  # pairs: JSON keys are strings
-            "rng_state": [version, list(internal), gauss_next],
+            "rng_state": rng_state(self._rng),
             "counters": {"added": self.added, "dropped": self.dropped, "dropped_rollouts": self.dropped_rollouts},
         }
 
@@ -472,8 +469,7 @@ class FifoReplayBuffer:
         ]
         self._next_uid = int(state["next_uid"])
         self._retired_uses = {int(u): int(n) for u, n in state["retired_uses"]}
-        version, internal, gauss_next = state["rng_state"]
-        self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
+        restore_rng(self._rng, state["rng_state"])
         counters = state["counters"]
         self.added = int(counters["added"])
         self.dropped = int(counters["dropped"])
@@ -494,20 +490,3 @@ class FifoReplayBuffer:
         return buf
 
 
-def write_json_atomic(path: str | os.PathLike, state: dict) -> None:
-    """Write `state` as JSON to `path` atomically, so a crash never leaves a half-written checkpoint."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise

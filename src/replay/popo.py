@@ -39,8 +39,8 @@ import random
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from src.replay.buffer import Group
-from src.replay.fifo import check_int, write_json_atomic
+from src.replay.buffer import Group, restore_rng, rng_state, write_json_atomic
+from src.replay.fifo import check_int
 
 _STATE_VERSION = 1
 
@@ -132,14 +132,13 @@ class EffectiveGroupMemory:
 
     def state_dict(self) -> dict:
         """Plain-data snapshot: config, groups, RNG state and counters."""
-        version, internal, gauss_next = self._rng.getstate()
         return {
             "version": _STATE_VERSION,
             "capacity": self.capacity,
             "effective_only": self.effective_only,
             "seed": self.seed,
             "groups": [dataclasses.asdict(g) for g in self._groups],
-            "rng_state": [version, list(internal), gauss_next],
+            "rng_state": rng_state(self._rng),
             "counters": {"added": self.added, "rejected": self.rejected, "dropped": self.dropped},
         }
 
@@ -157,8 +156,7 @@ class EffectiveGroupMemory:
                 )
         self.seed = int(state["seed"])
         self._groups = [Group(**g) for g in state["groups"]]
-        version, internal, gauss_next = state["rng_state"]
-        self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
+        restore_rng(self._rng, state["rng_state"])
         counters = state["counters"]
         self.added = int(counters["added"])
         self.rejected = int(counters["rejected"])
