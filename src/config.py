@@ -47,6 +47,8 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _validate_loss(cfg.loss)
     if buffer.name == "fifo":
         _validate_fifo(buffer, trainer.groups_per_step - fresh_groups)
+    elif buffer.name == "popo":
+        _validate_popo(buffer)
     elif buffer.ratio > 0:
         _check(buffer.max_age >= 1,
                f"buffer.ratio rho={buffer.ratio} needs a replay age: buffer.max_age L={buffer.max_age}; "
@@ -56,7 +58,8 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
            "(about L * B_fresh) cannot meet the replay demand (rho * B_fresh), so the planned budget is "
            f"unreachable. Use rho <= {buffer.max_age}, a larger L (buffer=age2/age3), or "
            "buffer.allow_infeasible=true to run anyway with gap fill logged")
-    _check(buffer.capacity >= 1, f"buffer.capacity={buffer.capacity}: must be at least 1 (default 4096)")
+    _check(buffer.get("capacity", 1) >= 1,  # buffer=popo sizes its memory from B instead
+           f"buffer.capacity={buffer.get('capacity')}: must be at least 1 (default 4096)")
     _check(clip.ceiling > 0,
            f"clip.ceiling c={clip.ceiling}: the importance-weight ceiling must be > 0 (clip=tight/mid/loose: 1/3/10)")
     _check(trainer.learning_rate > 0, f"trainer.learning_rate={trainer.learning_rate}: must be > 0")
@@ -106,6 +109,18 @@ def _validate_loss(loss: DictConfig) -> None:
     steps = loss.updates_per_step
     _check(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
            f"loss.updates_per_step={steps}: mini-batch optimizer steps per RL step, an integer >= 1 (e.g. 4)")
+
+
+def _validate_popo(buffer: DictConfig) -> None:
+    _check(buffer.variant in ("popo", "popo-stale"),
+           f"buffer.variant='{buffer.variant}': choose popo or popo-stale (popo-ineff is not wired into the trainer "
+           "yet: its memory also stores ineffective groups, whose behaviour log-probs the update never computes)")
+    _check(isinstance(buffer.stale_factor, int) and buffer.stale_factor >= 1
+           and (buffer.stale_factor == 1 or buffer.variant == "popo-stale"),
+           f"buffer.stale_factor={buffer.stale_factor}: an integer >= 1, above 1 only with buffer.variant=popo-stale")
+    _check(buffer.ratio == 0 and buffer.max_age == 0,
+           f"buffer=popo with buffer.ratio={buffer.ratio}, buffer.max_age={buffer.max_age}: POPO samples all B groups "
+           "online and refills only what it drops; leave ratio=0 and max_age=0")
 
 
 def _validate_fifo(buffer: DictConfig, replay_groups: int) -> None:

@@ -27,6 +27,7 @@ from src.evaluate import evaluate_policy
 from src.policy.model import frozen_copy, load_policy
 from src.replay.buffer import ReplayBuffer
 from src.replay.fifo import FifoReplayBuffer
+from src.replay.popo import make_memory
 from src.sweep import cell_identity, cell_name, cell_runs, slurm_job_key
 from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
@@ -54,6 +55,8 @@ def build_components(cfg: DictConfig, train_set) -> Components:
     if cfg.buffer.name == "fifo":  # also at rho = 0: seed 002's extra updates replay from it
         buffer = FifoReplayBuffer(capacity=cfg.buffer.capacity, mode=cfg.buffer.mode,
                                   positive_bias=cfg.buffer.positive_bias, seed=trainer.seed)
+    elif cfg.buffer.name == "popo":  # the memory of effective groups (capacity B, or n x B for popo-stale)
+        buffer = make_memory(cfg.buffer.variant, trainer.groups_per_step, cfg.buffer.stale_factor, seed=trainer.seed)
     elif cfg.buffer.ratio > 0:
         buffer = ReplayBuffer(max_age=cfg.buffer.max_age, capacity=cfg.buffer.capacity, seed=trainer.seed)
     return Components(

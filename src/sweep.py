@@ -44,6 +44,9 @@ def cell_name(cfg: DictConfig) -> str:
                  (f"-R{buffer.extra_updates + 1}" if buffer.extra_updates else "")
         return (f"fifo-rho{buffer.ratio:g}-N{buffer.capacity}-{buffer.mode}{extras}"
                 f"{'' if loss else f'-c{cfg.clip.ceiling:g}'}{loss}")
+    if buffer.name == "popo":  # e.g. popo-grpo, popo-stale2-c1
+        stale = f"{buffer.stale_factor}" if buffer.variant == "popo-stale" else ""
+        return f"{buffer.variant}{stale}" + (loss or f"-c{cfg.clip.ceiling:g}")
     if buffer.ratio == 0:
         return "rho0" + loss
     return f"rho{buffer.ratio:g}-L{buffer.max_age}" + (loss or f"-c{cfg.clip.ceiling:g}")
@@ -54,7 +57,7 @@ def cell_identity(cfg: DictConfig) -> str:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for key in LAUNCH_ONLY:
         _drop(resolved, key)
-    if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] != "fifo":  # fresh-only: every weight 1
+    if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] not in ("fifo", "popo"):  # fresh-only
         resolved.pop("buffer")
         resolved.pop("clip")
     if resolved.pop("loss", {"name": "rloo"})["name"] != "rloo":  # rloo, the default: cells keep their old id

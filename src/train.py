@@ -43,6 +43,7 @@ from src.objective import (
 from src.losses import clipped_surrogate, group_normalised_advantages
 from src.replay.buffer import Group, ReplayBuffer
 from src.replay.fifo import FifoReplayBuffer, use_statistics
+from src.replay.popo import EffectiveGroupMemory, compose_batch
 from src.rollout.engine import RolloutEngine, SamplingParams
 from src.task import countdown
 from src.task.sampler import PromptSampler
@@ -428,9 +429,11 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     #    generating so that the fresh and gap-fill groups share one generate call; the draw does not
     #    depend on this step's fresh groups, which only enter the buffer after the update.)
     #    buffer=fifo: any age >= 1, the buffer's sampling mode; a draw may keep only some responses.
+    #    buffer=popo draws after scoring instead: its refill depends on this step's online groups.
     fifo = isinstance(parts.buffer, FifoReplayBuffer)
-    buffer_ages = parts.buffer.age_histogram(step) if parts.buffer else {}
-    draws = parts.buffer.sample(planned_replay, step) if parts.buffer else []
+    popo = isinstance(parts.buffer, EffectiveGroupMemory)
+    buffer_ages = parts.buffer.age_histogram(step) if parts.buffer and not popo else {}
+    draws = parts.buffer.sample(planned_replay, step) if parts.buffer and not popo else []
     replayed = [draw.group for draw in draws] if fifo else draws
     gap_fill = planned_replay - len(replayed)  # too few eligible (e.g. step 0): fill with fresh groups
     drawn = time.perf_counter()
@@ -452,17 +455,26 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     state.fresh_evaluations += sum(group.size for group in fresh)  # one verifier call per fresh response
     score_done = time.perf_counter()
 
+    # buffer=popo (seed 003): drop the ineffective online groups (all rewards equal: no advantage),
+    # refill the batch with the most recent effective groups of earlier steps.
+    online, composed = fresh, None
+    if popo:
+        composed = compose_batch(fresh, parts.buffer, trainer.groups_per_step, cfg.buffer.variant, step=step)
+        online, replayed = list(composed.online), list(composed.replayed)
+
     # 4. Update: one optimizer step on fresh + reused groups (advantages eq. 1, weights eq. 2, loss eq. 3).
     #    loss=grpo: updates_per_step mini-batch steps on the clipped surrogate instead (see policy_update).
-    batch = fresh + replayed
-    ages = [0] * len(fresh) + [group.age(step) for group in replayed]
+    batch = online + replayed
+    ages = [0] * len(online) + [group.age(step) for group in replayed]
     trained = None  # every response of every group, unless a FIFO draw kept only some
     if fifo and any(len(draw.responses) < draw.group.size for draw in draws):
-        trained = [None] * len(fresh) + [draw.responses for draw in draws]
-    update = policy_update(parts.policy, parts.reference, parts.optimizer, batch, trainer,
-                           cfg.clip.ceiling, parts.tokenizer.pad_token_id, cfg.hardware.autocast,
-                           loss_cfg=cfg.loss, responses=trained)
-    state.gradient_steps += update.optimizer_steps
+        trained = [None] * len(online) + [draw.responses for draw in draws]
+    update = None  # POPO can meet a step with nothing to learn from (every group ineffective, memory empty)
+    if batch:
+        update = policy_update(parts.policy, parts.reference, parts.optimizer, batch, trainer,
+                               cfg.clip.ceiling, parts.tokenizer.pad_token_id, cfg.hardware.autocast,
+                               loss_cfg=cfg.loss, responses=trained)
+        state.gradient_steps += update.optimizer_steps
     # buffer=fifo, extra_updates = R - 1 > 0 (seed 002 Algorithm 1): further updates on B groups
     # drawn from the buffer, before this step's fresh groups are added.
     extra_draws = []
@@ -481,22 +493,29 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     # 5. After the update: store fresh groups with mu's log-probs from this step's forward pass
     #    (so they cannot be replayed in the step that sampled them), then drop over-age groups.
     #    loss=grpo also stores mu per token (pi_prox's, from the no-grad forward before its first update).
-    if parts.buffer is not None:
-        starts = itertools.accumulate((group.size for group in fresh), initial=0)  # fresh come first, whole
+    #    buffer=popo stores the online groups it trained on (the effective ones).
+    if parts.buffer is not None and update is not None:
+        starts = itertools.accumulate((group.size for group in online), initial=0)  # online come first, whole
         tokens = update.behaviour_tokens
         parts.buffer.add(group.with_behaviour_logprobs(update.logprobs[start : start + group.size].tolist(),
                                                        update.reference_tokens[start : start + group.size],
                                                        tokens[start : start + group.size] if tokens else None)
-                         for group, start in zip(fresh, starts))
-        if not fifo:  # the FIFO buffer drops its oldest groups in add() (capacity N)
-            parts.buffer.evict(step)
+                         for group, start in zip(online, starts))
+    if parts.buffer is not None and not (fifo or popo):  # FIFO and POPO memories drop their oldest in add()
+        parts.buffer.evict(step)
     stored = time.perf_counter()
 
     # Bookkeeping (SPEC 6).
     state.fresh_groups += len(fresh)
     state.replay_groups += len(replayed)
     ceiling = cfg.loss.behaviour_cap if cfg.loss.name == "grpo" else cfg.clip.ceiling
-    metrics = step_metrics(batch, ages, update, ceiling, trained)
+    if update is not None:
+        metrics = step_metrics(batch, ages, update, ceiling, trained)
+    else:  # nothing trained this step: the sampled rewards still show where the policy is
+        rewards = torch.tensor([r for group in fresh for r in group.rewards])
+        metrics = {"train/reward": rewards.mean().item(), "train/correct_fraction": (rewards == 1.0).float().mean().item()}
+    if popo:  # seed 003's effective-sample ratio and on-policy share
+        metrics.update(composed.metrics())
     if fifo:  # seed 001's off-policiness, replay count and steps-since-last-use statistics
         metrics.update(use_statistics(draws + extra_draws).metrics())
         metrics.update(parts.buffer.replay_counts().metrics())

@@ -14,6 +14,7 @@ from src.paths import CONFIG_DIR, PROJECT_ROOT
 from src.policy.model import frozen_copy, load_policy
 from src.replay.buffer import ReplayBuffer
 from src.replay.fifo import FifoReplayBuffer
+from src.replay.popo import is_effective, make_memory
 from src.rollout.engine import HFGenerateEngine
 from src.sweep import cell_identity, cell_name
 from src.task import countdown
@@ -29,6 +30,9 @@ def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
     if cfg.buffer.name == "fifo":
         buffer = FifoReplayBuffer(cfg.buffer.capacity, mode=cfg.buffer.mode, positive_bias=cfg.buffer.positive_bias,
                                   seed=cfg.trainer.seed)
+    elif cfg.buffer.name == "popo":
+        buffer = make_memory(cfg.buffer.variant, cfg.trainer.groups_per_step, cfg.buffer.stale_factor,
+                             seed=cfg.trainer.seed)
     else:
         buffer = ReplayBuffer(cfg.buffer.max_age, seed=cfg.trainer.seed) if cfg.buffer.ratio > 0 else None
     return Components(
@@ -275,11 +279,58 @@ def test_resuming_a_fifo_run_from_a_checkpoint_continues_exactly(random_policy_d
             assert expected[key] == pytest.approx(actual[key], rel=1e-5), key
 
 
-def test_the_variants_study_has_seven_distinct_cells_sharing_the_baseline_ones():
+def test_the_variants_study_has_eight_distinct_cells_sharing_the_baseline_ones():
     from src.sweep import CellRuns, plan_cells
     from tests.test_sweep import study_jobs
 
     planned = plan_cells(study_jobs("variants"), CellRuns({}, {}))
-    assert len(planned) == 7 and len({cell.cell_id for cell in planned}) == 7
+    assert len(planned) == 8 and len({cell.cell_id for cell in planned}) == 8
+    assert "popo-grpo" in {cell.cell for cell in planned}
     shared = {cell.cell_id for cell in plan_cells(study_jobs("baseline") + study_jobs("age"), CellRuns({}, {}))}
     assert {cell.cell for cell in planned if cell.cell_id in shared} == {"rho0", "rho1-L1-c1"}
+
+
+# --------------------------------------------------------------------------- POPO (seed 003)
+@pytest.mark.parametrize("overrides, words", [
+    (["buffer=popo", "buffer.variant=popo-ineff"], ["popo-ineff", "not wired"]),
+    (["buffer=popo", "buffer.stale_factor=2"], ["stale_factor=2", "popo-stale"]),
+    (["buffer=popo", "buffer.ratio=1"], ["ratio=1", "ratio=0"]),
+])
+def test_popo_settings_are_refused_with_the_fix(compose_config, overrides, words):
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config(*overrides))
+    assert all(word in str(error.value) for word in words)
+
+
+def test_popo_drops_ineffective_groups_and_refills_from_memory(random_policy_dir, compose_config, monkeypatch):
+    """Online groups with equal rewards leave the batch; the most recent effective groups of earlier steps refill it."""
+    # A deterministic stand-in verifier: about half the responses "correct", so some groups are effective.
+    monkeypatch.setattr(countdown, "score", lambda text, numbers, target: float(len(text) % 2))
+    cfg = small_config(compose_config, "loss=grpo", "loss.updates_per_step=1", "buffer=popo", "trainer.steps=4",
+                       "trainer.groups_per_step=6")
+    validate(cfg)
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    metrics = []
+    for _ in range(cfg.trainer.steps):
+        metrics.append(train_step(cfg, parts, state))
+        # The memory holds only effective groups, each with the log-probs a later replay needs.
+        assert all(is_effective(g) and g.behaviour_token_logprobs is not None for g in parts.buffer.groups)
+    assert state.fresh_evaluations == 4 * 6 * 2  # every step samples all B groups online, each counted
+    for m in metrics:
+        online, replayed, dropped = m["popo/online_groups"], m["popo/replayed_groups"], m["popo/dropped_groups"]
+        assert online + dropped == 6 and online + replayed + m["popo/shortfall"] == 6
+        assert m["popo/effective_sample_ratio"] == 1.0 and m["popo/on_policy_share"] == pytest.approx(
+            online / (online + replayed))
+    assert metrics[0]["popo/replayed_groups"] == 0  # nothing to refill from at step 0
+    assert any(m["popo/replayed_groups"] > 0 for m in metrics[1:])
+
+
+def test_popo_step_with_nothing_effective_takes_no_update(random_policy_dir, compose_config, monkeypatch):
+    monkeypatch.setattr(countdown, "score", lambda text, numbers, target: 0.0)  # every group ineffective
+    cfg = small_config(compose_config, "loss=grpo", "buffer=popo", "trainer.steps=1")
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    before = [p.detach().clone() for p in parts.policy.parameters()]
+    metrics = train_step(cfg, parts, state)
+    assert metrics["popo/shortfall"] == cfg.trainer.groups_per_step and metrics["budget/gradient_steps"] == 0
+    assert metrics["train/reward"] == 0.0 and state.fresh_evaluations == 4 * 2
+    assert all(torch.equal(a, b) for a, b in zip(before, parts.policy.parameters()))
