@@ -40,6 +40,19 @@ log = logging.getLogger(__name__)
 console = Console(stderr=True)
 
 
+def build_buffer(cfg: DictConfig):
+    """The replay store the buffer group asks for: bounded-age, FIFO, POPO's effective-group memory, or none."""
+    buffer, seed = cfg.buffer, cfg.trainer.seed
+    if buffer.name == "fifo":  # also at rho = 0: seed 002's extra updates replay from it
+        return FifoReplayBuffer(capacity=buffer.capacity, mode=buffer.mode, positive_bias=buffer.positive_bias,
+                                seed=seed)
+    if buffer.name == "popo":  # the memory of effective groups (capacity B, or n x B for popo-stale)
+        return make_memory(buffer.variant, cfg.trainer.groups_per_step, buffer.stale_factor, seed=seed)
+    if buffer.ratio > 0:
+        return ReplayBuffer(max_age=buffer.max_age, capacity=buffer.capacity, seed=seed)
+    return None
+
+
 def build_components(cfg: DictConfig, train_set) -> Components:
     """Policy, frozen reference, rollout engine, optimizer, buffer and prompt sampler, from config."""
     if cfg.hardware.threads:
@@ -51,14 +64,6 @@ def build_components(cfg: DictConfig, train_set) -> Components:
     trainer = cfg.trainer
     optimizer = torch.optim.AdamW(policy.parameters(), lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
                                   betas=tuple(trainer.betas))
-    buffer = None
-    if cfg.buffer.name == "fifo":  # also at rho = 0: seed 002's extra updates replay from it
-        buffer = FifoReplayBuffer(capacity=cfg.buffer.capacity, mode=cfg.buffer.mode,
-                                  positive_bias=cfg.buffer.positive_bias, seed=trainer.seed)
-    elif cfg.buffer.name == "popo":  # the memory of effective groups (capacity B, or n x B for popo-stale)
-        buffer = make_memory(cfg.buffer.variant, trainer.groups_per_step, cfg.buffer.stale_factor, seed=trainer.seed)
-    elif cfg.buffer.ratio > 0:
-        buffer = ReplayBuffer(max_age=cfg.buffer.max_age, capacity=cfg.buffer.capacity, seed=trainer.seed)
     return Components(
         policy=policy,
         reference=frozen_copy(policy),
@@ -66,7 +71,7 @@ def build_components(cfg: DictConfig, train_set) -> Components:
         engine=build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
                          **cfg.policy.get("vllm", {})),
         optimizer=optimizer,
-        buffer=buffer,
+        buffer=build_buffer(cfg),
         sampler=PromptSampler(train_set, seed=trainer.seed),
     )
 

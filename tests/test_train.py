@@ -10,7 +10,8 @@ import torch
 
 from src.budget import plan_fresh_evaluations
 from src.policy.model import frozen_copy, load_policy
-from src.replay.buffer import Group, ReplayBuffer
+from src.run import build_buffer
+from src.replay.buffer import Group
 from src.rollout.engine import HFGenerateEngine
 from src.task import countdown
 from src.task.sampler import PromptSampler
@@ -19,15 +20,15 @@ from src.train import (Components, TrainState, load_checkpoint, micro_batches, p
 
 
 def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
+    """The loop's parts on a local policy folder, with the buffer src.run would build for `cfg`."""
     torch.manual_seed(0)
     policy, tokenizer = load_policy(str(policy_dir))
     train_set = countdown.generate_instances(64, seed=1)
-    buffer = ReplayBuffer(cfg.buffer.max_age, seed=cfg.trainer.seed) if cfg.buffer.ratio > 0 else None
     return Components(
         policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer,
         engine=HFGenerateEngine(policy, tokenizer),
         optimizer=torch.optim.AdamW(policy.parameters(), lr=learning_rate or cfg.trainer.learning_rate),
-        buffer=buffer, sampler=PromptSampler(train_set, seed=cfg.trainer.seed),
+        buffer=build_buffer(cfg), sampler=PromptSampler(train_set, seed=cfg.trainer.seed),
     )
 
 
@@ -154,22 +155,28 @@ def test_counted_fresh_evaluations_equal_the_planned_budget(random_policy_dir, c
         assert all(g.behaviour_logprobs is not None for g in parts.buffer.groups)
 
 
+def straight_and_resumed(make_parts, policy_dir, cfg, tmp_path, steps=4, stop_at=2):
+    """Metrics of `steps` uninterrupted steps, and of the steps after a checkpoint at `stop_at` restored into new parts."""
+    straight_parts, straight_state = make_parts(policy_dir, cfg, learning_rate=1e-2), TrainState()
+    straight = [train_step(cfg, straight_parts, straight_state) for _ in range(steps)]
+    first_parts, first_state = make_parts(policy_dir, cfg, learning_rate=1e-2), TrainState()
+    for _ in range(stop_at):
+        train_step(cfg, first_parts, first_state)
+    save_checkpoint(tmp_path / "checkpoint.pt", first_parts, first_state, run_id="run-1")
+    resumed_parts = make_parts(policy_dir, cfg, learning_rate=1e-2)
+    resumed_state, run_id = load_checkpoint(tmp_path / "checkpoint.pt", resumed_parts)
+    restored = {"run_id": run_id, "step": resumed_state.step,
+                "buffer_sizes": (len(resumed_parts.buffer or ()), len(first_parts.buffer or ()))}
+    resumed = [train_step(cfg, resumed_parts, resumed_state) for _ in range(steps - stop_at)]
+    return straight, resumed, restored
+
+
 def test_resuming_from_a_checkpoint_continues_exactly(random_policy_dir, compose_config, tmp_path):
     cfg = small_config(compose_config, "buffer=age2", "trainer.steps=4")
     keys = ("train/reward", "train/loss", "batch/replay_groups", "weights/raw_mean", "budget/fresh_evaluations")
 
-    straight_parts, straight_state = make_parts(random_policy_dir, cfg, learning_rate=1e-2), TrainState()
-    straight = [train_step(cfg, straight_parts, straight_state) for _ in range(4)]
-
-    first_parts, first_state = make_parts(random_policy_dir, cfg, learning_rate=1e-2), TrainState()
-    for _ in range(2):
-        train_step(cfg, first_parts, first_state)
-    save_checkpoint(tmp_path / "checkpoint.pt", first_parts, first_state, run_id="run-1")
-
-    resumed_parts = make_parts(random_policy_dir, cfg, learning_rate=1e-2)
-    resumed_state, run_id = load_checkpoint(tmp_path / "checkpoint.pt", resumed_parts)
-    assert (run_id, resumed_state.step) == ("run-1", 2)
-    resumed = [train_step(cfg, resumed_parts, resumed_state) for _ in range(2)]
+    straight, resumed, run = straight_and_resumed(make_parts, random_policy_dir, cfg, tmp_path)
+    assert (run["run_id"], run["step"]) == ("run-1", 2)
     for expected, actual in zip(straight[2:], resumed):
         for key in keys:
             assert expected.get(key) == pytest.approx(actual.get(key), rel=1e-5), key

@@ -1,4 +1,4 @@
-"""Variants as options of the one runner (SPEC 9): loss=grpo and buffer=fifo through `train_step`."""
+"""Variants as options of the one runner (SPEC 9): loss=grpo, buffer=fifo and buffer=popo through `train_step`."""
 
 from __future__ import annotations
 
@@ -11,35 +11,11 @@ from omegaconf import OmegaConf
 from src.budget import plan_fresh_evaluations, planning_max_age
 from src.config import ConfigError, validate
 from src.paths import CONFIG_DIR, PROJECT_ROOT
-from src.policy.model import frozen_copy, load_policy
-from src.replay.buffer import ReplayBuffer
-from src.replay.fifo import FifoReplayBuffer
-from src.replay.popo import is_effective, make_memory
-from src.rollout.engine import HFGenerateEngine
+from src.replay.popo import is_effective
 from src.sweep import cell_identity, cell_name
 from src.task import countdown
-from src.task.sampler import PromptSampler
-from src.train import Components, TrainState, load_checkpoint, policy_update, save_checkpoint, train_step
-from tests.test_train import group, sample_groups, small_config
-
-
-def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
-    """As tests/test_train.py, with the buffer src.run.build_components would build."""
-    torch.manual_seed(0)
-    policy, tokenizer = load_policy(str(policy_dir))
-    if cfg.buffer.name == "fifo":
-        buffer = FifoReplayBuffer(cfg.buffer.capacity, mode=cfg.buffer.mode, positive_bias=cfg.buffer.positive_bias,
-                                  seed=cfg.trainer.seed)
-    elif cfg.buffer.name == "popo":
-        buffer = make_memory(cfg.buffer.variant, cfg.trainer.groups_per_step, cfg.buffer.stale_factor,
-                             seed=cfg.trainer.seed)
-    else:
-        buffer = ReplayBuffer(cfg.buffer.max_age, seed=cfg.trainer.seed) if cfg.buffer.ratio > 0 else None
-    return Components(
-        policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=HFGenerateEngine(policy, tokenizer),
-        optimizer=torch.optim.AdamW(policy.parameters(), lr=learning_rate or cfg.trainer.learning_rate),
-        buffer=buffer, sampler=PromptSampler(countdown.generate_instances(64, seed=1), seed=cfg.trainer.seed),
-    )
+from src.train import TrainState, policy_update, train_step
+from tests.test_train import group, make_parts, sample_groups, small_config, straight_and_resumed
 
 
 # --------------------------------------------------------------------------- config
@@ -261,18 +237,9 @@ def test_resuming_a_fifo_run_from_a_checkpoint_continues_exactly(random_policy_d
     keys = ("train/reward", "train/loss", "batch/replay_groups", "weights/raw_mean", "budget/fresh_evaluations",
             "budget/gradient_steps", "fifo/age_at_use_mean", "fifo/replay_count_mean", "fifo/stored_rollouts")
 
-    straight_parts, straight_state = make_parts(random_policy_dir, cfg, learning_rate=1e-2), TrainState()
-    straight = [train_step(cfg, straight_parts, straight_state) for _ in range(4)]
-
-    first_parts, first_state = make_parts(random_policy_dir, cfg, learning_rate=1e-2), TrainState()
-    for _ in range(2):
-        train_step(cfg, first_parts, first_state)
-    save_checkpoint(tmp_path / "checkpoint.pt", first_parts, first_state, run_id="run-1")
-
-    resumed_parts = make_parts(random_policy_dir, cfg, learning_rate=1e-2)
-    resumed_state, run_id = load_checkpoint(tmp_path / "checkpoint.pt", resumed_parts)
-    assert (run_id, resumed_state.step, len(resumed_parts.buffer)) == ("run-1", 2, len(first_parts.buffer))
-    resumed = [train_step(cfg, resumed_parts, resumed_state) for _ in range(2)]
+    straight, resumed, run = straight_and_resumed(make_parts, random_policy_dir, cfg, tmp_path)
+    assert (run["run_id"], run["step"]) == ("run-1", 2)
+    assert run["buffer_sizes"][0] == run["buffer_sizes"][1]  # the restored buffer holds what the first one did
     for expected, actual in zip(straight[2:], resumed):
         for key in keys:
             assert key in expected, key
