@@ -23,6 +23,13 @@ class PromptSampler:
             return self.rng.sample(self.instances, count)
         return self.rng.choices(self.instances, k=count)
 
+    def observe(self, instances: Sequence[Instance], rewards: Sequence[Sequence[float]], step: int) -> None:
+        """No-op: uniform sampling ignores outcomes (same interface as src.curriculum.sampler.CurriculumSampler)."""
+
+    def metrics(self) -> dict[str, float]:
+        """No curriculum metrics for uniform sampling."""
+        return {}
+
     def state_dict(self) -> dict:
         return {"rng": self.rng.getstate()}
 
