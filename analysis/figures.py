@@ -2,6 +2,9 @@
 
 Every function writes its PNG even when its table is empty: the figure then says what is missing,
 so a report folder always has the same files and a reader sees the gap instead of a broken link.
+
+Rows with `plain` False are SPEC 9 variants: they have no (rho, L, c) and are drawn by their
+`variant` label (one colour and marker each, the same in every figure), never as grid cells.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ MISSING_COLOR = "#d9d9d9"
 C_MARKERS = {1.0: "o", 3.0: "s", 10.0: "^", 1000.0: "X"}
 SPARE_MARKERS = ["D", "v", "P", "h", "<", ">"]
 L_LINESTYLES = {1: "-", 2: "--", 3: ":"}
+# Variant markers: the first four are used by nothing else, so a variant never reads as a clip ceiling.
+VARIANT_MARKERS = ["p", "H", "d", "8", "D", "P", "v", "<", ">", "h"]
+VARIANT_LINESTYLE = "-."
 
 
 def _finite(value) -> bool:
@@ -66,16 +72,34 @@ def _palette(values) -> dict:
     return {value: cmap(i % 10) for i, value in enumerate(sorted(set(values)))}
 
 
+def _plain(table: pd.DataFrame) -> pd.Series:
+    """Which rows are plain grid runs (all of them when the table has no `plain` column)."""
+    if "plain" not in table:
+        return pd.Series(True, index=table.index)
+    return table["plain"].astype(bool)
+
+
+def _variant_styles(table: pd.DataFrame) -> dict[str, tuple]:
+    """(colour, marker) per variant label of the table, in sorted order: stable across figures of one report."""
+    labels = table.loc[~_plain(table), "variant"] if "variant" in table else []
+    cmap = plt.get_cmap("Dark2")
+    return {label: (cmap(i % cmap.N), VARIANT_MARKERS[i % len(VARIANT_MARKERS)])
+            for i, label in enumerate(sorted(set(labels)))}
+
+
 def plot_frontier(results: pd.DataFrame, path: Path, k_label: str) -> Path:
-    """Figure 3: pass@k against fresh verifier evaluations (all cells left, the L = 2 sweep right)."""
+    """Figure 3: pass@k against fresh verifier evaluations (all cells and variants left, the L = 2 sweep right)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     points = results[results["pass@k_max"].notna() & results["fresh_evaluations"].notna()]
     if points.empty:
         for ax in (left, right):
             _say(ax, "no finished runs with a final evaluation yet")
         return _save(fig, path)
-    baseline = points[points["rho"] == 0]
-    replay = points[points["rho"] > 0]
+    plain = _plain(points)
+    baseline = points[plain & (points["rho"] == 0)]
+    replay = points[plain & (points["rho"] > 0)]
+    variants = points[~plain]
+    variant_styles = _variant_styles(results)
     rho_colors = _palette(replay["rho"])
     extra_markers: dict[float, str] = {}
 
@@ -97,7 +121,13 @@ def plot_frontier(results: pd.DataFrame, path: Path, k_label: str) -> Path:
         ax.grid(alpha=0.3)
 
     draw(left, replay)
-    left.set_title("all cells (colour: ρ, marker: c)")
+    # Each variant on its own labelled marker: its cost (x) against its result (y), next to the grid.
+    for _, row in variants.iterrows():
+        color, marker = variant_styles[row["variant"]]
+        left.errorbar(row["fresh_evaluations"], row["pass@k_max"],
+                      yerr=row["pass@k_max_hw"] if _finite(row["pass@k_max_hw"]) else None, fmt=marker, color=color,
+                      mfc="none" if row["protocol"] != "canonical" else color, ms=10, capsize=3)
+    left.set_title("all cells (colour: ρ, marker: c)" + (" and variants" if not variants.empty else ""))
     sweep = replay[replay["L"] == 2]
     draw(right, sweep)
     # Connect the L = 2 cells of one clip ceiling across replay ratios: how c interacts with ρ.
@@ -112,6 +142,8 @@ def plot_frontier(results: pd.DataFrame, path: Path, k_label: str) -> Path:
                 for rho, color in rho_colors.items()]
     handles += [Line2D([], [], marker=_marker(c, extra_markers), color="gray", ls="", label=f"c = {c:g}")
                 for c in sorted(replay["c"].dropna().unique())]
+    handles += [Line2D([], [], marker=variant_styles[label][1], color=variant_styles[label][0], ls="",
+                       ms=9, label=label) for label in sorted(variants["variant"].unique())]
     if (points["protocol"] != "canonical").any():
         handles.append(Line2D([], [], marker="o", color="gray", mfc="none", ls="", label="hollow: quick protocol"))
     left.legend(handles=handles, fontsize=8, loc="best")
@@ -181,10 +213,11 @@ def plot_best_of_n(table: pd.DataFrame, ks: list[int], path: Path, hint: str) ->
         present = [k for k in ks if _finite(row.get(f"pass@{k}"))]
         means = [row[f"pass@{k}"] for k in present]
         errors = [row.get(f"pass@{k}_hw") if _finite(row.get(f"pass@{k}_hw")) else 0.0 for k in present]
-        baseline = row["rho"] == 0
+        baseline = row["rho"] == 0  # NaN for variants: a rho = 0 variant is no baseline
+        plain = row.get("plain", True)
         ax.errorbar(present, means, yerr=errors, marker="*" if baseline else "o", capsize=3,
                     color=BASELINE_COLOR if baseline else colors[row["cell"]], ls="--" if baseline else "-",
-                    label=f"{row['cell']} {row['coordinates']}")
+                    label=f"{row['cell']} {row['coordinates']}" if plain else f"{row['cell']} ({row['variant']})")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("k (samples per prompt)")
@@ -203,22 +236,28 @@ DYNAMICS_PANELS = [
 
 
 def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path:
-    """Figure 7: per-step training signals, one line per run, colour by clip ceiling c, fresh-only black."""
+    """Figure 7: per-step training signals, one line per run, colour by c, fresh-only black, variants dash-dotted."""
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
-    c_colors = _palette(runs.loc[runs["rho"] > 0, "c"].dropna())
+    plain = _plain(runs)
+    c_colors = _palette(runs.loc[plain & (runs["rho"] > 0), "c"].dropna())
+    variant_styles = _variant_styles(runs)
     for ax, (key, label) in zip(axes.flat, DYNAMICS_PANELS):
         ax.set_title(label)
         drawn = 0
-        for _, run in runs.iterrows():
+        for index, run in runs.iterrows():
             if history.empty:
                 break
             rows = history[(history["run_id"] == run["run_id"]) & (history["key"] == key)]
             if rows.empty:
                 continue
-            baseline = run["rho"] == 0
-            ax.plot(rows["step"], rows["value"], lw=1.2,
-                    color=BASELINE_COLOR if baseline else c_colors[run["c"]],
-                    ls="-" if baseline else L_LINESTYLES.get(run["L"], "-."), label=run["cell"])
+            if not plain[index]:
+                ax.plot(rows["step"], rows["value"], lw=1.2, color=variant_styles[run["variant"]][0],
+                        ls=VARIANT_LINESTYLE, label=run["variant"])
+            elif run["rho"] == 0:
+                ax.plot(rows["step"], rows["value"], lw=1.2, color=BASELINE_COLOR, ls="-", label=run["cell"])
+            else:
+                ax.plot(rows["step"], rows["value"], lw=1.2, color=c_colors[run["c"]],
+                        ls=L_LINESTYLES.get(run["L"], "-."), label=run["cell"])
             drawn += 1
         if not drawn:
             _say(ax, f"no '{key}' history"
@@ -230,6 +269,8 @@ def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path
     handles += [Line2D([], [], color=color, label=f"c = {c:g}") for c, color in c_colors.items()]
     handles += [Line2D([], [], color="gray", ls=ls, label=f"L = {L}") for L, ls in L_LINESTYLES.items()
                 if (runs["L"] == L).any()]
+    handles += [Line2D([], [], color=color, ls=VARIANT_LINESTYLE, label=label)
+                for label, (color, _) in variant_styles.items()]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=9)
     if history.empty:
         fig.suptitle("no per-step metrics found for the runs in this report")
@@ -244,8 +285,11 @@ def plot_diversity(results: pd.DataFrame, path: Path) -> Path:
     if rows.empty:
         _say(ax, "no unique_rate in any final evaluation yet")
         return _save(fig, path)
-    c_colors = _palette(rows.loc[rows["rho"] > 0, "c"])
-    colors = ["dimgray" if row["rho"] == 0 else c_colors[row["c"]] for _, row in rows.iterrows()]
+    plain = _plain(rows)
+    c_colors = _palette(rows.loc[plain & (rows["rho"] > 0), "c"])
+    variant_styles = _variant_styles(results)
+    colors = [variant_styles[row["variant"]][0] if not plain[index] else "dimgray" if row["rho"] == 0
+              else c_colors[row["c"]] for index, row in rows.iterrows()]
     errors = [hw if _finite(hw) else 0.0 for hw in rows["unique_rate_hw"]]
     x = np.arange(len(rows))
     bars = ax.bar(x, rows["unique_rate"], yerr=errors, color=colors, capsize=3)
@@ -256,6 +300,7 @@ def plot_diversity(results: pd.DataFrame, path: Path) -> Path:
               for cell, protocol in zip(rows["cell"], rows["protocol"])]
     ax.set_xticks(x, labels, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("answer-span unique rate")
-    ax.set_title("answer-span diversity by cell (colour: c, fresh-only grey)")
+    ax.set_title("answer-span diversity by cell (colour: c, fresh-only grey"
+                 + (", variants in their own colours" if variant_styles else "") + ")")
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)

@@ -7,6 +7,13 @@ Only FINISHED runs give numbers; the newest finished run of a cell is used and o
 as superseded. Results come from `canonical/final/*` when a run has it, else `quick/final/*`, and every
 row says which. Figures follow the paper: budget frontier (Fig. 3), L x c and rho x c heatmaps
 (Figs. 4, 5, 9), best-of-N probe (Table 4, Fig. 6), training dynamics (Fig. 7), diversity (Fig. 8).
+
+A run is either a plain grid run (age buffer or none, RLOO loss, standard sampling, current behaviour,
+no curriculum: a (rho, L, c) point of SPEC 8) or a variant (SPEC 9: FIFO, POPO, GRPO loss, DAPO dynamic
+sampling, stale/diverse behaviour, curricula). Only plain runs are Fresh-only/Replay rows keyed by
+(rho, L, c), fill heatmap cells and centre them; variants get no coordinates, their own "Variants"
+table (variants.csv, with rollouts generated, gradient steps and effective ratio) and their own
+labelled markers in the budget frontier.
 """
 
 from __future__ import annotations
@@ -39,6 +46,15 @@ GRIDS = {
     "ratio": dict(title="ρ × c at L = 2", fixed=("L", 2), row=("rho", [0.5, 1, 1.5, 2]), col=("c", [1, 3, 10])),
 }
 HEATMAP_PANELS = ["pass@k_max", "reward", "correction_rate", "pass@1"]  # pass@1 panel: paper Figure 9
+
+# What makes a run a plain grid run; any other value makes it a SPEC 9 variant. A missing tag (runs
+# logged before the tag existed) counts as the default, so older runs stay plain grid runs.
+PLAIN_BUFFERS = {"none", "age1", "age2", "age3"}
+PLAIN_TAGS = {"loss": "rloo", "sampling": "standard", "behaviour": "current", "curriculum": "none"}
+VARIANT_STUDY = "variants"  # the sweep whose report always has a Variants section
+VARIANT_COLUMNS = ["variant", "cell", "setting", "fresh_evaluations", "gradient_steps", "effective_ratio",
+                   "reward", "reward_hw", "pass@1", "pass@1_hw", "k_max", "pass@k_max", "pass@k_max_hw",
+                   "protocol", "run_id"]
 
 console = Console()
 
@@ -140,6 +156,38 @@ def _coordinates(run: pd.Series) -> tuple[float, float, float]:
     return rho, read("L", "buffer.max_age"), read("c", "clip.ceiling")
 
 
+def _tag(run: pd.Series, name: str, default: str = "") -> str:
+    """A tag's value, or the default when the run lacks it (MLflow search gives None/NaN for absent tags)."""
+    value = run.get(f"tags.{name}")
+    if value is None or pd.isna(value) or str(value).strip() in ("", "None"):
+        return default
+    return str(value).strip()
+
+
+def is_plain(run: pd.Series) -> bool:
+    """True for a run of the (rho, L, c) design: age buffer or none, and every SPEC 9 option at its default."""
+    return _tag(run, "buffer", "none") in PLAIN_BUFFERS and all(
+        _tag(run, name, default) == default for name, default in PLAIN_TAGS.items())
+
+
+def run_role(run: pd.Series) -> dict:
+    """plain, setting, variant label and grid coordinates of a run; a variant has no coordinates.
+
+    Variants get NaN (rho, L, c) on purpose: every grid consumer (heatmaps, the fresh-only baseline,
+    the frontier's rho colours) selects by coordinates, so a variant can never land in a grid cell
+    even when its rho/L/c tags match one (a FIFO run at rho = 1, a DAPO run at rho = 0).
+    """
+    rho, L, c = _coordinates(run)
+    setting = "Fresh-only" if rho == 0 else "Replay"
+    if is_plain(run):
+        return {"plain": True, "setting": setting, "variant": _tag(run, "variant", setting),
+                "rho": rho, "L": L, "c": c, "coordinates": format_cell(rho, L, c)}
+    # A variant logged before the `variant` tag existed: its cell name ('popo-grpo') says what it is,
+    # where the plain fallback ('Fresh-only' for a rho = 0 POPO run) would mislabel it.
+    return {"plain": False, "setting": "Variant", "variant": _tag(run, "variant", _tag(run, "cell", "?")),
+            "rho": np.nan, "L": np.nan, "c": np.nan, "coordinates": "-"}
+
+
 def _fresh_evaluations(run: pd.Series) -> float:
     """Final fresh-evaluation count: the end-of-run tag, else the last logged cumulative metric."""
     tag = run.get("tags.fresh_evaluations")
@@ -166,19 +214,35 @@ def format_count(value: float) -> str:
     return f"{value / 1000:.1f}K" if value >= 10_000 else f"{int(value)}"
 
 
+def format_integer(value: float) -> str:
+    """A count in full ('120'), '-' when the run did not log it."""
+    return "-" if pd.isna(value) else f"{int(value)}"
+
+
+def format_ratio(value: float) -> str:
+    """A share with three decimals ('0.625'), '-' when the run did not log it."""
+    return "-" if pd.isna(value) else f"{value:.3f}"
+
+
 def results_table(used: pd.DataFrame) -> pd.DataFrame:
-    """One numeric row per used run (paper Tables 2/3): coordinates, protocol, fresh evaluations, metrics ± hw."""
+    """One numeric row per used run (paper Tables 2/3): role, coordinates, protocol, budget, metrics ± hw.
+
+    Plain grid rows come first (fresh-only, then by rho, L, c), then variants by label and cell.
+    """
     rows = []
     for _, run in used.iterrows():
-        rho, L, c = _coordinates(run)
+        role = run_role(run)
         protocol = run_protocol(run)
         prefix = f"{protocol}/final"
         ks = _pass_ks(run, prefix) if protocol != "none" else []
         row = {
             "run_id": run["run_id"], "sweep": run.get("tags.sweep", ""), "cell": run.get("tags.cell", "?"),
-            "policy": run.get("tags.policy", ""), "setting": "Fresh-only" if rho == 0 else "Replay",
-            "rho": rho, "L": L, "c": c, "coordinates": format_cell(rho, L, c), "protocol": protocol,
-            "fresh_evaluations": _fresh_evaluations(run), "k_max": ks[-1] if ks else np.nan,
+            "policy": run.get("tags.policy", ""), "setting": role["setting"], "plain": role["plain"],
+            "variant": role["variant"], "rho": role["rho"], "L": role["L"], "c": role["c"],
+            "coordinates": role["coordinates"], "protocol": protocol,
+            "fresh_evaluations": _fresh_evaluations(run), "gradient_steps": _metric(run, "budget/gradient_steps"),
+            # The cumulative share's last value is the share over the whole run.
+            "effective_ratio": _metric(run, "batch/effective_fraction_cumulative"), "k_max": ks[-1] if ks else np.nan,
         }
         for k in ks:
             row[f"pass@{k}"] = _metric(run, f"{prefix}/pass_at_{k}")
@@ -190,8 +254,8 @@ def results_table(used: pd.DataFrame) -> pd.DataFrame:
             row[name] = _metric(run, f"{prefix}/{metric}")
             row[f"{name}_hw"] = _metric(run, f"{prefix}/{metric}_hw")
         rows.append(row)
-    base = ["run_id", "sweep", "cell", "policy", "setting", "rho", "L", "c", "coordinates", "protocol",
-            "fresh_evaluations", "k_max"]
+    base = ["run_id", "sweep", "cell", "policy", "setting", "plain", "variant", "rho", "L", "c", "coordinates",
+            "protocol", "fresh_evaluations", "gradient_steps", "effective_ratio", "k_max"]
     table = pd.DataFrame(rows, columns=None if rows else base)
     for column in ["pass@1", "pass@1_hw", "pass@k_max", "pass@k_max_hw",
                    *[f"{n}{s}" for n in SUMMARY_METRICS.values() for s in ("", "_hw")]]:
@@ -203,13 +267,40 @@ def results_table(used: pd.DataFrame) -> pd.DataFrame:
     table = table[base + pass_columns + rest]
     if table.empty:
         return table
-    # Baseline first, then by rho, L, c (NaN L/c only occur on the rho = 0 rows).
-    return table.sort_values(["rho", "L", "c", "cell"], na_position="first", kind="stable").reset_index(drop=True)
+    return _grid_then_variants(table)
+
+
+def _grid_then_variants(table: pd.DataFrame) -> pd.DataFrame:
+    """Plain rows first (baseline, then rho, L, c: NaN L/c only on rho = 0 rows), then variants by label, cell."""
+    plain = table["plain"].astype(bool)
+    grid = table[plain].sort_values(["rho", "L", "c", "cell"], na_position="first", kind="stable")
+    variants = table[~plain].sort_values(["variant", "cell"], kind="stable")
+    # Concatenating only the non-empty parts keeps the column dtypes of the part that has rows.
+    return pd.concat([part for part in (grid, variants) if not part.empty] or [table]).reset_index(drop=True)
+
+
+def variants_table(results: pd.DataFrame, used: pd.DataFrame) -> pd.DataFrame:
+    """The SPEC 9 comparison: references (fresh-only baseline, plain cells of the variants study), then variants.
+
+    A plain cell belongs to the variants study by its `sweep` tag, or by the `sweeps` tag when another
+    study ran it first (the variants study reuses the baseline and age cells, SPEC 8). Empty when the
+    report has neither a variant run nor a cell of the variants study.
+    """
+    if results.empty:
+        return pd.DataFrame(columns=VARIANT_COLUMNS)
+    in_study = {run["run_id"] for _, run in used.iterrows()
+                if _tag(run, "sweep") == VARIANT_STUDY or f",{VARIANT_STUDY}," in _tag(run, "sweeps")}
+    plain = results["plain"].astype(bool)
+    keep = ~plain | results["run_id"].isin(in_study)
+    if keep.any():  # the baseline is a reference only where there is something to compare with it
+        keep |= results.index.isin(results.index[plain & (results["rho"] == 0)][:1])
+    return results.loc[keep, VARIANT_COLUMNS].reset_index(drop=True)
 
 
 def baseline_values(results: pd.DataFrame) -> dict[str, tuple[float, float]]:
     """(mean, half-width) of each metric for the fresh-only run (first one), empty when there is none."""
-    baseline = results[results["rho"] == 0]
+    # Plain only: a rho = 0 variant (DAPO, POPO, GRPO fresh-only) is no baseline for the grid.
+    baseline = results[results["plain"].astype(bool) & (results["rho"] == 0)] if not results.empty else results
     if baseline.empty:
         return {}
     row = baseline.iloc[0]
@@ -224,11 +315,14 @@ def heatmap_grid(results: pd.DataFrame, name: str, unfinished: pd.DataFrame | No
     """
     pending = {}
     if unfinished is not None and not unfinished.empty:
-        for cell, status in zip(_column(unfinished, "tags.cell", "?")[::-1], unfinished["status"][::-1]):
+        # An unfinished variant is no reason for a grid cell to be missing.
+        plain = unfinished[[is_plain(run) for _, run in unfinished.iterrows()]]
+        for cell, status in zip(_column(plain, "tags.cell", "?")[::-1], plain["status"][::-1]):
             pending[cell] = status  # newest first in `unfinished`, so the reversed walk ends on the newest
     spec = GRIDS[name]
     (fixed_key, fixed_value), (row_key, row_values), (col_key, col_values) = spec["fixed"], spec["row"], spec["col"]
-    replay = results[results["rho"] > 0]
+    # Variants already have NaN coordinates (run_role); the plain filter states the rule outright.
+    replay = results[results["plain"].astype(bool) & (results["rho"] > 0)] if not results.empty else results
     cells = []
     for row_value in row_values:
         for col_value in col_values:
@@ -266,21 +360,20 @@ def best_of_n_table(used: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
         if not found:
             continue
         ks.update(found)
-        rho, L, c = _coordinates(run)
-        row = {"run_id": run["run_id"], "cell": run.get("tags.cell", "?"),
-               "setting": "Fresh-only" if rho == 0 else "Replay", "rho": rho, "L": L, "c": c, "coordinates": format_cell(rho, L, c)}
+        row = {"run_id": run["run_id"], "cell": run.get("tags.cell", "?"), **run_role(run)}
         for k in found:
             row[f"pass@{k}"] = _metric(run, f"probe/final/pass_at_{k}")
             row[f"pass@{k}_hw"] = _metric(run, f"probe/final/pass_at_{k}_hw")
         rows.append(row)
     ks = sorted(ks) or PROBE_KS
-    table = pd.DataFrame(rows, columns=None if rows else ["run_id", "cell", "setting", "rho", "L", "c", "coordinates"])
+    table = pd.DataFrame(rows, columns=None if rows else ["run_id", "cell", "plain", "setting", "variant", "rho", "L",
+                                                          "c", "coordinates"])
     for k in ks:
         for column in (f"pass@{k}", f"pass@{k}_hw"):
             if column not in table:
                 table[column] = np.nan
     if not table.empty:
-        table = table.sort_values(["rho", "L", "c", "cell"], na_position="first", kind="stable").reset_index(drop=True)
+        table = _grid_then_variants(table)
     return table, ks
 
 
@@ -330,18 +423,38 @@ def _results_markdown(results: pd.DataFrame) -> str:
     label = k_label(results)
     mixed_k = results["k_max"].dropna().nunique() > 1
     multi_policy = results["policy"].nunique() > 1
-    headers = ["Setting", "(ρ, L, c)", "cell", *(["policy"] if multi_policy else []), "protocol", "fresh evals",
+    # "variant" stands where "Setting" stood: for runs without the tag it is the same Fresh-only/Replay.
+    headers = ["variant", "(ρ, L, c)", "cell", *(["policy"] if multi_policy else []), "protocol",
+               "rollouts (fresh evals)", "gradient steps", "effective ratio",
                "pass@1", label if not mixed_k else "pass@k (largest k)", "reward", "correction rate", "run"]
     rows = []
     for _, row in results.iterrows():
-        top = format_value(row["pass@k_max"], row["pass@k_max_hw"])
-        if mixed_k and not pd.isna(row["k_max"]):
-            top += f" (k={int(row['k_max'])})"
-        rows.append([row["setting"], row["coordinates"], row["cell"], *([row["policy"]] if multi_policy else []),
-                     row["protocol"], format_count(row["fresh_evaluations"]),
-                     format_value(row["pass@1"], row["pass@1_hw"]), top,
+        rows.append([row["variant"], row["coordinates"], row["cell"], *([row["policy"]] if multi_policy else []),
+                     row["protocol"], format_count(row["fresh_evaluations"]), format_integer(row["gradient_steps"]),
+                     format_ratio(row["effective_ratio"]),
+                     format_value(row["pass@1"], row["pass@1_hw"]), _top_k(row, mixed_k),
                      format_value(row["reward"], row["reward_hw"]),
                      format_value(row["correction_rate"], row["correction_rate_hw"]), f"`{row['run_id'][:8]}`"])
+    return markdown_table(headers, rows)
+
+
+def _top_k(row: pd.Series, mixed_k: bool) -> str:
+    """pass@k_max ± hw, naming k when rows of the table differ in their largest k."""
+    top = format_value(row["pass@k_max"], row["pass@k_max_hw"])
+    if mixed_k and not pd.isna(row["k_max"]):
+        top += f" (k={int(row['k_max'])})"
+    return top
+
+
+def _variants_markdown(variants: pd.DataFrame, label: str) -> str:
+    """The Variants table: cost (rollouts, gradient steps, effective ratio) next to the result of each run."""
+    mixed_k = variants["k_max"].dropna().nunique() > 1
+    headers = ["variant", "cell", "rollouts generated", "gradient steps", "effective ratio", "reward", "pass@1",
+               label if not mixed_k else "pass@k (largest k)", "protocol", "run"]
+    rows = [[row["variant"], row["cell"], format_count(row["fresh_evaluations"]), format_integer(row["gradient_steps"]),
+             format_ratio(row["effective_ratio"]), format_value(row["reward"], row["reward_hw"]),
+             format_value(row["pass@1"], row["pass@1_hw"]), _top_k(row, mixed_k), row["protocol"],
+             f"`{row['run_id'][:8]}`"] for _, row in variants.iterrows()]
     return markdown_table(headers, rows)
 
 
@@ -372,6 +485,10 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
     used, superseded, unfinished = select_cells(runs)
     results = results_table(used)
     wrote(_write_csv(results, out_dir / "results_table.csv"), f"{len(results)} row(s)")
+    variants = variants_table(results, used)
+    # Written in every report (like the figures), so a folder always has the same files.
+    wrote(_write_csv(variants, out_dir / "variants.csv"),
+          f"{int((variants['setting'] == 'Variant').sum())} variant run(s), {len(variants)} row(s)")
     label = k_label(results)
     baseline = baseline_values(results)
 
@@ -399,7 +516,7 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
           f"training dynamics (Figure 7): {history['run_id'].nunique()} run(s)")
     wrote(figures.plot_diversity(results, out_dir / "diversity.png"), "answer-span diversity (Figure 8)")
 
-    text = _markdown(results, used, superseded, unfinished, grids, missing, probe, probe_ks, baseline,
+    text = _markdown(results, used, superseded, unfinished, grids, missing, probe, probe_ks, baseline, variants,
                      title=title, source=source, sweeps=sweeps)
     report = out_dir / "report.md"
     report.write_text(text)
@@ -412,7 +529,7 @@ def _write_csv(table: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def _markdown(results, used, superseded, unfinished, grids, missing, probe, probe_ks, baseline, *,
+def _markdown(results, used, superseded, unfinished, grids, missing, probe, probe_ks, baseline, variants, *,
               title: str, source: str, sweeps: list[str] | None) -> str:
     protocols = dict(zip(results["run_id"], results["protocol"]))
     label = k_label(results)
@@ -444,9 +561,26 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
             f"has one repeat). The high-k column is {label}. Full numbers: [results_table.csv](results_table.csv).", ""]
     out.append(_results_markdown(results) if not results.empty else "_No finished runs._")
 
+    has_variants = (variants["setting"] == "Variant").any()
+    # Also before any variant finished: the variants study's reference cells are worth a look already.
+    if not variants.empty or VARIANT_STUDY in (sweeps or []):
+        out += ["", "## Variants (SPEC 9)", "",
+                "Each variant against its references (the fresh-only baseline and the plain cells of the "
+                f"`{VARIANT_STUDY}` study). Rollouts generated = fresh verifier evaluations (every generated rollout "
+                "is one); gradient steps = optimizer steps; effective ratio = share of trained groups with non-zero "
+                "reward variance over the run. '-': the run did not log it. Variants never enter the heatmaps and "
+                "are never the fresh-only baseline. Full numbers: [variants.csv](variants.csv).", ""]
+        # With no variant finished yet, the references still show what the variants will be compared with.
+        parts = [_variants_markdown(variants, label)] if not variants.empty else []
+        if not has_variants:
+            parts.append("_No finished variant runs yet._")
+        out.append("\n\n".join(parts))
+
     out += ["", "## Budget frontier (Figure 3)", "",
             f"{label} against fresh verifier evaluations; colour is ρ, marker is c, the star and dashed line are the "
-            "fresh-only baseline, error bars are half-widths. Right: the L = 2 cells, one line per c.", "",
+            "fresh-only baseline, error bars are half-widths"
+            + ("; each variant has its own labelled marker (left panel legend)" if has_variants else "")
+            + ". Right: the L = 2 cells, one line per c.", "",
             "![budget frontier](frontier.png)", ""]
 
     for name, figure in (("age", "Figure 4"), ("ratio", "Figures 5 and 9")):
@@ -476,8 +610,8 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
     if probe.empty:
         out.append("_" + PROBE_HINT.replace("\n", " ") + "_")
     else:
-        out.append(markdown_table(["Setting", "(ρ, L, c)", "cell", *[f"K={k}" for k in probe_ks], "run"],
-                                  [[row["setting"], row["coordinates"], row["cell"],
+        out.append(markdown_table(["variant", "(ρ, L, c)", "cell", *[f"K={k}" for k in probe_ks], "run"],
+                                  [[row["variant"], row["coordinates"], row["cell"],
                                     *[format_value(row[f"pass@{k}"], row[f"pass@{k}_hw"]) for k in probe_ks],
                                     f"`{row['run_id'][:8]}`"] for _, row in probe.iterrows()]))
     out += ["", "![best-of-N probe](best_of_n.png)", ""]
@@ -485,7 +619,8 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
     out += ["## Training dynamics (Figure 7)", "",
             "Per-step training reward, clip fraction and normalised ESS of the reused responses (absent for "
             "fresh-only runs and for steps without replay), and KL to the reference per token; colour is c, "
-            "line style is L, fresh-only in black.", "", "![training dynamics](dynamics.png)", ""]
+            "line style is L, fresh-only in black, variants dash-dotted in their own colour.", "",
+            "![training dynamics](dynamics.png)", ""]
 
     out += ["## Diversity (Figure 8)", "",
             "Answer-span unique rate of the final evaluation (same protocol as the results table), error bars "
