@@ -20,6 +20,10 @@ ENGINES = ("hf", "vllm")
 LOSSES = ("rloo", "grpo")
 FIFO_MODES = ("with_replacement", "without_replacement", "at_least_once")  # src.replay.fifo.SAMPLING_MODES
 SOURCES = ("generator", "hub")
+SAMPLINGS = ("standard", "dynamic")
+BEHAVIOURS = ("current", "stale", "diverse")
+IS_LEVELS = ("sequence", "token")
+POPO_VARIANTS = ("popo", "popo-ineff", "popo-stale")  # src.replay.popo.POPO_VARIANTS
 
 
 class ConfigError(ValueError):
@@ -45,6 +49,9 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
            f"buffer.ratio rho={buffer.ratio} with trainer.groups_per_step B={trainer.groups_per_step} plans "
            f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
     _validate_loss(cfg.loss)
+    _validate_sampling(cfg.sampling)
+    _validate_behaviour(cfg.behaviour, trainer.rollout.temperature)
+    _validate_curriculum(cfg.curriculum, trainer)
     if buffer.name == "fifo":
         _validate_fifo(buffer, trainer.groups_per_step - fresh_groups)
     elif buffer.name == "popo":
@@ -111,10 +118,49 @@ def _validate_loss(loss: DictConfig) -> None:
            f"loss.updates_per_step={steps}: mini-batch optimizer steps per RL step, an integer >= 1 (e.g. 4)")
 
 
+def _validate_sampling(sampling: DictConfig) -> None:
+    _check(sampling.name in SAMPLINGS, f"sampling.name='{sampling.name}': choose one of {SAMPLINGS}")
+    if sampling.name != "dynamic":
+        return
+    _check(sampling.oversample >= 1,
+           f"sampling.oversample={sampling.oversample}: each round samples ceil(missing x oversample) prompts, "
+           "so use oversample >= 1 (e.g. 1.5)")
+    rounds = sampling.max_rounds
+    _check(isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1,
+           f"sampling.max_rounds={rounds}: generation rounds per step before giving up, an integer >= 1 (e.g. 8)")
+
+
+def _validate_behaviour(behaviour: DictConfig, training_temperature: float) -> None:
+    _check(behaviour.name in BEHAVIOURS, f"behaviour.name='{behaviour.name}': choose one of {BEHAVIOURS}")
+    if behaviour.name == "current":
+        return
+    lag = behaviour.lag
+    _check(isinstance(lag, int) and not isinstance(lag, bool) and lag >= 0,
+           f"behaviour.lag={lag}: steps back of the sampling weights, an integer >= 0 (seed 002: 1, 4, 16)")
+    temperature = behaviour.temperature if behaviour.temperature is not None else training_temperature
+    _check(temperature > 0, f"behaviour.temperature={temperature}: must be > 0 (seed 002: 1.2)")
+    _check(lag > 0 or temperature != training_temperature,
+           f"behaviour={behaviour.name} with lag=0 and temperature {temperature} = the training temperature samples "
+           "from the current policy: use behaviour=current, a lag >= 1 or another temperature")
+    _check(behaviour.is_level in IS_LEVELS,
+           f"behaviour.is_level='{behaviour.is_level}': choose one of {IS_LEVELS}")
+    _check(0 <= behaviour.is_min <= 1 <= behaviour.is_max,
+           f"behaviour.is_min={behaviour.is_min}, behaviour.is_max={behaviour.is_max}: the truncation interval "
+           "must hold 1 (0 <= is_min <= 1 <= is_max; seed 002: 0 and 2)")
+
+
+def _validate_curriculum(curriculum: DictConfig, trainer: DictConfig) -> None:
+    from src.curriculum.sampler import check_curriculum
+
+    try:
+        check_curriculum(curriculum, group_size=trainer.group_size, groups_per_step=trainer.groups_per_step)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
 def _validate_popo(buffer: DictConfig) -> None:
-    _check(buffer.variant in ("popo", "popo-stale"),
-           f"buffer.variant='{buffer.variant}': choose popo or popo-stale (popo-ineff is not wired into the trainer "
-           "yet: its memory also stores ineffective groups, whose behaviour log-probs the update never computes)")
+    _check(buffer.variant in POPO_VARIANTS,
+           f"buffer.variant='{buffer.variant}': choose one of {POPO_VARIANTS}")
     _check(isinstance(buffer.stale_factor, int) and buffer.stale_factor >= 1
            and (buffer.stale_factor == 1 or buffer.variant == "popo-stale"),
            f"buffer.stale_factor={buffer.stale_factor}: an integer >= 1, above 1 only with buffer.variant=popo-stale")

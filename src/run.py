@@ -33,7 +33,8 @@ from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
 from src.rollout.engine import build_engine
 from src.task import countdown
-from src.task.sampler import PromptSampler
+from src.curriculum.sampler import build_prompt_sampler
+from src.rollout.behaviour import build_behaviour
 from src.train import Components, TrainState, load_checkpoint, save_checkpoint, train_step
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ def build_components(cfg: DictConfig, train_set) -> Components:
                          **cfg.policy.get("vllm", {})),
         optimizer=optimizer,
         buffer=build_buffer(cfg),
-        sampler=PromptSampler(train_set, seed=trainer.seed),
+        sampler=build_prompt_sampler(cfg.curriculum, train_set, seed=trainer.seed),
+        behaviour=build_behaviour(cfg, policy),
     )
 
 
@@ -166,7 +168,10 @@ def _print_summary(cfg, plan, state: TrainState, before, after, run_id: str) -> 
         row = [metric] + ([_fmt(before.summary.get(metric))] if before is not None else [])
         table.add_row(*row, _fmt(after.summary.get(metric)))
     console.print(table)
-    console.print(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {plan.fresh_evaluations})")
+    # sampling=dynamic generates until its batch is full of effective groups: the plan is its floor.
+    planned = ("at least " if cfg.sampling.name == "dynamic" else "") + str(plan.fresh_evaluations)
+    console.print(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {planned}); "
+                  f"gradient steps: {state.gradient_steps}")
 
 
 def _fmt(value) -> str:

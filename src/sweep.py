@@ -35,8 +35,53 @@ LAUNCH_ONLY = (
 )
 
 
+# Config groups whose default option computes exactly what the runner did before the group existed.
+GROUP_DEFAULTS = {"curriculum": "none", "sampling": "standard", "behaviour": "current"}
+
+
 def cell_name(cfg: DictConfig) -> str:
-    """The grid cell as text, e.g. 'rho1-L2-c1' (fresh-only runs: 'rho0')."""
+    """The grid cell as text, e.g. 'rho1-L2-c1' (fresh-only runs: 'rho0'), with the variant groups as suffixes."""
+    return _buffer_cell_name(cfg) + _variant_suffix(cfg)
+
+
+def _variant_suffix(cfg: DictConfig) -> str:
+    """'-dapo', '-stale4', '-T1.2', '-frontier' ... for the non-default sampling, behaviour and curriculum groups."""
+    suffix = "-dapo" if cfg.sampling.name == "dynamic" else ""
+    behaviour = cfg.behaviour
+    if behaviour.name != "current":
+        suffix += f"-stale{behaviour.lag}" if behaviour.lag else ""
+        suffix += f"-T{behaviour.temperature:g}" if behaviour.temperature is not None else ""
+        suffix += "-tokenIS" if behaviour.is_level == "token" else ""
+    if cfg.curriculum.name != "none":
+        suffix += f"-{cfg.curriculum.name}"
+    return suffix
+
+
+def variant_label(cfg: DictConfig) -> str:
+    """A reader's name for what the cell runs, e.g. 'Replay-RLOO', 'POPO (GRPO loss)', 'Fresh-only + DAPO dynamic sampling'."""
+    buffer = cfg.buffer
+    if buffer.name == "fifo":
+        base = "FIFO replay" + (f" δ={buffer.positive_bias:g}" if buffer.positive_bias else "") + \
+               (f" R={buffer.extra_updates + 1}" if buffer.extra_updates else "")
+    elif buffer.name == "popo":
+        base = {"popo": "POPO", "popo-ineff": "POPO-ineff",
+                "popo-stale": f"POPO-stale({buffer.stale_factor})"}[buffer.variant]
+    else:
+        base = "Fresh-only" if buffer.ratio == 0 else "Replay-RLOO"
+    parts = [base + (" (GRPO loss)" if cfg.loss.name == "grpo" else "")]
+    if cfg.sampling.name == "dynamic":
+        parts.append("DAPO dynamic sampling")
+    behaviour = cfg.behaviour
+    if behaviour.name == "stale":
+        parts.append(f"stale behaviour n={behaviour.lag} ({behaviour.is_level} IS)")
+    elif behaviour.name == "diverse":
+        parts.append(f"behaviour T={behaviour.temperature:g} ({behaviour.is_level} IS)")
+    if cfg.curriculum.name != "none":
+        parts.append(f"{cfg.curriculum.name} curriculum")
+    return " + ".join(parts)
+
+
+def _buffer_cell_name(cfg: DictConfig) -> str:
     loss = "" if cfg.loss.name == "rloo" else f"-{cfg.loss.name}"
     buffer = cfg.buffer
     if buffer.name == "fifo":  # e.g. fifo-rho1-N256-with_replacement-pb0.5-R2-c1
@@ -45,7 +90,7 @@ def cell_name(cfg: DictConfig) -> str:
         return (f"fifo-rho{buffer.ratio:g}-N{buffer.capacity}-{buffer.mode}{extras}"
                 f"{'' if loss else f'-c{cfg.clip.ceiling:g}'}{loss}")
     if buffer.name == "popo":  # e.g. popo-grpo, popo-stale2-c1
-        stale = f"{buffer.stale_factor}" if buffer.variant == "popo-stale" else ""
+        stale = f"{buffer.stale_factor}" if buffer.variant == "popo-stale" else ""  # popo-ineff: its own name
         return f"{buffer.variant}{stale}" + (loss or f"-c{cfg.clip.ceiling:g}")
     if buffer.ratio == 0:
         return "rho0" + loss
@@ -60,6 +105,10 @@ def cell_identity(cfg: DictConfig) -> str:
     if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] not in ("fifo", "popo"):  # fresh-only
         resolved.pop("buffer")
         resolved.pop("clip")
+    # Groups added after the first studies ran: at their defaults they leave a cell's id unchanged.
+    for group, default in GROUP_DEFAULTS.items():
+        if resolved.get(group, {"name": default})["name"] == default:
+            resolved.pop(group, None)
     if resolved.pop("loss", {"name": "rloo"})["name"] != "rloo":  # rloo, the default: cells keep their old id
         resolved["loss"] = OmegaConf.to_container(cfg.loss, resolve=True)
         resolved.pop("clip", None)  # loss=grpo does not read clip.ceiling

@@ -21,7 +21,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from src.sweep import cell_identity, cell_name
+from src.sweep import cell_identity, cell_name, variant_label
 
 
 def run_tags(cfg: DictConfig) -> dict[str, str]:
@@ -37,6 +37,10 @@ def run_tags(cfg: DictConfig) -> dict[str, str]:
         "buffer": str(cfg.buffer.name),
         "clip": str(cfg.clip.name),
         "loss": str(cfg.loss.name),
+        "sampling": str(cfg.sampling.name),
+        "behaviour": str(cfg.behaviour.name),
+        "curriculum": str(cfg.curriculum.name),
+        "variant": variant_label(cfg),
         "policy": str(cfg.policy.name_or_path),
         "hardware": str(cfg.hardware.name),
         "evaluation": str(cfg.evaluation.name),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import time
 from collections import defaultdict
@@ -31,6 +32,7 @@ from omegaconf import DictConfig
 
 from src.objective import (
     clip_fraction,
+    truncated_importance_weights,
     effective_sample_size,
     batch_rows,
     importance_weights,
@@ -43,7 +45,8 @@ from src.objective import (
 from src.losses import clipped_surrogate, group_normalised_advantages
 from src.replay.buffer import Group, ReplayBuffer
 from src.replay.fifo import FifoReplayBuffer, use_statistics
-from src.replay.popo import EffectiveGroupMemory, compose_batch
+from src.replay.popo import EffectiveGroupMemory, compose_batch, is_effective
+from src.rollout.behaviour import BehaviourPolicy
 from src.rollout.engine import RolloutEngine, SamplingParams
 from src.task import countdown
 from src.task.sampler import PromptSampler
@@ -60,6 +63,8 @@ class TrainState:
     fresh_groups: int = 0
     replay_groups: int = 0
     gradient_steps: int = 0               # optimizer steps so far (grpo: updates_per_step per update; fifo extras)
+    groups_trained: int = 0               # groups in all update batches so far
+    effective_groups_trained: int = 0     # ... of which had rewards not all equal (a non-zero advantage)
     history: list[dict] = field(default_factory=list)  # per-step headline numbers for the summary
 
 
@@ -72,12 +77,18 @@ def generation_seed(base_seed: int, step: int) -> int:
     return base_seed * 1_000_003 + step
 
 
+def round_seed(base_seed: int, step: int, round_index: int) -> int:
+    """The sampling seed of a step's round (sampling=dynamic generates in rounds; round 0 is the step's seed)."""
+    return generation_seed(base_seed, step) + round_index * 2**40
+
+
 # --------------------------------------------------------------------------- forward pass
-def response_token_stats(model, sequences, pad_id: int, with_entropy: bool):
+def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temperature: float = 1.0):
     """Per-token log-probs (and entropies) of each response given its prompt, plus the response mask.
 
     `sequences` are (prompt_ids, response_ids) pairs; they are right-padded, so position ids
-    from the attention mask are plain 0..n-1 for every row.
+    from the attention mask are plain 0..n-1 for every row. `temperature` != 1 gives the
+    log-probs of the tempered distribution softmax(logits / T) a sampler at T drew from.
     """
     width = max(len(p) + len(r) for p, r in sequences)
     device = next(model.parameters()).device
@@ -92,6 +103,8 @@ def response_token_stats(model, sequences, pad_id: int, with_entropy: bool):
         response_mask[row, len(prompt) - 1 : length - 1] = True
     input_ids, attention, response_mask = input_ids.to(device), attention.to(device), response_mask.to(device)
     logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     entropy = token_entropy(logits) if with_entropy else None
     return token_logprobs, entropy, response_mask
@@ -124,6 +137,45 @@ def micro_batches(sequences, max_rows: int, max_tokens: int | None) -> list[list
     if current:
         batches.append(current)
     return batches
+
+
+@torch.no_grad()
+def sampled_token_logprobs(model, sequences, pad_id: int, temperature: float, trainer_cfg: DictConfig,
+                           autocast: str | None) -> list[tuple[float, ...]]:
+    """Per-response-token log mu of `sequences` under `model` at `temperature`: a no-grad forward pass.
+
+    For rollouts whose behaviour is not the policy the update starts from (a stale or tempered
+    sampler, seed 002), and for POPO-ineff's dropped groups, which the update never sees.
+    """
+    out: list[tuple[float, ...]] = [()] * len(sequences)
+    was_training = model.training
+    model.eval()
+    try:
+        for index in micro_batches(sequences, trainer_cfg.micro_batch_size, trainer_cfg.micro_batch_tokens):
+            chunk = [sequences[i] for i in index]
+            with autocast_context(model, autocast):
+                token_logprobs, _, mask = response_token_stats(model, chunk, pad_id, with_entropy=False,
+                                                               temperature=temperature)
+            token_logprobs, mask = token_logprobs.float().cpu(), mask.cpu()
+            for row, i in enumerate(index):
+                out[i] = tuple(token_logprobs[row][mask[row]].tolist())
+    finally:
+        model.train(was_training)
+    return out
+
+
+def with_sampled_logprobs(groups: list[Group], model, pad_id: int, temperature: float, trainer_cfg: DictConfig,
+                          autocast: str | None) -> list[Group]:
+    """Copies of `groups` carrying log mu (per response and per token) under `model` at `temperature`."""
+    sequences = [(group.prompt_ids, ids) for group in groups for ids in group.response_ids]
+    tokens = sampled_token_logprobs(model, sequences, pad_id, temperature, trainer_cfg, autocast)
+    out, start = [], 0
+    for group in groups:
+        group_tokens = tokens[start : start + group.size]
+        out.append(group.with_behaviour_logprobs([sum(t) for t in group_tokens], group.reference_logprobs,
+                                                 group_tokens))
+        start += group.size
+    return out
 
 
 def reference_token_logprobs(reference, chunk, cached, pad_id: int, like: torch.Tensor) -> torch.Tensor:
@@ -169,21 +221,27 @@ class UpdateResult:
 
 def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg: DictConfig,
                   clip_ceiling: float, pad_id: int, autocast: str | None = None,
-                  loss_cfg: DictConfig | None = None, responses: list | None = None) -> UpdateResult:
+                  loss_cfg: DictConfig | None = None, responses: list | None = None,
+                  off_policy_groups: int = 0, truncation: DictConfig | None = None) -> UpdateResult:
     """Update the policy on a batch of groups with the configured loss; returns per-response numbers in batch order.
 
     `loss_cfg=None` or `loss.name == "rloo"`: one optimizer step, loss eq. 3 (below).
     `loss.name == "grpo"`: `clipped_update`. `responses[g]` (None: all) are the response
     indices of group g to train on; advantages always use the group's K rewards.
+    `off_policy_groups`: the first groups were sampled this step by a stale or tempered
+    behaviour (seed 002) and carry its log mu; rloo corrects them with the truncated IS of
+    `truncation` (the behaviour group), grpo with its own capped behaviour weight.
     """
     rows = batch_rows([g.size for g in groups], responses)
     if loss_cfg is not None and loss_cfg.name == "grpo":
         return clipped_update(policy, reference, optimizer, groups, rows, trainer_cfg, loss_cfg, pad_id, autocast)
-    return rloo_update(policy, reference, optimizer, groups, rows, trainer_cfg, clip_ceiling, pad_id, autocast)
+    return rloo_update(policy, reference, optimizer, groups, rows, trainer_cfg, clip_ceiling, pad_id, autocast,
+                       off_policy_groups, truncation)
 
 
 def rloo_update(policy, reference, optimizer, groups: list[Group], rows: list[tuple[int, int]],
-                trainer_cfg: DictConfig, clip_ceiling: float, pad_id: int, autocast: str | None) -> UpdateResult:
+                trainer_cfg: DictConfig, clip_ceiling: float, pad_id: int, autocast: str | None,
+                off_policy_groups: int = 0, truncation: DictConfig | None = None) -> UpdateResult:
     """One optimizer step on the whole batch of groups, loss eq. 3, micro-batched with gradient accumulation.
 
     L = -(1/B) sum_i w_i A_i log pi(y_i|x_i) + beta_KL * KL - beta_H * H, where B is the number of
@@ -191,6 +249,12 @@ def rloo_update(policy, reference, optimizer, groups: list[Group], rows: list[tu
     Micro-batch losses are scaled by the full-batch B and token count, so the accumulated gradient
     equals the one-batch gradient exactly. `autocast="bfloat16"` runs the forward passes in bf16
     on fp32 weights (fp32 optimizer state: bf16 weights would round lr-1e-5 updates away).
+
+    Weights: fresh rows 1; replayed rows min(c, pi/mu) (eq. 2); rows of the first
+    `off_policy_groups` groups (fresh, from a stale or tempered sampler) the truncated
+    exp(clip(log pi - log mu, log rho_min, log rho_max)) of seed 002 eq. 3, one per response
+    (`truncation.is_level == "sequence"`) or one per token ("token": the policy term becomes
+    -(1/B) sum_i A_i sum_t w_it log pi(y_it)).
     """
     # Leave-one-out advantages within each group (eq. 1); groups always stay whole.
     loo = leave_one_out_advantages(torch.tensor([g.rewards for g in groups], dtype=torch.float32))
@@ -212,6 +276,10 @@ def rloo_update(policy, reference, optimizer, groups: list[Group], rows: list[tu
     cached_reference = [groups[g].reference_logprobs[j] if groups[g].reference_logprobs is not None else None
                         for g, j in rows]
     reference_tokens: list[tuple[float, ...]] = [()] * batch_size
+    truncated_rows = torch.tensor([g < off_policy_groups for g, _ in rows])
+    token_level = off_policy_groups > 0 and truncation.is_level == "token"
+    behaviour_tokens = [groups[g].behaviour_token_logprobs[j] if token_level and g < off_policy_groups else None
+                        for g, j in rows]
 
     policy.train()
     optimizer.zero_grad(set_to_none=True)
@@ -229,8 +297,23 @@ def rloo_update(policy, reference, optimizer, groups: list[Group], rows: list[tu
                                         for n, i in enumerate(index.tolist())])
         clipped, raw = importance_weights(current, behaviour_chunk, clip_ceiling)  # eq. 2, constants
         device = sequence_logprobs.device
+        token_weights = clipped.to(device)[:, None].expand_as(mask)  # a sequence weight on each of its tokens
+        off_policy = truncated_rows[index]
+        if off_policy.any():  # seed 002 eq. 3, also constants
+            truncated, truncated_raw = truncated_importance_weights(current, behaviour_chunk, truncation.is_min,
+                                                                    truncation.is_max)
+            clipped, raw = torch.where(off_policy, truncated, clipped), torch.where(off_policy, truncated_raw, raw)
+            token_weights = clipped.to(device)[:, None].expand_as(mask)
+            if token_level:
+                mu_tokens = place_tokens(chunk, [behaviour_tokens[i] for i in index.tolist()],
+                                         torch.zeros_like(mask))
+                per_token, _ = truncated_importance_weights(token_logprobs.detach().float(), mu_tokens,
+                                                            truncation.is_min, truncation.is_max)
+                token_weights = torch.where(off_policy.to(device)[:, None], per_token, token_weights)
+                token_mean = (per_token * mask).sum(-1).cpu() / mask.sum(-1).clamp(min=1).cpu()
+                clipped = torch.where(off_policy, token_mean, clipped)  # logged: the mean token weight
         kl_tokens = kl_k3(token_logprobs, reference_logprobs) * mask
-        policy_term = -(clipped.to(device) * advantages[index].to(device) * sequence_logprobs).sum() / batch_size
+        policy_term = -(advantages[index].to(device)[:, None] * token_weights * token_logprobs * mask).sum() / batch_size
         kl_term = kl_tokens.sum() / total_tokens
         entropy_term = (entropy * mask).sum() / total_tokens
         loss = policy_term + trainer_cfg.kl_coef * kl_term - trainer_cfg.entropy_coef * entropy_term   # eq. 3
@@ -413,8 +496,9 @@ class Components:
     tokenizer: object
     engine: RolloutEngine
     optimizer: torch.optim.Optimizer
-    buffer: ReplayBuffer | FifoReplayBuffer | None
-    sampler: PromptSampler
+    buffer: ReplayBuffer | FifoReplayBuffer | EffectiveGroupMemory | None
+    sampler: PromptSampler                 # or a CurriculumSampler (curriculum=frontier/failure/goldilocks)
+    behaviour: BehaviourPolicy | None = None  # None: fresh rollouts from the current policy
 
 
 def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[str, float]:
@@ -438,29 +522,48 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     gap_fill = planned_replay - len(replayed)  # too few eligible (e.g. step 0): fill with fresh groups
     drawn = time.perf_counter()
 
-    # 2. Sample fresh prompts, generate K responses each with the current policy, score each once.
-    instances = parts.sampler.sample(planned_fresh + gap_fill)
-    prompts = [countdown.format_prompt(instance, cfg.task.prompt_template) for instance in instances]
-    prompts = [apply_chat_template(parts.tokenizer, p) if cfg.policy.use_chat_template else p for p in prompts]
-    sampling = SamplingParams(temperature=trainer.rollout.temperature, top_p=trainer.rollout.top_p,
-                              top_k=trainer.rollout.top_k, max_new_tokens=cfg.policy.max_new_tokens)
-    generated = parts.engine.generate(prompts, trainer.group_size, sampling, seed=generation_seed(trainer.seed, step))
-    generate_done = time.perf_counter()
-    fresh = []
-    for instance, prompt, prompt_ids, completions in zip(instances, prompts, generated.prompt_ids, generated.completions):
-        rewards = [countdown.score(c.text, instance.numbers, instance.target) for c in completions]
-        fresh.append(Group(prompt=prompt, prompt_ids=prompt_ids, numbers=instance.numbers, target=instance.target,
-                           responses=[c.text for c in completions], response_ids=[c.token_ids for c in completions],
-                           rewards=rewards, step=step))
-    state.fresh_evaluations += sum(group.size for group in fresh)  # one verifier call per fresh response
+    # 2. Sample fresh prompts, generate K responses each with the behaviour policy (the current one
+    #    unless behaviour=stale/diverse, seed 002), score each once; every response is one fresh
+    #    verifier evaluation. sampling=dynamic (DAPO) repeats this in rounds of oversampled prompts
+    #    and keeps only effective groups until the fresh slots are full. The prompt sampler sees
+    #    every outcome (curriculum=frontier remembers the frontier prompts, seed 004).
+    sampler_model, lag = parts.behaviour.model_for_step(parts.policy) if parts.behaviour else (parts.policy, 0)
+    temperature = parts.behaviour.temperature if parts.behaviour else trainer.rollout.temperature
+    off_policy = lag > 0 or temperature != trainer.rollout.temperature
+    if sampler_model is not parts.policy:
+        parts.engine.sync_weights(sampler_model)  # back to the policy after the update, as every step
+    sampling = SamplingParams(temperature=temperature, top_p=trainer.rollout.top_p, top_k=trainer.rollout.top_k,
+                              max_new_tokens=cfg.policy.max_new_tokens)
+    wanted, dynamic = planned_fresh + gap_fill, cfg.sampling.name == "dynamic"
+    fresh, generated, timings = [], [], defaultdict(float)
+    for round_index in itertools.count():
+        count = math.ceil((wanted - len(fresh)) * cfg.sampling.oversample) if dynamic else wanted
+        instances = parts.sampler.sample(count)
+        groups = sample_groups(cfg, parts, instances, sampling, round_seed(trainer.seed, step, round_index), step,
+                               timings)
+        state.fresh_evaluations += sum(group.size for group in groups)  # one verifier call per response
+        parts.sampler.observe(instances, [group.rewards for group in groups], step)
+        generated += groups
+        fresh += [group for group in groups if is_effective(group)][: wanted - len(fresh)] if dynamic else groups
+        if not dynamic or len(fresh) == wanted or round_index + 1 == cfg.sampling.max_rounds:
+            break
+    if off_policy:  # log mu of the stale/tempered sampler, for the truncated IS weight (seed 002 eq. 3)
+        fresh = with_sampled_logprobs(fresh, sampler_model, parts.tokenizer.pad_token_id, temperature, trainer,
+                                      cfg.hardware.autocast)
     score_done = time.perf_counter()
 
     # buffer=popo (seed 003): drop the ineffective online groups (all rewards equal: no advantage),
-    # refill the batch with the most recent effective groups of earlier steps.
-    online, composed = fresh, None
+    # refill the batch with the most recent effective groups of earlier steps. POPO-ineff's memory
+    # also keeps the dropped groups, so they need log mu from a forward pass the update never makes.
+    online, composed, measured = fresh, None, {}
     if popo:
         composed = compose_batch(fresh, parts.buffer, trainer.groups_per_step, cfg.buffer.variant, step=step)
         online, replayed = list(composed.online), list(composed.replayed)
+        unmeasured = [group for group in composed.dropped if group.behaviour_logprobs is None]
+        if cfg.buffer.variant == "popo-ineff" and unmeasured:
+            with_mu = with_sampled_logprobs(unmeasured, parts.policy, parts.tokenizer.pad_token_id,
+                                            trainer.rollout.temperature, trainer, cfg.hardware.autocast)
+            measured = {id(group): group_with_mu for group, group_with_mu in zip(unmeasured, with_mu)}
 
     # 4. Update: one optimizer step on fresh + reused groups (advantages eq. 1, weights eq. 2, loss eq. 3).
     #    loss=grpo: updates_per_step mini-batch steps on the clipped surrogate instead (see policy_update).
@@ -473,7 +576,8 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     if batch:
         update = policy_update(parts.policy, parts.reference, parts.optimizer, batch, trainer,
                                cfg.clip.ceiling, parts.tokenizer.pad_token_id, cfg.hardware.autocast,
-                               loss_cfg=cfg.loss, responses=trained)
+                               loss_cfg=cfg.loss, responses=trained,
+                               off_policy_groups=len(online) if off_policy else 0, truncation=cfg.behaviour)
         state.gradient_steps += update.optimizer_steps
     # buffer=fifo, extra_updates = R - 1 > 0 (seed 002 Algorithm 1): further updates on B groups
     # drawn from the buffer, before this step's fresh groups are added.
@@ -493,14 +597,13 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     # 5. After the update: store fresh groups with mu's log-probs from this step's forward pass
     #    (so they cannot be replayed in the step that sampled them), then drop over-age groups.
     #    loss=grpo also stores mu per token (pi_prox's, from the no-grad forward before its first update).
-    #    buffer=popo stores the online groups it trained on (the effective ones).
+    #    A stale/tempered sampler's groups keep their own mu. buffer=popo stores the online groups it
+    #    trained on (the effective ones); popo-ineff stores every online group.
     if parts.buffer is not None and update is not None:
         starts = itertools.accumulate((group.size for group in online), initial=0)  # online come first, whole
-        tokens = update.behaviour_tokens
-        parts.buffer.add(group.with_behaviour_logprobs(update.logprobs[start : start + group.size].tolist(),
-                                                       update.reference_tokens[start : start + group.size],
-                                                       tokens[start : start + group.size] if tokens else None)
-                         for group, start in zip(online, starts))
+        trained_at = {id(group): start for group, start in zip(online, starts)}
+        stored = fresh if popo and cfg.buffer.variant == "popo-ineff" else online
+        parts.buffer.add(stored_group(group, trained_at.get(id(group)), update, measured) for group in stored)
     if parts.buffer is not None and not (fifo or popo):  # FIFO and POPO memories drop their oldest in add()
         parts.buffer.evict(step)
     stored = time.perf_counter()
@@ -508,6 +611,8 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     # Bookkeeping (SPEC 6).
     state.fresh_groups += len(fresh)
     state.replay_groups += len(replayed)
+    state.groups_trained += len(batch)
+    state.effective_groups_trained += sum(is_effective(group) for group in batch)
     ceiling = cfg.loss.behaviour_cap if cfg.loss.name == "grpo" else cfg.clip.ceiling
     if update is not None:
         metrics = step_metrics(batch, ages, update, ceiling, trained)
@@ -516,6 +621,13 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
         metrics = {"train/reward": rewards.mean().item(), "train/correct_fraction": (rewards == 1.0).float().mean().item()}
     if popo:  # seed 003's effective-sample ratio and on-policy share
         metrics.update(composed.metrics())
+    if dynamic:  # DAPO: what the rounds generated against what the batch kept
+        metrics.update({"dynamic/rounds": round_index + 1, "dynamic/generated_groups": len(generated),
+                        "dynamic/kept_groups": len(fresh), "dynamic/shortfall": wanted - len(fresh)})
+    if parts.behaviour is not None:  # seed 002: how far the sampler was from the policy it trains
+        metrics.update(behaviour_metrics(lag, temperature, update, sum(group.size for group in online),
+                                         cfg.behaviour) if off_policy else {"behaviour/lag": 0.0})
+    metrics.update(parts.sampler.metrics())
     if fifo:  # seed 001's off-policiness, replay count and steps-since-last-use statistics
         metrics.update(use_statistics(draws + extra_draws).metrics())
         metrics.update(parts.buffer.replay_counts().metrics())
@@ -527,13 +639,18 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
         "batch/fresh_groups": len(fresh),
         "batch/replay_groups": len(replayed),
         "batch/gap_fill_groups": gap_fill,
-        "batch/replay_ratio": len(replayed) / len(fresh),
-        "batch/replay_ratio_cumulative": state.replay_groups / state.fresh_groups,
+        "batch/replay_ratio": len(replayed) / len(fresh) if fresh else math.nan,
+        "batch/replay_ratio_cumulative": state.replay_groups / state.fresh_groups if state.fresh_groups else math.nan,
+        "batch/effective_fraction": sum(is_effective(group) for group in batch) / len(batch) if batch else math.nan,
+        "batch/effective_fraction_fresh": sum(is_effective(group) for group in generated) / len(generated),
+        "batch/effective_fraction_cumulative": (state.effective_groups_trained / state.groups_trained
+                                                if state.groups_trained else math.nan),
         "buffer/size": sum(buffer_ages.values()),
         **{f"buffer/age{age}": count for age, count in buffer_ages.items()},
         "time/replay_draw": drawn - started,
-        "time/generate": generate_done - drawn,
-        "time/score": score_done - generate_done,
+        "time/generate": timings["generate"],
+        "time/score": timings["score"],
+        **({"time/behaviour_logprobs": score_done - drawn - timings["generate"] - timings["score"]} if off_policy else {}),
         "time/train": train_done - score_done,
         "time/buffer_update": stored - train_done,
     })
@@ -541,6 +658,52 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     metrics["time/bookkeeping"] = done - stored
     metrics["time/step"] = done - started
     state.step += 1
+    return metrics
+
+
+def sample_groups(cfg: DictConfig, parts: Components, instances, sampling: SamplingParams, seed: int, step: int,
+                  timings: dict[str, float]) -> list[Group]:
+    """Generate K responses for each instance's prompt and score each once; adds to timings' generate/score."""
+    started = time.perf_counter()
+    prompts = [countdown.format_prompt(instance, cfg.task.prompt_template) for instance in instances]
+    prompts = [apply_chat_template(parts.tokenizer, p) if cfg.policy.use_chat_template else p for p in prompts]
+    generated = parts.engine.generate(prompts, cfg.trainer.group_size, sampling, seed=seed)
+    generate_done = time.perf_counter()
+    groups = []
+    for instance, prompt, prompt_ids, completions in zip(instances, prompts, generated.prompt_ids, generated.completions):
+        rewards = [countdown.score(c.text, instance.numbers, instance.target) for c in completions]
+        groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, numbers=instance.numbers, target=instance.target,
+                            responses=[c.text for c in completions], response_ids=[c.token_ids for c in completions],
+                            rewards=rewards, step=step))
+    timings["generate"] += generate_done - started
+    timings["score"] += time.perf_counter() - generate_done
+    return groups
+
+
+def stored_group(group: Group, start: int | None, update: UpdateResult, measured: dict[int, Group]) -> Group:
+    """`group` as the buffer keeps it: with log mu, and log pi_ref per token when the update computed it.
+
+    `start`: the group's first row in the update (None: not trained, POPO-ineff's dropped groups,
+    whose mu is in `measured`). A group sampled by a stale/tempered behaviour keeps that mu.
+    """
+    if start is None:
+        return measured.get(id(group), group)
+    rows = slice(start, start + group.size)
+    reference = update.reference_tokens[rows]
+    if group.behaviour_logprobs is not None:
+        return group.with_behaviour_logprobs(group.behaviour_logprobs, reference, group.behaviour_token_logprobs)
+    tokens = update.behaviour_tokens[rows] if update.behaviour_tokens else None
+    return group.with_behaviour_logprobs(update.logprobs[rows].tolist(), reference, tokens)
+
+
+def behaviour_metrics(lag: int, temperature: float, update: UpdateResult | None, fresh_rows: int,
+                      truncation: DictConfig) -> dict[str, float]:
+    """Seed 002's view of an off-policy sampler: lag, temperature and how often truncation binds."""
+    metrics = {"behaviour/lag": float(lag), "behaviour/temperature": temperature}
+    if update is not None and fresh_rows:
+        raw = update.raw_weights[:fresh_rows]  # online rows come first
+        metrics["behaviour/truncated_fraction"] = ((raw > truncation.is_max) | (raw < truncation.is_min)).float().mean().item()
+        metrics["behaviour/log_ratio_mean"] = raw.log().mean().item()
     return metrics
 
 
@@ -560,6 +723,7 @@ def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: st
         "optimizer": parts.optimizer.state_dict(),
         "buffer": parts.buffer.state_dict() if parts.buffer else None,
         "sampler": parts.sampler.state_dict(),
+        "behaviour": parts.behaviour.state_dict() if parts.behaviour else None,
         "torch_rng": torch.get_rng_state(),
         "state": state.__dict__,
         "run_id": run_id,
@@ -578,5 +742,7 @@ def load_checkpoint(path: Path, parts: Components) -> tuple[TrainState, str]:
     if parts.buffer is not None:
         parts.buffer.load_state_dict(payload["buffer"])
     parts.sampler.load_state_dict(payload["sampler"])
+    if parts.behaviour is not None:
+        parts.behaviour.load_state_dict(payload["behaviour"])
     torch.set_rng_state(payload["torch_rng"])
     return TrainState(**payload["state"]), payload["run_id"]

@@ -14,7 +14,8 @@ from src.run import build_buffer
 from src.replay.buffer import Group
 from src.rollout.engine import HFGenerateEngine
 from src.task import countdown
-from src.task.sampler import PromptSampler
+from src.curriculum.sampler import build_prompt_sampler
+from src.rollout.behaviour import build_behaviour
 from src.train import (Components, TrainState, load_checkpoint, micro_batches, policy_update, save_checkpoint,
                        train_step)
 
@@ -28,7 +29,8 @@ def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
         policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer,
         engine=HFGenerateEngine(policy, tokenizer),
         optimizer=torch.optim.AdamW(policy.parameters(), lr=learning_rate or cfg.trainer.learning_rate),
-        buffer=build_buffer(cfg), sampler=PromptSampler(train_set, seed=cfg.trainer.seed),
+        buffer=build_buffer(cfg), sampler=build_prompt_sampler(cfg.curriculum, train_set, seed=cfg.trainer.seed),
+        behaviour=build_behaviour(cfg, policy),
     )
 
 
