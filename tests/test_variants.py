@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -250,13 +251,14 @@ def test_resuming_a_fifo_run_from_a_checkpoint_continues_exactly(random_policy_d
             assert expected[key] == pytest.approx(actual[key], rel=1e-5), key
 
 
-def test_the_variants_study_has_eight_distinct_cells_sharing_the_baseline_ones():
+def test_the_variants_study_runs_every_variant_once_sharing_the_baseline_cells():
     from src.sweep import CellRuns, plan_cells
     from tests.test_sweep import study_jobs
 
     planned = plan_cells(study_jobs("variants"), CellRuns({}, {}))
-    assert len(planned) == 8 and len({cell.cell_id for cell in planned}) == 8
-    assert "popo-grpo" in {cell.cell for cell in planned}
+    assert len(planned) == 17 and len({cell.cell_id for cell in planned}) == 17
+    assert {"popo-grpo", "popo-ineff-grpo", "popo-stale2-grpo", "popo-c1", "rho0-grpo-dapo", "rho0-stale4",
+            "rho0-T1.2", "rho0-frontier", "rho0-failure", "rho0-goldilocks"} <= {cell.cell for cell in planned}
     shared = {cell.cell_id for cell in plan_cells(study_jobs("baseline") + study_jobs("age"), CellRuns({}, {}))}
     assert {cell.cell for cell in planned if cell.cell_id in shared} == {"rho0", "rho1-L1-c1"}
 
@@ -305,3 +307,110 @@ def test_popo_step_with_nothing_effective_takes_no_update(random_policy_dir, com
     assert metrics["popo/shortfall"] == cfg.trainer.groups_per_step and metrics["budget/gradient_steps"] == 0
     assert metrics["train/reward"] == 0.0 and state.fresh_evaluations == 4 * 2
     assert all(torch.equal(a, b) for a, b in zip(before, parts.policy.parameters()))
+
+
+def test_popo_ineff_memory_keeps_every_online_group_with_its_log_mu(random_policy_dir, compose_config, monkeypatch):
+    """POPO-ineff (seed 003 sec. 5.3): ineffective groups still leave the batch, but the memory keeps them too."""
+    monkeypatch.setattr(countdown, "score", lambda text, numbers, target: float(len(text) % 2))
+    cfg = small_config(compose_config, "loss=grpo", "loss.updates_per_step=1", "buffer=popo",
+                       "buffer.variant=popo-ineff", "trainer.steps=3", "trainer.groups_per_step=6")
+    validate(cfg)
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    metrics = [train_step(cfg, parts, state) for _ in range(cfg.trainer.steps)]
+    stored = parts.buffer.groups
+    assert len(stored) == 6  # capacity B: the last step's six online groups, effective or not
+    assert any(not is_effective(g) for g in stored)
+    assert all(g.behaviour_logprobs is not None and g.behaviour_token_logprobs is not None for g in stored)
+    # mu of an ineffective group is its sequence log-prob under the policy that sampled it
+    assert all(math.isclose(sum(tokens), total, rel_tol=1e-5, abs_tol=1e-4)
+               for g in stored for tokens, total in zip(g.behaviour_token_logprobs, g.behaviour_logprobs))
+    refilled = [m for m in metrics[1:] if m["popo/replayed_groups"] > 0]
+    assert refilled and any(m["popo/effective_sample_ratio"] < 1.0 for m in refilled)
+
+
+# --------------------------------------------------------------------------- DAPO dynamic sampling
+def parity_verifier(text, numbers, target):
+    return float(len(text) % 2)  # deterministic stand-in: a group of K=2 is effective iff its lengths' parities differ
+
+
+def test_dynamic_sampling_fills_the_batch_with_effective_groups_and_counts_every_rollout(random_policy_dir,
+                                                                                      compose_config, monkeypatch):
+    monkeypatch.setattr(countdown, "score", parity_verifier)
+    cfg = small_config(compose_config, "sampling=dynamic", "sampling.oversample=1.5", "sampling.max_rounds=20",
+                       "trainer.steps=3")
+    validate(cfg)
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    metrics = [train_step(cfg, parts, state) for _ in range(cfg.trainer.steps)]
+    for m in metrics:
+        assert m["dynamic/kept_groups"] == 4 and m["dynamic/shortfall"] == 0
+        assert m["batch/effective_fraction"] == 1.0  # only effective groups trained
+        assert m["dynamic/generated_groups"] >= 6  # round 1 alone samples ceil(4 x 1.5) prompts
+    # Every generated rollout is a fresh verifier evaluation, kept or not.
+    assert state.fresh_evaluations == sum(m["dynamic/generated_groups"] for m in metrics) * 2
+    assert metrics[-1]["budget/fresh_evaluations"] == state.fresh_evaluations
+    assert any(m["batch/effective_fraction_fresh"] < 1.0 for m in metrics)  # something was discarded
+
+
+def test_dynamic_sampling_gives_up_after_max_rounds(random_policy_dir, compose_config, monkeypatch):
+    monkeypatch.setattr(countdown, "score", lambda text, numbers, target: 0.0)  # nothing is ever effective
+    cfg = small_config(compose_config, "sampling=dynamic", "sampling.oversample=1.5", "sampling.max_rounds=3",
+                       "trainer.steps=1")
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    before = [p.detach().clone() for p in parts.policy.parameters()]
+    metrics = train_step(cfg, parts, state)
+    # Three rounds of ceil(4 x 1.5) = 6 prompts, K = 2 each: 36 evaluations, nothing kept, no update.
+    assert (metrics["dynamic/rounds"], metrics["dynamic/generated_groups"], metrics["dynamic/shortfall"]) == (3, 18, 4)
+    assert state.fresh_evaluations == 36 and metrics["budget/gradient_steps"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, parts.policy.parameters()))
+
+
+def test_standard_sampling_logs_the_effective_fractions(random_policy_dir, compose_config, monkeypatch):
+    monkeypatch.setattr(countdown, "score", parity_verifier)
+    cfg = small_config(compose_config, "trainer.steps=2")
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    metrics = [train_step(cfg, parts, state) for _ in range(2)]
+    groups_effective = [m["batch/effective_fraction"] * 4 for m in metrics]
+    assert metrics[-1]["batch/effective_fraction_cumulative"] == pytest.approx(sum(groups_effective) / 8)
+    assert all(m["batch/effective_fraction"] == m["batch/effective_fraction_fresh"] for m in metrics)
+
+
+# --------------------------------------------------------------------------- frontier curriculum in the loop
+def test_frontier_curriculum_runs_in_the_loop_and_resumes_exactly(random_policy_dir, compose_config, tmp_path,
+                                                                  monkeypatch):
+    monkeypatch.setattr(countdown, "score", parity_verifier)
+    cfg = small_config(compose_config, "curriculum=frontier", "curriculum.fraction=0.5", "curriculum.min_memory=1",
+                       "trainer.steps=4")
+    validate(cfg)
+    straight, resumed, _ = straight_and_resumed(make_parts, random_policy_dir, cfg, tmp_path)
+    assert straight[0]["curriculum/requested"] == 2  # round(0.5 x 4) slots per batch
+    assert any(m["curriculum/retrieved"] > 0 for m in straight[1:])  # once memory holds a frontier prompt
+    assert max(m["curriculum/memory_size"] for m in straight) >= 1
+    for expected, actual in zip(straight[2:], resumed):
+        for key in ("train/reward", "train/loss", "curriculum/memory_size", "curriculum/retrieved"):
+            assert expected[key] == pytest.approx(actual[key], rel=1e-5), key
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["sampling.name=greedy"], ["greedy", "dynamic"]),
+    (["sampling=dynamic", "sampling.oversample=0.5"], ["oversample=0.5", ">= 1"]),
+    (["sampling=dynamic", "sampling.max_rounds=0"], ["max_rounds=0", ">= 1"]),
+    (["curriculum=frontier", "curriculum.fraction=0.001"], ["fraction=0.001"]),
+])
+def test_invalid_sampling_and_curriculum_settings_are_refused(compose_config, overrides, words):
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config(*overrides))
+    assert all(word in str(error.value) for word in words), str(error.value)
+
+
+def test_new_groups_at_their_defaults_leave_cell_ids_unchanged_and_variants_are_distinct(compose_config):
+    for overrides in ([], ["buffer=age2", "clip=tight"], ["loss=grpo", "buffer=fifo"]):
+        cfg = compose_config(*overrides)
+        before = OmegaConf.create(OmegaConf.to_container(cfg))
+        for group in ("sampling", "behaviour", "curriculum"):
+            del before[group]  # the config before these groups existed
+        assert cell_identity(before) == cell_identity(cfg)
+    cells = [compose_config(*o) for o in ([], ["sampling=dynamic"], ["curriculum=frontier"], ["curriculum=failure"],
+                                          ["buffer=popo", "loss=grpo", "buffer.variant=popo-ineff"],
+                                          ["buffer=popo", "loss=grpo"])]
+    assert len({cell_identity(c) for c in cells}) == len({cell_name(c) for c in cells}) == len(cells)
+    assert cell_name(cells[1]) == "rho0-dapo" and cell_name(cells[4]) == "popo-ineff-grpo"
