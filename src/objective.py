@@ -65,26 +65,6 @@ def importance_weights(
     return clipped, raw
 
 
-def truncated_importance_weights(current_logprobs: Tensor, behaviour_logprobs: Tensor,
-                                 is_min: float, is_max: float) -> tuple[Tensor, Tensor]:
-    """Return (truncated, raw) weights exp(clip(log pi - log mu, log rho_min, log rho_max)), detached (seed 002 eq. 3).
-
-    Works elementwise, so it serves sequence-level (one log-prob per response) and token-level
-    (one per token) correction alike; `is_min = 0` leaves the weight untruncated from below.
-    """
-    low, high = float(is_min), float(is_max)
-    if not (0 <= low <= 1 <= high):  # also rejects nan
-        raise ValueError(f"truncation bounds [rho_min, rho_max] = [{is_min!r}, {is_max!r}] must satisfy "
-                         "0 <= rho_min <= 1 <= rho_max (seed 002 uses rho_max = 2, rho_min = 0)")
-    if current_logprobs.shape != behaviour_logprobs.shape:
-        raise ValueError(f"current_logprobs shape {tuple(current_logprobs.shape)} != behaviour_logprobs shape "
-                         f"{tuple(behaviour_logprobs.shape)}; pass matching sequence or token log-probs")
-    with torch.no_grad():
-        log_ratio = current_logprobs.detach() - behaviour_logprobs.detach().to(current_logprobs.dtype)
-        truncated = log_ratio.clamp(min=math.log(low) if low > 0 else None, max=math.log(high)).exp()
-    return truncated, log_ratio.exp()
-
-
 def clip_fraction(raw_weights: Tensor, clip_ceiling: float) -> float:
     """Share of raw weights strictly above c; nan for empty input (nothing was reused)."""
     if raw_weights.numel() == 0:

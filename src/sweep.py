@@ -195,6 +195,7 @@ class PlannedCell:
     fresh_evaluations: int
     status: str  # "launch", "resume", "finished" (skipped) or "duplicate" (same cell earlier in this sweep)
     previous: str | None = None  # the finished run id, or the checkpoint a resumed cell continues from
+    budget_is_floor: bool = False  # sampling=dynamic generates until its batch is full: the plan is a minimum
 
 
 def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> list[PlannedCell]:
@@ -216,7 +217,8 @@ def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> lis
         else:
             status = "launch"
         seen.add(identity)
-        planned.append(PlannedCell(list(overrides), cell_name(cfg), identity, budget, status, previous))
+        planned.append(PlannedCell(list(overrides), cell_name(cfg), identity, budget, status, previous,
+                                   budget_is_floor=cfg.sampling.name == "dynamic"))
     return planned
 
 

@@ -32,7 +32,6 @@ from omegaconf import DictConfig
 
 from src.objective import (
     clip_fraction,
-    truncated_importance_weights,
     effective_sample_size,
     batch_rows,
     importance_weights,
@@ -42,7 +41,7 @@ from src.objective import (
     plan_batch,
     token_entropy,
 )
-from src.losses import clipped_surrogate, group_normalised_advantages
+from src.losses import clipped_surrogate, group_normalised_advantages, truncated_importance_weights
 from src.replay.buffer import Group, ReplayBuffer
 from src.replay.fifo import FifoReplayBuffer, use_statistics
 from src.replay.popo import EffectiveGroupMemory, compose_batch, is_effective
@@ -308,7 +307,8 @@ def rloo_update(policy, reference, optimizer, groups: list[Group], rows: list[tu
                 mu_tokens = place_tokens(chunk, [behaviour_tokens[i] for i in index.tolist()],
                                          torch.zeros_like(mask))
                 per_token, _ = truncated_importance_weights(token_logprobs.detach().float(), mu_tokens,
-                                                            truncation.is_min, truncation.is_max)
+                                                            truncation.is_min, truncation.is_max, level="token",
+                                                            mask=mask)
                 token_weights = torch.where(off_policy.to(device)[:, None], per_token, token_weights)
                 token_mean = (per_token * mask).sum(-1).cpu() / mask.sum(-1).clamp(min=1).cpu()
                 clipped = torch.where(off_policy, token_mean, clipped)  # logged: the mean token weight

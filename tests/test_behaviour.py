@@ -8,34 +8,10 @@ import pytest
 import torch
 
 from src.config import ConfigError, validate
-from src.objective import truncated_importance_weights
 from src.rollout.behaviour import BehaviourPolicy
 from src.sweep import cell_identity, cell_name, variant_label
 from src.train import TrainState, policy_update, sampled_token_logprobs, train_step
 from tests.test_train import group, make_parts, small_config, straight_and_resumed
-
-
-# --------------------------------------------------------------------------- the weight (pure)
-def test_truncated_weights_clip_the_log_ratio_into_log_bounds():
-    current = torch.tensor([math.log(3.0), math.log(0.5), 0.0, math.log(0.1)])
-    truncated, raw = truncated_importance_weights(current, torch.zeros(4), is_min=0.2, is_max=2.0)
-    torch.testing.assert_close(truncated, torch.tensor([2.0, 0.5, 1.0, 0.2]))
-    torch.testing.assert_close(raw, torch.tensor([3.0, 0.5, 1.0, 0.1]))
-    untruncated_below, _ = truncated_importance_weights(current, torch.zeros(4), is_min=0.0, is_max=2.0)
-    assert untruncated_below[3].item() == pytest.approx(0.1)  # rho_min = 0: V-trace truncates only above
-
-
-def test_truncated_weights_are_constants_and_elementwise_for_token_level():
-    current = torch.tensor([[0.0, math.log(4.0)], [math.log(0.25), 0.0]], requires_grad=True)
-    truncated, _ = truncated_importance_weights(current, torch.zeros(2, 2), is_min=0.5, is_max=2.0)
-    assert not truncated.requires_grad
-    torch.testing.assert_close(truncated, torch.tensor([[1.0, 2.0], [0.5, 1.0]]))
-
-
-@pytest.mark.parametrize("low,high", [(-0.1, 2.0), (1.5, 2.0), (0.0, 0.9), (float("nan"), 2.0)])
-def test_truncation_bounds_must_hold_one(low, high):
-    with pytest.raises(ValueError, match="rho_min"):
-        truncated_importance_weights(torch.zeros(1), torch.zeros(1), low, high)
 
 
 # --------------------------------------------------------------------------- which weights sample
