@@ -18,10 +18,7 @@ from src.curriculum.sampler import (
 from src.paths import CONFIG_DIR
 from src.task.countdown import Instance, generate_instances, train_and_heldout
 from src.task.sampler import PromptSampler
-
-
-def I(numbers, target):  # noqa: E743 - short constructor for readable fixtures
-    return Instance(numbers=tuple(numbers), target=target)
+from tests.test_frontier import I  # noqa: E402 - the short Instance constructor the fixtures share
 
 
 def frontier_cfg(**overrides):

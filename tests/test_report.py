@@ -71,14 +71,20 @@ def _log_run(client: MlflowClient, experiment_id: str, *, started: int, sweep: s
     return run.info.run_id
 
 
+def _new_store(tmp_path_factory, name: str):
+    """A fresh SQLite tracking store with the report's experiment: (folder, uri, client, experiment id)."""
+    folder = tmp_path_factory.mktemp(name)
+    uri = f"sqlite:///{folder}/mlruns.db"
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment(EXPERIMENT, artifact_location=(folder / "artifacts").as_uri())
+    return folder, uri, client, experiment_id
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A SQLite store: baseline, two runs of one cell, a FAILED and a KILLED run, a probed rho = 2 run."""
-    folder = tmp_path_factory.mktemp("store")
-    uri = f"sqlite:///{folder}/mlruns.db"
+    folder, uri, client, experiment_id = _new_store(tmp_path_factory, "store")
     previous = mlflow.get_tracking_uri()
-    client = MlflowClient(uri)
-    experiment_id = client.create_experiment(EXPERIMENT, artifact_location=(folder / "artifacts").as_uri())
     client.create_experiment("empty", artifact_location=(folder / "empty").as_uri())
     t0 = int(time.time() * 1000)
     ids = {
@@ -255,11 +261,8 @@ def _budget(gradient_steps: list[float], effective: list[float]) -> dict[str, li
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     """Plain cells with and without the new tags, variants whose rho/L/c tags sit on grid positions, the report."""
-    folder = tmp_path_factory.mktemp("mixed")
-    uri = f"sqlite:///{folder}/mlruns.db"
+    folder, uri, client, experiment_id = _new_store(tmp_path_factory, "mixed")
     previous = mlflow.get_tracking_uri()
-    client = MlflowClient(uri)
-    experiment_id = client.create_experiment(EXPERIMENT, artifact_location=(folder / "artifacts").as_uri())
     t0 = int(time.time() * 1000)
     log = dict(client=client, experiment_id=experiment_id)
     ids = {

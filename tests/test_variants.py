@@ -414,3 +414,12 @@ def test_new_groups_at_their_defaults_leave_cell_ids_unchanged_and_variants_are_
                                           ["buffer=popo", "loss=grpo"])]
     assert len({cell_identity(c) for c in cells}) == len({cell_name(c) for c in cells}) == len(cells)
     assert cell_name(cells[1]) == "rho0-dapo" and cell_name(cells[4]) == "popo-ineff-grpo"
+
+
+def test_resuming_a_dynamic_sampling_run_continues_exactly(random_policy_dir, compose_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(countdown, "score", parity_verifier)
+    cfg = small_config(compose_config, "sampling=dynamic", "sampling.max_rounds=20", "buffer=age1", "trainer.steps=4")
+    straight, resumed, _ = straight_and_resumed(make_parts, random_policy_dir, cfg, tmp_path)
+    for expected, actual in zip(straight[2:], resumed):
+        for key in ("train/reward", "train/loss", "dynamic/generated_groups", "budget/fresh_evaluations"):
+            assert expected[key] == pytest.approx(actual[key], rel=1e-5), key
