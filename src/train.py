@@ -602,8 +602,8 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     if parts.buffer is not None and update is not None:
         starts = itertools.accumulate((group.size for group in online), initial=0)  # online come first, whole
         trained_at = {id(group): start for group, start in zip(online, starts)}
-        stored = fresh if popo and cfg.buffer.variant == "popo-ineff" else online
-        parts.buffer.add(stored_group(group, trained_at.get(id(group)), update, measured) for group in stored)
+        to_store = fresh if popo and cfg.buffer.variant == "popo-ineff" else online
+        parts.buffer.add(stored_group(group, trained_at.get(id(group)), update, measured) for group in to_store)
     if parts.buffer is not None and not (fifo or popo):  # FIFO and POPO memories drop their oldest in add()
         parts.buffer.evict(step)
     stored = time.perf_counter()
@@ -617,7 +617,7 @@ def train_step(cfg: DictConfig, parts: Components, state: TrainState) -> dict[st
     if update is not None:
         metrics = step_metrics(batch, ages, update, ceiling, trained)
     else:  # nothing trained this step: the sampled rewards still show where the policy is
-        rewards = torch.tensor([r for group in fresh for r in group.rewards])
+        rewards = torch.tensor([r for group in generated for r in group.rewards])
         metrics = {"train/reward": rewards.mean().item(), "train/correct_fraction": (rewards == 1.0).float().mean().item()}
     if popo:  # seed 003's effective-sample ratio and on-policy share
         metrics.update(composed.metrics())
