@@ -9,7 +9,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from src.config import ConfigError, validate
 from src.paths import CONFIG_DIR
 
-GROUPS = ["task", "policy", "trainer", "buffer", "clip", "evaluation", "hardware"]
+GROUPS = ["task", "policy", "trainer", "buffer", "clip", "loss", "sampling", "behaviour", "curriculum", "evaluation",
+          "hardware"]
 
 
 def options(group: str) -> list[str]:

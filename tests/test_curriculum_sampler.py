@@ -16,7 +16,7 @@ from src.curriculum.sampler import (
     check_curriculum,
 )
 from src.paths import CONFIG_DIR
-from src.task.countdown import Instance, generate_instances, train_and_heldout
+from src.task.countdown import generate_instances, train_and_heldout
 from src.task.sampler import PromptSampler
 from tests.test_frontier import I  # noqa: E402 - the short Instance constructor the fixtures share
 

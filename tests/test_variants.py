@@ -11,7 +11,6 @@ from omegaconf import OmegaConf
 
 from src.budget import plan_fresh_evaluations, planning_max_age
 from src.config import ConfigError, validate
-from src.paths import CONFIG_DIR, PROJECT_ROOT
 from src.replay.popo import is_effective
 from src.sweep import cell_identity, cell_name
 from src.task import countdown
@@ -49,17 +48,6 @@ def test_variant_cells_are_distinct(compose_config):
     assert len({cell_name(c) for c in cells}) == len(cells)
     # grpo does not read clip.ceiling: changing it does not make a new cell
     assert cell_identity(compose_config("loss=grpo", "clip=tight")) == cell_identity(compose_config("loss=grpo"))
-
-
-def test_every_new_yaml_knob_is_read_by_the_code():
-    source = "\n".join(path.read_text() for path in (PROJECT_ROOT / "src").rglob("*.py"))
-    groups = ("loss", "sampling", "behaviour", "curriculum")
-    for path in [*(p for g in groups for p in (CONFIG_DIR / g).glob("*.yaml")),
-                 CONFIG_DIR / "buffer" / "fifo.yaml", CONFIG_DIR / "buffer" / "popo.yaml"]:
-        for key in OmegaConf.load(path):
-            # read as cfg.group.key, or by name (the curriculum sampler reads its KEYS by name)
-            assert key in ("name", "defaults") or f".{key}" in source or f'"{key}"' in source, \
-                f"{path.name}: {key} is read by no code"
 
 
 @pytest.mark.parametrize("overrides,words", [
@@ -406,8 +394,8 @@ def test_new_groups_at_their_defaults_leave_cell_ids_unchanged_and_variants_are_
     for overrides in ([], ["buffer=age2", "clip=tight"], ["loss=grpo", "buffer=fifo"]):
         cfg = compose_config(*overrides)
         before = OmegaConf.create(OmegaConf.to_container(cfg))
-        for group in ("sampling", "behaviour", "curriculum"):
-            del before[group]  # the config before these groups existed
+        for new_group in ("sampling", "behaviour", "curriculum"):
+            del before[new_group]  # the config before these groups existed
         assert cell_identity(before) == cell_identity(cfg)
     cells = [compose_config(*o) for o in ([], ["sampling=dynamic"], ["curriculum=frontier"], ["curriculum=failure"],
                                           ["buffer=popo", "loss=grpo", "buffer.variant=popo-ineff"],
