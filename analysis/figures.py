@@ -146,7 +146,10 @@ def plot_frontier(results: pd.DataFrame, path: Path, k_label: str) -> Path:
                        ms=9, label=label) for label in sorted(variants["variant"].unique())]
     if (points["protocol"] != "canonical").any():
         handles.append(Line2D([], [], marker="o", color="gray", mfc="none", ls="", label="hollow: quick protocol"))
-    left.legend(handles=handles, fontsize=8, loc="best")
+    if variants.empty:
+        left.legend(handles=handles, fontsize=8, loc="best")
+    else:  # many labels: below both panels, so no point is hidden (bbox_inches="tight" keeps it in the file)
+        fig.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3)
     return _save(fig, path)
 
 

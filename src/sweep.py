@@ -68,7 +68,9 @@ def variant_label(cfg: DictConfig) -> str:
                 "popo-stale": f"POPO-stale({buffer.stale_factor})"}[buffer.variant]
     else:
         base = "Fresh-only" if buffer.ratio == 0 else "Replay-RLOO"
-    parts = [base + (" (GRPO loss)" if cfg.loss.name == "grpo" else "")]
+    # POPO is a GRPO method (seed 003): say so when it runs on the RLOO loss instead.
+    loss = " (GRPO loss)" if cfg.loss.name == "grpo" else " (RLOO loss)" if buffer.name == "popo" else ""
+    parts = [base + loss]
     if cfg.sampling.name == "dynamic":
         parts.append("DAPO dynamic sampling")
     behaviour = cfg.behaviour
