@@ -403,7 +403,8 @@ def test_frontier_labels_each_variant(mixed, tmp_path, monkeypatch):
     drawn = {}
 
     def keep(fig, path):
-        drawn["legend"] = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        legend = fig.axes[0].get_legend() or fig.legends[0]  # with variants it sits below the panels
+        drawn["legend"] = [t.get_text() for t in legend.get_texts()]
         return report.figures.plt.close(fig) or path
 
     monkeypatch.setattr(report.figures, "_save", keep)
