@@ -3,7 +3,9 @@
 A cell is identified by its resolved config minus the keys that only say how or where it
 runs (`LAUNCH_ONLY`). A fresh-only cell (rho = 0) has no buffer and every weight is 1, so
 its buffer and clip settings are dropped too: the ratio study's rho = 0 baseline and the
-baseline study's `buffer=none` run are the same cell, and run once. The identity is stored on
+baseline study's `buffer=none` run are the same cell, and run once. A local policy folder adds
+the hash of its weights, so rebuilding the warm start (`make sft-tiny`) never reuses results
+trained from the old one. The identity is stored on
 every run as the tag `cell_id`; the sweeper (`hydra_plugins/replay_rloo_sweeper`) skips a
 cell that has a FINISHED run with that tag and launches each remaining identity once; a job
 whose cell last FAILED or was KILLED (or a requeued SLURM job) resumes from that run's
@@ -12,6 +14,7 @@ checkpoint into the same MLflow run (`src.run`, `trainer.auto_resume`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -22,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from src.budget import plan_fresh_evaluations, planning_max_age
+from src.paths import resolve_policy_path
 
 # Keys that change how a cell is launched or logged, never what it computes.
 LAUNCH_ONLY = (
@@ -114,8 +118,34 @@ def cell_identity(cfg: DictConfig) -> str:
     if resolved.pop("loss", {"name": "rloo"})["name"] != "rloo":  # rloo, the default: cells keep their old id
         resolved["loss"] = OmegaConf.to_container(cfg.loss, resolve=True)
         resolved.pop("clip", None)  # loss=grpo does not read clip.ceiling
+    weights = policy_fingerprint(cfg.policy.name_or_path)
+    if weights is not None:  # a rebuilt warm start under the same folder name is a new cell
+        resolved["policy_weights"] = weights
     text = json.dumps(_numbers_as_floats(resolved), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+WEIGHT_FILES = ("*.safetensors", "*.bin")
+
+
+def policy_fingerprint(name_or_path: str) -> str | None:
+    """A content hash of a local policy folder's weight files; None for a hub name (its name is the identity)."""
+    folder = Path(resolve_policy_path(name_or_path))
+    if not folder.is_dir():
+        return None
+    files = sorted(path for pattern in WEIGHT_FILES for path in folder.glob(pattern))
+    return _content_digest(tuple((str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in files))
+
+
+@functools.lru_cache(maxsize=64)
+def _content_digest(files: tuple[tuple[str, int, int], ...]) -> str:
+    """sha256 over the files' bytes, cached per (path, size, mtime): a sweep hashes each folder once."""
+    digest = hashlib.sha256()
+    for path, _, _ in files:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def _numbers_as_floats(node):

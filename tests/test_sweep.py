@@ -165,3 +165,19 @@ def test_preempted_run_resumes_into_the_same_run_with_identical_metrics(tmp_path
                                                     key=lambda m: m.step)]
         assert [step for step, _ in actual] == [step for step, _ in expected], key
         assert [value for _, value in actual] == pytest.approx([value for _, value in expected], rel=1e-5), key
+
+
+def test_a_rebuilt_local_policy_is_a_new_cell_and_a_hub_name_is_its_own_identity(compose_config, tmp_path):
+    """Rebuilding the warm start under the same folder must not let the sweeper skip cells trained from the old one."""
+    from src.sweep import policy_fingerprint
+
+    folder = tmp_path / "policy"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights one")
+    cfg = compose_config(f"policy.name_or_path={folder}")
+    first = cell_identity(cfg)
+    assert cell_identity(cfg) == first  # stable
+    (folder / "model.safetensors").write_bytes(b"weights two")
+    assert cell_identity(cfg) != first
+    assert policy_fingerprint("some-org/some-hub-model") is None
+    assert policy_fingerprint("checkpoints/tiny-countdown") is not None  # the committed folder, from the root

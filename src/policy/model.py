@@ -8,12 +8,11 @@ own tokenizer for a byte-level BPE on load; for llama it honours the saved token
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from src.paths import PROJECT_ROOT
+from src.paths import resolve_policy_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,14 +35,6 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 128,
         bos_token_id=None,
     )
     return LlamaForCausalLM(config)
-
-
-def resolve_policy_path(name_or_path: str) -> str:
-    """A hub name stays as it is; a relative folder is looked up from the project root."""
-    candidate = Path(name_or_path)
-    if not candidate.is_absolute() and (PROJECT_ROOT / candidate).exists():
-        return str(PROJECT_ROOT / candidate)
-    return name_or_path
 
 
 def load_policy(name_or_path: str, device: str = "cpu", dtype: str = "float32"):

@@ -35,7 +35,7 @@ class SFTSettings:
     """Everything that determines the warm-start checkpoint (saved next to it)."""
 
     examples: int = 4000
-    steps: int = 800
+    steps: int = 300
     batch_size: int = 64
     learning_rate: float = 2e-3
     hidden_size: int = 128
