@@ -28,7 +28,6 @@ MLFLOW_ALLOWED_HOSTS ?=   # jobs reaching the server by host name: e.g. MLFLOW_A
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
@@ -38,7 +37,7 @@ install: $(STAMP)  ## create .venv and install the project with its test tools
 demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised
 	$(PY) -m src.run -m buffer=none,age1 clip=tight tracking.sweep=demo hydra.sweeper.skip_finished=false
 	$(PY) -m analysis.summary --sweep demo --latest 2
-	$(PY) -m analysis.report --sweep demo
+	@echo "tables and figures of these runs: make report SWEEP=demo"
 
 test: $(STAMP)  ## the whole test suite (what CI runs)
 	$(PY) -m pytest -q
