@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from src.eval.protocol import ESTIMATORS
 from src.paths import PROJECT_ROOT
 from src.policy.model import DTYPES
+from src.replay.popo import POPO_VARIANTS
 
 if not OmegaConf.has_resolver("root"):
     OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
@@ -23,7 +24,6 @@ SOURCES = ("generator", "hub")
 SAMPLINGS = ("standard", "dynamic")
 BEHAVIOURS = ("current", "stale", "diverse")
 IS_LEVELS = ("sequence", "token")
-POPO_VARIANTS = ("popo", "popo-ineff", "popo-stale")  # src.replay.popo.POPO_VARIANTS
 
 
 class ConfigError(ValueError):

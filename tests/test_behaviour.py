@@ -11,7 +11,7 @@ from src.config import ConfigError, validate
 from src.rollout.behaviour import BehaviourPolicy
 from src.sweep import cell_identity, cell_name, variant_label
 from src.train import TrainState, policy_update, sampled_token_logprobs, train_step
-from tests.test_train import group, make_parts, small_config, straight_and_resumed
+from tests.test_train import assert_resumed_like_straight, group, make_parts, small_config, straight_and_resumed
 
 
 # --------------------------------------------------------------------------- which weights sample
@@ -139,9 +139,8 @@ def test_resuming_an_off_policy_behaviour_run_continues_exactly(random_policy_di
                                                                 overrides):
     cfg = small_config(compose_config, *overrides, "trainer.steps=4")
     straight, resumed, _ = straight_and_resumed(make_parts, random_policy_dir, cfg, tmp_path)
-    for expected, actual in zip(straight[2:], resumed):
-        for key in ("train/reward", "train/loss", "weights/raw_mean/fresh", "budget/fresh_evaluations"):
-            assert expected[key] == pytest.approx(actual[key], rel=1e-5), key
+    assert_resumed_like_straight(straight, resumed,
+                                 ("train/reward", "train/loss", "weights/raw_mean/fresh", "budget/fresh_evaluations"))
 
 
 # --------------------------------------------------------------------------- config

@@ -157,6 +157,14 @@ def test_counted_fresh_evaluations_equal_the_planned_budget(random_policy_dir, c
         assert all(g.behaviour_logprobs is not None for g in parts.buffer.groups)
 
 
+def assert_resumed_like_straight(straight, resumed, keys, stop_at=2):
+    """Every step after the restored checkpoint logs what the uninterrupted run logged, key by key."""
+    for expected, actual in zip(straight[stop_at:], resumed):
+        for key in keys:
+            assert key in expected, key
+            assert expected[key] == pytest.approx(actual[key], rel=1e-5), key
+
+
 def straight_and_resumed(make_parts, policy_dir, cfg, tmp_path, steps=4, stop_at=2):
     """Metrics of `steps` uninterrupted steps, and of the steps after a checkpoint at `stop_at` restored into new parts."""
     straight_parts, straight_state = make_parts(policy_dir, cfg, learning_rate=1e-2), TrainState()

@@ -15,7 +15,8 @@ from src.replay.popo import is_effective
 from src.sweep import cell_identity, cell_name
 from src.task import countdown
 from src.train import TrainState, policy_update, train_step
-from tests.test_train import group, make_parts, sample_groups, small_config, straight_and_resumed
+from tests.test_train import (assert_resumed_like_straight, group, make_parts, sample_groups, small_config,
+                              straight_and_resumed)
 
 
 # --------------------------------------------------------------------------- config
@@ -233,10 +234,7 @@ def test_resuming_a_fifo_run_from_a_checkpoint_continues_exactly(random_policy_d
     straight, resumed, run = straight_and_resumed(make_parts, random_policy_dir, cfg, tmp_path)
     assert (run["run_id"], run["step"]) == ("run-1", 2)
     assert run["buffer_sizes"][0] == run["buffer_sizes"][1]  # the restored buffer holds what the first one did
-    for expected, actual in zip(straight[2:], resumed):
-        for key in keys:
-            assert key in expected, key
-            assert expected[key] == pytest.approx(actual[key], rel=1e-5), key
+    assert_resumed_like_straight(straight, resumed, keys)
 
 
 def test_the_variants_study_runs_every_variant_once_sharing_the_baseline_cells():
@@ -373,9 +371,8 @@ def test_frontier_curriculum_runs_in_the_loop_and_resumes_exactly(random_policy_
     assert straight[0]["curriculum/requested"] == 2  # round(0.5 x 4) slots per batch
     assert any(m["curriculum/retrieved"] > 0 for m in straight[1:])  # once memory holds a frontier prompt
     assert max(m["curriculum/memory_size"] for m in straight) >= 1
-    for expected, actual in zip(straight[2:], resumed):
-        for key in ("train/reward", "train/loss", "curriculum/memory_size", "curriculum/retrieved"):
-            assert expected[key] == pytest.approx(actual[key], rel=1e-5), key
+    assert_resumed_like_straight(straight, resumed,
+                                 ("train/reward", "train/loss", "curriculum/memory_size", "curriculum/retrieved"))
 
 
 @pytest.mark.parametrize("overrides,words", [
@@ -408,6 +405,5 @@ def test_resuming_a_dynamic_sampling_run_continues_exactly(random_policy_dir, co
     monkeypatch.setattr(countdown, "score", parity_verifier)
     cfg = small_config(compose_config, "sampling=dynamic", "sampling.max_rounds=20", "buffer=age1", "trainer.steps=4")
     straight, resumed, _ = straight_and_resumed(make_parts, random_policy_dir, cfg, tmp_path)
-    for expected, actual in zip(straight[2:], resumed):
-        for key in ("train/reward", "train/loss", "dynamic/generated_groups", "budget/fresh_evaluations"):
-            assert expected[key] == pytest.approx(actual[key], rel=1e-5), key
+    assert_resumed_like_straight(straight, resumed,
+                                 ("train/reward", "train/loss", "dynamic/generated_groups", "budget/fresh_evaluations"))

@@ -8,7 +8,6 @@ own tokenizer for a byte-level BPE on load; for llama it honours the saved token
 
 from __future__ import annotations
 
-
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
