@@ -54,3 +54,18 @@ def test_stopping_criterion_marks_only_rows_that_closed_their_answer(random_poli
     rows = [prompt + [tokenizer.pad_token_id] * (width - len(r)) + r for r in (done, open_)]
     criterion = StopAfterAnswer(tokenizer, closing_tokens(tokenizer), prompt_length=len(prompt))
     assert criterion(torch.tensor(rows), None).tolist() == [True, False]
+
+
+def test_stopping_criterion_keeps_a_finished_row_finished_without_decoding_it_again(random_policy_dir):
+    _, tokenizer = load_policy(str(random_policy_dir))
+    prompt = tokenizer("[1, 2]", add_special_tokens=False)["input_ids"]
+    done = tokenizer(" <answer> 1 + 2 </answer>", add_special_tokens=False)["input_ids"]
+    criterion = StopAfterAnswer(tokenizer, closing_tokens(tokenizer), prompt_length=len(prompt))
+    assert criterion(torch.tensor([prompt + done]), None).tolist() == [True]
+    decoded = []
+    tokenizer_decode = tokenizer.decode
+    tokenizer.decode = lambda ids, **kwargs: decoded.append(ids) or tokenizer_decode(ids, **kwargs)
+    # generate pads a finished row; '<pad>' holds a '>' but the row is not looked at again.
+    padded = torch.tensor([prompt + done + [tokenizer.pad_token_id] * 2])
+    assert criterion(padded, None).tolist() == [True]
+    assert decoded == []

@@ -71,12 +71,16 @@ class StopAfterAnswer(StoppingCriteria):
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, closing: torch.Tensor, prompt_length: int):
         self.tokenizer, self.closing, self.prompt_length = tokenizer, closing, prompt_length
+        self.done: torch.Tensor | None = None  # rows already finished: never decoded again
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        for row in self.closing[input_ids[:, -1].cpu()].nonzero().flatten().tolist():
-            done[row] = STOP_STRING in self.tokenizer.decode(input_ids[row, self.prompt_length :])
-        return done
+        if self.done is None:
+            self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        # Finished rows are padded with special tokens such as '<pad>', whose text holds a '>' too.
+        candidates = self.closing[input_ids[:, -1].cpu()] & ~self.done
+        for row in candidates.nonzero().flatten().tolist():
+            self.done[row] = STOP_STRING in self.tokenizer.decode(input_ids[row, self.prompt_length :])
+        return self.done.to(input_ids.device)
 
 
 class HFGenerateEngine:
