@@ -14,7 +14,7 @@ HARDWARE ?= cpu
 DRY_RUN ?= 0
 ARGS ?=
 SWEEP_FLAGS = hardware=$(HARDWARE) hydra.sweeper.dry_run=$(if $(filter 1 true yes,$(DRY_RUN)),true,false) $(ARGS)
-# Reports: make report [SWEEP=ratio] [EXPERIMENT=replay-rloo]
+# Reports: make report [SWEEP=ratio] [SINCE=2026-11-21T12:00] [EXPERIMENT=replay-rloo]
 SWEEP ?=
 EXPERIMENT ?=
 MLFLOW_HOST ?= 0.0.0.0
@@ -75,7 +75,7 @@ sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants: sw
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)
 
 report: $(STAMP)  ## tables and figures from MLflow into reports/<name>/
-	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT))
+	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SINCE),--since $(SINCE)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT))
 
 mlflow-server: $(STAMP)  ## a tracking server for cluster jobs (tracking.uri=http://<this host>:$(MLFLOW_PORT))
 	$(PY) -m mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \

@@ -66,8 +66,9 @@ class ReportError(Exception):
 # --------------------------------------------------------------------------- reading MLflow
 
 
-def load_runs(uri: str, experiment: str, sweeps: list[str] | None = None) -> pd.DataFrame:
-    """All runs of one experiment (optionally only the given sweep tags), newest first."""
+def load_runs(uri: str, experiment: str, sweeps: list[str] | None = None,
+              since: datetime | None = None) -> pd.DataFrame:
+    """All runs of one experiment (optionally only the given sweep tags, only those started at `since` or later)."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         # Opening a missing SQLite file would silently create an empty store.
         raise ReportError(f"no MLflow store at {uri}")
@@ -81,6 +82,9 @@ def load_runs(uri: str, experiment: str, sweeps: list[str] | None = None) -> pd.
     # adds every study that reuses it to the `sweeps` tag (",age,ratio,").
     filters = [query for sweep in sweeps for query in (f"tags.sweep = '{sweep}'", f"tags.sweeps LIKE '%,{sweep},%'")
                ] if sweeps else [""]
+    if since is not None:
+        started = f"attributes.start_time >= {round(since.timestamp() * 1000)}"
+        filters = [f"{query} AND {started}" if query else started for query in filters]
     frames = [mlflow.search_runs(experiment_names=[experiment], filter_string=query, order_by=["start_time DESC"])
               for query in filters]
     frames = [frame for frame in frames if not frame.empty]
@@ -237,7 +241,7 @@ def results_table(used: pd.DataFrame) -> pd.DataFrame:
         ks = _pass_ks(run, prefix) if protocol != "none" else []
         row = {
             "run_id": run["run_id"], "sweep": run.get("tags.sweep", ""), "cell": run.get("tags.cell", "?"),
-            "policy": run.get("tags.policy", ""), "setting": role["setting"], "plain": role["plain"],
+            "cell_id": _tag(run, "cell_id"), "policy": run.get("tags.policy", ""), "setting": role["setting"], "plain": role["plain"],
             "variant": role["variant"], "rho": role["rho"], "L": role["L"], "c": role["c"],
             "coordinates": role["coordinates"], "protocol": protocol,
             "fresh_evaluations": _fresh_evaluations(run), "gradient_steps": _metric(run, "budget/gradient_steps"),
@@ -254,7 +258,7 @@ def results_table(used: pd.DataFrame) -> pd.DataFrame:
             row[name] = _metric(run, f"{prefix}/{metric}")
             row[f"{name}_hw"] = _metric(run, f"{prefix}/{metric}_hw")
         rows.append(row)
-    base = ["run_id", "sweep", "cell", "policy", "setting", "plain", "variant", "rho", "L", "c", "coordinates",
+    base = ["run_id", "sweep", "cell", "cell_id", "policy", "setting", "plain", "variant", "rho", "L", "c", "coordinates",
             "protocol", "fresh_evaluations", "gradient_steps", "effective_ratio", "k_max"]
     table = pd.DataFrame(rows, columns=None if rows else base)
     for column in ["pass@1", "pass@1_hw", "pass@k_max", "pass@k_max_hw",
@@ -295,6 +299,19 @@ def variants_table(results: pd.DataFrame, used: pd.DataFrame) -> pd.DataFrame:
     if keep.any():  # the baseline is a reference only where there is something to compare with it
         keep |= results.index.isin(results.index[plain & (results["rho"] == 0)][:1])
     return results.loc[keep, VARIANT_COLUMNS].reset_index(drop=True)
+
+
+def same_label_configs(results: pd.DataFrame) -> pd.DataFrame:
+    """Used runs that share a table label (variant, cell, policy) but not a config (`cell_id`).
+
+    Such rows read like repeats of one experiment but are different experiments: a knob or the
+    warm-start weights changed between them (src.sweep.cell_identity), e.g. a store holding a study
+    from before and after `make sft-tiny` was rerun.
+    """
+    if results.empty:
+        return results
+    label = ["variant", "cell", "policy"]
+    return results[results.duplicated(label, keep=False)].sort_values(label, kind="stable")
 
 
 def baseline_values(results: pd.DataFrame) -> dict[str, tuple[float, float]]:
@@ -404,7 +421,13 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def _when(value) -> str:
-    return "-" if value is None or pd.isna(value) else pd.Timestamp(value).strftime("%Y-%m-%d %H:%M")
+    """A run's start in local time, the clock `--since` reads."""
+    if value is None or pd.isna(value):
+        return "-"
+    stamp = pd.Timestamp(value)
+    if stamp.tzinfo is not None:
+        stamp = stamp.tz_convert(datetime.now().astimezone().tzinfo)
+    return stamp.strftime("%Y-%m-%d %H:%M")
 
 
 def k_label(results: pd.DataFrame) -> str:
@@ -555,6 +578,17 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
                               [[f"`{run['run_id']}`", run.get("tags.sweep", ""), run.get("tags.cell", "?"),
                                 run["status"], _when(run.get("start_time"))]
                                for _, run in unfinished.iterrows()]) if not unfinished.empty else "_None._")
+    shared = same_label_configs(results)
+    if not shared.empty:
+        started = dict(zip(used["run_id"], used["start_time"]))
+        out += ["", "### Same label, different configuration", "",
+                "**These rows share a label but are different experiments** (their `cell_id` differs: a knob or "
+                "the warm-start weights changed between them), so the tables below hold each of them. To compare "
+                "like with like, report only the newer runs (`--since`, `make report SINCE=2026-11-21T12:00`) "
+                "or keep each study in its own experiment (`tracking.experiment=...`).", ""]
+        out.append(markdown_table(["variant", "cell", "run id", "cell_id", "started"],
+                                  [[row["variant"], row["cell"], f"`{row['run_id']}`", f"`{row['cell_id']}`",
+                                    _when(started.get(row["run_id"]))] for _, row in shared.iterrows()]))
 
     out += ["", "## Results (paper Tables 2/3)", "", _protocol_note(results), "",
             f"Each value is `mean ± 95 % t half-width` over evaluation repeats (just the mean when the protocol "
@@ -639,6 +673,15 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
 # --------------------------------------------------------------------------- command line
 
 
+def _start_time(text: str) -> datetime:
+    """--since value: an ISO date or date-time in local time."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a date: give YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time), e.g. 2026-11-21T12:00")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: compose the tracking settings, read the runs, write the report folder."""
     from hydra import compose, initialize_config_dir
@@ -654,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="append", help="only runs tagged with this sweep (repeatable)")
     parser.add_argument("--experiment", help="MLflow experiment (default: tracking.experiment of the config)")
+    parser.add_argument("--since", type=_start_time, metavar="YYYY-MM-DD[THH:MM]",
+                        help="only runs started at this local time or later (e.g. after rebuilding the warm start)")
     parser.add_argument("--out", type=Path, help="report folder (default: reports/<sweeps or experiment>)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
     args = parser.parse_args(argv)
@@ -661,10 +706,11 @@ def main(argv: list[str] | None = None) -> int:
         tracking = compose("config", overrides=args.overrides).tracking
     experiment = args.experiment or tracking.experiment
     searched = f"experiment '{experiment}' at {tracking.uri}" + (
-        f" with sweep {' or '.join(repr(s) for s in args.sweep)}" if args.sweep else "")
+        f" with sweep {' or '.join(repr(s) for s in args.sweep)}" if args.sweep else "") + (
+        f" started since {args.since:%Y-%m-%d %H:%M}" if args.since else "")
     err = Console(stderr=True)
     try:
-        runs = load_runs(tracking.uri, experiment, args.sweep)
+        runs = load_runs(tracking.uri, experiment, args.sweep, args.since)
         if runs.empty:
             raise ReportError(f"no runs found in {searched}")
     except ReportError as error:

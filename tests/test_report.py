@@ -8,6 +8,7 @@ plain cells that carry the new tags, to check that variants get their own table 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -432,3 +433,44 @@ def test_variants_sweep_without_variant_runs_still_has_the_section(mixed, tmp_pa
     text = report.write_report(plain, tmp_path, mixed["client"], sweeps=["variants"]).read_text()
     section = text.split("## Variants (SPEC 9)")[1].split("## Budget frontier")[0]
     assert "_No finished variant runs yet._" in section and "| Fresh-only | rho0 | 1024 |" in section
+
+
+# --------------------------------------------------------------------------- one label, two configurations
+
+def test_same_label_with_another_config_is_flagged_and_since_keeps_the_newer(tmp_path_factory, capsys):
+    """A warm start rebuilt between two runs of one cell: two experiments under one label, not a repeat."""
+    folder, uri, client, experiment_id = _new_store(tmp_path_factory, "relabel")
+    previous = mlflow.get_tracking_uri()
+    t0 = int(time.time() * 1000) - 3_600_000
+    old = _log_run(client, experiment_id, started=t0, sweep="age", rho=1, L=1, c=1, tags={"cell_id": "old0config"},
+                   final={"quick": NEW_C1_QUICK})
+    new = _log_run(client, experiment_id, started=t0 + 1_800_000, sweep="age", rho=1, L=1, c=1,
+                   tags={"cell_id": "new0config"}, final={"quick": {**NEW_C1_QUICK, "mean_reward": 0.5}})
+    try:
+        everything = tmp_path_factory.mktemp("all")
+        assert report.main(["--experiment", EXPERIMENT, "--out", str(everything), f"tracking.uri={uri}"]) == 0
+        table = pd.read_csv(everything / "results_table.csv")
+        assert table.set_index("run_id").loc[[new, old], "cell_id"].tolist() == ["new0config", "old0config"]
+        shared = report.same_label_configs(table)
+        assert set(shared["run_id"]) == {old, new}
+        text = (everything / "report.md").read_text()
+        assert "Same label, different configuration" in text and f"`{old}`" in text and "`old0config`" in text
+
+        # Between the two starts, in the local time the report prints.
+        between = datetime.fromtimestamp((t0 + 900_000) / 1000).strftime("%Y-%m-%dT%H:%M")
+        newer = tmp_path_factory.mktemp("newer")
+        assert report.main(["--experiment", EXPERIMENT, "--since", between, "--out", str(newer),
+                            f"tracking.uri={uri}"]) == 0
+        assert "1 run(s)" in capsys.readouterr().out
+        assert pd.read_csv(newer / "results_table.csv")["run_id"].tolist() == [new]
+        assert "Same label" not in (newer / "report.md").read_text()
+
+        with pytest.raises(SystemExit) as exit_info:
+            report.main(["--experiment", EXPERIMENT, "--since", "last week", f"tracking.uri={uri}"])
+        assert exit_info.value.code != 0
+        assert "'last week' is not a date" in capsys.readouterr().err
+
+        runs = report.load_runs(uri, EXPERIMENT, since=datetime.fromtimestamp((t0 + 1_800_000) / 1000))
+        assert runs["run_id"].tolist() == [new]  # a run started exactly at `since` is kept
+    finally:
+        mlflow.set_tracking_uri(previous)
