@@ -241,8 +241,8 @@ def results_table(used: pd.DataFrame) -> pd.DataFrame:
         ks = _pass_ks(run, prefix) if protocol != "none" else []
         row = {
             "run_id": run["run_id"], "sweep": run.get("tags.sweep", ""), "cell": run.get("tags.cell", "?"),
-            "cell_id": _tag(run, "cell_id"), "policy": run.get("tags.policy", ""), "setting": role["setting"], "plain": role["plain"],
-            "variant": role["variant"], "rho": role["rho"], "L": role["L"], "c": role["c"],
+            "cell_id": _tag(run, "cell_id"), "policy": run.get("tags.policy", ""), "setting": role["setting"],
+            "plain": role["plain"], "variant": role["variant"], "rho": role["rho"], "L": role["L"], "c": role["c"],
             "coordinates": role["coordinates"], "protocol": protocol,
             "fresh_evaluations": _fresh_evaluations(run), "gradient_steps": _metric(run, "budget/gradient_steps"),
             # The cumulative share's last value is the share over the whole run.
@@ -258,8 +258,8 @@ def results_table(used: pd.DataFrame) -> pd.DataFrame:
             row[name] = _metric(run, f"{prefix}/{metric}")
             row[f"{name}_hw"] = _metric(run, f"{prefix}/{metric}_hw")
         rows.append(row)
-    base = ["run_id", "sweep", "cell", "cell_id", "policy", "setting", "plain", "variant", "rho", "L", "c", "coordinates",
-            "protocol", "fresh_evaluations", "gradient_steps", "effective_ratio", "k_max"]
+    base = ["run_id", "sweep", "cell", "cell_id", "policy", "setting", "plain", "variant", "rho", "L", "c",
+            "coordinates", "protocol", "fresh_evaluations", "gradient_steps", "effective_ratio", "k_max"]
     table = pd.DataFrame(rows, columns=None if rows else base)
     for column in ["pass@1", "pass@1_hw", "pass@k_max", "pass@k_max_hw",
                    *[f"{n}{s}" for n in SUMMARY_METRICS.values() for s in ("", "_hw")]]:
@@ -310,6 +310,7 @@ def same_label_configs(results: pd.DataFrame) -> pd.DataFrame:
     """
     if results.empty:
         return results
+    # Used runs are already one per (cell_id, policy) (select_cells), so a repeated label means another cell_id.
     label = ["variant", "cell", "policy"]
     return results[results.duplicated(label, keep=False)].sort_values(label, kind="stable")
 
