@@ -1,29 +1,37 @@
 """One Replay-RLOO step at the paper's scale, per phase, on a GPU (`make bench-gpu`).
 
     python -m benchmarks.gpu_step                      # Qwen2.5-0.5B architecture, 128 x 8, 256-token responses
-    python -m benchmarks.gpu_step --response-tokens 1024
+    python -m benchmarks.gpu_step --response-tokens 1024 --ratios 0
+    python -m benchmarks.gpu_step --plain-logprobs --no-fused-adamw   # the trainer before the GPU optimisations
+    python -m benchmarks.gpu_step --profile DIR        # torch profiler tables of one update and one generate call
     python -m benchmarks.gpu_step --tiny --device cpu  # a smoke run of the same code on a tiny model
 
 No weights or data are downloaded: the model is Qwen2.5-0.5B's exact architecture from a config
 in code (random weights), the batch is synthetic token ids at the paper's shape (B=128 groups x
 K=8, 128-token prompts, fixed-length responses that ignore EOS). Phases:
 
-- generation: transformers `generate` (the HF engine; vLLM is measured on nodes that have it)
-  on a sample of prompts, tokens/s extrapolated to the fresh part of the batch;
-- the update, through the trainer's own `policy_update` (bf16 autocast on fp32 weights,
-  token-budget micro-batches, reference log-probs cached for replayed groups), split into
-  reference forward, policy forward+backward and optimizer step;
+- generation: transformers `generate` (the HF engine; vLLM is not on the GPU machines this
+  was measured on) at each `--generation-rows` batch size, with the dynamic KV cache and, with
+  `--static-cache`, the static cache that transformers compiles (`torch.compile`) on CUDA;
+  the step's generate time uses the fastest rate measured, for the fresh part of the batch;
+- the update, through the trainer's own `policy_update` and `build_optimizer` (bf16 autocast
+  on fp32 weights, token-budget micro-batches, reference log-probs cached for replayed groups,
+  `trainer.fused_logprobs`, fused AdamW on CUDA), split into reference forward, policy
+  forward+backward and optimizer step;
 - the same update at rho = 1 and rho = 2, where replayed groups carry stored reference
   log-probs and need no generation.
 
-MFU = model FLOPs (2 N per token forward, 6 N forward+backward, N = non-embedding parameters,
-plus attention) / time / the measured bf16 matmul rate of the same device. The paper: about
-126 s per step on one H100; the target here: <= 12 s per step.
+MFU = model FLOPs / time / the measured bf16 matmul rate of the same device. Model FLOPs per
+token: 2 x non-embedding parameters + attention (forward), the output head (2 x hidden x vocab)
+only where it is needed (every position on the plain path, response positions with
+`fused_logprobs`); forward+backward = 3 x forward. The paper: about 126 s per step on one H100;
+the target here: <= 12 s per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import time
@@ -35,7 +43,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from src.objective import plan_batch
 from src.replay.buffer import Group
-from src.train import policy_update, response_token_stats
+from src.train import autocast_context, build_optimizer, micro_batches, policy_update, response_token_stats
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -71,14 +79,18 @@ def matmul_rate(device: str, dtype: torch.dtype, size: int) -> float:
     return 2 * size**3 * repeats / seconds
 
 
-def flops_per_token(config: Qwen2Config, context: int) -> float:
-    """Forward FLOPs per token: 2 x non-embedding parameters + attention scores and values."""
+def body_flops_per_token(config: Qwen2Config, context: int) -> float:
+    """Forward FLOPs per token of the decoder without the output head: 2 x matmul parameters + attention."""
     hidden, layers = config.hidden_size, config.num_hidden_layers
     head_dim = hidden // config.num_attention_heads
     kv = config.num_key_value_heads * head_dim
     per_layer = 2 * (hidden * hidden + 2 * hidden * kv + hidden * hidden + 3 * hidden * config.intermediate_size)
-    attention = 2 * 2 * layers * context * hidden  # QK^T and AV, causal average ~ context/2 each way x2
-    return layers * per_layer + 2 * hidden * config.vocab_size + attention / 2
+    attention = 2 * 2 * layers * context * hidden / 2  # QK^T and AV over on average half the (causal) context
+    return layers * per_layer + attention
+
+
+def head_flops_per_token(config: Qwen2Config) -> float:
+    return 2 * config.hidden_size * config.vocab_size
 
 
 def synthetic_groups(groups: int, group_size: int, prompt_tokens: int, response_tokens: int, vocab: int,
@@ -99,44 +111,99 @@ def synthetic_groups(groups: int, group_size: int, prompt_tokens: int, response_
     return out
 
 
-def measure_update(policy, reference, trainer_cfg, groups, device, autocast) -> dict[str, float]:
+def make_optimizer(policy, fused: bool):
+    settings = OmegaConf.create({"learning_rate": 1e-5, "weight_decay": 1e-4, "betas": [0.9, 0.999]})
+    if fused:
+        return build_optimizer(policy, settings)
+    return torch.optim.AdamW(policy.parameters(), lr=1e-5, weight_decay=1e-4)  # the default (foreach) kernels
+
+
+def measure_update(policy, reference, trainer_cfg, groups, device, autocast, fused_adamw: bool) -> dict[str, float]:
     """Seconds of the whole update and of its reference-forward and optimizer parts."""
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5, weight_decay=1e-4)
+    optimizer = make_optimizer(policy, fused_adamw)
     policy_update(policy, reference, optimizer, groups[:2], trainer_cfg, 1.0, 0, autocast)  # warm-up, state init
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     _, total = timed(device, lambda: policy_update(policy, reference, optimizer, groups, trainer_cfg, 1.0, 0,
                                                    autocast))
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
     fresh_rows = [(g.prompt_ids, r) for g in groups if g.reference_logprobs is None for r in g.response_ids]
 
     def reference_forward():
-        from src.train import autocast_context, micro_batches
-
         with torch.no_grad(), autocast_context(reference, autocast):
             for index in micro_batches(fresh_rows, trainer_cfg.micro_batch_size, trainer_cfg.micro_batch_tokens):
-                response_token_stats(reference, [fresh_rows[i] for i in index], 0, with_entropy=False)
+                response_token_stats(reference, [fresh_rows[i] for i in index], 0, with_entropy=False,
+                                     fused=trainer_cfg.fused_logprobs)
 
     _, reference_seconds = timed(device, reference_forward) if fresh_rows else (None, 0.0)
     _, optimizer_seconds = timed(device, optimizer.step)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
     return {"update_s": total, "reference_forward_s": reference_seconds, "optimizer_s": optimizer_seconds,
             "policy_forward_backward_s": total - reference_seconds - optimizer_seconds, "peak_memory_gib": peak}
 
 
-def measure_generation(policy, prompts: int, prompt_tokens: int, response_tokens: int, vocab: int, device: str,
-                       autocast) -> float:
-    """Generated tokens per second with transformers generate, fixed length (EOS ignored)."""
-    from src.train import autocast_context
-
-    input_ids = torch.randint(10, vocab, (prompts, prompt_tokens), device=device)
-    policy.eval()
-    with torch.no_grad(), autocast_context(policy, autocast):
-        _, seconds = timed(device, lambda: policy.generate(
+def generate_once(model, rows: int, prompt_tokens: int, response_tokens: int, vocab: int, device: str, autocast,
+                  static_cache: bool) -> float:
+    input_ids = torch.randint(10, vocab, (rows, prompt_tokens), device=device)
+    options = {"cache_implementation": "static"} if static_cache else {}
+    with torch.no_grad(), autocast_context(model, autocast):
+        return timed(device, lambda: model.generate(
             input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
             top_p=1.0, top_k=0, max_new_tokens=response_tokens, min_new_tokens=response_tokens,
-            pad_token_id=0, eos_token_id=None))
+            pad_token_id=0, eos_token_id=None, **options))[1]
+
+
+def measure_generation(policy, rows: int, prompt_tokens: int, response_tokens: int, vocab: int, device: str,
+                       autocast, weights: str, static_cache: bool) -> dict:
+    """Generated tokens per second with transformers generate, fixed length (EOS ignored).
+
+    `weights="fp32+autocast"` samples from the trainer's own module (what the HF engine does);
+    `"bf16 copy"` from a bf16 copy of it without autocast (a static KV cache needs one dtype:
+    under autocast the rotary embedding turns bf16 keys into fp32 while values stay bf16). The
+    static cache is compiled on its first call, so that call is timed apart (`first_call_s`)
+    and the rate comes from a second call.
+    """
+    model = copy.deepcopy(policy).to(torch.bfloat16) if weights == "bf16 copy" else policy
+    model.eval()
+    run_autocast = autocast if weights != "bf16 copy" else None
+    result = {"rows": rows, "weights": weights, "cache": "static" if static_cache else "dynamic"}
+    try:
+        first = generate_once(model, rows, prompt_tokens, response_tokens, vocab, device, run_autocast, static_cache)
+        seconds = generate_once(model, rows, prompt_tokens, response_tokens, vocab, device, run_autocast,
+                                static_cache)
+        result.update(first_call_s=first, seconds=seconds, tokens_per_s=rows * response_tokens / seconds)
+    except Exception as error:  # a variant this torch/transformers cannot run is reported, not fatal
+        result.update(first_call_s=float("nan"), seconds=float("nan"), tokens_per_s=float("nan"),
+                      error=f"{type(error).__name__}: {str(error)[:200]}")
     policy.train()
-    return prompts * response_tokens / seconds
+    del model
+    if device.startswith("cuda"):
+        torch._dynamo.reset()  # each static-cache shape compiles anew; do not let them pile up
+        torch.cuda.empty_cache()
+    return result
+
+
+def profile(policy, reference, trainer_cfg, groups, device, autocast, args, config, folder: Path) -> None:
+    """Profiler tables (top kernels by device time) of one update and one short generate call."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    sort = "cuda_time_total" if device.startswith("cuda") else "cpu_time_total"
+    optimizer = make_optimizer(policy, not args.no_fused_adamw)
+    policy_update(policy, reference, optimizer, groups[:2], trainer_cfg, 1.0, 0, autocast)
+    with torch_profile(activities=activities) as update_profile:
+        policy_update(policy, reference, optimizer, groups, trainer_cfg, 1.0, 0, autocast)
+        synchronize(device)
+    (folder / "update_profile.txt").write_text(update_profile.key_averages().table(sort_by=sort, row_limit=30))
+    policy.eval()
+    tokens = min(64, args.response_tokens)
+    generate_once(policy, 256, args.prompt_tokens, tokens, config.vocab_size, device, autocast, False)
+    with torch_profile(activities=activities) as generate_profile:
+        generate_once(policy, 256, args.prompt_tokens, tokens, config.vocab_size, device, autocast, False)
+    policy.train()
+    (folder / "generate_profile.txt").write_text(generate_profile.key_averages().table(sort_by=sort, row_limit=30))
+    print(f"profiles written to {folder}")
 
 
 def main() -> None:
@@ -147,16 +214,24 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--response-tokens", type=int, default=256)
-    parser.add_argument("--generation-prompts", type=int, default=64, help="prompts sampled to time generate")
-    parser.add_argument("--micro-batch-tokens", type=int, default=65536)
-    parser.add_argument("--micro-batch-size", type=int, default=64)
+    parser.add_argument("--generation-rows", default="1024", help="generate batch sizes to time (comma-separated)")
+    parser.add_argument("--static-cache", action="store_true",
+                        help="also time generate from a bf16 copy, with the dynamic and the static (compiled) KV cache")
+    parser.add_argument("--micro-batch-tokens", type=int, default=12288, help="as trainer=paper")
+    parser.add_argument("--micro-batch-size", type=int, default=128, help="as trainer=paper")
     parser.add_argument("--ratios", default="0,1,2")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--plain-logprobs", action="store_true",
+                        help="trainer.fused_logprobs=false: full-vocabulary fp32 log_softmax on every position")
+    parser.add_argument("--no-fused-adamw", action="store_true", help="AdamW's default kernels instead of fused")
+    parser.add_argument("--profile", type=Path, default=None, help="write profiler tables to this folder")
     parser.add_argument("--save", action="store_true", help="write the figures to benchmarks/results/")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for --save")
+    parser.add_argument("--label", default="", help="a word for the results file name (e.g. before)")
     args = parser.parse_args()
     if args.tiny:
         args.groups, args.group_size, args.prompt_tokens, args.response_tokens = 4, 2, 8, 8
-        args.generation_prompts = 2
+        args.generation_rows = "2"
     device = args.device
     autocast = "bfloat16" if device.startswith("cuda") else None
 
@@ -171,13 +246,15 @@ def main() -> None:
         parameter.requires_grad_(False)
     trainer_cfg = OmegaConf.create({"micro_batch_size": args.micro_batch_size,
                                     "micro_batch_tokens": args.micro_batch_tokens, "kl_coef": 1e-3,
-                                    "entropy_coef": 1e-3, "max_grad_norm": None})
+                                    "entropy_coef": 1e-3, "max_grad_norm": None,
+                                    "fused_logprobs": not args.plain_logprobs})
     peak_rate = matmul_rate(device, torch.bfloat16 if device.startswith("cuda") else torch.float32,
                             256 if args.tiny else 8192)
     tokens_per_sequence = args.prompt_tokens + args.response_tokens
-    per_token = flops_per_token(config, tokens_per_sequence)
-    generation_rate = measure_generation(policy, args.generation_prompts, args.prompt_tokens, args.response_tokens,
-                                         config.vocab_size, device, autocast)
+    body = body_flops_per_token(config, tokens_per_sequence)
+    head = head_flops_per_token(config)
+    head_tokens_per_sequence = args.response_tokens if not args.plain_logprobs else tokens_per_sequence
+
 
     rows = []
     generator = torch.Generator().manual_seed(0)
@@ -187,39 +264,66 @@ def main() -> None:
                                    config.vocab_size, 5, False, generator)
                   + synthetic_groups(replay_groups, args.group_size, args.prompt_tokens, args.response_tokens,
                                      config.vocab_size, 5, True, generator))
-        update = measure_update(policy, reference, trainer_cfg, groups, device, autocast)
+        if args.profile and ratio == 0:
+            profile(policy, reference, trainer_cfg, groups, device, autocast, args, config, args.profile)
+        update = measure_update(policy, reference, trainer_cfg, groups, device, autocast, not args.no_fused_adamw)
         fresh_tokens = fresh_groups * args.group_size * args.response_tokens
-        generation_s = fresh_tokens / generation_rate
-        all_tokens = len(groups) * args.group_size * tokens_per_sequence
-        fresh_sequence_tokens = fresh_groups * args.group_size * tokens_per_sequence
-        update_flops = 3 * per_token * all_tokens + per_token * fresh_sequence_tokens  # fwd+bwd, reference fwd
+        sequences = len(groups) * args.group_size
+        fresh_sequences = fresh_groups * args.group_size
+        forward_flops = body * tokens_per_sequence + head * head_tokens_per_sequence  # per sequence
+        update_flops = 3 * forward_flops * sequences + forward_flops * fresh_sequences  # fwd+bwd, reference fwd
         rows.append({"rho": ratio, "fresh_groups": fresh_groups, "replay_groups": replay_groups,
-                     "generation_s": generation_s, **update, "step_s": generation_s + update["update_s"],
-                     "update_mfu": update_flops / update["update_s"] / peak_rate})
+                     "fresh_tokens": fresh_tokens, **update, "update_mfu": update_flops / update["update_s"] / peak_rate})
+        print(f"update {rows[-1]}", flush=True)
+
+    variants = [("fp32+autocast", False)] + ([("bf16 copy", False), ("bf16 copy", True)] if args.static_cache else [])
+    generation = []
+    for generate_rows in (int(r) for r in args.generation_rows.split(",")):
+        for weights, static in variants:
+            generation.append(measure_generation(policy, generate_rows, args.prompt_tokens, args.response_tokens,
+                                                 config.vocab_size, device, autocast, weights, static))
+            print(f"generate {generation[-1]}", flush=True)
+    # The engine samples from the trainer's module (fp32 weights under autocast): its rate sets the step time.
+    generation_rate = max(g["tokens_per_s"] for g in generation if g["weights"] == "fp32+autocast")
+    for row in rows:
+        row["generation_s"] = row["fresh_tokens"] / generation_rate
+        row["step_s"] = row["generation_s"] + row["update_s"]
 
     device_name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    settings = (f"micro-batches of <= {args.micro_batch_size} rows and {args.micro_batch_tokens} padded tokens, "
+                f"fused_logprobs={not args.plain_logprobs}, fused AdamW={not args.no_fused_adamw}, "
+                f"gradient checkpointing={args.gradient_checkpointing}")
     lines = [f"# One step at B={args.groups} x K={args.group_size}, prompt {args.prompt_tokens} + response "
              f"{args.response_tokens} tokens; {'tiny smoke model' if args.tiny else 'Qwen2.5-0.5B architecture'}",
-             f"device {device_name}, measured matmul rate {peak_rate / 1e12:.1f} TFLOP/s, "
-             f"HF generate {generation_rate:,.0f} tokens/s ({args.generation_prompts} prompts), "
-             f"{datetime.date.today()}", "",
-             "| rho | fresh/replay groups | generate s | reference fwd s | policy fwd+bwd s | optimizer s | "
-             "step s | update MFU | peak GiB |", "|---|---|---|---|---|---|---|---|---|"]
+             f"device {device_name}, torch {torch.__version__}, measured bf16 matmul rate "
+             f"{peak_rate / 1e12:.1f} TFLOP/s, {datetime.date.today()}", "", settings, "",
+             "| generate rows | weights | KV cache | first call s | tokens/s |", "|---|---|---|---|---|"]
+    lines += [f"| {g['rows']} | {g['weights']} | {g['cache']} | {g['first_call_s']:.1f} | {g['tokens_per_s']:,.0f} |"
+              + (f" {g['error']}" if "error" in g else "") for g in generation]
+    lines += ["", "| rho | fresh/replay groups | generate s | reference fwd s | policy fwd+bwd s | optimizer s | "
+              "update s | step s | update MFU | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['rho']:g} | {row['fresh_groups']}/{row['replay_groups']} | {row['generation_s']:.1f} | "
                      f"{row['reference_forward_s']:.2f} | {row['policy_forward_backward_s']:.2f} | "
-                     f"{row['optimizer_s']:.3f} | {row['step_s']:.1f} | {row['update_mfu']:.1%} | "
-                     f"{row['peak_memory_gib']:.1f} |")
+                     f"{row['optimizer_s']:.3f} | {row['update_s']:.2f} | {row['step_s']:.1f} | "
+                     f"{row['update_mfu']:.1%} | {row['peak_memory_gib']:.1f} |")
     lines.append("")
     lines.append("Paper: ~126 s per step (210 min per 100 steps, one H100). Target: <= 12 s per step.")
     text = "\n".join(lines)
     print(text)
     if args.save:
-        RESULTS.mkdir(exist_ok=True)
-        stem = f"gpu_step_{device_name.replace(' ', '_')}_{datetime.date.today()}_{args.response_tokens}"
-        (RESULTS / f"{stem}.md").write_text(text + "\n")
-        (RESULTS / f"{stem}.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
-        print(f"written to {RESULTS / stem}.md")
+        args.results.mkdir(parents=True, exist_ok=True)
+        label = f"_{args.label}" if args.label else ""
+        stem = f"gpu_step_{device_name.replace(' ', '_')}_{args.response_tokens}{label}"
+        (args.results / f"{stem}.md").write_text(text + "\n")
+        command = "python -m benchmarks.gpu_step " + " ".join(
+            f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
+            if v not in (False, None, "") and k not in ("save", "results"))
+        (args.results / f"{stem}.json").write_text(json.dumps(
+            {"device": device_name, "torch": torch.__version__, "date": str(datetime.date.today()),
+             "command": command, "args": {k: str(v) for k, v in vars(args).items()}, "generation": generation,
+             "rows": rows}, indent=2))
+        print(f"written to {args.results / stem}.md")
 
 
 if __name__ == "__main__":

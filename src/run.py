@@ -35,7 +35,7 @@ from src.rollout.engine import build_engine
 from src.task import countdown
 from src.curriculum.sampler import build_prompt_sampler
 from src.rollout.behaviour import build_behaviour
-from src.train import Components, TrainState, load_checkpoint, save_checkpoint, train_step
+from src.train import Components, TrainState, build_optimizer, load_checkpoint, save_checkpoint, train_step
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -63,8 +63,7 @@ def build_components(cfg: DictConfig, train_set) -> Components:
     if cfg.trainer.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     trainer = cfg.trainer
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
-                                  betas=tuple(trainer.betas))
+    optimizer = build_optimizer(policy, trainer)
     return Components(
         policy=policy,
         reference=frozen_copy(policy),

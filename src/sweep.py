@@ -36,6 +36,7 @@ LAUNCH_ONLY = (
     "trainer.resume_from",
     "trainer.auto_resume",
     "trainer.checkpoint_every",
+    "trainer.fused_logprobs",  # the same log-probs to fp32 rounding, computed with less memory
 )
 
 

@@ -45,6 +45,7 @@ from src.losses import clipped_surrogate, group_normalised_advantages, truncated
 from src.replay.buffer import Group, ReplayBuffer
 from src.replay.fifo import FifoReplayBuffer, use_statistics
 from src.replay.popo import EffectiveGroupMemory, compose_batch, is_effective
+from src.policy.token_stats import token_logprobs_and_entropy
 from src.rollout.behaviour import BehaviourPolicy
 from src.rollout.engine import RolloutEngine, SamplingParams
 from src.task import countdown
@@ -82,12 +83,15 @@ def round_seed(base_seed: int, step: int, round_index: int) -> int:
 
 
 # --------------------------------------------------------------------------- forward pass
-def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temperature: float = 1.0):
+def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temperature: float = 1.0,
+                         fused: bool = False):
     """Per-token log-probs (and entropies) of each response given its prompt, plus the response mask.
 
     `sequences` are (prompt_ids, response_ids) pairs; they are right-padded, so position ids
     from the attention mask are plain 0..n-1 for every row. `temperature` != 1 gives the
     log-probs of the tempered distribution softmax(logits / T) a sampler at T drew from.
+    `fused` (`trainer.fused_logprobs`, on for GPUs): the head only on response positions and no
+    fp32 vocabulary tensors kept for backward (`fused_response_token_stats`).
     """
     width = max(len(p) + len(r) for p, r in sequences)
     device = next(model.parameters()).device
@@ -101,12 +105,41 @@ def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temp
         # Position t predicts token t+1: response tokens are predicted from len(prompt)-1 on.
         response_mask[row, len(prompt) - 1 : length - 1] = True
     input_ids, attention, response_mask = input_ids.to(device), attention.to(device), response_mask.to(device)
+    if fused:
+        return fused_response_token_stats(model, input_ids, attention, response_mask, with_entropy, temperature)
     logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     entropy = token_entropy(logits) if with_entropy else None
     return token_logprobs, entropy, response_mask
+
+
+def fused_response_token_stats(model, input_ids, attention, response_mask, with_entropy: bool, temperature: float):
+    """`response_token_stats` computing the output head on response positions only, in bf16-sized memory.
+
+    The decoder runs on every position, the vocabulary projection only where a response token
+    is predicted (prompt positions are a third of the sequence at the paper's shapes), and
+    log-probs and entropies come from `token_logprobs_and_entropy`, which keeps no fp32
+    [tokens, V] tensor for the backward pass. Values equal the plain path's to fp32 rounding;
+    they are laid out in the same padded [rows, width - 1] form.
+    """
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state[:, :-1]
+    logits = model.get_output_embeddings()(hidden[response_mask])
+    targets = input_ids[:, 1:][response_mask]
+    chosen, entropy = token_logprobs_and_entropy(logits, targets, temperature)
+    token_logprobs = torch.zeros(response_mask.shape, dtype=chosen.dtype, device=chosen.device)
+    token_logprobs = token_logprobs.masked_scatter(response_mask, chosen)
+    if not with_entropy:
+        return token_logprobs, None, response_mask
+    return token_logprobs, torch.zeros_like(token_logprobs).masked_scatter(response_mask, entropy), response_mask
+
+
+def build_optimizer(policy, trainer_cfg: DictConfig) -> torch.optim.AdamW:
+    """AdamW over the policy's parameters (SPEC 4); on CUDA the fused kernel (one launch for all tensors)."""
+    on_cuda = next(policy.parameters()).device.type == "cuda"
+    return torch.optim.AdamW(policy.parameters(), lr=trainer_cfg.learning_rate, weight_decay=trainer_cfg.weight_decay,
+                             betas=tuple(trainer_cfg.betas), fused=on_cuda)
 
 
 def autocast_context(model, dtype: str | None):
@@ -154,7 +187,8 @@ def sampled_token_logprobs(model, sequences, pad_id: int, temperature: float, tr
             chunk = [sequences[i] for i in index]
             with autocast_context(model, autocast):
                 token_logprobs, _, mask = response_token_stats(model, chunk, pad_id, with_entropy=False,
-                                                               temperature=temperature)
+                                                               temperature=temperature,
+                                                               fused=trainer_cfg.fused_logprobs)
             token_logprobs, mask = token_logprobs.float().cpu(), mask.cpu()
             for row, i in enumerate(index):
                 out[i] = tuple(token_logprobs[row][mask[row]].tolist())
@@ -177,13 +211,15 @@ def with_sampled_logprobs(groups: list[Group], model, pad_id: int, temperature: 
     return out
 
 
-def reference_token_logprobs(reference, chunk, cached, pad_id: int, like: torch.Tensor) -> torch.Tensor:
+def reference_token_logprobs(reference, chunk, cached, pad_id: int, like: torch.Tensor,
+                             fused: bool = False) -> torch.Tensor:
     """Per-token log pi_ref laid out like the policy's `like` tensor; a forward pass only for rows not cached."""
     out = torch.zeros_like(like, dtype=torch.float32)
     missing = [row for row, tokens in enumerate(cached) if tokens is None]
     if missing:
         with torch.no_grad():
-            computed, _, _ = response_token_stats(reference, [chunk[row] for row in missing], pad_id, with_entropy=False)
+            computed, _, _ = response_token_stats(reference, [chunk[row] for row in missing], pad_id, with_entropy=False,
+                                                  fused=fused)
         # Rows are right-padded from position 0, so a row's positions agree whatever the batch width.
         out[missing, : computed.shape[1]] = computed.to(out.dtype)
     return place_tokens(chunk, cached, out)
@@ -286,9 +322,11 @@ def rloo_update(policy, reference, optimizer, groups: list[Group], rows: list[tu
         index = torch.tensor(index)
         chunk = [sequences[i] for i in index.tolist()]
         with autocast_context(policy, autocast):
-            token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True)
+            token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True,
+                                                                 fused=trainer_cfg.fused_logprobs)
             reference_logprobs = reference_token_logprobs(reference, chunk, [cached_reference[i] for i in index.tolist()],
-                                                          pad_id, like=token_logprobs)
+                                                          pad_id, like=token_logprobs,
+                                                          fused=trainer_cfg.fused_logprobs)
         mask = mask.float()
         sequence_logprobs = (token_logprobs * mask).sum(-1)                      # log pi_theta(y|x)
         current = sequence_logprobs.detach().cpu()
@@ -371,9 +409,10 @@ def clipped_update(policy, reference, optimizer, groups: list[Group], rows: list
         for index in (chunk for plan in plans for chunk in plan):
             chunk = [sequences[i] for i in index]
             with autocast_context(policy, autocast):
-                token_logprobs, _, mask = response_token_stats(policy, chunk, pad_id, with_entropy=False)
+                token_logprobs, _, mask = response_token_stats(policy, chunk, pad_id, with_entropy=False,
+                                                               fused=trainer_cfg.fused_logprobs)
                 ref = reference_token_logprobs(reference, chunk, [cached_reference[i] for i in index], pad_id,
-                                               like=token_logprobs)
+                                               like=token_logprobs, fused=trainer_cfg.fused_logprobs)
             token_logprobs, ref, mask = token_logprobs.float().cpu(), ref.cpu(), mask.cpu()
             for row, i in enumerate(index):
                 prox[i] = token_logprobs[row][mask[row]].clone()
@@ -400,7 +439,8 @@ def clipped_update(policy, reference, optimizer, groups: list[Group], rows: list
         for index in plan:
             chunk = [sequences[i] for i in index]
             with autocast_context(policy, autocast):
-                token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True)
+                token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True,
+                                                                     fused=trainer_cfg.fused_logprobs)
             zeros = torch.zeros_like(token_logprobs, dtype=torch.float32)
             prox_chunk = place_tokens(chunk, [prox[i] for i in index], zeros.clone())
             behaviour_chunk = place_tokens(chunk, [behaviour[i] for i in index], zeros.clone())
