@@ -12,7 +12,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -28,6 +27,7 @@ from src.policy.model import load_policy  # noqa: E402
 from src.rollout import vllm_engine  # noqa: E402
 from src.rollout.engine import STOP_STRING, SamplingParams, build_engine, closing_tokens, response_end  # noqa: E402
 from src.task import countdown  # noqa: E402
+from tests.preemption import sigterm_after_first_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -241,15 +241,9 @@ def test_a_run_interrupted_by_sigterm_resumes_into_the_same_run_with_identical_m
     cell = ["buffer=age1", "clip=tight", "trainer.steps=4", "trainer.checkpoint_every=1", "tracking.sweep=vllm-preempt"]
     run([*run_command(tmp_path, *cell, experiment="reference"), f"hydra.run.dir={tmp_path}/ref"])
 
-    process = subprocess.Popen([*run_command(tmp_path, *cell), f"hydra.run.dir={tmp_path}/first"], cwd=PROJECT_ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    checkpoint = tmp_path / "first" / "checkpoint.pt"
-    deadline = time.time() + 400
-    while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=300)
-    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    returncode, output = sigterm_after_first_checkpoint([*run_command(tmp_path, *cell), f"hydra.run.dir={tmp_path}/first"],
+                                                        tmp_path / "first" / "checkpoint.pt", wait=400)
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
     mlflow.set_tracking_uri(store(tmp_path))
     killed = mlflow.search_runs(experiment_names=["replay-rloo"])
     assert list(killed["status"]) == ["KILLED"]
@@ -279,3 +273,12 @@ def test_the_engine_check_passes_on_cpu_in_float32():
     assert "All checks passed." in result.stdout
     assert "FAIL" not in result.stdout and "log-probs vs trainer (after sync)" in result.stdout
 
+
+
+def test_the_engine_benchmark_times_both_engines_side_by_side():
+    result = subprocess.run([sys.executable, "-m", "benchmarks.engines", "--prompts", "4", "--samples", "2",
+                             "--max-new-tokens", "8", "--repeats", "1", "--vllm", "float32-eager"],
+                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if "HF generate" in line or "vLLM float32-eager" in line]
+    assert len(rows) == 2 and "1.00x" in rows[0], result.stdout
