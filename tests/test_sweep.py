@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import mlflow
 import pytest
@@ -14,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from src.paths import CONFIG_DIR, PROJECT_ROOT
 from src.sweep import CellRuns, cell_identity, plan_cells
+from tests.preemption import sigterm_after_first_checkpoint
 
 
 # --------------------------------------------------------------------------- identity
@@ -135,15 +135,9 @@ def test_preempted_run_resumes_into_the_same_run_with_identical_metrics(tmp_path
     run([*tiny_cli(tmp_path, random_policy_dir, *cell, experiment="reference"), f"hydra.run.dir={tmp_path}/ref"])
 
     command = [*tiny_cli(tmp_path, random_policy_dir, *cell), f"hydra.run.dir={tmp_path}/first"]
-    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    checkpoint = tmp_path / "first" / "checkpoint.pt"
-    deadline = time.time() + 300
-    while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=300)
-    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-    assert "marked KILLED" in stdout + stderr
+    returncode, output = sigterm_after_first_checkpoint(command, tmp_path / "first" / "checkpoint.pt")
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "marked KILLED" in output
     mlflow.set_tracking_uri(store(tmp_path))
     killed = mlflow.search_runs(experiment_names=["replay-rloo"])
     assert list(killed["status"]) == ["KILLED"]

