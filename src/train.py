@@ -756,7 +756,8 @@ def read_checkpoint(path: Path, map_location=None) -> dict:
     try:
         payload = torch.load(path, weights_only=True, map_location=map_location)
     except Exception as error:  # noqa: BLE001  (truncated zip, foreign pickle, missing file: all say the same)
-        raise CheckpointError(f"{path}: {error.__class__.__name__}: {str(error).splitlines()[0][:300]}") from None
+        first_line = (str(error).splitlines() or ["empty file"])[0][:160]
+        raise CheckpointError(f"{path} does not load ({error.__class__.__name__}: {first_line})") from None
     if not isinstance(payload, dict) or not {"policy", "state", "run_id"} <= payload.keys():
         raise CheckpointError(f"{path}: not a training checkpoint (no policy, state and run id)")
     return payload
@@ -773,8 +774,7 @@ def read_latest_checkpoint(folder: Path, map_location=None) -> tuple[dict, Path]
             failures.append((path, error))
             continue
         if failures:
-            log.warning("checkpoint %s does not load (%s); falling back to the previous generation %s",
-                        failures[0][0], failures[0][1], path)
+            log.warning("%s; falling back to the previous checkpoint generation %s", failures[0][1], path)
         return payload, path
     tried = "; ".join(str(error) for _, error in failures) or f"no {LATEST_CHECKPOINT} or {PREVIOUS_CHECKPOINT} in {folder}"
     raise CheckpointError(f"no checkpoint in {folder} loads ({tried}). Start the cell afresh with "
