@@ -266,5 +266,11 @@ if __name__ == "__main__":
     # Call the task through the importable module, not __main__: submitit pickles it for SLURM
     # jobs, and a __main__ function would be pickled by value with this module's globals.
     from src import run
+    from src.schema import SchemaError, check_override_keys
 
+    try:
+        check_override_keys(sys.argv[1:])
+    except SchemaError as error:
+        console.print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
+        sys.exit(2)
     run.main()

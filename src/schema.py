@@ -153,17 +153,43 @@ def yaml_defaults() -> dict[str, object]:
     return found
 
 
+def known_keys() -> set[str]:
+    return set(yaml_defaults()) | set(KNOBS) | set(LIST_KNOBS)
+
+
+def check_known(key: str) -> None:
+    """Raise SchemaError naming the close matches if no config group has the dotted key `key`."""
+    known = known_keys()
+    if key in known or any(key.startswith(list_knob + ".") for list_knob in LIST_KNOBS):
+        return
+    close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.75)
+    hint = f"did you mean {' or '.join(close)}?" if close else "no such knob exists in conf/"
+    raise SchemaError(f"{key}: unknown key ({hint}); adding it with '+{key}=...' would not help, the code never "
+                      "reads it. `python -m src.run --cfg job` lists every knob")
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Command-line `group.key=value` overrides whose key exists nowhere, refused before Hydra composes.
+
+    Hydra's own answer to `buffer.ratoi=2` is to suggest `+buffer.ratoi=2`, which would add a key the
+    code never reads; this names the close matches instead. Group choices (`buffer=age1`), additions
+    (`+sweep=...`, checked after composition) and Hydra's own keys are left to Hydra.
+    """
+    groups = {key.split(".", 1)[0] for key in known_keys()}
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if "=" not in override or override.startswith(("+", "~", "-")) or "." not in key:
+            continue
+        if key.split(".", 1)[0] in groups:
+            check_known(key)
+
+
 def check_types(cfg: DictConfig) -> None:
     """Raise SchemaError for the first unknown key or value of the wrong type (a NaN or inf number included)."""
     values = _task_leaves(cfg)
     defaults = yaml_defaults()
-    known = set(defaults) | set(KNOBS) | set(LIST_KNOBS)
     for key in values:
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.75)
-            hint = f"did you mean {' or '.join(close)}?" if close else "no such knob exists in conf/"
-            raise SchemaError(f"{key}: unknown key ({hint}); the '+{key}=...' form only adds keys the code "
-                              "never reads. See `python -m src.run --cfg job` for every knob")
+        check_known(key)
     for key, value in values.items():
         if key in LIST_KNOBS:
             _check_list(key, value, ranges=False)
