@@ -1,21 +1,31 @@
 """Config checks that run before any compute, and the `${root:}` resolver the YAML uses.
 
-Hydra already refuses unknown option names (`buffer=age9`) and unknown keys
-(`buffer.ratoi=2`) with a message listing what exists; this module refuses values that
-compose but make no sense for the method, each with a message naming the value and the fix.
+Hydra refuses unknown option names (`buffer=age9`) with the list of what exists; `src.schema`
+checks every knob's type and range and refuses unknown keys (`+buffer.ratoi=2`) with the close
+matches; this module then refuses values that compose but make no sense for the method, and
+damaged policy folders, each with one message naming the key, the value and the fix.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import uuid
+from pathlib import Path
+
 from omegaconf import DictConfig, OmegaConf
 
 from src.eval.protocol import ESTIMATORS
-from src.paths import PROJECT_ROOT
+from src.paths import PROJECT_ROOT, resolve_policy_path
+from src.schema import SchemaError, check_ranges, check_types
 from src.policy.model import DTYPES
 from src.replay.popo import POPO_VARIANTS
 
 if not OmegaConf.has_resolver("root"):
     OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
+if not OmegaConf.has_resolver("unique"):
+    # Cached like Hydra's ${now:}: one value per composed config, which Hydra copies to every job of a sweep.
+    OmegaConf.register_new_resolver("unique", lambda: f"{os.getpid()}-{uuid.uuid4().hex[:6]}", use_cache=True)
 
 ENGINES = ("hf", "vllm")
 LOSSES = ("rloo", "grpo")
@@ -35,7 +45,16 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
 
     `check_device=False` skips the CUDA check: a sweep is planned on a login node without GPUs.
     """
+    _schema(check_types, cfg)  # unknown keys and types first: the checks below may then trust the types
     trainer, buffer, clip, evaluation = cfg.trainer, cfg.buffer, cfg.clip, cfg.evaluation
+    _check(trainer.heartbeat_timeout_s >= 2 * trainer.heartbeat_every_s,
+           f"trainer.heartbeat_timeout_s={trainer.heartbeat_timeout_s} < 2 x trainer.heartbeat_every_s="
+           f"{trainer.heartbeat_every_s}: a live run would look dead between two heartbeats; raise the timeout")
+    task = cfg.task
+    _check(task.min_number <= task.max_number and task.min_target <= task.max_target,
+           f"task.min_number={task.min_number}, task.max_number={task.max_number}, task.min_target={task.min_target}, "
+           f"task.max_target={task.max_target}: each minimum must be <= its maximum")
+    _validate_policy_files(cfg.policy.name_or_path)
     _check(trainer.group_size >= 2,
            f"trainer.group_size K={trainer.group_size}: the leave-one-out baseline needs K >= 2; set trainer.group_size=8")
     _check(trainer.groups_per_step >= 1,
@@ -93,6 +112,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(not too_large,
            f"evaluation.ks has {too_large} outside 1..samples_per_prompt={evaluation.samples_per_prompt}; "
            "drop them or raise evaluation.samples_per_prompt")
+    _schema(check_ranges, cfg)  # every knob's range, after the method-specific messages above
     if check_device and cfg.hardware.device.startswith("cuda"):
         import torch
 
@@ -112,6 +132,40 @@ def _validate_vllm(options: DictConfig, check_installed: bool) -> None:
 
         problem = vllm_problem(options.allow_untested_version)
         _check(problem is None, str(problem))
+
+
+POLICY_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                     "special_tokens_map.json")
+
+
+def _validate_policy_files(name_or_path: str) -> None:
+    """A local policy folder must hold readable files: a damaged one is named here, not by a library traceback."""
+    folder = Path(resolve_policy_path(name_or_path))
+    fix = ("rebuild it (`make sft-tiny` for the tiny policy), or point policy.name_or_path at an intact folder "
+           "(default: checkpoints/tiny-countdown)")
+    if not folder.is_dir():
+        _check(not str(name_or_path).startswith(("/", ".", "~")),
+               f"policy.name_or_path='{name_or_path}': no such folder; {fix}")
+        return  # a hub name: from_pretrained resolves it
+    _check((folder / "config.json").is_file(),
+           f"policy.name_or_path='{name_or_path}': {folder} holds no config.json, so it is not a saved model; {fix}")
+    for name in POLICY_JSON_FILES:
+        path = folder / name
+        if path.is_file():
+            try:
+                json.loads(path.read_text())
+            except (ValueError, OSError) as error:
+                raise ConfigError(f"policy.name_or_path='{name_or_path}': {path} is damaged (not valid JSON: "
+                                  f"{error}); {fix}") from None
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as weights:
+                weights.keys()  # reads and checks the header against the file's size
+        except Exception as error:  # noqa: BLE001  (safetensors raises its own error types)
+            raise ConfigError(f"policy.name_or_path='{name_or_path}': {path} is damaged "
+                              f"({error.__class__.__name__}: {error}); {fix}") from None
 
 
 def _validate_loss(loss: DictConfig) -> None:
@@ -199,6 +253,13 @@ def _validate_fifo(buffer: DictConfig, replay_groups: int) -> None:
                f"buffer.capacity N={buffer.capacity} < B_replay={replay_groups}: mode={buffer.mode} draws distinct "
                "groups, so every step would need gap fill; raise buffer.capacity, use mode=with_replacement, or "
                "buffer.allow_infeasible=true")
+
+
+def _schema(check, cfg: DictConfig) -> None:
+    try:
+        check(cfg)
+    except SchemaError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _check(condition: bool, message: str) -> None:

@@ -35,7 +35,7 @@ from src.eval.protocol import EvalResult, evaluate
 from src.rollout.engine import SamplingParams, build_engine
 from src.task import countdown
 from src.tracking import ensure_experiment, log_evaluation
-from src.train import apply_chat_template
+from src.train import CheckpointError, apply_chat_template, read_checkpoint
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -108,7 +108,7 @@ def load_for_evaluation(cfg: DictConfig, policy_path: str, checkpoint: Path | No
         torch.set_num_threads(cfg.hardware.threads)
     policy, tokenizer = load_policy(policy_path, cfg.hardware.device, cfg.hardware.dtype)
     if checkpoint is not None:
-        payload = torch.load(checkpoint, weights_only=False, map_location=cfg.hardware.device)
+        payload = read_checkpoint(checkpoint, map_location=cfg.hardware.device)  # weights_only: never runs code
         policy.load_state_dict(payload["policy"])
     engine = build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
                          **cfg.policy.get("vllm", {}))
@@ -186,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[red]no checkpoint at {args.checkpoint}[/red]: runs write checkpoint.pt into their "
                           "output folder (the run's `output_dir` tag)")
             return 2
-        payload = torch.load(args.checkpoint, weights_only=False, map_location="cpu")
+        try:
+            payload = read_checkpoint(args.checkpoint, map_location="cpu")
+        except CheckpointError as error:
+            console.print(f"[red]{error}[/red]")
+            return 2
         jobs.append((payload["run_id"], None, args.checkpoint, payload["state"]["step"]))
     for run in runs_to_evaluate(client, composed.tracking.experiment, args.run, args.sweep):
         policy_path = run.data.tags.get("final_policy")

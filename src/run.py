@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -22,7 +26,8 @@ from rich.table import Table
 
 from src import tracking
 from src.budget import plan_fresh_evaluations, planning_max_age, replay_demand_met
-from src.config import validate
+from src.config import ConfigError, validate
+from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, write_heartbeat
 from src.evaluate import evaluate_policy
 from src.policy.model import frozen_copy, load_policy
 from src.replay.buffer import ReplayBuffer
@@ -35,7 +40,8 @@ from src.rollout.engine import build_engine
 from src.task import countdown
 from src.curriculum.sampler import build_prompt_sampler
 from src.rollout.behaviour import build_behaviour
-from src.train import Components, TrainState, build_optimizer, load_checkpoint, save_checkpoint, train_step
+from src.train import (CheckpointError, Components, TrainState, build_optimizer, read_checkpoint,
+                       read_latest_checkpoint, restore_checkpoint, save_checkpoint, train_step)
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -84,36 +90,92 @@ def run_evaluation(cfg: DictConfig, parts: Components, heldout, stage: str, trac
     return result
 
 
-def resumable_checkpoint(cfg: DictConfig) -> str | None:
-    """The checkpoint of this cell's last FAILED/KILLED run (or of this requeued SLURM job), if one exists."""
-    identity = cell_identity(cfg)
-    return cell_runs(cfg.tracking.uri, cfg.tracking.experiment, identity).resumable.get(identity)
+@dataclass
+class Start:
+    """Where a job starts: a new MLflow run in its own output folder, or a dead run's folder, run and checkpoint."""
+
+    folder: Path  # checkpoints, heartbeat and final policy live here for the run's whole life
+    run_id: str | None = None
+    checkpoint: dict | None = None
+
+
+class RunAlive(RuntimeError):
+    """The cell's newest run is alive elsewhere: resuming it would make two writers of one run."""
+
+
+def choose_start(cfg: DictConfig, identity: str, output_dir: Path) -> Start:
+    """Resume what `trainer.resume_from` names, or this cell's newest dead run (checked by run and cell id), or
+    start afresh. Runs before the model loads, so a bad checkpoint or a live run costs seconds."""
+    trainer, uri = cfg.trainer, cfg.tracking.uri
+    if trainer.resume_from:
+        path = Path(trainer.resume_from)
+        payload, path = (read_latest_checkpoint(path.parent) if path.name == LATEST_CHECKPOINT
+                         else (read_checkpoint(path), path))
+        check_checkpoint_owner(payload, path, identity)
+        return Start(path.parent, payload["run_id"], payload)
+    if not trainer.auto_resume:
+        return Start(output_dir)
+    with tracking.sqlite_store_lock(uri):  # lookup and claim at once: jobs relaunched together resume it once
+        tracking.ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+        known = cell_runs(uri, cfg.tracking.experiment, identity, trainer.heartbeat_timeout_s)
+        if identity in known.alive:
+            raise RunAlive(f"cell {cell_name(cfg)} (cell_id {identity}): {known.alive[identity]}. Two jobs must "
+                           "not write one run; relaunch after that, or set trainer.auto_resume=false to start a "
+                           "separate run of this cell")
+        dead = known.dead_without_checkpoint.get(identity)
+        if dead and identity not in known.resumable:
+            MlflowClient(uri).set_terminated(dead, "FAILED")
+            log.warning("run %s of cell %s died before its first checkpoint: marked FAILED; starting the cell "
+                        "afresh in a new run", dead, cell_name(cfg))
+        if identity not in known.resumable:
+            return Start(output_dir)
+        run_id, folder = known.resumable_runs[identity], Path(known.resumable[identity]).parent
+        payload, path = read_latest_checkpoint(folder)
+        check_checkpoint_owner(payload, path, identity, run_id)
+        write_heartbeat(folder, run_id)  # claimed: a relaunch racing this one now sees the run alive
+    log.warning("resuming run %s of cell %s from %s at step %d", run_id, cell_name(cfg), path,
+                payload["state"]["step"])
+    return Start(folder, run_id, payload)
+
+
+def check_checkpoint_owner(payload: dict, path: Path, cell_id: str, run_id: str | None = None) -> None:
+    """Refuse a checkpoint of another cell, or of another MLflow run than the one whose folder it is in."""
+    if payload.get("cell_id") != cell_id:
+        raise CheckpointError(f"{path} belongs to cell_id {payload.get('cell_id')}, but this job is cell_id "
+                              f"{cell_id}: not resuming another cell's checkpoint. Name this cell's checkpoint in "
+                              "trainer.resume_from, or set trainer.auto_resume=false to start afresh")
+    if run_id is not None and payload["run_id"] != run_id:
+        raise CheckpointError(f"{path} holds MLflow run {payload['run_id']}, but its folder belongs to run {run_id}: "
+                              "two runs wrote one folder; not resuming either. Set trainer.auto_resume=false to "
+                              "start afresh")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one cell; returns the final evaluation summary."""
     validate(cfg)  # config mistakes fail here, before any model is loaded
+    tracking.check_reachable(cfg.tracking.uri)
     fifo = cfg.buffer.name == "fifo"  # no age window: its pool is every stored group of age >= 1
     if not fifo and cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age):
         log.warning("B=%d, rho=%g, L=%d: rounding leaves the replay pool short of demand; gap fill will be "
                     "logged (batch/gap_fill_groups)", cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age)
-    output_dir = Path(HydraConfig.get().runtime.output_dir)
-    checkpoint_path = output_dir / "checkpoint.pt"
+    identity = cell_identity(cfg)
+    start = choose_start(cfg, identity, Path(HydraConfig.get().runtime.output_dir))
+    output_dir = start.folder
+    checkpoint_path = output_dir / LATEST_CHECKPOINT
     plan = plan_fresh_evaluations(cfg.trainer.groups_per_step, cfg.trainer.group_size, cfg.trainer.steps,
                                   cfg.buffer.ratio, planning_max_age(cfg.buffer, cfg.trainer.steps))
     train_set, heldout = countdown.train_and_heldout(cfg.task)
     parts = build_components(cfg, train_set)
-    state, resume_run_id = TrainState(), None
-    resume_from = cfg.trainer.resume_from or (cfg.trainer.auto_resume and resumable_checkpoint(cfg))
-    if resume_from:
-        state, resume_run_id = load_checkpoint(Path(resume_from), parts)
-        log.info("resumed from %s at step %d (MLflow run %s)", resume_from, state.step, resume_run_id)
+    state = restore_checkpoint(start.checkpoint, parts) if start.checkpoint else TrainState()
+    start.checkpoint = None  # the policy holds it now; free the copy
 
-    with tracking.start_run(cfg, resume_run_id) as tracker, StopOnSignal() as stop:
+    with tracking.start_run(cfg, start.run_id) as tracker, \
+            Heartbeat(output_dir, tracker.run_id, cfg.trainer.heartbeat_every_s), StopOnSignal() as stop:
         tracker.set_tags({"output_dir": str(output_dir), "planned_fresh_evaluations": str(plan.fresh_evaluations),
                           "slurm_job": slurm_job_key() or "-"})
         before = None
-        if cfg.evaluation.at_start and state.step == 0:
+        if cfg.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
+                f"{cfg.evaluation.name}/start/mean_reward", 0):
             before = run_evaluation(cfg, parts, heldout, "start", tracker, step=0)
         with _progress() as progress:
             task = progress.add_task(cell_name(cfg), total=cfg.trainer.steps, completed=state.step,
@@ -128,21 +190,26 @@ def train(cfg: DictConfig) -> dict[str, float]:
                     log.info("step %d/%d  %s", state.step, cfg.trainer.steps, _progress_info(metrics))
                 every = cfg.trainer.checkpoint_every
                 if every and state.step % every == 0 and state.step < cfg.trainer.steps:
-                    save_checkpoint(checkpoint_path, parts, state, tracker.run_id)
-                if cfg.evaluation.every and state.step % cfg.evaluation.every == 0 and state.step < cfg.trainer.steps:
+                    save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
+                if cfg.evaluation.every and state.step % cfg.evaluation.every == 0 and state.step < cfg.trainer.steps \
+                        and not tracker.has_metric_at(f"{cfg.evaluation.name}/during/mean_reward", state.step):
                     run_evaluation(cfg, parts, heldout, "during", tracker, step=state.step)
                 if stop.requested and state.step < cfg.trainer.steps:  # pre-empted: keep this step, then go
-                    save_checkpoint(checkpoint_path, parts, state, tracker.run_id)
+                    save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
                     log.warning("checkpoint at step %d written to %s; run %s marked KILLED (it resumes)",
                                 state.step, checkpoint_path, tracker.run_id)
                     tracking.end_run("KILLED")
                     stop.hand_on()
-        save_checkpoint(checkpoint_path, parts, state, tracker.run_id)
+        save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
         final_dir = output_dir / "policy"
         parts.policy.save_pretrained(final_dir)
         parts.tokenizer.save_pretrained(final_dir)
         after = run_evaluation(cfg, parts, heldout, "final", tracker, step=state.step)
         tracker.set_tags({"final_policy": str(final_dir), "fresh_evaluations": str(state.fresh_evaluations)})
+        if tracker.redone_mismatches:
+            tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
+            log.error("%d metric values of redone steps differ from the values logged before the restart "
+                      "(first: %s)", len(tracker.redone_mismatches), tracker.redone_mismatches[0])
         _print_summary(cfg, plan, state, before, after, tracker.run_id)
     return after.summary
 
@@ -177,9 +244,19 @@ def _fmt(value) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
 
+# Mistakes a user fixes by changing the command line: one message, no traceback.
+USER_ERRORS = (ConfigError, CheckpointError, RunAlive, tracking.StoreUnreachable)
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")  # absolute: see __main__
 def main(cfg: DictConfig) -> float:
-    summary = train(cfg)
+    try:
+        summary = train(cfg)
+    except USER_ERRORS as error:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # the sweeper lists the failed cell with this message; the other cells go on
+        console.print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
+        sys.exit(2)
     # The value a Hydra sweeper would optimise: held-out mean reward.
     return summary.get("mean_reward", float("nan"))
 
@@ -188,5 +265,11 @@ if __name__ == "__main__":
     # Call the task through the importable module, not __main__: submitit pickles it for SLURM
     # jobs, and a __main__ function would be pickled by value with this module's globals.
     from src import run
+    from src.schema import SchemaError, check_override_keys
 
+    try:
+        check_override_keys(sys.argv[1:])
+    except SchemaError as error:
+        console.print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
+        sys.exit(2)
     run.main()

@@ -18,13 +18,14 @@ import functools
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from src.budget import plan_fresh_evaluations, planning_max_age
+from src.lifecycle import checkpoint_files, run_liveness
 from src.paths import resolve_policy_path
 
 # Keys that change how a cell is launched or logged, never what it computes.
@@ -37,6 +38,8 @@ LAUNCH_ONLY = (
     "trainer.auto_resume",
     "trainer.checkpoint_every",
     "trainer.fused_logprobs",  # the same log-probs to fp32 rounding, computed with less memory
+    "trainer.heartbeat_every_s",
+    "trainer.heartbeat_timeout_s",
 )
 
 
@@ -170,10 +173,13 @@ def _drop(tree: dict, dotted: str) -> None:
 
 @dataclass
 class CellRuns:
-    """What the tracking store knows about the cells of one experiment."""
+    """What the tracking store knows about the cells of one experiment (each cell judged by its newest run)."""
 
     finished: dict[str, str]  # cell_id -> run id of a FINISHED run
-    resumable: dict[str, str]  # cell_id -> checkpoint of the newest FAILED/KILLED run, where it still exists
+    resumable: dict[str, str]  # cell_id -> checkpoint of the newest dead (FAILED, KILLED, silently died) run
+    resumable_runs: dict[str, str] = field(default_factory=dict)  # cell_id -> that run's id
+    alive: dict[str, str] = field(default_factory=dict)  # cell_id -> why its newest RUNNING run counts as alive
+    dead_without_checkpoint: dict[str, str] = field(default_factory=dict)  # cell_id -> a RUNNING run that died
 
 
 def slurm_job_key() -> str | None:
@@ -183,11 +189,12 @@ def slurm_job_key() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
-def cell_runs(uri: str, experiment: str, cell_id: str | None = None) -> CellRuns:
-    """Finished and resumable cells of the experiment (or of one cell), read with one paged search.
+def cell_runs(uri: str, experiment: str, cell_id: str | None = None, heartbeat_timeout_s: float = 300.0) -> CellRuns:
+    """Finished, resumable, alive and silently dead cells of the experiment (or of one cell), with one paged search.
 
-    Resumable: the newest FAILED or KILLED run whose checkpoint still exists, or a RUNNING run
-    started by this same SLURM job (a requeued job whose first attempt was killed outright).
+    A RUNNING run is dead when its heartbeat timed out, its process is gone from this host, its
+    SLURM job no longer runs, or it is this same SLURM job's earlier attempt (a requeued job whose
+    first attempt was killed outright). A dead run resumes from the newest checkpoint in its folder.
     """
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
@@ -197,22 +204,40 @@ def cell_runs(uri: str, experiment: str, cell_id: str | None = None) -> CellRuns
     query = f"tags.cell_id = '{cell_id}'" if cell_id else ""
     this_job = slurm_job_key()
     page_token = None
-    while True:  # oldest first, so the newest run of a cell wins
+    while True:  # oldest first, so the newest run of a cell decides
         page = client.search_runs([found.experiment_id], filter_string=query, max_results=1000,
                                   order_by=["attributes.start_time ASC"], page_token=page_token)
         for run in page:
             identity, status, tags = run.data.tags.get("cell_id"), run.info.status, run.data.tags
-            if identity is None:
+            if identity is None or identity in known.finished:
                 continue
             if status == "FINISHED":
                 known.finished[identity] = run.info.run_id
-                known.resumable.pop(identity, None)
+                for pending in (known.resumable, known.resumable_runs, known.alive, known.dead_without_checkpoint):
+                    pending.pop(identity, None)
                 continue
-            requeued = status == "RUNNING" and this_job is not None and tags.get("slurm_job") == this_job
-            if (status in ("FAILED", "KILLED") or requeued) and tags.get("output_dir"):
-                checkpoint = Path(tags["output_dir"]) / "checkpoint.pt"
-                if checkpoint.exists():
-                    known.resumable[identity] = str(checkpoint)
+            folder = Path(tags["output_dir"]) if tags.get("output_dir") else None
+            dead = status in ("FAILED", "KILLED")
+            if status == "RUNNING":
+                if this_job is not None and tags.get("slurm_job") == this_job:
+                    dead = True
+                else:
+                    liveness = run_liveness(run.info.run_id, folder, run.info.start_time / 1000,
+                                            tags.get("slurm_job"), heartbeat_timeout_s)
+                    if liveness.alive:
+                        known.alive[identity] = (f"run {run.info.run_id} ({liveness.reason}) is still alive: wait "
+                                                 f"{liveness.wait_s:.0f} s for its heartbeat to time out if it died")
+                        continue
+                    dead = True
+            if not dead:
+                continue
+            known.alive.pop(identity, None)
+            checkpoints = checkpoint_files(folder) if folder is not None else []
+            if checkpoints:
+                known.resumable[identity] = str(checkpoints[0])
+                known.resumable_runs[identity] = run.info.run_id
+            elif status == "RUNNING":
+                known.dead_without_checkpoint[identity] = run.info.run_id
         page_token = page.token
         if not page_token:
             return known
@@ -226,13 +251,13 @@ class PlannedCell:
     cell: str
     cell_id: str
     fresh_evaluations: int
-    status: str  # "launch", "resume", "finished" (skipped) or "duplicate" (same cell earlier in this sweep)
-    previous: str | None = None  # the finished run id, or the checkpoint a resumed cell continues from
+    status: str  # "launch", "resume", "finished" (skipped), "running" (alive elsewhere, skipped) or "duplicate"
+    previous: str | None = None  # the finished run id, the checkpoint a resumed cell continues from, or why it runs
     budget_is_floor: bool = False  # sampling=dynamic generates until its batch is full: the plan is a minimum
 
 
 def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> list[PlannedCell]:
-    """Mark each (overrides, composed config) job as launch / resume / finished / duplicate."""
+    """Mark each (overrides, composed config) job as launch / resume / finished / running / duplicate."""
     seen: set[str] = set()
     planned = []
     for overrides, cfg in jobs:
@@ -245,6 +270,8 @@ def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> lis
             status, previous = "finished", known.finished[identity]
         elif identity in seen:
             status = "duplicate"
+        elif identity in known.alive and cfg.trainer.auto_resume and not cfg.trainer.resume_from:
+            status, previous = "running", known.alive[identity]  # a second job would refuse to start (src.run)
         elif identity in known.resumable and cfg.trainer.auto_resume and not cfg.trainer.resume_from:
             status, previous = "resume", known.resumable[identity]  # the job finds it itself (src.run)
         else:

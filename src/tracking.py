@@ -9,6 +9,7 @@ as CSV artifacts. A run that raises is closed as FAILED, never left RUNNING.
 from __future__ import annotations
 
 import fcntl
+import logging
 import math
 import tempfile
 import time
@@ -18,10 +19,13 @@ from pathlib import Path
 
 import mlflow
 from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from src.sweep import cell_identity, cell_name, variant_label
+
+log = logging.getLogger(__name__)
 
 
 def run_tags(cfg: DictConfig) -> dict[str, str]:
@@ -95,14 +99,49 @@ def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
             client.log_artifact(run_id, str(path), artifact_path="evaluation")
 
 
-class Tracker:
-    """Logging calls the training loop makes; a thin layer over the active MLflow run."""
+# Metrics that measure the machine, not the computation: a redone step may differ in them.
+UNREPEATABLE = ("time/",)
 
-    def __init__(self, run_id: str):
+
+class Tracker:
+    """Logging calls the training loop makes; a thin layer over the active MLflow run.
+
+    A resumed run redoes the steps between its checkpoint and its death, and MLflow keeps every
+    value ever logged, so those steps (up to `logged_until`) are not logged again; their values
+    are compared with the logged ones instead (they are equal by construction: generation seeds
+    come from (seed, step)), and a difference is reported loudly.
+    """
+
+    def __init__(self, run_id: str, logged_until: int = -1):
         self.run_id = run_id
+        self.logged_until = logged_until
+        self.redone_mismatches: list[str] = []
+        self._history: dict[str, dict[int, float]] = {}
 
     def log_step(self, metrics: dict[str, float], step: int) -> None:
-        mlflow.log_metrics(finite(metrics), step=step)
+        values = finite(metrics)
+        if step > self.logged_until:
+            mlflow.log_metrics(values, step=step)
+            return
+        for key, value in values.items():
+            if key.startswith(UNREPEATABLE):
+                continue
+            logged = self._logged(key).get(step)
+            if logged is None or not math.isclose(logged, value, rel_tol=1e-9, abs_tol=1e-12):
+                self.redone_mismatches.append(f"{key} at step {step}: logged {logged}, recomputed {value}")
+                log.error("RESUME MISMATCH in run %s: %s at step %d was logged as %s before the restart but "
+                          "recomputes as %s; the logged value is kept (is this the same code, config and "
+                          "hardware?)", self.run_id, key, step, logged, value)
+
+    def _logged(self, key: str) -> dict[int, float]:
+        if key not in self._history:
+            history = MlflowClient().get_metric_history(self.run_id, key)
+            self._history[key] = {metric.step: metric.value for metric in history}
+        return self._history[key]
+
+    def has_metric_at(self, key: str, step: int) -> bool:
+        """Whether the run already holds `key` at `step` (a redone evaluation is skipped, not logged twice)."""
+        return step <= self.logged_until + 1 and step in self._logged(metric_key(key))
 
     def log_evaluation(self, result, stage: str, step: int) -> None:
         log_evaluation(self.run_id, result, stage, step)
@@ -111,24 +150,43 @@ class Tracker:
         mlflow.set_tags(tags)
 
 
+def last_logged_step(run_id: str, key: str = "train/reward") -> int:
+    """The highest step of `key` in the run's history; -1 if it has none."""
+    return max((metric.step for metric in MlflowClient().get_metric_history(run_id, key)), default=-1)
+
+
 def end_run(status: str) -> None:
     """End the active run with this status (e.g. KILLED on pre-emption: the run resumes later)."""
     mlflow.end_run(status)
 
 
+_LOCKS_HELD: set[Path] = set()  # re-entrant within a process: flock on a second open() would wait on itself
+
+
 @contextmanager
 def sqlite_store_lock(uri: str) -> Iterator[None]:
-    """Serialise creating a SQLite store and its experiment: runs launched together would race on the schema."""
+    """Serialise the first uses of a SQLite store across processes.
+
+    MLflow creates the schema (alembic migrations) on a process's first use of a new file; runs
+    launched together would race on it (`table latest_metrics already exists`). Creating the
+    store and the experiment, and the lookups that follow (which run to resume), happen under
+    this lock.
+    """
     if not uri.startswith("sqlite:///"):
         yield
         return
-    lock_path = Path(uri.removeprefix("sqlite:///") + ".lock")
+    lock_path = Path(uri.removeprefix("sqlite:///") + ".lock").resolve()
+    if lock_path in _LOCKS_HELD:
+        yield
+        return
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
+        _LOCKS_HELD.add(lock_path)
         try:
             yield
         finally:
+            _LOCKS_HELD.discard(lock_path)
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
@@ -143,13 +201,39 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str
         location = artifact_location
         if artifact_location and "://" not in artifact_location:
             location = Path(artifact_location).as_uri()
-        return client.create_experiment(name, artifact_location=location)
+        try:
+            return client.create_experiment(name, artifact_location=location)
+        except MlflowException as error:  # a server experiment another job created a moment ago
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise error
+            return experiment.experiment_id
+
+
+class StoreUnreachable(RuntimeError):
+    """The tracking server does not answer; raised before any model is loaded."""
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not after MLflow's minutes of retries, when an HTTP tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)  # any HTTP answer means a server is there
+    except requests.RequestException as error:
+        raise StoreUnreachable(
+            f"tracking.uri={uri}: no MLflow server answers within {timeout_s:g} s ({error.__class__.__name__}). "
+            "Start it (make mlflow-server), or set tracking.uri to a running server or a "
+            "sqlite:///path/mlruns.db file") from None
 
 
 @contextmanager
 def start_run(cfg: DictConfig, resume_run_id: str | None = None) -> Iterator[Tracker]:
     """Open (or reopen, when resuming) the MLflow run for this job; FAILED if the body raises."""
     experiment_id = ensure_experiment(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+    logged_until = last_logged_step(resume_run_id) if resume_run_id else -1
     run_name = cfg.tracking.run_name or cell_name(cfg)
     if resume_run_id:
         context = mlflow.start_run(run_id=resume_run_id)
@@ -159,4 +243,4 @@ def start_run(cfg: DictConfig, resume_run_id: str | None = None) -> Iterator[Tra
         if not resume_run_id:
             mlflow.log_params(flat_params(cfg))
             mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-        yield Tracker(run.info.run_id)
+        yield Tracker(run.info.run_id, logged_until)

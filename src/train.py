@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import os
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,7 @@ from src.objective import (
     plan_batch,
     token_entropy,
 )
+from src.lifecycle import LATEST_CHECKPOINT, PREVIOUS_CHECKPOINT, checkpoint_files
 from src.losses import clipped_surrogate, group_normalised_advantages, truncated_importance_weights
 from src.replay.buffer import Group, ReplayBuffer
 from src.replay.fifo import FifoReplayBuffer, use_statistics
@@ -50,6 +53,8 @@ from src.rollout.behaviour import BehaviourPolicy
 from src.rollout.engine import RolloutEngine, SamplingParams
 from src.task import countdown
 from src.task.sampler import PromptSampler
+
+log = logging.getLogger(__name__)
 
 AGE_BUCKETS = ("age0", "age1", "age2", "age3plus")
 
@@ -756,8 +761,13 @@ def apply_chat_template(tokenizer, prompt: str) -> str:
 
 
 # --------------------------------------------------------------------------- checkpoints
-def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: str) -> None:
-    """Model, optimizer, buffer, sampler and RNG states, step and MLflow run id; written atomically."""
+class CheckpointError(RuntimeError):
+    """No checkpoint of a run folder loads, or the one found belongs to another run or cell."""
+
+
+def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: str, cell_id: str) -> None:
+    """Model, optimizer, buffer, sampler and RNG states, step, MLflow run id and cell id; the previous generation
+    stays as `checkpoint.prev.pt` next to `path` until this one is complete."""
     payload = {
         "policy": parts.policy.state_dict(),
         "optimizer": parts.optimizer.state_dict(),
@@ -767,16 +777,52 @@ def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: st
         "torch_rng": torch.get_rng_state(),
         "state": state.__dict__,
         "run_id": run_id,
+        "cell_id": cell_id,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
+    # Unique per writer: two processes writing into one folder by mistake never mix their bytes.
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     torch.save(payload, temporary)
-    os.replace(temporary, path)  # a kill mid-write never corrupts the last good checkpoint
+    with open(temporary, "rb") as handle:
+        os.fsync(handle.fileno())  # on disk before it replaces anything
+    if path.exists():
+        os.replace(path, path.with_name(PREVIOUS_CHECKPOINT))
+    os.replace(temporary, path)
 
 
-def load_checkpoint(path: Path, parts: Components) -> tuple[TrainState, str]:
-    """Restore everything `save_checkpoint` wrote; returns the state and the MLflow run id."""
-    payload = torch.load(path, weights_only=False)
+def read_checkpoint(path: Path, map_location=None) -> dict:
+    """The checkpoint's payload, unpickled with `weights_only=True`: tensors and plain types only, so a crafted
+    file (a path read from a shared tracking store) cannot run code. Raises CheckpointError naming the file."""
+    try:
+        payload = torch.load(path, weights_only=True, map_location=map_location)
+    except Exception as error:  # noqa: BLE001  (truncated zip, foreign pickle, missing file: all say the same)
+        first_line = (str(error).splitlines() or ["empty file"])[0][:160]
+        raise CheckpointError(f"{path} does not load ({error.__class__.__name__}: {first_line})") from None
+    if not isinstance(payload, dict) or not {"policy", "state", "run_id"} <= payload.keys():
+        raise CheckpointError(f"{path}: not a training checkpoint (no policy, state and run id)")
+    return payload
+
+
+def read_latest_checkpoint(folder: Path, map_location=None) -> tuple[dict, Path]:
+    """The newest checkpoint of a run folder that loads; a damaged latest falls back to the previous generation
+    with a warning naming both. Raises CheckpointError naming every file tried and the fix."""
+    failures = []
+    for path in checkpoint_files(folder):
+        try:
+            payload = read_checkpoint(path, map_location)
+        except CheckpointError as error:
+            failures.append((path, error))
+            continue
+        if failures:
+            log.warning("%s; falling back to the previous checkpoint generation %s", failures[0][1], path)
+        return payload, path
+    tried = "; ".join(str(error) for _, error in failures) or f"no {LATEST_CHECKPOINT} or {PREVIOUS_CHECKPOINT} in {folder}"
+    raise CheckpointError(f"no checkpoint in {folder} loads ({tried}). Start the cell afresh with "
+                          "trainer.auto_resume=false, or move that folder's checkpoint files away")
+
+
+def restore_checkpoint(payload: dict, parts: Components) -> TrainState:
+    """Restore everything `save_checkpoint` wrote into the components; returns the training state."""
     parts.policy.load_state_dict(payload["policy"])
     parts.optimizer.load_state_dict(payload["optimizer"])
     if parts.buffer is not None:
@@ -785,4 +831,4 @@ def load_checkpoint(path: Path, parts: Components) -> tuple[TrainState, str]:
     if parts.behaviour is not None:
         parts.behaviour.load_state_dict(payload["behaviour"])
     torch.set_rng_state(payload["torch_rng"])
-    return TrainState(**payload["state"]), payload["run_id"]
+    return TrainState(**payload["state"])

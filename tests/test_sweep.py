@@ -145,7 +145,7 @@ def test_preempted_run_resumes_into_the_same_run_with_identical_metrics(tmp_path
     assert 1 <= steps_done < 6
 
     resumed_log = run([*tiny_cli(tmp_path, random_policy_dir, *cell), f"hydra.run.dir={tmp_path}/second"])
-    assert "resumed from" in resumed_log
+    assert "resuming run" in resumed_log
     after = mlflow.search_runs(experiment_names=["replay-rloo"])
     assert list(after["status"]) == ["FINISHED"] and after.run_id[0] == killed.run_id[0]
 

@@ -16,8 +16,8 @@ from src.rollout.engine import HFGenerateEngine
 from src.task import countdown
 from src.curriculum.sampler import build_prompt_sampler
 from src.rollout.behaviour import build_behaviour
-from src.train import (Components, TrainState, load_checkpoint, micro_batches, policy_update, save_checkpoint,
-                       train_step)
+from src.train import (Components, TrainState, micro_batches, policy_update, read_checkpoint, restore_checkpoint,
+                       save_checkpoint, train_step)
 
 
 def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
@@ -172,9 +172,10 @@ def straight_and_resumed(make_parts, policy_dir, cfg, tmp_path, steps=4, stop_at
     first_parts, first_state = make_parts(policy_dir, cfg, learning_rate=1e-2), TrainState()
     for _ in range(stop_at):
         train_step(cfg, first_parts, first_state)
-    save_checkpoint(tmp_path / "checkpoint.pt", first_parts, first_state, run_id="run-1")
+    save_checkpoint(tmp_path / "checkpoint.pt", first_parts, first_state, run_id="run-1", cell_id="cell-1")
     resumed_parts = make_parts(policy_dir, cfg, learning_rate=1e-2)
-    resumed_state, run_id = load_checkpoint(tmp_path / "checkpoint.pt", resumed_parts)
+    payload = read_checkpoint(tmp_path / "checkpoint.pt")  # weights_only=True: every part is plain data
+    resumed_state, run_id = restore_checkpoint(payload, resumed_parts), payload["run_id"]
     restored = {"run_id": run_id, "step": resumed_state.step,
                 "buffer_sizes": (len(resumed_parts.buffer or ()), len(first_parts.buffer or ()))}
     resumed = [train_step(cfg, resumed_parts, resumed_state) for _ in range(steps - stop_at)]

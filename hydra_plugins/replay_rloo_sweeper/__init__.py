@@ -16,9 +16,11 @@ line) with three additions, selected for every multirun by `conf/config.yaml`:
 
 
 import logging
+import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -78,17 +80,13 @@ class SkipFinishedSweeper(Sweeper):
         return jobs
 
     def sweep(self, arguments: List[str]) -> Any:
-        import os
         from pathlib import Path
 
         from src.config import ConfigError, validate
         from src.sweep import CellRuns, cell_runs, plan_cells, record_membership
-        from src.tracking import ensure_experiment
+        from src.tracking import ensure_experiment, sqlite_store_lock
 
         started = time.perf_counter()
-        # A tracking server that is down should fail in seconds, not after MLflow's minutes of retries.
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         jobs = []
         for overrides in self.job_overrides(arguments):
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -103,9 +101,11 @@ class SkipFinishedSweeper(Sweeper):
         known = CellRuns({}, {})
         if self.skip_finished:
             try:
-                if not self.dry_run:  # once, here: jobs starting together must not race to create it
-                    ensure_experiment(tracking.uri, tracking.experiment, tracking.artifact_location)
-                known = cell_runs(tracking.uri, tracking.experiment)
+                with planning_timeouts(), sqlite_store_lock(tracking.uri):  # jobs starting together must not
+                    if not self.dry_run:  # race to create the store, nor look it up while it is being created
+                        ensure_experiment(tracking.uri, tracking.experiment, tracking.artifact_location)
+                    known = cell_runs(tracking.uri, tracking.experiment,
+                                      heartbeat_timeout_s=self.config.trainer.heartbeat_timeout_s)
             except Exception as error:  # noqa: BLE001  (an unreachable server must not hide the plan)
                 if not self.dry_run:
                     raise HydraException(f"cannot reach the MLflow store {tracking.uri} to check for finished "
@@ -115,7 +115,8 @@ class SkipFinishedSweeper(Sweeper):
         planned = plan_cells(jobs, known)
         print_plan(planned, tracking, time.perf_counter() - started, self.dry_run)
         if self.skip_finished and not self.dry_run:
-            record_membership(tracking.uri, planned, tracking.sweep)
+            with planning_timeouts():
+                record_membership(tracking.uri, planned, tracking.sweep)
         to_run = [cell.overrides for cell in planned if cell.status in ("launch", "resume")]
         if self.dry_run or not to_run:
             return []
@@ -132,9 +133,33 @@ class SkipFinishedSweeper(Sweeper):
             returns.append(results)
         if failed:
             lines = [f"  {' '.join(result.overrides or [])}: {result._return_value!r}" for result in failed]
-            raise HydraException(f"{len(failed)} of {len(to_run)} cells failed (their MLflow runs are FAILED; "
-                                 "relaunching the sweep resumes them from their checkpoints):\n" + "\n".join(lines))
+            raise HydraException(f"{len(failed)} of {len(to_run)} cells failed. Relaunching the sweep resumes each "
+                                 "from its last checkpoint where it wrote one and starts the others afresh:\n"
+                                 + "\n".join(lines))
         return returns
+
+
+@contextmanager
+def planning_timeouts() -> Iterator[None]:
+    """A tracking server that is down should fail the plan in seconds, not after MLflow's minutes of retries.
+
+    Scoped to the sweeper's own queries: the launched jobs (the basic launcher runs them in this
+    very process) keep MLflow's patient defaults, so they ride out an outage of minutes. MLflow
+    reads these variables at every request (mlflow/utils/rest_utils.py, http_request).
+    """
+    saved = {name: os.environ.get(name) for name in PLANNING_TIMEOUTS}
+    os.environ.update(PLANNING_TIMEOUTS)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+PLANNING_TIMEOUTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
 def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
@@ -143,10 +168,11 @@ def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
     from rich.table import Table
 
     counts = {status: sum(cell.status == status for cell in planned)
-              for status in ("launch", "resume", "finished", "duplicate")}
+              for status in ("launch", "resume", "finished", "running", "duplicate")}
     table = Table(title=("DRY RUN: nothing launched. " if dry_run else "") + f"{len(planned)} jobs, "
                   f"{counts['launch']} to launch, {counts['resume']} to resume, {counts['finished']} finished "
-                  f"(skipped), {counts['duplicate']} duplicate (skipped)")
+                  f"(skipped), " + (f"{counts['running']} running elsewhere (skipped), " if counts["running"] else "")
+                  + f"{counts['duplicate']} duplicate (skipped)")
     for heading in ("#", "cell", "planned fresh evals", "status", "overrides"):
         table.add_column(heading, justify="right" if heading in ("#", "planned fresh evals") else "left")
     # Overrides every job shares are printed once, below the table; the column shows what varies.
@@ -155,7 +181,8 @@ def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
     for index, cell in enumerate(planned):
         status = {"finished": f"finished, skip (run {cell.previous[:8] if cell.previous else ''})",
                   "duplicate": "duplicate, skip", "launch": "launch",
-                  "resume": f"resume from {cell.previous}"}[cell.status]
+                  "resume": f"resume from {cell.previous}",
+                  "running": f"running elsewhere, skip: {cell.previous}"}[cell.status]
         shown = [o for o in cell.overrides if o not in common and not o.startswith(hidden)]
         table.add_row(str(index), cell.cell, ("≥ " if cell.budget_is_floor else "") + f"{cell.fresh_evaluations:,}", status, " ".join(shown))
     console = Console(width=max(Console().width, 140))
