@@ -18,7 +18,7 @@ if not OmegaConf.has_resolver("root"):
     OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
 
 ENGINES = ("hf", "vllm")
-LOSSES = ("rloo", "grpo")
+LOSSES = ("rloo", "grpo", "ipo")
 FIFO_MODES = ("with_replacement", "without_replacement", "at_least_once")  # src.replay.fifo.SAMPLING_MODES
 SOURCES = ("generator", "hub")
 SAMPLINGS = ("standard", "dynamic")
@@ -103,7 +103,11 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
 
 
 def _validate_loss(loss: DictConfig) -> None:
-    _check(loss.name in LOSSES, f"loss.name='{loss.name}': choose one of {LOSSES} (loss=rloo or loss=grpo)")
+    _check(loss.name in LOSSES, f"loss.name='{loss.name}': choose one of {LOSSES} (e.g. loss=rloo)")
+    if loss.name == "ipo":
+        _check(isinstance(loss.tau, (int, float)) and not isinstance(loss.tau, bool) and loss.tau > 0,
+               f"loss.tau={loss.tau}: IPO's regularisation strength, a number > 0 (target margin 1/(2 tau); e.g. 0.1)")
+        return
     if loss.name != "grpo":
         return
     _check(0 <= loss.eps_low < 1,
