@@ -307,3 +307,52 @@ def plot_diversity(results: pd.DataFrame, path: Path) -> Path:
                  + (", variants in their own colours" if variant_styles else "") + ")")
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
+
+
+FAILURE_COLORS = {"format_error": "#4c72b0", "wrong_target": "#dd8452", "invalid_number_use": "#55a868",
+                  "arithmetic_error": "#c44e52", "repetitive_or_incoherent": "#8172b3", "other": "#937860"}
+
+
+def _failure_labels(table: pd.DataFrame) -> list[str]:
+    return [f"{method}\n{cell} ({stage}, {protocol})" for method, cell, stage, protocol
+            in zip(table["method"], table["cell"], table["stage"], table["protocol"])]
+
+
+def plot_failure_shares(table: pd.DataFrame, labels: dict[str, str], path: Path) -> Path:
+    """Seed 004 Figure 3: each method's failed rollouts split by dominant category (shares sum to 1)."""
+    fig, ax = plt.subplots(figsize=(9.0, max(3.0, 0.6 * len(table) + 1.5)))
+    rows = table[table["failed"] > 0] if not table.empty else table
+    if rows.empty:
+        _say(ax, "no failure taxonomy in any evaluation yet (evaluations log failures/* since the taxonomy exists)")
+        return _save(fig, path)
+    y = np.arange(len(rows))[::-1]
+    left = np.zeros(len(rows))
+    for category, label in labels.items():
+        share = rows[f"share_{category}"].fillna(0.0).to_numpy()
+        ax.barh(y, share, left=left, color=FAILURE_COLORS[category], label=label)
+        left += share
+    ax.set_yticks(y, _failure_labels(rows), fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of failed rollouts")
+    ax.set_title("failure categories, normalised by failed rollouts (seed 004 Fig. 3)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, fontsize=8)
+    return _save(fig, path)
+
+
+def plot_failure_totals(table: pd.DataFrame, path: Path) -> Path:
+    """Seed 004 Figure 4: failed rollouts per method (per evaluation repeat), annotated with the failed share."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(table) + 2), 4.8))
+    if table.empty:
+        _say(ax, "no failure taxonomy in any evaluation yet")
+        return _save(fig, path)
+    x = np.arange(len(table))
+    bars = ax.bar(x, table["failed"], color="dimgray")
+    for bar, failed, rollouts in zip(bars, table["failed"], table["rollouts"]):
+        ax.annotate(f"{failed:g} / {rollouts:g}\n({failed / rollouts:.0%})", (bar.get_x() + bar.get_width() / 2,
+                    bar.get_height()), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, _failure_labels(table), rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("failed rollouts per evaluation repeat")
+    ax.set_title("total failed rollouts by method (seed 004 Fig. 4)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.margins(y=0.2)
+    return _save(fig, path)

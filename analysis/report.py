@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 from rich.console import Console
 
 from analysis import figures
+from src.eval.failures import CATEGORIES as FAILURE_CATEGORIES, LABELS as FAILURE_LABELS
 
 PROTOCOL_PREFERENCE = ["canonical", "quick"]  # results-table protocol, first one a run has
 PROBE_KS = [1, 4, 8, 16, 32, 64]
@@ -395,6 +396,43 @@ def best_of_n_table(used: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
     return table, ks
 
 
+def failure_table(used: pd.DataFrame) -> pd.DataFrame:
+    """Seed 004 Figures 3-4: failed rollouts per method and category, from `<protocol>/<stage>/failures/*`.
+
+    One "warm start" row per policy (the start evaluation of the newest run that has one: every run of a
+    policy starts from the same weights), then one row per used run's final evaluation, labelled by its
+    variant. Counts are per evaluation repeat (means over repeats), shares are of all failed rollouts.
+    """
+    rows, started = [], set()
+    for _, run in used.iterrows():
+        protocol = run_protocol(run)
+        if protocol == "none":
+            continue
+        role = run_role(run)
+        stages = [("final", role["variant"])]
+        policy = _tag(run, "policy")
+        if policy not in started and not pd.isna(_metric(run, f"{protocol}/start/failures/failed")):
+            started.add(policy)
+            stages.insert(0, ("start", "warm start"))
+        for stage, method in stages:
+            prefix = f"{protocol}/{stage}/failures"
+            if pd.isna(_metric(run, f"{prefix}/failed")):
+                continue
+            row = {"method": method, "cell": _tag(run, "cell", "?"), "stage": stage, "protocol": protocol,
+                   "run_id": run["run_id"], "rollouts": _metric(run, f"{prefix}/rollouts"),
+                   "failed": _metric(run, f"{prefix}/failed")}
+            for category in FAILURE_CATEGORIES:
+                row[category] = _metric(run, f"{prefix}/{category}")
+                row[f"share_{category}"] = _metric(run, f"{protocol}/{stage}/failure_share/{category}")
+            rows.append(row)
+    columns = ["method", "cell", "stage", "protocol", "run_id", "rollouts", "failed", *FAILURE_CATEGORIES,
+               *[f"share_{c}" for c in FAILURE_CATEGORIES]]
+    table = pd.DataFrame(rows, columns=columns)
+    # Warm starts first, then methods by label.
+    return table.sort_values(["stage", "method", "cell"], key=lambda col: col.map({"start": 0, "final": 1})
+                             if col.name == "stage" else col, kind="stable").reset_index(drop=True)
+
+
 def metric_histories(client: MlflowClient, results: pd.DataFrame, keys: list[str] = DYNAMICS_KEYS) -> pd.DataFrame:
     """Long table (run_id, key, step, value) of per-step metrics, last value per step (resumed runs re-log steps)."""
     rows = []
@@ -539,9 +577,15 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
     wrote(figures.plot_dynamics(history, results, out_dir / "dynamics.png"),
           f"training dynamics (Figure 7): {history['run_id'].nunique()} run(s)")
     wrote(figures.plot_diversity(results, out_dir / "diversity.png"), "answer-span diversity (Figure 8)")
+    failures = failure_table(used)
+    wrote(_write_csv(failures, out_dir / "failures.csv"), f"{len(failures)} evaluation(s) with a failure taxonomy")
+    wrote(figures.plot_failure_shares(failures, FAILURE_LABELS, out_dir / "failure_shares.png"),
+          "failure categories (seed 004 Figure 3)")
+    wrote(figures.plot_failure_totals(failures, out_dir / "failure_totals.png"), "failed rollouts (seed 004 Figure 4)")
 
     text = _markdown(results, used, superseded, unfinished, grids, missing, probe, probe_ks, baseline, variants,
                      title=title, source=source, sweeps=sweeps)
+    text += _failures_markdown(failures)
     report = out_dir / "report.md"
     report.write_text(text)
     wrote(report, f"{len(used)} used, {len(superseded)} superseded, {len(unfinished)} unfinished run(s)")
@@ -668,6 +712,26 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
                                    for _, row in diversity.iterrows()]))
         out.append("")
     out += ["![answer-span diversity](diversity.png)", ""]
+    return "\n".join(out)
+
+
+def _failures_markdown(failures: pd.DataFrame) -> str:
+    out = ["", "## Failure taxonomy (seed 004 Figures 3-4, appendix B.4)", "",
+           "Each failed rollout (score < 1.0) of an evaluation in one dominant category (`src/eval/failures.py` "
+           "gives the order of checks): global instability first, then format, number use, arithmetic, target. "
+           "Counts are failed rollouts per evaluation repeat; the percentage is the category's share of the "
+           "failed rollouts. The warm start is the start evaluation of the runs. Full numbers: "
+           "[failures.csv](failures.csv).", ""]
+    if failures.empty:
+        out.append("_No evaluation with a failure taxonomy yet (evaluations log `failures/*` since it exists)._")
+    else:
+        out.append(markdown_table(
+            ["method", "cell", "stage", "protocol", "failed / rollouts",
+             *[FAILURE_LABELS[c] for c in FAILURE_CATEGORIES]],
+            [[row["method"], row["cell"], row["stage"], row["protocol"], f"{row['failed']:g} / {row['rollouts']:g}",
+              *[f"{row[c]:g} ({row[f'share_{c}']:.0%})" if row["failed"] > 0 else "0" for c in FAILURE_CATEGORIES]]
+             for _, row in failures.iterrows()]))
+    out += ["", "![failure categories](failure_shares.png)", "", "![failed rollouts](failure_totals.png)", ""]
     return "\n".join(out)
 
 

@@ -28,7 +28,7 @@ if not OmegaConf.has_resolver("unique"):
     OmegaConf.register_new_resolver("unique", lambda: f"{os.getpid()}-{uuid.uuid4().hex[:6]}", use_cache=True)
 
 ENGINES = ("hf", "vllm")
-LOSSES = ("rloo", "grpo")
+LOSSES = ("rloo", "grpo", "ipo")
 FIFO_MODES = ("with_replacement", "without_replacement", "at_least_once")  # src.replay.fifo.SAMPLING_MODES
 SOURCES = ("generator", "hub")
 SAMPLINGS = ("standard", "dynamic")
@@ -169,7 +169,11 @@ def _validate_policy_files(name_or_path: str) -> None:
 
 
 def _validate_loss(loss: DictConfig) -> None:
-    _check(loss.name in LOSSES, f"loss.name='{loss.name}': choose one of {LOSSES} (loss=rloo or loss=grpo)")
+    _check(loss.name in LOSSES, f"loss.name='{loss.name}': choose one of {LOSSES} (e.g. loss=rloo)")
+    if loss.name == "ipo":
+        _check(isinstance(loss.tau, (int, float)) and not isinstance(loss.tau, bool) and loss.tau > 0,
+               f"loss.tau={loss.tau}: IPO's regularisation strength, a number > 0 (target margin 1/(2 tau); e.g. 0.1)")
+        return
     if loss.name != "grpo":
         return
     _check(0 <= loss.eps_low < 1,

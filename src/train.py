@@ -266,12 +266,15 @@ def policy_update(policy, reference, optimizer, groups: list[Group], trainer_cfg
     """Update the policy on a batch of groups with the configured loss; returns per-response numbers in batch order.
 
     `loss_cfg=None` or `loss.name == "rloo"`: one optimizer step, loss eq. 3 (below).
-    `loss.name == "grpo"`: `clipped_update`. `responses[g]` (None: all) are the response
+    `loss.name == "grpo"`: `clipped_update`. `loss.name == "ipo"`: `src.ipo.ipo_update` (whole groups). `responses[g]` (None: all) are the response
     indices of group g to train on; advantages always use the group's K rewards.
     `off_policy_groups`: the first groups were sampled this step by a stale or tempered
     behaviour (seed 002) and carry its log mu; rloo corrects them with the truncated IS of
     `truncation` (the behaviour group), grpo with its own capped behaviour weight.
     """
+    if loss_cfg is not None and loss_cfg.name == "ipo":  # seed 004's pairwise baseline, self-contained
+        from src.ipo import ipo_update
+        return ipo_update(policy, reference, optimizer, groups, trainer_cfg, loss_cfg, pad_id, autocast)
     rows = batch_rows([g.size for g in groups], responses)
     if loss_cfg is not None and loss_cfg.name == "grpo":
         return clipped_update(policy, reference, optimizer, groups, rows, trainer_cfg, loss_cfg, pad_id, autocast)

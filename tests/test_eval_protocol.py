@@ -130,3 +130,30 @@ def test_k_larger_than_samples_is_refused_before_generating():
     with pytest.raises(ValueError, match="samples_per_prompt"):
         run(engine, ks=(1, 8))
     assert engine.calls == []
+
+
+def test_failure_taxonomy_per_evaluation():
+    # SCRIPT's 5 failures: prompt 0 "1+2" (invalid number use), "thinking, no answer" (format);
+    # prompt 1 "no answer" (format), "4+5+6" = 15 and "(4+5)*6" = 54 (wrong target, numbers right).
+    result = run(FakeEngine(lambda p, seed: SCRIPT[p]), repeats=2)
+    prompts = result.per_prompt
+    assert prompts["failed"].tolist() == [2, 3, 2, 3]
+    assert prompts["fail_format_error"].tolist() == [1, 1, 1, 1]
+    assert prompts["fail_invalid_number_use"].tolist() == [1, 0, 1, 0]
+    assert prompts["fail_wrong_target"].tolist() == [0, 2, 0, 2]
+    assert result.per_repeat["failed"].tolist() == [5, 5]
+    assert result.per_repeat["rollouts"].tolist() == [8, 8]
+    summary = result.summary
+    assert summary["failures/rollouts"] == 8 and summary["failures/failed"] == 5
+    assert summary["failures/format_error"] == 2 and summary["failures/wrong_target"] == 2
+    assert summary["failures/invalid_number_use"] == 1 and summary["failures/arithmetic_error"] == 0
+    assert summary["failure_share/format_error"] == pytest.approx(0.4)
+    assert summary["failure_share/wrong_target"] == pytest.approx(0.4)
+    assert summary["failure_share/invalid_number_use"] == pytest.approx(0.2)
+    assert summary["failure_share/repetitive_or_incoherent"] == 0.0
+
+
+def test_failure_shares_undefined_without_failures():
+    result = run(FakeEngine(lambda p, seed: ["<answer>1+2+3</answer>", "<answer>4*5+6</answer>"][p:p + 1] * 4))
+    assert result.summary["failures/failed"] == 0
+    assert all(math.isnan(result.summary[f"failure_share/{c}"]) for c in ("format_error", "other"))

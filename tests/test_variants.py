@@ -242,9 +242,9 @@ def test_the_variants_study_runs_every_variant_once_sharing_the_baseline_cells()
     from tests.test_sweep import study_jobs
 
     planned = plan_cells(study_jobs("variants"), CellRuns({}, {}))
-    assert len(planned) == 17 and len({cell.cell_id for cell in planned}) == 17
+    assert len(planned) == 18 and len({cell.cell_id for cell in planned}) == 18
     assert {"popo-grpo", "popo-ineff-grpo", "popo-stale2-grpo", "popo-c1", "rho0-grpo-dapo", "rho0-stale4",
-            "rho0-T1.2", "rho0-frontier", "rho0-failure", "rho0-goldilocks"} <= {cell.cell for cell in planned}
+            "rho0-T1.2", "rho0-frontier", "rho0-failure", "rho0-goldilocks", "rho0-ipo"} <= {cell.cell for cell in planned}
     shared = {cell.cell_id for cell in plan_cells(study_jobs("baseline") + study_jobs("age"), CellRuns({}, {}))}
     assert {cell.cell for cell in planned if cell.cell_id in shared} == {"rho0", "rho1-L1-c1"}
 

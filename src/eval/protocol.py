@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
+from src.eval.failures import CATEGORIES, category_counts, classify_failure
 from src.eval.passk import answer_unique_rate, first_k_pass_at_k, t_half_width, unbiased_pass_at_k
 from src.rollout.engine import RolloutEngine, SamplingParams
 from src.task import countdown
@@ -29,6 +30,19 @@ class EvalResult:
     summary: dict[str, float]  # mean over repeats per metric, plus "<metric>_hw" (95% t half-width)
     per_repeat: pd.DataFrame  # one row per repeat: repeat, seed, every metric
     per_prompt: pd.DataFrame  # one row per (repeat, prompt)
+
+
+def failure_summary(per_repeat: pd.DataFrame) -> dict[str, float]:
+    """Failure taxonomy per evaluation: rollouts and failed rollouts per repeat (means), each category's
+    count per repeat, and its share of all failed rollouts pooled over repeats (NaN without failures)."""
+    failed = int(per_repeat["failed"].sum())
+    summary = {"failures/rollouts": float(per_repeat["rollouts"].mean()),
+               "failures/failed": float(per_repeat["failed"].mean())}
+    for category in CATEGORIES:
+        total = int(per_repeat[f"fail_{category}"].sum())
+        summary[f"failures/{category}"] = total / len(per_repeat)
+        summary[f"failure_share/{category}"] = total / failed if failed else float("nan")
+    return summary
 
 
 def _pass_at_k(correct: list[bool], k: int, estimator: str) -> float:
@@ -75,8 +89,11 @@ def evaluate(
         rows = []
         for p, (inst, completions) in enumerate(zip(instances, generation.completions)):
             texts = [c.text for c in completions]
-            rewards = [countdown.score(t, inst.numbers, inst.target) for t in texts]
+            verdicts = [countdown.verify(t, inst.numbers, inst.target) for t in texts]
+            rewards = [v.reward for v in verdicts]
             correct = [reward == countdown.REWARD_CORRECT for reward in rewards]
+            failures = category_counts(None if ok else classify_failure(t, v)
+                                       for t, v, ok in zip(texts, verdicts, correct))
             row = {
                 "repeat": r,
                 "prompt_index": p,
@@ -86,6 +103,8 @@ def evaluate(
                 "correct": sum(correct),
                 "mean_reward": sum(rewards) / len(rewards),
                 "unique_rate": answer_unique_rate(texts),
+                "failed": len(texts) - sum(correct),
+                **{f"fail_{category}": count for category, count in failures.items()},
             }
             row.update({col: _pass_at_k(correct, k, estimator) for col, k in zip(pass_cols, ks)})
             rows.append(row)
@@ -99,6 +118,9 @@ def evaluate(
                 "mean_reward": table["mean_reward"].mean(),
                 "correction_rate": table["correct"].sum() / table["samples"].sum(),
                 "unique_rate": table["unique_rate"].mean(),
+                "rollouts": int(table["samples"].sum()),
+                "failed": int(table["failed"].sum()),
+                **{f"fail_{category}": int(table[f"fail_{category}"].sum()) for category in CATEGORIES},
             }
         )
         prompt_rows += rows
@@ -110,4 +132,5 @@ def evaluate(
     for metric in [*pass_cols, "mean_reward", "correction_rate", "unique_rate"]:
         summary[metric] = float(per_repeat[metric].mean())
         summary[f"{metric}_hw"] = t_half_width(per_repeat[metric].tolist())
+    summary.update(failure_summary(per_repeat))
     return EvalResult(name=name, summary=summary, per_repeat=per_repeat, per_prompt=pd.DataFrame(prompt_rows))

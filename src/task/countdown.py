@@ -188,22 +188,56 @@ def _normalise_literal(literal: str) -> str:
     return literal.lstrip("0") or "0"
 
 
-def score(response: str, numbers: Sequence[int], target: int) -> float:
-    """Verifier: 1.0 correct, 0.1 well-formed but wrong value or numbers, 0.0 no well-formed answer."""
+# Why the verifier gave its reward: one reason per response, decided in the order the checks run.
+REASON_CORRECT = "correct"
+REASON_NO_ANSWER = "no_answer"  # no complete <answer>...</answer> span
+REASON_EMPTY_ANSWER = "empty_answer"  # the span holds only whitespace
+REASON_TOO_LONG = "too_long"  # longer than MAX_EXPRESSION_CHARS: refused unparsed
+REASON_MALFORMED = "malformed"  # not a well-formed expression (text, code, unary signs, ...)
+REASON_WRONG_NUMBERS = "wrong_numbers"  # literals are not the given multiset (checked before evaluating)
+REASON_DIVISION_BY_ZERO = "division_by_zero"  # the given numbers, but the expression divides by zero
+REASON_WRONG_VALUE = "wrong_value"  # the given numbers, evaluates, but not to the target
+REASONS = (REASON_CORRECT, REASON_NO_ANSWER, REASON_EMPTY_ANSWER, REASON_TOO_LONG, REASON_MALFORMED,
+           REASON_WRONG_NUMBERS, REASON_DIVISION_BY_ZERO, REASON_WRONG_VALUE)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verifier's outcome: reward, the reason for it, the extracted answer and its value (if evaluated)."""
+
+    reward: float
+    reason: str
+    expression: str | None = None  # content of the last complete answer span; None without one
+    value: Fraction | None = None  # exact value, only when the literals were the given numbers
+
+
+def verify(response: str, numbers: Sequence[int], target: int) -> Verdict:
+    """Verifier with its reason: 1.0 correct, 0.1 well-formed but wrong value or numbers, 0.0 no well-formed answer."""
     content = extract_answer(response)
     if content is None:
-        return REWARD_NONE
+        return Verdict(REWARD_NONE, REASON_NO_ANSWER)
+    if not content:
+        return Verdict(REWARD_NONE, REASON_EMPTY_ANSWER, content)
+    if len(content) > MAX_EXPRESSION_CHARS:
+        return Verdict(REWARD_NONE, REASON_TOO_LONG, content)
     tokens = parse_expression(content)
     if tokens is None:
-        return REWARD_NONE
+        return Verdict(REWARD_NONE, REASON_MALFORMED, content)
     literals = Counter(_normalise_literal(t) for t in tokens if t not in _PRECEDENCE)
     if literals != Counter(str(int(n)) for n in numbers):
-        return REWARD_FORMAT
+        return Verdict(REWARD_FORMAT, REASON_WRONG_NUMBERS, content)
     # Only now evaluate: the literals are the given (small) numbers.
     value = evaluate_rpn(tokens)
-    if value is not None and value == int(target):
-        return REWARD_CORRECT
-    return REWARD_FORMAT
+    if value is None:
+        return Verdict(REWARD_FORMAT, REASON_DIVISION_BY_ZERO, content)
+    if value == int(target):
+        return Verdict(REWARD_CORRECT, REASON_CORRECT, content, value)
+    return Verdict(REWARD_FORMAT, REASON_WRONG_VALUE, content, value)
+
+
+def score(response: str, numbers: Sequence[int], target: int) -> float:
+    """Verifier reward only (`verify` also says why)."""
+    return verify(response, numbers, target).reward
 
 
 # --------------------------------------------------------------------------- solver
