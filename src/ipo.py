@@ -84,9 +84,10 @@ def ipo_update(policy, reference, optimizer, groups: list[Group], trainer_cfg, l
         for index in batches:
             chunk = [sequences[i] for i in index]
             with autocast_context(policy, autocast):
-                token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True)
+                token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True,
+                                                                     fused=trainer_cfg.fused_logprobs)
                 ref = reference_token_logprobs(reference, chunk, [cached[i] for i in index], pad_id,
-                                               like=token_logprobs)
+                                               like=token_logprobs, fused=trainer_cfg.fused_logprobs)
             mask = mask.float()
             token_logprobs, ref = token_logprobs.float(), ref.float()
             logprobs[index] = (token_logprobs * mask).sum(-1).cpu()
@@ -109,7 +110,8 @@ def ipo_update(policy, reference, optimizer, groups: list[Group], trainer_cfg, l
                 continue  # responses in no pair (or with zero gradient) need no backward pass
             chunk = [sequences[i] for i in index]
             with autocast_context(policy, autocast):
-                token_logprobs, _, mask = response_token_stats(policy, chunk, pad_id, with_entropy=False)
+                token_logprobs, _, mask = response_token_stats(policy, chunk, pad_id, with_entropy=False,
+                                                               fused=trainer_cfg.fused_logprobs)
             sequence = (token_logprobs.float() * mask.float()).sum(-1)
             (weights.to(sequence.device) * sequence).sum().backward()
         if trainer_cfg.max_grad_norm:
