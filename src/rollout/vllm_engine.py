@@ -227,7 +227,7 @@ class VLLMEngine:
         # vLLM's CPU worker drops torch to one intra-op thread for serving (utils/torch_utils.py,
         # set_torch_threads_for_runtime) and turns torch.set_num_threads into a no-op
         # (SET_TORCH_THREADS above). Its kernels need that: with 2 torch threads the
-        # tiny preset sampled 10x slower on this loaded 2-core machine). In-process it would
+        # tiny preset sampled 10x slower on this loaded 2-core machine. In-process it would
         # also leave the trainer's forward and backward on one thread, so the engine switches to
         # one thread only while vLLM works (`serving`) and gives the trainer its count back.
         self._trainer_threads = torch.get_num_threads()
