@@ -143,7 +143,9 @@ def sample_with_logprobs(engine, prompt_ids, samples: int, sampling: SamplingPar
     """(prompt, response) pairs sampled by vLLM with each sampled token's log-prob, and vLLM's own texts."""
     params = [engine.sampling_params(sampling, samples, request_seed(seed, i), logprobs=0)
               for i in range(len(prompt_ids))]
-    outputs = engine.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompt_ids], params, use_tqdm=False)
+    with engine.serving():
+        outputs = engine.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompt_ids], params,
+                                      use_tqdm=False)
     sequences, logprobs, texts = [], [], []
     for ids, output in zip(prompt_ids, outputs):
         for sample in sorted(output.outputs, key=lambda s: s.index):

