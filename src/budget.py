@@ -44,11 +44,14 @@ class BudgetPlan:
         return sum(self.replay_groups_per_step[1:]) / fresh
 
 
+MAX_STEPS = 10_000_000  # the plan keeps one count per step; src.schema caps trainer.steps far below
+
+
 def _check_sizes(groups_per_step: int, group_size: int, steps: int) -> None:
     if int(group_size) != group_size or group_size < 2:
         raise ValueError(f"group_size (K) must be an integer >= 2 for leave-one-out, got {group_size!r}.")
-    if int(steps) != steps or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}.")
+    if int(steps) != steps or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be an integer between 1 and {MAX_STEPS:,}, got {steps!r}.")
     # groups_per_step and ratio are validated by plan_batch.
 
 
@@ -86,6 +89,7 @@ def plan_fresh_evaluations(
     fresh_counts: list[int] = []
     replay_counts: list[int] = []
     gap_total = 0
+    seen: dict[tuple[int, ...], int] = {}  # window of the last L + 1 fresh counts -> the step it ended at
     for step in range(int(steps)):
         replayed = buffer.sample(b_replay, step) if buffer is not None else []
         gap = b_replay - len(replayed)  # too few eligible: fill with fresh groups (SPEC 3.3)
@@ -98,6 +102,19 @@ def plan_fresh_evaluations(
             # After the update: store all fresh groups (gap fill included), then drop over-age ones.
             buffer.add(_placeholder(step) for _ in range(fresh))
             buffer.evict(step)
+        # The pool holds only the last L steps' groups (draws never consume them), so a step's counts
+        # depend on the previous L fresh counts alone: once that window repeats, the schedule cycles.
+        # Jumping over the whole cycles makes a million-step plan cost what a few steps do.
+        window = tuple(fresh_counts[-(max_age + 1):])
+        if step > 0 and window in seen:
+            start = seen[window]
+            cycle_fresh, cycle_replay = fresh_counts[start + 1:], replay_counts[start + 1:]
+            remaining = int(steps) - step - 1
+            fresh_counts += [cycle_fresh[i % len(cycle_fresh)] for i in range(remaining)]
+            replay_counts += [cycle_replay[i % len(cycle_replay)] for i in range(remaining)]
+            gap_total += sum(b_replay - replay_counts[i] for i in range(step + 1, int(steps)))
+            break
+        seen[window] = step
 
     return BudgetPlan(
         ratio=float(ratio),
@@ -163,6 +180,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=args.overrides)
+    try:
+        src.config.validate(cfg, check_device=False)
+    except src.config.ConfigError as error:
+        Console(stderr=True).print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
+        raise SystemExit(2) from None
     ratios = [float(value) for value in args.ratios.split(",")] if args.ratios else None
     trainer = cfg.trainer
     table = Table(title=f"Fresh verifier evaluations: B={trainer.groups_per_step}, K={trainer.group_size}, "

@@ -62,17 +62,26 @@ def read_heartbeat(folder: Path) -> dict | None:
 
 
 class Heartbeat:
-    """Context manager: renews the run's heartbeat every `every_s` seconds until the block ends."""
+    """Context manager: renews the run's heartbeat every `every_s` seconds until the block ends.
 
-    def __init__(self, folder: Path, run_id: str, every_s: float):
+    `run_id` may be None until MLflow has opened the run (`beat_for`); nothing is written before.
+    """
+
+    def __init__(self, folder: Path, run_id: str | None, every_s: float):
         self.folder, self.run_id, self.every_s = folder, run_id, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
 
     def __enter__(self) -> "Heartbeat":
-        write_heartbeat(self.folder, self.run_id)
+        if self.run_id is not None:
+            write_heartbeat(self.folder, self.run_id)
         self._thread.start()
         return self
+
+    def beat_for(self, run_id: str) -> None:
+        """From now on (and at once) beat for this run."""
+        self.run_id = run_id
+        write_heartbeat(self.folder, run_id)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
@@ -80,6 +89,8 @@ class Heartbeat:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.every_s):
+            if self.run_id is None:
+                continue
             try:
                 write_heartbeat(self.folder, self.run_id)
             except OSError:  # a full or briefly unavailable disk: the next beat tries again

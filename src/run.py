@@ -164,54 +164,58 @@ def train(cfg: DictConfig) -> dict[str, float]:
     checkpoint_path = output_dir / LATEST_CHECKPOINT
     plan = plan_fresh_evaluations(cfg.trainer.groups_per_step, cfg.trainer.group_size, cfg.trainer.steps,
                                   cfg.buffer.ratio, planning_max_age(cfg.buffer, cfg.trainer.steps))
-    train_set, heldout = countdown.train_and_heldout(cfg.task)
-    parts = build_components(cfg, train_set)
-    state = restore_checkpoint(start.checkpoint, parts) if start.checkpoint else TrainState()
-    start.checkpoint = None  # the policy holds it now; free the copy
+    # A resumed run was claimed by its heartbeat: keep it alive through model loading (a new run gets its
+    # id, and the heartbeat with it, once MLflow opens it).
+    with Heartbeat(output_dir, start.run_id, cfg.trainer.heartbeat_every_s) as heartbeat:
+        train_set, heldout = countdown.train_and_heldout(cfg.task)
+        parts = build_components(cfg, train_set)
+        state = restore_checkpoint(start.checkpoint, parts) if start.checkpoint else TrainState()
+        start.checkpoint = None  # the policy holds it now; free the copy
 
-    with tracking.start_run(cfg, start.run_id) as tracker, \
-            Heartbeat(output_dir, tracker.run_id, cfg.trainer.heartbeat_every_s), StopOnSignal() as stop:
-        tracker.set_tags({"output_dir": str(output_dir), "planned_fresh_evaluations": str(plan.fresh_evaluations),
-                          "slurm_job": slurm_job_key() or "-"})
-        before = None
-        if cfg.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
-                f"{cfg.evaluation.name}/start/mean_reward", 0):
-            before = run_evaluation(cfg, parts, heldout, "start", tracker, step=0)
-        with _progress() as progress:
-            task = progress.add_task(cell_name(cfg), total=cfg.trainer.steps, completed=state.step,
-                                     info="")
-            while state.step < cfg.trainer.steps:
-                metrics = train_step(cfg, parts, state)
-                step = state.step - 1
-                tracker.log_step(metrics, step)
-                state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
-                progress.update(task, advance=1, info=_progress_info(metrics))
-                if not console.is_terminal and state.step % max(1, cfg.trainer.steps // 10) == 0:
-                    log.info("step %d/%d  %s", state.step, cfg.trainer.steps, _progress_info(metrics))
-                every = cfg.trainer.checkpoint_every
-                if every and state.step % every == 0 and state.step < cfg.trainer.steps:
-                    save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
-                if cfg.evaluation.every and state.step % cfg.evaluation.every == 0 and state.step < cfg.trainer.steps \
-                        and not tracker.has_metric_at(f"{cfg.evaluation.name}/during/mean_reward", state.step):
-                    run_evaluation(cfg, parts, heldout, "during", tracker, step=state.step)
-                if stop.requested and state.step < cfg.trainer.steps:  # pre-empted: keep this step, then go
-                    save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
-                    log.warning("checkpoint at step %d written to %s; run %s marked KILLED (it resumes)",
-                                state.step, checkpoint_path, tracker.run_id)
-                    tracking.end_run("KILLED")
-                    stop.hand_on()
-        save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
-        final_dir = output_dir / "policy"
-        parts.policy.save_pretrained(final_dir)
-        parts.tokenizer.save_pretrained(final_dir)
-        after = run_evaluation(cfg, parts, heldout, "final", tracker, step=state.step)
-        tracker.set_tags({"final_policy": str(final_dir), "fresh_evaluations": str(state.fresh_evaluations)})
-        if tracker.redone_mismatches:
-            tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
-            log.error("%d metric values of redone steps differ from the values logged before the restart "
-                      "(first: %s)", len(tracker.redone_mismatches), tracker.redone_mismatches[0])
-        _print_summary(cfg, plan, state, before, after, tracker.run_id)
-    return after.summary
+        with tracking.start_run(cfg, start.run_id) as tracker, StopOnSignal() as stop:
+            heartbeat.beat_for(tracker.run_id)
+            tracker.set_tags({"output_dir": str(output_dir), "planned_fresh_evaluations": str(plan.fresh_evaluations),
+                              "slurm_job": slurm_job_key() or "-"})
+            before = None
+            if cfg.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
+                    f"{cfg.evaluation.name}/start/mean_reward", 0):
+                before = run_evaluation(cfg, parts, heldout, "start", tracker, step=0)
+            with _progress() as progress:
+                task = progress.add_task(cell_name(cfg), total=cfg.trainer.steps, completed=state.step,
+                                         info="")
+                while state.step < cfg.trainer.steps:
+                    metrics = train_step(cfg, parts, state)
+                    step = state.step - 1
+                    tracker.log_step(metrics, step)
+                    state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
+                    progress.update(task, advance=1, info=_progress_info(metrics))
+                    if not console.is_terminal and state.step % max(1, cfg.trainer.steps // 10) == 0:
+                        log.info("step %d/%d  %s", state.step, cfg.trainer.steps, _progress_info(metrics))
+                    every = cfg.trainer.checkpoint_every
+                    if every and state.step % every == 0 and state.step < cfg.trainer.steps:
+                        save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
+                    evaluate_now = cfg.evaluation.every and state.step % cfg.evaluation.every == 0
+                    if evaluate_now and state.step < cfg.trainer.steps and not tracker.has_metric_at(
+                            f"{cfg.evaluation.name}/during/mean_reward", state.step):  # not twice after a resume
+                        run_evaluation(cfg, parts, heldout, "during", tracker, step=state.step)
+                    if stop.requested and state.step < cfg.trainer.steps:  # pre-empted: keep this step, then go
+                        save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
+                        log.warning("checkpoint at step %d written to %s; run %s marked KILLED (it resumes)",
+                                    state.step, checkpoint_path, tracker.run_id)
+                        tracking.end_run("KILLED")
+                        stop.hand_on()
+            save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
+            final_dir = output_dir / "policy"
+            parts.policy.save_pretrained(final_dir)
+            parts.tokenizer.save_pretrained(final_dir)
+            after = run_evaluation(cfg, parts, heldout, "final", tracker, step=state.step)
+            tracker.set_tags({"final_policy": str(final_dir), "fresh_evaluations": str(state.fresh_evaluations)})
+            if tracker.redone_mismatches:
+                tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
+                log.error("%d metric values of redone steps differ from the values logged before the restart "
+                          "(first: %s)", len(tracker.redone_mismatches), tracker.redone_mismatches[0])
+            _print_summary(cfg, plan, state, before, after, tracker.run_id)
+        return after.summary
 
 
 def _progress() -> Progress:

@@ -819,7 +819,8 @@ def read_latest_checkpoint(folder: Path, map_location=None) -> tuple[dict, Path]
         if failures:
             log.warning("%s; falling back to the previous checkpoint generation %s", failures[0][1], path)
         return payload, path
-    tried = "; ".join(str(error) for _, error in failures) or f"no {LATEST_CHECKPOINT} or {PREVIOUS_CHECKPOINT} in {folder}"
+    tried = ("; ".join(str(error) for _, error in failures)
+             or f"no {LATEST_CHECKPOINT} or {PREVIOUS_CHECKPOINT} in {folder}")
     raise CheckpointError(f"no checkpoint in {folder} loads ({tried}). Start the cell afresh with "
                           "trainer.auto_resume=false, or move that folder's checkpoint files away")
 

@@ -133,3 +133,22 @@ def test_budget_plan_is_frozen():
     assert isinstance(plan, BudgetPlan)
     with pytest.raises(AttributeError):
         plan.steps = 3
+
+
+@pytest.mark.parametrize("ratio,max_age", [(1.0, 2), (2.0, 1), (0.5, 2), (1.5, 3), (3.0, 2)])
+def test_long_plans_jump_over_repeating_cycles_exactly(ratio, max_age):
+    """Counts-only reference: a step replays min(B_replay, groups stored over the last L steps)."""
+    steps, groups = 5_000, 128
+    b_fresh, b_replay = plan_batch(groups, ratio)
+    fresh_counts = []
+    for step in range(steps):
+        pool = sum(fresh_counts[max(0, step - max_age):step])
+        fresh_counts.append(b_fresh + b_replay - min(b_replay, pool))
+    plan = plan_fresh_evaluations(groups, 8, steps, ratio, max_age)
+    assert plan.fresh_groups_per_step == tuple(fresh_counts)
+    assert plan.gap_fill_groups == sum(fresh_counts[1:]) - (steps - 1) * b_fresh
+
+
+def test_an_absurd_step_count_is_refused_not_walked():
+    with pytest.raises(ValueError, match="steps must be an integer between 1 and"):
+        plan_fresh_evaluations(128, 8, 10**12, 1.0, 2)

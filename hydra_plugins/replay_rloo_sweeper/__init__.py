@@ -21,6 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence
+from unittest import mock
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -147,16 +148,8 @@ def planning_timeouts() -> Iterator[None]:
     very process) keep MLflow's patient defaults, so they ride out an outage of minutes. MLflow
     reads these variables at every request (mlflow/utils/rest_utils.py, http_request).
     """
-    saved = {name: os.environ.get(name) for name in PLANNING_TIMEOUTS}
-    os.environ.update(PLANNING_TIMEOUTS)
-    try:
+    with mock.patch.dict(os.environ, PLANNING_TIMEOUTS):  # restores the environment as it was, on any exit
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 PLANNING_TIMEOUTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
