@@ -265,17 +265,17 @@ def _check_value(key: str, value, knob: Knob, ranges: bool) -> None:
     if knob.kind == "any":
         return
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise SchemaError(f"{shown}: must be a {'whole ' if knob.kind == 'int' else ''}number{fix}")
+        raise SchemaError(f"{shown}: must be {'an integer' if knob.kind == 'int' else 'a number'}{fix}")
     if not math.isfinite(value):
         raise SchemaError(f"{shown}: must be a finite number{fix}")
     too_low = value < knob.low or (knob.low_open and value == knob.low)
     too_high = value > knob.high or (knob.high_open and value == knob.high)
     # Upper bounds refuse sizes that would hang, so they hold from the first pass; a value below its
     # range is left to src.config's method-specific message, then refused by the range pass.
-    if too_high or (too_low and ranges):
+    if value > knob.high or ((too_low or too_high) and ranges):
         raise SchemaError(f"{shown}: out of range, must be {_range(knob)}{fix}")
     if knob.kind == "int" and not isinstance(value, int) and not ranges:
-        raise SchemaError(f"{shown}: must be a whole number, written without a decimal point{fix}")
+        raise SchemaError(f"{shown}: must be an integer, written without a decimal point{fix}")
 
 
 def _check_list(key: str, value, ranges: bool) -> None:
