@@ -252,6 +252,14 @@ def _fmt(value) -> str:
 USER_ERRORS = (ConfigError, CheckpointError, RunAlive, tracking.StoreUnreachable)
 
 
+def exit_with_message(error: Exception) -> None:
+    """One line naming the problem and its fix, exit status 2, no traceback."""
+    console.print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
+    sys.exit(2)
+
+
+# submitit pickles the undecorated `main` by value (the module attribute is Hydra's wrapper), with
+# the globals it names: it must name only importable things, never the rich console (it holds a lock).
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")  # absolute: see __main__
 def main(cfg: DictConfig) -> float:
     try:
@@ -259,8 +267,7 @@ def main(cfg: DictConfig) -> float:
     except USER_ERRORS as error:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the sweeper lists the failed cell with this message; the other cells go on
-        console.print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
-        sys.exit(2)
+        exit_with_message(error)
     # The value a Hydra sweeper would optimise: held-out mean reward.
     return summary.get("mean_reward", float("nan"))
 
@@ -274,6 +281,5 @@ if __name__ == "__main__":
     try:
         check_override_keys(sys.argv[1:])
     except SchemaError as error:
-        console.print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
-        sys.exit(2)
+        run.exit_with_message(error)
     run.main()
