@@ -267,7 +267,7 @@ def test_a_run_interrupted_by_sigterm_resumes_into_the_same_run_with_identical_m
     client = MlflowClient(store(tmp_path))
     assert 1 <= len(client.get_metric_history(killed.run_id[0], "train/reward")) < 4
 
-    assert "resumed from" in run([*run_command(tmp_path, *cell), f"hydra.run.dir={tmp_path}/second"])
+    assert f"resuming run {killed.run_id[0]}" in run([*run_command(tmp_path, *cell), f"hydra.run.dir={tmp_path}/second"])
     after = mlflow.search_runs(experiment_names=["replay-rloo"])
     assert list(after["status"]) == ["FINISHED"] and after.run_id[0] == killed.run_id[0]
 
