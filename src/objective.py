@@ -12,6 +12,7 @@ entropy per response token with `token_entropy`.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -89,6 +90,33 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     # Schulman's k3: for tokens sampled from pi, E[exp(d) - d - 1] with d = log ref - log pi is KL[pi||ref].
     d = ref_logprobs.detach() - logprobs  # the reference is frozen
     return torch.exp(d) - d - 1.0
+
+
+class LossTerms(NamedTuple):
+    """Eq. 3's value and its three terms (each already normalised), plus the per-token KL estimates."""
+
+    loss: Tensor
+    policy: Tensor
+    kl: Tensor
+    entropy: Tensor
+    kl_tokens: Tensor
+
+
+def rloo_loss(token_logprobs: Tensor, reference_logprobs: Tensor, entropy: Tensor, mask: Tensor,
+              advantages: Tensor, token_weights: Tensor, *, batch_size: int, total_tokens: int,
+              kl_coef: float, entropy_coef: float) -> LossTerms:
+    """Eq. 3 on [rows, positions] tensors: -(1/B) sum_i A_i sum_t w_it log pi(y_it) + beta_KL KL - beta_H H.
+
+    The policy term is normalised by the number of responses B, the KL (k3) and entropy terms by the
+    number of response tokens of the whole batch, so a micro-batch passing the full batch's
+    `batch_size` and `total_tokens` contributes exactly its share of the one-batch loss. A sequence
+    weight w_i (eq. 2) is `token_weights` constant along its row; seed 002's token-level IS varies it.
+    """
+    policy = -(advantages[:, None] * token_weights * token_logprobs * mask).sum() / batch_size
+    kl_tokens = kl_k3(token_logprobs, reference_logprobs) * mask
+    kl = kl_tokens.sum() / total_tokens
+    entropy_term = (entropy * mask).sum() / total_tokens
+    return LossTerms(policy + kl_coef * kl - entropy_coef * entropy_term, policy, kl, entropy_term, kl_tokens)
 
 
 def token_entropy(logits: Tensor) -> Tensor:

@@ -126,3 +126,35 @@ def test_token_entropy_masked_logits_are_finite():
     torch.testing.assert_close(h, torch.tensor([math.log(2.0)]))
     h.sum().backward()
     assert torch.isfinite(logits.grad).all()
+
+
+def test_eq3_on_a_hand_worked_two_group_batch():
+    """Two groups of K = 2: rewards (1, 0) and (1, 0.5), four responses of 2, 1, 2 and 1 tokens.
+
+    Leave-one-out advantages (eq. 1): (1, -1) and (0.5, -0.5). Sequence log-probs -1.5, -2, -0.5, -1;
+    weights 1, 1, 2, 0.5. Policy term -(1/4)(1(-1.5) - 1(-2) + 2(0.5)(-0.5) + 0.5(-0.5)(-1)) = -0.0625.
+    k3 with d = log ref - log pi per token (0, .5 | -.5 | 0, 0 | 1): e^d - d - 1 sums to
+    (e^.5 - 1.5) + (e^-.5 - .5) + (e - 2) = 0.9735339, over 6 tokens 0.1622557. Entropy 8/6.
+    Loss = -0.0625 + 0.1 * 0.1622557 - 0.01 * 8/6 = -0.0596078.
+    """
+    from src.objective import leave_one_out_advantages, rloo_loss
+
+    advantages = leave_one_out_advantages(torch.tensor([[1.0, 0.0], [1.0, 0.5]])).flatten()
+    assert advantages.tolist() == [1.0, -1.0, 0.5, -0.5]
+    logprobs = torch.tensor([[-1.0, -0.5], [-2.0, 0.0], [-0.2, -0.3], [-1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
+    reference = logprobs + torch.tensor([[0.0, 0.5], [-0.5, 0.0], [0.0, 0.0], [1.0, 0.0]])
+    entropy = torch.tensor([[1.0, 2.0], [3.0, 9.0], [0.5, 0.5], [1.0, 9.0]])  # 9: padding, masked out
+    weights = torch.tensor([1.0, 1.0, 2.0, 0.5])[:, None].expand(4, 2)
+    terms = rloo_loss(logprobs, reference, entropy, mask, advantages, weights, batch_size=4, total_tokens=6,
+                      kl_coef=0.1, entropy_coef=0.01)
+    assert terms.policy.item() == pytest.approx(-0.0625, abs=1e-7)
+    assert terms.kl.item() == pytest.approx(0.9735339 / 6, abs=1e-7)
+    assert terms.entropy.item() == pytest.approx(8 / 6, abs=1e-7)
+    assert terms.loss.item() == pytest.approx(-0.0625 + 0.1 * 0.9735339 / 6 - 0.01 * 8 / 6, abs=1e-7)
+    # A micro-batch of the last two rows, normalised by the whole batch, is exactly its share.
+    half = rloo_loss(logprobs[2:], reference[2:], entropy[2:], mask[2:], advantages[2:], weights[2:],
+                     batch_size=4, total_tokens=6, kl_coef=0.1, entropy_coef=0.01)
+    first = rloo_loss(logprobs[:2], reference[:2], entropy[:2], mask[:2], advantages[:2], weights[:2],
+                      batch_size=4, total_tokens=6, kl_coef=0.1, entropy_coef=0.01)
+    assert (half.loss + first.loss).item() == pytest.approx(terms.loss.item(), abs=1e-7)

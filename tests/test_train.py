@@ -191,3 +191,12 @@ def test_resuming_from_a_checkpoint_continues_exactly(random_policy_dir, compose
     for expected, actual in zip(straight[2:], resumed):
         for key in keys:
             assert expected.get(key) == pytest.approx(actual.get(key), rel=1e-5), key
+
+
+def run_steps(cfg, train_set, steps: int) -> list[dict[str, float]]:
+    """`steps` training steps of `cfg` with the components src.run builds; the metrics of each step."""
+    from src.run import build_components
+
+    parts = build_components(cfg, train_set)
+    state = TrainState()
+    return [train_step(cfg, parts, state) for _ in range(steps)]
