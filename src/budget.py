@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from src.objective import plan_batch
-from src.replay.buffer import Group, ReplayBuffer
+from src.batch import Group
+from src.buffer.age import ReplayBuffer
 
 
 @dataclass(frozen=True)

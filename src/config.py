@@ -19,7 +19,7 @@ from src.eval.protocol import ESTIMATORS
 from src.paths import PROJECT_ROOT, resolve_policy_path
 from src.schema import SchemaError, check_ranges, check_types
 from src.policy.model import DTYPES
-from src.replay.popo import POPO_VARIANTS
+from src.buffer.popo import POPO_VARIANTS
 
 if not OmegaConf.has_resolver("root"):
     OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
@@ -29,7 +29,7 @@ if not OmegaConf.has_resolver("unique"):
 
 ENGINES = ("hf", "vllm")
 LOSSES = ("rloo", "grpo", "ipo")
-FIFO_MODES = ("with_replacement", "without_replacement", "at_least_once")  # src.replay.fifo.SAMPLING_MODES
+FIFO_MODES = ("with_replacement", "without_replacement", "at_least_once")  # src.buffer.fifo.SAMPLING_MODES
 SOURCES = ("generator", "hub")
 SAMPLINGS = ("standard", "dynamic")
 BEHAVIOURS = ("current", "stale", "diverse")

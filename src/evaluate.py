@@ -35,7 +35,8 @@ from src.eval.protocol import EvalResult, evaluate
 from src.rollout.engine import SamplingParams, build_engine
 from src.task import countdown
 from src.tracking import ensure_experiment, log_evaluation
-from src.train import CheckpointError, apply_chat_template, read_checkpoint
+from src.task.prompts import apply_chat_template
+from src.train import CheckpointError, read_checkpoint
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
+from hydra.utils import instantiate
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -30,16 +31,15 @@ from src.config import ConfigError, validate
 from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, write_heartbeat
 from src.evaluate import evaluate_policy
 from src.policy.model import frozen_copy, load_policy
-from src.replay.buffer import ReplayBuffer
-from src.replay.fifo import FifoReplayBuffer
-from src.replay.popo import make_memory
+from src.buffer.store import ReplayStore
+from src.policy.forward import Forward
+from src.task.prompts import PromptFormat
 from src.sweep import cell_identity, cell_name, cell_runs, slurm_job_key
 from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
 from src.rollout.engine import build_engine
 from src.task import countdown
 from src.curriculum.sampler import build_prompt_sampler
-from src.rollout.behaviour import build_behaviour
 from src.train import (CheckpointError, Components, TrainState, build_optimizer, read_checkpoint,
                        read_latest_checkpoint, restore_checkpoint, save_checkpoint, train_step)
 
@@ -47,40 +47,40 @@ log = logging.getLogger(__name__)
 console = Console(stderr=True)
 
 
-def build_buffer(cfg: DictConfig):
-    """The replay store the buffer group asks for: bounded-age, FIFO, POPO's effective-group memory, or none."""
-    buffer, seed = cfg.buffer, cfg.trainer.seed
-    if buffer.name == "fifo":  # also at rho = 0: seed 002's extra updates replay from it
-        return FifoReplayBuffer(capacity=buffer.capacity, mode=buffer.mode, positive_bias=buffer.positive_bias,
-                                seed=seed)
-    if buffer.name == "popo":  # the memory of effective groups (capacity B, or n x B for popo-stale)
-        return make_memory(buffer.variant, cfg.trainer.groups_per_step, buffer.stale_factor, seed=seed)
-    if buffer.ratio > 0:
-        return ReplayBuffer(max_age=buffer.max_age, capacity=buffer.capacity, seed=seed)
-    return None
-
-
 def build_components(cfg: DictConfig, train_set) -> Components:
-    """Policy, frozen reference, rollout engine, optimizer, buffer and prompt sampler, from config."""
+    """Every component of the step from its config group, with `instantiate` (`_target_` in the YAML).
+
+    The one place that reads config for the step: components get their own group's settings plus the
+    runtime objects they work with, and validate them in their constructors.
+    """
+    trainer = cfg.trainer
     if cfg.hardware.threads:
         torch.set_num_threads(cfg.hardware.threads)
-    torch.manual_seed(cfg.trainer.seed)
+    torch.manual_seed(trainer.seed)
     policy, tokenizer = load_policy(cfg.policy.name_or_path, cfg.hardware.device, cfg.hardware.dtype)
-    if cfg.trainer.gradient_checkpointing:
+    if trainer.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
-    trainer = cfg.trainer
-    optimizer = build_optimizer(policy, trainer)
-    return Components(
-        policy=policy,
-        reference=frozen_copy(policy),
-        tokenizer=tokenizer,
-        engine=build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
-                         **cfg.policy.get("vllm", {})),
-        optimizer=optimizer,
-        buffer=build_buffer(cfg),
-        sampler=build_prompt_sampler(cfg.curriculum, train_set, seed=trainer.seed),
-        behaviour=build_behaviour(cfg, policy),
-    )
+    forward = Forward(tokenizer.pad_token_id, trainer.micro_batch_size, trainer.micro_batch_tokens,
+                      cfg.hardware.autocast, trainer.fused_logprobs)
+    engine = build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
+                          **cfg.policy.get("vllm", {}))
+    behaviour = instantiate(cfg.behaviour, policy=policy, training_temperature=trainer.rollout.temperature)
+    sampler = build_prompt_sampler(cfg.curriculum, train_set, seed=trainer.seed)
+    collection = instantiate(cfg.sampling, engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
+                             prompts=PromptFormat(cfg.task.prompt_template, tokenizer, cfg.policy.use_chat_template),
+                             group_size=trainer.group_size, max_new_tokens=cfg.policy.max_new_tokens,
+                             top_p=trainer.rollout.top_p, top_k=trainer.rollout.top_k, seed=trainer.seed)
+    objective = instantiate(cfg.loss, forward=forward, kl_coef=trainer.kl_coef, entropy_coef=trainer.entropy_coef,
+                            max_grad_norm=trainer.max_grad_norm, truncation=behaviour.truncation)
+    return Components(policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=engine,
+                      optimizer=build_optimizer(policy, trainer), store=build_store(cfg), objective=objective,
+                      collection=collection, sampler=sampler, behaviour=behaviour, forward=forward,
+                      groups_per_step=trainer.groups_per_step)
+
+
+def build_store(cfg: DictConfig) -> ReplayStore:
+    """The replay store the buffer group names (`buffer._target_`), told B and the run's seed."""
+    return instantiate(cfg.buffer, groups_per_step=cfg.trainer.groups_per_step, seed=cfg.trainer.seed)
 
 
 def run_evaluation(cfg: DictConfig, parts: Components, heldout, stage: str, tracker, step: int):
@@ -184,7 +184,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 task = progress.add_task(cell_name(cfg), total=cfg.trainer.steps, completed=state.step,
                                          info="")
                 while state.step < cfg.trainer.steps:
-                    metrics = train_step(cfg, parts, state)
+                    metrics = train_step(parts, state)
                     step = state.step - 1
                     tracker.log_step(metrics, step)
                     state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})

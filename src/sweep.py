@@ -109,7 +109,7 @@ def _buffer_cell_name(cfg: DictConfig) -> str:
 
 def cell_identity(cfg: DictConfig) -> str:
     """A short stable hash of the config that decides the cell's results."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = _without_targets(OmegaConf.to_container(cfg, resolve=True))
     for key in LAUNCH_ONLY:
         _drop(resolved, key)
     if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] not in ("fifo", "popo"):  # fresh-only
@@ -120,7 +120,7 @@ def cell_identity(cfg: DictConfig) -> str:
         if resolved.get(group, {"name": default})["name"] == default:
             resolved.pop(group, None)
     if resolved.pop("loss", {"name": "rloo"})["name"] != "rloo":  # rloo, the default: cells keep their old id
-        resolved["loss"] = OmegaConf.to_container(cfg.loss, resolve=True)
+        resolved["loss"] = _without_targets(OmegaConf.to_container(cfg.loss, resolve=True))
         resolved.pop("clip", None)  # loss=grpo does not read clip.ceiling
     weights = policy_fingerprint(cfg.policy.name_or_path)
     if weights is not None:  # a rebuilt warm start under the same folder name is a new cell
@@ -161,6 +161,13 @@ def _numbers_as_floats(node):
     if isinstance(node, (int, float)) and not isinstance(node, bool):
         return float(node)
     return node
+
+
+def _without_targets(tree):
+    """The config without `_target_` keys: which class implements a group is code, not the cell."""
+    if isinstance(tree, dict):
+        return {key: _without_targets(value) for key, value in tree.items() if key != "_target_"}
+    return tree
 
 
 def _drop(tree: dict, dotted: str) -> None:

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from src.replay.buffer import Group, ReplayBuffer
+from src.batch import Group
+from src.buffer.age import ReplayBuffer
 
 
 def make_group(step: int, tag: str = "", k: int = 2, logprobs: bool = True) -> Group:

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from src.replay.buffer import Group
-from src.replay.fifo import (
+from src.batch import Group
+from src.buffer.fifo import (
     FifoReplayBuffer,
     extra_updates,
     positive_bias_keep,

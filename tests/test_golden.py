@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from src.task import countdown
-from tests.test_train import run_steps
+from src.run import build_components
+from src.train import TrainState, train_step
 
 # Metrics pinned per step; rewards, weights and budgets are exact, losses to 1e-5 relative.
 PINNED = ("train/loss", "train/policy_loss", "train/kl", "train/entropy", "train/reward",
@@ -96,6 +97,13 @@ GOLDEN: dict[str, list[dict[str, float]]] = {
         {'train/loss': 146.90052795410156, 'train/policy_loss': 146.90052795410156, 'train/kl': 0.7447173174689797, 'train/entropy': 0.824139721253339, 'train/reward': 0.06875000149011612, 'weights/raw_mean': 1.0, 'weights/clipped_mean': 1.0, 'budget/fresh_evaluations': 48, 'budget/gradient_steps': 3, 'batch/fresh_groups': 4, 'batch/replay_groups': 0},
     ],
 }
+
+
+def run_steps(cfg, train_set, steps: int) -> list[dict[str, float]]:
+    """`steps` training steps of `cfg` with the components src.run builds; the metrics of each step."""
+    parts = build_components(cfg, train_set)
+    state = TrainState()
+    return [train_step(parts, state) for _ in range(steps)]
 
 
 def golden_config(compose_config, overrides):

@@ -9,7 +9,7 @@ import torch
 
 from src.budget import plan_fresh_evaluations
 from src.config import ConfigError, validate
-from src.ipo import batch_pairs, ipo_loss, ipo_pairs, ipo_response_gradients
+from src.loss.ipo import batch_pairs, ipo_loss, ipo_pairs, ipo_response_gradients
 from src.sweep import cell_name, variant_label
 from src.train import TrainState, policy_update, response_token_stats, train_step
 from tests.test_train import make_parts, sample_groups, small_config

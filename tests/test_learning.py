@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from src.policy.model import frozen_copy, load_policy
-from src.replay.buffer import ReplayBuffer
+from src.buffer.age import ReplayBuffer
 from src.rollout.engine import HFGenerateEngine, SamplingParams
 from src.task import countdown
 from src.task.sampler import PromptSampler

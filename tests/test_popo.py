@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from src.replay.buffer import Group
-from src.replay.popo import (
+from src.batch import Group
+from src.buffer.popo import (
     EffectiveGroupMemory,
     compose_batch,
     is_effective,

@@ -11,7 +11,7 @@ import torch
 from src.budget import plan_fresh_evaluations
 from src.policy.model import frozen_copy, load_policy
 from src.run import build_buffer
-from src.replay.buffer import Group
+from src.batch import Group
 from src.rollout.engine import HFGenerateEngine
 from src.task import countdown
 from src.curriculum.sampler import build_prompt_sampler
@@ -192,11 +192,3 @@ def test_resuming_from_a_checkpoint_continues_exactly(random_policy_dir, compose
         for key in keys:
             assert expected.get(key) == pytest.approx(actual.get(key), rel=1e-5), key
 
-
-def run_steps(cfg, train_set, steps: int) -> list[dict[str, float]]:
-    """`steps` training steps of `cfg` with the components src.run builds; the metrics of each step."""
-    from src.run import build_components
-
-    parts = build_components(cfg, train_set)
-    state = TrainState()
-    return [train_step(cfg, parts, state) for _ in range(steps)]

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from src.budget import plan_fresh_evaluations, planning_max_age
 from src.config import ConfigError, validate
-from src.replay.popo import is_effective
+from src.buffer.popo import is_effective
 from src.sweep import cell_identity, cell_name
 from src.task import countdown
 from src.train import TrainState, policy_update, train_step

@@ -15,25 +15,53 @@ from __future__ import annotations
 from collections import deque
 
 import torch
-from omegaconf import DictConfig
 
+from src.loss.base import Truncation
 from src.policy.model import frozen_copy
 
 
-class BehaviourPolicy:
-    """Keeps the last `lag` + 1 weight snapshots and says which weights sample step t's rollouts."""
+class CurrentBehaviour:
+    """`behaviour=current`: the policy being trained samples at the training temperature (mu = pi_theta)."""
 
-    def __init__(self, policy: torch.nn.Module, lag: int, temperature: float):
+    def __init__(self, policy: torch.nn.Module | None = None, training_temperature: float = 1.0,
+                 name: str = "current") -> None:
+        self.temperature = self.training_temperature = float(training_temperature)
+        self.truncation = None  # nothing to correct
+
+    def model_for_step(self, policy: torch.nn.Module) -> tuple[torch.nn.Module, int]:
+        return policy, 0
+
+    def is_off_policy(self, lag: int) -> bool:
+        return False
+
+    def metrics(self, collected, batch, update) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class BehaviourPolicy:
+    """`behaviour=stale|diverse`: keeps the last `lag` + 1 weight snapshots and says which weights sample step t."""
+
+    def __init__(self, policy: torch.nn.Module, lag: int, temperature: float | None = None,
+                 training_temperature: float = 1.0, is_min: float = 0.0, is_max: float = 2.0,
+                 is_level: str = "sequence", name: str = "stale"):
+        temperature = training_temperature if temperature is None else temperature
         if isinstance(lag, bool) or int(lag) != lag or lag < 0:
             raise ValueError(f"behaviour.lag={lag!r}: use an integer >= 0 (0 = current weights; seed 002: 1, 4, 16)")
         if not temperature > 0:
             raise ValueError(f"behaviour temperature {temperature!r} must be > 0 (seed 002 diversifies at 1.2)")
         self.lag = int(lag)
         self.temperature = float(temperature)
+        self.training_temperature = float(training_temperature)
+        self.truncation = Truncation(float(is_min), float(is_max), is_level)
         # theta_{t-lag} .. theta_t on the CPU (lag + 1 copies of the weights; fine for the policies used here).
         self.history: deque[dict[str, torch.Tensor]] = deque(maxlen=self.lag + 1)
         self.stale_model = frozen_copy(policy) if self.lag > 0 else None
-
     def model_for_step(self, policy: torch.nn.Module) -> tuple[torch.nn.Module, int]:
         """Record the current weights theta_t; return (the model that samples this step, its lag in steps)."""
         if self.lag == 0:
@@ -44,6 +72,23 @@ class BehaviourPolicy:
         self.stale_model.load_state_dict(self.history[0])
         return self.stale_model, self.lag
 
+    def is_off_policy(self, lag: int) -> bool:
+        """Sampled by other weights or at another temperature than the policy trains at."""
+        return lag > 0 or self.temperature != self.training_temperature
+
+    def metrics(self, collected, batch, update) -> dict[str, float]:
+        """Seed 002's view of an off-policy sampler: lag, temperature and how often truncation binds."""
+        if not collected.off_policy:
+            return {"behaviour/lag": 0.0}
+        metrics = {"behaviour/lag": float(collected.lag), "behaviour/temperature": collected.temperature}
+        off_policy = torch.tensor(batch.row_off_policy(), dtype=torch.bool)
+        if update is not None and off_policy.any():
+            raw = update.raw_weights[off_policy]
+            truncated = (raw > self.truncation.is_max) | (raw < self.truncation.is_min)
+            metrics["behaviour/truncated_fraction"] = truncated.float().mean().item()
+            metrics["behaviour/log_ratio_mean"] = raw.log().mean().item()
+        return metrics
+
     def state_dict(self) -> dict:
         return {"lag": self.lag, "history": list(self.history)}
 
@@ -52,12 +97,3 @@ class BehaviourPolicy:
             raise ValueError(f"checkpoint was written with behaviour.lag={state['lag']}, this run has "
                              f"behaviour.lag={self.lag}; resume with the same behaviour settings")
         self.history = deque(state["history"], maxlen=self.lag + 1)
-
-
-def build_behaviour(cfg: DictConfig, policy: torch.nn.Module) -> BehaviourPolicy | None:
-    """The behaviour the `behaviour` group asks for; None when it is the current policy itself."""
-    behaviour = cfg.behaviour
-    if behaviour.name == "current":
-        return None
-    temperature = behaviour.temperature if behaviour.temperature is not None else cfg.trainer.rollout.temperature
-    return BehaviourPolicy(policy, behaviour.lag, temperature)

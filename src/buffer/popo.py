@@ -12,7 +12,7 @@ read from the prose.
 * Eq. 7: the memory is a FIFO queue and POPO "deterministically selects groups from the tail":
   the most recently stored ones. Since at most B groups are replayed per step, its capacity is B.
 * After the batch is built the memory takes in the step's effective online groups. Callers
-  ``add`` after the update, so, as in :mod:`src.replay.buffer`, a group is never replayed at the
+  ``add`` after the update, so, as in :mod:`src.buffer.age`, a group is never replayed at the
   step that sampled it; the selection also skips any group of the current step.
 * Replayed groups stay in the memory; they leave only when newer groups push them out.
 
@@ -33,23 +33,14 @@ If the memory holds too few eligible groups (the first steps) the batch is small
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import random
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from src.replay.buffer import Group, restore_rng, rng_state, write_json_atomic
-from src.replay.fifo import check_int
-
-_STATE_VERSION = 1
+from src.batch import Batch, BatchGroup, Group, is_effective
+from src.buffer.store import Measure, ReplayStore, replayed
+from src.checks import check_int
 
 POPO_VARIANTS = ("popo", "popo-ineff", "popo-stale")
-
-
-def is_effective(group: Group) -> bool:
-    """True when the group's rewards are not all equal (non-zero variance, seed 003 Definition 3.1)."""
-    return min(group.rewards) != max(group.rewards)
 
 
 def _check_variant(variant: str) -> str:
@@ -58,14 +49,16 @@ def _check_variant(variant: str) -> str:
     return variant
 
 
-class EffectiveGroupMemory:
+class EffectiveGroupMemory(ReplayStore):
     """FIFO memory of recent (effective) groups for POPO refills; oldest dropped first."""
 
+    settings = ("capacity", "effective_only")
+    counters = ("added", "rejected", "dropped")
+
     def __init__(self, capacity: int, effective_only: bool = True, seed: int = 0) -> None:
+        super().__init__(seed)
         self.capacity = check_int("capacity", capacity, 1, "POPO uses the batch size B.")
         self.effective_only = bool(effective_only)  # False only for the POPO-ineff ablation
-        self.seed = int(seed)
-        self._rng = random.Random(self.seed)
         self._groups: list[Group] = []  # insertion order == step order
         self.added = 0
         self.rejected = 0  # ineffective groups refused by an effective-only memory
@@ -128,52 +121,11 @@ class EffectiveGroupMemory:
             return []  # consume no randomness, so empty draws do not shift the RNG stream
         return self._rng.sample(pool, k)
 
-    # ---- persistence (the RNG is saved too, so POPO-stale continues identically) ----
+    def _contents(self) -> list[dict]:
+        return [dataclasses.asdict(g) for g in self._groups]
 
-    def state_dict(self) -> dict:
-        """Plain-data snapshot: config, groups, RNG state and counters."""
-        return {
-            "version": _STATE_VERSION,
-            "capacity": self.capacity,
-            "effective_only": self.effective_only,
-            "seed": self.seed,
-            "groups": [dataclasses.asdict(g) for g in self._groups],
-            "rng_state": rng_state(self._rng),
-            "counters": {"added": self.added, "rejected": self.rejected, "dropped": self.dropped},
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore a snapshot from state_dict(); capacity and effective_only must match."""
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"Unsupported POPO memory state version {state.get('version')!r}; expected {_STATE_VERSION}."
-            )
-        for name in ("capacity", "effective_only"):
-            if state[name] != getattr(self, name):
-                raise ValueError(
-                    f"Saved memory has {name}={state[name]!r} but this memory has {name}={getattr(self, name)!r}; "
-                    "resume with the same variant and batch size or build it with EffectiveGroupMemory.load()."
-                )
-        self.seed = int(state["seed"])
-        self._groups = [Group(**g) for g in state["groups"]]
-        restore_rng(self._rng, state["rng_state"])
-        counters = state["counters"]
-        self.added = int(counters["added"])
-        self.rejected = int(counters["rejected"])
-        self.dropped = int(counters["dropped"])
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the state as JSON atomically."""
-        write_json_atomic(path, self.state_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "EffectiveGroupMemory":
-        """Build a memory from a file written by save()."""
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
-        memory = cls(capacity=state["capacity"], effective_only=state["effective_only"], seed=state["seed"])
-        memory.load_state_dict(state)
-        return memory
+    def _restore(self, contents: list[dict]) -> None:
+        self._groups = [Group(**g) for g in contents]
 
 
 def make_memory(variant: str, batch_size: int, stale_factor: int = 1, seed: int = 0) -> EffectiveGroupMemory:
@@ -266,3 +218,38 @@ def compose_batch(online_groups: Sequence[Group], memory: EffectiveGroupMemory, 
     else:
         replayed = memory.most_recent(missing, step)
     return PopoBatch(online=online, replayed=tuple(replayed), dropped=dropped, batch_size=batch_size)
+
+
+class PopoStore(EffectiveGroupMemory):
+    """`buffer=popo`: the batch keeps the step's effective online groups and refills from the memory (seed 003)."""
+
+    def __init__(self, variant: str = "popo", stale_factor: int = 1, groups_per_step: int = 1, seed: int = 0,
+                 name: str = "popo", ratio: float = 0.0, max_age: int = 0, allow_infeasible: bool = False) -> None:
+        self.variant = _check_variant(variant)
+        self.groups_per_step = check_int("groups_per_step (B)", groups_per_step, 1)
+        stale_factor = check_int("stale_factor (n of POPO-stale(n))", stale_factor, 1)
+        if self.variant != "popo-stale" and stale_factor != 1:
+            raise ValueError(f"stale_factor={stale_factor} only applies to variant 'popo-stale', not {variant!r}.")
+        super().__init__(capacity=self.groups_per_step * stale_factor, effective_only=self.variant != "popo-ineff",
+                         seed=seed)
+        self._composed: PopoBatch | None = None
+
+    def compose(self, fresh: list[BatchGroup], replayed_groups: list[BatchGroup], step: int,
+                measure: Measure) -> Batch:
+        composed = compose_batch([entry.group for entry in fresh], self, self.groups_per_step, self.variant,
+                                 step=step)
+        self._composed = composed
+        kept = [entry for entry in fresh if is_effective(entry.group)]
+        dropped = list(composed.dropped)
+        if not self.effective_only:  # POPO-ineff keeps the dropped groups too: they need log mu now
+            unmeasured = [group for group in dropped if group.behaviour_logprobs is None]
+            measured = iter(measure(unmeasured) if unmeasured else [])
+            dropped = [next(measured) if group.behaviour_logprobs is None else group for group in dropped]
+        return Batch(kept + replayed(list(composed.replayed), step), dropped)
+
+    def store(self, groups: list[Group], step: int) -> None:
+        self.add(groups)  # the memory filters (effective only, unless POPO-ineff) and drops its oldest
+
+    def metrics(self, step: int) -> dict[str, float]:
+        """Seed 003's effective-sample ratio and on-policy share."""
+        return {"buffer/size": 0, **(self._composed.metrics() if self._composed else {})}

@@ -13,9 +13,9 @@ Sources (plain-text copies in ``shared/seeds/``):
   FIFO buffer, and only then the fresh batch is appended to the buffer
   (:func:`extra_updates`, :meth:`FifoReplayBuffer.extra_update_batches`).
 
-Conventions shared with :class:`src.replay.buffer.ReplayBuffer`:
+Conventions shared with :class:`src.buffer.age.ReplayBuffer`:
 
-* The stored unit is :class:`~src.replay.buffer.Group` (one prompt and its K responses).
+* The stored unit is :class:`~src.buffer.age.Group` (one prompt and its K responses).
   Capacity N counts groups: the buffer keeps the last N groups added, oldest dropped first
   (with positive bias: at most N * K responses, see below).
 * A group sampled at step ``s`` has age ``t - s`` at step ``t`` (seed 001's off-policiness,
@@ -69,43 +69,20 @@ batch, as in appendix D.3); :func:`use_statistics` summarises draws and
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import random
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from src.replay.buffer import Group, restore_rng, rng_state, write_json_atomic
+from src.batch import Batch, BatchGroup, Group
+from src.buffer.store import ReplayStore
+from src.checks import check_int
 from src.task.countdown import REWARD_CORRECT
 
-_STATE_VERSION = 1
-
 SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
-
-
-def check_int(name: str, value: object, minimum: int, hint: str = "") -> int:
-    """Return `value` as an int, or raise a ValueError naming `name` if it is not an integer >= `minimum`."""
-    # bool is an int subclass; a flag passed where a number belongs is a config mistake.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.{(' ' + hint) if hint else ''}")
-    return int(value)
 
 
 def extra_updates(replay_factor: int) -> int:
     """Number of extra replay updates per fresh batch in seed 002's replay mode: R - 1."""
     return check_int("replay_factor (R)", replay_factor, 1, "R = 1 means no extra replay updates.") - 1
-
-
-def positive_bias_keep(correct: Sequence[bool], capacity: int, delta: float) -> list[int]:
-    """Positions (ascending) that seed 001's positive-bias rule keeps from a rollout stream listed oldest first.
-
-    The freshest ``capacity - round(delta * capacity)`` rollouts are kept whatever their reward,
-    plus the freshest ``round(delta * capacity)`` correct rollouts older than those.
-    """
-    capacity = check_int("capacity", capacity, 1)
-    delta = _check_delta(delta)
-    n_correct = round(delta * capacity)
-    return _keep_freshest(list(correct), capacity - n_correct, n_correct)
 
 
 def _check_delta(delta: float) -> float:
@@ -214,11 +191,22 @@ class _Slot:
     last_used: int | None = None
 
 
-class FifoReplayBuffer:
-    """Keeps the last N groups (optionally positive-biased) and samples replay groups of age >= 1."""
+class FifoReplayBuffer(ReplayStore):
+    """`buffer=fifo`: keeps the last N groups (optionally positive-biased), draws replay groups of age >= 1."""
+
+    settings = ("capacity", "mode", "positive_bias", "correct_reward")
+    counters = ("added", "dropped", "dropped_rollouts", "_next_uid")
 
     def __init__(self, capacity: int, mode: str = "with_replacement", positive_bias: float = 0.0,
-                 correct_reward: float = REWARD_CORRECT, seed: int = 0) -> None:
+                 correct_reward: float = REWARD_CORRECT, seed: int = 0, ratio: float = 1.0,
+                 extra_updates: int = 0, groups_per_step: int = 1, name: str = "fifo", max_age: int = 0,
+                 allow_infeasible: bool = False) -> None:
+        super().__init__(seed)
+        self.ratio = float(ratio)
+        self.extra_updates = check_int("extra_updates (R - 1)", extra_updates, 0)
+        self.groups_per_step = check_int("groups_per_step (B)", groups_per_step, 1)
+        self._draws: list[FifoDraw] = []  # this step's, main and extra batches (seed 001's use statistics)
+        self._extra_draws = 0
         self.capacity = check_int("capacity (N)", capacity, 1, "It counts groups.")
         if mode not in SAMPLING_MODES:
             raise ValueError(f"mode must be one of {', '.join(SAMPLING_MODES)}; got {mode!r}.")
@@ -227,8 +215,6 @@ class FifoReplayBuffer:
         if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)):
             raise ValueError(f"correct_reward must be a number (Countdown: 1.0), got {correct_reward!r}.")
         self.correct_reward = float(correct_reward)
-        self.seed = int(seed)
-        self._rng = random.Random(self.seed)
         self._slots: list[_Slot] = []  # insertion order == step order
         self.group_size: int | None = None  # K, fixed by the first group when positive_bias > 0
         self._next_uid = 0
@@ -244,11 +230,6 @@ class FifoReplayBuffer:
     def groups(self) -> tuple[Group, ...]:
         """All stored groups, oldest first (read-only view)."""
         return tuple(s.group for s in self._slots)
-
-    @property
-    def stored_responses(self) -> tuple[tuple[int, ...], ...]:
-        """Response indices still stored for each group in `groups` (all K unless trimmed by positive bias)."""
-        return tuple(s.responses for s in self._slots)
 
     @property
     def rollouts(self) -> int:
@@ -404,6 +385,30 @@ class FifoReplayBuffer:
             return []
         return [self.sample(batch_size, step) for _ in range(n_extra)]
 
+    # ---- the store interface ----
+
+    def _draw(self, count: int, step: int) -> list[BatchGroup]:
+        self._draws = self.sample(count, step)
+        self._extra_draws = 0
+        return [as_entry(draw) for draw in self._draws]
+
+    def extra_batches(self, step: int) -> list[Batch]:
+        """Seed 002 Algorithm 1: R - 1 further batches of B groups, before this step's fresh ones are stored."""
+        batches = [draws for draws in self.extra_update_batches(self.extra_updates + 1, self.groups_per_step, step)
+                   if draws]
+        for draws in batches:
+            self._draws += draws
+            self._extra_draws += len(draws)
+        return [Batch([as_entry(draw) for draw in draws]) for draws in batches]
+
+    def store(self, groups: list[Group], step: int) -> None:
+        self.add(groups)  # the FIFO drops its oldest in add()
+
+    def metrics(self, step: int) -> dict[str, float]:
+        """Seed 001's off-policiness, replay count and steps-since-last-use statistics."""
+        return {**super().metrics(step), **use_statistics(self._draws).metrics(), **self.replay_counts().metrics(),
+                "fifo/extra_draws": self._extra_draws, "fifo/stored_rollouts": self.rollouts}
+
     # ---- statistics ----
 
     def replay_counts(self) -> ReplayCounts:
@@ -423,70 +428,30 @@ class FifoReplayBuffer:
         """Map age at `step` -> number of stored groups of that age."""
         return _histogram(s.group.age(step) for s in self._slots)
 
-    # ---- persistence (the RNG is saved too, so a restored buffer continues identically) ----
+    # ---- persistence (ReplayStore.state_dict adds settings, counters and the RNG) ----
 
-    def state_dict(self) -> dict:
-        """Plain-data snapshot: config, stored groups with their use records, RNG state and counters."""
+    def _contents(self) -> dict:
         return {
-            "version": _STATE_VERSION,
-            "capacity": self.capacity,
-            "mode": self.mode,
-            "positive_bias": self.positive_bias,
-            "correct_reward": self.correct_reward,
-            "seed": self.seed,
             "group_size": self.group_size,
             "slots": [
                 {"uid": s.uid, "group": dataclasses.asdict(s.group), "responses": list(s.responses),
                  "uses": s.uses, "last_used": s.last_used}
                 for s in self._slots
             ],
-            "next_uid": self._next_uid,
-            "retired_uses": sorted([u, n] for u, n in self._retired_uses.items()),  # pairs: JSON keys are strings
-            "rng_state": rng_state(self._rng),
-            "counters": {"added": self.added, "dropped": self.dropped, "dropped_rollouts": self.dropped_rollouts},
+            "retired_uses": sorted([u, n] for u, n in self._retired_uses.items()),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore a snapshot from state_dict(); capacity, mode, positive_bias and correct_reward must match."""
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"Unsupported FIFO buffer state version {state.get('version')!r}; expected {_STATE_VERSION}."
-            )
-        saved = {"capacity": int(state["capacity"]), "mode": state["mode"],
-                 "positive_bias": float(state["positive_bias"]), "correct_reward": float(state["correct_reward"])}
-        for name, value in saved.items():
-            if value != getattr(self, name):
-                raise ValueError(
-                    f"Saved buffer has {name}={value!r} but this buffer has {name}={getattr(self, name)!r}; "
-                    "resume with the same settings or build the buffer with FifoReplayBuffer.load()."
-                )
-        self.seed = int(state["seed"])
-        self.group_size = None if state["group_size"] is None else int(state["group_size"])
+    def _restore(self, contents: dict) -> None:
+        self.group_size = None if contents["group_size"] is None else int(contents["group_size"])
         self._slots = [
             _Slot(uid=int(s["uid"]), group=Group(**s["group"]), responses=tuple(int(i) for i in s["responses"]),
                   uses=int(s["uses"]), last_used=None if s["last_used"] is None else int(s["last_used"]))
-            for s in state["slots"]
+            for s in contents["slots"]
         ]
-        self._next_uid = int(state["next_uid"])
-        self._retired_uses = {int(u): int(n) for u, n in state["retired_uses"]}
-        restore_rng(self._rng, state["rng_state"])
-        counters = state["counters"]
-        self.added = int(counters["added"])
-        self.dropped = int(counters["dropped"])
-        self.dropped_rollouts = int(counters["dropped_rollouts"])
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the state as JSON atomically (temp file in the same directory, then os.replace)."""
-        write_json_atomic(path, self.state_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "FifoReplayBuffer":
-        """Build a buffer from a file written by save()."""
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
-        buf = cls(capacity=state["capacity"], mode=state["mode"], positive_bias=state["positive_bias"],
-                  correct_reward=state["correct_reward"], seed=state["seed"])
-        buf.load_state_dict(state)
-        return buf
+        self._retired_uses = {int(u): int(n) for u, n in contents["retired_uses"]}
 
 
+def as_entry(draw: FifoDraw) -> BatchGroup:
+    """A draw as a replayed batch entry: a trimmed group trains only its kept responses."""
+    whole = len(draw.responses) == draw.group.size
+    return BatchGroup(draw.group, "replay", draw.age, None if whole else draw.responses)

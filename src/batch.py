@@ -1,0 +1,191 @@
+"""What flows between the phases of a training step: a prompt's `Group` of K scored responses, and the
+typed `Batch` the update trains on (which groups, fresh or replayed, how old, which responses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+
+def _ints(values: Any) -> tuple[int, ...]:
+    # Accept lists, tuples and 1-D tensors; store plain ints so the state is plain data.
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return tuple(int(v) for v in values)
+
+
+def _floats(values: Any) -> tuple[float, ...]:
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One prompt's group of K responses, as stored for replay (SPEC 3)."""
+
+    prompt: str
+    prompt_ids: tuple[int, ...]
+    numbers: tuple[int, ...]  # ground truth
+    target: int  # ground truth
+    responses: tuple[str, ...]
+    response_ids: tuple[tuple[int, ...], ...]
+    rewards: tuple[float, ...]
+    step: int  # optimizer step the group was sampled at
+    # log mu(y|x) per response, filled in at first use by the trainer's own forward pass.
+    behaviour_logprobs: tuple[float, ...] | None = None
+    # log pi_ref per response token, also from first use: pi_ref is frozen, so a replayed group
+    # needs no second reference forward pass.
+    reference_logprobs: tuple[tuple[float, ...], ...] | None = None
+    # log mu per response token (loss=grpo's token-level behaviour weight pi_prox/mu); None for loss=rloo,
+    # which needs only the sequence log-prob above.
+    behaviour_token_logprobs: tuple[tuple[float, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        # Normalise to tuples of plain numbers so the group is immutable and serialisable.
+        setter = object.__setattr__
+        setter(self, "prompt_ids", _ints(self.prompt_ids))
+        setter(self, "numbers", _ints(self.numbers))
+        setter(self, "target", int(self.target))
+        setter(self, "responses", tuple(self.responses))
+        setter(self, "response_ids", tuple(_ints(ids) for ids in self.response_ids))
+        setter(self, "rewards", _floats(self.rewards))
+        setter(self, "step", int(self.step))
+        if self.behaviour_logprobs is not None:
+            setter(self, "behaviour_logprobs", _floats(self.behaviour_logprobs))
+        if self.reference_logprobs is not None:
+            setter(self, "reference_logprobs", tuple(_floats(tokens) for tokens in self.reference_logprobs))
+        if self.behaviour_token_logprobs is not None:
+            setter(self, "behaviour_token_logprobs", tuple(_floats(t) for t in self.behaviour_token_logprobs))
+
+        # A length mismatch would silently break the leave-one-out baseline (paper B.3).
+        lengths = {
+            "responses": len(self.responses),
+            "response_ids": len(self.response_ids),
+            "rewards": len(self.rewards),
+        }
+        if self.behaviour_logprobs is not None:
+            lengths["behaviour_logprobs"] = len(self.behaviour_logprobs)
+        if self.reference_logprobs is not None:
+            lengths["reference_logprobs"] = len(self.reference_logprobs)
+        if self.behaviour_token_logprobs is not None:
+            lengths["behaviour_token_logprobs"] = len(self.behaviour_token_logprobs)
+        if len(set(lengths.values())) != 1:
+            detail = ", ".join(f"{name}={n}" for name, n in lengths.items())
+            raise ValueError(
+                f"Group lists must all have length K; got {detail}. "
+                "Build the group from one aligned list per response."
+            )
+        if self.size < 2:
+            raise ValueError(
+                f"Group has K={self.size} responses; leave-one-out advantages (eq. 1) need K >= 2."
+            )
+
+        if self.reference_logprobs is not None and any(
+            len(tokens) != len(ids) for tokens, ids in zip(self.reference_logprobs, self.response_ids)
+        ):
+            raise ValueError("reference_logprobs must hold one value per response token")
+        if self.behaviour_token_logprobs is not None and any(
+            len(tokens) != len(ids) for tokens, ids in zip(self.behaviour_token_logprobs, self.response_ids)
+        ):
+            raise ValueError("behaviour_token_logprobs must hold one value per response token")
+
+    @property
+    def size(self) -> int:
+        """Number of responses K in the group."""
+        return len(self.responses)
+
+    def age(self, step: int) -> int:
+        """Age of the group at optimizer step `step` (step - sampled step)."""
+        return int(step) - self.step
+
+    def with_behaviour_logprobs(self, logprobs: Iterable[float],
+                                reference: Iterable[Iterable[float]] | None = None,
+                                tokens: Iterable[Iterable[float]] | None = None) -> "Group":
+        """Return a copy carrying log mu(y|x) (optionally per-token log pi_ref and log mu), validated again."""
+        reference = tuple(_floats(t) for t in reference) if reference is not None else None
+        tokens = tuple(_floats(t) for t in tokens) if tokens is not None else None
+        return dataclasses.replace(self, behaviour_logprobs=_floats(logprobs), reference_logprobs=reference,
+                                   behaviour_token_logprobs=tokens)
+
+
+def is_effective(group: Group) -> bool:
+    """True when the group's rewards are not all equal: its advantages are not all zero (seed 003 Def. 3.1)."""
+    return min(group.rewards) != max(group.rewards)
+
+
+@dataclass(frozen=True)
+class BatchGroup:
+    """One group in an update batch and why it is there."""
+
+    group: Group
+    source: str = "fresh"                     # "fresh": sampled this step; "replay": drawn from the store
+    age: int = 0                              # step - group.step: 0 for fresh groups
+    responses: tuple[int, ...] | None = None  # the responses trained on; None: all K (a FIFO draw may keep fewer)
+    off_policy: bool = False                  # fresh, but sampled by a stale or tempered behaviour (seed 002)
+
+    @property
+    def trained(self) -> tuple[int, ...]:
+        return tuple(range(self.group.size)) if self.responses is None else self.responses
+
+
+def fresh_entries(groups: Iterable[Group], off_policy: bool = False) -> list[BatchGroup]:
+    """This step's fresh groups as batch entries."""
+    return [BatchGroup(group, "fresh", 0, None, off_policy) for group in groups]
+
+
+@dataclass
+class Batch:
+    """The groups one update trains on; its rows are (group, response) pairs in this order."""
+
+    entries: list[BatchGroup] = field(default_factory=list)
+    # Fresh groups this step sampled but left out (POPO drops ineffective ones); a store may still keep them.
+    dropped: list[Group] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def groups(self) -> list[Group]:
+        return [entry.group for entry in self.entries]
+
+    @property
+    def rows(self) -> list[tuple[int, int]]:
+        """(entry, response) index pairs of the trained responses, in batch order."""
+        return [(g, j) for g, entry in enumerate(self.entries) for j in entry.trained]
+
+    @property
+    def fresh(self) -> list[BatchGroup]:
+        return [entry for entry in self.entries if entry.source == "fresh"]
+
+    @property
+    def replayed(self) -> list[BatchGroup]:
+        return [entry for entry in self.entries if entry.source == "replay"]
+
+    def row_ages(self) -> list[int]:
+        return [self.entries[g].age for g, _ in self.rows]
+
+    def row_off_policy(self) -> list[bool]:
+        return [self.entries[g].off_policy for g, _ in self.rows]
+
+    def fresh_to_store(self, collected: list[Group], stored) -> list[Group]:
+        """This step's fresh groups in generation order, as a store keeps them: a trained group through
+        `stored(group, first_row)` (log mu and log pi_ref from the update), a dropped one as composed."""
+        row = 0
+        trained = []
+        for entry in self.entries:
+            if entry.source == "fresh":
+                trained.append((entry.group, row))
+            row += len(entry.trained)
+        trained_iter, dropped_iter = iter(trained), iter(self.dropped)
+        next_trained = next(trained_iter, None)
+        out = []
+        for group in collected:  # both lists keep generation order: merge them back
+            if next_trained is not None and next_trained[0] is group:
+                out.append(stored(*next_trained))
+                next_trained = next(trained_iter, None)
+            else:
+                out.append(next(dropped_iter))
+        return out

@@ -1,0 +1,123 @@
+"""Replay buffer of whole prompt groups for Replay-RLOO (SPEC 3; paper appendix B.3).
+
+Age convention (one rule, used everywhere):
+
+* A group sampled at optimizer step ``s`` has age ``t - s`` at step ``t``.
+* ``sample(count, t)`` draws only groups whose age at step ``t`` is in ``[1, L]``,
+  tested per group. Fresh groups are ``add``-ed *after* the update of the step
+  that sampled them, so at that step they are not stored yet, and were they
+  stored their age would be 0, which is not eligible either.
+* ``evict(t)`` is called at the end of step ``t`` (after ``add``). It drops every
+  group that can never be eligible again, i.e. whose age at the *next* step
+  ``t + 1`` would exceed ``L``: ``t - s >= L``. Hence a group sampled at step
+  ``s`` can be replayed at steps ``s + 1 .. s + L`` and is gone after ``evict(s + L)``.
+  After eviction the buffer holds the fresh groups of the last ``L`` steps
+  (about ``L * B_fresh`` groups, SPEC 3 "feasibility"); the paper's ``(L + 1) * B``
+  bound counts one extra, never-replayable generation that we do not keep.
+* Replayed groups are not re-added; they stay stored until they are over-age.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+from src.batch import BatchGroup, Group
+from src.buffer.store import ReplayStore, replayed
+
+
+class ReplayBuffer(ReplayStore):
+    """`buffer=ageL`: stores recent groups and draws replay groups of age 1..L uniformly without replacement."""
+
+    settings = ("max_age",)
+    counters = ("capacity_drops", "evicted", "added")
+
+    def __init__(self, max_age: int, capacity: int = 4096, seed: int = 0, ratio: float = 1.0,
+                 name: str = "age", allow_infeasible: bool = False, groups_per_step: int | None = None) -> None:
+        super().__init__(seed)
+        if int(max_age) != max_age or max_age < 1:
+            raise ValueError(
+                f"max_age (L) must be an integer >= 1, got {max_age!r}; use ratio=0 for fresh-only runs."
+            )
+        if int(capacity) != capacity or capacity < 1:
+            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}.")
+        self.ratio = float(ratio)
+        self.max_age = int(max_age)
+        self.capacity = int(capacity)
+        self._groups: list[Group] = []  # insertion order == step order
+        self.capacity_drops = 0
+        self.evicted = 0
+        self.added = 0
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    @property
+    def groups(self) -> tuple[Group, ...]:
+        """All stored groups, oldest first (read-only view)."""
+        return tuple(self._groups)
+
+    def eligible(self, step: int) -> list[Group]:
+        """Groups whose age at `step` is in [1, L], tested per group."""
+        return [g for g in self._groups if 1 <= g.age(step) <= self.max_age]
+
+    def sample(self, count: int, step: int) -> list[Group]:
+        """Draw min(count, #eligible) distinct eligible groups uniformly; the caller fills any gap fresh."""
+        if int(count) != count or count < 0:
+            raise ValueError(f"count must be an integer >= 0, got {count!r}.")
+        pool = self.eligible(step)
+        k = min(int(count), len(pool))
+        if k == 0:
+            return []  # consume no randomness, so ratio-0 steps do not shift the RNG stream
+        return self._rng.sample(pool, k)
+
+    def _draw(self, count: int, step: int) -> list[BatchGroup]:
+        return replayed(self.sample(count, step), step)
+
+    def store(self, groups: list[Group], step: int) -> None:
+        if self.ratio == 0:
+            return  # nothing will ever be drawn: keep nothing
+        self.add(groups)
+        self.evict(step)
+
+    def add(self, groups: Iterable[Group]) -> None:
+        """Store this step's fresh groups (call after the update); each needs behaviour log-probs."""
+        new = list(groups)
+        for g in new:
+            if not isinstance(g, Group):
+                raise TypeError(f"ReplayBuffer.add expects Group objects, got {type(g).__name__}.")
+            if g.behaviour_logprobs is None:
+                raise ValueError(
+                    f"Group sampled at step {g.step} has no behaviour_logprobs; "
+                    "call group.with_behaviour_logprobs(...) with the trainer's log mu(y|x) before add()."
+                )
+        self._groups.extend(new)
+        self.added += len(new)
+        overflow = len(self._groups) - self.capacity
+        if overflow > 0:
+            # Safety net only (never reached with the paper's sizes): drop the oldest groups.
+            self._groups.sort(key=lambda g: g.step)  # stable: ties keep insertion order
+            del self._groups[:overflow]
+            self.capacity_drops += overflow
+
+    def evict(self, step: int) -> int:
+        """At the end of step `step`, drop groups that can never be replayed again (age >= L now, > L next step)."""
+        keep = [g for g in self._groups if g.age(step + 1) <= self.max_age]
+        dropped = len(self._groups) - len(keep)
+        self._groups = keep
+        self.evicted += dropped
+        return dropped
+
+    def age_histogram(self, step: int) -> dict[int, int]:
+        """Map age at `step` -> number of stored groups of that age."""
+        hist: dict[int, int] = {}
+        for g in self._groups:
+            a = g.age(step)
+            hist[a] = hist.get(a, 0) + 1
+        return dict(sorted(hist.items()))
+
+    def _contents(self) -> list[dict]:
+        return [dataclasses.asdict(g) for g in self._groups]
+
+    def _restore(self, contents: list[dict]) -> None:
+        self._groups = [Group(**g) for g in contents]

@@ -1,0 +1,121 @@
+"""The replay-store interface every `buffer` option implements (SPEC 3 steps 3 and 5, SPEC 9 variants).
+
+A training step asks its store five things, in this order:
+
+    replayed = store.draw(count, step)                     # reused groups for this step's batch
+    batch = store.compose(fresh, replayed, step, measure)  # the update batch (POPO refills here)
+    extra = store.extra_batches(step)                      # further update batches (seed 002's R - 1)
+    store.store(groups, step)                              # keep this step's fresh groups, drop old ones
+    store.metrics(step)                                    # what to log about the store
+
+and saves and restores it with `state_dict` / `load_state_dict` (written once, here: a store lists
+its settings, counters and random generator, and turns its contents into plain data). A store is
+built from its YAML by `hydra.utils.instantiate` with `groups_per_step` and `seed` added, so a
+store written anywhere plugs in with `buffer._target_=module.Class`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from src.batch import Batch, BatchGroup, Group
+
+_STATE_VERSION = 2
+
+# Groups that carry no log mu yet -> the same groups with it (a no-grad forward pass of the current policy).
+Measure = Callable[[list[Group]], list[Group]]
+
+
+class ReplayStore:
+    """Base of every store: no replay at all unless a subclass draws, composes or stores something."""
+
+    ratio: float = 0.0                 # rho: planned replayed groups per fresh group
+    settings: tuple[str, ...] = ()     # attributes a checkpoint must agree on
+    counters: tuple[str, ...] = ()     # attributes restored from a checkpoint as ints
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = int(seed)
+        self._rng = random.Random(self.seed)
+        self._occupancy: dict[int, int] = {}
+
+    # ---- the step's five calls ----
+    def draw(self, count: int, step: int) -> list[BatchGroup]:
+        """Up to `count` reused groups for step `step`; the step fills any gap with fresh ones."""
+        self._occupancy = self.age_histogram(step)
+        return self._draw(count, step)
+
+    def compose(self, fresh: list[BatchGroup], replayed: list[BatchGroup], step: int, measure: Measure) -> Batch:
+        """The update batch: fresh groups first, then the replayed ones."""
+        return Batch(fresh + replayed)
+
+    def extra_batches(self, step: int) -> list[Batch]:
+        """Batches of further updates after the main one, before `store` (none by default)."""
+        return []
+
+    def store(self, groups: list[Group], step: int) -> None:
+        """Keep this step's fresh groups (each with log mu) and drop what can no longer be drawn."""
+
+    def metrics(self, step: int) -> dict[str, float]:
+        """Stored groups by age when the step drew, plus the store's own statistics."""
+        return {"buffer/size": sum(self._occupancy.values()),
+                **{f"buffer/age{age}": count for age, count in self._occupancy.items()}}
+
+    # ---- what subclasses fill in ----
+    def _draw(self, count: int, step: int) -> list[BatchGroup]:
+        return []
+
+    def age_histogram(self, step: int) -> dict[int, int]:
+        return {}
+
+    def _contents(self) -> object:
+        return None
+
+    def _restore(self, contents: object) -> None:
+        pass
+
+    # ---- persistence, once for every store ----
+    def state_dict(self) -> dict:
+        """Plain data only (a checkpoint is loaded with weights_only=True): settings, RNG, counters, contents."""
+        version, internal, gauss_next = self._rng.getstate()
+        return {"version": _STATE_VERSION, "store": type(self).__name__,
+                "settings": {name: getattr(self, name) for name in self.settings}, "seed": self.seed,
+                "rng": [version, list(internal), gauss_next],
+                "counters": {name: getattr(self, name) for name in self.counters},
+                "contents": self._contents()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()`'s snapshot; refuses one written by another store or other settings."""
+        if state.get("version") != _STATE_VERSION or state.get("store") != type(self).__name__:
+            raise ValueError(f"the checkpoint's replay store is {state.get('store')!r} (state version "
+                             f"{state.get('version')!r}), this run's is {type(self).__name__!r} (version "
+                             f"{_STATE_VERSION}); resume with the buffer settings the run started with")
+        for name, value in state["settings"].items():
+            if value != getattr(self, name):
+                raise ValueError(f"the checkpoint's replay store has {name}={value!r}, this run's has "
+                                 f"{name}={getattr(self, name)!r}; resume with the same buffer settings")
+        self.seed = int(state["seed"])
+        version, internal, gauss_next = state["rng"]
+        self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
+        for name, value in state["counters"].items():
+            setattr(self, name, int(value))
+        self._restore(state["contents"])
+
+
+class NoReplay(ReplayStore):
+    """`buffer=none`: fresh-only training; nothing is drawn or kept, and the buffer metrics stay empty."""
+
+    def __init__(self, name: str = "none", ratio: float = 0.0, max_age: int = 0, capacity: int = 0,
+                 allow_infeasible: bool = False, groups_per_step: int = 0, seed: int = 0) -> None:
+        if ratio != 0:
+            raise ValueError(f"buffer.ratio={ratio}: buffer=none replays nothing; choose buffer=age1 (or another "
+                             "store) to reuse groups")
+        super().__init__(seed)
+
+    def metrics(self, step: int) -> dict[str, float]:
+        return {"buffer/size": 0}
+
+
+def replayed(groups: list[Group], step: int) -> list[BatchGroup]:
+    """Whole stored groups as replayed batch entries, with their age at `step`."""
+    return [BatchGroup(group, "replay", group.age(step)) for group in groups]

@@ -1,0 +1,92 @@
+"""The objective interface (`loss` config group): `update(policy, reference, optimizer, batch) -> UpdateResult`.
+
+An objective is built from its YAML by `hydra.utils.instantiate`, with the run's `Forward` settings
+and the trainer's regularisation (`kl_coef`, `entropy_coef`, `max_grad_norm`) added; the behaviour
+group's truncation settings come along for objectives that correct off-policy fresh rows. A new
+loss is a new subclass and a YAML file naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from src.batch import Batch, Group
+from src.policy.forward import Forward
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """Seed 002's truncated importance weight for fresh rows from a stale or tempered sampler (eq. 3)."""
+
+    is_min: float = 0.0
+    is_max: float = 2.0
+    is_level: str = "sequence"  # "sequence": one weight per response; "token": one per token
+
+
+@dataclass
+class UpdateResult:
+    """Per-response numbers from the update, in the batch's row order (detached, on the CPU)."""
+
+    logprobs: torch.Tensor      # log pi_theta(y|x) before the update
+    raw_weights: torch.Tensor
+    weights: torch.Tensor       # clipped, as used in the gradient
+    kl_sums: torch.Tensor       # per-response sum of token KL estimates
+    token_counts: torch.Tensor
+    reference_tokens: list[tuple[float, ...]]  # per-response log pi_ref per token, stored with new groups
+    loss: float
+    policy_loss: float
+    kl: float
+    entropy: float
+    # Per-response log mu per token to store with fresh groups (loss=grpo: pi_prox's); None: not kept.
+    behaviour_tokens: list[tuple[float, ...]] | None = None
+    extras: dict[str, float] = field(default_factory=dict)  # loss-specific diagnostics (grpo/*, ipo/*)
+    optimizer_steps: int = 1
+
+    def stored(self, group: Group, first_row: int) -> Group:
+        """A trained fresh group as a store keeps it: with log mu and its per-token log pi_ref.
+
+        A group sampled by a stale or tempered behaviour already carries that behaviour's mu.
+        """
+        rows = slice(first_row, first_row + group.size)
+        reference = self.reference_tokens[rows]
+        if group.behaviour_logprobs is not None:
+            return group.with_behaviour_logprobs(group.behaviour_logprobs, reference, group.behaviour_token_logprobs)
+        tokens = self.behaviour_tokens[rows] if self.behaviour_tokens else None
+        return group.with_behaviour_logprobs(self.logprobs[rows].tolist(), reference, tokens)
+
+
+class Objective:
+    """Shared settings and bookkeeping of every objective; subclasses implement `update`."""
+
+    def __init__(self, forward: Forward, kl_coef: float = 0.0, entropy_coef: float = 0.0,
+                 max_grad_norm: float | None = None, truncation: Truncation | None = None,
+                 name: str = "") -> None:
+        self.forward = forward
+        self.kl_coef = float(kl_coef)
+        self.entropy_coef = float(entropy_coef)
+        self.max_grad_norm = max_grad_norm
+        self.truncation = truncation or Truncation()
+        self.name = name
+
+    # The weight ceiling metrics compare raw weights against (clip fraction).
+    weight_ceiling: float = float("inf")
+
+    def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
+        raise NotImplementedError
+
+    def optimizer_step(self, policy, optimizer) -> None:
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), self.max_grad_norm)
+        optimizer.step()
+
+
+def batch_sequences(batch: Batch) -> tuple[list, list, torch.Tensor]:
+    """The batch's trained rows as (prompt, response) id pairs, their stored log pi_ref (or None) and lengths."""
+    groups = batch.groups
+    sequences = [(groups[g].prompt_ids, groups[g].response_ids[j]) for g, j in batch.rows]
+    cached = [groups[g].reference_logprobs[j] if groups[g].reference_logprobs is not None else None
+              for g, j in batch.rows]
+    token_counts = torch.tensor([float(len(response)) for _, response in sequences])
+    return sequences, cached, token_counts

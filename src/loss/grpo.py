@@ -1,0 +1,129 @@
+"""`loss=grpo`: POPO's decoupled clip-higher surrogate with group-normalised advantages (seed 003; SPEC 9)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from src.batch import Batch
+from src.checks import check_int
+from src.loss.base import Objective, UpdateResult, batch_sequences
+from src.losses import clipped_surrogate, group_normalised_advantages
+from src.objective import interleaved_mini_batches, kl_k3
+from src.policy.forward import place_tokens, row_values
+
+
+class ClippedObjective(Objective):
+    """`updates_per_step` mini-batch optimizer steps on the clipped surrogate.
+
+    1. Group-normalised advantages from each group's K rewards (`group_normalised_advantages`).
+    2. pi_prox = the policy at the start of this update: its per-token log-probs (and pi_ref's,
+       or the stored ones) come from a no-grad forward over the same micro-batches the updates
+       use, before the first optimizer step (so the first mini-batch's ratio is exactly 1).
+    3. mu per token: a replayed group's stored `behaviour_token_logprobs`; a fresh group has
+       mu = pi_prox (behaviour weight exactly 1), a fresh group of a stale sampler its own mu.
+    4. Rows go to mini-batch i mod M (`interleaved_mini_batches`). Per mini-batch:
+       L = surrogate (token-mean over the mini-batch, `clipped_surrogate`) + beta_KL * KL
+       - beta_H * H (k3 KL and exact entropy, token means over the mini-batch); micro-batch
+       terms are scaled by their share of the mini-batch's tokens, so gradient accumulation is exact.
+    """
+
+    def __init__(self, eps_low: float, eps_high: float, behaviour_cap: float, updates_per_step: int,
+                 **settings) -> None:
+        super().__init__(**settings)
+        if not 0 <= eps_low < 1:
+            raise ValueError(f"loss.eps_low={eps_low}: use 0 <= eps_low < 1")
+        if eps_high < 0:
+            raise ValueError(f"loss.eps_high={eps_high}: use eps_high >= 0")
+        if not behaviour_cap > 0:
+            raise ValueError(f"loss.behaviour_cap={behaviour_cap}: use a cap > 0 (POPO: 2.0)")
+        self.eps_low, self.eps_high, self.behaviour_cap = float(eps_low), float(eps_high), float(behaviour_cap)
+        self.updates_per_step = check_int("loss.updates_per_step", updates_per_step, 1)
+        self.weight_ceiling = self.behaviour_cap
+
+    def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
+        groups, rows = batch.groups, batch.rows
+        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+        advantages = group_normalised_advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
+        sequences, cached_reference, token_counts = batch_sequences(batch)
+        n = len(sequences)
+        minis = interleaved_mini_batches(n, self.updates_per_step)
+        plans = [[[mini[k] for k in chunk] for chunk in self.forward.batches([sequences[i] for i in mini])]
+                 for mini in minis]
+
+        # 2. pi_prox and pi_ref per response token, before any optimizer step.
+        prox: list[torch.Tensor] = [torch.empty(0)] * n
+        reference_tokens: list[tuple[float, ...]] = [()] * n
+        policy.train()
+        with torch.no_grad():
+            for index in (chunk for plan in plans for chunk in plan):
+                chunk = [sequences[i] for i in index]
+                token_logprobs, _, mask = self.forward.token_stats(policy, chunk, with_entropy=False)
+                ref = self.forward.reference_tokens(reference, chunk, [cached_reference[i] for i in index],
+                                                    like=token_logprobs)
+                token_logprobs, mask = token_logprobs.float().cpu(), mask.cpu()
+                for row, (i, tokens) in enumerate(zip(index, row_values(ref, mask))):
+                    prox[i] = token_logprobs[row][mask[row]].clone()
+                    reference_tokens[i] = tokens
+
+        # 3. mu per token: stored for replayed groups (and a stale sampler's fresh ones), pi_prox for fresh ones.
+        behaviour: list[torch.Tensor] = []
+        for i, (g, j) in enumerate(rows):
+            group = groups[g]
+            if group.behaviour_logprobs is None:
+                behaviour.append(prox[i])
+            elif group.behaviour_token_logprobs is None:
+                raise ValueError(f"a replayed group of step {group.step} has no per-token behaviour log-probs; "
+                                 "loss=grpo needs them (groups stored by a loss=rloo run cannot be replayed "
+                                 "under grpo)")
+            else:
+                behaviour.append(torch.tensor(group.behaviour_token_logprobs[j], dtype=torch.float32))
+
+        kl_sums = torch.zeros(n)
+        totals, diagnostics = defaultdict(float), defaultdict(float)
+        for plan in plans:  # 4. one optimizer step per mini-batch
+            mini_tokens = sum(len(sequences[i][1]) for chunk in plan for i in chunk)
+            optimizer.zero_grad(set_to_none=True)
+            for index in plan:
+                chunk = [sequences[i] for i in index]
+                token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
+                zeros = torch.zeros_like(token_logprobs, dtype=torch.float32)
+                prox_chunk = place_tokens(chunk, [prox[i] for i in index], zeros.clone())
+                behaviour_chunk = place_tokens(chunk, [behaviour[i] for i in index], zeros.clone())
+                ref_chunk = place_tokens(chunk, [reference_tokens[i] for i in index], zeros.clone())
+                mask = mask.float()
+                surrogate, diag = clipped_surrogate(token_logprobs, prox_chunk, behaviour_chunk,
+                                                    advantages[index].to(token_logprobs.device), mask,
+                                                    eps_low=self.eps_low, eps_high=self.eps_high,
+                                                    behaviour_cap=self.behaviour_cap)
+                kl_tokens = kl_k3(token_logprobs, ref_chunk) * mask
+                policy_term = surrogate * (diag["n_tokens"] / mini_tokens)
+                kl_term = kl_tokens.sum() / mini_tokens
+                entropy_term = (entropy * mask).sum() / mini_tokens
+                loss = policy_term + self.kl_coef * kl_term - self.entropy_coef * entropy_term
+                loss.backward()
+
+                kl_sums[index] = kl_tokens.sum(-1).detach().cpu()
+                for key, value in (("loss", loss), ("policy_loss", policy_term), ("kl", kl_term),
+                                   ("entropy", entropy_term)):
+                    totals[key] += value.item() / len(plans)  # mean over the mini-batch updates
+                for key in ("clip_frac_low", "clip_frac_high", "ratio_mean", "behaviour_weight_mean",
+                            "behaviour_cap_frac"):
+                    diagnostics[key] += diag[key] * diag["n_tokens"]
+                diagnostics["ratio_max"] = max(diagnostics["ratio_max"], diag["ratio_max"])
+                diagnostics["n_tokens"] += diag["n_tokens"]
+            self.optimizer_step(policy, optimizer)
+
+        # Per-response diagnostics: raw = sequence pi_prox/mu, weights = mean capped token weight used.
+        logprobs = torch.stack([p.sum() for p in prox])
+        raw_weights = torch.stack([(p - b).sum().exp() for p, b in zip(prox, behaviour)])
+        weights = torch.stack([(p - b).exp().clamp(max=self.behaviour_cap).mean() if len(p) else torch.tensor(1.0)
+                               for p, b in zip(prox, behaviour)])
+        tokens = diagnostics.pop("n_tokens")
+        extras = {f"grpo/{key}": (value if key == "ratio_max" else value / tokens) for key, value in diagnostics.items()}
+        extras["grpo/updates"] = float(len(plans))
+        return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=kl_sums,
+                            token_counts=token_counts, reference_tokens=reference_tokens,
+                            behaviour_tokens=[tuple(p.tolist()) for p in prox], extras=extras,
+                            optimizer_steps=len(plans), **totals)

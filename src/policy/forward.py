@@ -1,0 +1,171 @@
+"""Forward passes over (prompt, response) token sequences: per-token log-probs, entropies, log mu and
+log pi_ref, micro-batched by rows and padded tokens. Every objective and the rollout collection use
+these; nothing here knows which variant runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from src.batch import Group
+from src.objective import token_entropy
+from src.policy.token_stats import token_logprobs_and_entropy
+
+Sequence = tuple[tuple[int, ...], tuple[int, ...]]  # (prompt ids, response ids)
+
+
+def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temperature: float = 1.0,
+                         fused: bool = False):
+    """Per-token log-probs (and entropies) of each response given its prompt, plus the response mask.
+
+    `sequences` are (prompt_ids, response_ids) pairs; they are right-padded, so position ids
+    from the attention mask are plain 0..n-1 for every row. `temperature` != 1 gives the
+    log-probs of the tempered distribution softmax(logits / T) a sampler at T drew from.
+    `fused` (`trainer.fused_logprobs`, on for GPUs): the head only on response positions and no
+    fp32 vocabulary tensors kept for backward (`fused_response_token_stats`).
+    """
+    width = max(len(p) + len(r) for p, r in sequences)
+    device = next(model.parameters()).device
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    response_mask = torch.zeros((len(sequences), width - 1), dtype=torch.bool)
+    for row, (prompt, response) in enumerate(sequences):
+        length = len(prompt) + len(response)
+        input_ids[row, :length] = torch.tensor(list(prompt) + list(response))
+        attention[row, :length] = 1
+        # Position t predicts token t+1: response tokens are predicted from len(prompt)-1 on.
+        response_mask[row, len(prompt) - 1 : length - 1] = True
+    input_ids, attention, response_mask = input_ids.to(device), attention.to(device), response_mask.to(device)
+    if fused:
+        return fused_response_token_stats(model, input_ids, attention, response_mask, with_entropy, temperature)
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = token_entropy(logits) if with_entropy else None
+    return token_logprobs, entropy, response_mask
+
+
+def fused_response_token_stats(model, input_ids, attention, response_mask, with_entropy: bool, temperature: float):
+    """`response_token_stats` computing the output head on response positions only, in bf16-sized memory.
+
+    The decoder runs on every position, the vocabulary projection only where a response token
+    is predicted (prompt positions are a third of the sequence at the paper's shapes), and
+    log-probs and entropies come from `token_logprobs_and_entropy`, which keeps no fp32
+    [tokens, V] tensor for the backward pass. Values equal the plain path's to fp32 rounding;
+    they are laid out in the same padded [rows, width - 1] form.
+    """
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state[:, :-1]
+    logits = model.get_output_embeddings()(hidden[response_mask])
+    targets = input_ids[:, 1:][response_mask]
+    chosen, entropy = token_logprobs_and_entropy(logits, targets, temperature)
+    token_logprobs = torch.zeros(response_mask.shape, dtype=chosen.dtype, device=chosen.device)
+    token_logprobs = token_logprobs.masked_scatter(response_mask, chosen)
+    if not with_entropy:
+        return token_logprobs, None, response_mask
+    return token_logprobs, torch.zeros_like(token_logprobs).masked_scatter(response_mask, entropy), response_mask
+
+
+def autocast_context(model, dtype: str | None):
+    """torch.autocast on the model's device for `dtype` ("bfloat16"), or a no-op."""
+    if not dtype:
+        return contextlib.nullcontext()
+    device_type = next(model.parameters()).device.type
+    return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+
+
+def micro_batches(sequences, max_rows: int, max_tokens: int | None) -> list[list[int]]:
+    """Row indices of length-sorted micro-batches of at most `max_rows` rows and `max_tokens` padded tokens.
+
+    Sorting by length keeps padding small; the loss does not depend on the order. A single
+    sequence longer than the token budget still gets a micro-batch of its own.
+    """
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]) + len(sequences[i][1]))
+    batches, current, width = [], [], 0
+    for i in order:
+        length = len(sequences[i][0]) + len(sequences[i][1])
+        too_many_tokens = max_tokens is not None and (len(current) + 1) * max(width, length) > max_tokens
+        if current and (len(current) == max_rows or too_many_tokens):
+            batches.append(current)
+            current, width = [], 0
+        current.append(i)
+        width = max(width, length)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def place_tokens(chunk, values, out: torch.Tensor) -> torch.Tensor:
+    """Write each row's per-response-token values (None: leave the row) at its response positions in `out`."""
+    for row, tokens in enumerate(values):
+        if tokens is not None:
+            start = len(chunk[row][0]) - 1  # position t predicts token t + 1
+            out[row, start : start + len(tokens)] = torch.as_tensor(tokens, dtype=out.dtype)
+    return out
+
+
+def row_values(values: torch.Tensor, mask: torch.Tensor) -> list[tuple[float, ...]]:
+    """Each row's values at its response positions, as plain tuples (on the CPU)."""
+    values, mask = values.detach().float().cpu(), mask.bool().cpu()
+    return [tuple(values[row][mask[row]].tolist()) for row in range(values.shape[0])]
+
+
+class Forward:
+    """The forward-pass settings of a run (pad id, micro-batch sizes, autocast, fused head) in one object."""
+
+    def __init__(self, pad_id: int, micro_batch_size: int, micro_batch_tokens: int | None = None,
+                 autocast: str | None = None, fused: bool = False) -> None:
+        self.pad_id = int(pad_id)
+        self.micro_batch_size = int(micro_batch_size)
+        self.micro_batch_tokens = micro_batch_tokens
+        self.autocast = autocast
+        self.fused = bool(fused)
+
+    def batches(self, sequences) -> list[list[int]]:
+        return micro_batches(sequences, self.micro_batch_size, self.micro_batch_tokens)
+
+    def token_stats(self, model, chunk, with_entropy: bool, temperature: float = 1.0):
+        """(token log-probs, entropies or None, response mask) of a micro-batch, under the run's autocast."""
+        with autocast_context(model, self.autocast):
+            return response_token_stats(model, chunk, self.pad_id, with_entropy, temperature, self.fused)
+
+    def reference_tokens(self, reference, chunk, cached, like: torch.Tensor) -> torch.Tensor:
+        """Per-token log pi_ref laid out like the policy's `like`; a forward pass only for rows not `cached`."""
+        out = torch.zeros_like(like, dtype=torch.float32)
+        missing = [row for row, tokens in enumerate(cached) if tokens is None]
+        if missing:
+            with torch.no_grad(), autocast_context(reference, self.autocast):
+                computed, _, _ = response_token_stats(reference, [chunk[row] for row in missing], self.pad_id,
+                                                      with_entropy=False, fused=self.fused)
+            # Rows are right-padded from position 0, so a row's positions agree whatever the batch width.
+            out[missing, : computed.shape[1]] = computed.to(out.dtype)
+        return place_tokens(chunk, cached, out)
+
+    @torch.no_grad()
+    def sampled_token_logprobs(self, model, sequences, temperature: float) -> list[tuple[float, ...]]:
+        """Per-response-token log mu of `sequences` under `model` at `temperature`: a no-grad forward pass."""
+        out: list[tuple[float, ...]] = [()] * len(sequences)
+        was_training = model.training
+        model.eval()
+        try:
+            for index in self.batches(sequences):
+                token_logprobs, _, mask = self.token_stats(model, [sequences[i] for i in index], False, temperature)
+                for i, tokens in zip(index, row_values(token_logprobs, mask)):
+                    out[i] = tokens
+        finally:
+            model.train(was_training)
+        return out
+
+    def with_sampled_logprobs(self, groups: list[Group], model, temperature: float) -> list[Group]:
+        """Copies of `groups` carrying log mu (per response and per token) under `model` at `temperature`."""
+        sequences = [(group.prompt_ids, ids) for group in groups for ids in group.response_ids]
+        tokens = self.sampled_token_logprobs(model, sequences, temperature)
+        out, start = [], 0
+        for group in groups:
+            group_tokens = tokens[start : start + group.size]
+            out.append(group.with_behaviour_logprobs([sum(t) for t in group_tokens], group.reference_logprobs,
+                                                     group_tokens))
+            start += group.size
+        return out

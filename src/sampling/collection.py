@@ -1,0 +1,129 @@
+"""Fresh-rollout collection (`sampling` config group; SPEC 3 step 2): prompts -> K responses -> verifier.
+
+`FreshCollection` samples the step's prompts once; `DynamicCollection` (DAPO, seed 003) samples in
+rounds of oversampled prompts and keeps only effective groups until the fresh slots are full. Both
+generate with the behaviour policy (the current one unless `behaviour=stale/diverse`, seed 002),
+score every response once (one fresh verifier evaluation each), let the prompt sampler see every
+outcome, and attach log mu when the sampler was not the policy being trained.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from src.batch import Group, is_effective
+from src.checks import check_int
+from src.policy.forward import Forward
+from src.rollout.engine import RolloutEngine, SamplingParams
+from src.task import countdown
+from src.task.prompts import PromptFormat
+
+
+def generation_seed(base_seed: int, step: int) -> int:
+    """A per-step sampling seed, so a resumed run generates exactly what the uninterrupted one would."""
+    return base_seed * 1_000_003 + step
+
+
+def round_seed(base_seed: int, step: int, round_index: int) -> int:
+    """The sampling seed of a step's round (sampling=dynamic generates in rounds; round 0 is the step's seed)."""
+    return generation_seed(base_seed, step) + round_index * 2**40
+
+
+@dataclass
+class Collected:
+    """A step's fresh groups and what it took to get them."""
+
+    fresh: list[Group]                 # the groups the batch gets, in generation order
+    generated: list[Group]             # every group generated and scored (DAPO: also the rejected ones)
+    off_policy: bool                   # sampled by a stale or tempered behaviour: carries its log mu
+    lag: int = 0
+    temperature: float = 1.0
+    timings: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def evaluations(self) -> int:
+        """Fresh verifier calls: one per generated response (SPEC 5)."""
+        return sum(group.size for group in self.generated)
+
+
+class FreshCollection:
+    """`sampling=standard`: one round of `count` prompts, K responses each."""
+
+    def __init__(self, engine: RolloutEngine, sampler, behaviour, prompts: PromptFormat, forward: Forward,
+                 group_size: int, max_new_tokens: int, top_p: float = 1.0, top_k: int | None = None,
+                 seed: int = 0, name: str = "standard") -> None:
+        self.engine, self.sampler, self.behaviour, self.prompts, self.forward = engine, sampler, behaviour, prompts, forward
+        self.group_size = check_int("trainer.group_size", group_size, 2)
+        self.max_new_tokens, self.top_p, self.top_k, self.seed = max_new_tokens, top_p, top_k, int(seed)
+
+    def collect(self, policy, count: int, step: int) -> Collected:
+        sampler_model, lag = self.behaviour.model_for_step(policy)
+        temperature = self.behaviour.temperature
+        if sampler_model is not policy:
+            self.engine.sync_weights(sampler_model)  # back to the policy after the update, as every step
+        sampling = SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k,
+                                  max_new_tokens=self.max_new_tokens)
+        timings = {"generate": 0.0, "score": 0.0}
+        fresh, generated, rounds = self.rounds(count, step, sampling, timings)
+        off_policy = self.behaviour.is_off_policy(lag)
+        if off_policy:  # log mu of the stale/tempered sampler, for the truncated IS weight (seed 002 eq. 3)
+            started = time.perf_counter()
+            fresh = self.forward.with_sampled_logprobs(fresh, sampler_model, temperature)
+            timings["behaviour_logprobs"] = time.perf_counter() - started
+        return Collected(fresh, generated, off_policy, lag, temperature, timings, self.round_metrics(count, fresh,
+                                                                                                     generated, rounds))
+
+    def rounds(self, count: int, step: int, sampling: SamplingParams, timings) -> tuple[list, list, int]:
+        groups = self.sample_groups(self.sampler.sample(count), sampling, round_seed(self.seed, step, 0), step, timings)
+        return groups, groups, 1
+
+    def round_metrics(self, wanted: int, fresh: list[Group], generated: list[Group], rounds: int) -> dict:
+        return {}
+
+    def sample_groups(self, instances, sampling: SamplingParams, seed: int, step: int, timings) -> list[Group]:
+        """Generate K responses for each instance's prompt, score each once, tell the prompt sampler."""
+        started = time.perf_counter()
+        prompts = [self.prompts.format(instance) for instance in instances]
+        generated = self.engine.generate(prompts, self.group_size, sampling, seed=seed)
+        generate_done = time.perf_counter()
+        groups = []
+        for instance, prompt, prompt_ids, completions in zip(instances, prompts, generated.prompt_ids,
+                                                             generated.completions):
+            rewards = [countdown.score(c.text, instance.numbers, instance.target) for c in completions]
+            groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, numbers=instance.numbers, target=instance.target,
+                                responses=[c.text for c in completions],
+                                response_ids=[c.token_ids for c in completions], rewards=rewards, step=step))
+        timings["generate"] += generate_done - started
+        timings["score"] += time.perf_counter() - generate_done
+        self.sampler.observe(instances, [group.rewards for group in groups], step)
+        return groups
+
+
+class DynamicCollection(FreshCollection):
+    """`sampling=dynamic` (DAPO): rounds of ceil(missing x oversample) prompts, keeping effective groups only."""
+
+    def __init__(self, oversample: float = 1.5, max_rounds: int = 8, **settings) -> None:
+        super().__init__(**settings)
+        if not oversample >= 1:
+            raise ValueError(f"sampling.oversample={oversample}: use a factor >= 1 (DAPO-style: 1.5)")
+        self.oversample = float(oversample)
+        self.max_rounds = check_int("sampling.max_rounds", max_rounds, 1)
+
+    def rounds(self, count: int, step: int, sampling: SamplingParams, timings) -> tuple[list, list, int]:
+        fresh, generated = [], []
+        for round_index in range(self.max_rounds):
+            instances = self.sampler.sample(math.ceil((count - len(fresh)) * self.oversample))
+            groups = self.sample_groups(instances, sampling, round_seed(self.seed, step, round_index), step, timings)
+            generated += groups
+            fresh += [group for group in groups if is_effective(group)][: count - len(fresh)]
+            if len(fresh) == count:
+                break
+        return fresh, generated, round_index + 1
+
+    def round_metrics(self, wanted: int, fresh: list[Group], generated: list[Group], rounds: int) -> dict:
+        """What the rounds generated against what the batch kept."""
+        return {"dynamic/rounds": rounds, "dynamic/generated_groups": len(generated),
+                "dynamic/kept_groups": len(fresh), "dynamic/shortfall": wanted - len(fresh)}
