@@ -159,7 +159,7 @@ def sample_with_logprobs(engine, prompt_ids, samples: int, sampling: SamplingPar
 @torch.no_grad()
 def trainer_logprobs(model, sequences, pad_id: int, rows: int = 64) -> list[list[float]]:
     """The trainer's per-token log-probs of each response (its own forward pass, as in training)."""
-    from src.train import response_token_stats
+    from src.policy.forward import response_token_stats
 
     model.eval()
     result = []

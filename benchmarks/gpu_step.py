@@ -42,8 +42,10 @@ from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from src.objective import plan_batch
-from src.replay.buffer import Group
-from src.train import autocast_context, build_optimizer, micro_batches, policy_update, response_token_stats
+from src.batch import Batch, BatchGroup, Group
+from src.build import build_optimizer
+from src.loss.rloo import RlooObjective
+from src.policy.forward import Forward, autocast_context, micro_batches, response_token_stats
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -118,13 +120,23 @@ def make_optimizer(policy, fused: bool):
     return torch.optim.AdamW(policy.parameters(), lr=1e-5, weight_decay=1e-4)  # the default (foreach) kernels
 
 
+def policy_update(policy, reference, optimizer, groups, trainer_cfg, autocast):
+    """The trainer's own RLOO objective (c = 1) on `groups`; replayed ones carry mu and log pi_ref."""
+    forward = Forward(0, trainer_cfg.micro_batch_size, trainer_cfg.micro_batch_tokens, autocast,
+                      trainer_cfg.fused_logprobs)
+    objective = RlooObjective(1.0, forward=forward, kl_coef=trainer_cfg.kl_coef, entropy_coef=trainer_cfg.entropy_coef,
+                              max_grad_norm=trainer_cfg.max_grad_norm)
+    entries = [BatchGroup(g, "fresh") if g.behaviour_logprobs is None else BatchGroup(g, "replay", 1) for g in groups]
+    return objective.update(policy, reference, optimizer, Batch(entries))
+
+
 def measure_update(policy, reference, trainer_cfg, groups, device, autocast, fused_adamw: bool) -> dict[str, float]:
     """Seconds of the whole update and of its reference-forward and optimizer parts."""
     optimizer = make_optimizer(policy, fused_adamw)
-    policy_update(policy, reference, optimizer, groups[:2], trainer_cfg, 1.0, 0, autocast)  # warm-up, state init
+    policy_update(policy, reference, optimizer, groups[:2], trainer_cfg, autocast)  # warm-up, state init
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    _, total = timed(device, lambda: policy_update(policy, reference, optimizer, groups, trainer_cfg, 1.0, 0,
+    _, total = timed(device, lambda: policy_update(policy, reference, optimizer, groups, trainer_cfg,
                                                    autocast))
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
     fresh_rows = [(g.prompt_ids, r) for g in groups if g.reference_logprobs is None for r in g.response_ids]
@@ -191,9 +203,9 @@ def profile(policy, reference, trainer_cfg, groups, device, autocast, args, conf
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     sort = "cuda_time_total" if device.startswith("cuda") else "cpu_time_total"
     optimizer = make_optimizer(policy, not args.no_fused_adamw)
-    policy_update(policy, reference, optimizer, groups[:2], trainer_cfg, 1.0, 0, autocast)
+    policy_update(policy, reference, optimizer, groups[:2], trainer_cfg, autocast)
     with torch_profile(activities=activities) as update_profile:
-        policy_update(policy, reference, optimizer, groups, trainer_cfg, 1.0, 0, autocast)
+        policy_update(policy, reference, optimizer, groups, trainer_cfg, autocast)
         synchronize(device)
     (folder / "update_profile.txt").write_text(update_profile.key_averages().table(sort_by=sort, row_limit=30))
     policy.eval()

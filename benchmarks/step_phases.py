@@ -23,7 +23,7 @@ from rich.table import Table
 import src.config  # noqa: F401  (the ${root:} resolver)
 from src import tracking
 from src.paths import CONFIG_DIR
-from src.run import build_components
+from src.build import build_components
 from src.sweep import cell_name
 from src.task import countdown
 from src.train import TrainState, train_step
@@ -44,7 +44,7 @@ def measure(overrides: list[str], steps: int, warmup: int) -> dict[str, list[flo
         state, phases = TrainState(), {name: [] for name in (*MODEL_PHASES, *OVERHEAD_PHASES, "step")}
         with tracking.start_run(cfg) as tracker:
             for _ in range(warmup + steps):
-                metrics = train_step(cfg, parts, state)
+                metrics = train_step(parts, state)
                 logged = time.perf_counter()
                 tracker.log_step(metrics, state.step - 1)
                 log_seconds = time.perf_counter() - logged

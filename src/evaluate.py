@@ -36,7 +36,7 @@ from src.rollout.engine import SamplingParams, build_engine
 from src.task import countdown
 from src.tracking import ensure_experiment, log_evaluation
 from src.task.prompts import apply_chat_template
-from src.train import CheckpointError, read_checkpoint
+from src.checkpoint import CheckpointError, read_checkpoint
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)

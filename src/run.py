@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
-from hydra.utils import instantiate
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -30,57 +29,17 @@ from src.budget import plan_fresh_evaluations, planning_max_age, replay_demand_m
 from src.config import ConfigError, validate
 from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, write_heartbeat
 from src.evaluate import evaluate_policy
-from src.policy.model import frozen_copy, load_policy
-from src.buffer.store import ReplayStore
-from src.policy.forward import Forward
-from src.task.prompts import PromptFormat
 from src.sweep import cell_identity, cell_name, cell_runs, slurm_job_key
 from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
-from src.rollout.engine import build_engine
 from src.task import countdown
-from src.curriculum.sampler import build_prompt_sampler
-from src.train import (CheckpointError, Components, TrainState, build_optimizer, read_checkpoint,
-                       read_latest_checkpoint, restore_checkpoint, save_checkpoint, train_step)
+from src.build import build_components
+from src.checkpoint import (CheckpointError, read_checkpoint, read_latest_checkpoint, restore_checkpoint,
+                            save_checkpoint)
+from src.train import Components, TrainState, train_step
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
-
-
-def build_components(cfg: DictConfig, train_set) -> Components:
-    """Every component of the step from its config group, with `instantiate` (`_target_` in the YAML).
-
-    The one place that reads config for the step: components get their own group's settings plus the
-    runtime objects they work with, and validate them in their constructors.
-    """
-    trainer = cfg.trainer
-    if cfg.hardware.threads:
-        torch.set_num_threads(cfg.hardware.threads)
-    torch.manual_seed(trainer.seed)
-    policy, tokenizer = load_policy(cfg.policy.name_or_path, cfg.hardware.device, cfg.hardware.dtype)
-    if trainer.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-    forward = Forward(tokenizer.pad_token_id, trainer.micro_batch_size, trainer.micro_batch_tokens,
-                      cfg.hardware.autocast, trainer.fused_logprobs)
-    engine = build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
-                          **cfg.policy.get("vllm", {}))
-    behaviour = instantiate(cfg.behaviour, policy=policy, training_temperature=trainer.rollout.temperature)
-    sampler = build_prompt_sampler(cfg.curriculum, train_set, seed=trainer.seed)
-    collection = instantiate(cfg.sampling, engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
-                             prompts=PromptFormat(cfg.task.prompt_template, tokenizer, cfg.policy.use_chat_template),
-                             group_size=trainer.group_size, max_new_tokens=cfg.policy.max_new_tokens,
-                             top_p=trainer.rollout.top_p, top_k=trainer.rollout.top_k, seed=trainer.seed)
-    objective = instantiate(cfg.loss, forward=forward, kl_coef=trainer.kl_coef, entropy_coef=trainer.entropy_coef,
-                            max_grad_norm=trainer.max_grad_norm, truncation=behaviour.truncation)
-    return Components(policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=engine,
-                      optimizer=build_optimizer(policy, trainer), store=build_store(cfg), objective=objective,
-                      collection=collection, sampler=sampler, behaviour=behaviour, forward=forward,
-                      groups_per_step=trainer.groups_per_step)
-
-
-def build_store(cfg: DictConfig) -> ReplayStore:
-    """The replay store the buffer group names (`buffer._target_`), told B and the run's seed."""
-    return instantiate(cfg.buffer, groups_per_step=cfg.trainer.groups_per_step, seed=cfg.trainer.seed)
 
 
 def run_evaluation(cfg: DictConfig, parts: Components, heldout, stage: str, tracker, step: int):

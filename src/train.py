@@ -13,17 +13,13 @@ fresh-rollout collection (`sampling`: standard, DAPO rounds) with its behaviour 
 from __future__ import annotations
 
 import logging
-import os
 import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from src.batch import Batch, Group, fresh_entries, is_effective
 from src.buffer.store import ReplayStore
-from src.lifecycle import LATEST_CHECKPOINT, PREVIOUS_CHECKPOINT, checkpoint_files
 from src.loss.base import Objective, UpdateResult
 from src.objective import clip_fraction, effective_sample_size, plan_batch
 from src.policy.forward import Forward
@@ -198,83 +194,3 @@ def step_metrics(batch: Batch, update: UpdateResult | None, weight_ceiling: floa
                 metrics[f"weights/ess{suffix}"] = effective_sample_size(clipped[reused])
     metrics.update(update.extras)
     return metrics
-
-
-def build_optimizer(policy, trainer) -> torch.optim.AdamW:
-    """AdamW over the policy's parameters with the trainer group's settings (SPEC 4); fused on CUDA."""
-    on_cuda = next(policy.parameters()).device.type == "cuda"
-    return torch.optim.AdamW(policy.parameters(), lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
-                             betas=tuple(trainer.betas), fused=on_cuda)
-
-
-# --------------------------------------------------------------------------- checkpoints
-class CheckpointError(RuntimeError):
-    """No checkpoint of a run folder loads, or the one found belongs to another run or cell."""
-
-
-def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: str, cell_id: str) -> None:
-    """Model, optimizer, buffer, sampler and RNG states, step, MLflow run id and cell id; the previous generation
-    stays as `checkpoint.prev.pt` next to `path` until this one is complete."""
-    payload = {
-        "policy": parts.policy.state_dict(),
-        "optimizer": parts.optimizer.state_dict(),
-        "buffer": parts.store.state_dict(),
-        "sampler": parts.sampler.state_dict(),
-        "behaviour": parts.behaviour.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-        "state": state.__dict__,
-        "run_id": run_id,
-        "cell_id": cell_id,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Unique per writer: two processes writing into one folder by mistake never mix their bytes.
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    torch.save(payload, temporary)
-    with open(temporary, "rb") as handle:
-        os.fsync(handle.fileno())  # on disk before it replaces anything
-    if path.exists():
-        os.replace(path, path.with_name(PREVIOUS_CHECKPOINT))
-    os.replace(temporary, path)
-
-
-def read_checkpoint(path: Path, map_location=None) -> dict:
-    """The checkpoint's payload, unpickled with `weights_only=True`: tensors and plain types only, so a crafted
-    file (a path read from a shared tracking store) cannot run code. Raises CheckpointError naming the file."""
-    try:
-        payload = torch.load(path, weights_only=True, map_location=map_location)
-    except Exception as error:  # noqa: BLE001  (truncated zip, foreign pickle, missing file: all say the same)
-        first_line = (str(error).splitlines() or ["empty file"])[0][:160]
-        raise CheckpointError(f"{path} does not load ({error.__class__.__name__}: {first_line})") from None
-    if not isinstance(payload, dict) or not {"policy", "state", "run_id"} <= payload.keys():
-        raise CheckpointError(f"{path}: not a training checkpoint (no policy, state and run id)")
-    return payload
-
-
-def read_latest_checkpoint(folder: Path, map_location=None) -> tuple[dict, Path]:
-    """The newest checkpoint of a run folder that loads; a damaged latest falls back to the previous generation
-    with a warning naming both. Raises CheckpointError naming every file tried and the fix."""
-    failures = []
-    for path in checkpoint_files(folder):
-        try:
-            payload = read_checkpoint(path, map_location)
-        except CheckpointError as error:
-            failures.append((path, error))
-            continue
-        if failures:
-            log.warning("%s; falling back to the previous checkpoint generation %s", failures[0][1], path)
-        return payload, path
-    tried = ("; ".join(str(error) for _, error in failures)
-             or f"no {LATEST_CHECKPOINT} or {PREVIOUS_CHECKPOINT} in {folder}")
-    raise CheckpointError(f"no checkpoint in {folder} loads ({tried}). Start the cell afresh with "
-                          "trainer.auto_resume=false, or move that folder's checkpoint files away")
-
-
-def restore_checkpoint(payload: dict, parts: Components) -> TrainState:
-    """Restore everything `save_checkpoint` wrote into the components; returns the training state."""
-    parts.policy.load_state_dict(payload["policy"])
-    parts.optimizer.load_state_dict(payload["optimizer"])
-    parts.store.load_state_dict(payload["buffer"])
-    parts.sampler.load_state_dict(payload["sampler"])
-    parts.behaviour.load_state_dict(payload["behaviour"])
-    torch.set_rng_state(payload["torch_rng"])
-    return TrainState(**payload["state"])

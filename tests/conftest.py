@@ -11,6 +11,15 @@ from src.paths import CONFIG_DIR, PROJECT_ROOT
 TINY_CHECKPOINT = PROJECT_ROOT / "checkpoints" / "tiny-countdown"
 
 
+def through_checkpoint(store, empty, path):
+    """`empty` after loading `store`'s state the way a training checkpoint does (torch.save, weights_only load)."""
+    import torch
+
+    torch.save(store.state_dict(), path)
+    empty.load_state_dict(torch.load(path, weights_only=True))
+    return empty
+
+
 @pytest.fixture
 def compose_config():
     """compose_config(*overrides, hydra=False) -> the composed DictConfig."""

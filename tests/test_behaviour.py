@@ -10,8 +10,9 @@ import torch
 from src.config import ConfigError, validate
 from src.rollout.behaviour import BehaviourPolicy
 from src.sweep import cell_identity, cell_name, variant_label
-from src.train import TrainState, policy_update, sampled_token_logprobs, train_step
-from tests.test_train import assert_resumed_like_straight, group, make_parts, small_config, straight_and_resumed
+from src.train import TrainState, train_step
+from tests.test_train import (assert_resumed_like_straight, group, make_parts, policy_update, small_config,
+                              straight_and_resumed)
 
 
 # --------------------------------------------------------------------------- which weights sample
@@ -57,7 +58,7 @@ def off_policy_update(policy_dir, compose_config, level, offset=None):
     parts.optimizer = torch.optim.SGD(parts.policy.parameters(), lr=0.0)  # keep the weights, read the gradients
     fresh = group(parts.tokenizer, RESPONSES, [1.0, 0.0, 0.1])
     sequences = [(fresh.prompt_ids, ids) for ids in fresh.response_ids]
-    tokens = sampled_token_logprobs(parts.policy, sequences, parts.tokenizer.pad_token_id, 1.0, cfg.trainer, None)
+    tokens = parts.forward.sampled_token_logprobs(parts.policy, sequences, temperature=1.0)
     if offset is not None:
         tokens = [tuple(t - offset(i, n) for n, t in enumerate(row)) for i, row in enumerate(tokens)]
     fresh = fresh.with_behaviour_logprobs([sum(row) for row in tokens], None, tokens)
@@ -112,14 +113,14 @@ def test_stale_behaviour_runs_the_step_with_off_policy_fresh_weights(random_poli
                        "trainer.steps=3")
     validate(cfg)
     parts, state = make_parts(random_policy_dir, cfg, learning_rate=1e-2), TrainState()
-    metrics = [train_step(cfg, parts, state) for _ in range(cfg.trainer.steps)]
+    metrics = [train_step(parts, state) for _ in range(cfg.trainer.steps)]
     assert [m["behaviour/lag"] for m in metrics] == [0.0, 1.0, 1.0]
     assert metrics[0]["weights/raw_mean/fresh"] == 1.0  # step 0: no older weights yet, sampled on-policy
     assert metrics[1]["weights/raw_mean/fresh"] != pytest.approx(1.0, abs=1e-6)  # sampled by theta_0, trained at theta_1
     assert all(m["weights/clipped_max/fresh"] <= cfg.behaviour.is_max + 1e-6 for m in metrics[1:])
     assert "behaviour/truncated_fraction" in metrics[1] and "time/behaviour_logprobs" in metrics[1]
     # Stored groups keep the stale sampler's log mu, not the log pi the update saw.
-    stored = [g for g in parts.buffer.groups if g.step == 2]
+    stored = [g for g in parts.store.groups if g.step == 2]
     assert stored and all(g.behaviour_token_logprobs is not None for g in stored)
     assert state.fresh_evaluations == 4 * 2 + 2 * 2 * 2  # B=4 at step 0, then B_fresh=2, K=2
 
@@ -128,7 +129,7 @@ def test_diverse_behaviour_samples_at_its_temperature_and_corrects_to_the_traini
                                                                                        compose_config):
     cfg = small_config(compose_config, "behaviour=diverse", "behaviour.temperature=1.5", "trainer.steps=1")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
-    metrics = train_step(cfg, parts, state)
+    metrics = train_step(parts, state)
     assert metrics["behaviour/temperature"] == 1.5 and metrics["behaviour/lag"] == 0.0
     assert metrics["weights/raw_mean/fresh"] != pytest.approx(1.0, abs=1e-6)
 

@@ -4,6 +4,8 @@ import random
 
 import pytest
 
+from tests.conftest import through_checkpoint
+
 from src.batch import Group
 from src.buffer.age import ReplayBuffer
 
@@ -76,8 +78,7 @@ def test_reference_logprobs_are_per_token_and_survive_save_and_load(tmp_path):
         make_group(step=0).with_behaviour_logprobs([-0.5, -0.25], [[-0.1, -0.2]])
     buffer = ReplayBuffer(max_age=2)
     buffer.add([g])
-    buffer.save(tmp_path / "buffer.json")
-    assert ReplayBuffer.load(tmp_path / "buffer.json").groups == (g,)
+    assert through_checkpoint(buffer, ReplayBuffer(max_age=2), tmp_path / "buffer.pt").groups == (g,)
 
 
 def test_with_behaviour_logprobs_accepts_a_tensor():
@@ -221,10 +222,7 @@ def test_state_dict_restores_future_samples_exactly():
 def test_save_load_file_roundtrip_continues_identically(tmp_path):
     reference = ReplayBuffer(max_age=3, seed=11)
     _run(reference, 0, 6)
-    path = tmp_path / "ckpt" / "buffer.json"
-    reference.save(path)
-    assert [p.name for p in path.parent.iterdir()] == ["buffer.json"]  # no temp file left over
-    restored = ReplayBuffer.load(path)
+    restored = through_checkpoint(reference, ReplayBuffer(max_age=3), tmp_path / "buffer.pt")
     assert restored.max_age == 3 and restored.capacity == reference.capacity
     assert restored.groups == reference.groups
     assert restored.groups[0].behaviour_logprobs == (-1.5, -1.5)
@@ -253,6 +251,6 @@ def test_state_dict_is_plain_data():
     buf = ReplayBuffer(max_age=2)
     _run(buf, 0, 3)
     state = buf.state_dict()
-    assert all(isinstance(g, dict) for g in state["groups"])
+    assert all(isinstance(g, dict) for g in state["contents"])
     assert pickle.loads(pickle.dumps(state)) == state
     random.Random().setstate((state["rng_state"][0], tuple(state["rng_state"][1]), state["rng_state"][2]))

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from src.evaluate import main, merged_config, stage_of
 from src.task import countdown
-from src.train import generation_seed
+from src.sampling.collection import generation_seed
 
 
 def test_stage_is_final_only_at_the_last_step():

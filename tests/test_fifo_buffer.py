@@ -5,11 +5,13 @@ import random
 
 import pytest
 
+from tests.conftest import through_checkpoint
+
 from src.batch import Group
 from src.buffer.fifo import (
     FifoReplayBuffer,
     extra_updates,
-    positive_bias_keep,
+    keep_freshest,
     use_statistics,
 )
 
@@ -194,6 +196,12 @@ def test_at_least_once_never_repeats_while_a_never_drawn_group_is_left_out():
 # z_{t-4}, z_{t-3}, z_{t-2} correct and z_{t-6} incorrect. z_{t-9} (beyond the six-correct budget)
 # and z_{t-1}, z_t (inside the freshest two) give the same buffer either way: both are tried.
 PAPER_KEPT = [1, 2, 4, 5, 6, 7, 8, 9]  # positions of z_{t-8}, z_{t-7}, z_{t-5}, ..., z_t in z_{t-9} .. z_t
+
+
+def positive_bias_keep(correct, capacity, delta):
+    """The rule with the paper's parameters: the freshest (1 - delta) N plus delta N older correct rollouts."""
+    n_correct = round(delta * capacity)
+    return keep_freshest(correct, capacity - n_correct, n_correct)
 
 
 @pytest.mark.parametrize("z9", [True, False])
@@ -396,10 +404,8 @@ def test_state_dict_restores_future_draws_exactly(mode, delta):
 def test_save_load_file_roundtrip_continues_identically(tmp_path):
     reference = FifoReplayBuffer(capacity=4, mode="at_least_once", positive_bias=0.5, seed=11)
     _run(reference, 0, 6)
-    path = tmp_path / "ckpt" / "fifo.json"
-    reference.save(path)
-    assert [p.name for p in path.parent.iterdir()] == ["fifo.json"]  # no temp file left over
-    restored = FifoReplayBuffer.load(path)
+    restored = through_checkpoint(reference, FifoReplayBuffer(capacity=4, mode="at_least_once", positive_bias=0.5),
+                                  tmp_path / "fifo.pt")
     assert (restored.capacity, restored.mode, restored.positive_bias) == (4, "at_least_once", 0.5)
     assert restored.groups == reference.groups and restored.group_size == 3
     assert restored.groups[0].behaviour_logprobs == (-1.5, -1.5, -1.5)
@@ -428,5 +434,5 @@ def test_state_dict_is_plain_data():
     buf = FifoReplayBuffer(capacity=3, positive_bias=0.5)
     _run(buf, 0, 4)
     state = buf.state_dict()
-    assert all(isinstance(s["group"], dict) for s in state["slots"])
+    assert all(isinstance(s["group"], dict) for s in state["contents"]["slots"])
     assert pickle.loads(pickle.dumps(state)) == state

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from src.task import countdown
-from src.run import build_components
+from src.build import build_components
 from src.train import TrainState, train_step
 
 # Metrics pinned per step; rewards, weights and budgets are exact, losses to 1e-5 relative.

@@ -11,8 +11,9 @@ from src.budget import plan_fresh_evaluations
 from src.config import ConfigError, validate
 from src.loss.ipo import batch_pairs, ipo_loss, ipo_pairs, ipo_response_gradients
 from src.sweep import cell_name, variant_label
-from src.train import TrainState, policy_update, response_token_stats, train_step
-from tests.test_train import make_parts, sample_groups, small_config
+from src.policy.forward import response_token_stats
+from src.train import TrainState, train_step
+from tests.test_train import make_parts, policy_update, sample_groups, small_config
 
 
 def test_pairs_are_every_ordered_pair_with_a_higher_reward_chosen():
@@ -112,7 +113,7 @@ def test_ipo_runs_in_the_loop_counting_fresh_evaluations_like_every_method(rando
     cfg = small_config(compose_config, "loss=ipo", "trainer.steps=2", "trainer.groups_per_step=6")
     validate(cfg)
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
-    metrics = [train_step(cfg, parts, state) for _ in range(cfg.trainer.steps)]
+    metrics = [train_step(parts, state) for _ in range(cfg.trainer.steps)]
     assert state.fresh_evaluations == plan_fresh_evaluations(6, 2, 2, 0, 1).fresh_evaluations == 24
     assert all("ipo/pairs" in m for m in metrics)
     assert cell_name(cfg) == "rho0-ipo" and variant_label(cfg) == "Fresh-only (IPO loss)"

@@ -9,11 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.policy.model import frozen_copy, load_policy
-from src.buffer.age import ReplayBuffer
-from src.rollout.engine import HFGenerateEngine, SamplingParams
+from src.rollout.engine import SamplingParams
+from src.build import build_components
 from src.task import countdown
-from src.task.sampler import PromptSampler
 from src.train import Components, TrainState, train_step
 from tests.conftest import TINY_CHECKPOINT
 
@@ -37,20 +35,14 @@ def mean_reward(parts: Components, instances, template: str) -> float:
 @pytest.mark.parametrize("buffer_option", ["none", "age1"])
 def test_a_few_rl_steps_raise_reward_on_an_easy_instance_set(compose_config, buffer_option):
     cfg = compose_config(f"buffer={buffer_option}", "clip=tight", "trainer.groups_per_step=8", "trainer.group_size=16",
-                         "trainer.learning_rate=3e-4", "policy.max_new_tokens=48")
-    torch.manual_seed(0)
-    policy, tokenizer = load_policy(str(TINY_CHECKPOINT))
+                         "trainer.learning_rate=3e-4", "trainer.weight_decay=0", "policy.max_new_tokens=48",
+                         f"policy.name_or_path={TINY_CHECKPOINT}")
     instances = easy_instances()
-    parts = Components(
-        policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=HFGenerateEngine(policy, tokenizer),
-        optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.learning_rate, weight_decay=0.0),
-        buffer=ReplayBuffer(1, seed=0) if buffer_option != "none" else None,
-        sampler=PromptSampler(instances, seed=0),
-    )
+    parts = build_components(cfg, instances)  # the prompt sampler draws from these instances only
     before = mean_reward(parts, instances, cfg.task.prompt_template)
     state = TrainState()
     for _ in range(10):
-        train_step(cfg, parts, state)
+        train_step(parts, state)
     after = mean_reward(parts, instances, cfg.task.prompt_template)
     # From the 300-step warm start both runs nearly double it (0.085 -> 0.158 fresh-only, 0.175 replay).
     assert after > before + 0.05, f"reward on the training instances went {before:.3f} -> {after:.3f}"

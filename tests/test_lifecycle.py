@@ -22,7 +22,10 @@ from mlflow.tracking import MlflowClient
 from src.lifecycle import HEARTBEAT_FILE, Heartbeat, read_heartbeat, run_liveness, write_heartbeat
 from src.paths import PROJECT_ROOT
 from src.sweep import cell_identity
-from src.train import CheckpointError, TrainState, read_checkpoint, read_latest_checkpoint, save_checkpoint
+from src.buffer.store import NoReplay
+from src.rollout.behaviour import CurrentBehaviour
+from src.checkpoint import CheckpointError, read_checkpoint, read_latest_checkpoint, save_checkpoint
+from src.train import TrainState
 from tests.test_sweep import store, tiny_cli
 
 
@@ -67,9 +70,9 @@ def test_the_heartbeat_thread_renews_the_file(tmp_path):
 def fake_parts(seed: int):
     torch.manual_seed(seed)
     policy = torch.nn.Linear(3, 2)
-    return SimpleNamespace(policy=policy, optimizer=torch.optim.AdamW(policy.parameters()), buffer=None,
+    return SimpleNamespace(policy=policy, optimizer=torch.optim.AdamW(policy.parameters()), store=NoReplay(),
                            sampler=SimpleNamespace(state_dict=lambda: {"rng": [3, list(range(5)), None]}),
-                           behaviour=None)
+                           behaviour=CurrentBehaviour())
 
 
 def test_a_new_checkpoint_keeps_the_previous_generation(tmp_path):

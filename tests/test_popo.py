@@ -4,6 +4,8 @@ import random
 
 import pytest
 
+from tests.conftest import through_checkpoint
+
 from src.batch import Group
 from src.buffer.popo import (
     EffectiveGroupMemory,
@@ -213,8 +215,7 @@ def test_state_dict_restores_future_batches_exactly(variant, tmp_path):
     factor = 3 if variant == "popo-stale" else 1
     reference = make_memory(variant, 4, stale_factor=factor, seed=5)
     _run(reference, variant, 0, 6)
-    reference.save(tmp_path / "popo.json")
-    restored = EffectiveGroupMemory.load(tmp_path / "popo.json")
+    restored = through_checkpoint(reference, make_memory(variant, 4, stale_factor=factor), tmp_path / "popo.pt")
     assert restored.groups == reference.groups and restored.capacity == 4 * factor
     assert _run(restored, variant, 6, 20) == _run(reference, variant, 6, 20)
 

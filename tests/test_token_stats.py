@@ -7,7 +7,8 @@ from omegaconf import OmegaConf
 from src.objective import token_entropy
 from src.policy.model import load_policy
 from src.policy.token_stats import token_logprobs_and_entropy
-from src.train import build_optimizer, response_token_stats
+from src.policy.forward import response_token_stats
+from src.build import build_optimizer
 
 
 def plain(logits, targets, temperature):

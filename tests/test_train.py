@@ -8,30 +8,47 @@ import math
 import pytest
 import torch
 
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from src.batch import Batch, BatchGroup, Group
 from src.budget import plan_fresh_evaluations
-from src.policy.model import frozen_copy, load_policy
-from src.run import build_buffer
-from src.batch import Group
-from src.rollout.engine import HFGenerateEngine
+from src.loss.base import Truncation
+from src.loss.rloo import RlooObjective
+from src.policy.forward import Forward, micro_batches
+from src.build import build_components
 from src.task import countdown
-from src.curriculum.sampler import build_prompt_sampler
-from src.rollout.behaviour import build_behaviour
-from src.train import (Components, TrainState, micro_batches, policy_update, read_checkpoint, restore_checkpoint,
-                       save_checkpoint, train_step)
+from src.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
+from src.train import Components, TrainState, train_step
 
 
 def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
-    """The loop's parts on a local policy folder, with the buffer src.run would build for `cfg`."""
-    torch.manual_seed(0)
-    policy, tokenizer = load_policy(str(policy_dir))
-    train_set = countdown.generate_instances(64, seed=1)
-    return Components(
-        policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer,
-        engine=HFGenerateEngine(policy, tokenizer),
-        optimizer=torch.optim.AdamW(policy.parameters(), lr=learning_rate or cfg.trainer.learning_rate),
-        buffer=build_buffer(cfg), sampler=build_prompt_sampler(cfg.curriculum, train_set, seed=cfg.trainer.seed),
-        behaviour=build_behaviour(cfg, policy),
-    )
+    """The step's components as src.run builds them for `cfg`, on a local policy folder."""
+    cfg = OmegaConf.merge(cfg, {"policy": {"name_or_path": str(policy_dir)},
+                                "trainer": {"learning_rate": learning_rate or cfg.trainer.learning_rate}})
+    return build_components(cfg, countdown.generate_instances(64, seed=1))
+
+
+def policy_update(policy, reference, optimizer, groups, trainer_cfg, clip_ceiling=1.0, pad_id=0, autocast=None,
+                  loss_cfg=None, responses=None, off_policy_groups=0, truncation=None):
+    """One update of the objective `loss_cfg` names (RLOO with `clip_ceiling` by default) on `groups`.
+
+    `responses[g]`: the responses of group g to train on (None: all); the first `off_policy_groups`
+    groups were sampled by a stale or tempered behaviour, corrected with `truncation`'s weights.
+    """
+    forward = Forward(pad_id, trainer_cfg.micro_batch_size, trainer_cfg.micro_batch_tokens, autocast,
+                      trainer_cfg.fused_logprobs)
+    settings = dict(forward=forward, kl_coef=trainer_cfg.kl_coef, entropy_coef=trainer_cfg.entropy_coef,
+                    max_grad_norm=trainer_cfg.max_grad_norm,
+                    truncation=None if truncation is None else Truncation(truncation.is_min, truncation.is_max,
+                                                                          truncation.is_level))
+    if loss_cfg is None or loss_cfg.name == "rloo":
+        objective = RlooObjective(clip_ceiling, **settings)
+    else:
+        objective = instantiate(loss_cfg, **settings)
+    entries = [BatchGroup(g, "fresh", 0, None if responses is None else responses[i], i < off_policy_groups)
+               for i, g in enumerate(groups)]
+    return objective.update(policy, reference, optimizer, Batch(entries))
 
 
 def small_config(compose_config, *overrides):
@@ -148,13 +165,13 @@ def test_counted_fresh_evaluations_equal_the_planned_budget(random_policy_dir, c
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     replayed = []
     for _ in range(cfg.trainer.steps):
-        metrics = train_step(cfg, parts, state)
+        metrics = train_step(parts, state)
         replayed.append(metrics["batch/replay_groups"])
     plan = plan_fresh_evaluations(6, 2, 4, ratio, max(cfg.buffer.max_age, 1))
     assert state.fresh_evaluations == plan.fresh_evaluations
     assert tuple(replayed) == plan.replay_groups_per_step
-    if parts.buffer is not None:  # every stored group carries mu's log-probs from the trainer's forward
-        assert all(g.behaviour_logprobs is not None for g in parts.buffer.groups)
+    if parts.store is not None:  # every stored group carries mu's log-probs from the trainer's forward
+        assert all(g.behaviour_logprobs is not None for g in parts.store.groups)
 
 
 def assert_resumed_like_straight(straight, resumed, keys, stop_at=2):
@@ -168,17 +185,17 @@ def assert_resumed_like_straight(straight, resumed, keys, stop_at=2):
 def straight_and_resumed(make_parts, policy_dir, cfg, tmp_path, steps=4, stop_at=2):
     """Metrics of `steps` uninterrupted steps, and of the steps after a checkpoint at `stop_at` restored into new parts."""
     straight_parts, straight_state = make_parts(policy_dir, cfg, learning_rate=1e-2), TrainState()
-    straight = [train_step(cfg, straight_parts, straight_state) for _ in range(steps)]
+    straight = [train_step(straight_parts, straight_state) for _ in range(steps)]
     first_parts, first_state = make_parts(policy_dir, cfg, learning_rate=1e-2), TrainState()
     for _ in range(stop_at):
-        train_step(cfg, first_parts, first_state)
+        train_step(first_parts, first_state)
     save_checkpoint(tmp_path / "checkpoint.pt", first_parts, first_state, run_id="run-1", cell_id="cell-1")
     resumed_parts = make_parts(policy_dir, cfg, learning_rate=1e-2)
     payload = read_checkpoint(tmp_path / "checkpoint.pt")  # weights_only=True: every part is plain data
     resumed_state, run_id = restore_checkpoint(payload, resumed_parts), payload["run_id"]
     restored = {"run_id": run_id, "step": resumed_state.step,
-                "buffer_sizes": (len(resumed_parts.buffer or ()), len(first_parts.buffer or ()))}
-    resumed = [train_step(cfg, resumed_parts, resumed_state) for _ in range(steps - stop_at)]
+                "buffer_sizes": (len(resumed_parts.store or ()), len(first_parts.store or ()))}
+    resumed = [train_step(resumed_parts, resumed_state) for _ in range(steps - stop_at)]
     return straight, resumed, restored
 
 

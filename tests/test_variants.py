@@ -11,11 +11,11 @@ from omegaconf import OmegaConf
 
 from src.budget import plan_fresh_evaluations, planning_max_age
 from src.config import ConfigError, validate
-from src.buffer.popo import is_effective
+from src.batch import is_effective
 from src.sweep import cell_identity, cell_name
 from src.task import countdown
-from src.train import TrainState, policy_update, train_step
-from tests.test_train import (assert_resumed_like_straight, group, make_parts, sample_groups, small_config,
+from src.train import TrainState, train_step
+from tests.test_train import (assert_resumed_like_straight, group, make_parts, policy_update, sample_groups, small_config,
                               straight_and_resumed)
 
 
@@ -143,7 +143,7 @@ def test_variants_run_the_step_and_count_fresh_evaluations_as_planned(random_pol
                        else "trainer.seed=0")
     validate(cfg)
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
-    metrics = [train_step(cfg, parts, state) for _ in range(cfg.trainer.steps)]
+    metrics = [train_step(parts, state) for _ in range(cfg.trainer.steps)]
     plan = plan_fresh_evaluations(6, 2, 3, ratio, planning_max_age(cfg.buffer, cfg.trainer.steps))
     assert state.fresh_evaluations == plan.fresh_evaluations
     assert tuple(m["batch/replay_groups"] for m in metrics) == plan.replay_groups_per_step
@@ -151,8 +151,8 @@ def test_variants_run_the_step_and_count_fresh_evaluations_as_planned(random_pol
     assert [m["budget/gradient_steps"] for m in metrics] == [per_update, 2 * per_update, 3 * per_update]
     if loss == "grpo":
         assert all("grpo/ratio_mean" in m for m in metrics)
-        if parts.buffer is not None:
-            assert all(g.behaviour_token_logprobs is not None for g in parts.buffer.groups)
+        if parts.store is not None:
+            assert all(g.behaviour_token_logprobs is not None for g in parts.store.groups)
     if buffer == "fifo":
         assert metrics[-1]["fifo/age_at_use_mean"] >= 1 and metrics[-1]["fifo/replay_count_max"] >= 1
         assert metrics[-1]["fifo/draws"] == plan.replay_groups_per_step[-1]
@@ -189,18 +189,16 @@ def test_a_partial_group_trains_only_its_kept_responses_with_advantages_from_all
 
 def test_train_step_passes_a_trimmed_fifo_draw_as_its_kept_responses(random_policy_dir, compose_config,
                                                                       monkeypatch):
-    import src.train
-
     cfg = small_config(compose_config, "buffer=fifo", "buffer.mode=without_replacement", "trainer.steps=2")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
-    train_step(cfg, parts, state)
-    for slot in parts.buffer._slots:  # as positive bias leaves an old group: one response kept
+    train_step(parts, state)
+    for slot in parts.store._slots:  # as positive bias leaves an old group: one response kept
         slot.responses = (1,)
     seen = []
-    real = src.train.policy_update
-    monkeypatch.setattr(src.train, "policy_update",
-                        lambda *a, **k: seen.append((a[3], k["responses"])) or real(*a, **k))
-    metrics = train_step(cfg, parts, state)
+    real = parts.objective.update
+    monkeypatch.setattr(parts.objective, "update", lambda policy, reference, optimizer, batch: seen.append(
+        (batch.groups, [entry.responses for entry in batch.entries])) or real(policy, reference, optimizer, batch))
+    metrics = train_step(parts, state)
     (batch, responses), = seen
     assert responses == [None, None, (1,), (1,)]  # 2 fresh groups whole, 2 replayed trimmed
     assert metrics["batch/replay_groups"] == 2 and all(g.step == 0 for g in batch[2:])
@@ -211,13 +209,13 @@ def test_train_step_passes_a_trimmed_fifo_draw_as_its_kept_responses(random_poli
 def test_fifo_extra_updates_add_gradient_steps(random_policy_dir, compose_config):
     cfg = small_config(compose_config, "buffer=fifo", "buffer.extra_updates=1", "trainer.steps=3")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
-    metrics = [train_step(cfg, parts, state) for _ in range(3)]
+    metrics = [train_step(parts, state) for _ in range(3)]
     # step 0: empty buffer, no extra update; then 1 main + 1 extra per step
     assert [m["budget/gradient_steps"] for m in metrics] == [1, 3, 5]
     assert [m["fifo/extra_draws"] for m in metrics] == [0, 4, 4]  # extra batches of B = 4 groups
     cfg0 = small_config(compose_config, "buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=2", "trainer.steps=2")
     parts0, state0 = make_parts(random_policy_dir, cfg0), TrainState()
-    metrics0 = [train_step(cfg0, parts0, state0) for _ in range(2)]
+    metrics0 = [train_step(parts0, state0) for _ in range(2)]
     assert [m["budget/gradient_steps"] for m in metrics0] == [1, 4]  # seed 002: all-fresh batch, then R-1 = 2 more
     assert [m["batch/replay_groups"] for m in metrics0] == [0, 0]
 
@@ -271,9 +269,9 @@ def test_popo_drops_ineffective_groups_and_refills_from_memory(random_policy_dir
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     metrics = []
     for _ in range(cfg.trainer.steps):
-        metrics.append(train_step(cfg, parts, state))
+        metrics.append(train_step(parts, state))
         # The memory holds only effective groups, each with the log-probs a later replay needs.
-        assert all(is_effective(g) and g.behaviour_token_logprobs is not None for g in parts.buffer.groups)
+        assert all(is_effective(g) and g.behaviour_token_logprobs is not None for g in parts.store.groups)
     assert state.fresh_evaluations == 4 * 6 * 2  # every step samples all B groups online, each counted
     for m in metrics:
         online, replayed, dropped = m["popo/online_groups"], m["popo/replayed_groups"], m["popo/dropped_groups"]
@@ -289,7 +287,7 @@ def test_popo_step_with_nothing_effective_takes_no_update(random_policy_dir, com
     cfg = small_config(compose_config, "loss=grpo", "buffer=popo", "trainer.steps=1")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     before = [p.detach().clone() for p in parts.policy.parameters()]
-    metrics = train_step(cfg, parts, state)
+    metrics = train_step(parts, state)
     assert metrics["popo/shortfall"] == cfg.trainer.groups_per_step and metrics["budget/gradient_steps"] == 0
     assert metrics["train/reward"] == 0.0 and state.fresh_evaluations == 4 * 2
     assert all(torch.equal(a, b) for a, b in zip(before, parts.policy.parameters()))
@@ -302,8 +300,8 @@ def test_popo_ineff_memory_keeps_every_online_group_with_its_log_mu(random_polic
                        "buffer.variant=popo-ineff", "trainer.steps=3", "trainer.groups_per_step=6")
     validate(cfg)
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
-    metrics = [train_step(cfg, parts, state) for _ in range(cfg.trainer.steps)]
-    stored = parts.buffer.groups
+    metrics = [train_step(parts, state) for _ in range(cfg.trainer.steps)]
+    stored = parts.store.groups
     assert len(stored) == 6  # capacity B: the last step's six online groups, effective or not
     assert any(not is_effective(g) for g in stored)
     assert all(g.behaviour_logprobs is not None and g.behaviour_token_logprobs is not None for g in stored)
@@ -326,7 +324,7 @@ def test_dynamic_sampling_fills_the_batch_with_effective_groups_and_counts_every
                        "trainer.steps=3")
     validate(cfg)
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
-    metrics = [train_step(cfg, parts, state) for _ in range(cfg.trainer.steps)]
+    metrics = [train_step(parts, state) for _ in range(cfg.trainer.steps)]
     for m in metrics:
         assert m["dynamic/kept_groups"] == 4 and m["dynamic/shortfall"] == 0
         assert m["batch/effective_fraction"] == 1.0  # only effective groups trained
@@ -343,7 +341,7 @@ def test_dynamic_sampling_gives_up_after_max_rounds(random_policy_dir, compose_c
                        "trainer.steps=1")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     before = [p.detach().clone() for p in parts.policy.parameters()]
-    metrics = train_step(cfg, parts, state)
+    metrics = train_step(parts, state)
     # Three rounds of ceil(4 x 1.5) = 6 prompts, K = 2 each: 36 evaluations, nothing kept, no update.
     assert (metrics["dynamic/rounds"], metrics["dynamic/generated_groups"], metrics["dynamic/shortfall"]) == (3, 18, 4)
     assert state.fresh_evaluations == 36 and metrics["budget/gradient_steps"] == 0
@@ -354,7 +352,7 @@ def test_standard_sampling_logs_the_effective_fractions(random_policy_dir, compo
     monkeypatch.setattr(countdown, "score", parity_verifier)
     cfg = small_config(compose_config, "trainer.steps=2")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
-    metrics = [train_step(cfg, parts, state) for _ in range(2)]
+    metrics = [train_step(parts, state) for _ in range(2)]
     groups_effective = [m["batch/effective_fraction"] * 4 for m in metrics]
     assert metrics[-1]["batch/effective_fraction_cumulative"] == pytest.approx(sum(groups_effective) / 8)
     assert all(m["batch/effective_fraction"] == m["batch/effective_fraction_fresh"] for m in metrics)

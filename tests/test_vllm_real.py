@@ -148,10 +148,8 @@ class ProbedEngine:
 
 
 def test_after_a_real_train_step_the_synced_engine_matches_the_trainer_exactly(tiny, compose_config):
-    from src.curriculum.sampler import build_prompt_sampler
-    from src.policy.model import frozen_copy
-    from src.run import build_buffer
-    from src.train import Components, TrainState, train_step
+    from src.build import build_components
+    from src.train import TrainState, train_step
 
     model, tokenizer, engine = tiny
     cfg = compose_config(f"policy.name_or_path={TINY}", "buffer=none", "trainer.groups_per_step=8",
@@ -159,10 +157,8 @@ def test_after_a_real_train_step_the_synced_engine_matches_the_trainer_exactly(t
     train_set, _ = countdown.train_and_heldout(cfg.task)
     probe = ProbedEngine(engine, tokenizer, [tuple(tokenizer(p, add_special_tokens=False)["input_ids"])
                                               for p in prompts(8, seed=9)])
-    parts = Components(policy=model, reference=frozen_copy(model), tokenizer=tokenizer, engine=probe,
-                       optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.trainer.learning_rate),
-                       buffer=build_buffer(cfg), sampler=build_prompt_sampler(cfg.curriculum, train_set, seed=0))
-    train_step(cfg, parts, TrainState())
+    parts = build_components(cfg, train_set, policy=model, tokenizer=tokenizer, engine=probe)
+    train_step(parts, TrainState())
 
     [(stale_mean, _, stale_max)] = probe.before
     [(mean, p99, worst)] = probe.after

@@ -93,8 +93,9 @@ def _check_delta(delta: float) -> float:
     return float(delta)
 
 
-def _keep_freshest(correct: list[bool], n_fresh: int, n_correct: int) -> list[int]:
-    # Freshest n_fresh items whatever they are, then walk back collecting correct ones.
+def keep_freshest(correct: list[bool], n_fresh: int, n_correct: int) -> list[int]:
+    """Seed 001 D.4 on a rollout stream listed oldest first: positions kept (ascending), the freshest
+    `n_fresh` whatever their reward plus the freshest `n_correct` correct ones older than those."""
     start = max(0, len(correct) - n_fresh)
     older: list[int] = []
     for i in range(start - 1, -1, -1):
@@ -232,6 +233,11 @@ class FifoReplayBuffer(ReplayStore):
         return tuple(s.group for s in self._slots)
 
     @property
+    def stored_responses(self) -> tuple[tuple[int, ...], ...]:
+        """Response indices still stored for each group in `groups` (all K unless trimmed by positive bias)."""
+        return tuple(s.responses for s in self._slots)
+
+    @property
     def rollouts(self) -> int:
         """Number of stored responses (at most N * K)."""
         return sum(len(s.responses) for s in self._slots)
@@ -288,7 +294,7 @@ class FifoReplayBuffer(ReplayStore):
         n_correct_groups = round(self.positive_bias * self.capacity)
         flat = [(slot, i) for slot in self._slots for i in slot.responses]
         correct = [slot.group.rewards[i] >= self.correct_reward for slot, i in flat]
-        keep = _keep_freshest(correct, (self.capacity - n_correct_groups) * k, n_correct_groups * k)
+        keep = keep_freshest(correct, (self.capacity - n_correct_groups) * k, n_correct_groups * k)
         kept_by_uid: dict[int, list[int]] = {}
         for j in keep:
             slot, i = flat[j]

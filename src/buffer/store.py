@@ -34,6 +34,11 @@ class ReplayStore:
     settings: tuple[str, ...] = ()     # attributes a checkpoint must agree on
     counters: tuple[str, ...] = ()     # attributes restored from a checkpoint as ints
 
+    groups: tuple[Group, ...] = ()    # what is stored, oldest first
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
         self._rng = random.Random(self.seed)
@@ -80,7 +85,7 @@ class ReplayStore:
         version, internal, gauss_next = self._rng.getstate()
         return {"version": _STATE_VERSION, "store": type(self).__name__,
                 "settings": {name: getattr(self, name) for name in self.settings}, "seed": self.seed,
-                "rng": [version, list(internal), gauss_next],
+                "rng_state": [version, list(internal), gauss_next],
                 "counters": {name: getattr(self, name) for name in self.counters},
                 "contents": self._contents()}
 
@@ -95,7 +100,7 @@ class ReplayStore:
                 raise ValueError(f"the checkpoint's replay store has {name}={value!r}, this run's has "
                                  f"{name}={getattr(self, name)!r}; resume with the same buffer settings")
         self.seed = int(state["seed"])
-        version, internal, gauss_next = state["rng"]
+        version, internal, gauss_next = state["rng_state"]
         self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
         for name, value in state["counters"].items():
             setattr(self, name, int(value))

@@ -1,0 +1,66 @@
+"""The composition root: every component of the training step built from its config group.
+
+`build_components` is the one place that reads config for the step (`src.run`, the tests and the
+benchmarks all build through it): each group's YAML names its implementation with `_target_`, and
+`hydra.utils.instantiate` builds it with the runtime objects it works with added. Components
+validate their own arguments in their constructors.
+"""
+
+from __future__ import annotations
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from src.buffer.store import ReplayStore
+from src.curriculum.sampler import build_prompt_sampler
+from src.policy.forward import Forward
+from src.policy.model import frozen_copy, load_policy
+from src.rollout.engine import build_engine
+from src.task.prompts import PromptFormat
+from src.train import Components
+
+
+def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, engine=None) -> Components:
+    """Every component of the step from its config group, with `instantiate` (`_target_` in the YAML).
+
+    The one place that reads config for the step: components get their own group's settings plus the
+    runtime objects they work with, and validate them in their constructors. A test or benchmark may
+    hand in a policy with its tokenizer, or an engine, it built already.
+    """
+    trainer = cfg.trainer
+    if cfg.hardware.threads:
+        torch.set_num_threads(cfg.hardware.threads)
+    torch.manual_seed(trainer.seed)
+    if policy is None:
+        policy, tokenizer = load_policy(cfg.policy.name_or_path, cfg.hardware.device, cfg.hardware.dtype)
+    if trainer.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    forward = Forward(tokenizer.pad_token_id, trainer.micro_batch_size, trainer.micro_batch_tokens,
+                      cfg.hardware.autocast, trainer.fused_logprobs)
+    engine = engine or build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
+                                    **cfg.policy.get("vllm", {}))
+    behaviour = instantiate(cfg.behaviour, policy=policy, training_temperature=trainer.rollout.temperature)
+    sampler = build_prompt_sampler(cfg.curriculum, train_set, seed=trainer.seed)
+    collection = instantiate(cfg.sampling, engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
+                             prompts=PromptFormat(cfg.task.prompt_template, tokenizer, cfg.policy.use_chat_template),
+                             group_size=trainer.group_size, max_new_tokens=cfg.policy.max_new_tokens,
+                             top_p=trainer.rollout.top_p, top_k=trainer.rollout.top_k, seed=trainer.seed)
+    objective = instantiate(cfg.loss, forward=forward, kl_coef=trainer.kl_coef, entropy_coef=trainer.entropy_coef,
+                            max_grad_norm=trainer.max_grad_norm, truncation=behaviour.truncation)
+    return Components(policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=engine,
+                      optimizer=build_optimizer(policy, trainer), store=build_store(cfg), objective=objective,
+                      collection=collection, sampler=sampler, behaviour=behaviour, forward=forward,
+                      groups_per_step=trainer.groups_per_step)
+
+
+def build_store(cfg: DictConfig) -> ReplayStore:
+    """The replay store the buffer group names (`buffer._target_`), told B and the run's seed."""
+    return instantiate(cfg.buffer, groups_per_step=cfg.trainer.groups_per_step, seed=cfg.trainer.seed)
+
+
+def build_optimizer(policy, trainer) -> torch.optim.AdamW:
+    """AdamW over the policy's parameters with the trainer group's settings (SPEC 4); fused on CUDA."""
+    on_cuda = next(policy.parameters()).device.type == "cuda"
+    return torch.optim.AdamW(policy.parameters(), lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
+                             betas=tuple(trainer.betas), fused=on_cuda)
