@@ -13,7 +13,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from src.buffer.store import ReplayStore
-from src.curriculum.sampler import build_prompt_sampler
 from src.policy.forward import Forward
 from src.policy.model import frozen_copy, load_policy
 from src.rollout.engine import build_engine
@@ -41,7 +40,7 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
     engine = engine or build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
                                     **cfg.policy.get("vllm", {}))
     behaviour = instantiate(cfg.behaviour, policy=policy, training_temperature=trainer.rollout.temperature)
-    sampler = build_prompt_sampler(cfg.curriculum, train_set, seed=trainer.seed)
+    sampler = instantiate(cfg.curriculum, instances=train_set, seed=trainer.seed)
     collection = instantiate(cfg.sampling, engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
                              prompts=PromptFormat(cfg.task.prompt_template, tokenizer, cfg.policy.use_chat_template),
                              group_size=trainer.group_size, max_new_tokens=cfg.policy.max_new_tokens,

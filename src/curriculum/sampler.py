@@ -25,7 +25,7 @@ from src.task.countdown import Instance
 from src.task.sampler import PromptSampler
 
 NAMES = ("none", *MODES)
-KEYS = ("name", "fraction", "capacity", "min_memory", "pool_factor", "goldilocks_band", "max_numbers")
+KEYS = ("_target_", "name", "fraction", "capacity", "min_memory", "pool_factor", "goldilocks_band", "max_numbers")
 
 # The retrieval RNG is seeded from the trainer seed plus this offset, so it is reproducible
 # but never the inner uniform sampler's stream (which is random.Random(seed), as curriculum=none).
@@ -68,7 +68,7 @@ def _settings(curriculum: Mapping) -> dict:
         _fail(f"unknown key(s) {unknown}; the known keys are {list(KEYS)}.")
     if name == "none":
         return {"name": name}
-    missing = [key for key in KEYS if key not in curriculum]
+    missing = [key for key in KEYS if key not in curriculum and key != "_target_"]  # instantiate consumes _target_
     if missing:
         _fail(f"curriculum={name} lacks key(s) {missing}; start from conf/curriculum/{name}.yaml.")
     settings = {
@@ -123,6 +123,11 @@ def build_prompt_sampler(
     if name == "none":
         return PromptSampler(instances, seed)
     return CurriculumSampler(instances, seed, mode=name, **settings)
+
+
+def prompt_sampler(instances: Sequence[Instance], seed: int, **curriculum) -> PromptSampler | CurriculumSampler:
+    """The `curriculum` group's `_target_`: its keys arrive as keyword arguments and are checked by name."""
+    return build_prompt_sampler(curriculum, instances, seed)
 
 
 # --------------------------------------------------------------------------- sampler
