@@ -43,7 +43,7 @@ LAUNCH_ONLY = (
 )
 
 
-# Config groups whose default option computes exactly what the runner did before the group existed.
+# Variant groups and their plain option, which computes plain Replay-RLOO (identity rule 3).
 GROUP_DEFAULTS = {"curriculum": "none", "sampling": "standard", "behaviour": "current"}
 
 
@@ -107,24 +107,41 @@ def _buffer_cell_name(cfg: DictConfig) -> str:
     return f"rho{buffer.ratio:g}-L{buffer.max_age}" + (loss or f"-c{cfg.clip.ceiling:g}")
 
 
+# The identity rules below are version 1. A change to them that would give an existing cell another id
+# must raise the version, which then enters the hash: every cell of version 1 keeps its id, and
+# tests/test_cell_identity.py lists the ids that must survive.
+CELL_ID_VERSION = 1
+
+
 def cell_identity(cfg: DictConfig) -> str:
-    """A short stable hash of the config that decides the cell's results."""
+    """A short stable hash of the config that decides the cell's results (rules of `CELL_ID_VERSION`).
+
+    1. The resolved config, without `_target_` keys (which class implements a group is code, not the
+       cell) and without the launch-only keys (`LAUNCH_ONLY`).
+    2. Fresh-only (rho = 0 with the age buffer): no buffer and no clip, since nothing is replayed.
+    3. The variant groups at their plain option (`GROUP_DEFAULTS`) and the default loss (rloo) are left
+       out: they compute plain Replay-RLOO. Another loss enters with its settings, and clip leaves
+       (only rloo reads clip.ceiling).
+    4. A local policy folder adds the hash of its weights.
+    """
     resolved = _without_targets(OmegaConf.to_container(cfg, resolve=True))
     for key in LAUNCH_ONLY:
         _drop(resolved, key)
-    if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] not in ("fifo", "popo"):  # fresh-only
+    if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] not in ("fifo", "popo"):
         resolved.pop("buffer")
         resolved.pop("clip")
-    # Groups added after the first studies ran: at their defaults they leave a cell's id unchanged.
     for group, default in GROUP_DEFAULTS.items():
         if resolved.get(group, {"name": default})["name"] == default:
             resolved.pop(group, None)
-    if resolved.pop("loss", {"name": "rloo"})["name"] != "rloo":  # rloo, the default: cells keep their old id
-        resolved["loss"] = _without_targets(OmegaConf.to_container(cfg.loss, resolve=True))
-        resolved.pop("clip", None)  # loss=grpo does not read clip.ceiling
+    loss = resolved.pop("loss")
+    if loss["name"] != "rloo":
+        resolved["loss"] = loss
+        resolved.pop("clip", None)
     weights = policy_fingerprint(cfg.policy.name_or_path)
     if weights is not None:  # a rebuilt warm start under the same folder name is a new cell
         resolved["policy_weights"] = weights
+    if CELL_ID_VERSION > 1:
+        resolved["cell_id_version"] = CELL_ID_VERSION
     text = json.dumps(_numbers_as_floats(resolved), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -1,0 +1,44 @@
+"""Cell ids are the key the sweeper skips finished cells by: these ids, computed before the step became
+components (issue 16), must survive every refactor of config or code (`src.sweep.CELL_ID_VERSION`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from src.sweep import cell_identity, cell_name
+
+SURVIVING = {
+    '': ('rho0', '86b76e396c281b2b'),
+    'buffer=age1': ('rho1-L1-c10', '45a2bb86ab931791'),
+    'buffer=age2 clip=tight': ('rho1-L2-c1', 'e9f099f585476ec0'),
+    'buffer=age3 buffer.ratio=2 clip=stress': ('rho2-L3-c1000', 'fcf0aa6c6df66161'),
+    'buffer=fifo': ('fifo-rho1-N256-with_replacement-c10', '258582b864a97fc2'),
+    'buffer=fifo buffer.positive_bias=0.5': ('fifo-rho1-N256-with_replacement-pb0.5-c10', '34b75a2b126e0464'),
+    'buffer=fifo buffer.extra_updates=1': ('fifo-rho1-N256-with_replacement-R2-c10', '2ee6ecba00db6796'),
+    'buffer=popo loss=grpo': ('popo-grpo', 'aca1f97e3d1ce43a'),
+    'loss=grpo': ('rho0-grpo', 'b5fa66298c269181'),
+    'loss=ipo': ('rho0-ipo', '5fd3a71546eab4d5'),
+    'behaviour=stale': ('rho0-stale4', '7e0d750725cb5bdf'),
+    'sampling=dynamic': ('rho0-dapo', 'ad9800b74ff3dfc8'),
+    'curriculum=frontier': ('rho0-frontier', '180dba9f64e15010'),
+    'trainer=paper policy=qwen2.5-0.5b buffer=age2 clip=tight': ('rho1-L2-c1', '91395729af24b854'),
+    'hardware=h100': ('rho0', '2b47660fa3274c18'),
+}
+
+
+@pytest.mark.parametrize("overrides", list(SURVIVING))
+def test_existing_cell_ids_survive(compose_config, overrides):
+    cfg = compose_config(*overrides.split())
+    assert (cell_name(cfg), cell_identity(cfg)) == SURVIVING[overrides]
+
+
+def test_the_age_option_with_max_age_is_the_ageL_cell(compose_config):
+    one_option = compose_config("buffer=age", "buffer.max_age=2", "clip=tight")
+    assert cell_identity(one_option) == SURVIVING["buffer=age2 clip=tight"][1]
+    assert cell_name(one_option) == "rho1-L2-c1"
+
+
+def test_the_implementing_class_is_not_part_of_the_cell(compose_config):
+    plain = compose_config("buffer=age1")
+    moved = compose_config("buffer=age1", "buffer._target_=tests.test_store_plugin.NewestGroupsStore")
+    assert cell_identity(moved) == cell_identity(plain)
