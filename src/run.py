@@ -294,14 +294,24 @@ def main(cfg: DictConfig) -> float:
     return summary.get("mean_reward", float("nan"))
 
 
+def cli() -> None:
+    """The command line (`python -m src.run`, console script `replay-rloo`): help, key check, then Hydra."""
+    from src.help import help_text, wants_help
+    from src.schema import SchemaError, check_override_keys
+
+    if wants_help(sys.argv[1:]):
+        sys.stdout.write(help_text())
+        return
+    try:
+        check_override_keys(sys.argv[1:])
+    except SchemaError as error:
+        exit_with_message(error)
+    main()
+
+
 if __name__ == "__main__":
     # Call the task through the importable module, not __main__: submitit pickles it for SLURM
     # jobs, and a __main__ function would be pickled by value with this module's globals.
     from src import run
-    from src.schema import SchemaError, check_override_keys
 
-    try:
-        check_override_keys(sys.argv[1:])
-    except SchemaError as error:
-        run.exit_with_message(error)
-    run.main()
+    run.cli()
