@@ -18,7 +18,11 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # The lock file: exact versions of every package of the CPU environment (pip constraints). LOCK= installs
 # the newest versions pyproject.toml allows instead; `make lock` rewrites the file from such an install.
 LOCK ?= constraints-cpu.txt
-PIP_PINS = $(if $(LOCK),-c $(LOCK)) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+# An index that does not answer would cost minutes of pip retries per package: it is used only if it answers
+# within 5 s (checked when a recipe needs it); otherwise pip's configured sources must supply the pinned build.
+TORCH_INDEX_FLAG = $(if $(TORCH_INDEX),$(shell $(PYTHON) -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/', timeout=5)" \
+	>/dev/null 2>&1 && echo --extra-index-url $(TORCH_INDEX) || echo "TORCH_INDEX $(TORCH_INDEX) does not answer: using pip's configured indexes" >&2))
+PIP_PINS = $(if $(LOCK),-c $(LOCK)) $(TORCH_INDEX_FLAG)
 export HYDRA_FULL_ERROR ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
@@ -52,8 +56,8 @@ lock:  ## rewrite constraints-cpu.txt from a fresh install of the newest allowed
 	rm -rf .venv-lock
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/python -m pip install --quiet --upgrade pip
-	.venv-lock/bin/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	.venv-lock/bin/python -m pip install --quiet ".[dev]" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	.venv-lock/bin/python -m pip install --quiet "$(TORCH_SPEC)" $(TORCH_INDEX_FLAG)
+	.venv-lock/bin/python -m pip install --quiet ".[dev]" $(TORCH_INDEX_FLAG)
 	{ sed -n '/^#/p' constraints-cpu.txt | grep -v '^# Python ' ; \
 	  echo "# Python $$(.venv-lock/bin/python -c 'import platform; print(platform.python_version())') on $$(uname -s) $$(uname -m), $$(date -u +%Y-%m-%d)."; \
 	  .venv-lock/bin/python -m pip freeze --exclude-editable | grep -v '^replay-rloo' ; } > constraints-cpu.txt.new
