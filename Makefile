@@ -60,7 +60,7 @@ lock:  ## rewrite constraints-cpu.txt from a fresh install of the newest allowed
 	.venv-lock/bin/python -m pip install --quiet ".[dev]" $(TORCH_INDEX_FLAG)
 	{ sed -n '/^#/p' constraints-cpu.txt | grep -v '^# Python ' ; \
 	  echo "# Python $$(.venv-lock/bin/python -c 'import platform; print(platform.python_version())') on $$(uname -s) $$(uname -m), $$(date -u +%Y-%m-%d)."; \
-	  .venv-lock/bin/python -m pip freeze --exclude-editable | grep -v '^replay-rloo' ; } > constraints-cpu.txt.new
+	  .venv-lock/bin/python -m pip freeze --all --exclude-editable | grep -v -e '^replay-rloo' -e '^pip==' ; } > constraints-cpu.txt.new
 	mv constraints-cpu.txt.new constraints-cpu.txt
 	rm -rf .venv-lock
 

@@ -292,8 +292,8 @@ def start_run(cfg: DictConfig, labels: RunLabels, resume_run_id: str | None = No
         context = mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name or labels.name,
                                    tags={**labels.tags, DESCRIPTION_TAG: labels.description})
     with context as run:
-        if not resume_run_id:
-            mlflow.log_params(flat_params(cfg))
+        if not resume_run_id:  # launch-only tracking.* settings stay out of the params table (config.yaml has them)
+            mlflow.log_params({key: value for key, value in flat_params(cfg).items() if not key.startswith("tracking.")})
             mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         if overrides is not None:
             mlflow.log_text(overrides_yaml(overrides), "overrides.yaml")

@@ -1,0 +1,77 @@
+"""A short table of finished runs, read back from MLflow (`make demo` prints it at the end).
+
+    python -m analysis.summary --sweep demo --latest 2
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import mlflow
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from src.tracking import metric_key
+
+COLUMNS = {  # metric -> column heading
+    "fresh_evaluations": "fresh evals",
+    "{protocol}/start/mean_reward": "reward before",
+    "{protocol}/final/mean_reward": "reward after",
+    "{protocol}/start/pass@1": "pass@1 before",
+    "{protocol}/final/pass@1": "pass@1 after",
+    "{protocol}/final/correction_rate": "correct after",
+}
+
+
+def load_runs(uri: str, experiment: str, sweep: str | None, latest: int | None) -> pd.DataFrame:
+    """Runs of one experiment (optionally one sweep), newest first."""
+    mlflow.set_tracking_uri(uri)
+    query = f"tags.sweep = '{sweep}'" if sweep else ""
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string=query, order_by=["start_time DESC"])
+    return runs.head(latest) if latest else runs
+
+
+def summary_table(runs: pd.DataFrame) -> Table:
+    """One row per run: cell, status, fresh evaluations, held-out reward and pass@1 before/after RL."""
+    table = Table(title="Runs (held-out evaluation before and after RL)")
+    for heading in ["run", "cell", "status", *COLUMNS.values()]:
+        table.add_column(heading, justify="right", no_wrap=heading in ("run", "cell", "status"))
+    for _, run in runs.iloc[::-1].iterrows():
+        protocol = run.get("tags.evaluation", "quick")
+        values = []
+        for metric in COLUMNS:
+            if metric == "fresh_evaluations":
+                values.append(str(run.get("tags.fresh_evaluations", "-")))
+                continue
+            value = run.get("metrics." + metric_key(metric.format(protocol=protocol)))
+            values.append("-" if value is None or pd.isna(value) else f"{value:.3f}")
+        table.add_row(run["run_id"][:8], str(run.get("tags.cell", "?")), run["status"], *values)
+    return table
+
+
+def main() -> None:
+    import src.config  # noqa: F401  (the ${root:} resolver)
+    from hydra import compose, initialize_config_dir
+
+    from src.paths import CONFIG_DIR
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sweep", help="only runs tagged with this sweep name")
+    parser.add_argument("--latest", type=int, help="only the N newest runs")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
+    args = parser.parse_args()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        tracking = compose("config", overrides=args.overrides).tracking
+    runs = load_runs(tracking.uri, tracking.experiment, args.sweep, args.latest)
+    console = Console(width=max(Console().width, 110))  # logs and pipes default to 80 columns
+    if runs.empty:
+        console.print(f"no runs found in experiment '{tracking.experiment}' at {tracking.uri}"
+                      + (f" with sweep '{args.sweep}'" if args.sweep else ""))
+        return
+    console.print(summary_table(runs))
+    console.print(f"MLflow store: {tracking.uri}  (browse with `make ui`)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""Config checks that run before any compute, and the `${root:}` resolver the YAML uses.
+
+Hydra refuses unknown option names (`buffer=age9`) with the list of what exists; `src.schema`
+checks every knob's type and range and refuses unknown keys (`+buffer.ratoi=2`) with the close
+matches; this module then refuses values that compose but make no sense for the method, and
+damaged policy folders, each with one message naming the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from src.eval.protocol import ESTIMATORS
+from src.paths import PROJECT_ROOT, resolve_policy_path
+from src.schema import SchemaError, check_ranges, check_types
+from src.policy.model import DTYPES
+from src.replay.popo import POPO_VARIANTS
+
+if not OmegaConf.has_resolver("root"):
+    OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
+if not OmegaConf.has_resolver("unique"):
+    # Cached like Hydra's ${now:}: one value per composed config, which Hydra copies to every job of a sweep.
+    OmegaConf.register_new_resolver("unique", lambda: f"{os.getpid()}-{uuid.uuid4().hex[:6]}", use_cache=True)
+
+ENGINES = ("hf", "vllm")
+LOSSES = ("rloo", "grpo", "ipo")
+FIFO_MODES = ("with_replacement", "without_replacement", "at_least_once")  # src.replay.fifo.SAMPLING_MODES
+SOURCES = ("generator", "hub")
+SAMPLINGS = ("standard", "dynamic")
+BEHAVIOURS = ("current", "stale", "diverse")
+IS_LEVELS = ("sequence", "token")
+
+
+class ConfigError(ValueError):
+    """A configuration that composes but cannot run; the message says how to fix it."""
+
+
+def validate(cfg: DictConfig, check_device: bool = True) -> None:
+    """Raise ConfigError for the first problem found; return quietly for a runnable config.
+
+    `check_device=False` skips the CUDA check: a sweep is planned on a login node without GPUs.
+    """
+    _schema(check_types, cfg)  # unknown keys and types first: the checks below may then trust the types
+    trainer, buffer, clip, evaluation = cfg.trainer, cfg.buffer, cfg.clip, cfg.evaluation
+    _check(trainer.heartbeat_timeout_s >= 2 * trainer.heartbeat_every_s,
+           f"trainer.heartbeat_timeout_s={trainer.heartbeat_timeout_s} < 2 x trainer.heartbeat_every_s="
+           f"{trainer.heartbeat_every_s}: a live run would look dead between two heartbeats; raise the timeout")
+    task = cfg.task
+    _check(task.min_number <= task.max_number and task.min_target <= task.max_target,
+           f"task.min_number={task.min_number}, task.max_number={task.max_number}, task.min_target={task.min_target}, "
+           f"task.max_target={task.max_target}: each minimum must be <= its maximum")
+    _validate_policy_files(cfg.policy.name_or_path)
+    _check(trainer.group_size >= 2,
+           f"trainer.group_size K={trainer.group_size}: the leave-one-out baseline needs K >= 2; set trainer.group_size=8")
+    _check(trainer.groups_per_step >= 1,
+           f"trainer.groups_per_step B={trainer.groups_per_step}: need at least one prompt group per step")
+    _check(trainer.steps >= 1, f"trainer.steps={trainer.steps}: train for at least one step")
+    _check(buffer.ratio >= 0,
+           f"buffer.ratio rho={buffer.ratio} is negative: use 0 for fresh-only (buffer=none) or a positive ratio")
+    _check(buffer.max_age >= 0, f"buffer.max_age L={buffer.max_age} is negative: use 1, 2 or 3")
+    fresh_groups = round(trainer.groups_per_step / (1 + buffer.ratio))  # B_fresh, as src.objective.plan_batch
+    _check(fresh_groups >= 1,
+           f"buffer.ratio rho={buffer.ratio} with trainer.groups_per_step B={trainer.groups_per_step} plans "
+           f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
+    _validate_loss(cfg.loss)
+    _validate_sampling(cfg.sampling)
+    _validate_behaviour(cfg.behaviour, trainer.rollout.temperature)
+    _validate_curriculum(cfg.curriculum, trainer)
+    if buffer.name == "fifo":
+        _validate_fifo(buffer, trainer.groups_per_step - fresh_groups)
+    elif buffer.name == "popo":
+        _validate_popo(buffer)
+    elif buffer.ratio > 0:
+        _check(buffer.max_age >= 1,
+               f"buffer.ratio rho={buffer.ratio} needs a replay age: buffer.max_age L={buffer.max_age}; "
+               "choose buffer=age1, age2 or age3")
+    _check(buffer.name == "fifo" or buffer.ratio <= buffer.max_age or buffer.ratio == 0 or buffer.allow_infeasible,
+           f"buffer.ratio rho={buffer.ratio} > buffer.max_age L={buffer.max_age}: the pool of reusable groups "
+           "(about L * B_fresh) cannot meet the replay demand (rho * B_fresh), so the planned budget is "
+           f"unreachable. Use rho <= {buffer.max_age}, a larger L (buffer=age2/age3), or "
+           "buffer.allow_infeasible=true to run anyway with gap fill logged")
+    _check(buffer.get("capacity", 1) >= 1,  # buffer=popo sizes its memory from B instead
+           f"buffer.capacity={buffer.get('capacity')}: must be at least 1 (default 4096)")
+    _check(clip.ceiling > 0,
+           f"clip.ceiling c={clip.ceiling}: the importance-weight ceiling must be > 0 (clip=tight/mid/loose: 1/3/10)")
+    _check(trainer.learning_rate > 0, f"trainer.learning_rate={trainer.learning_rate}: must be > 0")
+    _check(trainer.micro_batch_size >= 1, f"trainer.micro_batch_size={trainer.micro_batch_size}: must be >= 1")
+    _check(trainer.rollout.temperature > 0, f"trainer.rollout.temperature={trainer.rollout.temperature}: must be > 0")
+    _check(cfg.policy.engine in ENGINES, f"policy.engine='{cfg.policy.engine}': choose one of {ENGINES}")
+    if cfg.policy.engine == "vllm":
+        _validate_vllm(cfg.policy.vllm, check_device)
+    _check(cfg.policy.max_new_tokens >= 1, f"policy.max_new_tokens={cfg.policy.max_new_tokens}: must be >= 1")
+    _check(cfg.hardware.dtype in DTYPES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {tuple(DTYPES)}")
+    _check(cfg.hardware.autocast in (None, "bfloat16", "float16"),
+           f"hardware.autocast='{cfg.hardware.autocast}': choose null, bfloat16 or float16")
+    _check(trainer.micro_batch_tokens is None or trainer.micro_batch_tokens >= 1,
+           f"trainer.micro_batch_tokens={trainer.micro_batch_tokens}: a token budget >= 1, or null for rows only")
+    _check(cfg.task.source in SOURCES, f"task.source='{cfg.task.source}': choose one of {SOURCES}")
+    _check(1 <= evaluation.prompts <= cfg.task.heldout_size,
+           f"evaluation.prompts={evaluation.prompts}: must be between 1 and task.heldout_size={cfg.task.heldout_size}")
+    _check(evaluation.estimator in ESTIMATORS,
+           f"evaluation.estimator='{evaluation.estimator}': choose one of {ESTIMATORS}")
+    _check(evaluation.samples_per_prompt >= 1 and evaluation.repeats >= 1,
+           "evaluation.samples_per_prompt and evaluation.repeats must be >= 1 "
+           f"(got {evaluation.samples_per_prompt} and {evaluation.repeats})")
+    too_large = [k for k in evaluation.ks if not 1 <= k <= evaluation.samples_per_prompt]
+    _check(not too_large,
+           f"evaluation.ks has {too_large} outside 1..samples_per_prompt={evaluation.samples_per_prompt}; "
+           "drop them or raise evaluation.samples_per_prompt")
+    _schema(check_ranges, cfg)  # every knob's range, after the method-specific messages above
+    if check_device and cfg.hardware.device.startswith("cuda"):
+        import torch
+
+        _check(torch.cuda.is_available(),
+               f"hardware.device='{cfg.hardware.device}' but no CUDA device is visible here: use hardware=cpu, "
+               "or launch on a GPU node (hardware=h100 -m sends the run through SLURM)")
+
+
+def _validate_vllm(options: DictConfig, check_installed: bool) -> None:
+    share = options.gpu_memory_utilization
+    _check(0 < share < 1, f"policy.vllm.gpu_memory_utilization={share}: vLLM's share of the GPU, between 0 and 1")
+    kv_cache = options.get("kv_cache_gib")
+    _check(kv_cache is None or kv_cache > 0,
+           f"policy.vllm.kv_cache_gib={kv_cache}: the KV cache size in GiB, > 0 (e.g. 1 on CPU), or null")
+    if check_installed:  # a login node planning a GPU sweep need not have vLLM
+        from src.rollout.vllm_engine import vllm_problem
+
+        problem = vllm_problem(options.allow_untested_version)
+        _check(problem is None, str(problem))
+
+
+POLICY_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                     "special_tokens_map.json")
+
+
+def _validate_policy_files(name_or_path: str) -> None:
+    """A local policy folder must hold readable files: a damaged one is named here, not by a library traceback."""
+    folder = Path(resolve_policy_path(name_or_path))
+    fix = ("rebuild it (`make sft-tiny` for the tiny policy), or point policy.name_or_path at an intact folder "
+           "(default: checkpoints/tiny-countdown)")
+    if not folder.is_dir():
+        _check(not str(name_or_path).startswith(("/", ".", "~")),
+               f"policy.name_or_path='{name_or_path}': no such folder; {fix}")
+        return  # a hub name: from_pretrained resolves it
+    _check((folder / "config.json").is_file(),
+           f"policy.name_or_path='{name_or_path}': {folder} holds no config.json, so it is not a saved model; {fix}")
+    for name in POLICY_JSON_FILES:
+        path = folder / name
+        if path.is_file():
+            try:
+                json.loads(path.read_text())
+            except (ValueError, OSError) as error:
+                raise ConfigError(f"policy.name_or_path='{name_or_path}': {path} is damaged (not valid JSON: "
+                                  f"{error}); {fix}") from None
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as weights:
+                weights.keys()  # reads and checks the header against the file's size
+        except Exception as error:  # noqa: BLE001  (safetensors raises its own error types)
+            raise ConfigError(f"policy.name_or_path='{name_or_path}': {path} is damaged "
+                              f"({error.__class__.__name__}: {error}); {fix}") from None
+
+
+def _validate_loss(loss: DictConfig) -> None:
+    _check(loss.name in LOSSES, f"loss.name='{loss.name}': choose one of {LOSSES} (e.g. loss=rloo)")
+    if loss.name == "ipo":
+        _check(isinstance(loss.tau, (int, float)) and not isinstance(loss.tau, bool) and loss.tau > 0,
+               f"loss.tau={loss.tau}: IPO's regularisation strength, a number > 0 (target margin 1/(2 tau); e.g. 0.1)")
+        return
+    if loss.name != "grpo":
+        return
+    _check(0 <= loss.eps_low < 1,
+           f"loss.eps_low={loss.eps_low}: the ratio is clipped below at 1 - eps_low, so use 0 <= eps_low < 1 (POPO: 0.2)")
+    _check(0 <= loss.eps_high < float("inf"),
+           f"loss.eps_high={loss.eps_high}: the ratio is clipped above at 1 + eps_high; use a finite eps_high >= 0 "
+           "(clip-higher: 0.28)")
+    _check(loss.behaviour_cap > 0,
+           f"loss.behaviour_cap={loss.behaviour_cap}: the cap on pi_prox/mu must be > 0 (POPO: 2.0)")
+    steps = loss.updates_per_step
+    _check(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
+           f"loss.updates_per_step={steps}: mini-batch optimizer steps per RL step, an integer >= 1 (e.g. 4)")
+
+
+def _validate_sampling(sampling: DictConfig) -> None:
+    _check(sampling.name in SAMPLINGS, f"sampling.name='{sampling.name}': choose one of {SAMPLINGS}")
+    if sampling.name != "dynamic":
+        return
+    _check(sampling.oversample >= 1,
+           f"sampling.oversample={sampling.oversample}: each round samples ceil(missing x oversample) prompts, "
+           "so use oversample >= 1 (e.g. 1.5)")
+    rounds = sampling.max_rounds
+    _check(isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1,
+           f"sampling.max_rounds={rounds}: generation rounds per step before giving up, an integer >= 1 (e.g. 8)")
+
+
+def _validate_behaviour(behaviour: DictConfig, training_temperature: float) -> None:
+    _check(behaviour.name in BEHAVIOURS, f"behaviour.name='{behaviour.name}': choose one of {BEHAVIOURS}")
+    if behaviour.name == "current":
+        return
+    lag = behaviour.lag
+    _check(isinstance(lag, int) and not isinstance(lag, bool) and lag >= 0,
+           f"behaviour.lag={lag}: steps back of the sampling weights, an integer >= 0 (seed 002: 1, 4, 16)")
+    temperature = behaviour.temperature if behaviour.temperature is not None else training_temperature
+    _check(temperature > 0, f"behaviour.temperature={temperature}: must be > 0 (seed 002: 1.2)")
+    _check(lag > 0 or temperature != training_temperature,
+           f"behaviour={behaviour.name} with lag=0 and temperature {temperature} = the training temperature samples "
+           "from the current policy: use behaviour=current, a lag >= 1 or another temperature")
+    _check(behaviour.is_level in IS_LEVELS,
+           f"behaviour.is_level='{behaviour.is_level}': choose one of {IS_LEVELS}")
+    _check(0 <= behaviour.is_min <= 1 <= behaviour.is_max,
+           f"behaviour.is_min={behaviour.is_min}, behaviour.is_max={behaviour.is_max}: the truncation interval "
+           "must hold 1 (0 <= is_min <= 1 <= is_max; seed 002: 0 and 2)")
+
+
+def _validate_curriculum(curriculum: DictConfig, trainer: DictConfig) -> None:
+    from src.curriculum.sampler import check_curriculum
+
+    try:
+        check_curriculum(curriculum, group_size=trainer.group_size, groups_per_step=trainer.groups_per_step)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def _validate_popo(buffer: DictConfig) -> None:
+    _check(buffer.variant in POPO_VARIANTS,
+           f"buffer.variant='{buffer.variant}': choose one of {POPO_VARIANTS}")
+    _check(isinstance(buffer.stale_factor, int) and buffer.stale_factor >= 1
+           and (buffer.stale_factor == 1 or buffer.variant == "popo-stale"),
+           f"buffer.stale_factor={buffer.stale_factor}: an integer >= 1, above 1 only with buffer.variant=popo-stale")
+    _check(buffer.ratio == 0 and buffer.max_age == 0,
+           f"buffer=popo with buffer.ratio={buffer.ratio}, buffer.max_age={buffer.max_age}: POPO samples all B groups "
+           "online and refills only what it drops; leave ratio=0 and max_age=0")
+
+
+def _validate_fifo(buffer: DictConfig, replay_groups: int) -> None:
+    _check(buffer.mode in FIFO_MODES, f"buffer.mode='{buffer.mode}': choose one of {FIFO_MODES}")
+    _check(0 <= buffer.positive_bias < 1,
+           f"buffer.positive_bias delta={buffer.positive_bias}: use 0 <= delta < 1 (0 = plain FIFO; seed 001 uses 0.5)")
+    extra = buffer.extra_updates
+    _check(isinstance(extra, int) and not isinstance(extra, bool) and extra >= 0,
+           f"buffer.extra_updates={extra}: R - 1 extra updates per step, an integer >= 0 (0 = none, seed 002: 1)")
+    _check(buffer.max_age == 0,
+           f"buffer.max_age={buffer.max_age}: buffer=fifo has no age window (the capacity N bounds staleness); "
+           "leave max_age=0, or use buffer=age1/age2/age3 for an age window")
+    _check(buffer.ratio > 0 or extra > 0,
+           f"buffer=fifo with buffer.ratio rho={buffer.ratio} and buffer.extra_updates=0 never replays; "
+           "set rho > 0 or extra_updates >= 1, or use buffer=none")
+    if buffer.mode != "with_replacement":
+        _check(buffer.capacity >= replay_groups or buffer.allow_infeasible,
+               f"buffer.capacity N={buffer.capacity} < B_replay={replay_groups}: mode={buffer.mode} draws distinct "
+               "groups, so every step would need gap fill; raise buffer.capacity, use mode=with_replacement, or "
+               "buffer.allow_infeasible=true")
+
+
+def _schema(check, cfg: DictConfig) -> None:
+    try:
+        check(cfg)
+    except SchemaError as error:
+        raise ConfigError(str(error)) from None
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)

@@ -1,0 +1,225 @@
+"""Evaluate saved policies on the held-out protocol (SPEC 7) without retraining, logging into their runs.
+
+    python -m src.evaluate --run 1ab4cbe5... evaluation=probe          # add a probe to one finished run
+    python -m src.evaluate --sweep ratio evaluation=canonical           # every finished run of a study
+    python -m src.evaluate --checkpoint outputs/.../checkpoint.pt       # a mid-run checkpoint (a learning-curve point)
+    python -m src.evaluate --policy checkpoints/tiny-countdown evaluation=canonical   # any folder; prints only
+
+Trailing arguments are Hydra overrides of the evaluation, hardware and tracking groups
+(`evaluation.repeats=2`, `hardware=h100`, `tracking.uri=...`). The task and policy settings
+come from the evaluated run's own `config.yaml`, so the held-out prompts are exactly the ones
+that run trained against. A run that already holds this protocol's results is skipped unless
+`--force`. Results go to the run through the MLflow client, so a failed evaluation never
+changes a finished run's status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+import mlflow
+import torch
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from src import progress
+from src.config import ConfigError, validate
+from src.eval.protocol import EvalResult, evaluate
+from src.rollout.engine import SamplingParams, build_engine
+from src.task import countdown
+from src.tracking import ensure_experiment, log_evaluation
+from src.train import CheckpointError, apply_chat_template, read_checkpoint
+
+log = logging.getLogger(__name__)
+console = Console(stderr=True)
+
+
+def evaluate_policy(cfg: DictConfig, policy, tokenizer, engine, heldout, on_repeat=None) -> EvalResult:
+    """The configured evaluation protocol (cfg.evaluation) of one policy on the held-out prompts."""
+    evaluation = cfg.evaluation
+    template = cfg.task.prompt_template
+    if cfg.policy.use_chat_template:
+        template = apply_chat_template(tokenizer, template)
+    return evaluate(
+        engine, heldout[: evaluation.prompts], template, name=evaluation.name,
+        samples_per_prompt=evaluation.samples_per_prompt, repeats=evaluation.repeats, ks=list(evaluation.ks),
+        estimator=evaluation.estimator,
+        sampling=SamplingParams(temperature=evaluation.temperature, top_p=evaluation.top_p,
+                                top_k=evaluation.top_k, max_new_tokens=cfg.policy.max_new_tokens),
+        seed=evaluation.seed, on_repeat=on_repeat,
+    )
+
+
+# --------------------------------------------------------------------------- choosing what to evaluate
+def run_config(client: MlflowClient, run_id: str) -> DictConfig:
+    """The resolved config a run was trained with (its `config.yaml` artifact)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = client.download_artifacts(run_id, "config.yaml", folder)
+        return OmegaConf.load(path)
+
+
+def runs_to_evaluate(client: MlflowClient, experiment: str, run_ids: list[str], sweeps: list[str]) -> list:
+    """The MLflow runs named by id, and every FINISHED run of the given studies (shared cells included)."""
+    runs = []
+    for run_id in run_ids:
+        try:
+            runs.append(client.get_run(run_id))
+        except MlflowException:
+            raise SystemExit(f"no MLflow run '{run_id}' at {mlflow.get_tracking_uri()}; "
+                             "run ids are listed by `make ui` or `python -m analysis.summary`") from None
+    if sweeps:
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            raise SystemExit(f"no MLflow experiment '{experiment}' at {mlflow.get_tracking_uri()}")
+        for sweep in sweeps:  # a cell a study reused from another one carries the study in `sweeps`
+            for query in (f"tags.sweep = '{sweep}'", f"tags.sweeps LIKE '%,{sweep},%'"):
+                runs += client.search_runs([found.experiment_id],
+                                           filter_string=f"{query} and attributes.status = 'FINISHED'",
+                                           max_results=10000, order_by=["attributes.start_time ASC"])
+    unique = {run.info.run_id: run for run in runs}
+    return list(unique.values())
+
+
+def merged_config(trained: DictConfig, composed: DictConfig) -> DictConfig:
+    """The run's task and policy, with the evaluation, hardware and tracking chosen now."""
+    cfg = OmegaConf.create(OmegaConf.to_container(trained, resolve=True))
+    for group in ("evaluation", "hardware", "tracking"):
+        cfg[group] = composed[group]
+    return cfg
+
+
+def stage_of(step: int, total_steps: int) -> str:
+    """'final' for the end of training, 'during' for an intermediate checkpoint."""
+    return "final" if step >= total_steps else "during"
+
+
+def load_for_evaluation(cfg: DictConfig, policy_path: str, checkpoint: Path | None):
+    """(policy, tokenizer, engine) from a saved folder, optionally overwritten by a training checkpoint's weights."""
+    from src.policy.model import load_policy
+
+    if cfg.hardware.threads:
+        torch.set_num_threads(cfg.hardware.threads)
+    policy, tokenizer = load_policy(policy_path, cfg.hardware.device, cfg.hardware.dtype)
+    if checkpoint is not None:
+        payload = read_checkpoint(checkpoint, map_location=cfg.hardware.device)  # weights_only: never runs code
+        policy.load_state_dict(payload["policy"])
+    engine = build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
+                         **cfg.policy.get("vllm", {}))
+    return policy, tokenizer, engine
+
+
+def evaluate_with_progress(cfg: DictConfig, label: str, policy_path: str, checkpoint: Path | None) -> EvalResult:
+    """Load, evaluate with a progress bar over the samples (ETA from the repeats done), and return the result."""
+    heldout = countdown.heldout_instances(cfg.task)
+    policy, tokenizer, engine = load_for_evaluation(cfg, policy_path, checkpoint)
+    with progress.evaluation_progress(f"evaluate {label} ({cfg.evaluation.name})", cfg.evaluation) as on_repeat:
+        return evaluate_policy(cfg, policy, tokenizer, engine, heldout, on_repeat=on_repeat)
+
+
+def print_result(label: str, result: EvalResult) -> None:
+    table = Table(title=f"{label}: {result.name} ({len(result.per_repeat)} repeats)")
+    table.add_column("metric")
+    table.add_column("mean", justify="right")
+    table.add_column("95% half-width", justify="right")
+    for key, value in result.summary.items():
+        if not key.endswith("_hw"):
+            half_width = result.summary.get(f"{key}_hw", float("nan"))
+            table.add_row(key, f"{value:.3f}", "-" if half_width != half_width else f"{half_width:.3f}")
+    console.print(table)
+
+
+# --------------------------------------------------------------------------- command line
+def main(argv: list[str] | None = None) -> int:
+    import src.config  # noqa: F401  (the ${root:} resolver)
+    from hydra import compose, initialize_config_dir
+
+    from src.paths import CONFIG_DIR
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    target = parser.add_argument_group("what to evaluate (at least one)")
+    target.add_argument("--run", action="append", default=[], help="MLflow run id (repeatable)")
+    target.add_argument("--sweep", action="append", default=[], help="every FINISHED run tagged with this sweep")
+    target.add_argument("--checkpoint", type=Path, help="a training checkpoint.pt (logged into its own run)")
+    target.add_argument("--policy", help="a saved policy folder or hub name (results printed and written as CSV)")
+    parser.add_argument("--force", action="store_true", help="evaluate again even if the run has these results")
+    parser.add_argument("--out", type=Path, default=Path("outputs/evaluations"),
+                        help="where --policy writes its CSV tables")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. evaluation=probe evaluation.repeats=2")
+    args = parser.parse_args(argv)
+    progress.silence_library_bars()
+    if not (args.run or args.sweep or args.checkpoint or args.policy):
+        parser.error("name what to evaluate: --run RUN_ID, --sweep NAME, --checkpoint PATH or --policy PATH")
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        composed = compose("config", overrides=args.overrides)
+    try:
+        validate(composed)  # a bad evaluation setting fails before any model is loaded
+    except ConfigError as error:
+        console.print(f"[red]config error:[/red] {error}")
+        return 2
+    protocol = composed.evaluation.name
+
+    if args.policy:
+        result = evaluate_with_progress(composed, Path(args.policy).name, args.policy, None)
+        print_result(args.policy, result)
+        args.out.mkdir(parents=True, exist_ok=True)
+        for table_name, table in (("per_prompt", result.per_prompt), ("per_repeat", result.per_repeat)):
+            table.to_csv(args.out / f"{Path(args.policy).name}_{protocol}_{table_name}.csv", index=False)
+        console.print(f"tables written to {args.out}")
+        if not (args.run or args.sweep or args.checkpoint):
+            return 0
+
+    ensure_experiment(composed.tracking.uri, composed.tracking.experiment, composed.tracking.artifact_location)
+    client = MlflowClient()
+    jobs: list[tuple[str, str, Path | None, int]] = []  # (run id, policy path, checkpoint, step)
+    if args.checkpoint:
+        if not args.checkpoint.is_file():
+            console.print(f"[red]no checkpoint at {args.checkpoint}[/red]: runs write checkpoint.pt into their "
+                          "output folder (the run's `output_dir` tag)")
+            return 2
+        try:
+            payload = read_checkpoint(args.checkpoint, map_location="cpu")
+        except CheckpointError as error:
+            console.print(f"[red]{error}[/red]")
+            return 2
+        jobs.append((payload["run_id"], None, args.checkpoint, payload["state"]["step"]))
+    for run in runs_to_evaluate(client, composed.tracking.experiment, args.run, args.sweep):
+        policy_path = run.data.tags.get("final_policy")
+        if run.info.status != "FINISHED" or not policy_path or not Path(policy_path).exists():
+            console.print(f"[yellow]skip[/yellow] run {run.info.run_id[:8]} ({run.data.tags.get('cell', '?')}): "
+                          f"status {run.info.status}, saved policy {policy_path or 'not recorded'}"
+                          + ("" if not policy_path or Path(policy_path).exists() else " is missing"))
+            continue
+        jobs.append((run.info.run_id, policy_path, None, int(run.data.params.get("trainer.steps", 0))))
+    if args.sweep and not jobs:
+        console.print(f"[red]no finished runs[/red] in sweep(s) {', '.join(args.sweep)} of experiment "
+                      f"'{composed.tracking.experiment}' at {composed.tracking.uri}")
+        return 1
+
+    for run_id, policy_path, checkpoint, step in jobs:
+        trained = run_config(client, run_id)
+        cfg = merged_config(trained, composed)
+        stage = stage_of(step, trained.trainer.steps)
+        label = f"{run_id[:8]} {client.get_run(run_id).data.tags.get('cell', '')}"
+        history = client.get_metric_history(run_id, f"{protocol}/{stage}/mean_reward")
+        if any(m.step == step for m in history) and not args.force:
+            console.print(f"[green]done already[/green] {label}: {protocol}/{stage} at step {step} (--force to redo)")
+            continue
+        if policy_path is None:  # a checkpoint: architecture and tokenizer from the run's starting policy
+            policy_path = trained.policy.name_or_path
+        result = evaluate_with_progress(cfg, label, policy_path, checkpoint)
+        log_evaluation(run_id, result, stage, step)
+        print_result(label, result)
+        console.print(f"logged to MLflow run {run_id} as {protocol}/{stage}/* at step {step}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

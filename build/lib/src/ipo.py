@@ -1,0 +1,130 @@
+"""IPO baseline (seed 004 Table 1; Azar et al. 2023): pairwise preferences from the policy's own verifier-scored samples.
+
+`loss=ipo` keeps the runner's sampling exactly (B groups of K fresh responses per step, each scored
+once by the verifier, so its fresh evaluations count like every method's) and replaces the RLOO
+update with IPO on preference pairs built inside each group:
+
+- Pairing: every pair (w, l) of responses of one group with reward r_w > r_l; equal rewards give no
+  pair (no preference), so a group whose K rewards are all equal contributes nothing. A group with
+  rewards [1.0, 0.1, 0.1, 0.0] gives the 5 pairs (0,1), (0,2), (0,3), (1,3), (2,3). All pairs, not a
+  sampled subset: the per-response log-probs are computed once whatever the number of pairs.
+- Loss (Azar et al. eq. 17): with h = (log pi(y_w|x) - log pi_ref(y_w|x)) - (log pi(y_l|x) - log pi_ref(y_l|x))
+  (sequence log-probs, sums over response tokens), L = mean over the batch's pairs of (h - 1/(2 tau))^2.
+  pi_ref is the frozen warm start (the runner's reference); tau (loss.tau) sets the target margin.
+  No KL or entropy term: IPO's regression to 1/(2 tau) is its regulariser.
+
+Micro-batching: L is not a sum over responses, so accumulating per-micro-batch losses would not give
+its gradient. The update takes one no-grad pass for every response's log pi and log pi_ref, computes
+dL/d log pi(y_i|x) exactly (`ipo_response_gradients`), then a second pass backpropagates
+sum_i g_i log pi(y_i|x) micro-batch by micro-batch: the same gradient as one batch, at one extra forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from src.objective import kl_k3
+from src.replay.buffer import Group
+
+
+def ipo_pairs(rewards: list[float]) -> list[tuple[int, int]]:
+    """(chosen, rejected) index pairs of one group: every ordered pair whose rewards differ, higher reward chosen."""
+    return [(w, l) for w in range(len(rewards)) for l in range(len(rewards)) if rewards[w] > rewards[l]]
+
+
+def ipo_loss(chosen_logratio: torch.Tensor, rejected_logratio: torch.Tensor, tau: float) -> torch.Tensor:
+    """Mean over pairs of ((log pi/pi_ref)(y_w) - (log pi/pi_ref)(y_l) - 1/(2 tau))^2 (Azar et al. eq. 17)."""
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    margin = chosen_logratio - rejected_logratio
+    return ((margin - 1.0 / (2.0 * tau)) ** 2).mean()
+
+
+def ipo_response_gradients(logratios: torch.Tensor, pairs: list[tuple[int, int]], tau: float) -> tuple[torch.Tensor, float]:
+    """(dL/d logratio_i for every response, L) for the pairs over flat response indices; zeros when no pairs."""
+    if not pairs:
+        return torch.zeros_like(logratios), 0.0
+    ratios = logratios.detach().clone().requires_grad_(True)
+    chosen = torch.tensor([w for w, _ in pairs])
+    rejected = torch.tensor([l for _, l in pairs])
+    loss = ipo_loss(ratios[chosen], ratios[rejected], tau)
+    (gradient,) = torch.autograd.grad(loss, ratios)
+    return gradient, loss.item()
+
+
+def batch_pairs(groups: list[Group]) -> list[tuple[int, int]]:
+    """Every group's pairs as indices into the flat list of the batch's responses (group by group)."""
+    pairs, start = [], 0
+    for group in groups:
+        pairs += [(start + w, start + l) for w, l in ipo_pairs(list(group.rewards))]
+        start += group.size
+    return pairs
+
+
+def ipo_update(policy, reference, optimizer, groups: list[Group], trainer_cfg, loss_cfg, pad_id: int,
+               autocast: str | None):
+    """One optimizer step of IPO on the batch's within-group pairs; returns the runner's UpdateResult."""
+    # The forward-pass helpers live in the runner; imported here so that src.train needs only a one-line switch.
+    from src.train import UpdateResult, autocast_context, micro_batches, reference_token_logprobs, response_token_stats
+
+    sequences = [(group.prompt_ids, response) for group in groups for response in group.response_ids]
+    cached = [None if group.reference_logprobs is None else group.reference_logprobs[j]
+              for group in groups for j in range(group.size)]
+    count = len(sequences)
+    logprobs, reference_sums = torch.zeros(count), torch.zeros(count)
+    kl_sums = torch.zeros(count)
+    token_counts = torch.tensor([float(len(response)) for _, response in sequences])
+    reference_tokens: list[tuple[float, ...]] = [()] * count
+    entropy_total = 0.0
+    batches = micro_batches(sequences, trainer_cfg.micro_batch_size, trainer_cfg.micro_batch_tokens)
+
+    # Pass 1 (no grad): log pi and log pi_ref per response, KL and entropy for the logs.
+    policy.train()
+    with torch.no_grad():
+        for index in batches:
+            chunk = [sequences[i] for i in index]
+            with autocast_context(policy, autocast):
+                token_logprobs, entropy, mask = response_token_stats(policy, chunk, pad_id, with_entropy=True,
+                                                                     fused=trainer_cfg.fused_logprobs)
+                ref = reference_token_logprobs(reference, chunk, [cached[i] for i in index], pad_id,
+                                               like=token_logprobs, fused=trainer_cfg.fused_logprobs)
+            mask = mask.float()
+            token_logprobs, ref = token_logprobs.float(), ref.float()
+            logprobs[index] = (token_logprobs * mask).sum(-1).cpu()
+            reference_sums[index] = (ref * mask).sum(-1).cpu()
+            kl_sums[index] = (kl_k3(token_logprobs, ref) * mask).sum(-1).cpu()
+            entropy_total += (entropy.float() * mask).sum().item()
+            ref_cpu, mask_cpu = ref.cpu(), mask.bool().cpu()
+            for row, i in enumerate(index):
+                reference_tokens[i] = tuple(ref_cpu[row][mask_cpu[row]].tolist())
+
+    pairs = batch_pairs(groups)
+    gradients, loss = ipo_response_gradients(logprobs - reference_sums, pairs, loss_cfg.tau)
+
+    # Pass 2: backpropagate sum_i g_i log pi(y_i|x); log pi_ref is a constant, so this is dL/dtheta.
+    optimizer.zero_grad(set_to_none=True)
+    if pairs:
+        for index in batches:
+            weights = gradients[index]
+            if not weights.any():
+                continue  # responses in no pair (or with zero gradient) need no backward pass
+            chunk = [sequences[i] for i in index]
+            with autocast_context(policy, autocast):
+                token_logprobs, _, mask = response_token_stats(policy, chunk, pad_id, with_entropy=False,
+                                                               fused=trainer_cfg.fused_logprobs)
+            sequence = (token_logprobs.float() * mask.float()).sum(-1)
+            (weights.to(sequence.device) * sequence).sum().backward()
+        if trainer_cfg.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), trainer_cfg.max_grad_norm)
+        optimizer.step()
+    total_tokens = max(float(token_counts.sum()), 1.0)
+    margins = torch.tensor([(logprobs[w] - reference_sums[w]) - (logprobs[l] - reference_sums[l]) for w, l in pairs])
+    ones = torch.ones(count)
+    return UpdateResult(
+        logprobs=logprobs, raw_weights=ones, weights=ones, kl_sums=kl_sums, token_counts=token_counts,
+        reference_tokens=reference_tokens, loss=loss, policy_loss=loss, kl=float(kl_sums.sum()) / total_tokens,
+        entropy=entropy_total / total_tokens, optimizer_steps=1 if pairs else 0,
+        extras={"ipo/pairs": float(len(pairs)),
+                "ipo/groups_with_pairs": float(sum(bool(ipo_pairs(list(g.rewards))) for g in groups)),
+                "ipo/margin_mean": margins.mean().item() if pairs else float("nan"),
+                "ipo/target_margin": 1.0 / (2.0 * loss_cfg.tau)})

@@ -1,0 +1,126 @@
+"""Pure tensor pieces of the Replay-RLOO objective (SPEC 4; paper eqs. 1-3).
+
+The trainer composes the loss itself (eq. 3):
+
+    L(theta) = -(1/B) sum_i w_i A_i log pi_theta(y_i|x_i) + beta_KL * KL[pi_theta || pi_ref] - beta_H * H[pi_theta]
+
+with A_i from `leave_one_out_advantages` (eq. 1), w_i from `importance_weights` (eq. 2, a
+constant in the gradient), the KL estimated per response token with `kl_k3`, and the
+entropy per response token with `token_entropy`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def plan_batch(groups_per_step: int, ratio: float) -> tuple[int, int]:
+    """Split B groups into (B_fresh, B_replay) with B_fresh = round(B / (1 + ratio)) (SPEC 3.1)."""
+    if isinstance(groups_per_step, bool) or int(groups_per_step) != groups_per_step or groups_per_step < 1:
+        raise ValueError(f"groups_per_step (B) must be an integer >= 1, got {groups_per_step!r}.")
+    ratio = float(ratio)
+    if not math.isfinite(ratio) or ratio < 0:
+        raise ValueError(f"replay ratio must be a finite number >= 0, got {ratio!r}; use 0 for fresh-only.")
+    b = int(groups_per_step)
+    b_fresh = round(b / (1.0 + ratio))  # Python round (half to even), as in the paper's table
+    if b_fresh < 1:
+        # With no fresh groups the buffer would never be refilled.
+        raise ValueError(
+            f"ratio={ratio} with groups_per_step={b} leaves B_fresh={b_fresh}; "
+            "lower the ratio or raise groups_per_step so at least one fresh group is sampled per step."
+        )
+    return b_fresh, b - b_fresh
+
+
+def leave_one_out_advantages(rewards: Tensor) -> Tensor:
+    """Leave-one-out advantages A_i = r_i - mean_{j != i} r_j over the last dim (eq. 1)."""
+    if rewards.dim() < 1:
+        raise ValueError("rewards must have shape [G, K] (groups x responses), got a scalar.")
+    k = rewards.shape[-1]
+    if k < 2:
+        raise ValueError(f"leave-one-out needs K >= 2 responses per group, got K={k}.")
+    total = rewards.sum(dim=-1, keepdim=True)
+    return rewards - (total - rewards) / (k - 1)
+
+
+def importance_weights(
+    current_logprobs: Tensor, behaviour_logprobs: Tensor, clip_ceiling: float
+) -> tuple[Tensor, Tensor]:
+    """Return (clipped, raw) sequence weights min(c, exp(log pi - log mu)) and exp(log pi - log mu), detached (eq. 2)."""
+    c = float(clip_ceiling)
+    if not c > 0:  # also rejects nan
+        raise ValueError(f"clip_ceiling c must be > 0, got {clip_ceiling!r}; the paper uses c in {{1, 3, 10}}.")
+    if current_logprobs.shape != behaviour_logprobs.shape:
+        raise ValueError(
+            f"current_logprobs shape {tuple(current_logprobs.shape)} != behaviour_logprobs shape "
+            f"{tuple(behaviour_logprobs.shape)}; pass one sequence log-prob per response for both."
+        )
+    # The weight is a constant in the gradient (SPEC 4), so it is computed without autograd.
+    with torch.no_grad():
+        raw = torch.exp(current_logprobs.detach() - behaviour_logprobs.detach().to(current_logprobs.dtype))
+        clipped = raw.clamp(max=c)  # one-sided clip: only large weights are capped
+    return clipped, raw
+
+
+def clip_fraction(raw_weights: Tensor, clip_ceiling: float) -> float:
+    """Share of raw weights strictly above c; nan for empty input (nothing was reused)."""
+    if raw_weights.numel() == 0:
+        return float("nan")
+    return (raw_weights.detach() > float(clip_ceiling)).double().mean().item()
+
+
+def effective_sample_size(weights: Tensor) -> float:
+    """Normalised ESS (sum w)^2 / (n * sum w^2) in (0, 1]; nan for empty or all-zero weights."""
+    w = weights.detach().double().flatten()
+    n = w.numel()
+    if n == 0:
+        return float("nan")
+    denom = n * (w * w).sum().item()
+    if denom == 0:
+        return float("nan")
+    return w.sum().item() ** 2 / denom
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL[pi || ref]: exp(ref - logp) - (ref - logp) - 1 (unbiased, >= 0)."""
+    # Schulman's k3: for tokens sampled from pi, E[exp(d) - d - 1] with d = log ref - log pi is KL[pi||ref].
+    d = ref_logprobs.detach() - logprobs  # the reference is frozen
+    return torch.exp(d) - d - 1.0
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Exact entropy of softmax(logits) at each position, [..., V] -> [...], differentiable."""
+    logp = torch.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    # Masked (-inf) logits have p = 0; zero their log-prob so 0 * -inf does not give nan.
+    return -(p * logp.masked_fill(p == 0, 0.0)).sum(dim=-1)
+
+
+def batch_rows(group_sizes: list[int], responses: list | None = None) -> list[tuple[int, int]]:
+    """(group, response) index pairs of the responses a batch trains on, in batch order.
+
+    `responses[g]` lists the response indices of group g to train on (a FIFO positive-bias draw
+    keeps only some); None there, or `responses=None`, means all K. Advantages are still
+    computed from every reward of the group (SPEC 9 FIFO: "train only on draw.responses").
+    """
+    if responses is None:
+        responses = [None] * len(group_sizes)
+    if len(responses) != len(group_sizes):
+        raise ValueError(f"responses has {len(responses)} entries for {len(group_sizes)} groups; pass one per group.")
+    return [(g, j) for g, (size, keep) in enumerate(zip(group_sizes, responses))
+            for j in (range(size) if keep is None else keep)]
+
+
+def interleaved_mini_batches(rows: int, updates: int) -> list[list[int]]:
+    """Split rows 0..rows-1 into min(updates, rows) mini-batches, row i going to mini-batch i mod M.
+
+    Deterministic (a resumed run splits identically) and it mixes fresh and replayed rows,
+    which the batch lists fresh first.
+    """
+    if updates < 1:
+        raise ValueError(f"updates_per_step must be >= 1, got {updates!r}.")
+    m = min(int(updates), rows)
+    return [list(range(start, rows, m)) for start in range(m)]

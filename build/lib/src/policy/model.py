@@ -1,0 +1,63 @@
+"""Policy models: the tiny CPU policy and loading any policy by name or path.
+
+The tiny policy is a Llama-architecture decoder (the same pre-norm RoPE/GQA/SwiGLU block as
+Qwen2, minus the qkv bias). Not Qwen2 itself: transformers 5 maps the qwen2 model type to
+`Qwen2Tokenizer` whatever `tokenizer_config.json` says, which would silently swap the project's
+own tokenizer for a byte-level BPE on load; for llama it honours the saved tokenizer class.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
+from src.paths import resolve_policy_path
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 128, layers: int = 4,
+                     heads: int = 4, kv_heads: int = 2, max_positions: int = 512, seed: int = 0) -> LlamaForCausalLM:
+    """A randomly initialised decoder sized for the Countdown tokenizer (about 1 M parameters)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    return LlamaForCausalLM(config)
+
+
+def load_policy(name_or_path: str, device: str = "cpu", dtype: str = "float32"):
+    """Load (model, tokenizer) through `from_pretrained`, the same path for hub models and local folders."""
+    source = resolve_policy_path(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
+    except OSError as error:
+        raise FileNotFoundError(
+            f"policy '{name_or_path}' could not be loaded ({error.__class__.__name__}). On this machine the hub "
+            "may be unreachable: point policy.name_or_path at a local folder that holds the weights, or run "
+            "`make sft-tiny` to rebuild the tiny CPU policy."
+        ) from error
+    if tokenizer.pad_token is None:  # base Qwen tokenizers ship without a pad token
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device), tokenizer
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen, eval-mode copy of the model: the reference policy pi_ref for the KL term."""
+    import copy
+
+    reference = copy.deepcopy(model).eval()
+    for parameter in reference.parameters():
+        parameter.requires_grad_(False)
+    return reference

@@ -1,0 +1,492 @@
+"""FIFO experience replay of whole prompt groups (SPEC 9 "FIFO replay"; seeds 001 and 002).
+
+Sources (plain-text copies in ``shared/seeds/``):
+
+* seed 001 (``001_c87e0ce01a0f00be.txt``), "Experience replay for LLM post-training":
+  a first-in, first-out buffer holding the last N samples, sampled uniformly with replacement
+  (section 3.1-3.2 and appendix B.5); the "No replacement" and "No replacement, at least once"
+  variants (appendix E, Figure 18); positive-bias sampling with coefficient delta (section 5 and
+  appendix D.4); the off-policiness, replay-ratio and steps-since-last-use statistics
+  (section 3.2, Figure 2 and appendix D.3).
+* seed 002 (``002_5f3b34911f9cc9a3.txt``), "Off-policy sampling for RLOO", section 3.2 and
+  Algorithm 1: one update on the fresh batch, then R - 1 extra updates on batches drawn from the
+  FIFO buffer, and only then the fresh batch is appended to the buffer
+  (:func:`extra_updates`, :meth:`FifoReplayBuffer.extra_update_batches`).
+
+Conventions shared with :class:`src.replay.buffer.ReplayBuffer`:
+
+* The stored unit is :class:`~src.replay.buffer.Group` (one prompt and its K responses).
+  Capacity N counts groups: the buffer keeps the last N groups added, oldest dropped first
+  (with positive bias: at most N * K responses, see below).
+* A group sampled at step ``s`` has age ``t - s`` at step ``t`` (seed 001's off-policiness,
+  measured in gradient steps). ``sample(count, t)`` draws only groups of age >= 1: fresh groups
+  are ``add``-ed after the update of the step that sampled them, and were they stored already
+  their age would be 0, which is not eligible. There is no upper age limit; the capacity bounds
+  staleness.
+* Sampling never removes a group; a replayed group is not re-added.
+
+Sampling modes (``mode``):
+
+* ``"with_replacement"`` (default, seed 001's "vanilla"): ``count`` independent draws from the
+  eligible groups, so one group may appear more than once in a batch.
+* ``"without_replacement"``: ``min(count, #eligible)`` distinct groups.
+* ``"at_least_once"`` (seed 001 Figure 18, "samples that have never been used are sampled in
+  priority, after what the remainder of the batch is filled without replacement"). Precisely,
+  one call draws ``min(count, #eligible)`` distinct groups: first from the eligible groups that
+  have never been drawn (all of them if they fit, else a random subset), then the remainder
+  from the eligible groups already drawn before. Hence a group is drawn a second time only in
+  a call that also draws every eligible never-drawn group: every stored group is drawn once
+  before any group is drawn again, except groups that the FIFO pushes out before a draw
+  reaches them.
+
+Positive-bias sampling (``positive_bias = delta``, seed 001 section 5 and appendix D.4): "instead
+of keeping the freshest N generated rollouts in the buffer, we keep the freshest (1 - delta)N
+generated rollouts along with the freshest delta N correct rollouts not included in those
+(1 - delta)N trajectories, and uniformly sample from these N samples". The paper stores single
+rollouts, so the rule is per rollout, and we follow it per rollout:
+
+* With group size K the buffer's rollout capacity is N * K. The freshest ``N - round(delta N)``
+  groups are kept whole (the paper's (1 - delta) share, rounded to whole groups so that no
+  fresh group is split); older groups keep only their correct responses (reward >=
+  ``correct_reward``), the freshest ``round(delta N) * K`` of them in total. Within one group
+  all responses were generated at the same step; a higher response index counts as fresher.
+  A positive-bias buffer therefore needs one K for all groups. ``round`` is Python's (halves to
+  even). The rule holds at all times, also before the buffer is full: as in the paper, an
+  incorrect rollout outside the freshest (1 - delta) share is never kept.
+* A trimmed group is still stored with all K rewards: the paper computes each rollout's
+  advantage from its whole group when the rollout is generated (appendix D.2), so the trainer
+  must compute leave-one-out advantages from ``draw.group.rewards`` and train only on
+  ``draw.responses``.
+* "Uniformly sample from these N samples" is per rollout; we draw groups, so each group is drawn
+  with probability proportional to its stored responses (uniform while every group is whole).
+
+Use statistics (seed 001): every draw returns a :class:`FifoDraw` carrying its age at use, its use
+number and its steps since last use ("new" for a first use, 0 for a repeat within the same
+batch, as in appendix D.3); :func:`use_statistics` summarises draws and
+:meth:`FifoReplayBuffer.replay_counts` gives the replay count per group (mean / max / histogram).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from src.replay.buffer import Group, restore_rng, rng_state, write_json_atomic
+from src.task.countdown import REWARD_CORRECT
+
+_STATE_VERSION = 1
+
+SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
+
+
+def check_int(name: str, value: object, minimum: int, hint: str = "") -> int:
+    """Return `value` as an int, or raise a ValueError naming `name` if it is not an integer >= `minimum`."""
+    # bool is an int subclass; a flag passed where a number belongs is a config mistake.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.{(' ' + hint) if hint else ''}")
+    return int(value)
+
+
+def extra_updates(replay_factor: int) -> int:
+    """Number of extra replay updates per fresh batch in seed 002's replay mode: R - 1."""
+    return check_int("replay_factor (R)", replay_factor, 1, "R = 1 means no extra replay updates.") - 1
+
+
+def positive_bias_keep(correct: Sequence[bool], capacity: int, delta: float) -> list[int]:
+    """Positions (ascending) that seed 001's positive-bias rule keeps from a rollout stream listed oldest first.
+
+    The freshest ``capacity - round(delta * capacity)`` rollouts are kept whatever their reward,
+    plus the freshest ``round(delta * capacity)`` correct rollouts older than those.
+    """
+    capacity = check_int("capacity", capacity, 1)
+    delta = _check_delta(delta)
+    n_correct = round(delta * capacity)
+    return _keep_freshest(list(correct), capacity - n_correct, n_correct)
+
+
+def _check_delta(delta: float) -> float:
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 <= delta <= 1.0:
+        raise ValueError(
+            f"positive_bias (delta) must be a number in [0, 1], got {delta!r}; use 0 for the plain FIFO buffer."
+        )
+    return float(delta)
+
+
+def _keep_freshest(correct: list[bool], n_fresh: int, n_correct: int) -> list[int]:
+    # Freshest n_fresh items whatever they are, then walk back collecting correct ones.
+    start = max(0, len(correct) - n_fresh)
+    older: list[int] = []
+    for i in range(start - 1, -1, -1):
+        if len(older) == n_correct:
+            break
+        if correct[i]:
+            older.append(i)
+    return older[::-1] + list(range(start, len(correct)))
+
+
+@dataclass(frozen=True)
+class FifoDraw:
+    """One use of a stored group in a training batch, with its seed-001 statistics."""
+
+    group: Group
+    responses: tuple[int, ...]  # response indices to train on: all K unless positive bias trimmed the group
+    uid: int  # stable id of the stored group (order of add)
+    step: int  # step at which the group is used
+    age: int  # off-policiness: step - group.step (>= 1)
+    use: int  # 1 for the group's first use, 2 for its second, ...
+    steps_since_last_use: int | None  # None for a first use ("new"); 0 for a repeat within one batch
+
+
+@dataclass(frozen=True)
+class UseStats:
+    """Age-at-use and steps-since-last-use summary of some draws (seed 001 section 3.2, D.3)."""
+
+    draws: int
+    age_mean: float | None  # None when there are no draws
+    age_max: int | None
+    age_histogram: dict[int, int]
+    new: int  # first uses
+    since_last_use_mean: float | None  # over repeat uses; None when every draw is new
+    since_last_use_histogram: dict[int, int]  # repeat uses only; "new" is counted in `new`
+
+    def metrics(self, prefix: str = "fifo/") -> dict[str, float]:
+        """Flat float metrics for logging; undefined means are left out rather than logged as 0."""
+        out = {f"{prefix}draws": float(self.draws), f"{prefix}new_draws": float(self.new)}
+        if self.age_mean is not None:
+            out[f"{prefix}age_at_use_mean"] = self.age_mean
+            out[f"{prefix}age_at_use_max"] = float(self.age_max)
+        if self.since_last_use_mean is not None:
+            out[f"{prefix}steps_since_last_use_mean"] = self.since_last_use_mean
+        return out
+
+
+@dataclass(frozen=True)
+class ReplayCounts:
+    """Replay count per group (seed 001's replay ratio): how many times each group was drawn."""
+
+    groups: int
+    mean: float | None  # None when no group was ever added
+    max: int | None
+    histogram: dict[int, int]  # uses -> number of groups
+
+    def metrics(self, prefix: str = "fifo/") -> dict[str, float]:
+        """Flat float metrics for logging; undefined values are left out."""
+        out = {f"{prefix}replay_count_groups": float(self.groups)}
+        if self.mean is not None:
+            out[f"{prefix}replay_count_mean"] = self.mean
+            out[f"{prefix}replay_count_max"] = float(self.max)
+        return out
+
+
+def _histogram(values: Iterable[int]) -> dict[int, int]:
+    hist: dict[int, int] = {}
+    for v in values:
+        hist[v] = hist.get(v, 0) + 1
+    return dict(sorted(hist.items()))
+
+
+def use_statistics(draws: Sequence[FifoDraw]) -> UseStats:
+    """Summarise draws: age at use (mean / max / histogram) and steps since last use."""
+    ages = [d.age for d in draws]
+    since = [d.steps_since_last_use for d in draws if d.steps_since_last_use is not None]
+    return UseStats(
+        draws=len(draws),
+        age_mean=sum(ages) / len(ages) if ages else None,
+        age_max=max(ages) if ages else None,
+        age_histogram=_histogram(ages),
+        new=len(draws) - len(since),
+        since_last_use_mean=sum(since) / len(since) if since else None,
+        since_last_use_histogram=_histogram(since),
+    )
+
+
+@dataclass
+class _Slot:
+    # Mutable bookkeeping for one stored group; never handed out (FifoDraw is the public view).
+    uid: int
+    group: Group
+    responses: tuple[int, ...]
+    uses: int = 0
+    last_used: int | None = None
+
+
+class FifoReplayBuffer:
+    """Keeps the last N groups (optionally positive-biased) and samples replay groups of age >= 1."""
+
+    def __init__(self, capacity: int, mode: str = "with_replacement", positive_bias: float = 0.0,
+                 correct_reward: float = REWARD_CORRECT, seed: int = 0) -> None:
+        self.capacity = check_int("capacity (N)", capacity, 1, "It counts groups.")
+        if mode not in SAMPLING_MODES:
+            raise ValueError(f"mode must be one of {', '.join(SAMPLING_MODES)}; got {mode!r}.")
+        self.mode = mode
+        self.positive_bias = _check_delta(positive_bias)
+        if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)):
+            raise ValueError(f"correct_reward must be a number (Countdown: 1.0), got {correct_reward!r}.")
+        self.correct_reward = float(correct_reward)
+        self.seed = int(seed)
+        self._rng = random.Random(self.seed)
+        self._slots: list[_Slot] = []  # insertion order == step order
+        self.group_size: int | None = None  # K, fixed by the first group when positive_bias > 0
+        self._next_uid = 0
+        self._retired_uses: dict[int, int] = {}  # final use count -> groups that left the buffer
+        self.added = 0
+        self.dropped = 0  # groups that left the buffer entirely
+        self.dropped_rollouts = 0  # responses that left it (whole dropped groups and positive-bias trims)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    @property
+    def groups(self) -> tuple[Group, ...]:
+        """All stored groups, oldest first (read-only view)."""
+        return tuple(s.group for s in self._slots)
+
+    @property
+    def stored_responses(self) -> tuple[tuple[int, ...], ...]:
+        """Response indices still stored for each group in `groups` (all K unless trimmed by positive bias)."""
+        return tuple(s.responses for s in self._slots)
+
+    @property
+    def rollouts(self) -> int:
+        """Number of stored responses (at most N * K)."""
+        return sum(len(s.responses) for s in self._slots)
+
+    def eligible(self, step: int) -> list[Group]:
+        """Groups that may be drawn at `step`: age >= 1, i.e. not sampled at `step` itself."""
+        return [s.group for s in self._eligible_slots(step)]
+
+    def _eligible_slots(self, step: int) -> list[_Slot]:
+        return [s for s in self._slots if s.group.age(step) >= 1]
+
+    # ---- adding and the retention rule ----
+
+    def add(self, groups: Iterable[Group]) -> None:
+        """Store this step's fresh groups (call after the update), then apply the retention rule."""
+        new = list(groups)
+        newest = self._slots[-1].group.step if self._slots else None
+        group_size = self.group_size
+        for g in new:
+            if not isinstance(g, Group):
+                raise TypeError(f"FifoReplayBuffer.add expects Group objects, got {type(g).__name__}.")
+            if g.behaviour_logprobs is None:
+                raise ValueError(
+                    f"Group sampled at step {g.step} has no behaviour_logprobs; "
+                    "call group.with_behaviour_logprobs(...) with the trainer's log mu(y|x) before add()."
+                )
+            # FIFO order must be step order, or "oldest dropped first" would drop the wrong groups.
+            if newest is not None and g.step < newest:
+                raise ValueError(
+                    f"Group sampled at step {g.step} added after a group of step {newest}; "
+                    "add each step's fresh groups once, in step order."
+                )
+            newest = g.step
+            if self.positive_bias > 0:
+                group_size = g.size if group_size is None else group_size
+                if g.size != group_size:
+                    raise ValueError(
+                        f"Positive-bias buffer holds groups of K={group_size} but got K={g.size}; "
+                        "its rollout budget N*K needs one group size (use positive_bias=0 for mixed K)."
+                    )
+        self.group_size = group_size  # set only once the whole call is valid
+        for g in new:
+            self._slots.append(_Slot(uid=self._next_uid, group=g, responses=tuple(range(g.size))))
+            self._next_uid += 1
+        self.added += len(new)
+        if self.positive_bias > 0:
+            self._retain_positive_bias()
+        else:
+            self._remove(self._slots[: max(0, len(self._slots) - self.capacity)])
+
+    def _retain_positive_bias(self) -> None:
+        # Seed 001 D.4 on the flattened rollout stream (oldest group first, response index order).
+        k = self.group_size
+        n_correct_groups = round(self.positive_bias * self.capacity)
+        flat = [(slot, i) for slot in self._slots for i in slot.responses]
+        correct = [slot.group.rewards[i] >= self.correct_reward for slot, i in flat]
+        keep = _keep_freshest(correct, (self.capacity - n_correct_groups) * k, n_correct_groups * k)
+        kept_by_uid: dict[int, list[int]] = {}
+        for j in keep:
+            slot, i = flat[j]
+            kept_by_uid.setdefault(slot.uid, []).append(i)
+        gone = []
+        for slot in self._slots:
+            kept = tuple(kept_by_uid.get(slot.uid, ()))
+            if not kept:
+                gone.append(slot)
+            else:
+                self.dropped_rollouts += len(slot.responses) - len(kept)
+                slot.responses = kept
+        self._remove(gone)
+
+    def _remove(self, slots: list[_Slot]) -> None:
+        if not slots:
+            return
+        uids = {s.uid for s in slots}
+        for s in slots:
+            self._retired_uses[s.uses] = self._retired_uses.get(s.uses, 0) + 1
+            self.dropped_rollouts += len(s.responses)
+        self.dropped += len(slots)
+        self._slots = [s for s in self._slots if s.uid not in uids]
+
+    # ---- sampling ----
+
+    def sample(self, count: int, step: int) -> list[FifoDraw]:
+        """Draw replay groups for the batch of `step` with this buffer's mode; the caller fills any gap fresh.
+
+        with_replacement returns `count` draws (none if nothing is eligible); the other modes
+        return min(count, #eligible) distinct groups.
+        """
+        count = check_int("count", count, 0)
+        step = int(step)
+        pool = self._eligible_slots(step)
+        if count == 0 or not pool:
+            return []  # consume no randomness, so empty draws do not shift the RNG stream
+        if self.mode == "with_replacement":
+            weights = [len(s.responses) for s in pool]
+            if len(set(weights)) == 1:
+                chosen = self._rng.choices(pool, k=count)
+            else:
+                chosen = self._rng.choices(pool, weights=weights, k=count)
+        elif self.mode == "without_replacement":
+            chosen = self._distinct(pool, min(count, len(pool)))
+        else:  # at_least_once: never-drawn groups first, then fill without replacement
+            never = [s for s in pool if s.uses == 0]
+            used = [s for s in pool if s.uses > 0]
+            k = min(count, len(pool))
+            chosen = self._distinct(never, min(k, len(never)))
+            chosen += self._distinct(used, k - len(chosen))
+        return [self._record(slot, step) for slot in chosen]
+
+    def _distinct(self, pool: list[_Slot], k: int) -> list[_Slot]:
+        # Uniform without replacement while all groups are whole; otherwise successive draws
+        # proportional to stored responses among the groups not drawn yet.
+        if k <= 0:
+            return []
+        weights = [len(s.responses) for s in pool]
+        if len(set(weights)) == 1:
+            return self._rng.sample(pool, k)
+        rest, out = list(pool), []
+        for _ in range(k):
+            i = self._rng.choices(range(len(rest)), weights=weights)[0]
+            out.append(rest.pop(i))
+            weights.pop(i)
+        return out
+
+    def _record(self, slot: _Slot, step: int) -> FifoDraw:
+        since = None if slot.last_used is None else step - slot.last_used
+        slot.uses += 1
+        slot.last_used = step
+        return FifoDraw(group=slot.group, responses=slot.responses, uid=slot.uid, step=step,
+                        age=slot.group.age(step), use=slot.uses, steps_since_last_use=since)
+
+    def extra_update_batches(self, replay_factor: int, batch_size: int, step: int) -> list[list[FifoDraw]]:
+        """Seed 002's replay mode: the R - 1 extra batches after the fresh update at optimizer step `step`.
+
+        Every extra batch is drawn at RL step ``step``: ages and steps since last use count RL
+        steps, the one clock of this framework (gradient steps are counted apart, as
+        ``budget/gradient_steps``). Call it after the fresh update and before ``add``-ing the
+        fresh batch (seed 002 Algorithm 1, lines 4-10). Returns [] when nothing is eligible (the
+        first step), so no extra update is taken; otherwise R - 1 batches of this buffer's mode.
+        """
+        n_extra = extra_updates(replay_factor)
+        batch_size = check_int("batch_size", batch_size, 1)
+        step = int(step)
+        if any(s.group.step >= step for s in self._slots):
+            raise ValueError(
+                f"The buffer already holds groups of step {step} or later; the extra updates of step {step} "
+                "replay only older batches, so add() the fresh batch after extra_update_batches()."
+            )
+        if n_extra == 0 or not self._slots:
+            return []
+        return [self.sample(batch_size, step) for _ in range(n_extra)]
+
+    # ---- statistics ----
+
+    def replay_counts(self) -> ReplayCounts:
+        """Replay count per group over every group ever added (dropped groups: final; stored ones: so far)."""
+        hist = dict(self._retired_uses)
+        for s in self._slots:
+            hist[s.uses] = hist.get(s.uses, 0) + 1
+        groups = sum(hist.values())
+        return ReplayCounts(
+            groups=groups,
+            mean=sum(u * n for u, n in hist.items()) / groups if groups else None,
+            max=max(hist) if groups else None,
+            histogram=dict(sorted(hist.items())),
+        )
+
+    def age_histogram(self, step: int) -> dict[int, int]:
+        """Map age at `step` -> number of stored groups of that age."""
+        return _histogram(s.group.age(step) for s in self._slots)
+
+    # ---- persistence (the RNG is saved too, so a restored buffer continues identically) ----
+
+    def state_dict(self) -> dict:
+        """Plain-data snapshot: config, stored groups with their use records, RNG state and counters."""
+        return {
+            "version": _STATE_VERSION,
+            "capacity": self.capacity,
+            "mode": self.mode,
+            "positive_bias": self.positive_bias,
+            "correct_reward": self.correct_reward,
+            "seed": self.seed,
+            "group_size": self.group_size,
+            "slots": [
+                {"uid": s.uid, "group": dataclasses.asdict(s.group), "responses": list(s.responses),
+                 "uses": s.uses, "last_used": s.last_used}
+                for s in self._slots
+            ],
+            "next_uid": self._next_uid,
+            "retired_uses": sorted([u, n] for u, n in self._retired_uses.items()),  # pairs: JSON keys are strings
+            "rng_state": rng_state(self._rng),
+            "counters": {"added": self.added, "dropped": self.dropped, "dropped_rollouts": self.dropped_rollouts},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a snapshot from state_dict(); capacity, mode, positive_bias and correct_reward must match."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"Unsupported FIFO buffer state version {state.get('version')!r}; expected {_STATE_VERSION}."
+            )
+        saved = {"capacity": int(state["capacity"]), "mode": state["mode"],
+                 "positive_bias": float(state["positive_bias"]), "correct_reward": float(state["correct_reward"])}
+        for name, value in saved.items():
+            if value != getattr(self, name):
+                raise ValueError(
+                    f"Saved buffer has {name}={value!r} but this buffer has {name}={getattr(self, name)!r}; "
+                    "resume with the same settings or build the buffer with FifoReplayBuffer.load()."
+                )
+        self.seed = int(state["seed"])
+        self.group_size = None if state["group_size"] is None else int(state["group_size"])
+        self._slots = [
+            _Slot(uid=int(s["uid"]), group=Group(**s["group"]), responses=tuple(int(i) for i in s["responses"]),
+                  uses=int(s["uses"]), last_used=None if s["last_used"] is None else int(s["last_used"]))
+            for s in state["slots"]
+        ]
+        self._next_uid = int(state["next_uid"])
+        self._retired_uses = {int(u): int(n) for u, n in state["retired_uses"]}
+        restore_rng(self._rng, state["rng_state"])
+        counters = state["counters"]
+        self.added = int(counters["added"])
+        self.dropped = int(counters["dropped"])
+        self.dropped_rollouts = int(counters["dropped_rollouts"])
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the state as JSON atomically (temp file in the same directory, then os.replace)."""
+        write_json_atomic(path, self.state_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "FifoReplayBuffer":
+        """Build a buffer from a file written by save()."""
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        buf = cls(capacity=state["capacity"], mode=state["mode"], positive_bias=state["positive_bias"],
+                  correct_reward=state["correct_reward"], seed=state["seed"])
+        buf.load_state_dict(state)
+        return buf
+
+

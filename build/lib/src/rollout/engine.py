@@ -1,0 +1,164 @@
+"""Rollout engines: turn prompts into K sampled responses each.
+
+The trainer talks to an engine only through `RolloutEngine.generate` and `sync_weights`, so a
+faster engine (vLLM on the GPU path) plugs in without touching the training loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
+
+STOP_STRING = "</answer>"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: the training rollouts and the evaluation use different settings (SPEC 3, 7)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    max_new_tokens: int = 1024
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled response: its token ids (as generated, never re-tokenised) and its text."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The engine's answer for a list of prompts: each prompt's token ids and its completions."""
+
+    prompt_ids: list[tuple[int, ...]]
+    completions: list[list[Completion]]
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[str], samples_per_prompt: int, sampling: SamplingParams, seed: int) -> Generation:
+        """Sample `samples_per_prompt` responses for every prompt, reproducibly for a given seed."""
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Make the engine sample from the trainer's current weights."""
+
+
+def closing_tokens(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
+    """Per vocabulary id: can this token complete the stop string (does its text hold the final '>')?"""
+    return torch.tensor([STOP_STRING[-1] in tokenizer.decode([i]) for i in range(len(tokenizer))])
+
+
+def response_end(token_ids: list[int], tokenizer: PreTrainedTokenizerBase, stop_ids: set[int],
+                 closing: torch.Tensor) -> int:
+    """Length of the response proper: up to and including the first EOS or the token that completes `</answer>`."""
+    for index, token in enumerate(token_ids):
+        if token in stop_ids:
+            return index + 1
+        # Only a token holding '>' can complete the stop string, so the prefix decode is rare.
+        if closing[token] and STOP_STRING in tokenizer.decode(token_ids[: index + 1]):
+            return index + 1
+    return len(token_ids)
+
+
+class StopAfterAnswer(StoppingCriteria):
+    """Marks a row finished once its generated text contains `</answer>` (works for any tokenizer)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, closing: torch.Tensor, prompt_length: int):
+        self.tokenizer, self.closing, self.prompt_length = tokenizer, closing, prompt_length
+        self.done: torch.Tensor | None = None  # rows already finished: never decoded again
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        if self.done is None:
+            self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        # Finished rows are padded with special tokens such as '<pad>', whose text holds a '>' too.
+        candidates = self.closing[input_ids[:, -1].cpu()] & ~self.done
+        for row in candidates.nonzero().flatten().tolist():
+            self.done[row] = STOP_STRING in self.tokenizer.decode(input_ids[row, self.prompt_length :])
+        return self.done.to(input_ids.device)
+
+
+class HFGenerateEngine:
+    """Batched sampling with transformers `generate`, sharing the trainer's model object (CPU default, GPU fallback)."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int = 256):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size  # sequences per generate call, bounds memory
+        self.stop_ids = {tokenizer.eos_token_id}
+        if tokenizer.pad_token_id is not None:
+            self.stop_ids.add(tokenizer.pad_token_id)
+        self.closing = closing_tokens(tokenizer)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.model = model  # same module object: nothing to copy
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], samples_per_prompt: int, sampling: SamplingParams, seed: int) -> Generation:
+        prompt_ids = [tuple(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]) for prompt in prompts]
+        prompts_per_call = max(1, self.batch_size // samples_per_prompt)
+        completions: list[list[Completion]] = []
+        was_training = self.model.training
+        self.model.eval()
+        torch.manual_seed(seed)  # generate() draws from the global RNG
+        try:
+            for start in range(0, len(prompts), prompts_per_call):
+                chunk = prompt_ids[start : start + prompts_per_call]
+                completions += self._generate_chunk(chunk, samples_per_prompt, sampling)
+        finally:
+            self.model.train(was_training)
+        return Generation(prompt_ids=prompt_ids, completions=completions)
+
+    def _generate_chunk(self, prompt_ids, samples_per_prompt, sampling) -> list[list[Completion]]:
+        tokenizer = self.tokenizer
+        tokenizer.padding_side = "left"  # so every prompt ends where generation starts
+        encoded = tokenizer.pad({"input_ids": [list(ids) for ids in prompt_ids]}, return_tensors="pt")
+        device = next(self.model.parameters()).device
+        prompt_length = encoded["input_ids"].shape[1]
+        output = self.model.generate(
+            input_ids=encoded["input_ids"].to(device),
+            attention_mask=encoded["attention_mask"].to(device),
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k else None,
+            max_new_tokens=sampling.max_new_tokens,
+            num_return_sequences=samples_per_prompt,
+            stopping_criteria=StoppingCriteriaList([StopAfterAnswer(tokenizer, self.closing, prompt_length)]),
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        new_tokens = output[:, prompt_length:].tolist()
+        completions = []
+        for index, token_ids in enumerate(new_tokens):
+            token_ids = token_ids[: response_end(token_ids, tokenizer, self.stop_ids, self.closing)]
+            text = tokenizer.decode(token_ids, skip_special_tokens=True)
+            if index % samples_per_prompt == 0:
+                completions.append([])
+            completions[-1].append(Completion(token_ids=tuple(token_ids), text=text))
+        return completions
+
+
+def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
+                 **vllm_options) -> RolloutEngine:
+    """The engine named by `policy.engine`.
+
+    `batch_size` bounds the HF engine's generate calls (vLLM schedules its own batches).
+    `vllm_options` are `policy.vllm.*` and only apply to the vLLM engine: gpu_memory_utilization
+    (0.3), enforce_eager (False), dtype ("bfloat16"), max_model_len and max_num_seqs (None: vLLM's
+    defaults), seed (0), per_request_seeds (True), allow_untested_version (False); see
+    `src.rollout.vllm_engine.VLLMEngine`.
+    """
+    if name == "hf":
+        return HFGenerateEngine(model, tokenizer, batch_size=batch_size)
+    if name == "vllm":
+        # Imported here: the vLLM adapter (and vLLM itself) is only needed on GPU nodes.
+        from src.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, **vllm_options)
+    raise ValueError(f"unknown policy.engine '{name}': choose 'hf' (or 'vllm' on a GPU node)")

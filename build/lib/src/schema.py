@@ -1,0 +1,308 @@
+"""The type and range of every knob, checked before anything else, so a typo is one clear message.
+
+Which keys exist comes from the YAML files themselves (the union over every option of every
+config group), so a key added to a YAML file is known at once; `KNOBS` gives each numeric knob
+its type and range (a knob missing from it is typed by its YAML default and only checked to be a
+finite number). A key that exists nowhere (`+buffer.ratoi=2`) is refused with the close matches.
+Hydra parses command-line values (`trainer.steps=abc` is the string 'abc', `1e12` a float), so
+every value is checked here, never trusted to be of its default's type.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from src.paths import CONFIG_DIR
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Knob:
+    kind: str  # "int" | "float" | "bool" | "text" | "list" | "any"
+    low: float = -INF
+    high: float = INF
+    low_open: bool = False  # the bound itself is refused (e.g. a learning rate of 0)
+    high_open: bool = False
+    nullable: bool = False
+    example: str = ""  # a value that works, for the message
+
+
+def _int(low=-INF, high=INF, example="", **kw) -> Knob:
+    return Knob("int", low, high, example=example, **kw)
+
+
+def _float(low=-INF, high=INF, example="", **kw) -> Knob:
+    return Knob("float", low, high, example=example, **kw)
+
+
+SEED = _int(0, 2**32 - 1, "0")
+PROBABILITY = _float(0, 1, "0.95", low_open=True)
+TEMPERATURE = _float(0, 100, "1.0", low_open=True)
+
+# Numeric knobs: type and the range the method can run (upper bounds refuse sizes that would hang).
+KNOBS: dict[str, Knob] = {
+    "trainer.steps": _int(1, 100_000, "60 (the paper trains 100 steps)"),
+    "trainer.groups_per_step": _int(1, 65_536, "32"),
+    "trainer.group_size": _int(2, 4_096, "16"),
+    "trainer.learning_rate": _float(0, 1, "5e-5", low_open=True),
+    "trainer.weight_decay": _float(0, 10, "1e-4"),
+    "trainer.kl_coef": _float(0, 1e6, "1e-3"),
+    "trainer.entropy_coef": _float(-1e6, 1e6, "1e-3"),
+    "trainer.max_grad_norm": _float(0, INF, "1.0 or null", low_open=True, nullable=True),
+    "trainer.micro_batch_size": _int(1, 1_000_000, "32"),
+    "trainer.micro_batch_tokens": _int(1, INF, "65536 or null", nullable=True),
+    "trainer.rollout.temperature": TEMPERATURE,
+    "trainer.rollout.top_p": PROBABILITY,
+    "trainer.rollout.top_k": _int(0, INF, "20 or null", nullable=True),
+    "trainer.seed": SEED,
+    "trainer.checkpoint_every": _int(0, INF, "10 (0: only at the end)"),
+    "trainer.heartbeat_every_s": _float(0, 3600, "10", low_open=True),
+    "trainer.heartbeat_timeout_s": _float(0, INF, "120", low_open=True),
+    "buffer.ratio": _float(0, 64, "1"),
+    "buffer.max_age": _int(0, 1_000, "2"),
+    "buffer.capacity": _int(1, 10_000_000, "4096"),
+    "buffer.positive_bias": _float(0, 1, "0.5", high_open=True),
+    "buffer.extra_updates": _int(0, 100, "1"),
+    "buffer.stale_factor": _int(1, 1_000, "2"),
+    "clip.ceiling": _float(0, 1e6, "1, 3 or 10", low_open=True),
+    "loss.eps_low": _float(0, 1, "0.2", high_open=True),
+    "loss.eps_high": _float(0, 1e6, "0.28"),
+    "loss.behaviour_cap": _float(0, 1e6, "2.0", low_open=True),
+    "loss.updates_per_step": _int(1, 1_000, "4"),
+    "sampling.oversample": _float(1, 100, "1.5"),
+    "sampling.max_rounds": _int(1, 1_000, "8"),
+    "behaviour.lag": _int(0, 100_000, "4"),
+    "behaviour.temperature": _float(0, 100, "1.2 or null", low_open=True, nullable=True),
+    "behaviour.is_min": _float(0, 1, "0"),
+    "behaviour.is_max": _float(1, 1e6, "2"),
+    "curriculum.fraction": _float(0, 1, "0.1"),
+    "curriculum.capacity": _int(1, 10_000_000, "256"),
+    "curriculum.min_memory": _int(0, 10_000_000, "8"),
+    "curriculum.pool_factor": _int(1, 1_000, "4"),
+    "curriculum.goldilocks_band": _float(0, 1, "0.25"),
+    "curriculum.max_numbers": _int(1, 100, "4"),
+    "evaluation.prompts": _int(1, 1_000_000, "50"),
+    "evaluation.samples_per_prompt": _int(1, 100_000, "8"),
+    "evaluation.repeats": _int(1, 1_000, "5"),
+    "evaluation.temperature": TEMPERATURE,
+    "evaluation.top_p": PROBABILITY,
+    "evaluation.top_k": _int(0, INF, "20 or null", nullable=True),
+    "evaluation.seed": SEED,
+    "evaluation.every": _int(0, INF, "10 (0: only at the start and end)"),
+    "policy.generation_batch_size": _int(1, 10_000_000, "512"),
+    "policy.max_new_tokens": _int(1, 1_000_000, "52"),
+    "policy.vllm.gpu_memory_utilization": _float(0, 1, "0.3", low_open=True, high_open=True),
+    "policy.vllm.max_model_len": _int(1, INF, "4096 or null", nullable=True),
+    "policy.vllm.max_num_seqs": _int(1, INF, "256 or null", nullable=True),
+    "policy.vllm.seed": SEED,
+    "hardware.threads": _int(1, 4_096, "2 or null", nullable=True),
+    "tracking.policy_artifact_max_mb": _float(0, INF, "200 (0: never upload, tags only)"),
+    "task.train_size": _int(1, 100_000_000, "20000"),
+    "task.heldout_size": _int(1, 1_000_000, "50"),
+    "task.seed": SEED,
+    "task.heldout_seed": SEED,
+    "task.min_number": _int(0, 1_000_000, "1"),
+    "task.max_number": _int(1, 1_000_000, "99"),
+    "task.min_target": _int(-1_000_000, 1_000_000, "1"),
+    "task.max_target": _int(-1_000_000, 1_000_000, "99"),
+}
+# Lists: each element's knob and the allowed lengths.
+LIST_KNOBS: dict[str, tuple[Knob, int, int, str]] = {
+    "trainer.betas": (_float(0, 1, high_open=True), 2, 2, "[0.9,0.999]"),
+    "evaluation.ks": (_int(1, 100_000), 1, 1_000, "[1,4,8]"),
+    "task.number_counts": (_int(2, 8), 1, 10, "[3,4]"),
+}
+# Text knobs whose YAML default is null everywhere (their type cannot be read off a default).
+NULLABLE_TEXT = ("trainer.resume_from", "tracking.run_name", "tracking.artifact_location", "hardware.autocast")
+
+
+class SchemaError(ValueError):
+    """Raised with the message; src.config turns it into its ConfigError."""
+
+
+@functools.lru_cache(maxsize=1)
+def yaml_defaults() -> dict[str, object]:
+    """Every leaf key any option of any config group sets, with one of its YAML values (non-null if any is)."""
+    found: dict[str, object] = {}
+
+    def walk(node, prefix: str) -> None:
+        for key, value in node.items():
+            if key in ("defaults", "hydra"):
+                continue
+            dotted = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(value, dotted + ".")
+            elif found.get(dotted) is None:
+                found[dotted] = value
+
+    for path in sorted(Path(CONFIG_DIR).rglob("*.yaml")):
+        relative = path.relative_to(CONFIG_DIR)
+        if relative.parts[0] in ("sweep", "local"):  # studies set sweeper grids; site files launcher settings
+            continue
+        text = path.read_text()
+        node = yaml.safe_load(text) or {}
+        is_global = "@package _global_" in text.split("\n", 1)[0] or len(relative.parts) == 1
+        walk(node, "" if is_global else f"{relative.parts[0]}.")
+    return found
+
+
+def known_keys() -> set[str]:
+    return set(yaml_defaults()) | set(KNOBS) | set(LIST_KNOBS)
+
+
+def check_known(key: str) -> None:
+    """Raise SchemaError naming the close matches if no config group has the dotted key `key`."""
+    known = known_keys()
+    if key in known or any(key.startswith(list_knob + ".") for list_knob in LIST_KNOBS):
+        return
+    close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.75)
+    hint = f"did you mean {' or '.join(close)}?" if close else "no such knob exists in conf/"
+    raise SchemaError(f"{key}: unknown key ({hint}); adding it with '+{key}=...' would not help, the code never "
+                      "reads it. `python -m src.run --cfg job` lists every knob")
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Command-line `group.key=value` overrides whose key exists nowhere, refused before Hydra composes.
+
+    Hydra's own answer to `buffer.ratoi=2` is to suggest `+buffer.ratoi=2`, which would add a key the
+    code never reads; this names the close matches instead. Group choices (`buffer=age1`), additions
+    (`+sweep=...`, checked after composition) and Hydra's own keys are left to Hydra.
+    """
+    groups = {key.split(".", 1)[0] for key in known_keys()}
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if "=" not in override or override.startswith(("+", "~", "-")) or "." not in key:
+            continue
+        if key.split(".", 1)[0] in groups:
+            check_known(key)
+
+
+def check_types(cfg: DictConfig) -> None:
+    """Raise SchemaError for the first unknown key or value of the wrong type (a NaN or inf number included)."""
+    values = _task_leaves(cfg)
+    defaults = yaml_defaults()
+    for key in values:
+        check_known(key)
+    for key, value in values.items():
+        if key in LIST_KNOBS:
+            _check_list(key, value, ranges=False)
+        else:
+            _check_value(key, value, _knob(key, defaults), ranges=False)
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """Raise SchemaError for the first value outside its knob's range (after `check_types`)."""
+    defaults = yaml_defaults()
+    for key, value in _task_leaves(cfg).items():
+        if key in LIST_KNOBS:
+            _check_list(key, value, ranges=True)
+        else:
+            _check_value(key, value, _knob(key, defaults), ranges=True)
+
+
+def _knob(key: str, defaults: dict[str, object]) -> Knob:
+    return KNOBS[key] if key in KNOBS else _knob_from_default(key, defaults.get(key))
+
+
+def _task_leaves(cfg: DictConfig) -> dict[str, object]:
+    return _leaves({key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key])
+                    else cfg[key] for key in cfg if key != "hydra"})
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    """Dotted leaf keys of a plain tree; lists stay whole (they are one knob)."""
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and f"{prefix}{key}" not in LIST_KNOBS:
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _knob_from_default(key: str, default) -> Knob:
+    if key in NULLABLE_TEXT:
+        return Knob("text", nullable=True)
+    if isinstance(default, bool):
+        return Knob("bool", example="true or false")
+    if isinstance(default, int):
+        return Knob("int", example=str(default))
+    if isinstance(default, float):
+        return Knob("float", example=str(default))
+    if isinstance(default, str):
+        return Knob("text", example=default)
+    if isinstance(default, list):
+        return Knob("list", example=str(default).replace(" ", ""))
+    return Knob("any", nullable=True)
+
+
+def _check_value(key: str, value, knob: Knob, ranges: bool) -> None:
+    shown = f"{key}={_show(value)}"
+    fix = f" (e.g. {key}={knob.example})" if knob.example else ""
+    if value is None:
+        if not knob.nullable and knob.kind != "any":
+            raise SchemaError(f"{shown}: a value is required here{fix}")
+        return
+    if knob.kind == "bool":
+        if not isinstance(value, bool):
+            raise SchemaError(f"{shown}: must be true or false")
+        return
+    if knob.kind == "text":
+        if isinstance(value, (bool, list, dict)):
+            raise SchemaError(f"{shown}: must be text{fix}")
+        return
+    if knob.kind == "list":
+        if not isinstance(value, list):
+            raise SchemaError(f"{shown}: must be a list{fix}")
+        return
+    if knob.kind == "any":
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise SchemaError(f"{shown}: must be {'an integer' if knob.kind == 'int' else 'a number'}{fix}")
+    if not math.isfinite(value):
+        raise SchemaError(f"{shown}: must be a finite number{fix}")
+    too_low = value < knob.low or (knob.low_open and value == knob.low)
+    too_high = value > knob.high or (knob.high_open and value == knob.high)
+    # Upper bounds refuse sizes that would hang, so they hold from the first pass; a value below its
+    # range is left to src.config's method-specific message, then refused by the range pass.
+    if value > knob.high or ((too_low or too_high) and ranges):
+        raise SchemaError(f"{shown}: out of range, must be {_range(knob)}{fix}")
+    if knob.kind == "int" and not isinstance(value, int) and not ranges:
+        raise SchemaError(f"{shown}: must be an integer, written without a decimal point{fix}")
+
+
+def _check_list(key: str, value, ranges: bool) -> None:
+    element, shortest, longest, example = LIST_KNOBS[key]
+    if not isinstance(value, list):
+        raise SchemaError(f"{key}={_show(value)}: must be a list (e.g. {key}={example})")
+    if not shortest <= len(value) <= longest:
+        size = f"exactly {shortest}" if shortest == longest else f"{shortest} to {longest}"
+        raise SchemaError(f"{key}={_show(value)}: must hold {size} values (e.g. {key}={example})")
+    for item in value:
+        try:
+            _check_value(key, item, element, ranges)
+        except SchemaError as error:
+            raise SchemaError(f"{key}={_show(value)}: each value {str(error).split(': ', 1)[1]} "
+                              f"(e.g. {key}={example})") from None
+
+
+def _range(knob: Knob) -> str:
+    low = "" if knob.low == -INF else f"{_number(knob.low)} {'<' if knob.low_open else '<='} "
+    high = "" if knob.high == INF else f" {'<' if knob.high_open else '<='} {_number(knob.high)}"
+    return f"{low}value{high}" + (" (or null)" if knob.nullable else "")
+
+
+def _number(value: float) -> str:
+    return f"{int(value):,}".replace(",", "_") if float(value).is_integer() and abs(value) >= 10_000 else f"{value:g}"
+
+
+def _show(value) -> str:
+    return repr(value) if isinstance(value, str) else str(value).replace(" ", "")

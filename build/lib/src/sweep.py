@@ -1,0 +1,292 @@
+"""Cells of a study: their identity, which are finished in MLflow, and the launch plan.
+
+A cell is identified by its resolved config minus the keys that only say how or where it
+runs (`LAUNCH_ONLY`). A fresh-only cell (rho = 0) has no buffer and every weight is 1, so
+its buffer and clip settings are dropped too: the ratio study's rho = 0 baseline and the
+baseline study's `buffer=none` run are the same cell, and run once. A local policy folder adds
+the hash of its weights, so rebuilding the warm start (`make sft-tiny`) never reuses results
+trained from the old one. The identity is stored on
+every run as the tag `cell_id`; the sweeper (`hydra_plugins/replay_rloo_sweeper`) skips a
+cell that has a FINISHED run with that tag and launches each remaining identity once; a job
+whose cell last FAILED or was KILLED (or a requeued SLURM job) resumes from that run's
+checkpoint into the same MLflow run (`src.run`, `trainer.auto_resume`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+from src.budget import plan_fresh_evaluations, planning_max_age
+from src.lifecycle import checkpoint_files, run_liveness
+from src.paths import resolve_policy_path
+
+# Keys that change how a cell is launched or logged, never what it computes.
+LAUNCH_ONLY = (
+    "hydra",
+    "tracking",
+    "hardware.threads",
+    "hardware.name",
+    "trainer.resume_from",
+    "trainer.auto_resume",
+    "trainer.checkpoint_every",
+    "trainer.fused_logprobs",  # the same log-probs to fp32 rounding, computed with less memory
+    "trainer.heartbeat_every_s",
+    "trainer.heartbeat_timeout_s",
+)
+
+
+# Config groups whose default option computes exactly what the runner did before the group existed.
+GROUP_DEFAULTS = {"curriculum": "none", "sampling": "standard", "behaviour": "current"}
+
+
+def cell_name(cfg: DictConfig) -> str:
+    """The grid cell as text, e.g. 'rho1-L2-c1' (fresh-only runs: 'rho0'), with the variant groups as suffixes."""
+    return _buffer_cell_name(cfg) + _variant_suffix(cfg)
+
+
+def _variant_suffix(cfg: DictConfig) -> str:
+    """'-dapo', '-stale4', '-T1.2', '-frontier' ... for the non-default sampling, behaviour and curriculum groups."""
+    suffix = "-dapo" if cfg.sampling.name == "dynamic" else ""
+    behaviour = cfg.behaviour
+    if behaviour.name != "current":
+        suffix += f"-stale{behaviour.lag}" if behaviour.lag else ""
+        suffix += f"-T{behaviour.temperature:g}" if behaviour.temperature is not None else ""
+        suffix += "-tokenIS" if behaviour.is_level == "token" else ""
+    if cfg.curriculum.name != "none":
+        suffix += f"-{cfg.curriculum.name}"
+    return suffix
+
+
+def variant_label(cfg: DictConfig) -> str:
+    """A reader's name for what the cell runs, e.g. 'Replay-RLOO', 'POPO (GRPO loss)', 'Fresh-only + DAPO dynamic sampling'."""
+    buffer = cfg.buffer
+    if buffer.name == "fifo":
+        base = "FIFO replay" + (f" δ={buffer.positive_bias:g}" if buffer.positive_bias else "") + \
+               (f" R={buffer.extra_updates + 1}" if buffer.extra_updates else "")
+    elif buffer.name == "popo":
+        base = {"popo": "POPO", "popo-ineff": "POPO-ineff",
+                "popo-stale": f"POPO-stale({buffer.stale_factor})"}[buffer.variant]
+    else:
+        base = "Fresh-only" if buffer.ratio == 0 else "Replay-RLOO"
+    # POPO is a GRPO method (seed 003): say so when it runs on the RLOO loss instead.
+    loss = {"grpo": " (GRPO loss)", "ipo": " (IPO loss)"}.get(cfg.loss.name, " (RLOO loss)" if buffer.name == "popo" else "")
+    parts = [base + loss]
+    if cfg.sampling.name == "dynamic":
+        parts.append("DAPO dynamic sampling")
+    behaviour = cfg.behaviour
+    if behaviour.name == "stale":
+        parts.append(f"stale behaviour n={behaviour.lag} ({behaviour.is_level} IS)")
+    elif behaviour.name == "diverse":
+        parts.append(f"behaviour T={behaviour.temperature:g} ({behaviour.is_level} IS)")
+    if cfg.curriculum.name != "none":
+        parts.append(f"{cfg.curriculum.name} curriculum")
+    return " + ".join(parts)
+
+
+def _buffer_cell_name(cfg: DictConfig) -> str:
+    loss = "" if cfg.loss.name == "rloo" else f"-{cfg.loss.name}"
+    buffer = cfg.buffer
+    if buffer.name == "fifo":  # e.g. fifo-rho1-N256-with_replacement-pb0.5-R2-c1
+        extras = (f"-pb{buffer.positive_bias:g}" if buffer.positive_bias else "") + \
+                 (f"-R{buffer.extra_updates + 1}" if buffer.extra_updates else "")
+        return (f"fifo-rho{buffer.ratio:g}-N{buffer.capacity}-{buffer.mode}{extras}"
+                f"{'' if loss else f'-c{cfg.clip.ceiling:g}'}{loss}")
+    if buffer.name == "popo":  # e.g. popo-grpo, popo-stale2-c1
+        stale = f"{buffer.stale_factor}" if buffer.variant == "popo-stale" else ""  # popo-ineff: its own name
+        return f"{buffer.variant}{stale}" + (loss or f"-c{cfg.clip.ceiling:g}")
+    if buffer.ratio == 0:
+        return "rho0" + loss
+    return f"rho{buffer.ratio:g}-L{buffer.max_age}" + (loss or f"-c{cfg.clip.ceiling:g}")
+
+
+def cell_identity(cfg: DictConfig) -> str:
+    """A short stable hash of the config that decides the cell's results."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for key in LAUNCH_ONLY:
+        _drop(resolved, key)
+    if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] not in ("fifo", "popo"):  # fresh-only
+        resolved.pop("buffer")
+        resolved.pop("clip")
+    # Groups added after the first studies ran: at their defaults they leave a cell's id unchanged.
+    for group, default in GROUP_DEFAULTS.items():
+        if resolved.get(group, {"name": default})["name"] == default:
+            resolved.pop(group, None)
+    if resolved.pop("loss", {"name": "rloo"})["name"] != "rloo":  # rloo, the default: cells keep their old id
+        resolved["loss"] = OmegaConf.to_container(cfg.loss, resolve=True)
+        resolved.pop("clip", None)  # loss=grpo does not read clip.ceiling
+    weights = policy_fingerprint(cfg.policy.name_or_path)
+    if weights is not None:  # a rebuilt warm start under the same folder name is a new cell
+        resolved["policy_weights"] = weights
+    text = json.dumps(_numbers_as_floats(resolved), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+WEIGHT_FILES = ("*.safetensors", "*.bin")
+
+
+def policy_fingerprint(name_or_path: str) -> str | None:
+    """A content hash of a local policy folder's weight files; None for a hub name (its name is the identity)."""
+    folder = Path(resolve_policy_path(name_or_path))
+    if not folder.is_dir():
+        return None
+    files = sorted(path for pattern in WEIGHT_FILES for path in folder.glob(pattern))
+    return _content_digest(tuple((str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in files))
+
+
+@functools.lru_cache(maxsize=64)
+def _content_digest(files: tuple[tuple[str, int, int], ...]) -> str:
+    """sha256 over the files' bytes, cached per (path, size, mtime): a sweep hashes each folder once."""
+    digest = hashlib.sha256()
+    for path, _, _ in files:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _numbers_as_floats(node):
+    """`buffer.ratio=1` on the command line and `ratio: 1.0` in a YAML file are the same cell."""
+    if isinstance(node, dict):
+        return {key: _numbers_as_floats(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_numbers_as_floats(value) for value in node]
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return float(node)
+    return node
+
+
+def _drop(tree: dict, dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.get(part, {})
+    if isinstance(tree, dict):
+        tree.pop(leaf, None)
+
+
+@dataclass
+class CellRuns:
+    """What the tracking store knows about the cells of one experiment (each cell judged by its newest run)."""
+
+    finished: dict[str, str]  # cell_id -> run id of a FINISHED run
+    resumable: dict[str, str]  # cell_id -> checkpoint of the newest dead (FAILED, KILLED, silently died) run
+    resumable_runs: dict[str, str] = field(default_factory=dict)  # cell_id -> that run's id
+    alive: dict[str, str] = field(default_factory=dict)  # cell_id -> why its newest RUNNING run counts as alive
+    dead_without_checkpoint: dict[str, str] = field(default_factory=dict)  # cell_id -> a RUNNING run that died
+
+
+def slurm_job_key() -> str | None:
+    """This process's SLURM job (array job and task), the same across a requeue; None outside SLURM."""
+    if "SLURM_ARRAY_JOB_ID" in os.environ:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def cell_runs(uri: str, experiment: str, cell_id: str | None = None, heartbeat_timeout_s: float = 300.0) -> CellRuns:
+    """Finished, resumable, alive and silently dead cells of the experiment (or of one cell), with one paged search.
+
+    A RUNNING run is dead when its heartbeat timed out, its process is gone from this host, its
+    SLURM job no longer runs, or it is this same SLURM job's earlier attempt (a requeued job whose
+    first attempt was killed outright). A dead run resumes from the newest checkpoint in its folder.
+    """
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    known = CellRuns({}, {})
+    if found is None:
+        return known
+    query = f"tags.cell_id = '{cell_id}'" if cell_id else ""
+    this_job = slurm_job_key()
+    page_token = None
+    while True:  # oldest first, so the newest run of a cell decides
+        page = client.search_runs([found.experiment_id], filter_string=query, max_results=1000,
+                                  order_by=["attributes.start_time ASC"], page_token=page_token)
+        for run in page:
+            identity, status, tags = run.data.tags.get("cell_id"), run.info.status, run.data.tags
+            if identity is None or identity in known.finished:
+                continue
+            if status == "FINISHED":
+                known.finished[identity] = run.info.run_id
+                for pending in (known.resumable, known.resumable_runs, known.alive, known.dead_without_checkpoint):
+                    pending.pop(identity, None)
+                continue
+            folder = Path(tags["output_dir"]) if tags.get("output_dir") else None
+            dead = status in ("FAILED", "KILLED")
+            if status == "RUNNING":
+                if this_job is not None and tags.get("slurm_job") == this_job:
+                    dead = True
+                else:
+                    liveness = run_liveness(run.info.run_id, folder, run.info.start_time / 1000,
+                                            tags.get("slurm_job"), heartbeat_timeout_s)
+                    if liveness.alive:
+                        known.alive[identity] = (f"run {run.info.run_id} ({liveness.reason}) is still alive: wait "
+                                                 f"{liveness.wait_s:.0f} s for its heartbeat to time out if it died")
+                        continue
+                    dead = True
+            if not dead:
+                continue
+            known.alive.pop(identity, None)
+            checkpoints = checkpoint_files(folder) if folder is not None else []
+            if checkpoints:
+                known.resumable[identity] = str(checkpoints[0])
+                known.resumable_runs[identity] = run.info.run_id
+            elif status == "RUNNING":
+                known.dead_without_checkpoint[identity] = run.info.run_id
+        page_token = page.token
+        if not page_token:
+            return known
+
+
+@dataclass
+class PlannedCell:
+    """One job of a sweep as the sweeper sees it before launching."""
+
+    overrides: list[str]
+    cell: str
+    cell_id: str
+    fresh_evaluations: int
+    status: str  # "launch", "resume", "finished" (skipped), "running" (alive elsewhere, skipped) or "duplicate"
+    previous: str | None = None  # the finished run id, the checkpoint a resumed cell continues from, or why it runs
+    budget_is_floor: bool = False  # sampling=dynamic generates until its batch is full: the plan is a minimum
+
+
+def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> list[PlannedCell]:
+    """Mark each (overrides, composed config) job as launch / resume / finished / running / duplicate."""
+    seen: set[str] = set()
+    planned = []
+    for overrides, cfg in jobs:
+        identity = cell_identity(cfg)
+        trainer, buffer = cfg.trainer, cfg.buffer
+        budget = plan_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps,
+                                        buffer.ratio, planning_max_age(buffer, trainer.steps)).fresh_evaluations
+        previous = None
+        if identity in known.finished:
+            status, previous = "finished", known.finished[identity]
+        elif identity in seen:
+            status = "duplicate"
+        elif identity in known.alive and cfg.trainer.auto_resume and not cfg.trainer.resume_from:
+            status, previous = "running", known.alive[identity]  # a second job would refuse to start (src.run)
+        elif identity in known.resumable and cfg.trainer.auto_resume and not cfg.trainer.resume_from:
+            status, previous = "resume", known.resumable[identity]  # the job finds it itself (src.run)
+        else:
+            status = "launch"
+        seen.add(identity)
+        planned.append(PlannedCell(list(overrides), cell_name(cfg), identity, budget, status, previous,
+                                   budget_is_floor=cfg.sampling.name == "dynamic"))
+    return planned
+
+
+def record_membership(uri: str, planned: list[PlannedCell], sweep: str) -> None:
+    """Add this study to the `sweeps` tag of the finished runs it reuses, so its report finds them."""
+    client = MlflowClient(uri)
+    for cell in planned:
+        if cell.status == "finished":
+            members = client.get_run(cell.previous).data.tags.get("sweeps", ",")
+            if f",{sweep}," not in members:
+                client.set_tag(cell.previous, "sweeps", f"{members}{sweep},")

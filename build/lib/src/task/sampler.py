@@ -1,0 +1,38 @@
+"""Uniform prompt sampling for training, with a state that survives a checkpoint."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from src.task.countdown import Instance
+
+
+class PromptSampler:
+    """Draws distinct training instances within a step, independently across steps."""
+
+    def __init__(self, instances: Sequence[Instance], seed: int):
+        if not instances:
+            raise ValueError("the training set is empty: check task.train_size and task.source")
+        self.instances = list(instances)
+        self.rng = random.Random(seed)
+
+    def sample(self, count: int) -> list[Instance]:
+        """`count` instances without replacement (with replacement only if count exceeds the set)."""
+        if count <= len(self.instances):
+            return self.rng.sample(self.instances, count)
+        return self.rng.choices(self.instances, k=count)
+
+    def observe(self, instances: Sequence[Instance], rewards: Sequence[Sequence[float]], step: int) -> None:
+        """No-op: uniform sampling ignores outcomes (same interface as src.curriculum.sampler.CurriculumSampler)."""
+
+    def metrics(self) -> dict[str, float]:
+        """No curriculum metrics for uniform sampling."""
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))

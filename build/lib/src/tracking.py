@@ -1,0 +1,331 @@
+"""MLflow in one place: one run per training job, with its config, per-step metrics and evaluations.
+
+Runs are named `<study>/<cell>[/seed<k>]`, carry a description (the cell in words and the launch
+command), `overrides.yaml` and Hydra's composed config as artifacts, and the experiment is tagged
+as a model-training experiment, so the MLflow UI opens on its runs table.
+
+Everything a later analysis needs is in the run: the resolved config as params and as a
+YAML artifact, tags naming the study (`sweep`) and the grid cell (rho, L, c), per-step
+metrics (SPEC 6), evaluation summaries as metrics and the per-prompt / per-repeat tables
+as CSV artifacts. A run that raises is closed as FAILED, never left RUNNING.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import math
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, variant: str) -> dict[str, str]:
+    """Tags that name the study and the cell, so runs can be filtered without parsing params.
+
+    The cell's name, identity and variant label come from the caller (`src.run` computes them with
+    `src.sweep`): tracking only records what it is given.
+    """
+    return {
+        "sweep": str(cfg.tracking.sweep),
+        "sweeps": f",{cfg.tracking.sweep},",  # every study this cell belongs to; the sweeper appends shared ones
+        "cell": cell,
+        "cell_id": cell_id,
+        "seed": str(cfg.trainer.seed),
+        "rho": f"{cfg.buffer.ratio:g}",
+        "L": str(cfg.buffer.max_age),
+        "c": f"{cfg.clip.ceiling:g}",
+        "buffer": str(cfg.buffer.name),
+        "clip": str(cfg.clip.name),
+        "loss": str(cfg.loss.name),
+        "sampling": str(cfg.sampling.name),
+        "behaviour": str(cfg.behaviour.name),
+        "curriculum": str(cfg.curriculum.name),
+        "variant": variant,
+        "policy": str(cfg.policy.name_or_path),
+        "hardware": str(cfg.hardware.name),
+        "evaluation": str(cfg.evaluation.name),
+    }
+
+
+# The experiment tag the MLflow UI (3.x) reads to choose between its GenAI view (traces, token usage)
+# and its model-training view (the runs table); "custom_model_development" is the training kind.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_EXPERIMENT_KIND = "custom_model_development"
+# MLflow shows this tag as the run's description (the "Description" box of a run page).
+DESCRIPTION_TAG = "mlflow.note.content"
+DEFAULT_SEED = 0  # every trainer preset's seed: a run name carries /seed<k> only for another one
+
+
+def run_name(study: str, cell: str, seed: int) -> str:
+    """`<study>/<cell>` (e.g. `ratio/rho1-L2-c1`), with `/seed<k>` when the training seed is not the default 0."""
+    return f"{study}/{cell}" + (f"/seed{seed}" if seed != DEFAULT_SEED else "")
+
+
+def run_description(cell: str, variant: str, cfg: DictConfig, command: str) -> str:
+    """The run page's description: the cell in words and the command that launched (and relaunches) it."""
+    trainer = cfg.trainer
+    replay = (f"rho = {cfg.buffer.ratio:g} reused groups per fresh group, max age L = {cfg.buffer.max_age}, "
+              f"clip c = {cfg.clip.ceiling:g}" if cfg.buffer.ratio > 0 else "fresh-only (rho = 0)")
+    return (f"**{variant}**, cell `{cell}` of study `{cfg.tracking.sweep}`: {replay}; loss {cfg.loss.name}, "
+            f"{trainer.groups_per_step} groups x {trainer.group_size} responses, {trainer.steps} steps, "
+            f"seed {trainer.seed}, policy `{cfg.policy.name_or_path}`, evaluation `{cfg.evaluation.name}`.\n\n"
+            f"Launched with:\n\n```\n{command}\n```\n\n(the same command resumes it; `overrides.yaml` "
+            "among the artifacts lists the overrides, `hydra/` the composed config)")
+
+
+def flat_params(cfg: DictConfig) -> dict[str, str]:
+    """The resolved config flattened to dotted keys (MLflow params are strings)."""
+    flat: dict[str, str] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = str(node)
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return flat
+
+
+def metric_key(name: str) -> str:
+    """MLflow metric names cannot hold '@': pass@16 is logged as pass_at_16."""
+    return name.replace("@", "_at_")
+
+
+def finite(metrics: dict[str, float]) -> dict[str, float]:
+    """Finite values only, under MLflow-safe names (a NaN half-width with one repeat is simply absent)."""
+    return {metric_key(key): float(value) for key, value in metrics.items()
+            if value is not None and math.isfinite(value)}
+
+
+def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
+    """Summary metrics as `<protocol>/<stage>/<metric>`, the seed range as a tag, tables as CSV artifacts.
+
+    Goes through the client, not the active run, so `src.evaluate` can add results to a
+    finished run without reopening it (a failed evaluation never marks that run FAILED).
+    """
+    client = MlflowClient()
+    timestamp = int(time.time() * 1000)
+    prefix = f"{result.name}/{stage}"
+    summary = finite({f"{prefix}/{key}": value for key, value in result.summary.items()})
+    client.log_batch(run_id, metrics=[Metric(key, value, timestamp, step) for key, value in summary.items()])
+    seeds = result.per_repeat["seed"].astype(int)
+    client.set_tag(run_id, f"eval.{result.name}.seeds", f"{seeds.min()}-{seeds.max()}")
+    with tempfile.TemporaryDirectory() as folder:
+        for table_name, table in (("per_prompt", result.per_prompt), ("per_repeat", result.per_repeat)):
+            # Learning-curve evaluations happen at several steps: keep each one's tables.
+            label = f"{stage}_step{step}" if stage == "during" else stage
+            path = Path(folder) / f"{result.name}_{label}_{table_name}.csv"
+            table.to_csv(path, index=False)
+            client.log_artifact(run_id, str(path), artifact_path="evaluation")
+
+
+# Metrics that measure the machine, not the computation: a redone step may differ in them.
+UNREPEATABLE = ("time/",)
+
+
+class Tracker:
+    """Logging calls the training loop makes; a thin layer over the active MLflow run.
+
+    A resumed run redoes the steps between its checkpoint and its death, and MLflow keeps every
+    value ever logged, so those steps (up to `logged_until`) are not logged again; their values
+    are compared with the logged ones instead (they are equal by construction: generation seeds
+    come from (seed, step)), and a difference is reported loudly.
+    """
+
+    def __init__(self, run_id: str, logged_until: int = -1):
+        self.run_id = run_id
+        self.logged_until = logged_until
+        self.redone_mismatches: list[str] = []
+        self._history: dict[str, dict[int, float]] = {}
+
+    def log_step(self, metrics: dict[str, float], step: int) -> None:
+        values = finite(metrics)
+        if step > self.logged_until:
+            mlflow.log_metrics(values, step=step)
+            return
+        for key, value in values.items():
+            if key.startswith(UNREPEATABLE):
+                continue
+            logged = self._logged(key).get(step)
+            if logged is None or not math.isclose(logged, value, rel_tol=1e-9, abs_tol=1e-12):
+                self.redone_mismatches.append(f"{key} at step {step}: logged {logged}, recomputed {value}")
+                log.error("RESUME MISMATCH in run %s: %s at step %d was logged as %s before the restart but "
+                          "recomputes as %s; the logged value is kept (is this the same code, config and "
+                          "hardware?)", self.run_id, key, step, logged, value)
+
+    def _logged(self, key: str) -> dict[int, float]:
+        if key not in self._history:
+            history = MlflowClient().get_metric_history(self.run_id, key)
+            self._history[key] = {metric.step: metric.value for metric in history}
+        return self._history[key]
+
+    def has_metric_at(self, key: str, step: int) -> bool:
+        """Whether the run already holds `key` at `step` (a redone evaluation is skipped, not logged twice)."""
+        return step <= self.logged_until + 1 and step in self._logged(metric_key(key))
+
+    def log_evaluation(self, result, stage: str, step: int) -> None:
+        log_evaluation(self.run_id, result, stage, step)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        mlflow.set_tags(tags)
+
+
+def last_logged_step(run_id: str, key: str = "train/reward") -> int:
+    """The highest step of `key` in the run's history; -1 if it has none."""
+    return max((metric.step for metric in MlflowClient().get_metric_history(run_id, key)), default=-1)
+
+
+def end_run(status: str) -> None:
+    """End the active run with this status (e.g. KILLED on pre-emption: the run resumes later)."""
+    mlflow.end_run(status)
+
+
+_LOCKS_HELD: set[Path] = set()  # re-entrant within a process: flock on a second open() would wait on itself
+
+
+@contextmanager
+def sqlite_store_lock(uri: str) -> Iterator[None]:
+    """Serialise the first uses of a SQLite store across processes.
+
+    MLflow creates the schema (alembic migrations) on a process's first use of a new file; runs
+    launched together would race on it (`table latest_metrics already exists`). Creating the
+    store and the experiment, and the lookups that follow (which run to resume), happen under
+    this lock.
+    """
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    lock_path = Path(uri.removeprefix("sqlite:///") + ".lock").resolve()
+    if lock_path in _LOCKS_HELD:
+        yield
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _LOCKS_HELD.add(lock_path)
+        try:
+            yield
+        finally:
+            _LOCKS_HELD.discard(lock_path)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str:
+    """The experiment id, creating the store and the experiment (with its artifact folder) on first use."""
+    mlflow.set_tracking_uri(uri)
+    with sqlite_store_lock(uri):
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            if EXPERIMENT_KIND_TAG not in experiment.tags:  # created before this tag existed, or by hand
+                client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND)
+            return experiment.experiment_id
+        location = artifact_location
+        if artifact_location and "://" not in artifact_location:
+            location = Path(artifact_location).as_uri()
+        try:
+            return client.create_experiment(name, artifact_location=location,
+                                            tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND})
+        except MlflowException as error:  # a server experiment another job created a moment ago
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise error
+            return experiment.experiment_id
+
+
+class StoreUnreachable(RuntimeError):
+    """The tracking server does not answer; raised before any model is loaded."""
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not after MLflow's minutes of retries, when an HTTP tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)  # any HTTP answer means a server is there
+    except requests.RequestException as error:
+        raise StoreUnreachable(
+            f"tracking.uri={uri}: no MLflow server answers within {timeout_s:g} s ({error.__class__.__name__}). "
+            "Start it (make mlflow-server), or set tracking.uri to a running server or a "
+            "sqlite:///path/mlruns.db file") from None
+
+
+@dataclass
+class RunLabels:
+    """What names a run in MLflow, computed by the caller: tags, the run name and the description."""
+
+    tags: dict[str, str]
+    name: str
+    description: str
+
+
+@contextmanager
+def start_run(cfg: DictConfig, labels: RunLabels, resume_run_id: str | None = None,
+              hydra_output_dir: Path | None = None, overrides: list[str] | None = None) -> Iterator[Tracker]:
+    """Open (or reopen, when resuming) the MLflow run for this job; FAILED if the body raises.
+
+    `hydra_output_dir` (the job's folder, holding Hydra's `.hydra/`) and `overrides` (the job's
+    command-line overrides) are logged as artifacts, so the run says how to rerun it.
+    """
+    experiment_id = ensure_experiment(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+    logged_until = last_logged_step(resume_run_id) if resume_run_id else -1
+    if resume_run_id:
+        context = mlflow.start_run(run_id=resume_run_id)
+    else:
+        context = mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name or labels.name,
+                                   tags={**labels.tags, DESCRIPTION_TAG: labels.description})
+    with context as run:
+        if not resume_run_id:  # launch-only tracking.* settings stay out of the params table (config.yaml has them)
+            mlflow.log_params({key: value for key, value in flat_params(cfg).items() if not key.startswith("tracking.")})
+            mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        if overrides is not None:
+            mlflow.log_text(overrides_yaml(overrides), "overrides.yaml")
+        if hydra_output_dir is not None and (hydra_output_dir / ".hydra").is_dir():
+            mlflow.log_artifacts(str(hydra_output_dir / ".hydra"), artifact_path="hydra")
+        yield Tracker(run.info.run_id, logged_until)
+
+
+def overrides_yaml(overrides: list[str]) -> str:
+    """The job's overrides as Hydra writes them (`.hydra/overrides.yaml`), with the command that reruns it."""
+    command = " ".join(["python -m src.run", *overrides])
+    return f"# rerun (or resume) with:\n#   {command}\n" + OmegaConf.to_yaml(OmegaConf.create(list(overrides)))
+
+
+def log_final_policy(run_id: str, folder: Path, max_artifact_mb: float) -> dict[str, str]:
+    """Make the trained policy findable from the run: upload it when small, else point at shared storage.
+
+    A remote reader of the tracking server cannot open a local path, so a policy up to
+    `max_artifact_mb` is logged as the run's `policy/` artifact (`mlflow artifacts download -r <id>
+    -a policy`); a larger one (Qwen at fp32 is GBs) stays on disk and the tags name the host and
+    path. Returns the tags set.
+    """
+    size_mb = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
+    tags = {"final_policy": str(folder), "final_policy_host": socket.gethostname(),
+            "final_policy_mb": f"{size_mb:.1f}"}
+    if size_mb <= max_artifact_mb:
+        MlflowClient().log_artifacts(run_id, str(folder), artifact_path="policy")
+        tags["final_policy_artifact"] = f"runs:/{run_id}/policy"
+    else:
+        tags["final_policy_artifact"] = (f"not uploaded ({size_mb:.0f} MB > tracking.policy_artifact_max_mb="
+                                         f"{max_artifact_mb:g}): {socket.gethostname()}:{folder}")
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    return tags

@@ -1,0 +1,5 @@
+import sys
+
+from src.ziprc.pipeline import main
+
+sys.exit(main())
