@@ -91,9 +91,11 @@ test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs and real vLLM
 # make ui [PORT=5001]: the default stays off 5000, which `make mlflow-server` uses.
 PORT ?= 5050
 UI_HOST ?= 127.0.0.1
-ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050]; prints its URL
-	@echo "MLflow UI: http://$(UI_HOST):$(PORT)/#/experiments (runs of experiment 'replay-rloo'; Ctrl-C stops it)"
-	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns.db --default-artifact-root $(CURDIR)/mlartifacts \
+UI_STORE ?= sqlite:///$(CURDIR)/mlruns.db
+UI_EXPERIMENT ?= replay-rloo
+ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050] [UI_HOST=0.0.0.0]; prints its URL
+	@echo "MLflow UI (Ctrl-C stops it): $$($(PY) -c "from src.tracking import ui_url; print(ui_url('http://$(UI_HOST):$(PORT)', '$(UI_STORE)', '$(UI_EXPERIMENT)'))" 2>/dev/null)"
+	$(PY) -m mlflow ui --backend-store-uri $(UI_STORE) --default-artifact-root $(CURDIR)/mlartifacts \
 		--host $(UI_HOST) --port $(PORT)
 
 budget: $(STAMP)  ## planned fresh verifier evaluations for the paper's settings (no model loaded)

@@ -248,6 +248,19 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str
             return experiment.experiment_id
 
 
+def ui_url(base: str, uri: str, experiment: str) -> str:
+    """The MLflow UI address of the experiment's runs table, in the UI's model-training mode.
+
+    MLflow 3.17's UI picks its GenAI or model-training navigation from a global switch, the
+    `workflowType` URL parameter (else the browser's saved choice, GenAI at first), not from the
+    experiment tag; the parameter makes the first visit open on the runs.
+    """
+    found = MlflowClient(uri).get_experiment_by_name(experiment) if Path(uri.removeprefix("sqlite:///")).exists() \
+        or not uri.startswith("sqlite:///") else None
+    page = f"experiments/{found.experiment_id}/runs" if found is not None else "experiments"
+    return f"{base.rstrip('/')}/#/{page}?workflowType=machine_learning"
+
+
 class StoreUnreachable(RuntimeError):
     """The tracking server does not answer; raised before any model is loaded."""
 

@@ -180,6 +180,15 @@ def test_experiment_is_a_training_experiment_even_when_created_before(tmp_path):
         assert tags["mlflow.experimentKind"] == "custom_model_development"
 
 
+def test_ui_url_opens_the_runs_table_in_training_mode(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    assert tracking.ui_url("http://127.0.0.1:5050", uri, "replay-rloo") == \
+        "http://127.0.0.1:5050/#/experiments?workflowType=machine_learning"  # no store yet: the list
+    experiment_id = tracking.ensure_experiment(uri, "replay-rloo", None)
+    assert tracking.ui_url("http://127.0.0.1:5050/", uri, "replay-rloo") == \
+        f"http://127.0.0.1:5050/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
 def test_run_is_named_described_and_logs_how_to_rerun_it(tmp_path):
     from src.run import run_labels
 
