@@ -83,10 +83,12 @@ class Bar:
 
     def __enter__(self) -> "Bar":
         if self.live:
-            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                                      TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                                      console=self.out, transient=False)
+            # rich estimates the speed from the updates of the last `speed_estimate_period` seconds (30 by
+            # default): a Qwen step can take minutes, so the window is an hour.
+            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=24),
+                                      MofNCompleteColumn(), TextColumn("{task.fields[unit]}"), TimeElapsedColumn(),
+                                      TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                                      console=self.out, transient=False, speed_estimate_period=3600)
             self._progress.start()
             self._task = self._progress.add_task(self.description, total=self.total, completed=self.done,
                                                  unit=self.unit, info="")
