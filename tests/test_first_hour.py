@@ -405,10 +405,22 @@ def test_lock_file_resolves(tmp_path):
             assert pins.get(name) == version, f"{name} {version} is not the locked {pins.get(name)}"
 
 
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "LICENSE", "src", "hydra_plugins", "analysis", "conf", "checkpoints")
+
+
 @pytest.mark.slow
 def test_wheel_ships_the_config_and_the_tiny_policy(tmp_path):
+    import shutil
+
+    source = tmp_path / "source"  # setuptools builds in the source tree (build/, *.egg-info): not in the checkout
+    source.mkdir()
+    for name in WHEEL_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / name, source / name)
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                           "-w", str(tmp_path), "."], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           "-w", str(tmp_path), "."], cwd=source, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     names = zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist()
     assert "conf/config.yaml" in names and "conf/buffer/age2.yaml" in names

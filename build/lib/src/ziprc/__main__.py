@@ -1,5 +1,0 @@
-import sys
-
-from src.ziprc.pipeline import main
-
-sys.exit(main())
