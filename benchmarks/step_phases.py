@@ -24,6 +24,7 @@ import src.config  # noqa: F401  (the ${root:} resolver)
 from src import tracking
 from src.paths import CONFIG_DIR
 from src.build import build_components
+from src.labels import run_labels
 from src.sweep import cell_name
 from src.task import countdown
 from src.train import TrainState, train_step
@@ -42,7 +43,7 @@ def measure(overrides: list[str], steps: int, warmup: int) -> dict[str, list[flo
         train_set, _ = countdown.train_and_heldout(cfg.task)
         parts = build_components(cfg, train_set)
         state, phases = TrainState(), {name: [] for name in (*MODEL_PHASES, *OVERHEAD_PHASES, "step")}
-        with tracking.start_run(cfg) as tracker:
+        with tracking.start_run(cfg, run_labels(cfg)) as tracker:
             for _ in range(warmup + steps):
                 metrics = train_step(parts, state)
                 logged = time.perf_counter()

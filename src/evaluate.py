@@ -27,9 +27,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from src import progress
 from src.config import ConfigError, validate
 from src.eval.protocol import EvalResult, evaluate
 from src.rollout.engine import SamplingParams, build_engine
@@ -117,14 +117,11 @@ def load_for_evaluation(cfg: DictConfig, policy_path: str, checkpoint: Path | No
 
 
 def evaluate_with_progress(cfg: DictConfig, label: str, policy_path: str, checkpoint: Path | None) -> EvalResult:
-    """Load, evaluate with a progress bar over repeats, and return the result."""
+    """Load, evaluate with a progress bar over the samples (ETA from the repeats done), and return the result."""
     heldout = countdown.heldout_instances(cfg.task)
     policy, tokenizer, engine = load_for_evaluation(cfg, policy_path, checkpoint)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
-        task = progress.add_task(f"{label} {cfg.evaluation.name}", total=cfg.evaluation.repeats)
-        return evaluate_policy(cfg, policy, tokenizer, engine, heldout,
-                               on_repeat=lambda _: progress.advance(task))
+    with progress.evaluation_progress(f"evaluate {label} ({cfg.evaluation.name})", cfg.evaluation) as on_repeat:
+        return evaluate_policy(cfg, policy, tokenizer, engine, heldout, on_repeat=on_repeat)
 
 
 def print_result(label: str, result: EvalResult) -> None:
@@ -157,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where --policy writes its CSV tables")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. evaluation=probe evaluation.repeats=2")
     args = parser.parse_args(argv)
+    progress.silence_library_bars()
     if not (args.run or args.sweep or args.checkpoint or args.policy):
         parser.error("name what to evaluate: --run RUN_ID, --sweep NAME, --checkpoint PATH or --policy PATH")
 

@@ -15,16 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from src import tracking
+from src import progress, tracking
 from src.budget import plan_fresh_evaluations, planning_max_age, replay_demand_met
 from src.config import ConfigError, validate
 from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, write_heartbeat
@@ -34,6 +32,7 @@ from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
 from src.task import countdown
 from src.build import build_components
+from src.labels import hydra_job, run_labels
 from src.checkpoint import (CheckpointError, read_checkpoint, read_latest_checkpoint, restore_checkpoint,
                             save_checkpoint)
 from src.train import Components, TrainState, train_step
@@ -44,7 +43,9 @@ console = Console(stderr=True)
 
 def run_evaluation(cfg: DictConfig, parts: Components, heldout, stage: str, tracker, step: int):
     """The configured evaluation protocol on the held-out prompts, logged to this run."""
-    result = evaluate_policy(cfg, parts.policy, parts.tokenizer, parts.engine, heldout)
+    with progress.evaluation_progress(f"evaluate {stage} ({cfg.evaluation.name}, step {step})",
+                                      cfg.evaluation) as on_repeat:
+        result = evaluate_policy(cfg, parts.policy, parts.tokenizer, parts.engine, heldout, on_repeat=on_repeat)
     tracker.log_evaluation(result, stage, step)
     return result
 
@@ -112,6 +113,7 @@ def check_checkpoint_owner(payload: dict, path: Path, cell_id: str, run_id: str 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one cell; returns the final evaluation summary."""
     validate(cfg)  # config mistakes fail here, before any model is loaded
+    progress.silence_library_bars()
     tracking.check_reachable(cfg.tracking.uri)
     fifo = cfg.buffer.name == "fifo"  # no age window: its pool is every stored group of age >= 1
     if not fifo and cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age):
@@ -131,7 +133,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         state = restore_checkpoint(start.checkpoint, parts) if start.checkpoint else TrainState()
         start.checkpoint = None  # the policy holds it now; free the copy
 
-        with tracking.start_run(cfg, start.run_id) as tracker, StopOnSignal() as stop:
+        with tracking.start_run(cfg, run_labels(cfg), start.run_id, *hydra_job()) as tracker, \
+                StopOnSignal() as stop:
             heartbeat.beat_for(tracker.run_id)
             tracker.set_tags({"output_dir": str(output_dir), "planned_fresh_evaluations": str(plan.fresh_evaluations),
                               "slurm_job": slurm_job_key() or "-"})
@@ -139,17 +142,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
             if cfg.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
                     f"{cfg.evaluation.name}/start/mean_reward", 0):
                 before = run_evaluation(cfg, parts, heldout, "start", tracker, step=0)
-            with _progress() as progress:
-                task = progress.add_task(cell_name(cfg), total=cfg.trainer.steps, completed=state.step,
-                                         info="")
+            with training_bar(cfg, state.step) as bar:
                 while state.step < cfg.trainer.steps:
                     metrics = train_step(parts, state)
                     step = state.step - 1
                     tracker.log_step(metrics, step)
                     state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
-                    progress.update(task, advance=1, info=_progress_info(metrics))
-                    if not console.is_terminal and state.step % max(1, cfg.trainer.steps // 10) == 0:
-                        log.info("step %d/%d  %s", state.step, cfg.trainer.steps, _progress_info(metrics))
+                    bar.update(state.step, _progress_info(metrics))
                     every = cfg.trainer.checkpoint_every
                     if every and state.step % every == 0 and state.step < cfg.trainer.steps:
                         save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
@@ -168,7 +167,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             parts.policy.save_pretrained(final_dir)
             parts.tokenizer.save_pretrained(final_dir)
             after = run_evaluation(cfg, parts, heldout, "final", tracker, step=state.step)
-            tracker.set_tags({"final_policy": str(final_dir), "fresh_evaluations": str(state.fresh_evaluations)})
+            tracker.set_tags({"fresh_evaluations": str(state.fresh_evaluations)})
+            tracking.log_final_policy(tracker.run_id, final_dir, cfg.tracking.policy_artifact_max_mb)
             if tracker.redone_mismatches:
                 tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
                 log.error("%d metric values of redone steps differ from the values logged before the restart "
@@ -177,14 +177,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
         return after.summary
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console, transient=False)
+def training_bar(cfg: DictConfig, done: int) -> progress.Bar:
+    """Steps done of the run, ETA from this session's step times; a plain line per step off a terminal."""
+    return progress.Bar(f"train {cell_name(cfg)}", cfg.trainer.steps, "steps", done=done)
 
 
 def _progress_info(metrics: dict[str, float]) -> str:
     return (f"reward {metrics['train/reward']:.3f}  correct {metrics['train/correct_fraction']:.2f}  "
-            f"fresh evals {int(metrics['budget/fresh_evaluations'])}  {metrics['time/step']:.1f}s/step")
+            f"fresh evals {int(metrics['budget/fresh_evaluations']):,}  {metrics['time/step']:.1f}s/step")
 
 
 def _print_summary(cfg, plan, state: TrainState, before, after, run_id: str) -> None:
@@ -231,14 +231,24 @@ def main(cfg: DictConfig) -> float:
     return summary.get("mean_reward", float("nan"))
 
 
+def cli() -> None:
+    """The command line (`python -m src.run`, console script `replay-rloo`): help, key check, then Hydra."""
+    from src.help import help_text, wants_help
+    from src.schema import SchemaError, check_override_keys
+
+    if wants_help(sys.argv[1:]):
+        sys.stdout.write(help_text())
+        return
+    try:
+        check_override_keys(sys.argv[1:])
+    except SchemaError as error:
+        exit_with_message(error)
+    main()
+
+
 if __name__ == "__main__":
     # Call the task through the importable module, not __main__: submitit pickles it for SLURM
     # jobs, and a __main__ function would be pickled by value with this module's globals.
     from src import run
-    from src.schema import SchemaError, check_override_keys
 
-    try:
-        check_override_keys(sys.argv[1:])
-    except SchemaError as error:
-        run.exit_with_message(error)
-    run.main()
+    run.cli()

@@ -104,6 +104,7 @@ KNOBS: dict[str, Knob] = {
     "policy.vllm.max_num_seqs": _int(1, INF, "256 or null", nullable=True),
     "policy.vllm.seed": SEED,
     "hardware.threads": _int(1, 4_096, "2 or null", nullable=True),
+    "tracking.policy_artifact_max_mb": _float(0, INF, "200 (0: never upload, tags only)"),
     "task.train_size": _int(1, 100_000_000, "20000"),
     "task.heldout_size": _int(1, 1_000_000, "50"),
     "task.seed": SEED,

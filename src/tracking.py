@@ -1,5 +1,9 @@
 """MLflow in one place: one run per training job, with its config, per-step metrics and evaluations.
 
+Runs are named `<study>/<cell>[/seed<k>]`, carry a description (the cell in words and the launch
+command), `overrides.yaml` and Hydra's composed config as artifacts, and the experiment is tagged
+as a model-training experiment, so the MLflow UI opens on its runs table.
+
 Everything a later analysis needs is in the run: the resolved config as params and as a
 YAML artifact, tags naming the study (`sweep`) and the grid cell (rho, L, c), per-step
 metrics (SPEC 6), evaluation summaries as metrics and the per-prompt / per-repeat tables
@@ -11,10 +15,12 @@ from __future__ import annotations
 import fcntl
 import logging
 import math
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -23,18 +29,21 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from src.sweep import cell_identity, cell_name, variant_label
-
 log = logging.getLogger(__name__)
 
 
-def run_tags(cfg: DictConfig) -> dict[str, str]:
-    """Tags that name the study and the cell, so runs can be filtered without parsing params."""
+def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, variant: str) -> dict[str, str]:
+    """Tags that name the study and the cell, so runs can be filtered without parsing params.
+
+    The cell's name, identity and variant label come from the caller (`src.run` computes them with
+    `src.sweep`): tracking only records what it is given.
+    """
     return {
         "sweep": str(cfg.tracking.sweep),
         "sweeps": f",{cfg.tracking.sweep},",  # every study this cell belongs to; the sweeper appends shared ones
-        "cell": cell_name(cfg),
-        "cell_id": cell_identity(cfg),
+        "cell": cell,
+        "cell_id": cell_id,
+        "seed": str(cfg.trainer.seed),
         "rho": f"{cfg.buffer.ratio:g}",
         "L": str(cfg.buffer.max_age),
         "c": f"{cfg.clip.ceiling:g}",
@@ -44,11 +53,37 @@ def run_tags(cfg: DictConfig) -> dict[str, str]:
         "sampling": str(cfg.sampling.name),
         "behaviour": str(cfg.behaviour.name),
         "curriculum": str(cfg.curriculum.name),
-        "variant": variant_label(cfg),
+        "variant": variant,
         "policy": str(cfg.policy.name_or_path),
         "hardware": str(cfg.hardware.name),
         "evaluation": str(cfg.evaluation.name),
     }
+
+
+# The experiment tag the MLflow UI (3.x) reads to choose between its GenAI view (traces, token usage)
+# and its model-training view (the runs table); "custom_model_development" is the training kind.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_EXPERIMENT_KIND = "custom_model_development"
+# MLflow shows this tag as the run's description (the "Description" box of a run page).
+DESCRIPTION_TAG = "mlflow.note.content"
+DEFAULT_SEED = 0  # every trainer preset's seed: a run name carries /seed<k> only for another one
+
+
+def run_name(study: str, cell: str, seed: int) -> str:
+    """`<study>/<cell>` (e.g. `ratio/rho1-L2-c1`), with `/seed<k>` when the training seed is not the default 0."""
+    return f"{study}/{cell}" + (f"/seed{seed}" if seed != DEFAULT_SEED else "")
+
+
+def run_description(cell: str, variant: str, cfg: DictConfig, command: str) -> str:
+    """The run page's description: the cell in words and the command that launched (and relaunches) it."""
+    trainer = cfg.trainer
+    replay = (f"rho = {cfg.buffer.ratio:g} reused groups per fresh group, max age L = {cfg.buffer.max_age}, "
+              f"clip c = {cfg.clip.ceiling:g}" if cfg.buffer.ratio > 0 else "fresh-only (rho = 0)")
+    return (f"**{variant}**, cell `{cell}` of study `{cfg.tracking.sweep}`: {replay}; loss {cfg.loss.name}, "
+            f"{trainer.groups_per_step} groups x {trainer.group_size} responses, {trainer.steps} steps, "
+            f"seed {trainer.seed}, policy `{cfg.policy.name_or_path}`, evaluation `{cfg.evaluation.name}`.\n\n"
+            f"Launched with:\n\n```\n{command}\n```\n\n(the same command resumes it; `overrides.yaml` "
+            "among the artifacts lists the overrides, `hydra/` the composed config)")
 
 
 def flat_params(cfg: DictConfig) -> dict[str, str]:
@@ -197,17 +232,33 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str
         client = MlflowClient(uri)
         experiment = client.get_experiment_by_name(name)
         if experiment is not None:
+            if EXPERIMENT_KIND_TAG not in experiment.tags:  # created before this tag existed, or by hand
+                client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND)
             return experiment.experiment_id
         location = artifact_location
         if artifact_location and "://" not in artifact_location:
             location = Path(artifact_location).as_uri()
         try:
-            return client.create_experiment(name, artifact_location=location)
+            return client.create_experiment(name, artifact_location=location,
+                                            tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND})
         except MlflowException as error:  # a server experiment another job created a moment ago
             experiment = client.get_experiment_by_name(name)
             if experiment is None:
                 raise error
             return experiment.experiment_id
+
+
+def ui_url(base: str, uri: str, experiment: str) -> str:
+    """The MLflow UI address of the experiment's runs table, in the UI's model-training mode.
+
+    MLflow 3.17's UI picks its GenAI or model-training navigation from a global switch, the
+    `workflowType` URL parameter (else the browser's saved choice, GenAI at first), not from the
+    experiment tag; the parameter makes the first visit open on the runs.
+    """
+    found = MlflowClient(uri).get_experiment_by_name(experiment) if Path(uri.removeprefix("sqlite:///")).exists() \
+        or not uri.startswith("sqlite:///") else None
+    page = f"experiments/{found.experiment_id}/runs" if found is not None else "experiments"
+    return f"{base.rstrip('/')}/#/{page}?workflowType=machine_learning"
 
 
 class StoreUnreachable(RuntimeError):
@@ -229,18 +280,65 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
             "sqlite:///path/mlruns.db file") from None
 
 
+@dataclass
+class RunLabels:
+    """What names a run in MLflow, computed by the caller: tags, the run name and the description."""
+
+    tags: dict[str, str]
+    name: str
+    description: str
+
+
 @contextmanager
-def start_run(cfg: DictConfig, resume_run_id: str | None = None) -> Iterator[Tracker]:
-    """Open (or reopen, when resuming) the MLflow run for this job; FAILED if the body raises."""
+def start_run(cfg: DictConfig, labels: RunLabels, resume_run_id: str | None = None,
+              hydra_output_dir: Path | None = None, overrides: list[str] | None = None) -> Iterator[Tracker]:
+    """Open (or reopen, when resuming) the MLflow run for this job; FAILED if the body raises.
+
+    `hydra_output_dir` (the job's folder, holding Hydra's `.hydra/`) and `overrides` (the job's
+    command-line overrides) are logged as artifacts, so the run says how to rerun it.
+    """
     experiment_id = ensure_experiment(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
     logged_until = last_logged_step(resume_run_id) if resume_run_id else -1
-    run_name = cfg.tracking.run_name or cell_name(cfg)
     if resume_run_id:
         context = mlflow.start_run(run_id=resume_run_id)
     else:
-        context = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=run_tags(cfg))
+        context = mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name or labels.name,
+                                   tags={**labels.tags, DESCRIPTION_TAG: labels.description})
     with context as run:
-        if not resume_run_id:
-            mlflow.log_params(flat_params(cfg))
+        if not resume_run_id:  # launch-only tracking.* settings stay out of the params table (config.yaml has them)
+            mlflow.log_params({key: value for key, value in flat_params(cfg).items() if not key.startswith("tracking.")})
             mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        if overrides is not None:
+            mlflow.log_text(overrides_yaml(overrides), "overrides.yaml")
+        if hydra_output_dir is not None and (hydra_output_dir / ".hydra").is_dir():
+            mlflow.log_artifacts(str(hydra_output_dir / ".hydra"), artifact_path="hydra")
         yield Tracker(run.info.run_id, logged_until)
+
+
+def overrides_yaml(overrides: list[str]) -> str:
+    """The job's overrides as Hydra writes them (`.hydra/overrides.yaml`), with the command that reruns it."""
+    command = " ".join(["python -m src.run", *overrides])
+    return f"# rerun (or resume) with:\n#   {command}\n" + OmegaConf.to_yaml(OmegaConf.create(list(overrides)))
+
+
+def log_final_policy(run_id: str, folder: Path, max_artifact_mb: float) -> dict[str, str]:
+    """Make the trained policy findable from the run: upload it when small, else point at shared storage.
+
+    A remote reader of the tracking server cannot open a local path, so a policy up to
+    `max_artifact_mb` is logged as the run's `policy/` artifact (`mlflow artifacts download -r <id>
+    -a policy`); a larger one (Qwen at fp32 is GBs) stays on disk and the tags name the host and
+    path. Returns the tags set.
+    """
+    size_mb = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
+    tags = {"final_policy": str(folder), "final_policy_host": socket.gethostname(),
+            "final_policy_mb": f"{size_mb:.1f}"}
+    if size_mb <= max_artifact_mb:
+        MlflowClient().log_artifacts(run_id, str(folder), artifact_path="policy")
+        tags["final_policy_artifact"] = f"runs:/{run_id}/policy"
+    else:
+        tags["final_policy_artifact"] = (f"not uploaded ({size_mb:.0f} MB > tracking.policy_artifact_max_mb="
+                                         f"{max_artifact_mb:g}): {socket.gethostname()}:{folder}")
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    return tags

@@ -12,6 +12,10 @@ line) with three additions, selected for every multirun by `conf/config.yaml`:
   failed or was killed resumes from its checkpoint. The plan is printed with each cell's
   planned fresh-evaluation budget.
 - `dry_run=true` prints that plan and launches nothing.
+
+While the cells run it reports progress: with the in-process launcher, a line before each cell
+("cell 3 of 9", finished/skipped/failed so far, an ETA from the finished cells' mean time); with
+a SLURM launcher, the job array's states from `squeue` whenever they change while it waits.
 """
 
 
@@ -125,19 +129,129 @@ class SkipFinishedSweeper(Sweeper):
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        size = self.max_batch_size or len(to_run)
+        in_process = type(self.launcher).__name__ == "BasicLauncher"  # one job after the other, in this process
+        # In-process cells launch one at a time, so each gets its "cell i of N" line; a cluster launch
+        # stays one job array.
+        size = 1 if in_process and not self.max_batch_size else (self.max_batch_size or len(to_run))
+        names = {tuple(cell.overrides): cell.cell for cell in planned}
+        tally = SweepTally(total=len(to_run), skipped=len(planned) - len(to_run))
         returns: List[Sequence[JobReturn]] = []
         failed = []
         for start in range(0, len(to_run), size):
-            results = self.launcher.launch(to_run[start : start + size], initial_job_idx=start)
+            batch = to_run[start : start + size]
+            if in_process:
+                say(tally.before(start, names.get(tuple(batch[0]), "?")))
+                results = self.launcher.launch(batch, initial_job_idx=start)
+            else:
+                results = launch_watching_slurm(self.launcher, batch, start, sweep_dir)
+            tally.finished(results)
             failed += [result for result in results if result.status != JobStatus.COMPLETED]
             returns.append(results)
+        say(tally.summary())
         if failed:
             lines = [f"  {' '.join(result.overrides or [])}: {result._return_value!r}" for result in failed]
             raise HydraException(f"{len(failed)} of {len(to_run)} cells failed. Relaunching the sweep resumes each "
                                  "from its last checkpoint where it wrote one and starts the others afresh:\n"
                                  + "\n".join(lines))
         return returns
+
+
+def say(line: str) -> None:
+    """A complete progress line on stderr (the training display's console)."""
+    from src.progress import console
+
+    console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+class SweepTally:
+    """Counts and times of a sweep's cells, for its progress lines."""
+
+    def __init__(self, total: int, skipped: int, clock=time.monotonic):
+        self.total, self.skipped, self.clock = total, skipped, clock
+        self.done = self.failed = 0
+        self.started = clock()
+
+    def finished(self, results: Sequence[JobReturn]) -> None:
+        self.done += len(results)
+        self.failed += sum(result.status != JobStatus.COMPLETED for result in results)
+
+    def eta_s(self) -> Optional[float]:
+        from src.progress import eta_seconds
+
+        return eta_seconds(self.done, self.total, self.clock() - self.started)
+
+    def before(self, index: int, cell: str) -> str:
+        from src.progress import format_duration
+
+        return (f"sweep: cell {index + 1} of {self.total} ({cell}); {self.counts()}; "
+                f"elapsed {format_duration(self.clock() - self.started)}, ETA {format_duration(self.eta_s())}")
+
+    def counts(self) -> str:
+        return (f"{self.done - self.failed} finished, {self.skipped} skipped (done before), "
+                f"{self.failed} failed")
+
+    def summary(self) -> str:
+        from src.progress import format_duration
+
+        return f"sweep done: {self.total} cell(s) run: {self.counts()}; took {format_duration(self.clock() - self.started)}"
+
+
+SLURM_POLL_S = 30.0
+
+
+def launch_watching_slurm(launcher, batch: List[List[str]], start: int, sweep_dir, poll_s: float = SLURM_POLL_S):
+    """Launch on a cluster launcher and, while it waits for the jobs, report their SLURM states when they change.
+
+    submitit's launcher blocks in `job.results()` until every job ends, silently; the launch runs in
+    a thread here while this one reads `squeue` for the job ids submitit's folder names.
+    """
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError as Pending
+
+    last = ""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(launcher.launch, batch, initial_job_idx=start)
+        while True:
+            try:
+                return future.result(timeout=poll_s)
+            except Pending:
+                line = slurm_state_line(submitted_job_ids(sweep_dir), len(batch))
+                if line and line != last:
+                    say(line)
+                    last = line
+
+
+def submitted_job_ids(sweep_dir) -> List[str]:
+    """SLURM job ids submitit has written folders for (`<sweep>/.submitit/<array>_<task>`)."""
+    from pathlib import Path
+
+    folder = Path(sweep_dir) / ".submitit"
+    return sorted(path.name for path in folder.iterdir() if path.is_dir() and path.name[0].isdigit()) \
+        if folder.is_dir() else []
+
+
+def slurm_state_line(job_ids: List[str], expected: int, squeue=None) -> str:
+    """'SLURM: 2 PENDING, 1 RUNNING, 3 left the queue (of 6 jobs)' from squeue; '' when nothing is known yet."""
+    import subprocess
+
+    if not job_ids:
+        return f"SLURM: submitting {expected} job(s)..."
+    if squeue is None:
+        try:
+            squeue = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(job_ids)], capture_output=True,
+                                    text=True, timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return "SLURM: " + summarize_states(squeue, job_ids, expected)
+
+
+def summarize_states(squeue_output: str, job_ids: List[str], expected: int) -> str:
+    """Count the jobs by their squeue state; jobs squeue no longer lists have left the queue (ended)."""
+    from collections import Counter
+
+    states = dict(line.split()[:2] for line in squeue_output.splitlines() if len(line.split()) >= 2)
+    counts = Counter(states.get(job, "left the queue") for job in job_ids)
+    order = sorted(counts, key=lambda state: (state == "left the queue", state))
+    return ", ".join(f"{counts[state]} {state}" for state in order) + f" (of {expected} jobs)"
 
 
 @contextmanager

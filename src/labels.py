@@ -1,0 +1,33 @@
+"""A run's MLflow labels from its config: tags, name (`<study>/<cell>[/seed<k>]`) and description."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from src import tracking
+from src.sweep import cell_identity, cell_name, variant_label
+
+
+def run_labels(cfg: DictConfig) -> tracking.RunLabels:
+    """The run's tags, name (`<study>/<cell>[/seed<k>]`) and description, from the cell's identity."""
+    cell, variant = cell_name(cfg), variant_label(cfg)
+    tags = tracking.run_tags(cfg, cell=cell, cell_id=cell_identity(cfg), variant=variant)
+    return tracking.RunLabels(tags=tags, name=tracking.run_name(cfg.tracking.sweep, cell, cfg.trainer.seed),
+                              description=tracking.run_description(cell, variant, cfg, launch_command()))
+
+
+def launch_command() -> str:
+    """The command that runs this job alone: `python -m src.run` and the job's overrides (the cell's, in a sweep)."""
+    _, overrides = hydra_job()
+    return " ".join(["python -m src.run", *(overrides or [])])
+
+
+def hydra_job() -> tuple[Path | None, list[str] | None]:
+    """This Hydra job's output folder (holding `.hydra/`) and its overrides; (None, None) outside Hydra."""
+    if not HydraConfig.initialized():
+        return None, None
+    hydra_cfg = HydraConfig.get()
+    return Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task)
