@@ -108,9 +108,22 @@ def _buffer_cell_name(cfg: DictConfig) -> str:
 
 
 def cell_identity(cfg: DictConfig) -> str:
-    """A short stable hash of the config that decides the cell's results."""
+    """A short stable hash of the config that decides the cell's results (the training seed included: one job)."""
+    return _config_hash(cfg, LAUNCH_ONLY)
+
+
+# What training seeds of one cell may differ in: the runs of a cell across seeds share every other key.
+SEED_KEYS = ("trainer.seed",)
+
+
+def cell_key(cfg: DictConfig) -> str:
+    """The cell across training seeds: `cell_identity` without `trainer.seed` (the report groups repeats by it)."""
+    return _config_hash(cfg, LAUNCH_ONLY + SEED_KEYS)
+
+
+def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    for key in LAUNCH_ONLY:
+    for key in dropped:
         _drop(resolved, key)
     if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] not in ("fifo", "popo"):  # fresh-only
         resolved.pop("buffer")
@@ -254,6 +267,7 @@ class PlannedCell:
     status: str  # "launch", "resume", "finished" (skipped), "running" (alive elsewhere, skipped) or "duplicate"
     previous: str | None = None  # the finished run id, the checkpoint a resumed cell continues from, or why it runs
     budget_is_floor: bool = False  # sampling=dynamic generates until its batch is full: the plan is a minimum
+    seed: int = 0  # trainer.seed: each (cell, seed) is its own job
 
 
 def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> list[PlannedCell]:
@@ -278,7 +292,7 @@ def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> lis
             status = "launch"
         seen.add(identity)
         planned.append(PlannedCell(list(overrides), cell_name(cfg), identity, budget, status, previous,
-                                   budget_is_floor=cfg.sampling.name == "dynamic"))
+                                   budget_is_floor=cfg.sampling.name == "dynamic", seed=int(trainer.seed)))
     return planned
 
 

@@ -23,7 +23,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from src.sweep import cell_identity, cell_name, variant_label
+from src.sweep import cell_identity, cell_key, cell_name, variant_label
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ def run_tags(cfg: DictConfig) -> dict[str, str]:
         "sweeps": f",{cfg.tracking.sweep},",  # every study this cell belongs to; the sweeper appends shared ones
         "cell": cell_name(cfg),
         "cell_id": cell_identity(cfg),
+        "cell_key": cell_key(cfg),  # the same for every training seed of the cell (analysis/seeds.py groups by it)
+        "seed": str(cfg.trainer.seed),
         "rho": f"{cfg.buffer.ratio:g}",
         "L": str(cfg.buffer.max_age),
         "c": f"{cfg.clip.ceiling:g}",
