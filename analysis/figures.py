@@ -183,6 +183,9 @@ def plot_heatmaps(grid: pd.DataFrame, panels: list[tuple[str, str]], baseline: d
                 text = _mean_hw(value, cell.get(metric + "_hw", np.nan)).replace(" ± ", "\n± ")
                 if cell["protocol"] != "canonical":
                     text += f"\n({cell['protocol']})"  # never mix protocols silently
+                if cell.get(metric + "_verdict") == "within noise":  # paired t-test over seeds (analysis/seeds.py)
+                    text += "\n≈ fresh-only (noise)"
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", ls=":", lw=1.5))
                 shade = cmap(norm(value))
                 dark = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] < 0.5
                 ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
@@ -239,7 +242,11 @@ DYNAMICS_PANELS = [
 
 
 def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path:
-    """Figure 7: per-step training signals, one line per run, colour by c, fresh-only black, variants dash-dotted."""
+    """Figure 7: per-step training signals, one line per run, colour by c, fresh-only black, variants dash-dotted.
+
+    A history with `low` and `high` columns (analysis.seeds.seed_bands: a cell's mean over training seeds) also
+    gets a shaded min-max band across the seeds.
+    """
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
     plain = _plain(runs)
     c_colors = _palette(runs.loc[plain & (runs["rho"] > 0), "c"].dropna())
@@ -254,13 +261,17 @@ def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path
             if rows.empty:
                 continue
             if not plain[index]:
-                ax.plot(rows["step"], rows["value"], lw=1.2, color=variant_styles[run["variant"]][0],
-                        ls=VARIANT_LINESTYLE, label=run["variant"])
+                color = variant_styles[run["variant"]][0]
+                ax.plot(rows["step"], rows["value"], lw=1.2, color=color, ls=VARIANT_LINESTYLE, label=run["variant"])
             elif run["rho"] == 0:
-                ax.plot(rows["step"], rows["value"], lw=1.2, color=BASELINE_COLOR, ls="-", label=run["cell"])
+                color = BASELINE_COLOR
+                ax.plot(rows["step"], rows["value"], lw=1.2, color=color, ls="-", label=run["cell"])
             else:
-                ax.plot(rows["step"], rows["value"], lw=1.2, color=c_colors[run["c"]],
+                color = c_colors[run["c"]]
+                ax.plot(rows["step"], rows["value"], lw=1.2, color=color,
                         ls=L_LINESTYLES.get(run["L"], "-."), label=run["cell"])
+            if "low" in rows and (rows["high"] > rows["low"]).any():  # a cell over training seeds: min-max band
+                ax.fill_between(rows["step"], rows["low"], rows["high"], color=color, alpha=0.15, lw=0)
             drawn += 1
         if not drawn:
             _say(ax, f"no '{key}' history"
