@@ -24,7 +24,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from src.budget import plan_fresh_evaluations, planning_max_age
+from src.budget import plan_for_config
 from src.lifecycle import checkpoint_files, run_liveness
 from src.paths import resolve_policy_path
 
@@ -267,6 +267,7 @@ class PlannedCell:
     status: str  # "launch", "resume", "finished" (skipped), "running" (alive elsewhere, skipped) or "duplicate"
     previous: str | None = None  # the finished run id, the checkpoint a resumed cell continues from, or why it runs
     budget_is_floor: bool = False  # sampling=dynamic generates until its batch is full: the plan is a minimum
+    budget_is_ceiling: bool = False  # a positive-bias FIFO with distinct draws: fewer if kept rollouts are correct
     seed: int = 0  # trainer.seed: each (cell, seed) is its own job
 
 
@@ -276,9 +277,8 @@ def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> lis
     planned = []
     for overrides, cfg in jobs:
         identity = cell_identity(cfg)
-        trainer, buffer = cfg.trainer, cfg.buffer
-        budget = plan_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps,
-                                        buffer.ratio, planning_max_age(buffer, trainer.steps)).fresh_evaluations
+        trainer = cfg.trainer
+        plan = plan_for_config(cfg)
         previous = None
         if identity in known.finished:
             status, previous = "finished", known.finished[identity]
@@ -291,8 +291,9 @@ def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> lis
         else:
             status = "launch"
         seen.add(identity)
-        planned.append(PlannedCell(list(overrides), cell_name(cfg), identity, budget, status, previous,
-                                   budget_is_floor=cfg.sampling.name == "dynamic", seed=int(trainer.seed)))
+        planned.append(PlannedCell(list(overrides), cell_name(cfg), identity, plan.fresh_evaluations, status, previous,
+                                   budget_is_floor=cfg.sampling.name == "dynamic", seed=int(trainer.seed),
+                                   budget_is_ceiling=plan.reward_dependent))
     return planned
 
 

@@ -178,7 +178,7 @@ def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
                   "resume": f"resume from {cell.previous}",
                   "running": f"running elsewhere, skip: {cell.previous}"}[cell.status]
         shown = [o for o in cell.overrides if o not in common and not o.startswith(hidden)]
-        table.add_row(str(index), cell.cell, *([str(cell.seed)] if several_seeds else []), ("≥ " if cell.budget_is_floor else "") + f"{cell.fresh_evaluations:,}", status, " ".join(shown))
+        table.add_row(str(index), cell.cell, *([str(cell.seed)] if several_seeds else []), ("≥ " if cell.budget_is_floor else "≤ " if cell.budget_is_ceiling else "") + f"{cell.fresh_evaluations:,}", status, " ".join(shown))
     console = Console(width=max(Console().width, 140))
     console.print(table)
     shared = [o for o in planned[0].overrides if o in common and not o.startswith(hidden)] if planned else []
