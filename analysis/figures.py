@@ -367,3 +367,38 @@ def plot_failure_totals(table: pd.DataFrame, path: Path) -> Path:
     ax.grid(axis="y", alpha=0.3)
     ax.margins(y=0.2)
     return _save(fig, path)
+
+
+def plot_compute_frontier(cells: pd.DataFrame, axes_spec: list[tuple[str, str, str]], path: Path,
+                          k_label: str) -> Path:
+    """The budget frontier against each cost in `axes_spec` (column, axis label, note when absent): one panel each.
+
+    One point per cell (its mean over training seeds, error bar the half-width), labelled by the cell;
+    fresh-only black stars, replay cells coloured by rho, variants in their own colour.
+    """
+    fig, axes = plt.subplots(1, len(axes_spec), figsize=(6 * len(axes_spec), 4.8), squeeze=False)
+    plain = _plain(cells) if not cells.empty else pd.Series(dtype=bool)
+    rho_colors = _palette(cells.loc[plain & (cells["rho"] > 0), "rho"]) if not cells.empty else {}
+    variant_styles = _variant_styles(cells) if not cells.empty else {}
+    for ax, (column, label, absent) in zip(axes[0], axes_spec):
+        points = cells[cells[column].notna() & cells["pass@k_max"].notna()] if column in cells else cells.iloc[:0]
+        if points.empty:
+            _say(ax, absent)
+            continue
+        for index, row in points.iterrows():
+            if not plain[index]:
+                color, marker = variant_styles[row["variant"]]
+            elif row["rho"] == 0:
+                color, marker = BASELINE_COLOR, "*"
+            else:
+                color, marker = rho_colors[row["rho"]], _marker(row["c"], {})
+            ax.errorbar(row[column], row["pass@k_max"],
+                        yerr=row["pass@k_max_hw"] if _finite(row["pass@k_max_hw"]) else None,
+                        fmt=marker, color=color, ms=12 if marker == "*" else 8, capsize=3)
+            ax.annotate(row["cell"], (row[column], row["pass@k_max"]), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7)
+        ax.set_xlabel(label)
+        ax.set_ylabel(k_label)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)

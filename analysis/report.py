@@ -30,7 +30,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from analysis import figures, seeds
+from analysis import compute, figures, seeds
 from src.eval.failures import CATEGORIES as FAILURE_CATEGORIES, LABELS as FAILURE_LABELS
 
 PROTOCOL_PREFERENCE = ["canonical", "quick"]  # results-table protocol, first one a run has
@@ -518,6 +518,31 @@ def _results_markdown(results: pd.DataFrame) -> str:
     return markdown_table(headers, rows)
 
 
+def _compute_markdown(cells: pd.DataFrame, label: str) -> list[str]:
+    """The compute frontier section: the figure, what its absent panels lack, and each cell's costs."""
+    out = ["## Compute frontier", "",
+           f"{label} against three costs (seed 001 counts compute, not only samples): fresh verifier evaluations, "
+           "trained tokens (`budget/trained_tokens`: response tokens that entered the loss, cumulative) and training "
+           "wall time (the sum of the per-step `time/step`: training steps only, no evaluation; runs without it: end "
+           "minus start). One point per cell, its mean over training seeds. Generated tokens "
+           "(`budget/generated_tokens`) are listed below.", "", "![compute frontier](compute_frontier.png)", ""]
+    missing = compute.missing_axes(cells) + (
+        [] if "generated_tokens" in cells and cells["generated_tokens"].notna().any()
+        else ["no budget/generated_tokens logged by these runs"])
+    if missing:
+        out += ["Not drawn or listed: " + "; ".join(missing) + ".", ""]
+    if not cells.empty:
+        out.append(markdown_table(
+            ["variant", "cell", "fresh evals", "generated tokens", "trained tokens", "training wall time", label],
+            [[row["variant"], row["cell"], format_count(row["fresh_evaluations"]),
+              format_count(row.get("generated_tokens", np.nan)), format_count(row.get("trained_tokens", np.nan)),
+              "-" if pd.isna(row.get("wall_time_s", np.nan)) else f"{row['wall_time_s']:.0f} s",
+              format_value(row["pass@k_max"], row["pass@k_max_hw"] if row.get("n_seeds", 2) > 1 else np.nan)]
+             for _, row in cells.iterrows()]))
+        out.append("")
+    return out
+
+
 def _seeds_note(cells: pd.DataFrame) -> str:
     baseline = cells[cells["is_baseline"]]
     reference = (f"the fresh-only cell `{baseline['cell'].iloc[0]}` (seeds {baseline['seeds'].iloc[0]})"
@@ -600,7 +625,8 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
 
     used, superseded, unfinished = select_cells(runs)
     results = results_table(used)
-    history = metric_histories(client, results)
+    history = metric_histories(client, results, DYNAMICS_KEYS + compute.HISTORY_KEYS)
+    results = compute.compute_columns(results, used, history)  # tokens and wall time: the compute frontier's axes
     if not results.empty:  # how far the reused responses' weights drift, over the whole run (Figure 7's ESS panel)
         results["replay_ess"] = results["run_id"].map(seeds.mean_per_run(history, "weights/ess"))
     wrote(_write_csv(results, out_dir / "results_table.csv"), f"{len(results)} row(s)")
@@ -617,6 +643,9 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
 
     short = label if results["k_max"].dropna().nunique() <= 1 else "pass@k (largest k of the row's protocol)"
     wrote(figures.plot_frontier(results, out_dir / "frontier.png", short), "budget frontier (Figure 3)")
+    wrote(figures.plot_compute_frontier(cells if not cells.empty else results, compute.AXES,
+                                        out_dir / "compute_frontier.png", short),
+          "compute frontier: fresh evaluations, trained tokens, wall time")
     panel_labels = {"pass@k_max": short, "reward": "evaluation reward", "correction_rate": "correction rate",
                     "pass@1": "pass@1"}
     grids, missing = {}, {}
@@ -724,6 +753,8 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
             + ("; each variant has its own labelled marker (left panel legend)" if has_variants else "")
             + ". Right: the L = 2 cells, one line per c.", "",
             "![budget frontier](frontier.png)", ""]
+
+    out += _compute_markdown(cells if cells is not None and not cells.empty else results, label)
 
     for name, figure in (("age", "Figure 4"), ("ratio", "Figures 5 and 9")):
         spec = GRIDS[name]

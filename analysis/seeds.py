@@ -22,7 +22,7 @@ VERDICTS = ("better", "within noise", "worse", "one seed", "no baseline")
 # Metrics that get a paired difference and a verdict; higher is better for each.
 VERDICT_METRICS = ["reward", "pass@1", "pass@k_max", "correction_rate"]
 SUMMARY_COLUMNS = ["pass@1", "pass@k_max", "reward", "correction_rate", "unique_rate", "fresh_evaluations",
-                   "gradient_steps", "effective_ratio", "replay_ess"]
+                   "gradient_steps", "effective_ratio", "replay_ess", "generated_tokens", "trained_tokens", "wall_time_s"]
 
 
 def t_interval(values) -> tuple[float, float]:
