@@ -84,20 +84,21 @@ def baseline_key(results: pd.DataFrame) -> str | None:
 
 
 def seed_table(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell (`cell_key`) aggregated over its training seeds, in the results table's order.
+    """One row per cell (`cell_key`) and protocol aggregated over its training seeds, in the results table's order.
 
     Columns: the cell's labels (variant, cell, coordinates, plain, setting, rho, L, c, policy, protocol),
     `n_seeds`, `seeds`, `run_ids`; for each metric in SUMMARY_COLUMNS its mean over seeds and
     `<metric>_hw` (the 95 % t half-width over seeds; with one seed the run's own evaluation half-width,
     as in the per-run table); for each VERDICT_METRICS metric `<metric>_diff`, `_diff_hw`, `_p` and
-    `_verdict` against the fresh-only baseline at the same seeds (the baseline row itself has none).
+    `_verdict` against the fresh-only baseline at the same seeds and protocol (the baseline row itself has none).
     """
     if results.empty:
         return pd.DataFrame()
     baseline = baseline_key(results)
-    base_rows = results[results["cell_key"] == baseline] if baseline is not None else results.iloc[:0]
     rows = []
-    for key, runs in results.groupby("cell_key", sort=False):
+    # Seeds evaluated under different protocols (quick, canonical) are never averaged together.
+    for (key, protocol), runs in results.groupby(["cell_key", "protocol"], sort=False):
+        base_rows = results[(results["cell_key"] == baseline) & (results["protocol"] == protocol)]
         first = runs.iloc[0]
         row = {name: first[name] for name in ("variant", "cell", "coordinates", "plain", "setting", "rho", "L", "c",
                                               "policy", "protocol", "k_max") if name in runs}

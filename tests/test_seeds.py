@@ -187,3 +187,11 @@ def test_report_with_one_seed_per_cell_says_one_seed(tmp_path_factory, tmp_path)
     assert "one seed" in line and "-0.050" in line and "± 0.0" not in line.split("|")[6]
     results = pd.read_csv(tmp_path / "results_table.csv")
     assert results.loc[results["cell"] == "rho1-L1-c1", "reward_hw"].iloc[0] == pytest.approx(0.02)
+
+
+def test_seeds_under_different_protocols_are_not_averaged_together():
+    rows = [{"cell_key": "f", "cell": "rho0", "variant": "Fresh-only", "coordinates": "(0, -, -)", "rho": 0.0,
+             "seed": s, "run_id": f"f{s}", "reward": 0.3, "protocol": protocol}
+            for s, protocol in [(0, "quick"), (1, "quick"), (2, "canonical")]]
+    table = seeds.seed_table(_results(rows))
+    assert sorted(zip(table["protocol"], table["n_seeds"])) == [("canonical", 1), ("quick", 2)]
