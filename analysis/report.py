@@ -536,11 +536,18 @@ def _compute_markdown(cells: pd.DataFrame, label: str) -> list[str]:
             ["variant", "cell", "fresh evals", "generated tokens", "trained tokens", "training wall time", label],
             [[row["variant"], row["cell"], format_count(row["fresh_evaluations"]),
               format_count(row.get("generated_tokens", np.nan)), format_count(row.get("trained_tokens", np.nan)),
-              "-" if pd.isna(row.get("wall_time_s", np.nan)) else f"{row['wall_time_s']:.0f} s",
+              _seconds(row.get("wall_time_s", np.nan)),
               format_value(row["pass@k_max"], row["pass@k_max_hw"] if row.get("n_seeds", 2) > 1 else np.nan)]
              for _, row in cells.iterrows()]))
         out.append("")
     return out
+
+
+def _seconds(value: float) -> str:
+    """A duration: '8.3 s' under a minute, '12.5 min' above, '-' when unknown."""
+    if pd.isna(value):
+        return "-"
+    return f"{value:.1f} s" if value < 60 else f"{value / 60:.1f} min"
 
 
 def _seeds_note(cells: pd.DataFrame) -> str:

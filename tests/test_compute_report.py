@@ -54,9 +54,9 @@ def test_report_draws_the_compute_frontier_from_logged_tokens_and_step_times(tmp
     section = text[text.index("## Compute frontier"):]
     assert "Not drawn" not in section.split("## ")[1]
     fresh_row = next(line for line in section.splitlines() if "| rho0 |" in line)
-    assert "| 1600 | 800 | 8 s |" in fresh_row  # generated, trained tokens (last cumulative value), 4 x 2.0 s
+    assert "| 1600 | 800 | 8.0 s |" in fresh_row  # generated, trained tokens (last cumulative value), 4 x 2.0 s
     replay_row = next(line for line in section.splitlines() if "| rho1-L1-c1 |" in line)
-    assert "| 1200 | 600 | 6 s |" in replay_row
+    assert "| 1200 | 600 | 6.0 s |" in replay_row
     results = pd.read_csv(tmp_path / "results_table.csv").set_index("cell")
     assert results.loc["rho1-L1-c1", "trained_tokens"] == 600.0 and results.loc["rho0", "wall_time_s"] == 8.0
 
@@ -69,4 +69,4 @@ def test_report_without_token_metrics_says_which_panel_is_missing(tmp_path_facto
     section = text[text.index("## Compute frontier"):].split("\n## ")[0]
     assert "no budget/trained_tokens logged by these runs" in section
     assert "no budget/generated_tokens logged" in section
-    assert "5 s" in section  # wall time from the run's start and end (the store's runs last 5 s)
+    assert "5.0 s" in section  # wall time from the run's start and end (the store's runs last 5 s)
