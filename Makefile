@@ -26,11 +26,19 @@ PIP_PINS = $(if $(LOCK),-c $(LOCK)) $(TORCH_INDEX_FLAG)
 export HYDRA_FULL_ERROR ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-# Sweeps: make sweep-ratio [HARDWARE=cpu|h100] [DRY_RUN=1] [ARGS="policy=qwen-sft-countdown ..."]
+# Sweeps: make sweep-ratio [HARDWARE=cpu|h100] [DRY_RUN=1] [SEEDS=3] [ARGS="policy=qwen-sft-countdown ..."]
 HARDWARE ?= cpu
 DRY_RUN ?= 0
 ARGS ?=
-SWEEP_FLAGS = hardware=$(HARDWARE) hydra.sweeper.dry_run=$(if $(filter 1 true yes,$(DRY_RUN)),true,false) $(ARGS)
+# Training-seed repeats: SEEDS=n runs every cell at trainer.seed = SEED_BASE, SEED_BASE+1, ..., SEED_BASE+n-1
+# (default 0, 1, 2, ...: seed 0 is the config's own, so cells already finished at it are reused). SEEDS=1 adds nothing.
+SEEDS ?= 1
+SEED_BASE ?= 0
+SEED_LIST = $(shell seq -s, $(SEED_BASE) $$(( $(SEED_BASE) + $(SEEDS) - 1 )))
+SEED_FLAG = $(if $(shell [[ "$(SEEDS)" =~ ^[1-9][0-9]*$$ && "$(SEED_BASE)" =~ ^[0-9]+$$ ]] && echo ok),\
+	$(if $(filter-out 1,$(SEEDS)),trainer.seed=$(SEED_LIST)),\
+	$(error SEEDS=$(SEEDS) SEED_BASE=$(SEED_BASE): SEEDS is how many training seeds per cell (a whole number >= 1, e.g. SEEDS=3) and SEED_BASE the first one (>= 0)))
+SWEEP_FLAGS = hardware=$(HARDWARE) hydra.sweeper.dry_run=$(if $(filter 1 true yes,$(DRY_RUN)),true,false) $(SEED_FLAG) $(ARGS)
 # Reports: make report [SWEEP=ratio] [SINCE=2026-11-21T12:00] [EXPERIMENT=replay-rloo]
 SWEEP ?=
 EXPERIMENT ?=

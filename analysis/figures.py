@@ -199,6 +199,9 @@ def plot_heatmaps(grid: pd.DataFrame, panels: list[tuple[str, str]], baseline: d
                 text = _mean_hw(value, cell.get(metric + "_hw", np.nan)).replace(" ± ", "\n± ")
                 if cell["protocol"] != "canonical":
                     text += f"\n({cell['protocol']})"  # never mix protocols silently
+                if cell.get(metric + "_verdict") == "within noise":  # paired t-test over seeds (analysis/seeds.py)
+                    text += "\n≈ fresh-only (noise)"
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", ls=":", lw=1.5))
                 shade = cmap(norm(value))
                 dark = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] < 0.5
                 ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
@@ -265,7 +268,11 @@ DYNAMICS_UNITS = {
 
 
 def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path:
-    """Figure 7: per-step training signals, one line per run, colour by c, fresh-only black, variants dash-dotted."""
+    """Figure 7: per-step training signals, one line per run, colour by c, fresh-only black, variants dash-dotted.
+
+    A history with `low` and `high` columns (analysis.seeds.seed_bands: a cell's mean over training seeds) also
+    gets a shaded min-max band across the seeds.
+    """
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
     plain = _plain(runs)
     c_colors = _palette(runs.loc[plain & (runs["rho"] > 0), "c"].dropna())
@@ -281,13 +288,17 @@ def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path
             if rows.empty:
                 continue
             if not plain[index]:
-                ax.plot(rows["step"], rows["value"], lw=1.2, color=variant_styles[run["variant"]][0],
-                        ls=VARIANT_LINESTYLE, label=run["variant"])
+                color = variant_styles[run["variant"]][0]
+                ax.plot(rows["step"], rows["value"], lw=1.2, color=color, ls=VARIANT_LINESTYLE, label=run["variant"])
             elif run["rho"] == 0:
-                ax.plot(rows["step"], rows["value"], lw=1.2, color=BASELINE_COLOR, ls="-", label=run["cell"])
+                color = BASELINE_COLOR
+                ax.plot(rows["step"], rows["value"], lw=1.2, color=color, ls="-", label=run["cell"])
             else:
-                ax.plot(rows["step"], rows["value"], lw=1.2, color=c_colors[run["c"]],
+                color = c_colors[run["c"]]
+                ax.plot(rows["step"], rows["value"], lw=1.2, color=color,
                         ls=L_LINESTYLES.get(run["L"], "-."), label=run["cell"])
+            if "low" in rows and (rows["high"] > rows["low"]).any():  # a cell over training seeds: min-max band
+                ax.fill_between(rows["step"], rows["low"], rows["high"], color=color, alpha=0.15, lw=0)
             drawn += 1
             drawn_styles.update(_dynamics_styles(run, plain[index]))
         if not drawn:
@@ -397,4 +408,39 @@ def plot_failure_totals(table: pd.DataFrame, path: Path) -> Path:
     ax.set_title("total failed rollouts by method (seed 004 Fig. 4)")
     ax.grid(axis="y", alpha=0.3)
     ax.margins(y=0.2)
+    return _save(fig, path)
+
+
+def plot_compute_frontier(cells: pd.DataFrame, axes_spec: list[tuple[str, str, str]], path: Path,
+                          k_label: str) -> Path:
+    """The budget frontier against each cost in `axes_spec` (column, axis label, note when absent): one panel each.
+
+    One point per cell (its mean over training seeds, error bar the half-width), labelled by the cell;
+    fresh-only black stars, replay cells coloured by rho, variants in their own colour.
+    """
+    fig, axes = plt.subplots(1, len(axes_spec), figsize=(6 * len(axes_spec), 4.8), squeeze=False)
+    plain = _plain(cells) if not cells.empty else pd.Series(dtype=bool)
+    rho_colors = _palette(cells.loc[plain & (cells["rho"] > 0), "rho"]) if not cells.empty else {}
+    variant_styles = _variant_styles(cells) if not cells.empty else {}
+    for ax, (column, label, absent) in zip(axes[0], axes_spec):
+        points = cells[cells[column].notna() & cells["pass@k_max"].notna()] if column in cells else cells.iloc[:0]
+        if points.empty:
+            _say(ax, absent)
+            continue
+        for index, row in points.iterrows():
+            if not plain[index]:
+                color, marker = variant_styles[row["variant"]]
+            elif row["rho"] == 0:
+                color, marker = BASELINE_COLOR, "*"
+            else:
+                color, marker = rho_colors[row["rho"]], _marker(row["c"], {})
+            ax.errorbar(row[column], row["pass@k_max"],
+                        yerr=row["pass@k_max_hw"] if _finite(row["pass@k_max_hw"]) else None,
+                        fmt=marker, color=color, ms=12 if marker == "*" else 8, capsize=3)
+            ax.annotate(row["cell"], (row[column], row["pass@k_max"]), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7)
+        ax.set_xlabel(label)
+        ax.set_ylabel(k_label)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
     return _save(fig, path)

@@ -30,7 +30,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from analysis import figures
+from analysis import compute, figures, seeds
 from src.eval.failures import CATEGORIES as FAILURE_CATEGORIES, LABELS as FAILURE_LABELS
 
 PROTOCOL_PREFERENCE = ["canonical", "quick"]  # results-table protocol, first one a run has
@@ -248,7 +248,8 @@ def results_table(used: pd.DataFrame) -> pd.DataFrame:
         ks = _pass_ks(run, prefix) if protocol != "none" else []
         row = {
             "run_id": run["run_id"], "sweep": run.get("tags.sweep", ""), "cell": run.get("tags.cell", "?"),
-            "cell_id": _tag(run, "cell_id"), "policy": run.get("tags.policy", ""), "setting": role["setting"],
+            "cell_id": _tag(run, "cell_id"), "cell_key": _cell_key(run), "seed": _seed(run),
+            "policy": run.get("tags.policy", ""), "setting": role["setting"],
             "plain": role["plain"], "variant": role["variant"], "rho": role["rho"], "L": role["L"], "c": role["c"],
             "coordinates": role["coordinates"], "protocol": protocol,
             "fresh_evaluations": _fresh_evaluations(run), "gradient_steps": _metric(run, "budget/gradient_steps"),
@@ -265,7 +266,7 @@ def results_table(used: pd.DataFrame) -> pd.DataFrame:
             row[name] = _metric(run, f"{prefix}/{metric}")
             row[f"{name}_hw"] = _metric(run, f"{prefix}/{metric}_hw")
         rows.append(row)
-    base = ["run_id", "sweep", "cell", "cell_id", "policy", "setting", "plain", "variant", "rho", "L", "c",
+    base = ["run_id", "sweep", "cell", "cell_id", "cell_key", "seed", "policy", "setting", "plain", "variant", "rho", "L", "c",
             "coordinates", "protocol", "fresh_evaluations", "gradient_steps", "effective_ratio", "k_max"]
     table = pd.DataFrame(rows, columns=None if rows else base)
     for column in ["pass@1", "pass@1_hw", "pass@k_max", "pass@k_max_hw",
@@ -279,6 +280,20 @@ def results_table(used: pd.DataFrame) -> pd.DataFrame:
     if table.empty:
         return table
     return _grid_then_variants(table)
+
+
+def _cell_key(run: pd.Series) -> str:
+    """The cell across training seeds (`cell_key` tag); runs logged before the tag: their own cell_id or label."""
+    return _tag(run, "cell_key") or _tag(run, "cell_id") or f"{_tag(run, 'cell', '?')}|{_tag(run, 'policy')}"
+
+
+def _seed(run: pd.Series) -> float:
+    """The training seed (`seed` tag, else the logged `trainer.seed` param, else 0, the config default)."""
+    for key in ("tags.seed", "params.trainer.seed"):
+        value = run.get(key)
+        if value is not None and not pd.isna(value) and str(value).strip() not in ("", "None"):
+            return float(value)
+    return 0.0
 
 
 def _grid_then_variants(table: pd.DataFrame) -> pd.DataFrame:
@@ -317,9 +332,10 @@ def same_label_configs(results: pd.DataFrame) -> pd.DataFrame:
     """
     if results.empty:
         return results
-    # Used runs are already one per (cell_id, policy) (select_cells), so a repeated label means another cell_id.
+    # Training seeds of one cell share its cell_key: they are repeats, not different configurations.
     label = ["variant", "cell", "policy"]
-    return results[results.duplicated(label, keep=False)].sort_values(label, kind="stable")
+    one_per_key = results.drop_duplicates([*label, "cell_key"])
+    return one_per_key[one_per_key.duplicated(label, keep=False)].sort_values(label, kind="stable")
 
 
 def baseline_values(results: pd.DataFrame) -> dict[str, tuple[float, float]]:
@@ -362,6 +378,8 @@ def heatmap_grid(results: pd.DataFrame, name: str, unfinished: pd.DataFrame | No
                 found = match.iloc[0]
                 cell.update({"run_id": found["run_id"], "protocol": found["protocol"], "unfinished": ""})
                 cell.update({m + s: found[m + s] for m in HEATMAP_PANELS for s in ("", "_hw")})
+                # The paired test against fresh-only over training seeds (analysis/seeds.py), where the table has it.
+                cell.update({m + "_verdict": found.get(m + "_verdict", "") for m in HEATMAP_PANELS})
             cells.append(cell)
     grid = pd.DataFrame(cells)
     for column in [m + s for m in HEATMAP_PANELS for s in ("", "_hw")]:
@@ -553,6 +571,74 @@ def _results_cells(results: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def _compute_markdown(cells: pd.DataFrame, label: str) -> list[str]:
+    """The compute frontier section: the figure, what its absent panels lack, and each cell's costs."""
+    out = ["## Compute frontier", "",
+           f"{label} against three costs (seed 001 counts compute, not only samples): fresh verifier evaluations, "
+           "trained tokens (`budget/trained_tokens`: response tokens that entered the loss, cumulative) and training "
+           "wall time (the sum of the per-step `time/step`: training steps only, no evaluation; runs without it: end "
+           "minus start). One point per cell, its mean over training seeds. Generated tokens "
+           "(`budget/generated_tokens`) are listed below.", "", "![compute frontier](compute_frontier.png)", ""]
+    missing = compute.missing_axes(cells) + (
+        [] if "generated_tokens" in cells and cells["generated_tokens"].notna().any()
+        else ["no budget/generated_tokens logged by these runs"])
+    if missing:
+        out += ["Not drawn or listed: " + "; ".join(missing) + ".", ""]
+    if not cells.empty:
+        out.append(markdown_table(
+            ["variant", "cell", "fresh evals", "generated tokens", "trained tokens", "training wall time", label],
+            [[row["variant"], row["cell"], format_count(row["fresh_evaluations"]),
+              format_count(row.get("generated_tokens", np.nan)), format_count(row.get("trained_tokens", np.nan)),
+              _seconds(row.get("wall_time_s", np.nan)),
+              format_value(row["pass@k_max"], row["pass@k_max_hw"] if row.get("n_seeds", 2) > 1 else np.nan)]
+             for _, row in cells.iterrows()]))
+        out.append("")
+    return out
+
+
+def _seconds(value: float) -> str:
+    """A duration: '8.3 s' under a minute, '12.5 min' above, '-' when unknown."""
+    if pd.isna(value):
+        return "-"
+    return f"{value:.1f} s" if value < 60 else f"{value / 60:.1f} min"
+
+
+def _seeds_note(cells: pd.DataFrame) -> str:
+    baseline = cells[cells["is_baseline"]]
+    reference = (f"the fresh-only cell `{baseline['cell'].iloc[0]}` (seeds {baseline['seeds'].iloc[0]})"
+                 if not baseline.empty else "no fresh-only cell in this report, so no differences")
+    return ("One row per cell over its training seeds (runs grouped by the `cell_key` tag; the evaluation repeats "
+            "are averaged within each seed first). Values are `mean ± 95 % t half-width over seeds` (just the mean "
+            f"with one seed). Δ is the cell minus {reference} at the same seeds, `± half-width` of the seed-wise "
+            f"differences; the verdict is a {seeds.TEST_NAME} (two-sided): `better`/`worse` where the difference's "
+            "interval excludes 0, `within noise` where it does not, `one seed` where only one seed pairs up. "
+            "Replay ESS is the mean over steps of the reused responses' normalised ESS. "
+            "Full numbers: [seeds.csv](seeds.csv).")
+
+
+def _seeds_markdown(cells: pd.DataFrame, label: str) -> str:
+    """The seed table: each cell's mean over seeds, its difference to fresh-only and the verdict."""
+    def over_seeds(row, metric):
+        return format_value(row[metric], row[metric + "_hw"] if row["n_seeds"] > 1 else np.nan)
+
+    def compared(row, metric):
+        if row["is_baseline"] or pd.isna(row.get(metric + "_diff", np.nan)):
+            return ["(reference)" if row["is_baseline"] else "-", row.get(metric + "_verdict", "-")
+                    if not row["is_baseline"] and isinstance(row.get(metric + "_verdict"), str) else "-"]
+        diff = f"{row[metric + '_diff']:+.3f}" + (f" ± {row[metric + '_diff_hw']:.3f}"
+                                                  if not pd.isna(row[metric + "_diff_hw"]) else "")
+        return [diff, row[metric + "_verdict"]]
+
+    headers = ["variant", "(ρ, L, c)", "cell", "seeds", "rollouts (fresh evals)", "reward", "Δ reward", "verdict",
+               "pass@1", "Δ pass@1", "verdict", label, f"Δ {label}", "verdict", "replay ESS"]
+    rows = [[row["variant"], row["coordinates"], row["cell"], f"{row['n_seeds']} ({row['seeds']})",
+             format_count(row["fresh_evaluations"]),
+             over_seeds(row, "reward"), *compared(row, "reward"), over_seeds(row, "pass@1"), *compared(row, "pass@1"),
+             over_seeds(row, "pass@k_max"), *compared(row, "pass@k_max"),
+             format_ratio(row.get("replay_ess", np.nan))] for _, row in cells.iterrows()]
+    return markdown_table(headers, rows)
+
+
 def _top_k(row: pd.Series, mixed_k: bool) -> str:
     """pass@k_max ± hw, naming k when rows of the table differ in their largest k."""
     top = format_value(row["pass@k_max"], row["pass@k_max_hw"])
@@ -599,23 +685,34 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
 
     used, superseded, unfinished = select_cells(runs)
     results = results_table(used)
+    history = metric_histories(client, results, DYNAMICS_KEYS + compute.HISTORY_KEYS)
+    results = compute.compute_columns(results, used, history)  # tokens and wall time: the compute frontier's axes
+    if not results.empty:  # how far the reused responses' weights drift, over the whole run (Figure 7's ESS panel)
+        results["replay_ess"] = results["run_id"].map(seeds.mean_per_run(history, "weights/ess"))
     wrote(_write_csv(results, out_dir / "results_table.csv"), f"{len(results)} row(s)")
     (out_dir / "results_table.tex").write_text(results_latex(results))
     wrote(out_dir / "results_table.tex", "the results table in LaTeX (booktabs)")
+    # Training-seed repeats: one row per cell over its seeds, compared seed by seed with fresh-only.
+    cells = seeds.seed_table(results)
+    wrote(_write_csv(cells, out_dir / "seeds.csv"), f"{len(cells)} cell(s) over training seeds")
     variants = variants_table(results, used)
     # Written in every report (like the figures), so a folder always has the same files.
     wrote(_write_csv(variants, out_dir / "variants.csv"),
           f"{int((variants['setting'] == 'Variant').sum())} variant run(s), {len(variants)} row(s)")
     label = k_label(results)
-    baseline = baseline_values(results)
+    baseline = baseline_values(cells.sort_values("is_baseline", ascending=False, kind="stable")
+                               if not cells.empty else results)
 
     short = label if results["k_max"].dropna().nunique() <= 1 else "pass@k (largest k of the row's protocol)"
     wrote(figures.plot_frontier(results, out_dir / "frontier.png", short), "budget frontier (Figure 3)")
+    wrote(figures.plot_compute_frontier(cells if not cells.empty else results, compute.AXES,
+                                        out_dir / "compute_frontier.png", short),
+          "compute frontier: fresh evaluations, trained tokens, wall time")
     panel_labels = {"pass@k_max": short, "reward": "evaluation reward", "correction_rate": "correction rate",
                     "pass@1": "pass@1"}
     grids, missing = {}, {}
     for name, figure in (("age", "Figure 4"), ("ratio", "Figures 5, 9")):
-        grids[name] = heatmap_grid(results, name, unfinished)
+        grids[name] = heatmap_grid(cells if not cells.empty else results, name, unfinished)
         missing[name] = missing_cells(grids[name])
         spec = GRIDS[name]
         figures.plot_heatmaps(grids[name], [(m, panel_labels[m]) for m in HEATMAP_PANELS], baseline,
@@ -629,9 +726,9 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
     wrote(figures.plot_best_of_n(probe, probe_ks, out_dir / "best_of_n.png", probe_hint(sweeps)),
           "best-of-N (Figure 6)")
 
-    history = metric_histories(client, results)
-    wrote(figures.plot_dynamics(history, results, out_dir / "dynamics.png"),
-          f"training dynamics (Figure 7): {history['run_id'].nunique()} run(s)")
+    bands = seeds.seed_bands(history, results)  # one curve per cell: mean over seeds, min-max band
+    wrote(figures.plot_dynamics(bands, cells if not cells.empty else results, out_dir / "dynamics.png"),
+          f"training dynamics (Figure 7): {history['run_id'].nunique()} run(s), {bands['run_id'].nunique()} cell(s)")
     wrote(figures.plot_diversity(results, out_dir / "diversity.png"), "answer-span diversity (Figure 8)")
     failures = failure_table(used)
     wrote(_write_csv(failures, out_dir / "failures.csv"), f"{len(failures)} evaluation(s) with a failure taxonomy")
@@ -640,7 +737,7 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
     wrote(figures.plot_failure_totals(failures, out_dir / "failure_totals.png"), "failed rollouts (seed 004 Figure 4)")
 
     text = _markdown(results, used, superseded, unfinished, grids, missing, probe, probe_ks, baseline, variants,
-                     title=title, source=source, sweeps=sweeps)
+                     title=title, source=source, sweeps=sweeps, cells=cells)
     text += _failures_markdown(failures)
     report = out_dir / "report.md"
     report.write_text(text)
@@ -654,7 +751,7 @@ def _write_csv(table: pd.DataFrame, path: Path) -> Path:
 
 
 def _markdown(results, used, superseded, unfinished, grids, missing, probe, probe_ks, baseline, variants, *,
-              title: str, source: str, sweeps: list[str] | None) -> str:
+              title: str, source: str, sweeps: list[str] | None, cells: pd.DataFrame | None = None) -> str:
     protocols = dict(zip(results["run_id"], results["protocol"]))
     label = k_label(results)
     out = [f"# {title}", "",
@@ -696,6 +793,8 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
             f"has one repeat). The high-k column is {label}. Full numbers: [results_table.csv](results_table.csv); "
             "the same table for a paper: [results_table.tex](results_table.tex) (LaTeX, `booktabs`).", ""]
     out.append(_results_markdown(results) if not results.empty else "_No finished runs._")
+    if cells is not None and not cells.empty:
+        out += ["", "## Across training seeds", "", _seeds_note(cells), "", _seeds_markdown(cells, label)]
 
     has_variants = (variants["setting"] == "Variant").any()
     # Also before any variant finished: the variants study's reference cells are worth a look already.
@@ -720,6 +819,8 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
             *figure_lines("frontier", "budget frontier", f"Figure 3. Held-out {label} against fresh verifier "
                           "evaluations; star: fresh-only; error bars: 95 % half-widths."), ""]
 
+    out += _compute_markdown(cells if cells is not None and not cells.empty else results, label)
+
     for name, figure in (("age", "Figure 4"), ("ratio", "Figures 5 and 9")):
         spec = GRIDS[name]
         no_run, no_eval = missing[name]
@@ -728,8 +829,11 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
                 f"Panels: {label}, evaluation reward, correction rate, pass@1; cells show mean ± half-width, the "
                 "colour map is centred on the fresh-only value named in each panel title"
                 + ("" if baseline else " (no fresh-only run in this report, so the map is not centred)")
-                + ". Missing cells are drawn grey and hatched.", "", *figure_lines(f"heatmap_{name}", spec["title"], f"{figure}. {spec['title']}: held-out metrics per grid "
-                             "cell, colour centred on the fresh-only value."), "",
+                + ". Missing cells are drawn grey and hatched. A cell with several training seeds shows its mean ± "
+                "half-width over seeds; where its difference to fresh-only is within noise (paired t-test over "
+                "seeds, 95 %) it is outlined dotted and marked '≈ fresh-only (noise)'.", "",
+                *figure_lines(f"heatmap_{name}", spec["title"], f"{figure}. {spec['title']}: held-out metrics per "
+                              "grid cell, colour centred on the fresh-only value."), "",
                 "Missing grid cells (no finished run): " + (", ".join(
                     f"`{c}`" + (f" ({status} run)" if (status := pending.get(c)) else "") for c in no_run) or "none")
                 + "."]
@@ -759,9 +863,10 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
     out += ["## Training dynamics (Figure 7)", "",
             "Per-step training reward, clip fraction and normalised ESS of the reused responses (absent for "
             "fresh-only runs and for steps without replay), and KL to the reference per token; colour is c, "
-            "line style is L, fresh-only in black, variants dash-dotted in their own colour.", "",
+            "line style is L, fresh-only in black, variants dash-dotted in their own colour. One line per cell: with "
+            "several training seeds it is the mean over seeds with the min-max range across seeds shaded.", "",
             *figure_lines("dynamics", "training dynamics", "Figure 7. Training reward, clip fraction, normalised "
-                          "ESS and per-token KL against the optimizer step, one line per run."), ""]
+                          "ESS and per-token KL against the optimizer step, one line per cell."), ""]
 
     out += ["## Diversity (Figure 8)", "",
             "Answer-span unique rate of the final evaluation (same protocol as the results table), error bars "

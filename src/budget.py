@@ -1,8 +1,14 @@
 """Fresh verifier-evaluation budget planning (SPEC 5; paper appendix B.4).
 
-`plan_fresh_evaluations` simulates the real step order with the real `ReplayBuffer`
-(placeholder groups, no model), so gap fill from a too-small pool (ratio > L, or
-B_fresh rounded down) shows up exactly as it would in a run.
+`plan_fresh_evaluations` simulates the real step order with the buffer the trainer builds
+(`ReplayBuffer` with its age window and capacity, or `FifoReplayBuffer` with its capacity,
+sampling mode and positive bias; placeholder groups, no model), so gap fill from a too-small
+pool (ratio > L, B_fresh rounded down, a small capacity, distinct draws from a small FIFO)
+shows up exactly as it would in a run; `plan_for_config` reads those settings from a config.
+A positive-bias FIFO keeps incorrect rollouts only among its freshest (1 - delta) N groups, so
+with distinct draws its pool can depend on rewards: the plan assumes no correct rollout (the
+smallest pool), is exact then and whenever that pool never runs short, and is otherwise an
+upper bound (`BudgetPlan.reward_dependent`).
 `closed_form_fresh_evaluations` is the paper's formula K * (B + (steps - 1) * B_fresh),
 exact whenever the replay demand can be met after step 0, i.e. B_replay <= L * B_fresh
 (`replay_demand_met`). ratio <= L implies it except where rounding B_fresh down breaks
@@ -13,9 +19,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from omegaconf import OmegaConf
+
 from src.objective import plan_batch
 from src.batch import Group
 from src.buffer.age import ReplayBuffer
+from src.buffer.fifo import FifoReplayBuffer
+
+AGE_BUFFER_CAPACITY = 4096  # ReplayBuffer's default (conf/buffer/age*.yaml: a safety net)
+
+
+@dataclass(frozen=True)
+class FifoSettings:
+    """What of `buffer=fifo` decides how many groups a draw returns (seed 001's FIFO; src/buffer/fifo.py)."""
+
+    capacity: int
+    mode: str = "with_replacement"
+    positive_bias: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -30,6 +50,9 @@ class BudgetPlan:
     fresh_groups_per_step: tuple[int, ...]  # per step, including gap fill
     replay_groups_per_step: tuple[int, ...]
     gap_fill_groups: int  # fresh groups added at steps >= 1 because too few were eligible
+    # A positive-bias FIFO with distinct draws whose smallest (all-incorrect) pool ran short: the trainer
+    # generates this many fresh groups if no kept rollout is correct, fewer otherwise (an upper bound).
+    reward_dependent: bool = False
 
     @property
     def fresh_evaluations(self) -> int:
@@ -58,10 +81,8 @@ def _check_sizes(groups_per_step: int, group_size: int, steps: int) -> None:
 
 def planning_max_age(buffer, steps: int) -> int:
     """The age window L the budget simulation uses: buffer.max_age (at least 1); buffer=fifo has no
-    window (every stored group of age >= 1 is eligible), so it plans with L = steps. That is exact
-    for FIFO: from step 1 on its pool holds at least the B groups of step 0 (fresh and gap fill),
-    so demand B_replay < B is always met, by with_replacement draws from any non-empty pool and by
-    distinct draws because validation requires capacity N >= B_replay for those modes.
+    window (every stored group of age >= 1 is eligible; `plan_for_config` simulates the FIFO itself),
+    so its L is the run's length.
     """
     return int(steps) if buffer.name == "fifo" else max(int(buffer.max_age), 1)
 
@@ -80,12 +101,25 @@ def closed_form_fresh_evaluations(groups_per_step: int, group_size: int, steps: 
 
 
 def plan_fresh_evaluations(
-    groups_per_step: int, group_size: int, steps: int, ratio: float, max_age: int
+    groups_per_step: int, group_size: int, steps: int, ratio: float, max_age: int, *,
+    capacity: int = AGE_BUFFER_CAPACITY, fifo: FifoSettings | None = None,
 ) -> BudgetPlan:
-    """Simulate the buffer schedule step by step (SPEC 3 order) and count fresh groups."""
+    """Simulate the buffer schedule step by step (SPEC 3 order) and count fresh groups.
+
+    The age buffer (max_age L, `capacity` groups at most) by default; `fifo` simulates `buffer=fifo`
+    instead (its own capacity, mode and positive bias; max_age is then ignored, every stored group is
+    eligible). Each draw returns what the trainer's buffer returns: min(count, #eligible) distinct groups,
+    or, FIFO with replacement, `count` draws from any non-empty pool.
+    """
     _check_sizes(groups_per_step, group_size, steps)
     b_fresh, b_replay = plan_batch(groups_per_step, ratio)
-    buffer = ReplayBuffer(max_age=max_age) if b_replay > 0 else None  # validates max_age
+    if b_replay == 0:
+        buffer = None
+    elif fifo is not None:
+        # All placeholder rewards are 0: a positive-bias FIFO then keeps its freshest (1 - delta) N groups only.
+        buffer = FifoReplayBuffer(fifo.capacity, fifo.mode, fifo.positive_bias)
+    else:
+        buffer = ReplayBuffer(max_age=max_age, capacity=capacity)  # validates max_age
 
     fresh_counts: list[int] = []
     replay_counts: list[int] = []
@@ -100,13 +134,16 @@ def plan_fresh_evaluations(
         fresh_counts.append(fresh)
         replay_counts.append(len(replayed))
         if buffer is not None:
-            # After the update: store all fresh groups (gap fill included), then drop over-age ones.
+            # After the update: store all fresh groups (gap fill included), then drop over-age ones
+            # (the FIFO drops its oldest in add()).
             buffer.add(_placeholder(step) for _ in range(fresh))
-            buffer.evict(step)
-        # The pool holds only the last L steps' groups (draws never consume them), so a step's counts
-        # depend on the previous L fresh counts alone: once that window repeats, the schedule cycles.
-        # Jumping over the whole cycles makes a million-step plan cost what a few steps do.
-        window = tuple(fresh_counts[-(max_age + 1):])
+            if fifo is None:
+                buffer.evict(step)
+        # The age pool holds only the last L steps' groups (draws never consume them; the capacity keeps
+        # a suffix of them), so a step's counts depend on the previous L fresh counts alone; the FIFO's
+        # pool (every stored group, all whole) on how many it holds. Once that state repeats, the
+        # schedule cycles: jumping over the whole cycles makes a million-step plan cost what a few steps do.
+        window = (len(buffer),) if fifo is not None and buffer is not None else tuple(fresh_counts[-(max_age + 1):])
         if step > 0 and window in seen:
             start = seen[window]
             cycle_fresh, cycle_replay = fresh_counts[start + 1:], replay_counts[start + 1:]
@@ -126,7 +163,50 @@ def plan_fresh_evaluations(
         fresh_groups_per_step=tuple(fresh_counts),
         replay_groups_per_step=tuple(replay_counts),
         gap_fill_groups=gap_total,
+        reward_dependent=bool(fifo is not None and fifo.positive_bias > 0 and fifo.mode != "with_replacement"
+                              and gap_total > 0),
     )
+
+
+def plan_for_config(cfg) -> BudgetPlan:
+    """The plan of a composed config: its sizes, and the buffer the trainer builds (`src.run.build_buffer`)."""
+    trainer, buffer = cfg.trainer, cfg.buffer
+    fifo = FifoSettings(int(buffer.capacity), str(buffer.mode), float(buffer.positive_bias)) \
+        if buffer.name == "fifo" else None
+    return plan_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps, buffer.ratio,
+                                  planning_max_age(buffer, trainer.steps),
+                                  capacity=int(buffer.get("capacity", AGE_BUFFER_CAPACITY)), fifo=fifo)
+
+
+def formula_break(cfg) -> str | None:
+    """Why SPEC 5's K(B + (steps - 1) B_fresh) is not this config's budget, or None when it is.
+
+    The formula assumes every step after the first draws all B_replay groups. It fails when the pool of
+    replayable groups is smaller: B_replay > L * B_fresh (rho > L, or B_fresh = round(B / (1 + rho)) rounded
+    down: B=64, rho=2, L=2 gives 43 > 42), a capacity below the pool, or a FIFO that keeps too few groups.
+    """
+    plan = plan_for_config(cfg)
+    if plan.gap_fill_groups == 0:
+        return None
+    trainer, buffer = cfg.trainer, cfg.buffer
+    b_fresh, b_replay = plan_batch(trainer.groups_per_step, buffer.ratio)
+    per_step = f"{plan.gap_fill_groups} fresh gap-fill groups over the run"
+    if buffer.name == "fifo":
+        kept = int(buffer.capacity) - round(float(buffer.positive_bias) * int(buffer.capacity))
+        if buffer.positive_bias > 0:
+            return (f"formula does not hold: the positive-bias FIFO keeps incorrect rollouts only in its freshest "
+                    f"{kept} of N={buffer.capacity} groups, fewer than B_replay={b_replay} distinct draws "
+                    f"({buffer.mode}), so {per_step} if none is correct (fewer with correct rollouts)")
+        return (f"formula does not hold: the FIFO keeps N={buffer.capacity} groups, fewer than B_replay={b_replay} "
+                f"distinct draws ({buffer.mode}): {per_step}")
+    max_age = planning_max_age(buffer, trainer.steps)
+    if b_replay > max_age * b_fresh:
+        why = (f"rho={buffer.ratio:g} > L={max_age}" if buffer.ratio > max_age else
+               f"B_fresh=round({trainer.groups_per_step}/(1+{buffer.ratio:g}))={b_fresh} rounds down")
+        return (f"formula does not hold: B_replay={b_replay} > L*B_fresh={max_age}*{b_fresh}={max_age * b_fresh} "
+                f"({why}): {per_step}")
+    return (f"formula does not hold: buffer.capacity={buffer.capacity} groups < the L*B_fresh={max_age * b_fresh} "
+            f"the pool needs: {per_step}")
 
 
 def _placeholder(step: int) -> Group:
@@ -152,13 +232,15 @@ def budget_table(cfg, ratios: list[float] | None = None):
     rows = []
     for ratio in ratios if ratios is not None else [float(buffer.ratio)]:
         max_age = planning_max_age(buffer, trainer.steps)
-        plan = plan_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps, ratio, max_age)
+        at_ratio = OmegaConf.merge(cfg, {"buffer": {"ratio": float(ratio)}})
+        plan = plan_for_config(at_ratio)
         b_fresh, b_replay = plan_batch(trainer.groups_per_step, ratio)
         rows.append({
-            "rho": ratio, "L": max_age if ratio > 0 else None, "B_fresh": b_fresh, "B_replay": b_replay,
+            "rho": ratio, "L": max_age if ratio > 0 and buffer.name != "fifo" else None,  # FIFO: no age window "B_fresh": b_fresh, "B_replay": b_replay,
             "fresh_evaluations": plan.fresh_evaluations,
             "closed_form": closed_form_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps, ratio),
             "gap_fill_groups": plan.gap_fill_groups, "achieved_ratio": plan.achieved_ratio,
+            "formula_note": formula_break(at_ratio) or "", "upper_bound": plan.reward_dependent,
         })
     return rows
 
@@ -192,12 +274,17 @@ def main(argv: list[str] | None = None) -> None:
                         f"{trainer.steps} steps")
     for column in ("rho", "L", "B_fresh", "B_replay", "fresh evals", "formula", "gap fill", "rho reached"):
         table.add_column(column, justify="right")
-    for row in budget_table(cfg, ratios):
+    rows = budget_table(cfg, ratios)
+    for row in rows:
         table.add_row(f"{row['rho']:g}", "-" if row["L"] is None else str(row["L"]), str(row["B_fresh"]),
-                      str(row["B_replay"]), f"{row['fresh_evaluations']:,}", f"{row['closed_form']:,}",
+                      str(row["B_replay"]), ("≤ " if row["upper_bound"] else "") + f"{row['fresh_evaluations']:,}",
+                      f"{row['closed_form']:,}",
                       str(row["gap_fill_groups"]), f"{row['achieved_ratio']:.3f}")
     console = Console()
     console.print(table)
+    for row in rows:
+        if row["formula_note"]:
+            console.print(f"rho={row['rho']:g}: {row['formula_note']}", highlight=False)
     console.print("fresh evals: simulated with the replay buffer; formula: K(B + (steps-1) B_fresh), exact "
                   "when no gap fill is needed; gap fill: fresh groups generated because too few were eligible")
 

@@ -8,13 +8,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from src import tracking
-from src.sweep import cell_identity, cell_name, variant_label
+from src.sweep import cell_identity, cell_key, cell_name, variant_label
 
 
 def run_labels(cfg: DictConfig) -> tracking.RunLabels:
     """The run's tags, name (`<study>/<cell>[/seed<k>]`) and description, from the cell's identity."""
     cell, variant = cell_name(cfg), variant_label(cfg)
-    tags = tracking.run_tags(cfg, cell=cell, cell_id=cell_identity(cfg), variant=variant)
+    tags = tracking.run_tags(cfg, cell=cell, cell_id=cell_identity(cfg), cell_key=cell_key(cfg), variant=variant)
     return tracking.RunLabels(tags=tags, name=tracking.run_name(cfg.tracking.sweep, cell, cfg.trainer.seed),
                               description=tracking.run_description(cell, variant, cfg, launch_command()))
 

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from src import progress, tracking
-from src.budget import plan_fresh_evaluations, planning_max_age, replay_demand_met
+from src.budget import plan_for_config, replay_demand_met
 from src.config import ConfigError, validate
 from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, write_heartbeat
 from src.evaluate import evaluate_policy
@@ -123,8 +123,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     start = choose_start(cfg, identity, Path(HydraConfig.get().runtime.output_dir))
     output_dir = start.folder
     checkpoint_path = output_dir / LATEST_CHECKPOINT
-    plan = plan_fresh_evaluations(cfg.trainer.groups_per_step, cfg.trainer.group_size, cfg.trainer.steps,
-                                  cfg.buffer.ratio, planning_max_age(cfg.buffer, cfg.trainer.steps))
+    plan = plan_for_config(cfg)
     # A resumed run was claimed by its heartbeat: keep it alive through model loading (a new run gets its
     # id, and the heartbeat with it, once MLflow opens it).
     with Heartbeat(output_dir, start.run_id, cfg.trainer.heartbeat_every_s) as heartbeat:

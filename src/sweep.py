@@ -24,7 +24,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from src.budget import plan_fresh_evaluations, planning_max_age
+from src.budget import plan_for_config
 from src.lifecycle import checkpoint_files, run_liveness
 from src.paths import resolve_policy_path
 
@@ -117,15 +117,29 @@ def cell_identity(cfg: DictConfig) -> str:
     """A short stable hash of the config that decides the cell's results (rules of `CELL_ID_VERSION`).
 
     1. The resolved config, without `_target_` keys (which class implements a group is code, not the
-       cell) and without the launch-only keys (`LAUNCH_ONLY`).
+       cell) and without the launch-only keys (`LAUNCH_ONLY`). The training seed is part of it: each
+       (cell, seed) is its own job.
     2. Fresh-only (rho = 0 with the age buffer): no buffer and no clip, since nothing is replayed.
     3. The variant groups at their plain option (`GROUP_DEFAULTS`) and the default loss (rloo) are left
        out: they compute plain Replay-RLOO. Another loss enters with its settings, and clip leaves
        (only rloo reads clip.ceiling).
     4. A local policy folder adds the hash of its weights.
     """
+    return _config_hash(cfg, LAUNCH_ONLY)
+
+
+# What training seeds of one cell may differ in: the runs of a cell across seeds share every other key.
+SEED_KEYS = ("trainer.seed",)
+
+
+def cell_key(cfg: DictConfig) -> str:
+    """The cell across training seeds: `cell_identity` without `trainer.seed` (the report groups repeats by it)."""
+    return _config_hash(cfg, LAUNCH_ONLY + SEED_KEYS)
+
+
+def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     resolved = _without_targets(OmegaConf.to_container(cfg, resolve=True))
-    for key in LAUNCH_ONLY:
+    for key in dropped:
         _drop(resolved, key)
     if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] not in ("fifo", "popo"):
         resolved.pop("buffer")
@@ -278,6 +292,8 @@ class PlannedCell:
     status: str  # "launch", "resume", "finished" (skipped), "running" (alive elsewhere, skipped) or "duplicate"
     previous: str | None = None  # the finished run id, the checkpoint a resumed cell continues from, or why it runs
     budget_is_floor: bool = False  # sampling=dynamic generates until its batch is full: the plan is a minimum
+    budget_is_ceiling: bool = False  # a positive-bias FIFO with distinct draws: fewer if kept rollouts are correct
+    seed: int = 0  # trainer.seed: each (cell, seed) is its own job
 
 
 def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> list[PlannedCell]:
@@ -286,9 +302,8 @@ def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> lis
     planned = []
     for overrides, cfg in jobs:
         identity = cell_identity(cfg)
-        trainer, buffer = cfg.trainer, cfg.buffer
-        budget = plan_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps,
-                                        buffer.ratio, planning_max_age(buffer, trainer.steps)).fresh_evaluations
+        trainer = cfg.trainer
+        plan = plan_for_config(cfg)
         previous = None
         if identity in known.finished:
             status, previous = "finished", known.finished[identity]
@@ -301,8 +316,9 @@ def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> lis
         else:
             status = "launch"
         seen.add(identity)
-        planned.append(PlannedCell(list(overrides), cell_name(cfg), identity, budget, status, previous,
-                                   budget_is_floor=cfg.sampling.name == "dynamic"))
+        planned.append(PlannedCell(list(overrides), cell_name(cfg), identity, plan.fresh_evaluations, status, previous,
+                                   budget_is_floor=cfg.sampling.name == "dynamic", seed=int(trainer.seed),
+                                   budget_is_ceiling=plan.reward_dependent))
     return planned
 
 

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger(__name__)
 
 
-def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, variant: str) -> dict[str, str]:
+def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant: str) -> dict[str, str]:
     """Tags that name the study and the cell, so runs can be filtered without parsing params.
 
     The cell's name, identity and variant label come from the caller (`src.run` computes them with
@@ -43,6 +43,7 @@ def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, variant: str) -> dict[
         "sweeps": f",{cfg.tracking.sweep},",  # every study this cell belongs to; the sweeper appends shared ones
         "cell": cell,
         "cell_id": cell_id,
+        "cell_key": cell_key,  # the same for every training seed of the cell (analysis/seeds.py groups by it)
         "seed": str(cfg.trainer.seed),
         "rho": f"{cfg.buffer.ratio:g}",
         "L": str(cfg.buffer.max_age),

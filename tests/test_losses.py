@@ -294,3 +294,82 @@ def test_truncated_weights_validate():
         truncated_importance_weights(torch.zeros(2, 3), torch.zeros(2, 3), 0.0, 1.0, level="sequence")
     with pytest.raises(ValueError, match="level"):
         truncated_importance_weights(x, x, 0.0, 1.0, level="group")
+
+
+# --------------------------------------------------------------------------- KL estimators k1, k2, k3
+def test_kl_estimators_hand_worked():
+    """pi(y) = 1/2, ref(y) = 1/4: d = log ref - log pi = -log 2."""
+    from src.losses import kl_k1, kl_k2, kl_k3
+
+    logp, ref = torch.tensor([math.log(0.5)], dtype=torch.float64), torch.tensor([math.log(0.25)], dtype=torch.float64)
+    assert kl_k1(logp, ref).item() == pytest.approx(math.log(2))                 # 0.693147
+    assert kl_k2(logp, ref).item() == pytest.approx(0.5 * math.log(2) ** 2)      # 0.240227
+    assert kl_k3(logp, ref).item() == pytest.approx(0.5 - 1 + math.log(2))       # 0.193147
+    same = torch.tensor([-1.3, -0.2])
+    for estimator in (kl_k1, kl_k2, kl_k3):
+        assert torch.equal(estimator(same, same), torch.zeros(2))
+
+
+def test_kl_k3_equals_the_objectives_k3():
+    """The default stays what it was: losses.kl_k3 gives objective.kl_k3's values."""
+    from src.losses import kl_k3
+    from src.objective import kl_k3 as objective_k3
+
+    generator = torch.Generator().manual_seed(0)
+    logp, ref = -torch.rand(4, 7, generator=generator) * 3, -torch.rand(4, 7, generator=generator) * 3
+    assert torch.allclose(kl_k3(logp, ref), objective_k3(logp, ref), atol=1e-6)
+
+
+def _exact_expectation(estimator, logits, ref_logprobs):
+    """E_{y ~ pi}[estimator(log pi(y), log ref(y))] over a whole vocabulary, the sampling weights pi held fixed.
+
+    This is what a per-token loss on sampled tokens averages to: autograd differentiates the token's
+    value through log pi, never the choice of the token, so the expectation weights are constants.
+    """
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return (logprobs.exp().detach() * estimator(logprobs, ref_logprobs)).sum()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kl_estimators_exact_values_and_gradients_over_a_five_token_vocabulary(seed):
+    """Enumerating the vocabulary (no sampling): which KL each estimator's value and loss-gradient give."""
+    from src.losses import kl_k1, kl_k2, kl_k3
+
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(5, generator=generator, dtype=torch.float64, requires_grad=True)
+    ref_logprobs = torch.log_softmax(torch.randn(5, generator=generator, dtype=torch.float64), dim=-1)
+    pi, ref = torch.softmax(logits, -1), ref_logprobs.exp()
+
+    forward_kl = (ref * (ref_logprobs - torch.log(pi))).sum()      # KL[ref || pi]
+    reverse_kl = (pi * (torch.log(pi) - ref_logprobs)).sum()       # KL[pi || ref]
+    grad_reverse, = torch.autograd.grad(reverse_kl, logits, retain_graph=True)
+    grad_forward, = torch.autograd.grad(forward_kl, logits, retain_graph=True)
+    assert not torch.allclose(grad_reverse, grad_forward, atol=1e-3)  # the two KLs pull differently here
+
+    def value_and_gradient(estimator):
+        expected = _exact_expectation(estimator, logits, ref_logprobs)
+        gradient, = torch.autograd.grad(expected, logits)
+        return expected.item(), gradient
+
+    k1_value, k1_gradient = value_and_gradient(kl_k1)
+    k2_value, k2_gradient = value_and_gradient(kl_k2)
+    k3_value, k3_gradient = value_and_gradient(kl_k3)
+    # Values: k1 and k3 are unbiased for KL[pi || ref]; k2 is not.
+    assert k1_value == pytest.approx(reverse_kl.item(), rel=1e-12)
+    assert k3_value == pytest.approx(reverse_kl.item(), rel=1e-12)
+    assert k2_value != pytest.approx(reverse_kl.item(), rel=1e-3)
+    # Gradients as a loss: k1 none, k2 that of KL[pi || ref], k3 that of KL[ref || pi].
+    assert torch.allclose(k1_gradient, torch.zeros(5, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(k2_gradient, grad_reverse, atol=1e-12)
+    assert torch.allclose(k3_gradient, grad_forward, atol=1e-12)
+    assert not torch.allclose(k3_gradient, grad_reverse, atol=1e-3)
+
+
+def test_kl_per_token_names_the_estimator():
+    from src.losses import KL_ESTIMATORS, kl_per_token
+
+    logp, ref = torch.tensor([[-0.5, -2.0]]), torch.tensor([[-1.0, -1.0]])
+    for name, estimator in KL_ESTIMATORS.items():
+        assert torch.equal(kl_per_token(name, logp, ref), estimator(logp, ref))
+    with pytest.raises(ValueError, match="kl_estimator='k4'.*k1, k2, k3"):
+        kl_per_token("k4", logp, ref)

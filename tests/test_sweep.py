@@ -175,3 +175,70 @@ def test_a_rebuilt_local_policy_is_a_new_cell_and_a_hub_name_is_its_own_identity
     assert cell_identity(cfg) != first
     assert policy_fingerprint("some-org/some-hub-model") is None
     assert policy_fingerprint("checkpoints/tiny-countdown") is not None  # the committed folder, from the root
+
+
+# --------------------------------------------------------------------------- training-seed repeats
+def test_seeds_of_a_cell_are_separate_jobs_with_one_cell_key():
+    """trainer.seed=0,1,2: three jobs (three cell_ids) sharing everything else (one cell_key), each skipped or
+    resumed on its own."""
+    from src.sweep import cell_key
+
+    jobs = study_jobs("baseline", "trainer.seed=0,1,2")
+    assert [cfg.trainer.seed for _, cfg in jobs] == [0, 1, 2]
+    assert len({cell_identity(cfg) for _, cfg in jobs}) == 3
+    assert len({cell_key(cfg) for _, cfg in jobs}) == 1
+    # Everything but the seed is the same config.
+    from omegaconf import OmegaConf
+    first, *rest = [OmegaConf.to_container(cfg, resolve=True) for _, cfg in jobs]
+    for other in rest:
+        other["trainer"]["seed"] = first["trainer"]["seed"]
+        assert other == first
+
+    seed0, seed1 = cell_identity(jobs[0][1]), cell_identity(jobs[1][1])
+    planned = plan_cells(jobs, CellRuns({seed0: "run-seed0"}, {seed1: "/x/checkpoint.pt"}))
+    assert [(cell.seed, cell.status) for cell in planned] == [(0, "finished"), (1, "resume"), (2, "launch")]
+    assert {cell.cell for cell in planned} == {"rho0"}  # the name is the cell's; the seed is its own column and tag
+
+
+def test_seed_keys_differ_between_cells(compose_config):
+    from src.sweep import cell_key
+
+    assert cell_key(compose_config("buffer=age1", "clip=tight")) != cell_key(compose_config("buffer=age1", "clip=mid"))
+    assert cell_key(compose_config("buffer=age1", "trainer.seed=4")) == cell_key(compose_config("buffer=age1"))
+
+
+def test_make_seeds_adds_the_seed_axis_and_refuses_a_bad_count():
+    def make(*arguments):
+        return subprocess.run(["make", "-n", "sweep-age", *arguments], cwd=PROJECT_ROOT, capture_output=True,
+                              text=True, timeout=60)
+
+    command = [line for line in make("SEEDS=3").stdout.splitlines() if "src.run" in line][0]
+    assert "trainer.seed=0,1,2" in command.split()
+    assert "trainer.seed=" not in [line for line in make().stdout.splitlines() if "src.run" in line][0]
+    assert "trainer.seed=7,8" in make("SEEDS=2", "SEED_BASE=7").stdout
+    refused = make("SEEDS=three")
+    assert refused.returncode != 0 and "SEEDS=three" in refused.stderr and "whole number" in refused.stderr
+
+
+@pytest.mark.slow
+def test_two_seed_sweep_runs_each_seed_once_and_tags_it(tmp_path, random_policy_dir):
+    sweep = tiny_cli(tmp_path, random_policy_dir, "buffer=age1", "clip=tight", "trainer.steps=2",
+                     "trainer.seed=0,1", "tracking.sweep=seeds", multirun=True)
+    dry = run([*sweep, "hydra.sweeper.dry_run=true"])
+    assert "DRY RUN" in dry and "2 to launch" in dry
+    first = run(sweep)
+    assert "2 to launch" in first
+    mlflow.set_tracking_uri(store(tmp_path))
+    runs = mlflow.search_runs(experiment_names=["replay-rloo"])
+    assert sorted(runs["status"]) == ["FINISHED", "FINISHED"]
+    assert sorted(runs["tags.seed"]) == ["0", "1"]
+    assert runs["tags.cell_id"].nunique() == 2 and runs["tags.cell_key"].nunique() == 1
+    assert set(runs["tags.cell"]) == {"rho1-L1-c1"}
+    # The two seeds trained differently (different rollouts), from the same config otherwise.
+    client = MlflowClient(store(tmp_path))
+    entropies = [[m.value for m in client.get_metric_history(run_id, "train/entropy")] for run_id in runs["run_id"]]
+    assert entropies[0] != entropies[1]
+
+    three_seeds = [o if o != "trainer.seed=0,1" else "trainer.seed=0,1,2" for o in sweep]
+    again = run([*three_seeds, "hydra.sweeper.dry_run=true"])
+    assert "1 to launch" in again and "2 finished" in again

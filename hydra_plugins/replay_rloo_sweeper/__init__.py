@@ -280,8 +280,9 @@ def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
                   f"{counts['launch']} to launch, {counts['resume']} to resume, {counts['finished']} finished "
                   f"(skipped), " + (f"{counts['running']} running elsewhere (skipped), " if counts["running"] else "")
                   + f"{counts['duplicate']} duplicate (skipped)")
-    for heading in ("#", "cell", "planned fresh evals", "status", "overrides"):
-        table.add_column(heading, justify="right" if heading in ("#", "planned fresh evals") else "left")
+    several_seeds = len({cell.seed for cell in planned}) > 1  # training-seed repeats: each (cell, seed) is a job
+    for heading in ("#", "cell", *(["seed"] if several_seeds else []), "planned fresh evals", "status", "overrides"):
+        table.add_column(heading, justify="right" if heading in ("#", "seed", "planned fresh evals") else "left")
     # Overrides every job shares are printed once, below the table; the column shows what varies.
     hidden = ("+sweep=", "trainer.resume_from=")
     common = set.intersection(*(set(cell.overrides) for cell in planned)) if planned else set()
@@ -291,7 +292,7 @@ def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
                   "resume": f"resume from {cell.previous}",
                   "running": f"running elsewhere, skip: {cell.previous}"}[cell.status]
         shown = [o for o in cell.overrides if o not in common and not o.startswith(hidden)]
-        table.add_row(str(index), cell.cell, ("≥ " if cell.budget_is_floor else "") + f"{cell.fresh_evaluations:,}", status, " ".join(shown))
+        table.add_row(str(index), cell.cell, *([str(cell.seed)] if several_seeds else []), ("≥ " if cell.budget_is_floor else "≤ " if cell.budget_is_ceiling else "") + f"{cell.fresh_evaluations:,}", status, " ".join(shown))
     console = Console(width=max(Console().width, 140))
     console.print(table)
     shared = [o for o in planned[0].overrides if o in common and not o.startswith(hidden)] if planned else []

@@ -1,0 +1,149 @@
+"""Training-seed repeats: a cell's result over seeds, and its paired difference to the fresh-only baseline.
+
+The unit of replication is the training seed. Evaluation repeats (the protocol's seeds) measure
+one trained policy several times; they are nested inside a training seed, so they are averaged
+within the seed first and the interval is taken over the per-seed means (n = number of training
+seeds, t with n - 1 degrees of freedom). A cell is compared with the fresh-only baseline trained
+at the same seed: the seed-wise differences are tested with a paired t-test (two-sided, 95 %),
+which is the same as asking whether their 95 % t-interval excludes 0.
+
+Everything here is a pure function of pandas objects; `analysis/report.py` wires it in.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+CONFIDENCE = 0.95
+TEST_NAME = "paired t-test over training seeds, 95 %"
+VERDICTS = ("better", "within noise", "worse", "one seed", "no baseline")
+# Metrics that get a paired difference and a verdict; higher is better for each.
+VERDICT_METRICS = ["reward", "pass@1", "pass@k_max", "correction_rate"]
+SUMMARY_COLUMNS = ["pass@1", "pass@k_max", "reward", "correction_rate", "unique_rate", "fresh_evaluations",
+                   "gradient_steps", "effective_ratio", "replay_ess", "generated_tokens", "trained_tokens", "wall_time_s"]
+
+
+def t_interval(values) -> tuple[float, float]:
+    """(mean, 95 % t half-width) of independent values; the half-width is NaN for fewer than two values."""
+    values = np.asarray(pd.Series(values).dropna(), dtype=float)
+    if values.size == 0:
+        return np.nan, np.nan
+    mean = float(values.mean())
+    if values.size < 2:
+        return mean, np.nan
+    sem = float(values.std(ddof=1)) / np.sqrt(values.size)
+    return mean, float(stats.t.ppf(0.5 + CONFIDENCE / 2, values.size - 1) * sem)
+
+
+def per_seed_means(table: pd.DataFrame, value: str, seed: str = "seed") -> pd.Series:
+    """The mean of `value` within each training seed (evaluation repeats nested in a seed), indexed by seed."""
+    return table.groupby(seed)[value].mean().dropna()
+
+
+def over_seeds(table: pd.DataFrame, value: str, seed: str = "seed") -> dict:
+    """Mean and 95 % t half-width over training seeds, the repeats of a seed averaged first."""
+    means = per_seed_means(table, value, seed)
+    mean, half_width = t_interval(means)
+    return {"n_seeds": int(means.size), "mean": mean, "hw": half_width}
+
+
+def paired_difference(cell: pd.Series, baseline: pd.Series) -> dict:
+    """cell - baseline over the seeds both have (Series indexed by seed), with the paired t-test's verdict.
+
+    'better' / 'worse' when the test rejects equal means at 95 % (the difference's interval excludes 0),
+    'within noise' when it does not, 'one seed' with a single shared seed (nothing to test with),
+    'no baseline' with none.
+    """
+    shared = cell.dropna().index.intersection(baseline.dropna().index)
+    differences = (cell[shared] - baseline[shared]).astype(float)
+    mean, half_width = t_interval(differences)
+    result = {"n_pairs": int(shared.size), "diff": mean, "diff_hw": half_width, "p_value": np.nan}
+    if shared.size == 0:
+        return {**result, "verdict": "no baseline"}
+    if shared.size == 1:
+        return {**result, "verdict": "one seed"}
+    if np.allclose(differences, differences.iloc[0]):  # no spread: the t statistic is undefined
+        exact = "within noise" if np.isclose(mean, 0.0) else ("better" if mean > 0 else "worse")
+        return {**result, "p_value": 0.0 if exact != "within noise" else 1.0, "verdict": exact}
+    p_value = float(stats.ttest_rel(cell[shared], baseline[shared]).pvalue)
+    verdict = "within noise" if p_value >= 1 - CONFIDENCE else ("better" if mean > 0 else "worse")
+    return {**result, "p_value": p_value, "verdict": verdict}
+
+
+def baseline_key(results: pd.DataFrame) -> str | None:
+    """The fresh-only cell (plain, rho = 0) the others are compared with: the one with the most seeds."""
+    if results.empty:
+        return None
+    fresh = results[results["plain"].astype(bool) & (results["rho"] == 0)]
+    if fresh.empty:
+        return None
+    counts = fresh.groupby("cell_key", sort=False)["seed"].nunique()
+    return str(counts.idxmax())  # ties: the first in table order
+
+
+def seed_table(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell (`cell_key`) and protocol aggregated over its training seeds, in the results table's order.
+
+    Columns: the cell's labels (variant, cell, coordinates, plain, setting, rho, L, c, policy, protocol),
+    `n_seeds`, `seeds`, `run_ids`; for each metric in SUMMARY_COLUMNS its mean over seeds and
+    `<metric>_hw` (the 95 % t half-width over seeds; with one seed the run's own evaluation half-width,
+    as in the per-run table); for each VERDICT_METRICS metric `<metric>_diff`, `_diff_hw`, `_p` and
+    `_verdict` against the fresh-only baseline at the same seeds and protocol (the baseline row itself has none).
+    """
+    if results.empty:
+        return pd.DataFrame()
+    baseline = baseline_key(results)
+    rows = []
+    # Seeds evaluated under different protocols (quick, canonical) are never averaged together.
+    for (key, protocol), runs in results.groupby(["cell_key", "protocol"], sort=False):
+        base_rows = results[(results["cell_key"] == baseline) & (results["protocol"] == protocol)]
+        first = runs.iloc[0]
+        row = {name: first[name] for name in ("variant", "cell", "coordinates", "plain", "setting", "rho", "L", "c",
+                                              "policy", "protocol", "k_max") if name in runs}
+        seeds = sorted(runs["seed"].dropna().unique())
+        row.update({"cell_key": key, "run_id": first["run_id"], "n_seeds": len(seeds),
+                    "seeds": ",".join(f"{s:g}" for s in seeds), "run_ids": ",".join(runs["run_id"]),
+                    "is_baseline": key == baseline})
+        for metric in SUMMARY_COLUMNS:
+            if metric not in runs:
+                continue
+            summary = over_seeds(runs, metric)
+            own_hw = runs[metric + "_hw"].iloc[0] if metric + "_hw" in runs and len(runs) == 1 else np.nan
+            row[metric] = summary["mean"]
+            row[metric + "_hw"] = summary["hw"] if summary["n_seeds"] > 1 else own_hw
+        for metric in VERDICT_METRICS:
+            if key == baseline or metric not in runs:
+                continue
+            compared = paired_difference(per_seed_means(runs, metric), per_seed_means(base_rows, metric))
+            row.update({f"{metric}_diff": compared["diff"], f"{metric}_diff_hw": compared["diff_hw"],
+                        f"{metric}_p": compared["p_value"], f"{metric}_verdict": compared["verdict"],
+                        f"{metric}_pairs": compared["n_pairs"]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def seed_bands(history: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+    """Per-step training curves across the seeds of each cell: mean, min and max over seeds.
+
+    `history` is the long (run_id, key, step, value) table; the answer has one curve per cell under the
+    run id of the cell's first run (as in `seed_table`), with columns value (the mean), low, high and
+    n_seeds (how many seeds logged that step).
+    """
+    columns = ["run_id", "key", "step", "value", "low", "high", "n_seeds"]
+    if history.empty or results.empty:
+        return pd.DataFrame(columns=columns)
+    first_run = results.groupby("cell_key", sort=False)["run_id"].transform("first")
+    representative = dict(zip(results["run_id"], first_run))
+    curves = history.assign(run_id=history["run_id"].map(representative)).dropna(subset=["run_id"])
+    bands = curves.groupby(["run_id", "key", "step"], sort=True)["value"].agg(
+        value="mean", low="min", high="max", n_seeds="count").reset_index()
+    return bands[columns]
+
+
+def mean_per_run(history: pd.DataFrame, key: str) -> pd.Series:
+    """The mean over logged steps of one per-step metric, indexed by run id (runs without it are absent)."""
+    if history.empty:
+        return pd.Series(dtype=float)
+    return history[history["key"] == key].groupby("run_id")["value"].mean()
