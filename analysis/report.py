@@ -578,7 +578,9 @@ def _compute_markdown(cells: pd.DataFrame, label: str) -> list[str]:
            "trained tokens (`budget/trained_tokens`: response tokens that entered the loss, cumulative) and training "
            "wall time (the sum of the per-step `time/step`: training steps only, no evaluation; runs without it: end "
            "minus start). One point per cell, its mean over training seeds. Generated tokens "
-           "(`budget/generated_tokens`) are listed below.", "", "![compute frontier](compute_frontier.png)", ""]
+           "(`budget/generated_tokens`) are listed below.", "",
+           *figure_lines("compute_frontier", "compute frontier", f"{label} against fresh verifier evaluations, "
+                         "trained tokens and training wall time, one point per cell."), ""]
     missing = compute.missing_axes(cells) + (
         [] if "generated_tokens" in cells and cells["generated_tokens"].notna().any()
         else ["no budget/generated_tokens logged by these runs"])

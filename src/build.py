@@ -39,13 +39,13 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
                       cfg.hardware.autocast, trainer.fused_logprobs)
     engine = engine or build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
                                     **cfg.policy.get("vllm", {}))
-    behaviour = instantiate(cfg.behaviour, policy=policy, training_temperature=trainer.rollout.temperature)
-    sampler = instantiate(cfg.curriculum, instances=train_set, seed=trainer.seed)
-    collection = instantiate(cfg.sampling, engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
+    behaviour = build(cfg.behaviour, policy=policy, training_temperature=trainer.rollout.temperature)
+    sampler = build(cfg.curriculum, instances=train_set, seed=trainer.seed)
+    collection = build(cfg.sampling, engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
                              prompts=PromptFormat(cfg.task.prompt_template, tokenizer, cfg.policy.use_chat_template),
                              group_size=trainer.group_size, max_new_tokens=cfg.policy.max_new_tokens,
                              top_p=trainer.rollout.top_p, top_k=trainer.rollout.top_k, seed=trainer.seed)
-    objective = instantiate(cfg.loss, forward=forward, kl_coef=trainer.kl_coef, entropy_coef=trainer.entropy_coef,
+    objective = build(cfg.loss, forward=forward, kl_coef=trainer.kl_coef, entropy_coef=trainer.entropy_coef,
                             max_grad_norm=trainer.max_grad_norm, truncation=behaviour.truncation)
     return Components(policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=engine,
                       optimizer=build_optimizer(policy, trainer), store=build_store(cfg), objective=objective,
@@ -53,9 +53,18 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
                       groups_per_step=trainer.groups_per_step)
 
 
+def build(node: DictConfig, **live):
+    """The component `node` names with `_target_`, from its YAML settings plus the run's live objects.
+
+    The live objects reach the constructor as they are: given to `instantiate` itself, a list of
+    dataclasses (the training instances) would be turned into an OmegaConf config first.
+    """
+    return instantiate(node, _partial_=True)(**live)
+
+
 def build_store(cfg: DictConfig) -> ReplayStore:
     """The replay store the buffer group names (`buffer._target_`), told B and the run's seed."""
-    return instantiate(cfg.buffer, groups_per_step=cfg.trainer.groups_per_step, seed=cfg.trainer.seed)
+    return build(cfg.buffer, groups_per_step=cfg.trainer.groups_per_step, seed=cfg.trainer.seed)
 
 
 def build_optimizer(policy, trainer) -> torch.optim.AdamW:

@@ -71,7 +71,7 @@ def groups(config_dir: Path = CONFIG_DIR) -> dict[str, list[tuple[str, str]]]:
     """Each run config group with its options and their one-line descriptions, in folder order."""
     found = {}
     for folder in sorted(path for path in config_dir.iterdir() if path.is_dir()):
-        options = sorted(folder.glob("*.yaml"))
+        options = sorted(path for path in folder.glob("*.yaml") if path.stem != "base")  # base.yaml: shared, not an option
         if folder.name in NOT_RUN_GROUPS or not options:
             continue
         described = {path.stem: describe(path) for path in options}

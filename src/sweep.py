@@ -147,7 +147,7 @@ def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     for group, default in GROUP_DEFAULTS.items():
         if resolved.get(group, {"name": default})["name"] == default:
             resolved.pop(group, None)
-    loss = resolved.pop("loss")
+    loss = resolved.pop("loss", {"name": "rloo"})
     if loss["name"] != "rloo":
         resolved["loss"] = loss
         resolved.pop("clip", None)

@@ -14,7 +14,7 @@ GROUPS = ["task", "policy", "trainer", "buffer", "clip", "loss", "sampling", "be
 
 
 def options(group: str) -> list[str]:
-    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml") if path.stem != "base")  # base: shared by options, not one
 
 
 def test_required_options_exist():
