@@ -15,10 +15,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from src.eval.protocol import ESTIMATORS
+from src.eval.passk import ESTIMATORS
 from src.paths import PROJECT_ROOT, resolve_policy_path
 from src.schema import SchemaError, check_ranges, check_types
-from src.policy.model import DTYPES
+from src.policy import DTYPE_NAMES
 from src.buffer.popo import POPO_VARIANTS
 
 if not OmegaConf.has_resolver("root"):
@@ -95,7 +95,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     if cfg.policy.engine == "vllm":
         _validate_vllm(cfg.policy.vllm, check_device)
     _check(cfg.policy.max_new_tokens >= 1, f"policy.max_new_tokens={cfg.policy.max_new_tokens}: must be >= 1")
-    _check(cfg.hardware.dtype in DTYPES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {tuple(DTYPES)}")
+    _check(cfg.hardware.dtype in DTYPE_NAMES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {DTYPE_NAMES}")
     _check(cfg.hardware.autocast in (None, "bfloat16", "float16"),
            f"hardware.autocast='{cfg.hardware.autocast}': choose null, bfloat16 or float16")
     _check(trainer.micro_batch_tokens is None or trainer.micro_batch_tokens >= 1,

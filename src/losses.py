@@ -79,12 +79,11 @@ def clipped_surrogate(
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     behaviour_cap: float = 2.0,
-    level: str = "token",
 ) -> tuple[Tensor, dict[str, float]]:
     """POPO's decoupled clip-higher PPO loss (seed 003 eq. 10) and its diagnostics.
 
-    Per response token t of response i, with r = pi_theta / pi_prox and the constant
-    behaviour weight w = min(pi_prox / mu, behaviour_cap):
+    Per response token t of response i, with r = pi_theta / pi_prox and the constant per-token
+    behaviour weight w = min(pi_prox / mu, behaviour_cap) (per token, as seed 003's Lemma 4.2):
 
         l_it = w_it * min(r_it * A_i, clip(r_it, 1 - eps_low, 1 + eps_high) * A_i)
         loss = -(sum_it mask_it * l_it) / (sum_it mask_it)
@@ -106,20 +105,13 @@ def clipped_surrogate(
         mask: [N, T], 1/True on real response tokens.
         eps_low, eps_high: clip-higher bounds; r is clipped into [1 - eps_low, 1 + eps_high].
         behaviour_cap: upper cap on the behaviour weight pi_prox / mu (POPO: 2.0).
-        level: granularity of the behaviour weight. "token" (the paper's; Lemma 4.2 is
-            per token): w_it = min(pi_prox(y_it) / mu(y_it), cap). "sequence": one weight
-            per response, w_i = min(prod_t pi_prox(y_it) / mu(y_it), cap), as in seed 002's
-            sequence-level IS. The PPO clip on r stays per token in both, as in GRPO eq. 2.
 
     Diagnostics (python floats): clip_frac_low / clip_frac_high, the share of masked
     tokens where the clip is active and zeroes the gradient (A < 0 and r < 1 - eps_low;
     A > 0 and r > 1 + eps_high); ratio_mean / ratio_max of r over masked tokens;
     behaviour_weight_mean (the capped w actually used), behaviour_weight_raw_max and
-    behaviour_cap_frac (share of weights above the cap), all over masked tokens for
-    level="token" and over responses for level="sequence"; n_tokens.
+    behaviour_cap_frac (share of weights above the cap), all over masked tokens; n_tokens.
     """
-    if level not in _LEVELS:
-        raise ValueError(f"level must be one of {_LEVELS}, got {level!r}.")
     eps_low, eps_high, cap = float(eps_low), float(eps_high), float(behaviour_cap)
     if not 0 <= eps_low < 1:
         raise ValueError(f"eps_low must be in [0, 1), got {eps_low!r}; POPO/DAPO use 0.2.")
@@ -161,15 +153,9 @@ def clipped_surrogate(
     with torch.no_grad():
         if behaviour_logprobs is None:
             raw_w = torch.ones_like(log_ratio)
-            w_valid = valid
         else:
-            log_w = torch.where(valid, prox_logprobs.detach().to(dtype) - behaviour_logprobs.detach().to(dtype), zero)
-            if level == "token":
-                raw_w = torch.exp(log_w)
-                w_valid = valid
-            else:
-                raw_w = torch.exp(log_w.sum(dim=-1, keepdim=True))  # [N, 1]
-                w_valid = valid.any(dim=-1, keepdim=True)
+            raw_w = torch.exp(torch.where(valid, prox_logprobs.detach().to(dtype) - behaviour_logprobs.detach().to(dtype),
+                                          zero))
         weight = raw_w.clamp(max=cap)
 
     unclipped = ratio * advantages
@@ -182,8 +168,7 @@ def clipped_surrogate(
         adv = advantages.expand_as(r)
         low = valid & (adv < 0) & (r < 1.0 - eps_low)
         high = valid & (adv > 0) & (r > 1.0 + eps_high)
-        w_sel = weight.expand_as(r)[valid] if level == "token" else weight[w_valid]
-        raw_sel = raw_w.expand_as(r)[valid] if level == "token" else raw_w[w_valid]
+        w_sel, raw_sel = weight[valid], raw_w[valid]
         diagnostics = {
             "clip_frac_low": low.sum().item() / n_tokens,
             "clip_frac_high": high.sum().item() / n_tokens,

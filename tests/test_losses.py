@@ -107,20 +107,16 @@ def test_clip_higher_is_asymmetric():
     assert diag["clip_frac_high"] == pytest.approx(2 / 5)
 
 
-def test_behaviour_weight_token_and_sequence_hand_worked():
+def test_behaviour_weight_per_token_hand_worked():
     prox = torch.tensor([[-2.0, -3.0]])
     cur = (prox + torch.tensor([[LN(1.1), LN(1.0)]])).requires_grad_(True)
     beh = prox - torch.tensor([[LN(1.2), LN(0.5)]])  # pi_prox / mu = 1.2 and 0.5 per token
     mask = torch.ones(1, 2)
     adv = torch.tensor([1.0])
     # Token level: w = (1.2, 0.5), none capped; l = 1.2 * 1.1 + 0.5 * 1.0 = 1.82; loss = -1.82 / 2 = -0.91.
-    loss, diag = clipped_surrogate(cur, prox, beh, adv, mask, level="token")
+    loss, diag = clipped_surrogate(cur, prox, beh, adv, mask)
     assert loss.item() == pytest.approx(-0.91, abs=1e-6)
     assert diag["behaviour_weight_mean"] == pytest.approx(0.85)
-    # Sequence level: w = min(1.2 * 0.5, 2) = 0.6 for both tokens; l = 0.6 * (1.1 + 1.0) = 1.26; loss -0.63.
-    loss_seq, diag_seq = clipped_surrogate(cur, prox, beh, adv, mask, level="sequence")
-    assert loss_seq.item() == pytest.approx(-0.63, abs=1e-6)
-    assert diag_seq["behaviour_weight_mean"] == pytest.approx(0.6)
 
 
 def test_behaviour_weight_cap_hand_worked():
@@ -133,10 +129,6 @@ def test_behaviour_weight_cap_hand_worked():
     assert diag["behaviour_weight_mean"] == pytest.approx(1.75)
     assert diag["behaviour_weight_raw_max"] == pytest.approx(3.0, rel=1e-6)
     assert diag["behaviour_cap_frac"] == pytest.approx(0.5)
-    # Sequence level: raw 1.5 * 3.0 = 4.5 -> capped at 2.0; l = 2 * (1.1 + 1.0) = 4.2; loss = -2.1.
-    loss_seq, diag_seq = clipped_surrogate(cur, prox, beh, torch.tensor([1.0]), torch.ones(1, 2), level="sequence")
-    assert loss_seq.item() == pytest.approx(-2.1, abs=1e-6)
-    assert diag_seq["behaviour_cap_frac"] == 1.0
 
 
 def test_behaviour_weight_is_a_constant_in_the_gradient():
@@ -214,8 +206,6 @@ def test_clipped_surrogate_accepts_token_advantages():
 
 def test_clipped_surrogate_validates():
     cur, prox, adv, mask = _clip_example()
-    with pytest.raises(ValueError, match="level"):
-        clipped_surrogate(cur, prox, None, adv, mask, level="group")
     with pytest.raises(ValueError, match="eps_low"):
         clipped_surrogate(cur, prox, None, adv, mask, eps_low=1.0)
     with pytest.raises(ValueError, match="behaviour_cap"):

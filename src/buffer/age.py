@@ -19,11 +19,10 @@ Age convention (one rule, used everywhere):
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterable
 
 from src.batch import BatchGroup, Group
-from src.buffer.store import ReplayStore, replayed
+from src.buffer.store import ReplayStore, checked_for_storing, replayed
 
 
 class ReplayBuffer(ReplayStore):
@@ -44,18 +43,9 @@ class ReplayBuffer(ReplayStore):
         self.ratio = float(ratio)
         self.max_age = int(max_age)
         self.capacity = int(capacity)
-        self._groups: list[Group] = []  # insertion order == step order
         self.capacity_drops = 0
         self.evicted = 0
         self.added = 0
-
-    def __len__(self) -> int:
-        return len(self._groups)
-
-    @property
-    def groups(self) -> tuple[Group, ...]:
-        """All stored groups, oldest first (read-only view)."""
-        return tuple(self._groups)
 
     def eligible(self, step: int) -> list[Group]:
         """Groups whose age at `step` is in [1, L], tested per group."""
@@ -82,15 +72,7 @@ class ReplayBuffer(ReplayStore):
 
     def add(self, groups: Iterable[Group]) -> None:
         """Store this step's fresh groups (call after the update); each needs behaviour log-probs."""
-        new = list(groups)
-        for g in new:
-            if not isinstance(g, Group):
-                raise TypeError(f"ReplayBuffer.add expects Group objects, got {type(g).__name__}.")
-            if g.behaviour_logprobs is None:
-                raise ValueError(
-                    f"Group sampled at step {g.step} has no behaviour_logprobs; "
-                    "call group.with_behaviour_logprobs(...) with the trainer's log mu(y|x) before add()."
-                )
+        new = checked_for_storing(groups, "ReplayBuffer")
         self._groups.extend(new)
         self.added += len(new)
         overflow = len(self._groups) - self.capacity
@@ -116,8 +98,3 @@ class ReplayBuffer(ReplayStore):
             hist[a] = hist.get(a, 0) + 1
         return dict(sorted(hist.items()))
 
-    def _contents(self) -> list[dict]:
-        return [dataclasses.asdict(g) for g in self._groups]
-
-    def _restore(self, contents: list[dict]) -> None:
-        self._groups = [Group(**g) for g in contents]

@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group
-from src.buffer.store import ReplayStore
+from src.buffer.store import ReplayStore, checked_for_storing
 from src.checks import check_int
 from src.task.countdown import REWARD_CORRECT
 
@@ -256,14 +256,7 @@ class FifoReplayBuffer(ReplayStore):
         new = list(groups)
         newest = self._slots[-1].group.step if self._slots else None
         group_size = self.group_size
-        for g in new:
-            if not isinstance(g, Group):
-                raise TypeError(f"FifoReplayBuffer.add expects Group objects, got {type(g).__name__}.")
-            if g.behaviour_logprobs is None:
-                raise ValueError(
-                    f"Group sampled at step {g.step} has no behaviour_logprobs; "
-                    "call group.with_behaviour_logprobs(...) with the trainer's log mu(y|x) before add()."
-                )
+        for g in checked_for_storing(new, "FifoReplayBuffer"):
             # FIFO order must be step order, or "oldest dropped first" would drop the wrong groups.
             if newest is not None and g.step < newest:
                 raise ValueError(

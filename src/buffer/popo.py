@@ -32,7 +32,6 @@ If the memory holds too few eligible groups (the first steps) the batch is small
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -59,18 +58,9 @@ class EffectiveGroupMemory(ReplayStore):
         super().__init__(seed)
         self.capacity = check_int("capacity", capacity, 1, "POPO uses the batch size B.")
         self.effective_only = bool(effective_only)  # False only for the POPO-ineff ablation
-        self._groups: list[Group] = []  # insertion order == step order
         self.added = 0
         self.rejected = 0  # ineffective groups refused by an effective-only memory
         self.dropped = 0  # groups pushed out by newer ones
-
-    def __len__(self) -> int:
-        return len(self._groups)
-
-    @property
-    def groups(self) -> tuple[Group, ...]:
-        """All stored groups, oldest first (read-only view)."""
-        return tuple(self._groups)
 
     def eligible(self, step: int) -> list[Group]:
         """Stored groups that may be replayed at `step` (sampled before it), oldest first."""
@@ -120,12 +110,6 @@ class EffectiveGroupMemory(ReplayStore):
         if k == 0:
             return []  # consume no randomness, so empty draws do not shift the RNG stream
         return self._rng.sample(pool, k)
-
-    def _contents(self) -> list[dict]:
-        return [dataclasses.asdict(g) for g in self._groups]
-
-    def _restore(self, contents: list[dict]) -> None:
-        self._groups = [Group(**g) for g in contents]
 
 
 def make_memory(variant: str, batch_size: int, stale_factor: int = 1, seed: int = 0) -> EffectiveGroupMemory:

@@ -16,8 +16,9 @@ store written anywhere plugs in with `buffer._target_=module.Class`.
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from typing import Callable
+from typing import Callable, Iterable
 
 from src.batch import Batch, BatchGroup, Group
 
@@ -34,15 +35,19 @@ class ReplayStore:
     settings: tuple[str, ...] = ()     # attributes a checkpoint must agree on
     counters: tuple[str, ...] = ()     # attributes restored from a checkpoint as ints
 
-    groups: tuple[Group, ...] = ()    # what is stored, oldest first
-
-    def __len__(self) -> int:
-        return len(self.groups)
-
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
         self._rng = random.Random(self.seed)
         self._occupancy: dict[int, int] = {}
+        self._groups: list[Group] = []  # insertion order == step order
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    @property
+    def groups(self) -> tuple[Group, ...]:
+        """All stored groups, oldest first (read-only view)."""
+        return tuple(self._groups)
 
     # ---- the step's five calls ----
     def draw(self, count: int, step: int) -> list[BatchGroup]:
@@ -74,10 +79,10 @@ class ReplayStore:
         return {}
 
     def _contents(self) -> object:
-        return None
+        return [dataclasses.asdict(group) for group in self._groups]
 
     def _restore(self, contents: object) -> None:
-        pass
+        self._groups = [Group(**group) for group in contents]
 
     # ---- persistence, once for every store ----
     def state_dict(self) -> dict:
@@ -119,6 +124,18 @@ class NoReplay(ReplayStore):
 
     def metrics(self, step: int) -> dict[str, float]:
         return {"buffer/size": 0}
+
+
+def checked_for_storing(groups: Iterable[Group], store: str) -> list[Group]:
+    """`groups` as a list, each a Group that carries log mu (a replayed group is weighted against it)."""
+    new = list(groups)
+    for group in new:
+        if not isinstance(group, Group):
+            raise TypeError(f"{store}.add expects Group objects, got {type(group).__name__}.")
+        if group.behaviour_logprobs is None:
+            raise ValueError(f"Group sampled at step {group.step} has no behaviour_logprobs; call "
+                             "group.with_behaviour_logprobs(...) with the trainer's log mu(y|x) before add().")
+    return new
 
 
 def replayed(groups: list[Group], step: int) -> list[BatchGroup]:

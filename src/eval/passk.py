@@ -16,6 +16,8 @@ from scipy import stats
 
 from src.task.countdown import extract_answer
 
+ESTIMATORS = ("first_k", "unbiased")  # pass@k estimators (first_k_pass_at_k, unbiased_pass_at_k)
+
 # Every sample without an answer span maps to this one value (see `answer_unique_rate`).
 NO_ANSWER = ""
 

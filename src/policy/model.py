@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
+from src.policy import DTYPE_NAMES
 from src.paths import resolve_policy_path
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def build_tiny_model(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 128, layers: int = 4,
