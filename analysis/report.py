@@ -38,10 +38,10 @@ PROBE_KS = [1, 4, 8, 16, 32, 64]
 SUMMARY_METRICS = {"mean_reward": "reward", "correction_rate": "correction_rate", "unique_rate": "unique_rate"}
 DYNAMICS_KEYS = [key for key, _ in figures.DYNAMICS_PANELS]
 def probe_hint(sweeps: list[str] | None) -> str:
-    """What to run for the best-of-N probe: `src.evaluate` needs the runs named (--sweep or --run)."""
+    """What to run for the best-of-N probe: `src.eval.standalone` needs the runs named (--sweep or --run)."""
     target = " ".join(f"--sweep {sweep}" for sweep in sweeps) if sweeps else "--run <run id>"
     return ("no probe results yet: run the best-of-N probe on this report's runs,\n"
-            f"python -m src.evaluate {target} evaluation=probe\n(it logs probe/final/pass_at_<k> into each run)")
+            f"python -m src.eval {target} evaluation=probe\n(it logs probe/final/pass_at_<k> into each run)")
 
 
 PROBE_HINT = probe_hint(None)

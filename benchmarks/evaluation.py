@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 import src.config  # noqa: F401  (the ${root:} resolver)
-from src.evaluate import evaluate_policy, load_for_evaluation
+from src.eval.standalone import evaluate_policy, load_for_evaluation
 from src.paths import CONFIG_DIR
 from src.task import countdown
 

@@ -67,15 +67,20 @@ def group_defaults(config_dir: Path = CONFIG_DIR) -> dict[str, str]:
     return defaults
 
 
+def options(folder: Path) -> list[Path]:
+    """A config group's options: its YAML files, except `base.yaml`, which its options share (not one itself)."""
+    return sorted(path for path in folder.glob("*.yaml") if path.stem != "base")
+
+
 def groups(config_dir: Path = CONFIG_DIR) -> dict[str, list[tuple[str, str]]]:
     """Each run config group with its options and their one-line descriptions, in folder order."""
     found = {}
     for folder in sorted(path for path in config_dir.iterdir() if path.is_dir()):
-        options = sorted(path for path in folder.glob("*.yaml") if path.stem != "base")  # base.yaml: shared, not an option
-        if folder.name in NOT_RUN_GROUPS or not options:
+        found_options = options(folder)
+        if folder.name in NOT_RUN_GROUPS or not found_options:
             continue
-        described = {path.stem: describe(path) for path in options}
-        values = distinguishing_values(options)
+        described = {path.stem: describe(path) for path in found_options}
+        values = distinguishing_values(found_options)
         alike = len(set(described.values())) < len(described)  # the comment alone does not tell them apart
         found[folder.name] = [(stem, f"[{values[stem]}] {what}" if alike and values[stem] else what)
                               for stem, what in described.items()]
@@ -107,7 +112,7 @@ def help_text(config_dir: Path = CONFIG_DIR) -> str:
     out += ["", "More:",
             "  KEY=VALUE sets any knob (trainer.steps=50, buffer.ratio=2); a mistyped key is refused with the",
             "  close matches. --cfg job prints the composed config, --hydra-help Hydra's own options,",
-            "  python -m src.evaluate --help evaluates saved policies. README.md explains every group."]
+            "  python -m src.eval --help evaluates saved policies. README.md explains every group."]
     return "\n".join(out) + "\n"
 
 

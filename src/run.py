@@ -26,7 +26,7 @@ from src import progress, tracking
 from src.budget import plan_for_config, replay_demand_met
 from src.config import ConfigError, validate
 from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, write_heartbeat
-from src.evaluate import evaluate_policy
+from src.eval.standalone import evaluate_policy
 from src.sweep import cell_identity, cell_name, cell_runs, slurm_job_key
 from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR

@@ -116,7 +116,7 @@ def finite(metrics: dict[str, float]) -> dict[str, float]:
 def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
     """Summary metrics as `<protocol>/<stage>/<metric>`, the seed range as a tag, tables as CSV artifacts.
 
-    Goes through the client, not the active run, so `src.evaluate` can add results to a
+    Goes through the client, not the active run, so `src.eval.standalone` can add results to a
     finished run without reopening it (a failed evaluation never marks that run FAILED).
     """
     client = MlflowClient()

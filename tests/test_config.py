@@ -7,6 +7,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from src.config import ConfigError, validate
+from src import help as cli_help
 from src.paths import CONFIG_DIR
 
 GROUPS = ["task", "policy", "trainer", "buffer", "clip", "loss", "sampling", "behaviour", "curriculum", "evaluation",
@@ -14,7 +15,7 @@ GROUPS = ["task", "policy", "trainer", "buffer", "clip", "loss", "sampling", "be
 
 
 def options(group: str) -> list[str]:
-    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml") if path.stem != "base")  # base: shared by options, not one
+    return [path.stem for path in cli_help.options(CONFIG_DIR / group)]
 
 
 def test_required_options_exist():

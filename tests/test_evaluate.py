@@ -1,4 +1,4 @@
-"""Standalone evaluation (`python -m src.evaluate`): choosing runs, merging configs, seed namespaces."""
+"""Standalone evaluation (`python -m src.eval`): choosing runs, merging configs, seed namespaces."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 from omegaconf import OmegaConf
 
-from src.evaluate import main, merged_config, stage_of
+from src.eval.standalone import main, merged_config, stage_of
 from src.task import countdown
 from src.sampling.collection import generation_seed
 

@@ -1,9 +1,9 @@
 """Evaluate saved policies on the held-out protocol (SPEC 7) without retraining, logging into their runs.
 
-    python -m src.evaluate --run 1ab4cbe5... evaluation=probe          # add a probe to one finished run
-    python -m src.evaluate --sweep ratio evaluation=canonical           # every finished run of a study
-    python -m src.evaluate --checkpoint outputs/.../checkpoint.pt       # a mid-run checkpoint (a learning-curve point)
-    python -m src.evaluate --policy checkpoints/tiny-countdown evaluation=canonical   # any folder; prints only
+    python -m src.eval --run 1ab4cbe5... evaluation=probe          # add a probe to one finished run
+    python -m src.eval --sweep ratio evaluation=canonical           # every finished run of a study
+    python -m src.eval --checkpoint outputs/.../checkpoint.pt       # a mid-run checkpoint (a learning-curve point)
+    python -m src.eval --policy checkpoints/tiny-countdown evaluation=canonical   # any folder; prints only
 
 Trailing arguments are Hydra overrides of the evaluation, hardware and tracking groups
 (`evaluation.repeats=2`, `hardware=h100`, `tracking.uri=...`). The task and policy settings
