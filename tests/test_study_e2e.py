@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis import report
-from src import evaluate
+from src.eval import standalone as evaluate
 from src.paths import PROJECT_ROOT
 from tests.test_report import FIGURES, _assert_png
 
