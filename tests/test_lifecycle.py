@@ -203,7 +203,7 @@ def test_sweeper_timeouts_are_scoped_to_its_own_queries(monkeypatch):
 
 
 # --------------------------------------------------------------------------- end to end: SIGKILL and relaunch
-CELL = ["buffer=age1", "clip=tight", "trainer.steps=6", "trainer.checkpoint_every=2", "trainer.groups_per_step=2",
+CELL = ["buffer=age1", "clip=tight", "trainer.steps=12", "trainer.checkpoint_every=2", "trainer.groups_per_step=2",
         "tracking.sweep=kill"]
 
 
