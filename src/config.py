@@ -8,6 +8,7 @@ damaged policy folders, each with one message naming the key, the value and the 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import uuid
@@ -46,6 +47,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     `check_device=False` skips the CUDA check: a sweep is planned on a login node without GPUs.
     """
     _schema(check_types, cfg)  # unknown keys and types first: the checks below may then trust the types
+    _check_targets(cfg)
     trainer, buffer, clip, evaluation = cfg.trainer, cfg.buffer, cfg.clip, cfg.evaluation
     _check(trainer.heartbeat_timeout_s >= 2 * trainer.heartbeat_every_s,
            f"trainer.heartbeat_timeout_s={trainer.heartbeat_timeout_s} < 2 x trainer.heartbeat_every_s="
@@ -257,6 +259,22 @@ def _validate_fifo(buffer: DictConfig, replay_groups: int) -> None:
                f"buffer.capacity N={buffer.capacity} < B_replay={replay_groups}: mode={buffer.mode} draws distinct "
                "groups, so every step would need gap fill; raise buffer.capacity, use mode=with_replacement, or "
                "buffer.allow_infeasible=true")
+
+
+COMPONENT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum")  # each names its class in `_target_`
+
+
+def _check_targets(cfg: DictConfig) -> None:
+    """Every component group's `_target_` names an importable class or function (a store written outside src/ too)."""
+    for group in COMPONENT_GROUPS:
+        target = str(cfg[group].get("_target_"))
+        module, _, name = target.rpartition(".")
+        try:
+            getattr(importlib.import_module(module), name)
+        except Exception as error:  # noqa: BLE001  (no module, no such name, or the module fails to import)
+            raise ConfigError(f"{group}._target_={target!r} cannot be imported ({error.__class__.__name__}: {error}); "
+                              f"name a class as module.Class on the Python path, or drop the override to use "
+                              f"conf/{group}/") from None
 
 
 def _schema(check, cfg: DictConfig) -> None:

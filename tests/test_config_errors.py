@@ -174,3 +174,12 @@ def test_the_cli_prints_one_message_and_no_traceback(tmp_path, override, key):
     assert "Loading weights" not in output  # refused before the model loads
     assert time.time() - started < 120
     assert not (tmp_path / "m.db").exists()  # nothing was logged
+
+
+@pytest.mark.parametrize("target,reason", [("no.such.Store", "No module named 'no'"),
+                                           ("src.buffer.age.Nope", "has no attribute 'Nope'")])
+def test_a_component_target_that_does_not_import_is_named_before_any_compute(compose_config, target, reason):
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config(f"buffer._target_={target}"))
+    assert f"buffer._target_='{target}'" in str(error.value) and reason in str(error.value)
+    validate(compose_config("buffer=age1", "buffer._target_=tests.test_store_plugin.NewestGroupsStore"))  # anywhere
