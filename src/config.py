@@ -267,8 +267,10 @@ COMPONENT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum")  # 
 def _check_targets(cfg: DictConfig) -> None:
     """Every component group's `_target_` names an importable class or function (a store written outside src/ too)."""
     for group in COMPONENT_GROUPS:
-        target = str(cfg[group].get("_target_"))
-        module, _, name = target.rpartition(".")
+        target = cfg[group].get("_target_")
+        if target is None:  # a run's config saved before components were named (standalone evaluation reads those)
+            continue
+        module, _, name = str(target).rpartition(".")
         try:
             getattr(importlib.import_module(module), name)
         except Exception as error:  # noqa: BLE001  (no module, no such name, or the module fails to import)
