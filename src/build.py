@@ -46,7 +46,8 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
                              group_size=trainer.group_size, max_new_tokens=cfg.policy.max_new_tokens,
                              top_p=trainer.rollout.top_p, top_k=trainer.rollout.top_k, seed=trainer.seed)
     objective = build(cfg.loss, forward=forward, kl_coef=trainer.kl_coef, entropy_coef=trainer.entropy_coef,
-                            max_grad_norm=trainer.max_grad_norm, truncation=behaviour.truncation)
+                            max_grad_norm=trainer.max_grad_norm, truncation=behaviour.truncation,
+                      kl_estimator=trainer.kl_estimator)
     return Components(policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=engine,
                       optimizer=build_optimizer(policy, trainer), store=build_store(cfg), objective=objective,
                       collection=collection, sampler=sampler, behaviour=behaviour, forward=forward,

@@ -286,9 +286,3 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
-
-def kl_per_token(estimator: str, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """The named estimator's per-token values ([N, T]; masking and averaging are the caller's)."""
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator={estimator!r} is not one of {', '.join(KL_ESTIMATORS)}")
-    return KL_ESTIMATORS[estimator](logprobs, ref_logprobs)

@@ -5,17 +5,23 @@ The trainer composes the loss itself (eq. 3):
     L(theta) = -(1/B) sum_i w_i A_i log pi_theta(y_i|x_i) + beta_KL * KL[pi_theta || pi_ref] - beta_H * H[pi_theta]
 
 with A_i from `leave_one_out_advantages` (eq. 1), w_i from `importance_weights` (eq. 2, a
-constant in the gradient), the KL estimated per response token with `kl_k3`, and the
-entropy per response token with `token_entropy`.
+constant in the gradient), the KL estimated per response token with one of `src.losses`'
+estimators (`trainer.kl_estimator`, default k3), and the entropy per response token with
+`token_entropy`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
+
+from src.losses import kl_k3
+
+# Per-token KL estimate from (log pi, log pi_ref) tensors: src.losses.kl_k1, kl_k2 or kl_k3.
+KlEstimator = Callable[[Tensor, Tensor], Tensor]
 
 
 def plan_batch(groups_per_step: int, ratio: float) -> tuple[int, int]:
@@ -85,13 +91,6 @@ def effective_sample_size(weights: Tensor) -> float:
     return w.sum().item() ** 2 / denom
 
 
-def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """Per-token k3 estimator of KL[pi || ref]: exp(ref - logp) - (ref - logp) - 1 (unbiased, >= 0)."""
-    # Schulman's k3: for tokens sampled from pi, E[exp(d) - d - 1] with d = log ref - log pi is KL[pi||ref].
-    d = ref_logprobs.detach() - logprobs  # the reference is frozen
-    return torch.exp(d) - d - 1.0
-
-
 class LossTerms(NamedTuple):
     """Eq. 3's value and its three terms (each already normalised), plus the per-token KL estimates."""
 
@@ -104,16 +103,16 @@ class LossTerms(NamedTuple):
 
 def rloo_loss(token_logprobs: Tensor, reference_logprobs: Tensor, entropy: Tensor, mask: Tensor,
               advantages: Tensor, token_weights: Tensor, *, batch_size: int, total_tokens: int,
-              kl_coef: float, entropy_coef: float) -> LossTerms:
+              kl_coef: float, entropy_coef: float, kl_estimator: KlEstimator = kl_k3) -> LossTerms:
     """Eq. 3 on [rows, positions] tensors: -(1/B) sum_i A_i sum_t w_it log pi(y_it) + beta_KL KL - beta_H H.
 
-    The policy term is normalised by the number of responses B, the KL (k3) and entropy terms by the
+    The policy term is normalised by the number of responses B, the KL (by default k3) and entropy terms by the
     number of response tokens of the whole batch, so a micro-batch passing the full batch's
     `batch_size` and `total_tokens` contributes exactly its share of the one-batch loss. A sequence
     weight w_i (eq. 2) is `token_weights` constant along its row; seed 002's token-level IS varies it.
     """
     policy = -(advantages[:, None] * token_weights * token_logprobs * mask).sum() / batch_size
-    kl_tokens = kl_k3(token_logprobs, reference_logprobs) * mask
+    kl_tokens = kl_estimator(token_logprobs, reference_logprobs) * mask
     kl = kl_tokens.sum() / total_tokens
     entropy_term = (entropy * mask).sum() / total_tokens
     return LossTerms(policy + kl_coef * kl - entropy_coef * entropy_term, policy, kl, entropy_term, kl_tokens)

@@ -46,6 +46,9 @@ LAUNCH_ONLY = (
 # Variant groups and their plain option, which computes plain Replay-RLOO (identity rule 3).
 GROUP_DEFAULTS = {"curriculum": "none", "sampling": "standard", "behaviour": "current"}
 
+# Knobs added after version 1, with the value that computes what version-1 cells computed (rule 5).
+LATER_KNOBS = {"trainer.kl_estimator": "k3"}
+
 
 def cell_name(cfg: DictConfig) -> str:
     """The grid cell as text, e.g. 'rho1-L2-c1' (fresh-only runs: 'rho0'), with the variant groups as suffixes."""
@@ -124,6 +127,8 @@ def cell_identity(cfg: DictConfig) -> str:
        out: they compute plain Replay-RLOO. Another loss enters with its settings, and clip leaves
        (only rloo reads clip.ceiling).
     4. A local policy folder adds the hash of its weights.
+    5. A knob added after version 1 (`LATER_KNOBS`) is left out at the value that computes what
+       version-1 cells computed, so adding a knob keeps every existing id.
     """
     return _config_hash(cfg, LAUNCH_ONLY)
 
@@ -141,6 +146,9 @@ def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     resolved = _without_targets(OmegaConf.to_container(cfg, resolve=True))
     for key in dropped:
         _drop(resolved, key)
+    for key, unchanged in LATER_KNOBS.items():
+        if OmegaConf.select(cfg, key) == unchanged:
+            _drop(resolved, key)
     if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] not in ("fifo", "popo"):
         resolved.pop("buffer")
         resolved.pop("clip")

@@ -42,3 +42,10 @@ def test_the_implementing_class_is_not_part_of_the_cell(compose_config):
     plain = compose_config("buffer=age1")
     moved = compose_config("buffer=age1", "buffer._target_=tests.test_store_plugin.NewestGroupsStore")
     assert cell_identity(moved) == cell_identity(plain)
+
+
+def test_a_knob_added_later_keeps_ids_at_its_old_behaviour(compose_config):
+    """trainer.kl_estimator arrived after version 1: at k3 (what every earlier cell computed) the id survives."""
+    explicit = compose_config("buffer=age2", "clip=tight", "trainer.kl_estimator=k3")
+    assert cell_identity(explicit) == SURVIVING["buffer=age2 clip=tight"][1]
+    assert cell_identity(compose_config("buffer=age2", "clip=tight", "trainer.kl_estimator=k2")) != cell_identity(explicit)

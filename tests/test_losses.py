@@ -300,16 +300,6 @@ def test_kl_estimators_hand_worked():
         assert torch.equal(estimator(same, same), torch.zeros(2))
 
 
-def test_kl_k3_equals_the_objectives_k3():
-    """The default stays what it was: losses.kl_k3 gives objective.kl_k3's values."""
-    from src.losses import kl_k3
-    from src.objective import kl_k3 as objective_k3
-
-    generator = torch.Generator().manual_seed(0)
-    logp, ref = -torch.rand(4, 7, generator=generator) * 3, -torch.rand(4, 7, generator=generator) * 3
-    assert torch.allclose(kl_k3(logp, ref), objective_k3(logp, ref), atol=1e-6)
-
-
 def _exact_expectation(estimator, logits, ref_logprobs):
     """E_{y ~ pi}[estimator(log pi(y), log ref(y))] over a whole vocabulary, the sampling weights pi held fixed.
 
@@ -353,13 +343,3 @@ def test_kl_estimators_exact_values_and_gradients_over_a_five_token_vocabulary(s
     assert torch.allclose(k2_gradient, grad_reverse, atol=1e-12)
     assert torch.allclose(k3_gradient, grad_forward, atol=1e-12)
     assert not torch.allclose(k3_gradient, grad_reverse, atol=1e-3)
-
-
-def test_kl_per_token_names_the_estimator():
-    from src.losses import KL_ESTIMATORS, kl_per_token
-
-    logp, ref = torch.tensor([[-0.5, -2.0]]), torch.tensor([[-1.0, -1.0]])
-    for name, estimator in KL_ESTIMATORS.items():
-        assert torch.equal(kl_per_token(name, logp, ref), estimator(logp, ref))
-    with pytest.raises(ValueError, match="kl_estimator='k4'.*k1, k2, k3"):
-        kl_per_token("k4", logp, ref)

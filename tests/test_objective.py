@@ -9,11 +9,11 @@ from src.objective import (
     clip_fraction,
     effective_sample_size,
     importance_weights,
-    kl_k3,
     leave_one_out_advantages,
     plan_batch,
     token_entropy,
 )
+from src.losses import kl_k3
 
 
 @pytest.mark.parametrize(
@@ -158,3 +158,32 @@ def test_eq3_on_a_hand_worked_two_group_batch():
     first = rloo_loss(logprobs[:2], reference[:2], entropy[:2], mask[:2], advantages[:2], weights[:2],
                       batch_size=4, total_tokens=6, kl_coef=0.1, entropy_coef=0.01)
     assert (half.loss + first.loss).item() == pytest.approx(terms.loss.item(), abs=1e-7)
+
+
+def test_eq3_kl_term_uses_the_estimator_it_is_given():
+    """The batch of the eq. 3 test with d = log ref - log pi per token (0, .5 | -.5 | 0, 0 | 1):
+    k2 = d^2/2 sums to 0.125 + 0.125 + 0.5 = 0.75 and k1 = -d to -1, over 6 tokens."""
+    from src.losses import kl_k1, kl_k2
+    from src.objective import rloo_loss
+
+    logprobs = torch.tensor([[-1.0, -0.5], [-2.0, 0.0], [-0.2, -0.3], [-1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
+    reference = logprobs + torch.tensor([[0.0, 0.5], [-0.5, 0.0], [0.0, 0.0], [1.0, 0.0]])
+    ones = torch.ones(4, 2)
+    for estimator, expected in ((kl_k2, 0.75 / 6), (kl_k1, -1 / 6)):
+        terms = rloo_loss(logprobs, reference, ones, mask, torch.zeros(4), ones, batch_size=4, total_tokens=6,
+                          kl_coef=1.0, entropy_coef=0.0, kl_estimator=estimator)
+        assert terms.kl.item() == pytest.approx(expected, abs=1e-7)
+        assert terms.loss.item() == pytest.approx(expected, abs=1e-7)  # zero advantages: the KL term alone
+
+
+@pytest.mark.parametrize("loss", ["rloo", "grpo", "ipo"])
+def test_trainer_kl_estimator_reaches_every_objective(compose_config, loss):
+    from src.build import build
+    from src.losses import kl_k2
+
+    cfg = compose_config(f"loss={loss}", "trainer.kl_estimator=k2")
+    objective = build(cfg.loss, forward=None, kl_estimator=cfg.trainer.kl_estimator)
+    assert objective.kl_tokens is kl_k2
+    with pytest.raises(ValueError, match="trainer.kl_estimator='k4': choose one of k1, k2, k3"):
+        build(cfg.loss, forward=None, kl_estimator="k4")

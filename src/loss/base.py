@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from src.batch import Batch, Group
+from src.losses import KL_ESTIMATORS
 from src.policy.forward import Forward
 
 
@@ -62,9 +63,14 @@ class Objective:
 
     def __init__(self, forward: Forward, kl_coef: float = 0.0, entropy_coef: float = 0.0,
                  max_grad_norm: float | None = None, truncation: Truncation | None = None,
-                 name: str = "") -> None:
+                 kl_estimator: str = "k3", name: str = "") -> None:
+        if kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"trainer.kl_estimator={kl_estimator!r}: choose one of {', '.join(KL_ESTIMATORS)} "
+                             "(README: which KL each one's gradient gives; default k3)")
         self.forward = forward
         self.kl_coef = float(kl_coef)
+        self.kl_estimator = kl_estimator
+        self.kl_tokens = KL_ESTIMATORS[kl_estimator]  # per-token KL estimate, (log pi, log pi_ref) -> [rows, T]
         self.entropy_coef = float(entropy_coef)
         self.max_grad_norm = max_grad_norm
         self.truncation = truncation or Truncation()

@@ -10,7 +10,7 @@ from src.batch import Batch
 from src.checks import check_int
 from src.loss.base import Objective, UpdateResult, batch_sequences
 from src.losses import clipped_surrogate, group_normalised_advantages
-from src.objective import interleaved_mini_batches, kl_k3
+from src.objective import interleaved_mini_batches
 from src.policy.forward import place_tokens, row_values
 
 
@@ -97,7 +97,7 @@ class ClippedObjective(Objective):
                                                     advantages[index].to(token_logprobs.device), mask,
                                                     eps_low=self.eps_low, eps_high=self.eps_high,
                                                     behaviour_cap=self.behaviour_cap)
-                kl_tokens = kl_k3(token_logprobs, ref_chunk) * mask
+                kl_tokens = self.kl_tokens(token_logprobs, ref_chunk) * mask
                 policy_term = surrogate * (diag["n_tokens"] / mini_tokens)
                 kl_term = kl_tokens.sum() / mini_tokens
                 entropy_term = (entropy * mask).sum() / mini_tokens

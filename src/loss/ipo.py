@@ -25,7 +25,6 @@ import torch
 
 from src.batch import Batch, Group
 from src.loss.base import Objective, UpdateResult, batch_sequences
-from src.objective import kl_k3
 from src.policy.forward import row_values
 
 
@@ -96,7 +95,7 @@ class IpoObjective(Objective):
                 token_logprobs, ref = token_logprobs.float(), ref.float()
                 logprobs[index] = (token_logprobs * mask).sum(-1).cpu()
                 reference_sums[index] = (ref * mask).sum(-1).cpu()
-                kl_sums[index] = (kl_k3(token_logprobs, ref) * mask).sum(-1).cpu()
+                kl_sums[index] = (self.kl_tokens(token_logprobs, ref) * mask).sum(-1).cpu()
                 entropy_total += (entropy.float() * mask).sum().item()
                 for i, tokens in zip(index, row_values(ref, mask)):
                     reference_tokens[i] = tokens

@@ -76,7 +76,8 @@ class RlooObjective(Objective):
                 clipped = torch.where(off_policy, token_mean, clipped)  # logged: the mean token weight
             terms = rloo_loss(token_logprobs, reference_logprobs, entropy, mask,
                               advantages[index].to(mask.device), token_weights, batch_size=size,
-                              total_tokens=total_tokens, kl_coef=self.kl_coef, entropy_coef=self.entropy_coef)
+                              total_tokens=total_tokens, kl_coef=self.kl_coef, entropy_coef=self.entropy_coef,
+                              kl_estimator=self.kl_tokens)
             terms.loss.backward()
 
             logprobs[index], raw_weights[index], weights[index] = current, raw, clipped
