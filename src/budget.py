@@ -134,11 +134,11 @@ def plan_fresh_evaluations(
         fresh_counts.append(fresh)
         replay_counts.append(len(replayed))
         if buffer is not None:
-            # After the update: store all fresh groups (gap fill included), then drop over-age ones
-            # (the FIFO drops its oldest in add()).
-            buffer.add(_placeholder(step) for _ in range(fresh))
+            # After the update, as the stores do: drop over-age groups, then store all fresh groups (gap
+            # fill included; the FIFO drops its oldest in add()).
             if fifo is None:
                 buffer.evict(step)
+            buffer.add(_placeholder(step) for _ in range(fresh))
         # The age pool holds only the last L steps' groups (draws never consume them; the capacity keeps
         # a suffix of them), so a step's counts depend on the previous L fresh counts alone; the FIFO's
         # pool (every stored group, all whole) on how many it holds. Once that state repeats, the

@@ -40,6 +40,8 @@ class TrainState:
     fresh_groups: int = 0
     replay_groups: int = 0
     gradient_steps: int = 0               # optimizer steps so far (grpo: updates_per_step per update; fifo extras)
+    generated_tokens: int = 0             # response tokens generated so far (every fresh rollout, DAPO's rejected too)
+    trained_tokens: int = 0               # response tokens in the loss so far, summed over every update batch
     groups_trained: int = 0               # groups in all update batches so far
     effective_groups_trained: int = 0     # ... of which had rewards not all equal (a non-zero advantage)
     history: list[dict] = field(default_factory=list)  # per-step headline numbers for the summary
@@ -94,10 +96,9 @@ def train_step(parts: Components, state: TrainState) -> dict[str, float]:
     # 5. Update on the batch; then any further updates the store asks for (seed 002's R - 1), all
     #    before this step's fresh groups are stored.
     update = parts.objective.update(parts.policy, parts.reference, parts.optimizer, batch) if batch else None
-    state.gradient_steps += update.optimizer_steps if update else 0
-    for extra in parts.store.extra_batches(step):
-        state.gradient_steps += parts.objective.update(parts.policy, parts.reference, parts.optimizer,
-                                                       extra).optimizer_steps
+    updates = [update] if update else []
+    updates += [parts.objective.update(parts.policy, parts.reference, parts.optimizer, extra)
+                for extra in parts.store.extra_batches(step)]
     parts.engine.sync_weights(parts.policy)
     clock.lap("train")
 
@@ -107,7 +108,10 @@ def train_step(parts: Components, state: TrainState) -> dict[str, float]:
         parts.store.store(batch.fresh_to_store(collected.fresh, update.stored), step)
     clock.lap("buffer_update")
 
-    # 7. Bookkeeping (SPEC 6).
+    # 7. Bookkeeping (SPEC 6): budget in verifier calls, optimizer steps and tokens (seed 001's compute).
+    state.gradient_steps += sum(done.optimizer_steps for done in updates)
+    state.generated_tokens += collected.generated_tokens
+    state.trained_tokens += sum(int(done.token_counts.sum()) for done in updates)
     state.fresh_groups += len(collected.fresh)
     state.replay_groups += len(batch.replayed)
     state.groups_trained += len(batch)
@@ -147,6 +151,8 @@ def batch_metrics(state: TrainState, collected: Collected, batch: Batch, gap_fil
     return {
         "budget/fresh_evaluations": state.fresh_evaluations,
         "budget/gradient_steps": state.gradient_steps,
+        "budget/generated_tokens": state.generated_tokens,
+        "budget/trained_tokens": state.trained_tokens,
         "batch/fresh_groups": len(fresh),
         "batch/replay_groups": replayed,
         "batch/gap_fill_groups": gap_fill,

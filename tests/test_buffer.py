@@ -131,18 +131,32 @@ def test_group_replayable_exactly_at_steps_s_plus_1_to_s_plus_L_then_gone():
     assert buf.evict(5) == 0
     for t in (6, 7):  # s+1 .. s+L
         assert len(buf.sample(1, step=t)) == 1
-        dropped = buf.evict(t)
-    # At the end of step s+L the group can never be replayed again, so it has been dropped.
-    assert dropped == 1 and len(buf) == 0
-    assert buf.sample(1, step=8) == []
+        assert buf.evict(t) == 0  # age <= L: not older than L yet (appendix B.3)
+    assert buf.sample(1, step=8) == []  # age L + 1: stored, but not eligible
+    assert buf.evict(8) == 1 and len(buf) == 0  # older than L at the end of step s + L + 1: dropped
 
 
 def test_over_age_groups_dropped_and_counted():
     buf = ReplayBuffer(max_age=1)
     buf.add([make_group(0), make_group(0), make_group(1)])
-    assert buf.evict(1) == 2  # step-0 groups would be age 2 > L at step 2
+    assert buf.evict(1) == 0  # ages 1, 1, 0 at step 1: none older than L
+    assert buf.evict(2) == 2  # the step-0 groups are 2 > L old at step 2
     assert [g.step for g in buf.groups] == [1]
     assert buf.evicted == 2
+
+
+def test_buffer_holds_at_most_L_plus_1_generations_as_appendix_b3_bounds_it():
+    """Through the store interface: after each step ages 0..L are kept, (L + 1) * B_fresh groups at most."""
+    L, fresh = 2, 3
+    buf = ReplayBuffer(max_age=L)
+    sizes = []
+    for t in range(8):
+        buf.draw(2, t)
+        sizes.append(buf.metrics(t)["buffer/size"])
+        buf.store([make_group(t, tag=str(i)) for i in range(fresh)], t)
+        assert sorted(buf.age_histogram(t)) == list(range(min(t, L) + 1))
+    assert sizes == [0, 3, 6, 9, 9, 9, 9, 9]  # at the draw: ages 1..L+1, the oldest no longer eligible
+    assert max(sizes) == (L + 1) * fresh
 
 
 def test_sampled_groups_stay_stored_until_over_age():
@@ -153,6 +167,8 @@ def test_sampled_groups_stay_stored_until_over_age():
         assert len(buf.sample(1, step=t)) == 1
         assert len(buf) == 1  # reused groups are not removed (nor re-added)
         buf.evict(t)
+    assert len(buf) == 1  # age 3 = L: kept to the end of step 4
+    buf.evict(4)
     assert len(buf) == 0
 
 

@@ -209,3 +209,28 @@ def test_resuming_from_a_checkpoint_continues_exactly(random_policy_dir, compose
         for key in keys:
             assert expected.get(key) == pytest.approx(actual.get(key), rel=1e-5), key
 
+
+
+def test_token_budget_counts_every_generated_and_every_trained_token(random_policy_dir, compose_config):
+    """budget/generated_tokens and budget/trained_tokens (cumulative) against counts taken around the components."""
+    cfg = small_config(compose_config, "buffer=fifo", "buffer.extra_updates=1", "trainer.steps=3")
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    collected, trained = [], []
+    collect, update = parts.collection.collect, parts.objective.update
+
+    def counting_collect(*args, **kwargs):
+        collected.append(collect(*args, **kwargs))
+        return collected[-1]
+
+    def counting_update(policy, reference, optimizer, batch):
+        trained.append(sum(len(batch.groups[g].response_ids[j]) for g, j in batch.rows))
+        return update(policy, reference, optimizer, batch)
+
+    parts.collection.collect, parts.objective.update = counting_collect, counting_update
+    for _ in range(3):
+        metrics = train_step(parts, state)
+    assert len(trained) > 3  # the extra replay updates (R = 2) train tokens too
+    assert metrics["budget/trained_tokens"] == sum(trained)
+    assert metrics["budget/generated_tokens"] == sum(len(ids) for step in collected for group in step.generated
+                                                     for ids in group.response_ids)
+    assert metrics["budget/generated_tokens"] > 0

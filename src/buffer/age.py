@@ -7,13 +7,14 @@ Age convention (one rule, used everywhere):
   tested per group. Fresh groups are ``add``-ed *after* the update of the step
   that sampled them, so at that step they are not stored yet, and were they
   stored their age would be 0, which is not eligible either.
-* ``evict(t)`` is called at the end of step ``t`` (after ``add``). It drops every
-  group that can never be eligible again, i.e. whose age at the *next* step
-  ``t + 1`` would exceed ``L``: ``t - s >= L``. Hence a group sampled at step
-  ``s`` can be replayed at steps ``s + 1 .. s + L`` and is gone after ``evict(s + L)``.
-  After eviction the buffer holds the fresh groups of the last ``L`` steps
-  (about ``L * B_fresh`` groups, SPEC 3 "feasibility"); the paper's ``(L + 1) * B``
-  bound counts one extra, never-replayable generation that we do not keep.
+* ``evict(t)`` drops the groups older than ``L`` at step ``t`` (age ``t - s > L``): they can never be
+  drawn again. `store` calls it at the end of step ``t`` before adding the step's fresh groups, so a
+  group sampled at step ``s`` is replayable at steps ``s + 1 .. s + L`` and stays stored until the
+  end of step ``s + L + 1`` (appendix B.3: "groups older than L are dropped at the end of the
+  step"). After a step the buffer holds the fresh groups of the last ``L + 1`` steps, ages ``0 .. L``,
+  at most ``(L + 1) * B`` groups, as appendix B.3 bounds it; at the next draw the oldest generation
+  is ``L + 1`` old and not eligible (eligibility is tested per group). The capacity check runs on
+  those ``L + 1`` generations.
 * Replayed groups are not re-added; they stay stored until they are over-age.
 """
 
@@ -67,8 +68,8 @@ class ReplayBuffer(ReplayStore):
     def store(self, groups: list[Group], step: int) -> None:
         if self.ratio == 0:
             return  # nothing will ever be drawn: keep nothing
+        self.evict(step)  # before adding: the capacity safety net then counts only what can still be drawn
         self.add(groups)
-        self.evict(step)
 
     def add(self, groups: Iterable[Group]) -> None:
         """Store this step's fresh groups (call after the update); each needs behaviour log-probs."""
@@ -83,8 +84,8 @@ class ReplayBuffer(ReplayStore):
             self.capacity_drops += overflow
 
     def evict(self, step: int) -> int:
-        """At the end of step `step`, drop groups that can never be replayed again (age >= L now, > L next step)."""
-        keep = [g for g in self._groups if g.age(step + 1) <= self.max_age]
+        """At the end of step `step`, drop the groups older than L (they can never be drawn again)."""
+        keep = [g for g in self._groups if g.age(step) <= self.max_age]
         dropped = len(self._groups) - len(keep)
         self._groups = keep
         self.evicted += dropped

@@ -48,6 +48,11 @@ class Collected:
         """Fresh verifier calls: one per generated response (SPEC 5)."""
         return sum(group.size for group in self.generated)
 
+    @property
+    def generated_tokens(self) -> int:
+        """Response tokens generated this step (seed 001 counts compute in tokens as well as samples)."""
+        return sum(len(ids) for group in self.generated for ids in group.response_ids)
+
 
 class FreshCollection:
     """`sampling=standard`: one round of `count` prompts, K responses each."""
