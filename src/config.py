@@ -29,7 +29,7 @@ if not OmegaConf.has_resolver("unique"):
     OmegaConf.register_new_resolver("unique", lambda: f"{os.getpid()}-{uuid.uuid4().hex[:6]}", use_cache=True)
 
 ENGINES = ("hf", "vllm")
-LOSSES = ("rloo", "grpo", "ipo")
+LOSSES = ("rloo", "rloo-tis", "grpo", "ipo")
 FIFO_MODES = ("with_replacement", "without_replacement", "at_least_once")  # src.buffer.fifo.SAMPLING_MODES
 SOURCES = ("generator", "hub")
 SAMPLINGS = ("standard", "dynamic")

@@ -183,7 +183,7 @@ def step_metrics(batch: Batch, update: UpdateResult | None, weight_ceiling: floa
         if not selected.any():
             continue
         suffix = "" if name == "all" else f"/{name}"
-        raw, clipped = update.raw_weights[selected], update.weights[selected]
+        raw, clipped = update.weights_of(selected)
         metrics.update({
             f"train/reward{suffix}": rewards[selected].mean().item(),
             f"train/correct_fraction{suffix}": (rewards[selected] == 1.0).float().mean().item(),
@@ -193,10 +193,10 @@ def step_metrics(batch: Batch, update: UpdateResult | None, weight_ceiling: floa
             f"weights/clipped_mean{suffix}": clipped.mean().item(),
             f"weights/clipped_max{suffix}": clipped.max().item(),
         })
-        if name != "fresh" and name != "age0":
-            reused = response_ages[selected] > 0
-            if reused.any():  # clip fraction and ESS are about reused responses only
-                metrics[f"weights/clip_fraction{suffix}"] = clip_fraction(raw[reused], weight_ceiling)
-                metrics[f"weights/ess{suffix}"] = effective_sample_size(clipped[reused])
+        reused = selected & (response_ages > 0)
+        if reused.any():  # clip fraction and ESS are about reused responses (or their tokens) only
+            reused_raw, reused_clipped = update.weights_of(reused)
+            metrics[f"weights/clip_fraction{suffix}"] = clip_fraction(reused_raw, weight_ceiling)
+            metrics[f"weights/ess{suffix}"] = effective_sample_size(reused_clipped)
     metrics.update(update.extras)
     return metrics

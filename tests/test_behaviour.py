@@ -107,6 +107,26 @@ def test_token_level_weights_truncate_each_token(random_policy_dir, compose_conf
     torch.testing.assert_close(result.weights, torch.tensor(expected), rtol=1e-4, atol=1e-5)  # mean token weight
 
 
+def test_truncated_fraction_counts_tokens_at_token_level(random_policy_dir, compose_config):
+    """Only the first token of each response is 3x likelier now than under mu: at is_level=token one token
+    per response is truncated, although every sequence ratio (3) is above is_max = 2."""
+    from types import SimpleNamespace
+
+    from src.batch import Batch, BatchGroup
+
+    def offset(response, token):
+        return math.log(3.0) if token == 0 else 0.0
+    result, _, tokens = off_policy_update(random_policy_dir, compose_config, "token", offset)
+    behaviour = BehaviourPolicy(None, lag=0, temperature=1.2, is_min=0.5, is_max=2.0, is_level="token")
+    rows = torch.ones(3, dtype=torch.bool)
+    raw, _ = result.weights_of(rows)
+    assert raw.numel() == sum(len(row) for row in tokens)  # one weight per response token
+    entries = Batch([BatchGroup(SimpleNamespace(size=3), "fresh", 0, None, True)])
+    metrics = behaviour.metrics(SimpleNamespace(off_policy=True, lag=0, temperature=1.2), entries, result)
+    assert metrics["behaviour/truncated_fraction"] == pytest.approx(3 / raw.numel(), rel=1e-6)
+    assert (result.raw_weights > 2.0).all()  # per response, all three would count as truncated
+
+
 # --------------------------------------------------------------------------- the loop
 def test_stale_behaviour_runs_the_step_with_off_policy_fresh_weights(random_policy_dir, compose_config):
     cfg = small_config(compose_config, "behaviour=stale", "behaviour.lag=1", "buffer=age1", "clip=tight",

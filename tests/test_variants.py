@@ -24,6 +24,9 @@ from tests.test_train import (assert_resumed_like_straight, group, make_parts, p
     ["loss=rloo"], ["loss=grpo"], ["buffer=fifo"], ["loss=grpo", "buffer=age1"], ["loss=grpo", "buffer=fifo"],
     ["buffer=fifo", "buffer.positive_bias=0.5"], ["buffer=fifo", "buffer.extra_updates=1"],
     ["buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=1"],
+    ["buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=1", "loss=rloo-tis"],
+    ["buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=3", "loss=rloo-tis", "behaviour=stale",
+     "behaviour.is_level=token"],
     ["buffer=fifo", "buffer.mode=without_replacement"], ["buffer=fifo", "buffer.mode=at_least_once"],
 ])
 def test_every_variant_option_composes_and_validates(compose_config, overrides):
@@ -133,6 +136,38 @@ def test_grpo_takes_updates_per_step_optimizer_steps_and_caps_the_behaviour_weig
     assert result.extras["grpo/behaviour_cap_frac"] > 0
 
 
+def test_grpo_weight_diagnostics_are_per_token_where_the_cap_acts(random_policy_dir, compose_config):
+    """Seed 003 caps pi_prox/mu per token: 20-odd tokens at ratio 1.05 each cap nothing, although their
+    sequence ratio 1.05^n is above the cap 2 (the per-response rule logged a clip fraction of 1.0)."""
+    from src.batch import Batch, BatchGroup
+    from src.policy.forward import row_values
+    from src.train import step_metrics
+
+    cfg = small_config(compose_config, "loss=grpo", "loss.updates_per_step=1")
+    parts = make_parts(random_policy_dir, cfg)
+    parts.optimizer = torch.optim.SGD(parts.policy.parameters(), lr=0.0)  # pi_prox stays put across updates
+    long_responses = [" 1 + 2 = 3 </think>\n<answer> 1 + 2 + 3 </answer> 1 + 2 + 3 = 6 6 6"] * 2
+    fresh = group(parts.tokenizer, long_responses, [1.0, 0.0])
+    replay = group(parts.tokenizer, long_responses, [0.0, 1.0])
+    assert min(len(ids) for ids in replay.response_ids) >= 15  # 1.05^15 > 2
+    parts.policy.train()
+    with torch.no_grad():
+        tokens, _, mask = parts.forward.token_stats(parts.policy, [(replay.prompt_ids, ids)
+                                                                   for ids in replay.response_ids], with_entropy=False)
+    prox = row_values(tokens, mask)
+    for ratio, capped in ((1.05, 0.0), (2.5, 1.0)):
+        mu = [tuple(t - math.log(ratio) for t in row) for row in prox]
+        stored = replay.with_behaviour_logprobs([sum(row) for row in mu], tokens=mu)
+        batch = Batch([BatchGroup(fresh), BatchGroup(stored, "replay", 1)])
+        update = parts.objective.update(parts.policy, parts.reference, parts.optimizer, batch)
+        metrics = step_metrics(batch, update, parts.objective.weight_ceiling, [])
+        assert metrics["weights/clip_fraction"] == capped
+        assert metrics["weights/raw_mean/replay"] == pytest.approx(ratio, rel=1e-4)
+        assert metrics["weights/clipped_max/replay"] == pytest.approx(min(ratio, 2.0), rel=1e-4)
+        assert (update.raw_weights[2:] > 2.0).all()  # per response, every replayed sequence is above the cap
+        assert metrics["weights/raw_mean/fresh"] == pytest.approx(1.0, rel=1e-5)
+
+
 # --------------------------------------------------------------------------- the loop
 @pytest.mark.parametrize("loss,buffer,ratio", [("grpo", "none", 0), ("grpo", "age1", 1), ("grpo", "fifo", 1),
                                                ("rloo", "fifo", 1)])
@@ -220,6 +255,66 @@ def test_fifo_extra_updates_add_gradient_steps(random_policy_dir, compose_config
     assert [m["batch/replay_groups"] for m in metrics0] == [0, 0]
 
 
+def updates_of(parts):
+    """Wrap the objective so every update's batch and result are kept, in order."""
+    seen, update = [], parts.objective.update
+
+    def keep(policy, reference, optimizer, batch):
+        seen.append((batch, update(policy, reference, optimizer, batch)))
+        return seen[-1][1]
+
+    parts.objective.update = keep
+    return seen
+
+
+def test_seed_002_replay_cell_is_one_fresh_update_then_r_minus_1_buffer_updates_with_truncated_is(
+        random_policy_dir, compose_config):
+    """Seed 002 Algorithm 1 at the on-policy rollout budget: a full fresh batch of B groups, then R - 1 = 1
+    update on B groups from the FIFO, replayed rows weighted exp(clip(log pi - log mu, log 0, log 10))."""
+    cfg = small_config(compose_config, "buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=1", "loss=rloo-tis",
+                       "trainer.steps=3", "trainer.learning_rate=1e-3")
+    assert cell_name(cfg) == "fifo-rho0-N256-with_replacement-R2-rloo-tis"
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    seen = updates_of(parts)
+    metrics = [train_step(parts, state) for _ in range(3)]
+    b, k = cfg.trainer.groups_per_step, cfg.trainer.group_size
+    assert [m["budget/fresh_evaluations"] for m in metrics] == [b * k, 2 * b * k, 3 * b * k]  # on-policy budget
+    assert [m["budget/gradient_steps"] for m in metrics] == [1, 3, 5]  # step 0: nothing stored to replay yet
+    assert [(len(batch.fresh), len(batch.replayed)) for batch, _ in seen] == [(b, 0), (b, 0), (0, b), (b, 0), (0, b)]
+    replayed = torch.cat([result.raw_weights for batch, result in seen if batch.replayed])
+    used = torch.cat([result.weights for batch, result in seen if batch.replayed])
+    torch.testing.assert_close(used, replayed.clamp(max=10.0))  # truncated at rho_max = 10, not eq. 2's c
+    assert (replayed != 1.0).any()
+
+
+def test_seed_002_aggressive_cell_truncates_replayed_tokens_at_rho_max_2(random_policy_dir, compose_config):
+    """Stale n = 1 + replay R = 4 + token IS (rho_max = 2, the stale behaviour's): replayed rows are weighted
+    per token, from the per-token log mu stored with each fresh group."""
+    cfg = small_config(compose_config, "buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=3", "loss=rloo-tis",
+                       "behaviour=stale", "behaviour.lag=1", "behaviour.is_level=token", "trainer.steps=3",
+                       "trainer.learning_rate=1e-3")
+    assert (cfg.loss.is_max, cfg.loss.is_level) == (2.0, "token")  # the behaviour group's truncation
+    parts, state = make_parts(random_policy_dir, cfg), TrainState()
+    seen = updates_of(parts)
+    metrics = [train_step(parts, state) for _ in range(3)]
+    assert [m["budget/gradient_steps"] for m in metrics] == [1, 5, 9]
+    replay_results = [result for batch, result in seen if batch.replayed]
+    assert len(replay_results) == 6 and all(result.token_weights is not None for result in replay_results)
+    tokens = torch.cat([torch.cat(result.token_weights) for result in replay_results])
+    raw = torch.cat([torch.cat(result.token_raw_weights) for result in replay_results])
+    torch.testing.assert_close(tokens, raw.clamp(max=2.0))
+    assert all(group.behaviour_token_logprobs is not None for group in parts.store.groups)
+
+
+def test_seed_002_replay_cell_plans_table_1s_rollouts(compose_config):
+    """Seed 002 Table 1 at its sizes (B = 32 prompts, K = 8, 60 steps): 15,360 rollouts for R = 2, as on-policy."""
+    from src.budget import plan_for_config
+
+    cfg = compose_config("buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=1", "loss=rloo-tis",
+                  "trainer.groups_per_step=32", "trainer.group_size=8", "trainer.steps=60")
+    assert plan_for_config(cfg).fresh_evaluations == 15_360
+
+
 @pytest.mark.parametrize("overrides", [["buffer=fifo", "buffer.extra_updates=1"],
                                        ["buffer=fifo", "loss=grpo", "loss.updates_per_step=2",
                                         "buffer.positive_bias=0.5"]])
@@ -240,9 +335,11 @@ def test_the_variants_study_runs_every_variant_once_sharing_the_baseline_cells()
     from tests.test_sweep import study_jobs
 
     planned = plan_cells(study_jobs("variants"), CellRuns({}, {}))
-    assert len(planned) == 18 and len({cell.cell_id for cell in planned}) == 18
+    assert len(planned) == 19 and len({cell.cell_id for cell in planned}) == 19
     assert {"popo-grpo", "popo-ineff-grpo", "popo-stale2-grpo", "popo-c1", "rho0-grpo-dapo", "rho0-stale4",
-            "rho0-T1.2", "rho0-frontier", "rho0-failure", "rho0-goldilocks", "rho0-ipo"} <= {cell.cell for cell in planned}
+            "rho0-T1.2", "rho0-frontier", "rho0-failure", "rho0-goldilocks", "rho0-ipo",
+            "fifo-rho0-N256-with_replacement-R2-rloo-tis",
+            "fifo-rho0-N256-with_replacement-R4-rloo-tis-stale4-tokenIS"} <= {cell.cell for cell in planned}
     shared = {cell.cell_id for cell in plan_cells(study_jobs("baseline") + study_jobs("age"), CellRuns({}, {}))}
     assert {cell.cell for cell in planned if cell.cell_id in shared} == {"rho0", "rho1-L1-c1"}
 

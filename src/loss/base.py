@@ -44,6 +44,22 @@ class UpdateResult:
     behaviour_tokens: list[tuple[float, ...]] | None = None
     extras: dict[str, float] = field(default_factory=dict)  # loss-specific diagnostics (grpo/*, ipo/*)
     optimizer_steps: int = 1
+    # Where the objective weights tokens (loss=grpo's capped pi_prox/mu, token-level truncated IS): per
+    # row, the raw and the used weight of each response token. None: one weight per response.
+    token_raw_weights: list[torch.Tensor] | None = None
+    token_weights: list[torch.Tensor] | None = None
+
+    def weights_of(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw and used importance weights of the selected rows (a bool mask over the batch's rows): one
+        per response, or one per response token where the objective weights tokens, since that is where
+        its cap or truncation acts (a clip fraction then counts capped tokens, not responses)."""
+        if self.token_weights is None:
+            return self.raw_weights[rows], self.weights[rows]
+        picked = rows.nonzero().flatten().tolist()
+        if not picked:
+            return torch.empty(0), torch.empty(0)
+        return (torch.cat([self.token_raw_weights[i] for i in picked]),
+                torch.cat([self.token_weights[i] for i in picked]))
 
     def stored(self, group: Group, first_row: int) -> Group:
         """A trained fresh group as a store keeps it: with log mu and its per-token log pi_ref.

@@ -115,15 +115,18 @@ class ClippedObjective(Objective):
                 diagnostics["n_tokens"] += diag["n_tokens"]
             self.optimizer_step(policy, optimizer)
 
-        # Per-response diagnostics: raw = sequence pi_prox/mu, weights = mean capped token weight used.
+        # Per-response numbers: raw = sequence pi_prox/mu, weights = mean capped token weight used. The
+        # weight diagnostics are per token (`token_raw_weights`), where the cap acts.
         logprobs = torch.stack([p.sum() for p in prox])
         raw_weights = torch.stack([(p - b).sum().exp() for p, b in zip(prox, behaviour)])
-        weights = torch.stack([(p - b).exp().clamp(max=self.behaviour_cap).mean() if len(p) else torch.tensor(1.0)
-                               for p, b in zip(prox, behaviour)])
+        token_raw = [(p - b).exp() for p, b in zip(prox, behaviour)]
+        token_used = [tokens.clamp(max=self.behaviour_cap) for tokens in token_raw]
+        weights = torch.stack([tokens.mean() if len(tokens) else torch.tensor(1.0) for tokens in token_used])
         tokens = diagnostics.pop("n_tokens")
         extras = {f"grpo/{key}": (value if key == "ratio_max" else value / tokens) for key, value in diagnostics.items()}
         extras["grpo/updates"] = float(len(plans))
         return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=kl_sums,
                             token_counts=token_counts, reference_tokens=reference_tokens,
                             behaviour_tokens=[tuple(p.tolist()) for p in prox], extras=extras,
+                            token_raw_weights=token_raw, token_weights=token_used,
                             optimizer_steps=len(plans), **totals)

@@ -1,4 +1,5 @@
-"""`loss=rloo`: Replay-RLOO's objective, one optimizer step on eq. 3 (SPEC 4; paper eqs. 1-3)."""
+"""`loss=rloo`: Replay-RLOO's objective, one optimizer step on eq. 3 (SPEC 4; paper eqs. 1-3), and
+`loss=rloo-tis`: seed 002's off-policy RLOO, the same step with truncated IS on every off-policy row."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import defaultdict
 import torch
 
 from src.batch import Batch
-from src.loss.base import Objective, UpdateResult, batch_sequences
+from src.loss.base import Objective, Truncation, UpdateResult, batch_sequences
 from src.losses import truncated_importance_weights
 from src.objective import importance_weights, leave_one_out_advantages, rloo_loss
 from src.policy.forward import place_tokens, row_values
@@ -18,17 +19,22 @@ class RlooObjective(Objective):
 
     A_i: leave-one-out advantages from the group's K rewards (eq. 1), also for a FIFO draw that
     trains only some of them. w_i: 1 for fresh rows (mu = pi_theta now), min(c, pi/mu) for
-    replayed rows (eq. 2), and for fresh rows of a stale or tempered sampler seed 002's truncated
-    exp(clip(log pi - log mu, log rho_min, log rho_max)), per response or per token. Weights are
-    constants in the gradient. Micro-batch terms are normalised by the full batch (`rloo_loss`), so
-    the accumulated gradient equals the one-batch gradient exactly; `autocast="bfloat16"` runs the
-    forward passes in bf16 on fp32 weights (bf16 weights would round lr-1e-5 updates away).
+    replayed rows (eq. 2), and for the rows `truncated_rows` names (fresh rows of a stale or
+    tempered sampler) seed 002's truncated exp(clip(log pi - log mu, log rho_min, log rho_max)),
+    per response or per token. Weights are constants in the gradient. Micro-batch terms are
+    normalised by the full batch (`rloo_loss`), so the accumulated gradient equals the one-batch
+    gradient exactly; `autocast="bfloat16"` runs the forward passes in bf16 on fp32 weights (bf16
+    weights would round lr-1e-5 updates away).
     """
 
     def __init__(self, clip_ceiling: float, **settings) -> None:
         super().__init__(**settings)
         self.clip_ceiling = float(clip_ceiling)
         self.weight_ceiling = self.clip_ceiling
+
+    def truncated_rows(self, batch: Batch) -> list[bool]:
+        """Rows weighted by seed 002's truncated IS instead of eq. 2: fresh rows of an off-policy sampler."""
+        return batch.row_off_policy()
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         groups, rows = batch.groups, batch.rows
@@ -38,14 +44,17 @@ class RlooObjective(Objective):
         # Fresh groups have no behaviour log-probs yet: mu = pi_theta now, so their weight is exactly 1.
         behaviour = [groups[g].behaviour_logprobs[j] if groups[g].behaviour_logprobs is not None else None
                      for g, j in rows]
-        off_policy_rows = torch.tensor(batch.row_off_policy(), dtype=torch.bool)
-        token_level = bool(off_policy_rows.any()) and self.truncation.is_level == "token"
-        behaviour_tokens = [groups[g].behaviour_token_logprobs[j] if token_level and off else None
-                            for (g, j), off in zip(rows, off_policy_rows.tolist())]
+        truncated_rows = torch.tensor(self.truncated_rows(batch), dtype=torch.bool)
+        token_level = bool(truncated_rows.any()) and self.truncation.is_level == "token"
+        behaviour_tokens = [self._stored_token_logprobs(groups[g], j) if token_level and truncated else None
+                            for (g, j), truncated in zip(rows, truncated_rows.tolist())]
         size, total_tokens = len(sequences), int(token_counts.sum())
         logprobs, raw_weights, weights = torch.zeros(size), torch.ones(size), torch.ones(size)
         kl_sums = torch.zeros(size)
         reference_tokens: list[tuple[float, ...]] = [()] * size
+        current_tokens: list[tuple[float, ...]] = [()] * size
+        token_raw: list[torch.Tensor] = [torch.empty(0)] * size
+        token_used: list[torch.Tensor] = [torch.empty(0)] * size
         totals = defaultdict(float)
 
         policy.train()
@@ -60,20 +69,23 @@ class RlooObjective(Objective):
             mu = torch.tensor([behaviour[i] if behaviour[i] is not None else current[n].item()
                                for n, i in enumerate(index)])
             clipped, raw = importance_weights(current, mu, self.clip_ceiling)     # eq. 2
-            off_policy = off_policy_rows[index]
-            if off_policy.any():  # seed 002 eq. 3
-                truncated, truncated_raw = truncated_importance_weights(current, mu, self.truncation.is_min,
-                                                                        self.truncation.is_max)
-                clipped, raw = torch.where(off_policy, truncated, clipped), torch.where(off_policy, truncated_raw, raw)
+            truncated = truncated_rows[index]
+            if truncated.any():  # seed 002 eq. 3
+                seq_weights, seq_raw = truncated_importance_weights(current, mu, self.truncation.is_min,
+                                                                    self.truncation.is_max)
+                clipped, raw = torch.where(truncated, seq_weights, clipped), torch.where(truncated, seq_raw, raw)
             token_weights = clipped.to(mask.device)[:, None].expand_as(mask)  # a sequence weight on each token
-            if off_policy.any() and token_level:
+            raw_tokens = raw.to(mask.device)[:, None].expand_as(mask)
+            if token_level and truncated.any():
                 mu_tokens = place_tokens(chunk, [behaviour_tokens[i] for i in index], torch.zeros_like(mask))
-                per_token, _ = truncated_importance_weights(token_logprobs.detach().float(), mu_tokens,
-                                                            self.truncation.is_min, self.truncation.is_max,
-                                                            level="token", mask=mask)
-                token_weights = torch.where(off_policy.to(mask.device)[:, None], per_token, token_weights)
+                per_token, per_token_raw = truncated_importance_weights(
+                    token_logprobs.detach().float(), mu_tokens, self.truncation.is_min, self.truncation.is_max,
+                    level="token", mask=mask)
+                on_tokens = truncated.to(mask.device)[:, None]
+                token_weights = torch.where(on_tokens, per_token, token_weights)
+                raw_tokens = torch.where(on_tokens, per_token_raw, raw_tokens)
                 token_mean = (per_token * mask).sum(-1).cpu() / mask.sum(-1).clamp(min=1).cpu()
-                clipped = torch.where(off_policy, token_mean, clipped)  # logged: the mean token weight
+                clipped = torch.where(truncated, token_mean, clipped)  # per response: the mean token weight
             terms = rloo_loss(token_logprobs, reference_logprobs, entropy, mask,
                               advantages[index].to(mask.device), token_weights, batch_size=size,
                               total_tokens=total_tokens, kl_coef=self.kl_coef, entropy_coef=self.entropy_coef,
@@ -83,10 +95,50 @@ class RlooObjective(Objective):
             logprobs[index], raw_weights[index], weights[index] = current, raw, clipped
             for i, tokens in zip(index, row_values(reference_logprobs, mask)):
                 reference_tokens[i] = tokens
+            if self.truncation.is_level == "token":  # log mu per token of fresh rows, for their replay
+                for i, tokens in zip(index, row_values(token_logprobs, mask)):
+                    current_tokens[i] = tokens
+            if token_level:
+                on = mask.bool().cpu()
+                for row, i in enumerate(index):
+                    token_raw[i] = raw_tokens[row].detach().cpu()[on[row]]
+                    token_used[i] = token_weights[row].detach().cpu()[on[row]]
             kl_sums[index] = terms.kl_tokens.sum(-1).detach().cpu()
             for key, value in (("loss", terms.loss), ("policy_loss", terms.policy), ("kl", terms.kl),
                                ("entropy", terms.entropy)):
                 totals[key] += value.item()
         self.optimizer_step(policy, optimizer)
         return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=kl_sums,
-                            token_counts=token_counts, reference_tokens=reference_tokens, **totals)
+                            token_counts=token_counts, reference_tokens=reference_tokens,
+                            behaviour_tokens=current_tokens if self.truncation.is_level == "token" else None,
+                            token_raw_weights=token_raw if token_level else None,
+                            token_weights=token_used if token_level else None, **totals)
+
+    @staticmethod
+    def _stored_token_logprobs(group, response: int) -> tuple[float, ...]:
+        if group.behaviour_token_logprobs is None:
+            raise ValueError(f"a group of step {group.step} has no per-token behaviour log-probs, which token-level "
+                             "truncated IS needs; groups stored by a run with is_level=sequence cannot be replayed "
+                             "with is_level=token")
+        return group.behaviour_token_logprobs[response]
+
+
+class TruncatedIsRloo(RlooObjective):
+    """`loss=rloo-tis`, seed 002's off-policy RLOO (sec. 3.2, eq. 3): every off-policy row, fresh from a
+    stale or tempered sampler or replayed from the buffer, gets the truncated IS weight
+    exp(clip(log pi - log mu, log rho_min, log rho_max)), per response or per token; eq. 2's ceiling c
+    is not used. Seed 002 runs rho_max = 10 "for all experiments" and 2 with token-level IS."""
+
+    def __init__(self, is_min: float, is_max: float, is_level: str, **settings) -> None:
+        settings.pop("truncation", None)  # this loss's own is_* (by default the behaviour group's) apply
+        super().__init__(clip_ceiling=float("inf"), **settings)
+        if not 0 <= is_min <= 1 <= is_max:
+            raise ValueError(f"loss.is_min={is_min}, loss.is_max={is_max}: the truncation interval must hold 1 "
+                             "(0 <= is_min <= 1 <= is_max; seed 002: 0 and 10, or 2 with token-level IS)")
+        if is_level not in ("sequence", "token"):
+            raise ValueError(f"loss.is_level={is_level!r}: choose sequence or token")
+        self.truncation = Truncation(float(is_min), float(is_max), is_level)
+        self.weight_ceiling = self.truncation.is_max
+
+    def truncated_rows(self, batch: Batch) -> list[bool]:
+        return [off_policy or age > 0 for off_policy, age in zip(batch.row_off_policy(), batch.row_ages())]

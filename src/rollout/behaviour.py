@@ -83,7 +83,7 @@ class BehaviourPolicy:
         metrics = {"behaviour/lag": float(collected.lag), "behaviour/temperature": collected.temperature}
         off_policy = torch.tensor(batch.row_off_policy(), dtype=torch.bool)
         if update is not None and off_policy.any():
-            raw = update.raw_weights[off_policy]
+            raw, _ = update.weights_of(off_policy)  # per token at is_level=token: truncation acts per token
             truncated = (raw > self.truncation.is_max) | (raw < self.truncation.is_min)
             metrics["behaviour/truncated_fraction"] = truncated.float().mean().item()
             metrics["behaviour/log_ratio_mean"] = raw.log().mean().item()
