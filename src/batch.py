@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Iterable
 
 
@@ -129,6 +130,11 @@ class BatchGroup:
     @property
     def trained(self) -> tuple[int, ...]:
         return tuple(range(self.group.size)) if self.responses is None else self.responses
+
+
+def whole_groups(entries: Iterable[BatchGroup]) -> Fraction:
+    """Whole groups' worth of trained responses: K single rollouts drawn from a positive-bias FIFO are one group."""
+    return sum((Fraction(len(entry.trained), entry.group.size) for entry in entries), Fraction(0))
 
 
 def fresh_entries(groups: Iterable[Group], off_policy: bool = False) -> list[BatchGroup]:

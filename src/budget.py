@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from src.objective import plan_batch
-from src.batch import Group
+from src.batch import Group, whole_groups
 from src.buffer.age import ReplayBuffer
 from src.buffer.fifo import FifoReplayBuffer
 
@@ -126,13 +126,14 @@ def plan_fresh_evaluations(
     gap_total = 0
     seen: dict[tuple[int, ...], int] = {}  # window of the last L + 1 fresh counts -> the step it ended at
     for step in range(int(steps)):
-        replayed = buffer.sample(b_replay, step) if buffer is not None else []
-        gap = b_replay - len(replayed)  # too few eligible: fill with fresh groups (SPEC 3.3)
+        # The trainer's draw and gap rule (src/train.py): a positive-bias FIFO draws b_replay * K rollouts.
+        replayed = int(whole_groups(buffer.draw(b_replay, step))) if buffer is not None else 0
+        gap = b_replay - replayed  # too few eligible: fill with fresh groups (SPEC 3.3)
         fresh = b_fresh + gap
         if step > 0:
             gap_total += gap  # step 0 is all fresh by design, not a shortfall
         fresh_counts.append(fresh)
-        replay_counts.append(len(replayed))
+        replay_counts.append(replayed)
         if buffer is not None:
             # After the update, as the stores do: drop over-age groups, then store all fresh groups (gap
             # fill included; the FIFO drops its oldest in add()).

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from src.batch import Batch, Group, fresh_entries, is_effective
+from src.batch import Batch, Group, fresh_entries, is_effective, whole_groups
 from src.buffer.store import ReplayStore
 from src.loss.base import Objective, UpdateResult
 from src.objective import clip_fraction, effective_sample_size, plan_batch
@@ -38,7 +38,7 @@ class TrainState:
     step: int = 0                         # next step to run
     fresh_evaluations: int = 0            # fresh verifier calls so far (SPEC 5), counted as they happen
     fresh_groups: int = 0
-    replay_groups: int = 0
+    replay_groups: float = 0.0            # whole groups' worth (a positive-bias FIFO draws single rollouts)
     gradient_steps: int = 0               # optimizer steps so far (grpo: updates_per_step per update; fifo extras)
     generated_tokens: int = 0             # response tokens generated so far (every fresh rollout, DAPO's rejected too)
     trained_tokens: int = 0               # response tokens in the loss so far, summed over every update batch
@@ -80,7 +80,7 @@ def train_step(parts: Components, state: TrainState) -> dict[str, float]:
     #    generating, so fresh and gap-fill groups share one generate call: the draw cannot depend on
     #    this step's fresh groups, which the store only sees after the update.
     replayed = parts.store.draw(planned_replay, step)
-    gap_fill = planned_replay - len(replayed)  # too few eligible (e.g. step 0): fill with fresh groups
+    gap_fill = planned_replay - int(whole_groups(replayed))  # too few eligible (e.g. step 0): fill with fresh
     clock.lap("replay_draw")
 
     # 3. Collect fresh groups: sample prompts, K responses each from the behaviour policy, score each
@@ -113,7 +113,7 @@ def train_step(parts: Components, state: TrainState) -> dict[str, float]:
     state.generated_tokens += collected.generated_tokens
     state.trained_tokens += sum(int(done.token_counts.sum()) for done in updates)
     state.fresh_groups += len(collected.fresh)
-    state.replay_groups += len(batch.replayed)
+    state.replay_groups += float(whole_groups(batch.replayed))
     state.groups_trained += len(batch)
     state.effective_groups_trained += sum(is_effective(group) for group in batch.groups)
     metrics = {**step_metrics(batch, update, parts.objective.weight_ceiling, collected.generated),
@@ -146,7 +146,7 @@ class Clock:
 # --------------------------------------------------------------------------- bookkeeping
 def batch_metrics(state: TrainState, collected: Collected, batch: Batch, gap_fill: int) -> dict[str, float]:
     """Budget and batch composition (SPEC 5-6)."""
-    fresh, generated, replayed = collected.fresh, collected.generated, len(batch.replayed)
+    fresh, generated, replayed = collected.fresh, collected.generated, float(whole_groups(batch.replayed))
     nan = float("nan")
     return {
         "budget/fresh_evaluations": state.fresh_evaluations,

@@ -286,22 +286,51 @@ def test_positive_bias_needs_one_group_size():
         buf.add([make_group(1, rewards=(1.0, 0.0, 0.0))])
 
 
-def test_positive_bias_draws_groups_in_proportion_to_their_stored_responses():
-    # Old group "a" keeps 1 correct response of 4, fresh "b" is whole: per-rollout uniform means 1 : 4.
-    buf = FifoReplayBuffer(capacity=2, positive_bias=0.5, seed=9)
-    buf.add([make_group(0, "a", rewards=(1.0, 0.0, 0.0, 0.0))])
-    buf.add([make_group(1, "b", rewards=(0.0, 0.0, 0.0, 1.0))])
-    assert buf.stored_responses == ((0,), (0, 1, 2, 3))
-    draws = buf.sample(5000, step=2)
-    share_a = prompts(draws).count("p0a") / len(draws)
-    assert abs(share_a - 0.2) < 0.02, share_a
-    assert {d.responses for d in draws if d.group.prompt == "p0a"} == {(0,)}
-    for mode in ("without_replacement", "at_least_once"):  # distinct draws still work with unequal weights
-        other = FifoReplayBuffer(capacity=2, positive_bias=0.5, mode=mode, seed=9)
-        other.add(buf.groups[:1])
-        other.add(buf.groups[1:])
-        assert other.stored_responses == buf.stored_responses
-        assert sorted(prompts(other.sample(5, step=2))) == ["p0a", "p1b"]
+def trimmed_k4_buffer(mode: str = "with_replacement", seed: int = 9) -> FifoReplayBuffer:
+    """The end state of the hand-worked K = 4 example: 16 rollouts kept, three groups trimmed."""
+    buf = FifoReplayBuffer(capacity=4, positive_bias=0.5, mode=mode, seed=seed)
+    for step, tags, rewards in ((0, "ab", ((1.0, 1.0, 1.0, 0.0), (0.0, 0.0, 0.1, 0.0))),
+                                (1, "cd", ((1.0, 0.0, 1.0, 1.0), (0.0, 1.0, 1.0, 0.0))),
+                                (2, "ef", ((0.0, 0.0, 0.0, 1.0), (0.1, 0.1, 0.1, 0.1))),
+                                (3, "gh", ((1.0, 1.0, 0.0, 0.0), (0.0, 0.0, 0.0, 0.0)))):
+        buf.add([make_group(step, tag, rewards=r) for tag, r in zip(tags, rewards)])
+    assert buf.stored_responses == ((1, 2), (0, 2, 3), (1, 2), (3,), (0, 1, 2, 3), (0, 1, 2, 3))
+    return buf
+
+
+def test_positive_bias_draws_every_stored_rollout_at_the_same_rate():
+    """Seed 001 D.4 "uniformly sample from these N samples": per rollout. The lone correct rollout kept
+    in group e is drawn as often as each rollout of a whole group (drawing groups by stored responses and
+    training all of them used it at 1/K of that rate)."""
+    buf = trimmed_k4_buffer()
+    uses: dict[tuple[str, int], int] = {}
+    draws = 20_000
+    for _ in range(draws):
+        drawn = buf.sample(1, step=4)  # one group's worth: K = 4 rollouts
+        assert sum(len(d.responses) for d in drawn) == 4
+        for d in drawn:
+            for i in d.responses:
+                uses[(d.group.prompt, i)] = uses.get((d.group.prompt, i), 0) + 1
+    assert len(uses) == buf.rollouts == 16
+    expected = draws * 4 / 16
+    chi2 = sum((n - expected) ** 2 / expected for n in uses.values())
+    assert chi2 < 45, uses  # 15 degrees of freedom: P(chi2 > 45) is about 1e-4
+    assert uses[("p2e", 3)] / draws == pytest.approx(0.25, abs=0.02)
+    assert uses[("p3g", 0)] / draws == pytest.approx(0.25, abs=0.02)
+
+
+def test_positive_bias_distinct_modes_draw_distinct_rollouts():
+    buf = trimmed_k4_buffer("without_replacement")
+    drawn = buf.sample(3, step=4)  # 12 of the 16 rollouts, none twice
+    picked = [(d.group.prompt, i) for d in drawn for i in d.responses]
+    assert len(picked) == 12 == len(set(picked))
+    assert [d.uid for d in drawn] == sorted(d.uid for d in drawn)  # grouped, oldest group first
+    assert sum(len(d.responses) for d in buf.sample(9, step=4)) == 16  # the pool, not more
+    once = trimmed_k4_buffer("at_least_once", seed=3)
+    seen = [(d.group.prompt, i) for _ in range(4) for d in once.sample(1, step=4) for i in d.responses]
+    assert len(seen) == 16 == len(set(seen))  # every rollout once before any twice
+    again = [(d.group.prompt, i) for d in once.sample(1, step=4) for i in d.responses]
+    assert len(again) == 4 and set(again) <= set(seen)
 
 
 # ---- statistics (seed 001 section 3.2, appendix D.3) ----

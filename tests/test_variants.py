@@ -222,23 +222,24 @@ def test_a_partial_group_trains_only_its_kept_responses_with_advantages_from_all
     assert part.policy_loss == pytest.approx(expected, rel=1e-5, abs=1e-7)
 
 
-def test_train_step_passes_a_trimmed_fifo_draw_as_its_kept_responses(random_policy_dir, compose_config,
-                                                                      monkeypatch):
-    cfg = small_config(compose_config, "buffer=fifo", "buffer.mode=without_replacement", "trainer.steps=2")
+def test_train_step_trains_the_rollouts_a_positive_bias_fifo_draws(random_policy_dir, compose_config, monkeypatch):
+    """B_replay = 2 groups' worth is 2K = 4 rollouts, drawn singly: the batch trains exactly those, each with
+    its leave-one-out advantage from all K rewards of its group."""
+    cfg = small_config(compose_config, "buffer=fifo", "buffer.positive_bias=0.5", "trainer.steps=2")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     train_step(parts, state)
-    for slot in parts.store._slots:  # as positive bias leaves an old group: one response kept
-        slot.responses = (1,)
     seen = []
     real = parts.objective.update
-    monkeypatch.setattr(parts.objective, "update", lambda policy, reference, optimizer, batch: seen.append(
-        (batch.groups, [entry.responses for entry in batch.entries])) or real(policy, reference, optimizer, batch))
+    monkeypatch.setattr(parts.objective, "update", lambda policy, reference, optimizer, batch: seen.append(batch)
+                        or real(policy, reference, optimizer, batch))
     metrics = train_step(parts, state)
-    (batch, responses), = seen
-    assert responses == [None, None, (1,), (1,)]  # 2 fresh groups whole, 2 replayed trimmed
-    assert metrics["batch/replay_groups"] == 2 and all(g.step == 0 for g in batch[2:])
-    replayed_rewards = [g.rewards[1] for g in batch[2:]]
-    assert metrics["train/reward/replay"] == pytest.approx(sum(replayed_rewards) / 2)
+    batch, = seen
+    assert [entry.responses for entry in batch.fresh] == [None, None]  # 2 fresh groups whole
+    assert sum(len(entry.trained) for entry in batch.replayed) == 2 * cfg.trainer.group_size
+    assert all(entry.group.step == 0 for entry in batch.replayed)
+    assert metrics["batch/replay_groups"] == 2 and metrics["batch/gap_fill_groups"] == 0
+    replayed_rewards = [entry.group.rewards[j] for entry in batch.replayed for j in entry.trained]
+    assert metrics["train/reward/replay"] == pytest.approx(sum(replayed_rewards) / len(replayed_rewards))
 
 
 def test_fifo_extra_updates_add_gradient_steps(random_policy_dir, compose_config):

@@ -53,12 +53,18 @@ rollouts, so the rule is per rollout, and we follow it per rollout:
   A positive-bias buffer therefore needs one K for all groups. ``round`` is Python's (halves to
   even). The rule holds at all times, also before the buffer is full: as in the paper, an
   incorrect rollout outside the freshest (1 - delta) share is never kept.
-* A trimmed group is still stored with all K rewards: the paper computes each rollout's
-  advantage from its whole group when the rollout is generated (appendix D.2), so the trainer
-  must compute leave-one-out advantages from ``draw.group.rewards`` and train only on
-  ``draw.responses``.
-* "Uniformly sample from these N samples" is per rollout; we draw groups, so each group is drawn
-  with probability proportional to its stored responses (uniform while every group is whole).
+* A trimmed group is still stored with all K rewards. A drawn rollout's leave-one-out baseline is
+  the mean of the other K - 1 rewards of the group it was generated in, as at generation: the
+  paper computes each rollout's advantage from its whole group when the rollout is generated
+  (appendix D.2) and stores it with the rollout. So the trainer computes leave-one-out advantages
+  from ``draw.group.rewards`` and trains only on ``draw.responses``.
+* "Uniformly sample from these N samples" is per rollout, and so is the draw: a batch's replay
+  share of ``count`` groups is ``count * K`` rollouts drawn from all stored rollouts of age >= 1 by
+  the buffer's mode (with replacement; distinct; never-drawn rollouts first), then grouped by the
+  group they belong to. Every kept rollout, a correct one left in a trimmed group included, is
+  drawn at the same rate. The use statistics count a group as used when any of its rollouts is.
+  Without positive bias every group is whole and the draw is of whole groups, uniformly, which
+  is the same per-rollout rate.
 
 Use statistics (seed 001): every draw returns a :class:`FifoDraw` carrying its age at use, its use
 number and its steps since last use ("new" for a first use, 0 for a repeat within the same
@@ -69,7 +75,7 @@ batch, as in appendix D.3); :func:`use_statistics` summarises draws and
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group
@@ -111,7 +117,7 @@ class FifoDraw:
     """One use of a stored group in a training batch, with its seed-001 statistics."""
 
     group: Group
-    responses: tuple[int, ...]  # response indices to train on: all K unless positive bias trimmed the group
+    responses: tuple[int, ...]  # response indices to train on: all K, or (positive bias) the rollouts drawn
     uid: int  # stable id of the stored group (order of add)
     step: int  # step at which the group is used
     age: int  # off-policiness: step - group.step (>= 1)
@@ -190,6 +196,7 @@ class _Slot:
     responses: tuple[int, ...]
     uses: int = 0
     last_used: int | None = None
+    drawn: set[int] = field(default_factory=set)  # responses ever drawn (positive bias draws rollouts)
 
 
 class FifoReplayBuffer(ReplayStore):
@@ -315,52 +322,55 @@ class FifoReplayBuffer(ReplayStore):
     # ---- sampling ----
 
     def sample(self, count: int, step: int) -> list[FifoDraw]:
-        """Draw replay groups for the batch of `step` with this buffer's mode; the caller fills any gap fresh.
+        """Draw `count` groups' worth of replay for the batch of `step`; the caller fills any gap fresh.
 
-        with_replacement returns `count` draws (none if nothing is eligible); the other modes
-        return min(count, #eligible) distinct groups.
+        Whole groups without positive bias: with_replacement returns `count` draws (none if nothing is
+        eligible); the other modes min(count, #eligible) distinct groups. With positive bias,
+        `count * K` rollouts by the same rules (`_sample_rollouts`), one draw per group they fall in.
         """
         count = check_int("count", count, 0)
         step = int(step)
         pool = self._eligible_slots(step)
         if count == 0 or not pool:
             return []  # consume no randomness, so empty draws do not shift the RNG stream
+        if self.positive_bias > 0:
+            return self._sample_rollouts(pool, count * self.group_size, step)
         if self.mode == "with_replacement":
-            weights = [len(s.responses) for s in pool]
-            if len(set(weights)) == 1:
-                chosen = self._rng.choices(pool, k=count)
-            else:
-                chosen = self._rng.choices(pool, weights=weights, k=count)
+            chosen = self._rng.choices(pool, k=count)
         elif self.mode == "without_replacement":
-            chosen = self._distinct(pool, min(count, len(pool)))
+            chosen = self._rng.sample(pool, min(count, len(pool)))
         else:  # at_least_once: never-drawn groups first, then fill without replacement
             never = [s for s in pool if s.uses == 0]
             used = [s for s in pool if s.uses > 0]
             k = min(count, len(pool))
-            chosen = self._distinct(never, min(k, len(never)))
-            chosen += self._distinct(used, k - len(chosen))
-        return [self._record(slot, step) for slot in chosen]
+            chosen = self._rng.sample(never, min(k, len(never)))
+            chosen += self._rng.sample(used, k - len(chosen))
+        return [self._record(slot, step, slot.responses) for slot in chosen]
 
-    def _distinct(self, pool: list[_Slot], k: int) -> list[_Slot]:
-        # Uniform without replacement while all groups are whole; otherwise successive draws
-        # proportional to stored responses among the groups not drawn yet.
-        if k <= 0:
-            return []
-        weights = [len(s.responses) for s in pool]
-        if len(set(weights)) == 1:
-            return self._rng.sample(pool, k)
-        rest, out = list(pool), []
-        for _ in range(k):
-            i = self._rng.choices(range(len(rest)), weights=weights)[0]
-            out.append(rest.pop(i))
-            weights.pop(i)
-        return out
+    def _sample_rollouts(self, pool: list[_Slot], wanted: int, step: int) -> list[FifoDraw]:
+        # Seed 001 D.4: uniform over the stored rollouts, the buffer's mode applied to rollouts.
+        rollouts = [(slot, i) for slot in pool for i in slot.responses]
+        if self.mode == "with_replacement":
+            chosen = self._rng.choices(rollouts, k=wanted)
+        elif self.mode == "without_replacement":
+            chosen = self._rng.sample(rollouts, min(wanted, len(rollouts)))
+        else:  # at_least_once, per rollout
+            never = [(slot, i) for slot, i in rollouts if i not in slot.drawn]
+            used = [(slot, i) for slot, i in rollouts if i in slot.drawn]
+            k = min(wanted, len(rollouts))
+            chosen = self._rng.sample(never, min(k, len(never)))
+            chosen += self._rng.sample(used, k - len(chosen))
+        by_group: dict[int, list[int]] = {}
+        for slot, i in chosen:
+            by_group.setdefault(slot.uid, []).append(i)
+        return [self._record(slot, step, tuple(sorted(by_group[slot.uid]))) for slot in pool if slot.uid in by_group]
 
-    def _record(self, slot: _Slot, step: int) -> FifoDraw:
+    def _record(self, slot: _Slot, step: int, responses: tuple[int, ...]) -> FifoDraw:
         since = None if slot.last_used is None else step - slot.last_used
         slot.uses += 1
         slot.last_used = step
-        return FifoDraw(group=slot.group, responses=slot.responses, uid=slot.uid, step=step,
+        slot.drawn.update(responses)
+        return FifoDraw(group=slot.group, responses=responses, uid=slot.uid, step=step,
                         age=slot.group.age(step), use=slot.uses, steps_since_last_use=since)
 
     def extra_update_batches(self, replay_factor: int, batch_size: int, step: int) -> list[list[FifoDraw]]:
@@ -434,7 +444,7 @@ class FifoReplayBuffer(ReplayStore):
             "group_size": self.group_size,
             "slots": [
                 {"uid": s.uid, "group": dataclasses.asdict(s.group), "responses": list(s.responses),
-                 "uses": s.uses, "last_used": s.last_used}
+                 "uses": s.uses, "last_used": s.last_used, "drawn": sorted(s.drawn)}
                 for s in self._slots
             ],
             "retired_uses": sorted([u, n] for u, n in self._retired_uses.items()),
@@ -444,13 +454,14 @@ class FifoReplayBuffer(ReplayStore):
         self.group_size = None if contents["group_size"] is None else int(contents["group_size"])
         self._slots = [
             _Slot(uid=int(s["uid"]), group=Group(**s["group"]), responses=tuple(int(i) for i in s["responses"]),
-                  uses=int(s["uses"]), last_used=None if s["last_used"] is None else int(s["last_used"]))
+                  uses=int(s["uses"]), last_used=None if s["last_used"] is None else int(s["last_used"]),
+                  drawn={int(i) for i in s.get("drawn", ())})
             for s in contents["slots"]
         ]
         self._retired_uses = {int(u): int(n) for u, n in contents["retired_uses"]}
 
 
 def as_entry(draw: FifoDraw) -> BatchGroup:
-    """A draw as a replayed batch entry: a trimmed group trains only its kept responses."""
-    whole = len(draw.responses) == draw.group.size
+    """A draw as a replayed batch entry: it trains the drawn responses (a rollout drawn twice, twice)."""
+    whole = draw.responses == tuple(range(draw.group.size))
     return BatchGroup(draw.group, "replay", draw.age, None if whole else draw.responses)
