@@ -465,3 +465,21 @@ def test_state_dict_is_plain_data():
     state = buf.state_dict()
     assert all(isinstance(s["group"], dict) for s in state["contents"]["slots"])
     assert pickle.loads(pickle.dumps(state)) == state
+
+
+def test_age_at_use_in_updates_counts_every_extra_update_as_seed_001_does(tmp_path):
+    """R = 3. The group sampled at step 0 (update 0; no extras then, nothing was stored) is drawn at step 1
+    for its main update (update 1) and both extras (updates 2, 3): 1 step old each time, 1, 2, 3 updates old."""
+    buf = FifoReplayBuffer(capacity=8, extra_updates=2, groups_per_step=1, seed=0)
+    buf.draw(1, 0)
+    assert buf.extra_batches(0) == []  # nothing stored yet: no extra update, no update counted
+    buf.store([make_group(0)], 0)
+    buf.draw(1, 1)
+    buf.extra_batches(1)
+    metrics = buf.metrics(1)
+    assert metrics["fifo/age_at_use_mean"] == 1.0  # RL steps
+    assert metrics["fifo/age_at_use_updates_mean"] == pytest.approx((1 + 2 + 3) / 3)  # updates 1, 2, 3 after 0
+    assert metrics["fifo/age_at_use_updates_max"] == 3.0
+    restored = through_checkpoint(buf, FifoReplayBuffer(capacity=8, extra_updates=2, groups_per_step=1),
+                                  tmp_path / "store.pt")
+    assert restored.updates == buf.updates == 4

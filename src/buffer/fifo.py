@@ -123,6 +123,10 @@ class FifoDraw:
     age: int  # off-policiness: step - group.step (>= 1)
     use: int  # 1 for the group's first use, 2 for its second, ...
     steps_since_last_use: int | None  # None for a first use ("new"); 0 for a repeat within one batch
+    # Off-policiness in updates, as seed 001 counts it (one gradient step per trainer batch): the updates
+    # taken since the update of the step that sampled the group. With R - 1 extra updates per step it
+    # grows R times as fast as `age`. None where unknown (a draw outside the store interface).
+    update_age: int | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,8 @@ class UseStats:
     new: int  # first uses
     since_last_use_mean: float | None  # over repeat uses; None when every draw is new
     since_last_use_histogram: dict[int, int]  # repeat uses only; "new" is counted in `new`
+    update_age_mean: float | None = None  # age at use in updates (gradient steps); None when unknown
+    update_age_max: int | None = None
 
     def metrics(self, prefix: str = "fifo/") -> dict[str, float]:
         """Flat float metrics for logging; undefined means are left out rather than logged as 0."""
@@ -145,6 +151,9 @@ class UseStats:
             out[f"{prefix}age_at_use_max"] = float(self.age_max)
         if self.since_last_use_mean is not None:
             out[f"{prefix}steps_since_last_use_mean"] = self.since_last_use_mean
+        if self.update_age_mean is not None:
+            out[f"{prefix}age_at_use_updates_mean"] = self.update_age_mean
+            out[f"{prefix}age_at_use_updates_max"] = float(self.update_age_max)
         return out
 
 
@@ -177,6 +186,7 @@ def use_statistics(draws: Sequence[FifoDraw]) -> UseStats:
     """Summarise draws: age at use (mean / max / histogram) and steps since last use."""
     ages = [d.age for d in draws]
     since = [d.steps_since_last_use for d in draws if d.steps_since_last_use is not None]
+    update_ages = [d.update_age for d in draws if d.update_age is not None]
     return UseStats(
         draws=len(draws),
         age_mean=sum(ages) / len(ages) if ages else None,
@@ -185,6 +195,8 @@ def use_statistics(draws: Sequence[FifoDraw]) -> UseStats:
         new=len(draws) - len(since),
         since_last_use_mean=sum(since) / len(since) if since else None,
         since_last_use_histogram=_histogram(since),
+        update_age_mean=sum(update_ages) / len(update_ages) if update_ages else None,
+        update_age_max=max(update_ages) if update_ages else None,
     )
 
 
@@ -197,13 +209,14 @@ class _Slot:
     uses: int = 0
     last_used: int | None = None
     drawn: set[int] = field(default_factory=set)  # responses ever drawn (positive bias draws rollouts)
+    update: int = 0  # index of the update of the step that sampled the group (seed 001's gradient-step clock)
 
 
 class FifoReplayBuffer(ReplayStore):
     """`buffer=fifo`: keeps the last N groups (optionally positive-biased), draws replay groups of age >= 1."""
 
     settings = ("capacity", "mode", "positive_bias", "correct_reward")
-    counters = ("added", "dropped", "dropped_rollouts", "_next_uid")
+    counters = ("added", "dropped", "dropped_rollouts", "_next_uid", "updates")
 
     def __init__(self, capacity: int, mode: str = "with_replacement", positive_bias: float = 0.0,
                  correct_reward: float = REWARD_CORRECT, seed: int = 0, ratio: float = 1.0,
@@ -230,6 +243,9 @@ class FifoReplayBuffer(ReplayStore):
         self.added = 0
         self.dropped = 0  # groups that left the buffer entirely
         self.dropped_rollouts = 0  # responses that left it (whole dropped groups and positive-bias trims)
+        self.updates = 0  # update batches handed out so far (main and extra): the gradient-step clock
+        self._update: int | None = None  # the update a draw is for (None: a bare `sample`, not for an update)
+        self._step_update = 0  # this step's main update, recorded with the groups the step stores
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -280,7 +296,8 @@ class FifoReplayBuffer(ReplayStore):
                     )
         self.group_size = group_size  # set only once the whole call is valid
         for g in new:
-            self._slots.append(_Slot(uid=self._next_uid, group=g, responses=tuple(range(g.size))))
+            self._slots.append(_Slot(uid=self._next_uid, group=g, responses=tuple(range(g.size)),
+                                     update=self._step_update))
             self._next_uid += 1
         self.added += len(new)
         if self.positive_bias > 0:
@@ -371,14 +388,15 @@ class FifoReplayBuffer(ReplayStore):
         slot.last_used = step
         slot.drawn.update(responses)
         return FifoDraw(group=slot.group, responses=responses, uid=slot.uid, step=step,
-                        age=slot.group.age(step), use=slot.uses, steps_since_last_use=since)
+                        age=slot.group.age(step), use=slot.uses, steps_since_last_use=since,
+                        update_age=None if self._update is None else self._update - slot.update)
 
     def extra_update_batches(self, replay_factor: int, batch_size: int, step: int) -> list[list[FifoDraw]]:
         """Seed 002's replay mode: the R - 1 extra batches after the fresh update at optimizer step `step`.
 
-        Every extra batch is drawn at RL step ``step``: ages and steps since last use count RL
-        steps, the one clock of this framework (gradient steps are counted apart, as
-        ``budget/gradient_steps``). Call it after the fresh update and before ``add``-ing the
+        Every extra batch is drawn at RL step ``step``: `age` and steps since last use count RL
+        steps; `update_age` counts updates (seed 001's gradient steps), one more per extra batch.
+        Call it after the fresh update and before ``add``-ing the
         fresh batch (seed 002 Algorithm 1, lines 4-10). Returns [] when nothing is eligible (the
         first step), so no extra update is taken; otherwise R - 1 batches of this buffer's mode.
         """
@@ -392,19 +410,25 @@ class FifoReplayBuffer(ReplayStore):
             )
         if n_extra == 0 or not self._slots:
             return []
-        return [self.sample(batch_size, step) for _ in range(n_extra)]
+        batches = []
+        for _ in range(n_extra):  # every stored group is at least one step old: each draw is non-empty
+            self._update = self.updates
+            self.updates += 1
+            batches.append(self.sample(batch_size, step))
+        return batches
 
     # ---- the store interface ----
 
     def _draw(self, count: int, step: int) -> list[BatchGroup]:
+        self._step_update = self._update = self.updates  # this step's main update
+        self.updates += 1
         self._draws = self.sample(count, step)
         self._extra_draws = 0
         return [as_entry(draw) for draw in self._draws]
 
     def extra_batches(self, step: int) -> list[Batch]:
         """Seed 002 Algorithm 1: R - 1 further batches of B groups, before this step's fresh ones are stored."""
-        batches = [draws for draws in self.extra_update_batches(self.extra_updates + 1, self.groups_per_step, step)
-                   if draws]
+        batches = self.extra_update_batches(self.extra_updates + 1, self.groups_per_step, step)
         for draws in batches:
             self._draws += draws
             self._extra_draws += len(draws)
@@ -444,7 +468,7 @@ class FifoReplayBuffer(ReplayStore):
             "group_size": self.group_size,
             "slots": [
                 {"uid": s.uid, "group": dataclasses.asdict(s.group), "responses": list(s.responses),
-                 "uses": s.uses, "last_used": s.last_used, "drawn": sorted(s.drawn)}
+                 "uses": s.uses, "last_used": s.last_used, "drawn": sorted(s.drawn), "update": s.update}
                 for s in self._slots
             ],
             "retired_uses": sorted([u, n] for u, n in self._retired_uses.items()),
@@ -455,7 +479,8 @@ class FifoReplayBuffer(ReplayStore):
         self._slots = [
             _Slot(uid=int(s["uid"]), group=Group(**s["group"]), responses=tuple(int(i) for i in s["responses"]),
                   uses=int(s["uses"]), last_used=None if s["last_used"] is None else int(s["last_used"]),
-                  drawn={int(i) for i in s.get("drawn", ())})
+                  drawn={int(i) for i in s.get("drawn", ())},
+                  update=int(s.get("update", s["group"]["step"])))  # older checkpoints: one update per step
             for s in contents["slots"]
         ]
         self._retired_uses = {int(u): int(n) for u, n in contents["retired_uses"]}
