@@ -13,11 +13,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from src.buffer.store import ReplayStore
+from src.components import Components
 from src.policy.forward import Forward
 from src.policy.model import frozen_copy, load_policy
 from src.rollout.engine import build_engine
 from src.task.prompts import PromptFormat
-from src.train import Components
 
 
 def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, engine=None) -> Components:
