@@ -217,10 +217,7 @@ class FifoReplayBuffer(ReplayStore):
         self.groups_per_step = check_int("trainer.groups_per_step", groups_per_step, 1)
         self._draws: list[FifoDraw] = []  # this step's, main and extra batches (seed 001's use statistics)
         self._extra_draws = 0
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or int(capacity) != capacity \
-                or capacity < 1:
-            raise ValueError(f"buffer.capacity={capacity!r}: N counts groups, an integer at least 1 (default 256)")
-        self.capacity = int(capacity)
+        self.capacity = check_int("buffer.capacity", capacity, 1, "N counts groups: at least 1 (default 256).")
         if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)):
             raise ValueError(f"correct_reward must be a number (Countdown: 1.0), got {correct_reward!r}.")
         self.correct_reward = float(correct_reward)

@@ -20,7 +20,6 @@ from src.rollout.engine import RolloutEngine, SamplingParams
 from src.task import countdown
 from src.task.prompts import PromptFormat
 
-
 SAMPLINGS = ("standard", "dynamic")  # the sampling group's options; `sampling.name` labels the run's cell
 
 
