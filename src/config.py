@@ -178,8 +178,11 @@ def _validate_components(cfg: DictConfig) -> None:
         check_settings(cfg)
     except InstantiationException as error:  # a nested `_target_` node, which Hydra builds and wraps
         raise ConfigError(str(error.__cause__ or error)) from None
-    except (ValueError, TypeError) as error:  # a bad setting, or a key the constructor does not take
+    except ValueError as error:  # a bad setting, in the constructor's own words
         raise ConfigError(str(error)) from None
+    except TypeError as error:  # a `_target_` override naming a class that takes other settings
+        raise ConfigError(f"{error}: a group's `_target_` must name a class that takes that group's settings "
+                          "(see conf/<group>/*.yaml); fix the override or drop it") from None
 
 
 def _validate_curriculum(curriculum: DictConfig, trainer: DictConfig) -> None:
