@@ -27,7 +27,8 @@ from src.build import build_components
 from src.labels import run_labels
 from src.sweep import cell_name
 from src.task import countdown
-from src.train import TrainState, train_step
+from src.state import TrainState
+from src.train import train_step
 
 MODEL_PHASES = ("generate", "train")
 OVERHEAD_PHASES = ("replay_draw", "score", "buffer_update", "bookkeeping", "logging")

@@ -3,7 +3,8 @@
 `build_components` is the one place that reads config for the step (`src.run`, the tests and the
 benchmarks all build through it): each group's YAML names its implementation with `_target_`, and
 `hydra.utils.instantiate` builds it with the runtime objects it works with added. Components
-validate their own arguments in their constructors.
+validate their own arguments in their constructors; `check_settings` builds the cheap ones around
+stand-ins, so `src.config.validate` reports a bad setting before any model loads.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from src.buffer.store import ReplayStore
+from src.components import Components
 from src.policy.forward import Forward
 from src.policy.model import frozen_copy, load_policy
 from src.rollout.engine import build_engine
 from src.task.prompts import PromptFormat
-from src.train import Components
 
 
 def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, engine=None) -> Components:
@@ -39,19 +40,40 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
                       cfg.hardware.autocast, trainer.fused_logprobs)
     engine = engine or build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
                                     **cfg.policy.get("vllm", {}))
-    behaviour = build(cfg.behaviour, policy=policy, training_temperature=trainer.rollout.temperature)
     sampler = build(cfg.curriculum, instances=train_set, seed=trainer.seed)
-    collection = build(cfg.sampling, engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
-                             prompts=PromptFormat(cfg.task.prompt_template, tokenizer, cfg.policy.use_chat_template),
-                             group_size=trainer.group_size, max_new_tokens=cfg.policy.max_new_tokens,
-                             top_p=trainer.rollout.top_p, top_k=trainer.rollout.top_k, seed=trainer.seed)
-    objective = build(cfg.loss, forward=forward, kl_coef=trainer.kl_coef, entropy_coef=trainer.entropy_coef,
-                            max_grad_norm=trainer.max_grad_norm, truncation=behaviour.truncation,
-                      kl_estimator=trainer.kl_estimator)
+    prompts = PromptFormat(cfg.task.prompt_template, tokenizer, cfg.policy.use_chat_template)
+    behaviour, collection, objective = build_rollout_and_objective(cfg, policy, engine, sampler, prompts, forward)
     return Components(policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=engine,
                       optimizer=build_optimizer(policy, trainer), store=build_store(cfg), objective=objective,
                       collection=collection, sampler=sampler, behaviour=behaviour, forward=forward,
                       groups_per_step=trainer.groups_per_step)
+
+
+def build_rollout_and_objective(cfg: DictConfig, policy, engine, sampler, prompts, forward):
+    """The behaviour policy, the fresh-rollout collection it samples for, and the objective (which takes
+    the behaviour's truncation settings), each from its group with the live objects it works with."""
+    trainer = cfg.trainer
+    behaviour = build(cfg.behaviour, policy=policy, training_temperature=trainer.rollout.temperature)
+    collection = build(cfg.sampling, engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
+                       prompts=prompts, group_size=trainer.group_size, max_new_tokens=cfg.policy.max_new_tokens,
+                       top_p=trainer.rollout.top_p, top_k=trainer.rollout.top_k, seed=trainer.seed)
+    objective = build(cfg.loss, forward=forward, kl_coef=trainer.kl_coef, entropy_coef=trainer.entropy_coef,
+                      max_grad_norm=trainer.max_grad_norm, truncation=behaviour.truncation,
+                      kl_estimator=trainer.kl_estimator)
+    return behaviour, collection, objective
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """Build the replay store, behaviour, collection and objective from `cfg` as a run would, so each
+    constructor checks its own settings; raises what a constructor raises.
+
+    Their live objects are stand-ins: the collection and the objective only store the engine, prompt
+    sampler, prompt format and forward helper, and a weightless module is all a stale behaviour copies.
+    No model, tokenizer or engine is loaded. The prompt sampler (`curriculum`) is checked by
+    `src.curriculum.sampler.check_curriculum`, which also needs B and K.
+    """
+    build_store(cfg)
+    build_rollout_and_objective(cfg, policy=torch.nn.Module(), engine=None, sampler=None, prompts=None, forward=None)
 
 
 def build(node: DictConfig, **live):

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from src.lifecycle import LATEST_CHECKPOINT, PREVIOUS_CHECKPOINT, checkpoint_files
-from src.train import Components, TrainState
+from src.components import Components
+from src.state import TrainState
 
 log = logging.getLogger(__name__)
 

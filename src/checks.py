@@ -1,4 +1,8 @@
-"""Argument checks shared by components that validate their own settings."""
+"""Argument checks shared by components that validate their own settings.
+
+A component names each setting by its config key (`buffer.capacity`), so the message `src.config`
+shows for a bad value is the constructor's own.
+"""
 
 from __future__ import annotations
 
@@ -7,5 +11,12 @@ def check_int(name: str, value: object, minimum: int, hint: str = "") -> int:
     """Return `value` as an int, or raise a ValueError naming `name` if it is not an integer >= `minimum`."""
     # bool is an int subclass; a flag passed where a number belongs is a config mistake.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.{(' ' + hint) if hint else ''}")
+        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}.{(' ' + hint) if hint else ''}")
     return int(value)
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    """Return `value`, or raise a ValueError naming `name`, the value and the choices if it is not one of them."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: {name.rsplit('.', 1)[-1]} must be one of {', '.join(choices)}")
+    return value

@@ -2,8 +2,11 @@
 
 Hydra refuses unknown option names (`buffer=age9`) with the list of what exists; `src.schema`
 checks every knob's type and range and refuses unknown keys (`+buffer.ratoi=2`) with the close
-matches; this module then refuses values that compose but make no sense for the method, and
-damaged policy folders, each with one message naming the key, the value and the fix.
+matches; each component checks its own group's settings in its constructor, which `validate`
+runs by building the cheap components (`src.build.check_settings`); this module keeps the checks
+that span groups (B_fresh from B and rho, rho <= L, FIFO capacity against B_replay, evaluation
+ks against samples) and those of groups without a component (policy files, vLLM, device), each
+with one message naming the key, the value and the fix.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from src.eval.passk import ESTIMATORS
 from src.paths import PROJECT_ROOT, resolve_policy_path
 from src.schema import SchemaError, check_ranges, check_types
 from src.policy import DTYPE_NAMES
-from src.buffer.popo import POPO_VARIANTS
 
 if not OmegaConf.has_resolver("root"):
     OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
@@ -29,12 +31,7 @@ if not OmegaConf.has_resolver("unique"):
     OmegaConf.register_new_resolver("unique", lambda: f"{os.getpid()}-{uuid.uuid4().hex[:6]}", use_cache=True)
 
 ENGINES = ("hf", "vllm")
-LOSSES = ("rloo", "rloo-tis", "grpo", "ipo")
-FIFO_MODES = ("with_replacement", "without_replacement", "at_least_once")  # src.buffer.fifo.SAMPLING_MODES
 SOURCES = ("generator", "hub")
-SAMPLINGS = ("standard", "dynamic")
-BEHAVIOURS = ("current", "stale", "diverse")
-IS_LEVELS = ("sequence", "token")
 
 
 class ConfigError(ValueError):
@@ -69,25 +66,19 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(fresh_groups >= 1,
            f"buffer.ratio rho={buffer.ratio} with trainer.groups_per_step B={trainer.groups_per_step} plans "
            f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
-    _validate_loss(cfg.loss)
-    _validate_sampling(cfg.sampling)
-    _validate_behaviour(cfg.behaviour, trainer.rollout.temperature)
+    _validate_components(cfg)
     _validate_curriculum(cfg.curriculum, trainer)
-    if buffer.name == "fifo":
-        _validate_fifo(buffer, trainer.groups_per_step - fresh_groups)
-    elif buffer.name == "popo":
-        _validate_popo(buffer)
-    elif buffer.ratio > 0:
-        _check(buffer.max_age >= 1,
-               f"buffer.ratio rho={buffer.ratio} needs a replay age: buffer.max_age L={buffer.max_age}; "
-               "choose buffer=age1, age2 or age3")
+    if buffer.name == "fifo" and buffer.mode != "with_replacement":  # distinct draws: N must cover B_replay
+        replay_groups = trainer.groups_per_step - fresh_groups
+        _check(buffer.capacity >= replay_groups or buffer.allow_infeasible,
+               f"buffer.capacity N={buffer.capacity} < B_replay={replay_groups}: mode={buffer.mode} draws distinct "
+               "groups, so every step would need gap fill; raise buffer.capacity, use mode=with_replacement, or "
+               "buffer.allow_infeasible=true")
     _check(buffer.name == "fifo" or buffer.ratio <= buffer.max_age or buffer.ratio == 0 or buffer.allow_infeasible,
            f"buffer.ratio rho={buffer.ratio} > buffer.max_age L={buffer.max_age}: the pool of reusable groups "
            "(about L * B_fresh) cannot meet the replay demand (rho * B_fresh), so the planned budget is "
            f"unreachable. Use rho <= {buffer.max_age}, a larger L (buffer=age2/age3), or "
            "buffer.allow_infeasible=true to run anyway with gap fill logged")
-    _check(buffer.get("capacity", 1) >= 1,  # buffer=popo sizes its memory from B instead
-           f"buffer.capacity={buffer.get('capacity')}: must be at least 1 (default 4096)")
     _check(clip.ceiling > 0,
            f"clip.ceiling c={clip.ceiling}: the importance-weight ceiling must be > 0 (clip=tight/mid/loose: 1/3/10)")
     _check(trainer.learning_rate > 0, f"trainer.learning_rate={trainer.learning_rate}: must be > 0")
@@ -170,55 +161,28 @@ def _validate_policy_files(name_or_path: str) -> None:
                               f"({error.__class__.__name__}: {error}); {fix}") from None
 
 
-def _validate_loss(loss: DictConfig) -> None:
-    _check(loss.name in LOSSES, f"loss.name='{loss.name}': choose one of {LOSSES} (e.g. loss=rloo)")
-    if loss.name == "ipo":
-        _check(isinstance(loss.tau, (int, float)) and not isinstance(loss.tau, bool) and loss.tau > 0,
-               f"loss.tau={loss.tau}: IPO's regularisation strength, a number > 0 (target margin 1/(2 tau); e.g. 0.1)")
-        return
-    if loss.name != "grpo":
-        return
-    _check(0 <= loss.eps_low < 1,
-           f"loss.eps_low={loss.eps_low}: the ratio is clipped below at 1 - eps_low, so use 0 <= eps_low < 1 (POPO: 0.2)")
-    _check(0 <= loss.eps_high < float("inf"),
-           f"loss.eps_high={loss.eps_high}: the ratio is clipped above at 1 + eps_high; use a finite eps_high >= 0 "
-           "(clip-higher: 0.28)")
-    _check(loss.behaviour_cap > 0,
-           f"loss.behaviour_cap={loss.behaviour_cap}: the cap on pi_prox/mu must be > 0 (POPO: 2.0)")
-    steps = loss.updates_per_step
-    _check(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
-           f"loss.updates_per_step={steps}: mini-batch optimizer steps per RL step, an integer >= 1 (e.g. 4)")
+def _validate_components(cfg: DictConfig) -> None:
+    """Each component checks its own settings in its constructor: build the cheap ones, as a run would.
 
+    Building through `src.build` (the one path the runner uses) rather than re-stating the checks here
+    keeps each check in one place, next to the code that relies on it. It imports torch (the loss
+    modules need it; `_check_targets` has imported them already), and loads no model.
+    """
+    if any(cfg[group].get("_target_") is None for group in COMPONENT_GROUPS):
+        return  # a run's config saved before components were named: nothing to build
+    from hydra.errors import InstantiationException
 
-def _validate_sampling(sampling: DictConfig) -> None:
-    _check(sampling.name in SAMPLINGS, f"sampling.name='{sampling.name}': choose one of {SAMPLINGS}")
-    if sampling.name != "dynamic":
-        return
-    _check(sampling.oversample >= 1,
-           f"sampling.oversample={sampling.oversample}: each round samples ceil(missing x oversample) prompts, "
-           "so use oversample >= 1 (e.g. 1.5)")
-    rounds = sampling.max_rounds
-    _check(isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1,
-           f"sampling.max_rounds={rounds}: generation rounds per step before giving up, an integer >= 1 (e.g. 8)")
+    from src.build import check_settings
 
-
-def _validate_behaviour(behaviour: DictConfig, training_temperature: float) -> None:
-    _check(behaviour.name in BEHAVIOURS, f"behaviour.name='{behaviour.name}': choose one of {BEHAVIOURS}")
-    if behaviour.name == "current":
-        return
-    lag = behaviour.lag
-    _check(isinstance(lag, int) and not isinstance(lag, bool) and lag >= 0,
-           f"behaviour.lag={lag}: steps back of the sampling weights, an integer >= 0 (seed 002: 1, 4, 16)")
-    temperature = behaviour.temperature if behaviour.temperature is not None else training_temperature
-    _check(temperature > 0, f"behaviour.temperature={temperature}: must be > 0 (seed 002: 1.2)")
-    _check(lag > 0 or temperature != training_temperature,
-           f"behaviour={behaviour.name} with lag=0 and temperature {temperature} = the training temperature samples "
-           "from the current policy: use behaviour=current, a lag >= 1 or another temperature")
-    _check(behaviour.is_level in IS_LEVELS,
-           f"behaviour.is_level='{behaviour.is_level}': choose one of {IS_LEVELS}")
-    _check(0 <= behaviour.is_min <= 1 <= behaviour.is_max,
-           f"behaviour.is_min={behaviour.is_min}, behaviour.is_max={behaviour.is_max}: the truncation interval "
-           "must hold 1 (0 <= is_min <= 1 <= is_max; seed 002: 0 and 2)")
+    try:
+        check_settings(cfg)
+    except InstantiationException as error:  # a nested `_target_` node, which Hydra builds and wraps
+        raise ConfigError(str(error.__cause__ or error)) from None
+    except ValueError as error:  # a bad setting, in the constructor's own words
+        raise ConfigError(str(error)) from None
+    except TypeError as error:  # a `_target_` override naming a class that takes other settings
+        raise ConfigError(f"{error}: a group's `_target_` must name a class that takes that group's settings "
+                          "(see conf/<group>/*.yaml); fix the override or drop it") from None
 
 
 def _validate_curriculum(curriculum: DictConfig, trainer: DictConfig) -> None:
@@ -228,37 +192,6 @@ def _validate_curriculum(curriculum: DictConfig, trainer: DictConfig) -> None:
         check_curriculum(curriculum, group_size=trainer.group_size, groups_per_step=trainer.groups_per_step)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-
-
-def _validate_popo(buffer: DictConfig) -> None:
-    _check(buffer.variant in POPO_VARIANTS,
-           f"buffer.variant='{buffer.variant}': choose one of {POPO_VARIANTS}")
-    _check(isinstance(buffer.stale_factor, int) and buffer.stale_factor >= 1
-           and (buffer.stale_factor == 1 or buffer.variant == "popo-stale"),
-           f"buffer.stale_factor={buffer.stale_factor}: an integer >= 1, above 1 only with buffer.variant=popo-stale")
-    _check(buffer.ratio == 0 and buffer.max_age == 0,
-           f"buffer=popo with buffer.ratio={buffer.ratio}, buffer.max_age={buffer.max_age}: POPO samples all B groups "
-           "online and refills only what it drops; leave ratio=0 and max_age=0")
-
-
-def _validate_fifo(buffer: DictConfig, replay_groups: int) -> None:
-    _check(buffer.mode in FIFO_MODES, f"buffer.mode='{buffer.mode}': choose one of {FIFO_MODES}")
-    _check(0 <= buffer.positive_bias < 1,
-           f"buffer.positive_bias delta={buffer.positive_bias}: use 0 <= delta < 1 (0 = plain FIFO; seed 001 uses 0.5)")
-    extra = buffer.extra_updates
-    _check(isinstance(extra, int) and not isinstance(extra, bool) and extra >= 0,
-           f"buffer.extra_updates={extra}: R - 1 extra updates per step, an integer >= 0 (0 = none, seed 002: 1)")
-    _check(buffer.max_age == 0,
-           f"buffer.max_age={buffer.max_age}: buffer=fifo has no age window (the capacity N bounds staleness); "
-           "leave max_age=0, or use buffer=age1/age2/age3 for an age window")
-    _check(buffer.ratio > 0 or extra > 0,
-           f"buffer=fifo with buffer.ratio rho={buffer.ratio} and buffer.extra_updates=0 never replays; "
-           "set rho > 0 or extra_updates >= 1, or use buffer=none")
-    if buffer.mode != "with_replacement":
-        _check(buffer.capacity >= replay_groups or buffer.allow_infeasible,
-               f"buffer.capacity N={buffer.capacity} < B_replay={replay_groups}: mode={buffer.mode} draws distinct "
-               "groups, so every step would need gap fill; raise buffer.capacity, use mode=with_replacement, or "
-               "buffer.allow_infeasible=true")
 
 
 COMPONENT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum")  # each names its class in `_target_`

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HEARTBEAT_FILE = "heartbeat.json"
-# A run folder keeps two checkpoint generations (src.train.save_checkpoint): a new checkpoint is
+# A run folder keeps two checkpoint generations (src.checkpoint.save_checkpoint): a new checkpoint is
 # written whole under a unique temporary name, then the latest becomes the previous and the new one
 # the latest, so a kill at any moment leaves a complete checkpoint; a latest damaged anyway (disk
 # full, truncated copy) falls back to the previous one.

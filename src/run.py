@@ -11,13 +11,11 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
@@ -25,17 +23,19 @@ from rich.table import Table
 from src import progress, tracking
 from src.budget import plan_for_config, replay_demand_met
 from src.config import ConfigError, validate
-from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, write_heartbeat
+from src.lifecycle import LATEST_CHECKPOINT, Heartbeat
 from src.eval.standalone import evaluate_policy
-from src.sweep import cell_identity, cell_name, cell_runs, slurm_job_key
+from src.sweep import cell_identity, cell_name, slurm_job_key
 from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
 from src.task import countdown
 from src.build import build_components
 from src.labels import hydra_job, run_labels
-from src.checkpoint import (CheckpointError, read_checkpoint, read_latest_checkpoint, restore_checkpoint,
-                            save_checkpoint)
-from src.train import Components, TrainState, train_step
+from src.checkpoint import CheckpointError, restore_checkpoint, save_checkpoint
+from src.components import Components
+from src.resume import RunAlive, choose_start
+from src.state import TrainState
+from src.train import train_step
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -48,66 +48,6 @@ def run_evaluation(cfg: DictConfig, parts: Components, heldout, stage: str, trac
         result = evaluate_policy(cfg, parts.policy, parts.tokenizer, parts.engine, heldout, on_repeat=on_repeat)
     tracker.log_evaluation(result, stage, step)
     return result
-
-
-@dataclass
-class Start:
-    """Where a job starts: a new MLflow run in its own output folder, or a dead run's folder, run and checkpoint."""
-
-    folder: Path  # checkpoints, heartbeat and final policy live here for the run's whole life
-    run_id: str | None = None
-    checkpoint: dict | None = None
-
-
-class RunAlive(RuntimeError):
-    """The cell's newest run is alive elsewhere: resuming it would make two writers of one run."""
-
-
-def choose_start(cfg: DictConfig, identity: str, output_dir: Path) -> Start:
-    """Resume what `trainer.resume_from` names, or this cell's newest dead run (checked by run and cell id), or
-    start afresh. Runs before the model loads, so a bad checkpoint or a live run costs seconds."""
-    trainer, uri = cfg.trainer, cfg.tracking.uri
-    if trainer.resume_from:
-        path = Path(trainer.resume_from)
-        payload, path = (read_latest_checkpoint(path.parent) if path.name == LATEST_CHECKPOINT
-                         else (read_checkpoint(path), path))
-        check_checkpoint_owner(payload, path, identity)
-        return Start(path.parent, payload["run_id"], payload)
-    if not trainer.auto_resume:
-        return Start(output_dir)
-    with tracking.sqlite_store_lock(uri):  # lookup and claim at once: jobs relaunched together resume it once
-        tracking.ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
-        known = cell_runs(uri, cfg.tracking.experiment, identity, trainer.heartbeat_timeout_s)
-        if identity in known.alive:
-            raise RunAlive(f"cell {cell_name(cfg)} (cell_id {identity}): {known.alive[identity]}. Two jobs must "
-                           "not write one run; relaunch after that, or set trainer.auto_resume=false to start a "
-                           "separate run of this cell")
-        dead = known.dead_without_checkpoint.get(identity)
-        if dead and identity not in known.resumable:
-            MlflowClient(uri).set_terminated(dead, "FAILED")
-            log.warning("run %s of cell %s died before its first checkpoint: marked FAILED; starting the cell "
-                        "afresh in a new run", dead, cell_name(cfg))
-        if identity not in known.resumable:
-            return Start(output_dir)
-        run_id, folder = known.resumable_runs[identity], Path(known.resumable[identity]).parent
-        payload, path = read_latest_checkpoint(folder)
-        check_checkpoint_owner(payload, path, identity, run_id)
-        write_heartbeat(folder, run_id)  # claimed: a relaunch racing this one now sees the run alive
-    log.warning("resuming run %s of cell %s from %s at step %d", run_id, cell_name(cfg), path,
-                payload["state"]["step"])
-    return Start(folder, run_id, payload)
-
-
-def check_checkpoint_owner(payload: dict, path: Path, cell_id: str, run_id: str | None = None) -> None:
-    """Refuse a checkpoint of another cell, or of another MLflow run than the one whose folder it is in."""
-    if payload.get("cell_id") != cell_id:
-        raise CheckpointError(f"{path} belongs to cell_id {payload.get('cell_id')}, but this job is cell_id "
-                              f"{cell_id}: not resuming another cell's checkpoint. Name this cell's checkpoint in "
-                              "trainer.resume_from, or set trainer.auto_resume=false to start afresh")
-    if run_id is not None and payload["run_id"] != run_id:
-        raise CheckpointError(f"{path} holds MLflow run {payload['run_id']}, but its folder belongs to run {run_id}: "
-                              "two runs wrote one folder; not resuming either. Set trainer.auto_resume=false to "
-                              "start afresh")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

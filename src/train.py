@@ -14,59 +14,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from src.batch import Batch, Group, fresh_entries, is_effective, whole_groups
-from src.buffer.store import ReplayStore
-from src.loss.base import Objective, UpdateResult
+from src.components import Components
+from src.loss.base import UpdateResult
 from src.objective import clip_fraction, effective_sample_size, plan_batch
-from src.policy.forward import Forward
-from src.rollout.engine import RolloutEngine
-from src.sampling.collection import Collected, FreshCollection
+from src.sampling.collection import Collected
+from src.state import TrainState
 
 log = logging.getLogger(__name__)
 
 AGE_BUCKETS = ("age0", "age1", "age2", "age3plus")
-
-
-@dataclass
-class TrainState:
-    """Everything that changes during training; all of it goes into a checkpoint."""
-
-    step: int = 0                         # next step to run
-    fresh_evaluations: int = 0            # fresh verifier calls so far (SPEC 5), counted as they happen
-    fresh_groups: int = 0
-    replay_groups: float = 0.0            # whole groups' worth (a positive-bias FIFO draws single rollouts)
-    gradient_steps: int = 0               # optimizer steps so far (grpo: updates_per_step per update; fifo extras)
-    generated_tokens: int = 0             # response tokens generated so far (every fresh rollout, DAPO's rejected too)
-    trained_tokens: int = 0               # response tokens in the loss so far, summed over every update batch
-    groups_trained: int = 0               # groups in all update batches so far
-    effective_groups_trained: int = 0     # ... of which had rewards not all equal (a non-zero advantage)
-    history: list[dict] = field(default_factory=list)  # per-step headline numbers for the summary
-
-
-@dataclass
-class Components:
-    """What the step works with, built from config by `src.run.build_components`."""
-
-    policy: torch.nn.Module
-    reference: torch.nn.Module
-    tokenizer: object
-    engine: RolloutEngine
-    optimizer: torch.optim.Optimizer
-    store: ReplayStore                     # buffer group
-    objective: Objective                   # loss group
-    collection: FreshCollection            # sampling group, with the behaviour policy
-    sampler: object                        # curriculum group: PromptSampler or CurriculumSampler
-    behaviour: object                      # behaviour group: CurrentBehaviour or BehaviourPolicy
-    forward: Forward
-    groups_per_step: int                   # B
-
-    def measure_behaviour(self, groups: list[Group]) -> list[Group]:
-        """`groups` with log mu of the current policy at the training temperature (no-grad forward)."""
-        return self.forward.with_sampled_logprobs(groups, self.policy, self.behaviour.training_temperature)
 
 
 def train_step(parts: Components, state: TrainState) -> dict[str, float]:

@@ -24,7 +24,8 @@ def counted_fresh_groups_per_step(cfg, engine_for) -> list[int]:
     `engine_for(tokenizer, train_set)` returns the rollout engine to use in place of the configured one.
     """
     from src.build import build_components
-    from src.train import TrainState, train_step
+    from src.state import TrainState
+    from src.train import train_step
 
     train_set = countdown.generate_instances(64, seed=cfg.task.seed)
     parts = build_components(cfg, train_set)

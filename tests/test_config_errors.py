@@ -183,3 +183,25 @@ def test_a_component_target_that_does_not_import_is_named_before_any_compute(com
         validate(compose_config(f"buffer._target_={target}"))
     assert f"buffer._target_='{target}'" in str(error.value) and reason in str(error.value)
     validate(compose_config("buffer=age1", "buffer._target_=tests.test_store_plugin.NewestGroupsStore"))  # anywhere
+
+
+def test_validate_reports_the_constructors_own_check(compose_config):
+    """A group's setting is checked once, by its component: validate shows the constructor's message."""
+    from src.buffer.fifo import FifoReplayBuffer
+    from src.rollout.behaviour import BehaviourPolicy
+
+    with pytest.raises(ValueError) as built:
+        FifoReplayBuffer(capacity=256, mode="lifo")
+    with pytest.raises(ConfigError) as validated:
+        validate(compose_config("buffer=fifo", "buffer.mode=lifo"))
+    assert str(validated.value) == str(built.value)
+    with pytest.raises(ValueError) as built:
+        BehaviourPolicy(None, lag=-1)
+    with pytest.raises(ConfigError) as validated:
+        validate(compose_config("behaviour=stale", "behaviour.lag=-1"))
+    assert str(validated.value) == str(built.value)
+
+
+def test_a_target_that_does_not_take_its_groups_settings_is_named_before_any_compute(compose_config):
+    with pytest.raises(ConfigError, match="ReplayBuffer.*unexpected keyword argument 'mode'"):
+        validate(compose_config("buffer=fifo", "buffer._target_=src.buffer.age.ReplayBuffer"))

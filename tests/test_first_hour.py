@@ -190,7 +190,7 @@ def test_ui_url_opens_the_runs_table_in_training_mode(tmp_path):
 
 
 def test_run_is_named_described_and_logs_how_to_rerun_it(tmp_path):
-    from src.run import run_labels
+    from src.labels import run_labels
 
     cfg = _cfg(tmp_path, "buffer=age2", "clip=tight", "tracking.sweep=ratio", "trainer.seed=3")
     hydra_dir = tmp_path / "job" / ".hydra"

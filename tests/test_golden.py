@@ -13,7 +13,8 @@ import torch
 
 from src.task import countdown
 from src.build import build_components
-from src.train import TrainState, train_step
+from src.state import TrainState
+from src.train import train_step
 
 # Metrics pinned per step; rewards, weights and budgets are exact, losses to 1e-5 relative.
 PINNED = ("train/loss", "train/policy_loss", "train/kl", "train/entropy", "train/reward",
@@ -100,7 +101,7 @@ GOLDEN: dict[str, list[dict[str, float]]] = {
 
 
 def run_steps(cfg, train_set, steps: int) -> list[dict[str, float]]:
-    """`steps` training steps of `cfg` with the components src.run builds; the metrics of each step."""
+    """`steps` training steps of `cfg` with the components src.build builds; the metrics of each step."""
     parts = build_components(cfg, train_set)
     state = TrainState()
     return [train_step(parts, state) for _ in range(steps)]

@@ -12,7 +12,8 @@ from src.config import ConfigError, validate
 from src.loss.ipo import batch_pairs, ipo_loss, ipo_pairs, ipo_response_gradients
 from src.sweep import cell_name, variant_label
 from src.policy.forward import response_token_stats
-from src.train import TrainState, train_step
+from src.state import TrainState
+from src.train import train_step
 from tests.test_train import make_parts, policy_update, sample_groups, small_config
 
 

@@ -12,7 +12,9 @@ import torch
 from src.rollout.engine import SamplingParams
 from src.build import build_components
 from src.task import countdown
-from src.train import Components, TrainState, train_step
+from src.components import Components
+from src.state import TrainState
+from src.train import train_step
 from tests.conftest import TINY_CHECKPOINT
 
 pytestmark = [pytest.mark.slow,

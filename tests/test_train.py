@@ -19,11 +19,13 @@ from src.policy.forward import Forward, micro_batches
 from src.build import build_components
 from src.task import countdown
 from src.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
-from src.train import Components, TrainState, train_step
+from src.components import Components
+from src.state import TrainState
+from src.train import train_step
 
 
 def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
-    """The step's components as src.run builds them for `cfg`, on a local policy folder."""
+    """The step's components as src.build builds them for `cfg`, on a local policy folder."""
     cfg = OmegaConf.merge(cfg, {"policy": {"name_or_path": str(policy_dir)},
                                 "trainer": {"learning_rate": learning_rate or cfg.trainer.learning_rate}})
     return build_components(cfg, countdown.generate_instances(64, seed=1))

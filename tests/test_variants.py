@@ -14,7 +14,8 @@ from src.config import ConfigError, validate
 from src.batch import is_effective
 from src.sweep import cell_identity, cell_name
 from src.task import countdown
-from src.train import TrainState, train_step
+from src.state import TrainState
+from src.train import train_step
 from tests.test_train import (assert_resumed_like_straight, group, make_parts, policy_update, sample_groups, small_config,
                               straight_and_resumed)
 

@@ -149,7 +149,8 @@ class ProbedEngine:
 
 def test_after_a_real_train_step_the_synced_engine_matches_the_trainer_exactly(tiny, compose_config):
     from src.build import build_components
-    from src.train import TrainState, train_step
+    from src.state import TrainState
+    from src.train import train_step
 
     model, tokenizer, engine = tiny
     cfg = compose_config(f"policy.name_or_path={TINY}", "buffer=none", "trainer.groups_per_step=8",

@@ -24,6 +24,7 @@ from typing import Iterable
 
 from src.batch import BatchGroup, Group
 from src.buffer.store import ReplayStore, checked_for_storing, replayed
+from src.checks import check_int
 
 
 class ReplayBuffer(ReplayStore):
@@ -35,15 +36,10 @@ class ReplayBuffer(ReplayStore):
     def __init__(self, max_age: int, capacity: int = 4096, seed: int = 0, ratio: float = 1.0,
                  name: str = "age", allow_infeasible: bool = False, groups_per_step: int | None = None) -> None:
         super().__init__(seed)
-        if int(max_age) != max_age or max_age < 1:
-            raise ValueError(
-                f"max_age (L) must be an integer >= 1, got {max_age!r}; use ratio=0 for fresh-only runs."
-            )
-        if int(capacity) != capacity or capacity < 1:
-            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}.")
+        self.max_age = check_int("buffer.max_age", max_age, 1, "L, the age window: choose buffer=age1, age2 or "
+                                 "age3, or buffer=none for fresh-only runs.")
+        self.capacity = check_int("buffer.capacity", capacity, 1, "A safety net only (default 4096).")
         self.ratio = float(ratio)
-        self.max_age = int(max_age)
-        self.capacity = int(capacity)
         self.capacity_drops = 0
         self.evicted = 0
         self.added = 0

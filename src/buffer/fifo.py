@@ -80,7 +80,7 @@ from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group
 from src.buffer.store import ReplayStore, checked_for_storing
-from src.checks import check_int
+from src.checks import check_choice, check_int
 from src.task.countdown import REWARD_CORRECT
 
 SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
@@ -92,10 +92,10 @@ def extra_updates(replay_factor: int) -> int:
 
 
 def _check_delta(delta: float) -> float:
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 <= delta <= 1.0:
-        raise ValueError(
-            f"positive_bias (delta) must be a number in [0, 1], got {delta!r}; use 0 for the plain FIFO buffer."
-        )
+    # delta = 1 would keep no fresh group whole: every incorrect rollout would leave at once.
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 <= delta < 1.0:
+        raise ValueError(f"buffer.positive_bias delta={delta!r}: use 0 <= delta < 1 (0 = plain FIFO; seed 001 "
+                         "uses 0.5)")
     return float(delta)
 
 
@@ -223,16 +223,21 @@ class FifoReplayBuffer(ReplayStore):
                  extra_updates: int = 0, groups_per_step: int = 1, name: str = "fifo", max_age: int = 0,
                  allow_infeasible: bool = False) -> None:
         super().__init__(seed)
+        self.mode = check_choice("buffer.mode", mode, SAMPLING_MODES)
+        self.positive_bias = _check_delta(positive_bias)
+        self.extra_updates = check_int("buffer.extra_updates", extra_updates, 0,
+                                       "R - 1 extra updates per step (0 = none, seed 002: 1).")
+        if max_age != 0:
+            raise ValueError(f"buffer.max_age={max_age}: buffer=fifo has no age window (the capacity N bounds "
+                             "staleness); leave max_age=0, or use buffer=age1/age2/age3 for an age window")
+        if not (ratio > 0 or self.extra_updates > 0):
+            raise ValueError(f"buffer=fifo with buffer.ratio rho={ratio} and buffer.extra_updates=0 never replays; "
+                             "set rho > 0 or extra_updates >= 1, or use buffer=none")
         self.ratio = float(ratio)
-        self.extra_updates = check_int("extra_updates (R - 1)", extra_updates, 0)
-        self.groups_per_step = check_int("groups_per_step (B)", groups_per_step, 1)
+        self.groups_per_step = check_int("trainer.groups_per_step", groups_per_step, 1)
         self._draws: list[FifoDraw] = []  # this step's, main and extra batches (seed 001's use statistics)
         self._extra_draws = 0
-        self.capacity = check_int("capacity (N)", capacity, 1, "It counts groups.")
-        if mode not in SAMPLING_MODES:
-            raise ValueError(f"mode must be one of {', '.join(SAMPLING_MODES)}; got {mode!r}.")
-        self.mode = mode
-        self.positive_bias = _check_delta(positive_bias)
+        self.capacity = check_int("buffer.capacity", capacity, 1, "N counts groups: at least 1 (default 256).")
         if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)):
             raise ValueError(f"correct_reward must be a number (Countdown: 1.0), got {correct_reward!r}.")
         self.correct_reward = float(correct_reward)

@@ -37,15 +37,22 @@ from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group, is_effective
 from src.buffer.store import Measure, ReplayStore, replayed
-from src.checks import check_int
+from src.checks import check_choice, check_int
 
 POPO_VARIANTS = ("popo", "popo-ineff", "popo-stale")
 
 
 def _check_variant(variant: str) -> str:
-    if variant not in POPO_VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(POPO_VARIANTS)}; got {variant!r}.")
-    return variant
+    return check_choice("buffer.variant", variant, POPO_VARIANTS)
+
+
+def _check_stale_factor(stale_factor: int, variant: str) -> int:
+    """n of POPO-stale(n): an integer >= 1, above 1 only for the popo-stale variant."""
+    stale_factor = check_int("buffer.stale_factor", stale_factor, 1, "n of POPO-stale(n).")
+    if variant != "popo-stale" and stale_factor != 1:
+        raise ValueError(f"buffer.stale_factor={stale_factor}: above 1 only with buffer.variant=popo-stale, "
+                         f"not {variant!r}")
+    return stale_factor
 
 
 class EffectiveGroupMemory(ReplayStore):
@@ -116,10 +123,7 @@ def make_memory(variant: str, batch_size: int, stale_factor: int = 1, seed: int 
     """The memory a variant needs: capacity B (n*B for popo-stale), effective-only except for popo-ineff."""
     variant = _check_variant(variant)
     batch_size = check_int("batch_size", batch_size, 1)
-    stale_factor = check_int("stale_factor (n of POPO-stale(n))", stale_factor, 1)
-    if variant != "popo-stale" and stale_factor != 1:
-        raise ValueError(f"stale_factor={stale_factor} only applies to variant 'popo-stale', not {variant!r}.")
-    capacity = batch_size * stale_factor
+    capacity = batch_size * _check_stale_factor(stale_factor, variant)
     return EffectiveGroupMemory(capacity=capacity, effective_only=variant != "popo-ineff", seed=seed)
 
 
@@ -210,10 +214,11 @@ class PopoStore(EffectiveGroupMemory):
     def __init__(self, variant: str = "popo", stale_factor: int = 1, groups_per_step: int = 1, seed: int = 0,
                  name: str = "popo", ratio: float = 0.0, max_age: int = 0, allow_infeasible: bool = False) -> None:
         self.variant = _check_variant(variant)
-        self.groups_per_step = check_int("groups_per_step (B)", groups_per_step, 1)
-        stale_factor = check_int("stale_factor (n of POPO-stale(n))", stale_factor, 1)
-        if self.variant != "popo-stale" and stale_factor != 1:
-            raise ValueError(f"stale_factor={stale_factor} only applies to variant 'popo-stale', not {variant!r}.")
+        stale_factor = _check_stale_factor(stale_factor, self.variant)
+        if ratio != 0 or max_age != 0:
+            raise ValueError(f"buffer=popo with buffer.ratio={ratio}, buffer.max_age={max_age}: POPO samples all B "
+                             "groups online and refills only what it drops; leave ratio=0 and max_age=0")
+        self.groups_per_step = check_int("trainer.groups_per_step", groups_per_step, 1)
         super().__init__(capacity=self.groups_per_step * stale_factor, effective_only=self.variant != "popo-ineff",
                          seed=seed)
         self._composed: PopoBatch | None = None

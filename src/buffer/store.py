@@ -118,7 +118,7 @@ class NoReplay(ReplayStore):
     def __init__(self, name: str = "none", ratio: float = 0.0, max_age: int = 0, capacity: int = 0,
                  allow_infeasible: bool = False, groups_per_step: int = 0, seed: int = 0) -> None:
         if ratio != 0:
-            raise ValueError(f"buffer.ratio={ratio}: buffer=none replays nothing; choose buffer=age1 (or another "
+            raise ValueError(f"buffer.ratio rho={ratio}: buffer=none replays nothing; choose buffer=age1 (or another "
                              "store) to reuse groups")
         super().__init__(seed)
 

@@ -14,7 +14,10 @@ import torch
 
 from src.batch import Batch, Group
 from src.losses import KL_ESTIMATORS
+from src.checks import check_choice
 from src.policy.forward import Forward
+
+LOSSES = ("rloo", "rloo-tis", "grpo", "ipo")  # the loss group's options; `loss.name` labels the run's cell with one
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class Objective:
         self.entropy_coef = float(entropy_coef)
         self.max_grad_norm = max_grad_norm
         self.truncation = truncation or Truncation()
-        self.name = name
+        self.name = check_choice("loss.name", name, LOSSES) if name else ""  # "": built in code, not from a YAML
 
     # The weight ceiling metrics compare raw weights against (clip fraction).
     weight_ceiling: float = float("inf")

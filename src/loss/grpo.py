@@ -33,13 +33,16 @@ class ClippedObjective(Objective):
                  **settings) -> None:
         super().__init__(**settings)
         if not 0 <= eps_low < 1:
-            raise ValueError(f"loss.eps_low={eps_low}: use 0 <= eps_low < 1")
-        if eps_high < 0:
-            raise ValueError(f"loss.eps_high={eps_high}: use eps_high >= 0")
+            raise ValueError(f"loss.eps_low={eps_low}: the ratio is clipped below at 1 - eps_low, so use "
+                             "0 <= eps_low < 1 (POPO: 0.2)")
+        if not 0 <= eps_high < float("inf"):
+            raise ValueError(f"loss.eps_high={eps_high}: the ratio is clipped above at 1 + eps_high; use a finite "
+                             "eps_high >= 0 (clip-higher: 0.28)")
         if not behaviour_cap > 0:
-            raise ValueError(f"loss.behaviour_cap={behaviour_cap}: use a cap > 0 (POPO: 2.0)")
+            raise ValueError(f"loss.behaviour_cap={behaviour_cap}: the cap on pi_prox/mu must be > 0 (POPO: 2.0)")
         self.eps_low, self.eps_high, self.behaviour_cap = float(eps_low), float(eps_high), float(behaviour_cap)
-        self.updates_per_step = check_int("loss.updates_per_step", updates_per_step, 1)
+        self.updates_per_step = check_int("loss.updates_per_step", updates_per_step, 1,
+                                          "Mini-batch optimizer steps per RL step (e.g. 4).")
         self.weight_ceiling = self.behaviour_cap
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:

@@ -68,7 +68,8 @@ class IpoObjective(Objective):
     def __init__(self, tau: float, **settings) -> None:
         super().__init__(**settings)
         if not tau > 0:
-            raise ValueError(f"loss.tau={tau}: use a positive number (seed 004: 0.1)")
+            raise ValueError(f"loss.tau={tau}: IPO's regularisation strength, a number > 0 (target margin "
+                             "1/(2 tau); seed 004: 0.1)")
         self.tau = float(tau)
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:

@@ -16,8 +16,12 @@ from collections import deque
 
 import torch
 
+from src.checks import check_choice, check_int
 from src.loss.base import Truncation
 from src.policy.model import frozen_copy
+
+BEHAVIOURS = ("current", "stale", "diverse")  # the behaviour group's options; `behaviour.name` labels the cell
+IS_LEVELS = ("sequence", "token")  # truncated importance weights per response or per token (seed 002 eq. 3)
 
 
 class CurrentBehaviour:
@@ -25,6 +29,7 @@ class CurrentBehaviour:
 
     def __init__(self, policy: torch.nn.Module | None = None, training_temperature: float = 1.0,
                  name: str = "current") -> None:
+        check_choice("behaviour.name", name, BEHAVIOURS)
         self.temperature = self.training_temperature = float(training_temperature)
         self.truncation = None  # nothing to correct
 
@@ -50,12 +55,18 @@ class BehaviourPolicy:
     def __init__(self, policy: torch.nn.Module, lag: int, temperature: float | None = None,
                  training_temperature: float = 1.0, is_min: float = 0.0, is_max: float = 2.0,
                  is_level: str = "sequence", name: str = "stale"):
+        check_choice("behaviour.name", name, BEHAVIOURS)
+        self.lag = check_int("behaviour.lag", lag, 0, "Steps back of the sampling weights (seed 002: 1, 4, 16).")
         temperature = training_temperature if temperature is None else temperature
-        if isinstance(lag, bool) or int(lag) != lag or lag < 0:
-            raise ValueError(f"behaviour.lag={lag!r}: use an integer >= 0 (0 = current weights; seed 002: 1, 4, 16)")
         if not temperature > 0:
-            raise ValueError(f"behaviour temperature {temperature!r} must be > 0 (seed 002 diversifies at 1.2)")
-        self.lag = int(lag)
+            raise ValueError(f"behaviour.temperature={temperature}: must be > 0 (seed 002: 1.2)")
+        if self.lag == 0 and temperature == training_temperature:
+            raise ValueError(f"behaviour={name} with lag=0 and temperature {temperature} = the training temperature "
+                             "samples from the current policy: use behaviour=current, a lag >= 1 or another temperature")
+        check_choice("behaviour.is_level", is_level, IS_LEVELS)
+        if not 0 <= is_min <= 1 <= is_max:
+            raise ValueError(f"behaviour.is_min={is_min}, behaviour.is_max={is_max}: the truncation interval must hold "
+                             "1 (0 <= is_min <= 1 <= is_max; seed 002: 0 and 2)")
         self.temperature = float(temperature)
         self.training_temperature = float(training_temperature)
         self.truncation = Truncation(float(is_min), float(is_max), is_level)

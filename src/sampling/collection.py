@@ -14,11 +14,13 @@ import time
 from dataclasses import dataclass, field
 
 from src.batch import Group, is_effective
-from src.checks import check_int
+from src.checks import check_choice, check_int
 from src.policy.forward import Forward
 from src.rollout.engine import RolloutEngine, SamplingParams
 from src.task import countdown
 from src.task.prompts import PromptFormat
+
+SAMPLINGS = ("standard", "dynamic")  # the sampling group's options; `sampling.name` labels the run's cell
 
 
 def generation_seed(base_seed: int, step: int) -> int:
@@ -60,6 +62,7 @@ class FreshCollection:
     def __init__(self, engine: RolloutEngine, sampler, behaviour, prompts: PromptFormat, forward: Forward,
                  group_size: int, max_new_tokens: int, top_p: float = 1.0, top_k: int | None = None,
                  seed: int = 0, name: str = "standard") -> None:
+        check_choice("sampling.name", name, SAMPLINGS)
         self.engine, self.sampler, self.behaviour, self.prompts, self.forward = engine, sampler, behaviour, prompts, forward
         self.group_size = check_int("trainer.group_size", group_size, 2)
         self.max_new_tokens, self.top_p, self.top_k, self.seed = max_new_tokens, top_p, top_k, int(seed)
@@ -113,9 +116,11 @@ class DynamicCollection(FreshCollection):
     def __init__(self, oversample: float = 1.5, max_rounds: int = 8, **settings) -> None:
         super().__init__(**settings)
         if not oversample >= 1:
-            raise ValueError(f"sampling.oversample={oversample}: use a factor >= 1 (DAPO-style: 1.5)")
+            raise ValueError(f"sampling.oversample={oversample}: each round samples ceil(missing x oversample) "
+                             "prompts, so use oversample >= 1 (e.g. 1.5)")
         self.oversample = float(oversample)
-        self.max_rounds = check_int("sampling.max_rounds", max_rounds, 1)
+        self.max_rounds = check_int("sampling.max_rounds", max_rounds, 1,
+                                    "Generation rounds per step before giving up (e.g. 8).")
 
     def rounds(self, count: int, step: int, sampling: SamplingParams, timings) -> tuple[list, list, int]:
         fresh, generated = [], []

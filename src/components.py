@@ -1,0 +1,36 @@
+"""What a training step works with: the components `src.build` builds from the config groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from src.batch import Group
+from src.buffer.store import ReplayStore
+from src.loss.base import Objective
+from src.policy.forward import Forward
+from src.rollout.engine import RolloutEngine
+from src.sampling.collection import FreshCollection
+
+
+@dataclass
+class Components:
+    """What the step works with, built from config by `src.build.build_components`."""
+
+    policy: torch.nn.Module
+    reference: torch.nn.Module
+    tokenizer: object
+    engine: RolloutEngine
+    optimizer: torch.optim.Optimizer
+    store: ReplayStore                     # buffer group
+    objective: Objective                   # loss group
+    collection: FreshCollection            # sampling group, with the behaviour policy
+    sampler: object                        # curriculum group: PromptSampler or CurriculumSampler
+    behaviour: object                      # behaviour group: CurrentBehaviour or BehaviourPolicy
+    forward: Forward
+    groups_per_step: int                   # B
+
+    def measure_behaviour(self, groups: list[Group]) -> list[Group]:
+        """`groups` with log mu of the current policy at the training temperature (no-grad forward)."""
+        return self.forward.with_sampled_logprobs(groups, self.policy, self.behaviour.training_temperature)
