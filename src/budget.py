@@ -170,7 +170,7 @@ def plan_fresh_evaluations(
 
 
 def plan_for_config(cfg) -> BudgetPlan:
-    """The plan of a composed config: its sizes, and the buffer the trainer builds (`src.run.build_buffer`)."""
+    """The plan of a composed config: its sizes, and the buffer the trainer builds (`src.build.build_store`)."""
     trainer, buffer = cfg.trainer, cfg.buffer
     fifo = FifoSettings(int(buffer.capacity), str(buffer.mode), float(buffer.positive_bias)) \
         if buffer.name == "fifo" else None
