@@ -73,6 +73,14 @@ BAD_OVERRIDES = [
     (["task.train_size=0"], "task.train_size"),
     (["task.min_number=50", "task.max_number=10"], "task.min_number"),
     (["tracking.experiment=[a,b]"], "tracking.experiment"),
+    (["trainer.kl_estimator=k4"], "trainer.kl_estimator"),
+    (["trainer.kl_estimator=K3"], "trainer.kl_estimator"),
+    (["loss=rloo-tis", "loss.is_max=0.5"], "loss.is_max"),
+    (["loss=rloo-tis", "loss.is_min=1.5"], "loss.is_min"),
+    (["loss=rloo-tis", "loss.is_level=group"], "loss.is_level"),
+    (["loss=rloo-tis", "behaviour=stale", "behaviour.is_max=0.5"], "behaviour.is_max"),
+    (["behaviour=diverse", "behaviour.is_level=group"], "behaviour.is_level"),
+    (["buffer=fifo", "buffer.positive_bias=1"], "buffer.positive_bias"),
 ]
 
 

@@ -17,6 +17,7 @@ from src.losses import KL_ESTIMATORS
 from src.checks import check_choice
 from src.policy.forward import Forward
 
+IS_LEVELS = ("sequence", "token")  # truncated importance weights per response or per token (seed 002 eq. 3)
 LOSSES = ("rloo", "rloo-tis", "grpo", "ipo")  # the loss group's options; `loss.name` labels the run's cell with one
 
 
@@ -27,6 +28,15 @@ class Truncation:
     is_min: float = 0.0
     is_max: float = 2.0
     is_level: str = "sequence"  # "sequence": one weight per response; "token": one per token
+
+    @classmethod
+    def checked(cls, group: str, is_min: float, is_max: float, is_level: str) -> "Truncation":
+        """The settings of config group `group` (behaviour or loss), refused with their keys unless valid."""
+        check_choice(f"{group}.is_level", is_level, IS_LEVELS)
+        if not 0 <= is_min <= 1 <= is_max:
+            raise ValueError(f"{group}.is_min={is_min}, {group}.is_max={is_max}: the truncation interval must hold 1 "
+                             "(0 <= is_min <= 1 <= is_max; seed 002: 0 and 10, or 2 with token-level IS)")
+        return cls(float(is_min), float(is_max), is_level)
 
 
 @dataclass

@@ -31,6 +31,9 @@ class RlooObjective(Objective):
         super().__init__(**settings)
         self.clip_ceiling = float(clip_ceiling)
         self.weight_ceiling = self.clip_ceiling
+        # Keep log mu per token of fresh rows for their replay: only a loss that truncates replayed rows per
+        # token reads it (eq. 2 weighs replayed rows per sequence), so the others skip the per-row copies.
+        self.keep_token_logprobs = False
 
     def truncated_rows(self, batch: Batch) -> list[bool]:
         """Rows weighted by seed 002's truncated IS instead of eq. 2: fresh rows of an off-policy sampler."""
@@ -95,7 +98,7 @@ class RlooObjective(Objective):
             logprobs[index], raw_weights[index], weights[index] = current, raw, clipped
             for i, tokens in zip(index, row_values(reference_logprobs, mask)):
                 reference_tokens[i] = tokens
-            if self.truncation.is_level == "token":  # log mu per token of fresh rows, for their replay
+            if self.keep_token_logprobs:
                 for i, tokens in zip(index, row_values(token_logprobs, mask)):
                     current_tokens[i] = tokens
             if token_level:
@@ -110,7 +113,7 @@ class RlooObjective(Objective):
         self.optimizer_step(policy, optimizer)
         return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=kl_sums,
                             token_counts=token_counts, reference_tokens=reference_tokens,
-                            behaviour_tokens=current_tokens if self.truncation.is_level == "token" else None,
+                            behaviour_tokens=current_tokens if self.keep_token_logprobs else None,
                             token_raw_weights=token_raw if token_level else None,
                             token_weights=token_used if token_level else None, **totals)
 
@@ -132,12 +135,8 @@ class TruncatedIsRloo(RlooObjective):
     def __init__(self, is_min: float, is_max: float, is_level: str, **settings) -> None:
         settings.pop("truncation", None)  # this loss's own is_* (by default the behaviour group's) apply
         super().__init__(clip_ceiling=float("inf"), **settings)
-        if not 0 <= is_min <= 1 <= is_max:
-            raise ValueError(f"loss.is_min={is_min}, loss.is_max={is_max}: the truncation interval must hold 1 "
-                             "(0 <= is_min <= 1 <= is_max; seed 002: 0 and 10, or 2 with token-level IS)")
-        if is_level not in ("sequence", "token"):
-            raise ValueError(f"loss.is_level={is_level!r}: choose sequence or token")
-        self.truncation = Truncation(float(is_min), float(is_max), is_level)
+        self.truncation = Truncation.checked("loss", is_min, is_max, is_level)
+        self.keep_token_logprobs = is_level == "token"
         self.weight_ceiling = self.truncation.is_max
 
     def truncated_rows(self, batch: Batch) -> list[bool]:

@@ -21,7 +21,6 @@ from src.loss.base import Truncation
 from src.policy.model import frozen_copy
 
 BEHAVIOURS = ("current", "stale", "diverse")  # the behaviour group's options; `behaviour.name` labels the cell
-IS_LEVELS = ("sequence", "token")  # truncated importance weights per response or per token (seed 002 eq. 3)
 
 
 class CurrentBehaviour:
@@ -63,13 +62,10 @@ class BehaviourPolicy:
         if self.lag == 0 and temperature == training_temperature:
             raise ValueError(f"behaviour={name} with lag=0 and temperature {temperature} = the training temperature "
                              "samples from the current policy: use behaviour=current, a lag >= 1 or another temperature")
-        check_choice("behaviour.is_level", is_level, IS_LEVELS)
-        if not 0 <= is_min <= 1 <= is_max:
-            raise ValueError(f"behaviour.is_min={is_min}, behaviour.is_max={is_max}: the truncation interval must hold "
-                             "1 (0 <= is_min <= 1 <= is_max; seed 002: 0 and 2)")
+        truncation = Truncation.checked("behaviour", is_min, is_max, is_level)
         self.temperature = float(temperature)
         self.training_temperature = float(training_temperature)
-        self.truncation = Truncation(float(is_min), float(is_max), is_level)
+        self.truncation = truncation
         # theta_{t-lag} .. theta_t on the CPU (lag + 1 copies of the weights; fine for the policies used here).
         self.history: deque[dict[str, torch.Tensor]] = deque(maxlen=self.lag + 1)
         self.stale_model = frozen_copy(policy) if self.lag > 0 else None
