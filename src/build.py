@@ -32,6 +32,10 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
     if cfg.hardware.threads:
         torch.set_num_threads(cfg.hardware.threads)
     torch.manual_seed(trainer.seed)
+    if cfg.hardware.dtype == "float64":
+        # Every float tensor the step makes (advantages, weights, sums) in float64 too, not only the weights:
+        # the numbers then agree to ~1e-12 whichever CPU kernels (AVX2, AVX-512, plain) compute them.
+        torch.set_default_dtype(torch.float64)
     if policy is None:
         policy, tokenizer = load_policy(cfg.policy.name_or_path, cfg.hardware.device, cfg.hardware.dtype)
     if trainer.gradient_checkpointing:

@@ -11,7 +11,7 @@ from src.checks import check_int
 from src.loss.base import Objective, UpdateResult, batch_sequences
 from src.losses import clipped_surrogate, group_normalised_advantages
 from src.objective import interleaved_mini_batches
-from src.policy.forward import place_tokens, row_values
+from src.policy.forward import place_tokens, row_values, upcast
 
 
 class ClippedObjective(Objective):
@@ -47,7 +47,7 @@ class ClippedObjective(Objective):
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         groups, rows = batch.groups, batch.rows
-        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+        rewards = torch.tensor([g.rewards for g in groups])
         advantages = group_normalised_advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
         sequences, cached_reference, token_counts = batch_sequences(batch)
         n = len(sequences)
@@ -65,7 +65,7 @@ class ClippedObjective(Objective):
                 token_logprobs, _, mask = self.forward.token_stats(policy, chunk, with_entropy=False)
                 ref = self.forward.reference_tokens(reference, chunk, [cached_reference[i] for i in index],
                                                     like=token_logprobs)
-                token_logprobs, mask = token_logprobs.float().cpu(), mask.cpu()
+                token_logprobs, mask = upcast(token_logprobs).cpu(), mask.cpu()
                 for row, (i, tokens) in enumerate(zip(index, row_values(ref, mask))):
                     prox[i] = token_logprobs[row][mask[row]].clone()
                     reference_tokens[i] = tokens
@@ -81,7 +81,7 @@ class ClippedObjective(Objective):
                                  "loss=grpo needs them (groups stored by a loss=rloo run cannot be replayed "
                                  "under grpo)")
             else:
-                behaviour.append(torch.tensor(group.behaviour_token_logprobs[j], dtype=torch.float32))
+                behaviour.append(torch.tensor(group.behaviour_token_logprobs[j]))
 
         kl_sums = torch.zeros(n)
         totals, diagnostics = defaultdict(float), defaultdict(float)
@@ -91,7 +91,7 @@ class ClippedObjective(Objective):
             for index in plan:
                 chunk = [sequences[i] for i in index]
                 token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
-                zeros = torch.zeros_like(token_logprobs, dtype=torch.float32)
+                zeros = torch.zeros_like(upcast(token_logprobs))
                 prox_chunk = place_tokens(chunk, [prox[i] for i in index], zeros.clone())
                 behaviour_chunk = place_tokens(chunk, [behaviour[i] for i in index], zeros.clone())
                 ref_chunk = place_tokens(chunk, [reference_tokens[i] for i in index], zeros.clone())

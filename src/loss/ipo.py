@@ -25,7 +25,7 @@ import torch
 
 from src.batch import Batch, Group
 from src.loss.base import Objective, UpdateResult, batch_sequences
-from src.policy.forward import row_values
+from src.policy.forward import row_values, upcast
 
 
 def ipo_pairs(rewards: list[float]) -> list[tuple[int, int]]:
@@ -93,11 +93,11 @@ class IpoObjective(Objective):
                 token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
                 ref = self.forward.reference_tokens(reference, chunk, [cached[i] for i in index], like=token_logprobs)
                 mask = mask.float()
-                token_logprobs, ref = token_logprobs.float(), ref.float()
+                token_logprobs, ref = upcast(token_logprobs), upcast(ref)
                 logprobs[index] = (token_logprobs * mask).sum(-1).cpu()
                 reference_sums[index] = (ref * mask).sum(-1).cpu()
                 kl_sums[index] = (self.kl_tokens(token_logprobs, ref) * mask).sum(-1).cpu()
-                entropy_total += (entropy.float() * mask).sum().item()
+                entropy_total += (upcast(entropy) * mask).sum().item()
                 for i, tokens in zip(index, row_values(ref, mask)):
                     reference_tokens[i] = tokens
 
@@ -113,7 +113,7 @@ class IpoObjective(Objective):
                     continue  # responses in no pair (or with zero gradient) need no backward pass
                 token_logprobs, _, mask = self.forward.token_stats(policy, [sequences[i] for i in index],
                                                                    with_entropy=False)
-                sequence = (token_logprobs.float() * mask.float()).sum(-1)
+                sequence = (upcast(token_logprobs) * mask.float()).sum(-1)
                 (weights.to(sequence.device) * sequence).sum().backward()
             self.optimizer_step(policy, optimizer)
         total_tokens = max(float(token_counts.sum()), 1.0)

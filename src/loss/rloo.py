@@ -11,7 +11,7 @@ from src.batch import Batch
 from src.loss.base import Objective, Truncation, UpdateResult, batch_sequences
 from src.losses import truncated_importance_weights
 from src.objective import importance_weights, leave_one_out_advantages, rloo_loss
-from src.policy.forward import place_tokens, row_values
+from src.policy.forward import place_tokens, row_values, upcast
 
 
 class RlooObjective(Objective):
@@ -41,7 +41,7 @@ class RlooObjective(Objective):
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         groups, rows = batch.groups, batch.rows
-        loo = leave_one_out_advantages(torch.tensor([g.rewards for g in groups], dtype=torch.float32))
+        loo = leave_one_out_advantages(torch.tensor([g.rewards for g in groups]))
         advantages = loo[[g for g, _ in rows], [j for _, j in rows]]
         sequences, cached_reference, token_counts = batch_sequences(batch)
         # Fresh groups have no behaviour log-probs yet: mu = pi_theta now, so their weight is exactly 1.
@@ -82,7 +82,7 @@ class RlooObjective(Objective):
             if token_level and truncated.any():
                 mu_tokens = place_tokens(chunk, [behaviour_tokens[i] for i in index], torch.zeros_like(mask))
                 per_token, per_token_raw = truncated_importance_weights(
-                    token_logprobs.detach().float(), mu_tokens, self.truncation.is_min, self.truncation.is_max,
+                    upcast(token_logprobs.detach()), mu_tokens, self.truncation.is_min, self.truncation.is_max,
                     level="token", mask=mask)
                 on_tokens = truncated.to(mask.device)[:, None]
                 token_weights = torch.where(on_tokens, per_token, token_weights)

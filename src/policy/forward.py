@@ -11,7 +11,7 @@ import torch
 
 from src.batch import Group
 from src.objective import token_entropy
-from src.policy.token_stats import token_logprobs_and_entropy
+from src.policy.token_stats import token_logprobs_and_entropy, upcast
 
 Sequence = tuple[tuple[int, ...], tuple[int, ...]]  # (prompt ids, response ids)
 
@@ -40,7 +40,7 @@ def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temp
     input_ids, attention, response_mask = input_ids.to(device), attention.to(device), response_mask.to(device)
     if fused:
         return fused_response_token_stats(model, input_ids, attention, response_mask, with_entropy, temperature)
-    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
+    logits = upcast(model(input_ids=input_ids, attention_mask=attention).logits[:, :-1])
     if temperature != 1.0:
         logits = logits / temperature
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
@@ -108,7 +108,7 @@ def place_tokens(chunk, values, out: torch.Tensor) -> torch.Tensor:
 
 def row_values(values: torch.Tensor, mask: torch.Tensor) -> list[tuple[float, ...]]:
     """Each row's values at its response positions, as plain tuples (on the CPU)."""
-    values, mask = values.detach().float().cpu(), mask.bool().cpu()
+    values, mask = upcast(values.detach()).cpu(), mask.bool().cpu()
     return [tuple(values[row][mask[row]].tolist()) for row in range(values.shape[0])]
 
 
@@ -133,7 +133,7 @@ class Forward:
 
     def reference_tokens(self, reference, chunk, cached, like: torch.Tensor) -> torch.Tensor:
         """Per-token log pi_ref laid out like the policy's `like`; a forward pass only for rows not `cached`."""
-        out = torch.zeros_like(like, dtype=torch.float32)
+        out = torch.zeros_like(upcast(like))
         missing = [row for row, tokens in enumerate(cached) if tokens is None]
         if missing:
             with torch.no_grad(), autocast_context(reference, self.autocast):

@@ -23,9 +23,14 @@ from torch import Tensor
 CHUNK_ROWS = 4096  # rows of [rows, V] worked in fp32 at once: 4096 x 151,936 x 4 B = 2.5 GB per temporary
 
 
+def upcast(values: Tensor) -> Tensor:
+    """`values` in at least fp32: half types are widened, fp32 and fp64 kept (a float64 run stays float64)."""
+    return values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
+
+
 def chunk_forward(logits: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor, Tensor]:
     """(log p of the targets, entropy, logsumexp) of one chunk of rows, in fp32 (float64 stays float64)."""
-    z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    z = upcast(logits)
     z = z / temperature
     lse = torch.logsumexp(z, dim=-1, keepdim=True)
     logp = z - lse
@@ -39,7 +44,7 @@ def chunk_forward(logits: Tensor, targets: Tensor, temperature: float) -> tuple[
 def chunk_backward(logits: Tensor, targets: Tensor, temperature: float, lse: Tensor, entropy: Tensor,
                    grad_chosen: Tensor, grad_entropy: Tensor) -> Tensor:
     """d(loss)/d(logits) of one chunk from the saved logsumexp and entropy (module docstring)."""
-    z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    z = upcast(logits)
     logp = z / temperature - lse[:, None]
     p = logp.exp()
     grad = -p * (grad_chosen[:, None] + grad_entropy[:, None] * (torch.where(p > 0, logp, 0.0) + entropy[:, None]))
