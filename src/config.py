@@ -84,6 +84,12 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(trainer.learning_rate > 0, f"trainer.learning_rate={trainer.learning_rate}: must be > 0")
     _check(trainer.micro_batch_size >= 1, f"trainer.micro_batch_size={trainer.micro_batch_size}: must be >= 1")
     _check(trainer.rollout.temperature > 0, f"trainer.rollout.temperature={trainer.rollout.temperature}: must be > 0")
+    if check_device and cfg.hardware.device.startswith("cuda"):
+        import torch
+
+        _check(torch.cuda.is_available(),
+               f"hardware.device='{cfg.hardware.device}' but no CUDA device is visible here: use hardware=cpu, "
+               "or launch on a GPU node (hardware=h100 -m sends the run through SLURM)")
     _check(cfg.policy.engine in ENGINES, f"policy.engine='{cfg.policy.engine}': choose one of {ENGINES}")
     if cfg.policy.engine == "vllm":
         _validate_vllm(cfg.policy.vllm, check_device)
@@ -106,12 +112,6 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
            f"evaluation.ks has {too_large} outside 1..samples_per_prompt={evaluation.samples_per_prompt}; "
            "drop them or raise evaluation.samples_per_prompt")
     _schema(check_ranges, cfg)  # every knob's range, after the method-specific messages above
-    if check_device and cfg.hardware.device.startswith("cuda"):
-        import torch
-
-        _check(torch.cuda.is_available(),
-               f"hardware.device='{cfg.hardware.device}' but no CUDA device is visible here: use hardware=cpu, "
-               "or launch on a GPU node (hardware=h100 -m sends the run through SLURM)")
 
 
 def _validate_vllm(options: DictConfig, check_installed: bool) -> None:

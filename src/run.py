@@ -31,7 +31,7 @@ from src.paths import CONFIG_DIR
 from src.task import countdown
 from src.build import build_components
 from src.labels import hydra_job, run_labels
-from src.checkpoint import CheckpointError, restore_checkpoint, save_checkpoint
+from src.checkpoint import CheckpointError, check_resume_from, restore_checkpoint, save_checkpoint
 from src.components import Components
 from src.resume import RunAlive, choose_start
 from src.state import TrainState
@@ -54,7 +54,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one cell; returns the final evaluation summary."""
     validate(cfg)  # config mistakes fail here, before any model is loaded
     progress.silence_library_bars()
-    tracking.check_reachable(cfg.tracking.uri)
+    tracking.check_store(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+    check_resume_from(cfg.trainer.resume_from)
     fifo = cfg.buffer.name == "fifo"  # no age window: its pool is every stored group of age >= 1
     if not fifo and cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age):
         log.warning("B=%d, rho=%g, L=%d: rounding leaves the replay pool short of demand; gap fill will be "

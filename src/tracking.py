@@ -263,7 +263,43 @@ def ui_url(base: str, uri: str, experiment: str) -> str:
 
 
 class StoreUnreachable(RuntimeError):
-    """The tracking server does not answer; raised before any model is loaded."""
+    """The tracking store cannot work (unknown scheme, unwritable folder, no server answering, no experiment
+    name); raised before any model is loaded."""
+
+
+# Stores this MLflow writes runs to. The file store (a bare path, file://) is read-only legacy in MLflow 3.
+STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+STORE_FIX = ("use sqlite:///<folder>/mlruns.db (the default keeps it in the project folder) or "
+             "http://<host>:<port> of a running `make mlflow-server`")
+
+
+def check_store(uri: str, experiment: str, artifact_location: str | None, timeout_s: float = 5.0) -> None:
+    """Raise StoreUnreachable, naming the key, the value and the fix, when the tracking settings cannot work."""
+    if not str(experiment).strip():
+        raise StoreUnreachable(f"tracking.experiment='{experiment}': runs need an experiment name, "
+                               "e.g. tracking.experiment=replay-rloo (the default)")
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme not in STORE_SCHEMES:
+        what = f"unknown scheme '{scheme}://'" if scheme else "not a store URI (no scheme)"
+        raise StoreUnreachable(f"tracking.uri={uri}: {what}; {STORE_FIX}")
+    if scheme == "sqlite":
+        _check_writable_folder("tracking.uri", uri, Path(uri.removeprefix("sqlite:///")).parent,
+                               f"point it at a folder you can write to; {STORE_FIX}")
+    if artifact_location and (artifact_location.startswith("file://") or "://" not in artifact_location):
+        _check_writable_folder("tracking.artifact_location", artifact_location,
+                               Path(artifact_location.removeprefix("file://")),
+                               "point it at a folder you can write to, or null to let the store decide")
+    check_reachable(uri, timeout_s)
+
+
+def _check_writable_folder(key: str, value: str, folder: Path, fix: str) -> None:
+    """Create `folder` if needed and write a probe file in it; StoreUnreachable naming `key` when that fails."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass
+    except OSError as error:
+        raise StoreUnreachable(f"{key}={value}: cannot write in {folder} ({error.strerror or error}); {fix}") from None
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:

@@ -167,6 +167,9 @@ def closed_port() -> int:
     ("buffer.ratoi=2", "buffer.ratoi"),
     ("evaluation.ks=5", "evaluation.ks"),
     ("tracking.uri=http://127.0.0.1:{port}", "tracking.uri"),
+    ("tracking.uri=garbage", "tracking.uri"),
+    ("hydra.run.dir=/proc/no-such/run", "hydra.run.dir"),
+    ("trainer.resume_from=/etc/hostname", "trainer.resume_from"),
 ])
 def test_the_cli_prints_one_message_and_no_traceback(tmp_path, override, key):
     override = override.format(port=closed_port())
@@ -213,3 +216,68 @@ def test_validate_reports_the_constructors_own_check(compose_config):
 def test_a_target_that_does_not_take_its_groups_settings_is_named_before_any_compute(compose_config):
     with pytest.raises(ConfigError, match="ReplayBuffer.*unexpected keyword argument 'mode'"):
         validate(compose_config("buffer=fifo", "buffer._target_=src.buffer.age.ReplayBuffer"))
+
+
+@pytest.mark.parametrize("uri,experiment,artifacts,key", [
+    ("ftp://127.0.0.1/x", "e", None, "tracking.uri=ftp://127.0.0.1/x"),
+    ("garbage", "e", None, "tracking.uri=garbage"),
+    ("file:///tmp/store", "e", None, "tracking.uri=file:///tmp/store"),
+    ("sqlite:////proc/no-such/m.db", "e", None, "tracking.uri=sqlite:////proc/no-such/m.db"),
+    ("sqlite:///{tmp}/m.db", "", None, "tracking.experiment=''"),
+    ("sqlite:///{tmp}/m.db", "  ", None, "tracking.experiment="),
+    ("sqlite:///{tmp}/m.db", "e", "/proc/no-such/artifacts", "tracking.artifact_location=/proc/no-such/artifacts"),
+])
+def test_a_tracking_setting_that_cannot_work_is_named(tmp_path, uri, experiment, artifacts, key):
+    from src.tracking import StoreUnreachable, check_store
+
+    with pytest.raises(StoreUnreachable) as error:
+        check_store(uri.format(tmp=tmp_path), experiment, artifacts)
+    assert key in str(error.value) and "\n" not in str(error.value)
+    assert "sqlite:///" in str(error.value) or "folder" in str(error.value) or "experiment" in str(error.value)
+
+
+def test_good_tracking_settings_pass(tmp_path):
+    from src.tracking import check_store
+
+    check_store(f"sqlite:///{tmp_path}/new/m.db", "replay-rloo", str(tmp_path / "artifacts"))
+    assert (tmp_path / "new").is_dir() and (tmp_path / "artifacts").is_dir()
+    assert not list((tmp_path / "new").iterdir())  # the write probe leaves nothing behind
+
+
+def test_resume_from_a_folder_or_a_file_that_is_no_checkpoint_is_named(tmp_path):
+    import torch
+
+    from src.checkpoint import CheckpointError, check_resume_from
+
+    (tmp_path / "empty").mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"state": {}}, run / "checkpoint.pt")
+    text = tmp_path / "notes.txt"
+    text.write_text("root:x:0:0\n")
+    expected = {str(tmp_path / "empty"): "holds no checkpoint.pt", str(run): f"trainer.resume_from={run}/checkpoint.pt",
+                str(text): "not a training checkpoint", str(tmp_path / "missing.pt"): "no such file"}
+    for value, fix in expected.items():
+        with pytest.raises(CheckpointError) as error:
+            check_resume_from(value)
+        assert f"trainer.resume_from={value}" in str(error.value) and fix in str(error.value)
+    check_resume_from(str(run / "checkpoint.pt"))  # a torch archive passes the cheap check
+    check_resume_from(None)
+
+
+def test_an_unwritable_output_folder_is_named(tmp_path):
+    from src.outputs import folder_problem
+
+    assert folder_problem("hydra.run.dir", str(tmp_path / "a" / "b")) is None
+    problem = folder_problem("hydra.sweep.dir", "/proc/no-such/sweep")
+    assert problem.startswith("hydra.sweep.dir=/proc/no-such/sweep: cannot write there")
+
+
+def test_hardware_h100_without_a_gpu_names_the_device_before_the_engine(compose_config):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: hardware=h100 is valid here")
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config("hardware=h100"))
+    assert "hardware.device='cuda'" in str(error.value) and "hardware=cpu" in str(error.value)
