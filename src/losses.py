@@ -113,33 +113,8 @@ def clipped_surrogate(
     behaviour_cap_frac (share of weights above the cap), all over masked tokens; n_tokens.
     """
     eps_low, eps_high, cap = float(eps_low), float(eps_high), float(behaviour_cap)
-    if not 0 <= eps_low < 1:
-        raise ValueError(f"eps_low must be in [0, 1), got {eps_low!r}; POPO/DAPO use 0.2.")
-    if not 0 <= eps_high < math.inf:
-        raise ValueError(f"eps_high must be a finite number >= 0, got {eps_high!r}; POPO/DAPO use 0.28.")
-    if not cap > 0:
-        raise ValueError(f"behaviour_cap must be > 0, got {behaviour_cap!r}; POPO caps pi_prox/mu at 2.0.")
-    if token_logprobs.dim() != 2:
-        raise ValueError(
-            f"token_logprobs must be [N, T] (responses x tokens), got shape {tuple(token_logprobs.shape)}."
-        )
-    shape = token_logprobs.shape
-    _check_token_tensor("prox_logprobs", prox_logprobs, shape)
-    _check_token_tensor("mask", mask, shape)
-    if behaviour_logprobs is not None:
-        _check_token_tensor("behaviour_logprobs", behaviour_logprobs, shape)
-    if advantages.shape == shape[:1]:
-        advantages = advantages.unsqueeze(-1)
-    elif advantages.shape != shape:
-        raise ValueError(
-            f"advantages has shape {tuple(advantages.shape)}; expected [N]={tuple(shape[:1])} "
-            f"(one per response) or [N, T]={tuple(shape)} (one per token)."
-        )
-    valid = mask.bool()
-    n_tokens = int(valid.sum().item())
-    if n_tokens == 0:
-        raise ValueError("mask selects no response tokens; the token-mean loss would divide by zero.")
-
+    advantages, valid, n_tokens = _surrogate_inputs(token_logprobs, prox_logprobs, behaviour_logprobs, advantages,
+                                                    mask, eps_low, eps_high, cap)
     dtype = token_logprobs.dtype
     zero = torch.zeros((), dtype=dtype, device=token_logprobs.device)
     advantages = advantages.detach().to(dtype)
@@ -162,24 +137,62 @@ def clipped_surrogate(
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
     per_token = weight * torch.minimum(unclipped, clipped)
     loss = -torch.where(valid, per_token, zero).sum() / n_tokens
+    return loss, _surrogate_diagnostics(ratio, advantages, weight, raw_w, valid, eps_low, eps_high, cap)
 
-    with torch.no_grad():
-        r = ratio.detach()
-        adv = advantages.expand_as(r)
-        low = valid & (adv < 0) & (r < 1.0 - eps_low)
-        high = valid & (adv > 0) & (r > 1.0 + eps_high)
-        w_sel, raw_sel = weight[valid], raw_w[valid]
-        diagnostics = {
-            "clip_frac_low": low.sum().item() / n_tokens,
-            "clip_frac_high": high.sum().item() / n_tokens,
-            "ratio_mean": r[valid].mean().item(),
-            "ratio_max": r[valid].max().item(),
-            "behaviour_weight_mean": w_sel.mean().item(),
-            "behaviour_weight_raw_max": raw_sel.max().item(),
-            "behaviour_cap_frac": (raw_sel > cap).double().mean().item(),
-            "n_tokens": float(n_tokens),
-        }
-    return loss, diagnostics
+
+def _surrogate_inputs(token_logprobs: Tensor, prox_logprobs: Tensor, behaviour_logprobs: Tensor | None,
+                      advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float,
+                      cap: float) -> tuple[Tensor, Tensor, int]:
+    """Check `clipped_surrogate`'s settings and shapes; (advantages as [N, 1] or [N, T], bool mask, token count)."""
+    if not 0 <= eps_low < 1:
+        raise ValueError(f"eps_low must be in [0, 1), got {eps_low!r}; POPO/DAPO use 0.2.")
+    if not 0 <= eps_high < math.inf:
+        raise ValueError(f"eps_high must be a finite number >= 0, got {eps_high!r}; POPO/DAPO use 0.28.")
+    if not cap > 0:
+        raise ValueError(f"behaviour_cap must be > 0, got {cap!r}; POPO caps pi_prox/mu at 2.0.")
+    if token_logprobs.dim() != 2:
+        raise ValueError(
+            f"token_logprobs must be [N, T] (responses x tokens), got shape {tuple(token_logprobs.shape)}."
+        )
+    shape = token_logprobs.shape
+    _check_token_tensor("prox_logprobs", prox_logprobs, shape)
+    _check_token_tensor("mask", mask, shape)
+    if behaviour_logprobs is not None:
+        _check_token_tensor("behaviour_logprobs", behaviour_logprobs, shape)
+    if advantages.shape == shape[:1]:
+        advantages = advantages.unsqueeze(-1)
+    elif advantages.shape != shape:
+        raise ValueError(
+            f"advantages has shape {tuple(advantages.shape)}; expected [N]={tuple(shape[:1])} "
+            f"(one per response) or [N, T]={tuple(shape)} (one per token)."
+        )
+    valid = mask.bool()
+    n_tokens = int(valid.sum().item())
+    if n_tokens == 0:
+        raise ValueError("mask selects no response tokens; the token-mean loss would divide by zero.")
+    return advantages, valid, n_tokens
+
+
+@torch.no_grad()
+def _surrogate_diagnostics(ratio: Tensor, advantages: Tensor, weight: Tensor, raw_w: Tensor, valid: Tensor,
+                           eps_low: float, eps_high: float, cap: float) -> dict[str, float]:
+    """`clipped_surrogate`'s diagnostics over the masked tokens (its docstring names each)."""
+    n_tokens = int(valid.sum().item())
+    r = ratio.detach()
+    adv = advantages.expand_as(r)
+    low = valid & (adv < 0) & (r < 1.0 - eps_low)
+    high = valid & (adv > 0) & (r > 1.0 + eps_high)
+    w_sel, raw_sel = weight[valid], raw_w[valid]
+    return {
+        "clip_frac_low": low.sum().item() / n_tokens,
+        "clip_frac_high": high.sum().item() / n_tokens,
+        "ratio_mean": r[valid].mean().item(),
+        "ratio_max": r[valid].max().item(),
+        "behaviour_weight_mean": w_sel.mean().item(),
+        "behaviour_weight_raw_max": raw_sel.max().item(),
+        "behaviour_cap_frac": (raw_sel > cap).double().mean().item(),
+        "n_tokens": float(n_tokens),
+    }
 
 
 class TruncatedWeights(NamedTuple):

@@ -68,27 +68,9 @@ class RlooObjective(Objective):
             reference_logprobs = self.forward.reference_tokens(reference, chunk, [cached_reference[i] for i in index],
                                                                like=token_logprobs)
             mask = mask.float()
-            current = (token_logprobs * mask).sum(-1).detach().cpu()                # log pi_theta(y|x)
-            mu = torch.tensor([behaviour[i] if behaviour[i] is not None else current[n].item()
-                               for n, i in enumerate(index)])
-            clipped, raw = importance_weights(current, mu, self.clip_ceiling)     # eq. 2
-            truncated = truncated_rows[index]
-            if truncated.any():  # seed 002 eq. 3
-                seq_weights, seq_raw = truncated_importance_weights(current, mu, self.truncation.is_min,
-                                                                    self.truncation.is_max)
-                clipped, raw = torch.where(truncated, seq_weights, clipped), torch.where(truncated, seq_raw, raw)
-            token_weights = clipped.to(mask.device)[:, None].expand_as(mask)  # a sequence weight on each token
-            raw_tokens = raw.to(mask.device)[:, None].expand_as(mask)
-            if token_level and truncated.any():
-                mu_tokens = place_tokens(chunk, [behaviour_tokens[i] for i in index], torch.zeros_like(mask))
-                per_token, per_token_raw = truncated_importance_weights(
-                    upcast(token_logprobs.detach()), mu_tokens, self.truncation.is_min, self.truncation.is_max,
-                    level="token", mask=mask)
-                on_tokens = truncated.to(mask.device)[:, None]
-                token_weights = torch.where(on_tokens, per_token, token_weights)
-                raw_tokens = torch.where(on_tokens, per_token_raw, raw_tokens)
-                token_mean = (per_token * mask).sum(-1).cpu() / mask.sum(-1).clamp(min=1).cpu()
-                clipped = torch.where(truncated, token_mean, clipped)  # per response: the mean token weight
+            current, clipped, raw, token_weights, raw_tokens = self._chunk_weights(
+                chunk, token_logprobs, mask, [behaviour[i] for i in index], [behaviour_tokens[i] for i in index],
+                truncated_rows[index], token_level)
             terms = rloo_loss(token_logprobs, reference_logprobs, entropy, mask,
                               advantages[index].to(mask.device), token_weights, batch_size=size,
                               total_tokens=total_tokens, kl_coef=self.kl_coef, entropy_coef=self.entropy_coef,
@@ -116,6 +98,34 @@ class RlooObjective(Objective):
                             behaviour_tokens=current_tokens if self.keep_token_logprobs else None,
                             token_raw_weights=token_raw if token_level else None,
                             token_weights=token_used if token_level else None, **totals)
+
+    def _chunk_weights(self, chunk, token_logprobs, mask, behaviour, behaviour_tokens, truncated, token_level: bool):
+        """(log pi per response, used and raw weight per response, used and raw weight per token) of a micro-batch.
+
+        Fresh rows of an on-policy sampler have no mu: mu = pi_theta now, weight exactly 1. Replayed rows get
+        eq. 2's min(c, pi/mu); the rows `truncated_rows` names get seed 002's truncated IS (its eq. 3), per
+        response or, at is_level=token, per token (the response's weight is then its mean token weight).
+        """
+        current = (token_logprobs * mask).sum(-1).detach().cpu()                # log pi_theta(y|x)
+        mu = torch.tensor([mu_i if mu_i is not None else current[n].item() for n, mu_i in enumerate(behaviour)])
+        clipped, raw = importance_weights(current, mu, self.clip_ceiling)     # eq. 2
+        if truncated.any():  # seed 002 eq. 3
+            seq_weights, seq_raw = truncated_importance_weights(current, mu, self.truncation.is_min,
+                                                                self.truncation.is_max)
+            clipped, raw = torch.where(truncated, seq_weights, clipped), torch.where(truncated, seq_raw, raw)
+        token_weights = clipped.to(mask.device)[:, None].expand_as(mask)  # a sequence weight on each token
+        raw_tokens = raw.to(mask.device)[:, None].expand_as(mask)
+        if token_level and truncated.any():
+            mu_tokens = place_tokens(chunk, behaviour_tokens, torch.zeros_like(mask))
+            per_token, per_token_raw = truncated_importance_weights(
+                upcast(token_logprobs.detach()), mu_tokens, self.truncation.is_min, self.truncation.is_max,
+                level="token", mask=mask)
+            on_tokens = truncated.to(mask.device)[:, None]
+            token_weights = torch.where(on_tokens, per_token, token_weights)
+            raw_tokens = torch.where(on_tokens, per_token_raw, raw_tokens)
+            token_mean = (per_token * mask).sum(-1).cpu() / mask.sum(-1).clamp(min=1).cpu()
+            clipped = torch.where(truncated, token_mean, clipped)
+        return current, clipped, raw, token_weights, raw_tokens
 
     @staticmethod
     def _stored_token_logprobs(group, response: int) -> tuple[float, ...]:
