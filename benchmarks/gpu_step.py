@@ -218,7 +218,7 @@ def profile(policy, reference, trainer_cfg, groups, device, autocast, args, conf
     print(f"profiles written to {folder}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="a tiny model and batch (smoke run on any device)")
@@ -244,30 +244,34 @@ def main() -> None:
     if args.tiny:
         args.groups, args.group_size, args.prompt_tokens, args.response_tokens = 4, 2, 8, 8
         args.generation_rows = "2"
-    device = args.device
-    autocast = "bfloat16" if device.startswith("cuda") else None
+    return args
 
+
+def build_models(args, device: str):
+    """The policy (fp32 weights and AdamW state; bf16 autocast for the math) and a frozen copy as reference."""
     config = Qwen2Config(**(TINY if args.tiny else QWEN25_05B))
     torch.manual_seed(0)
-    policy = Qwen2ForCausalLM(config).to(device)  # fp32 weights and AdamW state; bf16 autocast for the math
+    policy = Qwen2ForCausalLM(config).to(device)
     if args.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     reference = Qwen2ForCausalLM(config).to(device).eval()
     reference.load_state_dict(policy.state_dict())
     for parameter in reference.parameters():
         parameter.requires_grad_(False)
+    return config, policy, reference
+
+
+def measure_updates(args, config, policy, reference, device: str, autocast, peak_rate: float) -> list[dict]:
+    """One update per replay ratio, on synthetic groups, with its model FLOP utilisation."""
     trainer_cfg = OmegaConf.create({"micro_batch_size": args.micro_batch_size,
                                     "micro_batch_tokens": args.micro_batch_tokens, "kl_coef": 1e-3,
                                     "entropy_coef": 1e-3, "max_grad_norm": None,
                                     "fused_logprobs": not args.plain_logprobs})
-    peak_rate = matmul_rate(device, torch.bfloat16 if device.startswith("cuda") else torch.float32,
-                            256 if args.tiny else 8192)
     tokens_per_sequence = args.prompt_tokens + args.response_tokens
-    body = body_flops_per_token(config, tokens_per_sequence)
-    head = head_flops_per_token(config)
     head_tokens_per_sequence = args.response_tokens if not args.plain_logprobs else tokens_per_sequence
-
-
+    # per sequence: the decoder on every position, the output head where log-probs are taken
+    forward_flops = (body_flops_per_token(config, tokens_per_sequence) * tokens_per_sequence
+                     + head_flops_per_token(config) * head_tokens_per_sequence)
     rows = []
     generator = torch.Generator().manual_seed(0)
     for ratio in (float(r) for r in args.ratios.split(",")):
@@ -279,15 +283,17 @@ def main() -> None:
         if args.profile and ratio == 0:
             profile(policy, reference, trainer_cfg, groups, device, autocast, args, config, args.profile)
         update = measure_update(policy, reference, trainer_cfg, groups, device, autocast, not args.no_fused_adamw)
-        fresh_tokens = fresh_groups * args.group_size * args.response_tokens
-        sequences = len(groups) * args.group_size
-        fresh_sequences = fresh_groups * args.group_size
-        forward_flops = body * tokens_per_sequence + head * head_tokens_per_sequence  # per sequence
+        sequences, fresh_sequences = len(groups) * args.group_size, fresh_groups * args.group_size
         update_flops = 3 * forward_flops * sequences + forward_flops * fresh_sequences  # fwd+bwd, reference fwd
         rows.append({"rho": ratio, "fresh_groups": fresh_groups, "replay_groups": replay_groups,
-                     "fresh_tokens": fresh_tokens, **update, "update_mfu": update_flops / update["update_s"] / peak_rate})
+                     "fresh_tokens": fresh_groups * args.group_size * args.response_tokens, **update,
+                     "update_mfu": update_flops / update["update_s"] / peak_rate})
         print(f"update {rows[-1]}", flush=True)
+    return rows
 
+
+def measure_generations(args, config, policy, device: str, autocast) -> list[dict]:
+    """Generation rate at each batch size, from the trainer's module (and bf16 copies with --static-cache)."""
     variants = [("fp32+autocast", False)] + ([("bf16 copy", False), ("bf16 copy", True)] if args.static_cache else [])
     generation = []
     for generate_rows in (int(r) for r in args.generation_rows.split(",")):
@@ -295,13 +301,11 @@ def main() -> None:
             generation.append(measure_generation(policy, generate_rows, args.prompt_tokens, args.response_tokens,
                                                  config.vocab_size, device, autocast, weights, static))
             print(f"generate {generation[-1]}", flush=True)
-    # The engine samples from the trainer's module (fp32 weights under autocast): its rate sets the step time.
-    generation_rate = max(g["tokens_per_s"] for g in generation if g["weights"] == "fp32+autocast")
-    for row in rows:
-        row["generation_s"] = row["fresh_tokens"] / generation_rate
-        row["step_s"] = row["generation_s"] + row["update_s"]
+    return generation
 
-    device_name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+
+def results_text(args, device_name: str, peak_rate: float, generation: list[dict], rows: list[dict]) -> str:
+    """The results as markdown: settings, the generation table and the per-ratio step table."""
     settings = (f"micro-batches of <= {args.micro_batch_size} rows and {args.micro_batch_tokens} padded tokens, "
                 f"fused_logprobs={not args.plain_logprobs}, fused AdamW={not args.no_fused_adamw}, "
                 f"gradient checkpointing={args.gradient_checkpointing}")
@@ -319,23 +323,45 @@ def main() -> None:
                      f"{row['reference_forward_s']:.2f} | {row['policy_forward_backward_s']:.2f} | "
                      f"{row['optimizer_s']:.3f} | {row['update_s']:.2f} | {row['step_s']:.1f} | "
                      f"{row['update_mfu']:.1%} | {row['peak_memory_gib']:.1f} |")
-    lines.append("")
-    lines.append("Paper: ~126 s per step (210 min per 100 steps, one H100). Target: <= 12 s per step.")
-    text = "\n".join(lines)
+    lines += ["", "Paper: ~126 s per step (210 min per 100 steps, one H100). Target: <= 12 s per step."]
+    return "\n".join(lines)
+
+
+def save_results(args, device_name: str, text: str, generation: list[dict], rows: list[dict]) -> None:
+    """benchmarks/results/gpu_step_<device>_<tokens>[_label].md and .json, with the command that made them."""
+    args.results.mkdir(parents=True, exist_ok=True)
+    label = f"_{args.label}" if args.label else ""
+    stem = f"gpu_step_{device_name.replace(' ', '_')}_{args.response_tokens}{label}"
+    (args.results / f"{stem}.md").write_text(text + "\n")
+    command = "python -m benchmarks.gpu_step " + " ".join(
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
+        if v not in (False, None, "") and k not in ("save", "results"))
+    (args.results / f"{stem}.json").write_text(json.dumps(
+        {"device": device_name, "torch": torch.__version__, "date": str(datetime.date.today()),
+         "command": command, "args": {k: str(v) for k, v in vars(args).items()}, "generation": generation,
+         "rows": rows}, indent=2))
+    print(f"written to {args.results / stem}.md")
+
+
+def main() -> None:
+    args = parse_args()
+    device = args.device
+    autocast = "bfloat16" if device.startswith("cuda") else None
+    config, policy, reference = build_models(args, device)
+    peak_rate = matmul_rate(device, torch.bfloat16 if device.startswith("cuda") else torch.float32,
+                            256 if args.tiny else 8192)
+    rows = measure_updates(args, config, policy, reference, device, autocast, peak_rate)
+    generation = measure_generations(args, config, policy, device, autocast)
+    # The engine samples from the trainer's module (fp32 weights under autocast): its rate sets the step time.
+    generation_rate = max(g["tokens_per_s"] for g in generation if g["weights"] == "fp32+autocast")
+    for row in rows:
+        row["generation_s"] = row["fresh_tokens"] / generation_rate
+        row["step_s"] = row["generation_s"] + row["update_s"]
+    device_name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    text = results_text(args, device_name, peak_rate, generation, rows)
     print(text)
     if args.save:
-        args.results.mkdir(parents=True, exist_ok=True)
-        label = f"_{args.label}" if args.label else ""
-        stem = f"gpu_step_{device_name.replace(' ', '_')}_{args.response_tokens}{label}"
-        (args.results / f"{stem}.md").write_text(text + "\n")
-        command = "python -m benchmarks.gpu_step " + " ".join(
-            f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
-            if v not in (False, None, "") and k not in ("save", "results"))
-        (args.results / f"{stem}.json").write_text(json.dumps(
-            {"device": device_name, "torch": torch.__version__, "date": str(datetime.date.today()),
-             "command": command, "args": {k: str(v) for k, v in vars(args).items()}, "generation": generation,
-             "rows": rows}, indent=2))
-        print(f"written to {args.results / stem}.md")
+        save_results(args, device_name, text, generation, rows)
 
 
 if __name__ == "__main__":
