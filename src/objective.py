@@ -126,21 +126,6 @@ def token_entropy(logits: Tensor) -> Tensor:
     return -(p * logp.masked_fill(p == 0, 0.0)).sum(dim=-1)
 
 
-def batch_rows(group_sizes: list[int], responses: list | None = None) -> list[tuple[int, int]]:
-    """(group, response) index pairs of the responses a batch trains on, in batch order.
-
-    `responses[g]` lists the response indices of group g to train on (a FIFO positive-bias draw
-    keeps only some); None there, or `responses=None`, means all K. Advantages are still
-    computed from every reward of the group (SPEC 9 FIFO: "train only on draw.responses").
-    """
-    if responses is None:
-        responses = [None] * len(group_sizes)
-    if len(responses) != len(group_sizes):
-        raise ValueError(f"responses has {len(responses)} entries for {len(group_sizes)} groups; pass one per group.")
-    return [(g, j) for g, (size, keep) in enumerate(zip(group_sizes, responses))
-            for j in (range(size) if keep is None else keep)]
-
-
 def interleaved_mini_batches(rows: int, updates: int) -> list[list[int]]:
     """Split rows 0..rows-1 into min(updates, rows) mini-batches, row i going to mini-batch i mod M.
 

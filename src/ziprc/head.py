@@ -125,10 +125,6 @@ class ReservedSliceHead(nn.Module):
             self.slice.weight[:inside] = output.weight[spec.start : spec.start + inside].detach().clone()
         self.slice.to(output.weight.device)
 
-    @property
-    def total_vocab(self) -> int:
-        return max(self.vocab, self.spec.start + self.spec.size)
-
     def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False, position_ids=None):
         body = self.policy.get_decoder()
         out = body(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
