@@ -42,7 +42,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from src.paths import PROJECT_ROOT
-from src.rollout.engine import STOP_STRING, SamplingParams, closing_tokens, response_end
+from src.rollout.interface import STOP_STRING, SamplingParams, closing_tokens, response_end
 from src.rollout.vllm_engine import SUPPORTED_VLLM, VLLMUnavailableError, import_vllm, on_cpu_platform, request_seed
 from src.task import countdown
 

@@ -24,7 +24,8 @@ from rich.table import Table
 
 from src.paths import PROJECT_ROOT
 from src.policy.model import load_policy
-from src.rollout.engine import HFGenerateEngine, SamplingParams, build_engine
+from src.rollout.interface import SamplingParams
+from src.rollout.engine import HFGenerateEngine, build_engine
 from src.task import countdown
 
 TINY = PROJECT_ROOT / "checkpoints" / "tiny-countdown"

@@ -10,7 +10,7 @@ from src.batch import Group
 from src.buffer.store import ReplayStore
 from src.loss.base import Objective
 from src.policy.forward import Forward
-from src.rollout.engine import RolloutEngine
+from src.rollout.interface import RolloutEngine
 from src.sampling.collection import FreshCollection
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from src.budget import plan_for_config
 from src.config import ConfigError, validate
-from src.rollout.engine import Completion, Generation
+from src.rollout.interface import Completion, Generation
 from src.task import countdown
 
 

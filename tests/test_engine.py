@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from src.policy.model import load_policy
-from src.rollout.engine import HFGenerateEngine, SamplingParams, StopAfterAnswer, closing_tokens, response_end
+from src.rollout.interface import SamplingParams, closing_tokens, response_end
+from src.rollout.engine import HFGenerateEngine, StopAfterAnswer
 from src.task import countdown
 
 SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, top_k=None, max_new_tokens=10)

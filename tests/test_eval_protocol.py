@@ -5,7 +5,7 @@ import math
 import pytest
 
 from src.eval.protocol import evaluate
-from src.rollout.engine import Completion, Generation, SamplingParams
+from src.rollout.interface import Completion, Generation, SamplingParams
 from src.task.countdown import DEFAULT_PROMPT_TEMPLATE, Instance, format_prompt
 
 INSTANCES = [Instance((1, 2, 3), 6), Instance((4, 5, 6), 26)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.rollout.engine import SamplingParams
+from src.rollout.interface import SamplingParams
 from src.build import build_components
 from src.task import countdown
 from src.components import Components

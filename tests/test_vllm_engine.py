@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from src.policy.model import load_policy
-from src.rollout.engine import HFGenerateEngine, SamplingParams, build_engine
+from src.rollout.interface import SamplingParams
+from src.rollout.engine import HFGenerateEngine, build_engine
 from src.rollout.vllm_engine import SUPPORTED_VLLM, VLLMEngine, VLLMUnavailableError, request_seed
 from src.task import countdown
 

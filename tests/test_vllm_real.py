@@ -25,7 +25,8 @@ from benchmarks.check_engine import TOLERANCES, logprob_gap, perturb, sample_wit
 from src.paths import PROJECT_ROOT  # noqa: E402
 from src.policy.model import load_policy  # noqa: E402
 from src.rollout import vllm_engine  # noqa: E402
-from src.rollout.engine import STOP_STRING, SamplingParams, build_engine, closing_tokens, response_end  # noqa: E402
+from src.rollout.interface import STOP_STRING, SamplingParams, closing_tokens, response_end  # noqa: E402
+from src.rollout.engine import build_engine
 from src.task import countdown  # noqa: E402
 from tests.preemption import sigterm_after_first_checkpoint  # noqa: E402
 

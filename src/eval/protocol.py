@@ -15,7 +15,7 @@ import pandas as pd
 
 from src.eval.failures import CATEGORIES, category_counts, classify_failure
 from src.eval.passk import ESTIMATORS, answer_unique_rate, first_k_pass_at_k, t_half_width, unbiased_pass_at_k
-from src.rollout.engine import RolloutEngine, SamplingParams
+from src.rollout.interface import RolloutEngine, SamplingParams
 from src.task import countdown
 from src.task.countdown import Instance
 

@@ -32,7 +32,8 @@ from rich.table import Table
 from src import progress
 from src.config import ConfigError, validate
 from src.eval.protocol import EvalResult, evaluate
-from src.rollout.engine import SamplingParams, build_engine
+from src.rollout.interface import SamplingParams
+from src.rollout.engine import build_engine
 from src.task import countdown
 from src.tracking import ensure_experiment, log_evaluation
 from src.task.prompts import apply_chat_template

@@ -60,7 +60,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from src.rollout.engine import STOP_STRING, Completion, Generation, SamplingParams
+from src.rollout.interface import STOP_STRING, Completion, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
 

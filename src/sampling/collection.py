@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from src.batch import Group, is_effective
 from src.checks import check_choice, check_int
 from src.policy.forward import Forward
-from src.rollout.engine import RolloutEngine, SamplingParams
+from src.rollout.interface import RolloutEngine, SamplingParams
 from src.task import countdown
 from src.task.prompts import PromptFormat
 

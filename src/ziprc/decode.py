@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from src.rollout.engine import STOP_STRING, closing_tokens
+from src.rollout.interface import STOP_STRING, closing_tokens
 from src.ziprc.metrics import value_end
 
 PRUNE_THRESHOLD = 0.5  # prune abandons predicted losers only (paper: V-hat < 0.5)

@@ -120,7 +120,8 @@ def _log_stage(cfg: DictConfig, stage: str):
 
 def collect(cfg: DictConfig) -> dict[str, float]:
     """Sample rollouts from the frozen policy (the plain policy: no head is involved)."""
-    from src.rollout.engine import SamplingParams, build_engine
+    from src.rollout.interface import SamplingParams
+    from src.rollout.engine import build_engine
 
     c = cfg.ziprc.collect
     _, tokenizer = None, None
