@@ -1,7 +1,9 @@
 """Replay-RLOO training: one optimizer step reads as SPEC 3 (paper section 3, appendix B.3).
 
-    plan -> draw replayed groups -> collect fresh groups (gap fill counted) -> compose the batch
-    -> update (advantages eq. 1, weights eq. 2, loss eq. 3) -> store fresh groups -> metrics
+    collect: plan -> draw replayed groups -> collect fresh groups (gap fill counted) -> compose the batch
+    learn:   update (advantages eq. 1, weights eq. 2, loss eq. 3) -> store fresh groups -> metrics
+
+`train_step` composes the two halves; they pass a typed `Collection`, so a runtime can run them apart.
 
 Fresh-only RLOO is the same step with rho = 0. Every variant (SPEC 9) enters through the components
 the step is given, never through a branch here: the replay store (`buffer` group: age window,
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,9 +33,28 @@ AGE_BUCKETS = ("age0", "age1", "age2", "age3plus")
 
 
 def train_step(parts: Components, state: TrainState) -> dict[str, float]:
-    """Run optimizer step `state.step` (SPEC 3) and return its metrics."""
-    step, clock = state.step, Clock()
+    """Run optimizer step `state.step` (SPEC 3) and return its metrics: collect, then learn."""
+    return learn(parts, state, collect(parts, state.step))
 
+
+@dataclass
+class Collection:
+    """What `collect` hands to `learn`: the step's batch, the fresh groups behind it, and its phase times."""
+
+    step: int
+    batch: Batch
+    collected: Collected
+    gap_fill: int                                   # fresh groups generated in place of missing replays
+    laps: dict[str, float] = field(default_factory=dict)
+
+
+def collect(parts: Components, step: int) -> Collection:
+    """Steps 1-4 of SPEC 3: plan, draw replayed groups, generate and score fresh ones, compose the batch.
+
+    Reads the store and the policy but changes no training state, so a runtime may call it apart
+    from `learn` (another process, another time); `step` is the policy version the batch is for.
+    """
+    clock = Clock()
     # 1. Plan: B_fresh = round(B / (1 + rho)), B_replay = B - B_fresh.
     planned_fresh, planned_replay = plan_batch(parts.groups_per_step, parts.store.ratio)
 
@@ -46,12 +68,20 @@ def train_step(parts: Components, state: TrainState) -> dict[str, float]:
     # 3. Collect fresh groups: sample prompts, K responses each from the behaviour policy, score each
     #    once. Every generated response is one fresh verifier evaluation (SPEC 5).
     collected = parts.collection.collect(parts.policy, planned_fresh + gap_fill, step)
-    state.fresh_evaluations += collected.evaluations
     clock.lap("collect")
 
     # 4. Compose the batch: fresh groups first, then replayed ones (POPO drops and refills here).
     batch = parts.store.compose(fresh_entries(collected.fresh, collected.off_policy), replayed, step,
                                 measure=parts.measure_behaviour)
+    clock.lap("compose")
+    return Collection(step, batch, collected, gap_fill, clock.laps)
+
+
+def learn(parts: Components, state: TrainState, collection: Collection) -> dict[str, float]:
+    """Steps 5-7 of SPEC 3: update on the batch (advantages eq. 1, weights eq. 2, loss eq. 3), store the
+    fresh groups, count the budget; advances `state` by one step and returns the step's metrics."""
+    clock, batch, collected, step = Clock(), collection.batch, collection.collected, collection.step
+    state.fresh_evaluations += collected.evaluations
 
     # 5. Update on the batch; then any further updates the store asks for (seed 002's R - 1), all
     #    before this step's fresh groups are stored.
@@ -79,13 +109,14 @@ def train_step(parts: Components, state: TrainState) -> dict[str, float]:
     metrics = {**step_metrics(batch, update, parts.objective.weight_ceiling, collected.generated),
                **collected.metrics, **parts.behaviour.metrics(collected, batch, update),
                **parts.sampler.metrics(), **parts.store.metrics(step),
-               **batch_metrics(state, collected, batch, gap_fill), **clock.metrics(collected)}
+               **batch_metrics(state, collected, batch, collection.gap_fill),
+               **clock.metrics(collection.laps, collected)}
     state.step += 1
     return metrics
 
 
 class Clock:
-    """Wall time of the step's phases."""
+    """Wall time of a step's phases."""
 
     def __init__(self) -> None:
         self.started = self.last = time.perf_counter()
@@ -95,11 +126,13 @@ class Clock:
         now = time.perf_counter()
         self.laps[name], self.last = now - self.last, now
 
-    def metrics(self, collected: Collected) -> dict[str, float]:
+    def metrics(self, collect_laps: dict[str, float], collected: Collected) -> dict[str, float]:
+        """The learn half's laps after `collect_laps`; time/step is both halves' time."""
         done = time.perf_counter()
-        return {"time/replay_draw": self.laps["replay_draw"], "time/train": self.laps["train"],
-                "time/buffer_update": self.laps["buffer_update"], "time/bookkeeping": done - self.last,
-                "time/step": done - self.started,
+        laps = {**collect_laps, **self.laps, "bookkeeping": done - self.last}
+        # "collect" is reported by its phases (generate, score, ...), which the collection times itself
+        return {**{f"time/{name}": seconds for name, seconds in laps.items() if name != "collect"},
+                "time/step": sum(laps.values()),
                 **{f"time/{phase}": seconds for phase, seconds in collected.timings.items()}}
 
 
