@@ -41,8 +41,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from src.objective import plan_batch
-from src.batch import Batch, BatchGroup, Group
+from src.batch import plan_batch, Batch, BatchGroup, Group
 from src.build import build_optimizer
 from src.loss.rloo import RlooObjective
 from src.policy.forward import Forward, autocast_context, micro_batches, response_token_stats

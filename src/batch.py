@@ -5,6 +5,7 @@ typed `Batch` the update trains on (which groups, fresh or replayed, how old, wh
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Iterable
@@ -195,3 +196,21 @@ class Batch:
             else:
                 out.append(next(dropped_iter))
         return out
+
+
+def plan_batch(groups_per_step: int, ratio: float) -> tuple[int, int]:
+    """Split B groups into (B_fresh, B_replay) with B_fresh = round(B / (1 + ratio)) (SPEC 3.1)."""
+    if isinstance(groups_per_step, bool) or int(groups_per_step) != groups_per_step or groups_per_step < 1:
+        raise ValueError(f"groups_per_step (B) must be an integer >= 1, got {groups_per_step!r}.")
+    ratio = float(ratio)
+    if not math.isfinite(ratio) or ratio < 0:
+        raise ValueError(f"replay ratio must be a finite number >= 0, got {ratio!r}; use 0 for fresh-only.")
+    b = int(groups_per_step)
+    b_fresh = round(b / (1.0 + ratio))  # Python round (half to even), as in the paper's table
+    if b_fresh < 1:
+        # With no fresh groups the buffer would never be refilled.
+        raise ValueError(
+            f"ratio={ratio} with groups_per_step={b} leaves B_fresh={b_fresh}; "
+            "lower the ratio or raise groups_per_step so at least one fresh group is sampled per step."
+        )
+    return b_fresh, b - b_fresh

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from src.objective import plan_batch
-from src.batch import Group, whole_groups
+from src.batch import plan_batch, Group, whole_groups
 from src.buffer.age import ReplayBuffer
 from src.buffer.fifo import FifoReplayBuffer
 

@@ -62,7 +62,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(buffer.ratio >= 0,
            f"buffer.ratio rho={buffer.ratio} is negative: use 0 for fresh-only (buffer=none) or a positive ratio")
     _check(buffer.max_age >= 0, f"buffer.max_age L={buffer.max_age} is negative: use 1, 2 or 3")
-    fresh_groups = round(trainer.groups_per_step / (1 + buffer.ratio))  # B_fresh, as src.objective.plan_batch
+    fresh_groups = round(trainer.groups_per_step / (1 + buffer.ratio))  # B_fresh, as src.batch.plan_batch
     _check(fresh_groups >= 1,
            f"buffer.ratio rho={buffer.ratio} with trainer.groups_per_step B={trainer.groups_per_step} plans "
            f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from src.batch import Batch, Group, fresh_entries, is_effective, whole_groups
+from src.batch import Batch, Group, fresh_entries, is_effective, whole_groups, plan_batch
 from src.components import Components
 from src.loss.base import UpdateResult
-from src.objective import clip_fraction, effective_sample_size, plan_batch
+from src.loss.rloo_math import clip_fraction, effective_sample_size
 from src.sampling.collection import Collected
 from src.state import TrainState
 

@@ -10,7 +10,7 @@ from src.budget import (
     plan_fresh_evaluations,
     replay_demand_met,
 )
-from src.objective import plan_batch
+from src.batch import plan_batch
 
 PAPER = {0: 102_400, 0.5: 68_344, 1: 51_712, 1.5: 41_416, 2: 35_080}
 

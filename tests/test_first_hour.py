@@ -23,8 +23,7 @@ from rich.console import Console
 
 from analysis import report
 from hydra_plugins.replay_rloo_sweeper import SweepTally, summarize_states
-from src import help as cli_help
-from src import progress, tracking
+from src import help as cli_help, progress, tracking
 from src.paths import CONFIG_DIR, PROJECT_ROOT
 from test_report import BASELINE_CANONICAL, AGGRESSIVE_CANONICAL, _log_run, _new_store
 

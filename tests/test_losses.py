@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from src.losses import clipped_surrogate, group_normalised_advantages, truncated_importance_weights
+from src.loss.variant_math import clipped_surrogate, group_normalised_advantages, truncated_importance_weights
 
 LN = math.log
 
@@ -289,7 +289,7 @@ def test_truncated_weights_validate():
 # --------------------------------------------------------------------------- KL estimators k1, k2, k3
 def test_kl_estimators_hand_worked():
     """pi(y) = 1/2, ref(y) = 1/4: d = log ref - log pi = -log 2."""
-    from src.losses import kl_k1, kl_k2, kl_k3
+    from src.loss.kl import kl_k1, kl_k2, kl_k3
 
     logp, ref = torch.tensor([math.log(0.5)], dtype=torch.float64), torch.tensor([math.log(0.25)], dtype=torch.float64)
     assert kl_k1(logp, ref).item() == pytest.approx(math.log(2))                 # 0.693147
@@ -313,7 +313,7 @@ def _exact_expectation(estimator, logits, ref_logprobs):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kl_estimators_exact_values_and_gradients_over_a_five_token_vocabulary(seed):
     """Enumerating the vocabulary (no sampling): which KL each estimator's value and loss-gradient give."""
-    from src.losses import kl_k1, kl_k2, kl_k3
+    from src.loss.kl import kl_k1, kl_k2, kl_k3
 
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn(5, generator=generator, dtype=torch.float64, requires_grad=True)

@@ -5,15 +5,10 @@ import math
 import pytest
 import torch
 
-from src.objective import (
-    clip_fraction,
-    effective_sample_size,
-    importance_weights,
-    leave_one_out_advantages,
-    plan_batch,
-    token_entropy,
-)
-from src.losses import kl_k3
+from src.loss.rloo_math import clip_fraction, effective_sample_size, importance_weights, leave_one_out_advantages
+from src.batch import plan_batch
+from src.policy.token_stats import token_entropy
+from src.loss.kl import kl_k3
 
 
 @pytest.mark.parametrize(
@@ -137,7 +132,7 @@ def test_eq3_on_a_hand_worked_two_group_batch():
     (e^.5 - 1.5) + (e^-.5 - .5) + (e - 2) = 0.9735339, over 6 tokens 0.1622557. Entropy 8/6.
     Loss = -0.0625 + 0.1 * 0.1622557 - 0.01 * 8/6 = -0.0596078.
     """
-    from src.objective import leave_one_out_advantages, rloo_loss
+    from src.loss.rloo_math import leave_one_out_advantages, rloo_loss
 
     advantages = leave_one_out_advantages(torch.tensor([[1.0, 0.0], [1.0, 0.5]])).flatten()
     assert advantages.tolist() == [1.0, -1.0, 0.5, -0.5]
@@ -163,8 +158,8 @@ def test_eq3_on_a_hand_worked_two_group_batch():
 def test_eq3_kl_term_uses_the_estimator_it_is_given():
     """The batch of the eq. 3 test with d = log ref - log pi per token (0, .5 | -.5 | 0, 0 | 1):
     k2 = d^2/2 sums to 0.125 + 0.125 + 0.5 = 0.75 and k1 = -d to -1, over 6 tokens."""
-    from src.losses import kl_k1, kl_k2
-    from src.objective import rloo_loss
+    from src.loss.kl import kl_k1, kl_k2
+    from src.loss.rloo_math import rloo_loss
 
     logprobs = torch.tensor([[-1.0, -0.5], [-2.0, 0.0], [-0.2, -0.3], [-1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
@@ -180,7 +175,7 @@ def test_eq3_kl_term_uses_the_estimator_it_is_given():
 @pytest.mark.parametrize("loss", ["rloo", "grpo", "ipo"])
 def test_trainer_kl_estimator_reaches_every_objective(compose_config, loss):
     from src.build import build
-    from src.losses import kl_k2
+    from src.loss.kl import kl_k2
 
     cfg = compose_config(f"loss={loss}", "trainer.kl_estimator=k2")
     objective = build(cfg.loss, forward=None, kl_estimator=cfg.trainer.kl_estimator)

@@ -4,9 +4,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from src.objective import token_entropy
+from src.policy.token_stats import token_entropy, token_logprobs_and_entropy
 from src.policy.model import load_policy
-from src.policy.token_stats import token_logprobs_and_entropy
 from src.policy.forward import response_token_stats
 from src.build import build_optimizer
 

@@ -212,11 +212,11 @@ def test_a_partial_group_trains_only_its_kept_responses_with_advantages_from_all
     torch.testing.assert_close(part.weights, full.weights[kept])
     rewards = torch.tensor([g.rewards for g in groups])
     if loss == "rloo":  # eq. 3 over the kept responses, A from all K rewards of each group
-        from src.objective import leave_one_out_advantages
+        from src.loss.rloo_math import leave_one_out_advantages
         advantages = leave_one_out_advantages(rewards).flatten()[kept]
         expected = -(full.weights[kept] * advantages * full.logprobs[kept]).sum().item() / len(kept)
     else:  # ratio 1, weight 1: -(token-mean of A), A group-normalised from all K rewards
-        from src.losses import group_normalised_advantages
+        from src.loss.variant_math import group_normalised_advantages
         advantages = group_normalised_advantages(rewards).flatten()[kept]
         counts = full.token_counts[kept]
         expected = -(advantages * counts).sum().item() / counts.sum().item()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from src.batch import Batch, Group
-from src.losses import KL_ESTIMATORS
+from src.loss.kl import KL_ESTIMATORS
 from src.checks import check_choice
 from src.policy.forward import Forward
 

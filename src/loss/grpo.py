@@ -9,8 +9,8 @@ import torch
 from src.batch import Batch
 from src.checks import check_int
 from src.loss.base import Objective, UpdateResult, batch_sequences
-from src.losses import clipped_surrogate, group_normalised_advantages
-from src.objective import interleaved_mini_batches
+from src.loss.variant_math import clipped_surrogate, group_normalised_advantages
+from src.loss.rloo_math import interleaved_mini_batches
 from src.policy.forward import place_tokens, row_values, upcast
 
 

@@ -9,8 +9,8 @@ import torch
 
 from src.batch import Batch
 from src.loss.base import Objective, Truncation, UpdateResult, batch_sequences
-from src.losses import truncated_importance_weights
-from src.objective import importance_weights, leave_one_out_advantages, rloo_loss
+from src.loss.variant_math import truncated_importance_weights
+from src.loss.rloo_math import importance_weights, leave_one_out_advantages, rloo_loss
 from src.policy.forward import place_tokens, row_values, upcast
 
 

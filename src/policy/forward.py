@@ -10,8 +10,7 @@ import contextlib
 import torch
 
 from src.batch import Group
-from src.objective import token_entropy
-from src.policy.token_stats import token_logprobs_and_entropy, upcast
+from src.policy.token_stats import token_entropy, token_logprobs_and_entropy, upcast
 
 Sequence = tuple[tuple[int, ...], tuple[int, ...]]  # (prompt ids, response ids)
 

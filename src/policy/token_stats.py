@@ -23,6 +23,14 @@ from torch import Tensor
 CHUNK_ROWS = 4096  # rows of [rows, V] worked in fp32 at once: 4096 x 151,936 x 4 B = 2.5 GB per temporary
 
 
+def token_entropy(logits: Tensor) -> Tensor:
+    """Exact entropy of softmax(logits) at each position, [..., V] -> [...], differentiable."""
+    logp = torch.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    # Masked (-inf) logits have p = 0; zero their log-prob so 0 * -inf does not give nan.
+    return -(p * logp.masked_fill(p == 0, 0.0)).sum(dim=-1)
+
+
 def upcast(values: Tensor) -> Tensor:
     """`values` in at least fp32: half types are widened, fp32 and fp64 kept (a float64 run stays float64)."""
     return values.float() if values.dtype in (torch.float16, torch.bfloat16) else values

@@ -5,7 +5,7 @@ and every fresh weight is exactly 1 (SPEC 3). `behaviour=stale`: the weights fro
 back (seed 002's stale-policy sampling; until `lag` updates exist, the current weights, as
 there). `behaviour=diverse`: the current weights at a higher sampling temperature (seed 002:
 T = 1.2). Both make fresh rollouts off-policy; the trainer corrects them with truncated
-importance sampling (`src.losses.truncated_importance_weights`, seed 002 eq. 3) at the
+importance sampling (`src.loss.variant_math.truncated_importance_weights`, seed 002 eq. 3) at the
 sequence or token level, using log mu from a no-grad forward pass of the behaviour weights
 at the behaviour temperature.
 """

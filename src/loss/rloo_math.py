@@ -5,41 +5,20 @@ The trainer composes the loss itself (eq. 3):
     L(theta) = -(1/B) sum_i w_i A_i log pi_theta(y_i|x_i) + beta_KL * KL[pi_theta || pi_ref] - beta_H * H[pi_theta]
 
 with A_i from `leave_one_out_advantages` (eq. 1), w_i from `importance_weights` (eq. 2, a
-constant in the gradient), the KL estimated per response token with one of `src.losses`'
-estimators (`trainer.kl_estimator`, default k3), and the entropy per response token with
-`token_entropy`.
+constant in the gradient), the KL estimated per response token with one of the
+estimators (`src.loss.kl`, `trainer.kl_estimator`, default k3), and the entropy per response token
+(`src.policy.token_stats.token_entropy`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from src.losses import kl_k3
-
-# Per-token KL estimate from (log pi, log pi_ref) tensors: src.losses.kl_k1, kl_k2 or kl_k3.
-KlEstimator = Callable[[Tensor, Tensor], Tensor]
-
-
-def plan_batch(groups_per_step: int, ratio: float) -> tuple[int, int]:
-    """Split B groups into (B_fresh, B_replay) with B_fresh = round(B / (1 + ratio)) (SPEC 3.1)."""
-    if isinstance(groups_per_step, bool) or int(groups_per_step) != groups_per_step or groups_per_step < 1:
-        raise ValueError(f"groups_per_step (B) must be an integer >= 1, got {groups_per_step!r}.")
-    ratio = float(ratio)
-    if not math.isfinite(ratio) or ratio < 0:
-        raise ValueError(f"replay ratio must be a finite number >= 0, got {ratio!r}; use 0 for fresh-only.")
-    b = int(groups_per_step)
-    b_fresh = round(b / (1.0 + ratio))  # Python round (half to even), as in the paper's table
-    if b_fresh < 1:
-        # With no fresh groups the buffer would never be refilled.
-        raise ValueError(
-            f"ratio={ratio} with groups_per_step={b} leaves B_fresh={b_fresh}; "
-            "lower the ratio or raise groups_per_step so at least one fresh group is sampled per step."
-        )
-    return b_fresh, b - b_fresh
+from src.loss.kl import KlEstimator, kl_k3
 
 
 def leave_one_out_advantages(rewards: Tensor) -> Tensor:
@@ -116,14 +95,6 @@ def rloo_loss(token_logprobs: Tensor, reference_logprobs: Tensor, entropy: Tenso
     kl = kl_tokens.sum() / total_tokens
     entropy_term = (entropy * mask).sum() / total_tokens
     return LossTerms(policy + kl_coef * kl - entropy_coef * entropy_term, policy, kl, entropy_term, kl_tokens)
-
-
-def token_entropy(logits: Tensor) -> Tensor:
-    """Exact entropy of softmax(logits) at each position, [..., V] -> [...], differentiable."""
-    logp = torch.log_softmax(logits, dim=-1)
-    p = logp.exp()
-    # Masked (-inf) logits have p = 0; zero their log-prob so 0 * -inf does not give nan.
-    return -(p * logp.masked_fill(p == 0, 0.0)).sum(dim=-1)
 
 
 def interleaved_mini_batches(rows: int, updates: int) -> list[list[int]]:
