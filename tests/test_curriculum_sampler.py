@@ -17,7 +17,7 @@ from src.curriculum.sampler import (
 )
 from src.paths import CONFIG_DIR
 from src.task.countdown import generate_instances, train_and_heldout
-from src.task.sampler import PromptSampler
+from src.curriculum.uniform import PromptSampler
 from tests.test_frontier import I  # noqa: E402 - the short Instance constructor the fixtures share
 
 

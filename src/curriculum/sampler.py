@@ -1,6 +1,6 @@
 """Training-prompt samplers selected by the `curriculum/` config group (SPEC 9; seed 004, sec. 3.1, app. B.3).
 
-* curriculum=none -> `src.task.sampler.PromptSampler`: uniform prompts, unchanged.
+* curriculum=none -> `src.curriculum.uniform.PromptSampler`: uniform prompts, unchanged.
 * curriculum=frontier | failure | goldilocks -> `CurriculumSampler`: the uniform batch of
   the inner PromptSampler with a fraction rho of its slots replaced by training prompts
   retrieved by similarity to a memory of recent frontier (or failed, or Goldilocks)
@@ -22,7 +22,7 @@ from typing import NoReturn
 
 from src.curriculum.frontier import MODES, FrontierMemory, PromptBank, replacement_count, select_replacements
 from src.task.countdown import Instance
-from src.task.sampler import PromptSampler
+from src.curriculum.uniform import PromptSampler
 
 NAMES = ("none", *MODES)
 KEYS = ("_target_", "name", "fraction", "capacity", "min_memory", "pool_factor", "goldilocks_band", "max_numbers")

@@ -1,4 +1,6 @@
-"""Uniform prompt sampling for training, with a state that survives a checkpoint."""
+"""Uniform prompt sampling for training (curriculum=none), with a state that survives a checkpoint.
+
+The prompt samplers live together here: this uniform one and the curricula of `sampler.py`, which wrap it."""
 
 from __future__ import annotations
 
