@@ -22,7 +22,7 @@ COLUMNS = ["generated_tokens", "trained_tokens", "wall_time_s"]
 AXES = [
     ("fresh_evaluations", "fresh verifier evaluations", "no fresh-evaluation counts logged"),
     ("trained_tokens", "trained tokens (response tokens in the loss, cumulative)",
-     "no budget/trained_tokens logged by these runs (the trainer logs it per step from issue 17 on)"),
+     "no budget/trained_tokens logged by these runs"),
     ("wall_time_s", "training wall time (s, sum of time/step)", "no time/step or start/end time for these runs"),
 ]
 

@@ -1,5 +1,5 @@
 """Cell ids are the key the sweeper skips finished cells by: these ids, computed before the step became
-components (issue 16), must survive every refactor of config or code (`src.sweep.CELL_ID_VERSION`)."""
+components, must survive every refactor of config or code (`src.sweep.CELL_ID_VERSION`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A researcher's first hour (issue 19): help, progress, MLflow naming, paper figures and tables, the install."""
+"""A researcher's first hour: help, progress, MLflow naming, paper figures and tables, the install."""
 
 from __future__ import annotations
 
