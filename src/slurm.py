@@ -118,16 +118,14 @@ def gpu_hour_lines(cfgs: list[DictConfig], launcher: DictConfig, results: Path =
         if benchmark is None:
             missing.add(benchmark_key(cfg))
             continue
-        used.add(benchmark.path)
+        used.add(benchmark)
         job_s = int(cfg.trainer.steps) * benchmark.seconds(float(OmegaConf.select(cfg, "buffer.ratio", default=0.0)))
         hours, longest = hours + job_s * gpus / 3600, max(longest, job_s)
     lines = []
     if used:
-        files = ", ".join(str(path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path)
-                          for path in sorted(used))
         lines.append(f"GPU-hours: about {hours:,.1f} for {len(cfgs) - sum(_count(cfgs, key) for key in missing)} "
-                     f"job(s) x {gpus} GPU (steps x step time from {files}, interpolated in rho; training steps only, "
-                     "not evaluations or model loading; resumed cells counted in full)")
+                     f"job(s) x {gpus} GPU: steps x step time from {'; '.join(map(describe, sorted(used, key=lambda found: found.path)))}; "
+                     "training steps only, not evaluations or model loading; resumed cells counted in full")
         limit_s = float(launcher.timeout_min) * 60
         if longest > limit_s:
             lines.append(f"warning: the longest job needs about {longest / 3600:.1f} h of steps, over "
@@ -139,6 +137,16 @@ def gpu_hour_lines(cfgs: list[DictConfig], launcher: DictConfig, results: Path =
                      f"on hardware={hardware} ({_count(cfgs, (groups, group_size, tokens, hardware))} job(s)); "
                      "`make bench-gpu` on a GPU node measures one into benchmarks/results/")
     return lines
+
+
+def describe(benchmark: StepBenchmark) -> str:
+    """Which file gave the step times, and how the cells' ratios were read off it."""
+    path = benchmark.path
+    name = path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path
+    measured = ", ".join(f"{rho:g}" for rho in benchmark.rhos)
+    how = (f"measured at rho={measured} only, every cell counted at that step time (replay steps are shorter: an "
+           "overestimate)" if len(benchmark.rhos) == 1 else f"measured at rho={measured}, interpolated in between")
+    return f"{name} ({benchmark.device}; {how})"
 
 
 def _count(cfgs: list[DictConfig], key: tuple[int, int, int, str]) -> int:
