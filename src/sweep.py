@@ -6,10 +6,11 @@ its buffer and clip settings are dropped too: the ratio study's rho = 0 baseline
 baseline study's `buffer=none` run are the same cell, and run once. A local policy folder adds
 the hash of its weights, so rebuilding the warm start (`make sft-tiny`) never reuses results
 trained from the old one. The identity is stored on
-every run as the tag `cell_id`; the sweeper (`hydra_plugins/replay_rloo_sweeper`) skips a
-cell that has a FINISHED run with that tag and launches each remaining identity once; a job
-whose cell last FAILED or was KILLED (or a requeued SLURM job) resumes from that run's
-checkpoint into the same MLflow run (`src.run`, `trainer.auto_resume`).
+every run as the tag `cell_id`, and the newest run of a cell decides what happens to it
+(`cell_runs`): the sweeper (`hydra_plugins/replay_rloo_sweeper`) skips a cell whose newest run
+FINISHED and launches each remaining identity once; a job whose cell's newest run FAILED or was
+KILLED (or a requeued SLURM job) resumes from that run's checkpoint into the same MLflow run
+(`src.resume`, `trainer.auto_resume`); a cell with a live run elsewhere is left to it (`src.claim`).
 """
 
 from __future__ import annotations

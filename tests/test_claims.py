@@ -16,7 +16,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from mlflow.tracking import MlflowClient
 
 from src.checkpoint import save_checkpoint
-from src.lifecycle import HEARTBEAT_FILE, write_heartbeat
+from src.lifecycle import HEARTBEAT_FILE
 from src.paths import PROJECT_ROOT
 from src.state import TrainState
 from src.sweep import CellRuns, Skipped, cell_identity, cell_runs, plan_cells
