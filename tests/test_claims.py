@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -75,15 +76,18 @@ def test_a_finished_cell_is_not_trained_again_unless_rerun_is_asked(tmp_path, co
 
 
 # --------------------------------------------------------------------------- the newest run decides
-def test_a_killed_rerun_of_a_finished_cell_resumes(tmp_path, compose_config, caplog):
+@pytest.mark.parametrize("status", ["KILLED", "RUNNING"])  # RUNNING: SIGKILLed, its heartbeat's process gone
+def test_a_killed_rerun_of_a_finished_cell_resumes(tmp_path, compose_config, caplog, status):
     from src.resume import choose_start
 
     cfg = tiny_cfg(compose_config, tmp_path)
     uri, identity = store(tmp_path), cell_identity(cfg)
     make_run(uri, cfg, "FINISHED", tmp_path / "first")
     time.sleep(0.01)  # start times order the runs
-    killed = make_run(uri, cfg, "KILLED", tmp_path / "rerun")
+    killed = make_run(uri, cfg, status, tmp_path / "rerun")
     save_checkpoint(tmp_path / "rerun" / "checkpoint.pt", fake_parts(1), TrainState(step=2), killed, identity)
+    beat = {"run_id": killed, "host": socket.gethostname(), "pid": a_dead_pid(), "time": time.time()}
+    (tmp_path / "rerun" / HEARTBEAT_FILE).write_text(json.dumps(beat))
     known = cell_runs(uri, "replay-rloo", identity)
     assert known.resumable_runs == {identity: killed}  # not hidden behind the older FINISHED run
     with caplog.at_level(logging.WARNING):
@@ -106,7 +110,7 @@ def test_a_dead_running_run_without_a_loadable_checkpoint_is_marked_failed_once_
     dead = make_run(uri, cfg, "RUNNING", folder)
     save_checkpoint(folder / "checkpoint.pt", fake_parts(1), TrainState(step=2), dead, identity)
     (folder / "checkpoint.pt").write_bytes(b"truncated")  # damaged, no previous generation
-    beat = {"run_id": dead, "host": os.uname().nodename, "pid": a_dead_pid(), "time": time.time()}
+    beat = {"run_id": dead, "host": socket.gethostname(), "pid": a_dead_pid(), "time": time.time()}
     (folder / HEARTBEAT_FILE).write_text(json.dumps(beat))
     with caplog.at_level(logging.WARNING, logger="src.resume"):
         start = choose_start(cfg, identity, tmp_path / "new")
@@ -204,6 +208,22 @@ def test_slurm_plan_names_the_request_warns_on_unset_site_settings_and_counts_gp
     assert f"about {100 * 80 / 3600:,.1f} for 1 job(s)" in hours and "gpu_step_x.json" in hours
 
 
+def test_the_sweeper_refuses_slurm_without_sbatch_before_composing_any_cell(compose_config, monkeypatch, capsys):
+    import shutil
+
+    from hydra_plugins.replay_rloo_sweeper import SkipFinishedSweeper
+
+    monkeypatch.setattr(shutil, "which", lambda command: None)
+    sweeper = SkipFinishedSweeper()
+    sweeper.config = compose_config("hardware=h100", hydra=True)  # no hydra_context: composing a cell would fail
+    with pytest.raises(SystemExit) as stopped:
+        sweeper.sweep(["buffer=none,age1"])
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("error: hardware=h100") and "hydra/launcher=basic" in said and "\n" not in said
+
+
+@pytest.mark.slow
 def test_slurm_sweep_without_slurm_exits_2_in_one_line_and_its_dry_run_works(tmp_path):
     environment = {**os.environ, "PATH": str(tmp_path)}  # an empty PATH: no sbatch, no srun
     command = [sys.executable, "-m", "src.run", "-m", "hardware=h100", "buffer=none",
