@@ -1,43 +1,54 @@
-"""Where a training job starts: the checkpoint `trainer.resume_from` names, this cell's newest dead run, or afresh.
+"""Where a training job starts: the checkpoint `trainer.resume_from` names, this cell's newest dead run, or a new
+run it claims (`src.claim`); or nowhere, when the cell is finished or another job trains it.
 
-Decided before the model loads (`src.run` calls `choose_start` first), so a bad checkpoint or a
-run still alive elsewhere costs seconds, not a model load.
+Decided before the model loads (`src.run` calls `choose_start` first), so a bad checkpoint, a
+finished cell or a run alive elsewhere costs seconds, not a model load.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from src import tracking
+from src import claim, tracking
 from src.checkpoint import CheckpointError, read_checkpoint, read_latest_checkpoint
 from src.lifecycle import LATEST_CHECKPOINT, write_heartbeat
-from src.sweep import cell_name, cell_runs
+from src.sweep import CellRuns, cell_name, cell_runs
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Start:
-    """Where a job starts: a new MLflow run in its own output folder, or a dead run's folder, run and checkpoint."""
+    """Where a job starts: its claimed new run in its own output folder, or a dead run's folder, run and checkpoint."""
 
     folder: Path  # checkpoints, heartbeat and final policy live here for the run's whole life
     run_id: str | None = None
     checkpoint: dict | None = None
 
 
-class RunAlive(RuntimeError):
-    """The cell's newest run is alive elsewhere: resuming it would make two writers of one run."""
+class NothingToTrain(RuntimeError):
+    """The job has nothing to train: its cell is finished, or another job trains it."""
+
+
+class RunAlive(NothingToTrain):
+    """The cell has a run alive elsewhere: training it too would make two writers of one cell."""
+
+
+class CellFinished(NothingToTrain):
+    """The cell has a FINISHED run and `trainer.rerun` is false."""
 
 
 def choose_start(cfg: DictConfig, identity: str, output_dir: Path) -> Start:
-    """Resume what `trainer.resume_from` names, or this cell's newest dead run (checked by run and cell id), or
-    start afresh. Runs before the model loads, so a bad checkpoint or a live run costs seconds."""
+    """Resume what `trainer.resume_from` names, or this cell's newest run when it is dead and left a checkpoint;
+    else refuse a finished cell (unless `trainer.rerun`), else claim a new run. Raises RunAlive when another
+    job trains the cell. `trainer.auto_resume=false` skips the lookup: a separate run, not claimed."""
     trainer, uri = cfg.trainer, cfg.tracking.uri
+    claim.forget_unopened_claim()
     if trainer.resume_from:
         path = Path(trainer.resume_from)
         payload, path = (read_latest_checkpoint(path.parent) if path.name == LATEST_CHECKPOINT
@@ -46,24 +57,61 @@ def choose_start(cfg: DictConfig, identity: str, output_dir: Path) -> Start:
         return Start(path.parent, payload["run_id"], payload)
     if not trainer.auto_resume:
         return Start(output_dir)
-    with tracking.sqlite_store_lock(uri):  # lookup and claim at once: jobs relaunched together resume it once
+    locked = claim.store_has_lock(uri)
+    with tracking.sqlite_store_lock(uri):  # lookup and claim at once: jobs started together train a cell once
         tracking.ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
         known = cell_runs(uri, cfg.tracking.experiment, identity, trainer.heartbeat_timeout_s)
-        if identity in known.alive:
-            raise RunAlive(f"cell {cell_name(cfg)} (cell_id {identity}): {known.alive[identity]}. Two jobs must "
-                           "not write one run; relaunch after that, or set trainer.auto_resume=false to start a "
-                           "separate run of this cell")
-        dead = known.dead_without_checkpoint.get(identity)
-        if dead and identity not in known.resumable:
-            MlflowClient(uri).set_terminated(dead, "FAILED")
-            log.warning("run %s of cell %s died before its first checkpoint: marked FAILED; starting the cell "
-                        "afresh in a new run", dead, cell_name(cfg))
-        if identity not in known.resumable:
-            return Start(output_dir)
-        run_id, folder = known.resumable_runs[identity], Path(known.resumable[identity]).parent
+        if known.busy(identity):
+            raise RunAlive(busy_message(cfg, identity, known.alive[identity]))
+        for run_id, reason in known.unresumed_dead(identity):
+            retire(cfg, run_id, reason)
+        start = resume_newest(cfg, identity, known, locked)
+        if start is not None:
+            return start
+        if identity in known.finished and not trainer.rerun:
+            raise CellFinished(f"cell {cell_name(cfg)} (cell_id {identity}) already has FINISHED run "
+                               f"{known.finished[identity]} in experiment '{cfg.tracking.experiment}': not "
+                               "training it again. Set trainer.rerun=true to train it again into a new run")
+        claimed_at = time.monotonic()
+        run_id = claim.create_claim_run(cfg, output_dir)
+    if not locked:  # a store without a lock: the earliest of the claims made together trains
+        rival = claim.earliest_claim(cfg, identity, run_id, claimed_at)
+        if rival is not None:
+            claim.withdraw_claim(uri, run_id)
+            raise RunAlive(busy_message(cfg, identity, rival[1]))
+    return Start(output_dir, run_id)
+
+
+def busy_message(cfg: DictConfig, identity: str, alive: str) -> str:
+    return (f"cell {cell_name(cfg)} (cell_id {identity}): {alive}. Not training it twice: relaunch after that, "
+            "or set trainer.auto_resume=false to start a separate run of this cell")
+
+
+def retire(cfg: DictConfig, run_id: str, reason: str) -> None:
+    """Mark a dead run that nobody will resume FAILED with the reason, in one log line."""
+    claim.mark_failed(cfg.tracking.uri, run_id, reason)
+    log.warning("run %s of cell %s marked FAILED: %s", run_id, cell_name(cfg), reason)
+
+
+def resume_newest(cfg: DictConfig, identity: str, known: CellRuns, locked: bool) -> Start | None:
+    """Claim and load the newest run of the cell when it is dead and left a checkpoint; None when there is none,
+    or its checkpoints do not load (the run is then marked FAILED, and the cell starts afresh)."""
+    if identity not in known.resumable:
+        return None
+    uri, run_id = cfg.tracking.uri, known.resumable_runs[identity]
+    folder = Path(known.resumable[identity]).parent
+    claimed_at, token = time.monotonic(), None if locked else claim.tag_resume_claim(uri, run_id)
+    try:
         payload, path = read_latest_checkpoint(folder)
-        check_checkpoint_owner(payload, path, identity, run_id)
-        write_heartbeat(folder, run_id)  # claimed: a relaunch racing this one now sees the run alive
+    except CheckpointError as error:
+        retire(cfg, run_id, f"dead, not resumable: {str(error).split('. Start the cell afresh')[0]}")
+        return None
+    check_checkpoint_owner(payload, path, identity, run_id)
+    if token is not None:
+        holder = claim.resume_claim_holder(uri, run_id, token, claimed_at)
+        if holder is not None:
+            raise RunAlive(busy_message(cfg, identity, f"run {run_id} is being resumed by {holder}"))
+    write_heartbeat(folder, run_id)  # claimed: a relaunch racing this one now sees the run alive
     log.warning("resuming run %s of cell %s from %s at step %d", run_id, cell_name(cfg), path,
                 payload["state"]["step"])
     return Start(folder, run_id, payload)

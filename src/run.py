@@ -25,7 +25,7 @@ from src.budget import plan_for_config, replay_demand_met
 from src.config import ConfigError, validate
 from src.lifecycle import LATEST_CHECKPOINT, Heartbeat
 from src.eval.standalone import evaluate_policy
-from src.sweep import cell_identity, cell_name, slurm_job_key
+from src.sweep import Skipped, cell_identity, cell_name, slurm_job_key
 from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
 from src.task import countdown
@@ -33,7 +33,8 @@ from src.build import build_components
 from src.labels import hydra_job, run_labels
 from src.checkpoint import CheckpointError, check_resume_from, restore_checkpoint, save_checkpoint
 from src.components import Components
-from src.resume import RunAlive, choose_start
+from src.claim import fail_unopened_claim
+from src.resume import NothingToTrain, RunAlive, choose_start
 from src.state import TrainState
 from src.train import train_step
 
@@ -148,7 +149,7 @@ def _fmt(value) -> str:
 
 
 # Mistakes a user fixes by changing the command line: one message, no traceback.
-USER_ERRORS = (ConfigError, CheckpointError, RunAlive, tracking.StoreUnreachable)
+USER_ERRORS = (ConfigError, CheckpointError, tracking.StoreUnreachable)
 
 
 def exit_with_message(error: Exception) -> None:
@@ -157,14 +158,29 @@ def exit_with_message(error: Exception) -> None:
     sys.exit(2)
 
 
+def nothing_to_train(reason: NothingToTrain) -> Skipped | float:
+    """A finished cell, or one another job trains: one line. In a sweep the job is a skip the sweeper counts;
+    alone, a finished cell exits 0 and a cell trained elsewhere exits 2 (the command did not train)."""
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        console.print(f"skip: {reason}", soft_wrap=True, highlight=False, markup=False)
+        return Skipped(str(reason), "running" if isinstance(reason, RunAlive) else "finished")
+    if isinstance(reason, RunAlive):
+        exit_with_message(reason)
+    console.print(str(reason), soft_wrap=True, highlight=False, markup=False)
+    return float("nan")
+
+
 # submitit pickles the undecorated `main` by value (the module attribute is Hydra's wrapper), with
 # the globals it names: it must name only importable things, never the rich console (it holds a lock).
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")  # absolute: see __main__
 def main(cfg: DictConfig) -> float:
     try:
         summary = train(cfg)
-    except USER_ERRORS as error:
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+    except NothingToTrain as reason:
+        return nothing_to_train(reason)
+    except Exception as error:
+        fail_unopened_claim(error)  # a run claimed but never opened ends FAILED, not RUNNING
+        if not isinstance(error, USER_ERRORS) or HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the sweeper lists the failed cell with this message; the other cells go on
         exit_with_message(error)
     # The value a Hydra sweeper would optimise: held-out mean reward.

@@ -145,7 +145,7 @@ def yaml_defaults() -> dict[str, object]:
 
     for path in sorted(Path(CONFIG_DIR).rglob("*.yaml")):
         relative = path.relative_to(CONFIG_DIR)
-        if relative.parts[0] in ("sweep", "local"):  # studies set sweeper grids; site files launcher settings
+        if relative.parts[0] in ("sweep", "local", "hydra"):  # sweeper grids, site and launcher settings: Hydra's
             continue
         text = path.read_text()
         node = yaml.safe_load(text) or {}

@@ -6,10 +6,11 @@ its buffer and clip settings are dropped too: the ratio study's rho = 0 baseline
 baseline study's `buffer=none` run are the same cell, and run once. A local policy folder adds
 the hash of its weights, so rebuilding the warm start (`make sft-tiny`) never reuses results
 trained from the old one. The identity is stored on
-every run as the tag `cell_id`; the sweeper (`hydra_plugins/replay_rloo_sweeper`) skips a
-cell that has a FINISHED run with that tag and launches each remaining identity once; a job
-whose cell last FAILED or was KILLED (or a requeued SLURM job) resumes from that run's
-checkpoint into the same MLflow run (`src.run`, `trainer.auto_resume`).
+every run as the tag `cell_id`, and the newest run of a cell decides what happens to it
+(`cell_runs`): the sweeper (`hydra_plugins/replay_rloo_sweeper`) skips a cell whose newest run
+FINISHED and launches each remaining identity once; a job whose cell's newest run FAILED or was
+KILLED (or a requeued SLURM job) resumes from that run's checkpoint into the same MLflow run
+(`src.resume`, `trainer.auto_resume`); a cell with a live run elsewhere is left to it (`src.claim`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from src.budget import plan_for_config
-from src.lifecycle import checkpoint_files, run_liveness
+from src.lifecycle import Liveness, checkpoint_files, run_liveness
 from src.paths import resolve_policy_path
 
 # Keys that change how a cell is launched or logged, never what it computes.
@@ -36,6 +37,7 @@ LAUNCH_ONLY = (
     "hardware.name",
     "trainer.resume_from",
     "trainer.auto_resume",
+    "trainer.rerun",  # train a finished cell again: a new run of the same cell
     "trainer.checkpoint_every",
     "trainer.fused_logprobs",  # the same log-probs to fp32 rounding, computed with less memory
     "trainer.heartbeat_every_s",
@@ -219,13 +221,38 @@ def _drop(tree: dict, dotted: str) -> None:
 
 @dataclass
 class CellRuns:
-    """What the tracking store knows about the cells of one experiment (each cell judged by its newest run)."""
+    """What the tracking store knows about the cells of one experiment: the newest run of a cell decides.
 
-    finished: dict[str, str]  # cell_id -> run id of a FINISHED run
-    resumable: dict[str, str]  # cell_id -> checkpoint of the newest dead (FAILED, KILLED, silently died) run
+    A cell whose newest run is FINISHED is finished; one whose newest run is dead (FAILED, KILLED, or
+    RUNNING with a dead heartbeat) and left a checkpoint resumes from it, even when an older run of
+    the cell finished (a killed rerun resumes like any other run). Any live RUNNING run makes the cell
+    busy: nobody else trains it.
+    """
+
+    finished: dict[str, str]  # cell_id -> run id of its newest FINISHED run
+    resumable: dict[str, str]  # cell_id -> checkpoint of its newest run, when that run is dead and left one
     resumable_runs: dict[str, str] = field(default_factory=dict)  # cell_id -> that run's id
-    alive: dict[str, str] = field(default_factory=dict)  # cell_id -> why its newest RUNNING run counts as alive
-    dead_without_checkpoint: dict[str, str] = field(default_factory=dict)  # cell_id -> a RUNNING run that died
+    alive: dict[str, str] = field(default_factory=dict)  # cell_id -> which live run trains it, for the message
+    alive_runs: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # cell_id -> (start ms, run id) live
+    dead_running: dict[str, list[tuple[str, str, bool]]] = field(default_factory=dict)  # (run id, why dead, has ckpt)
+
+    def busy(self, identity: str) -> bool:
+        return identity in self.alive
+
+    def unresumed_dead(self, identity: str) -> list[tuple[str, str]]:
+        """The cell's dead RUNNING runs nobody will resume, each with why: to be marked FAILED."""
+        resumed = self.resumable_runs.get(identity)
+        return [(run_id, f"dead ({why}), not resumable: " + ("a newer run of the cell replaced it" if checkpoint
+                                                              else "no checkpoint in its folder"))
+                for run_id, why, checkpoint in self.dead_running.get(identity, []) if run_id != resumed]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """What a sweep job returns when it trained nothing: its cell finished, or another job trains it."""
+
+    reason: str
+    kind: str  # "finished" or "running"
 
 
 def slurm_job_key() -> str | None:
@@ -248,45 +275,60 @@ def cell_runs(uri: str, experiment: str, cell_id: str | None = None, heartbeat_t
     if found is None:
         return known
     query = f"tags.cell_id = '{cell_id}'" if cell_id else ""
-    this_job = slurm_job_key()
     page_token = None
     while True:  # oldest first, so the newest run of a cell decides
         page = client.search_runs([found.experiment_id], filter_string=query, max_results=1000,
                                   order_by=["attributes.start_time ASC"], page_token=page_token)
         for run in page:
-            identity, status, tags = run.data.tags.get("cell_id"), run.info.status, run.data.tags
-            if identity is None or identity in known.finished:
-                continue
-            if status == "FINISHED":
-                known.finished[identity] = run.info.run_id
-                for pending in (known.resumable, known.resumable_runs, known.alive, known.dead_without_checkpoint):
-                    pending.pop(identity, None)
-                continue
-            folder = Path(tags["output_dir"]) if tags.get("output_dir") else None
-            dead = status in ("FAILED", "KILLED")
-            if status == "RUNNING":
-                if this_job is not None and tags.get("slurm_job") == this_job:
-                    dead = True
-                else:
-                    liveness = run_liveness(run.info.run_id, folder, run.info.start_time / 1000,
-                                            tags.get("slurm_job"), heartbeat_timeout_s)
-                    if liveness.alive:
-                        known.alive[identity] = (f"run {run.info.run_id} ({liveness.reason}) is still alive: wait "
-                                                 f"{liveness.wait_s:.0f} s for its heartbeat to time out if it died")
-                        continue
-                    dead = True
-            if not dead:
-                continue
-            known.alive.pop(identity, None)
-            checkpoints = checkpoint_files(folder) if folder is not None else []
-            if checkpoints:
-                known.resumable[identity] = str(checkpoints[0])
-                known.resumable_runs[identity] = run.info.run_id
-            elif status == "RUNNING":
-                known.dead_without_checkpoint[identity] = run.info.run_id
+            if run.data.tags.get("cell_id") is not None:
+                _judge_run(known, run, heartbeat_timeout_s)
         page_token = page.token
         if not page_token:
             return known
+
+
+def _judge_run(known: CellRuns, run, heartbeat_timeout_s: float) -> None:
+    """Fold one run (runs come oldest first) into what is known about its cell."""
+    identity, status, tags, run_id = run.data.tags["cell_id"], run.info.status, run.data.tags, run.info.run_id
+    if status == "FINISHED":
+        known.finished[identity] = run_id
+        known.resumable.pop(identity, None)
+        known.resumable_runs.pop(identity, None)
+        return
+    folder = Path(tags["output_dir"]) if tags.get("output_dir") else None
+    if status == "RUNNING":
+        why_dead = running_run_death(run, folder, heartbeat_timeout_s)
+        if isinstance(why_dead, Liveness):  # alive
+            known.alive[identity] = (f"run {run_id} ({running_job(tags, why_dead)}) is training it: wait "
+                                     f"{why_dead.wait_s:.0f} s for its heartbeat to time out if it died")
+            known.alive_runs.setdefault(identity, []).append((run.info.start_time, run_id))
+            return
+    elif status not in ("FAILED", "KILLED"):
+        return
+    checkpoints = checkpoint_files(folder) if folder is not None else []
+    if status == "RUNNING":
+        known.dead_running.setdefault(identity, []).append((run_id, why_dead, bool(checkpoints)))
+    known.resumable.pop(identity, None)
+    known.resumable_runs.pop(identity, None)
+    if checkpoints:
+        known.resumable[identity] = str(checkpoints[0])
+        known.resumable_runs[identity] = run_id
+
+
+def running_run_death(run, folder: Path | None, heartbeat_timeout_s: float) -> "str | Liveness":
+    """Why a RUNNING run is dead, or its `Liveness` when it is alive."""
+    tags, this_job = run.data.tags, slurm_job_key()
+    if this_job is not None and tags.get("slurm_job") == this_job:
+        return f"an earlier attempt of this SLURM job {this_job}"
+    liveness = run_liveness(run.info.run_id, folder, run.info.start_time / 1000, tags.get("slurm_job"),
+                            heartbeat_timeout_s)
+    return liveness if liveness.alive else liveness.reason
+
+
+def running_job(tags: dict, liveness: Liveness) -> str:
+    """Where a live run runs, for a message: its process and host from the heartbeat, and its SLURM job."""
+    slurm = tags.get("slurm_job")
+    return liveness.reason + (f", SLURM job {slurm}" if slurm and slurm != "-" else "")
 
 
 @dataclass
@@ -302,31 +344,38 @@ class PlannedCell:
     budget_is_floor: bool = False  # sampling=dynamic generates until its batch is full: the plan is a minimum
     budget_is_ceiling: bool = False  # a positive-bias FIFO with distinct draws: fewer if kept rollouts are correct
     seed: int = 0  # trainer.seed: each (cell, seed) is its own job
+    same_as: int | None = None  # a duplicate: the index of the job in this sweep that trains its cell
+    rerun: bool = False  # launched although the cell has a FINISHED run (trainer.rerun or skip_finished=false)
 
 
-def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns) -> list[PlannedCell]:
-    """Mark each (overrides, composed config) job as launch / resume / finished / running / duplicate."""
-    seen: set[str] = set()
+def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns, rerun: bool = False) -> list[PlannedCell]:
+    """Mark each (overrides, composed config) job as launch / resume / finished / running / duplicate.
+
+    The same cell twice in one sweep runs once (the later job is a "duplicate" of the earlier one);
+    then a live run elsewhere, the newest run's checkpoint, and a FINISHED run decide, in that order.
+    `rerun` (or the job's `trainer.rerun`) launches a finished cell again.
+    """
+    first: dict[str, int] = {}
     planned = []
-    for overrides, cfg in jobs:
-        identity = cell_identity(cfg)
-        trainer = cfg.trainer
+    for index, (overrides, cfg) in enumerate(jobs):
+        identity, trainer = cell_identity(cfg), cfg.trainer
         plan = plan_for_config(cfg)
-        previous = None
-        if identity in known.finished:
-            status, previous = "finished", known.finished[identity]
-        elif identity in seen:
-            status = "duplicate"
-        elif identity in known.alive and cfg.trainer.auto_resume and not cfg.trainer.resume_from:
-            status, previous = "running", known.alive[identity]  # a second job would refuse to start (src.run)
-        elif identity in known.resumable and cfg.trainer.auto_resume and not cfg.trainer.resume_from:
-            status, previous = "resume", known.resumable[identity]  # the job finds it itself (src.run)
-        else:
-            status = "launch"
-        seen.add(identity)
-        planned.append(PlannedCell(list(overrides), cell_name(cfg), identity, plan.fresh_evaluations, status, previous,
-                                   budget_is_floor=cfg.sampling.name == "dynamic", seed=int(trainer.seed),
-                                   budget_is_ceiling=plan.reward_dependent))
+        cell = PlannedCell(list(overrides), cell_name(cfg), identity, plan.fresh_evaluations, "launch",
+                           budget_is_floor=cfg.sampling.name == "dynamic", seed=int(trainer.seed),
+                           budget_is_ceiling=plan.reward_dependent)
+        looks_up = trainer.auto_resume and not trainer.resume_from  # else the job starts a separate run (src.run)
+        if identity in first:
+            cell.status, cell.same_as = "duplicate", first[identity]
+        elif looks_up and known.busy(identity):
+            cell.status, cell.previous = "running", known.alive[identity]  # its job would refuse to start (src.run)
+        elif looks_up and identity in known.resumable:
+            cell.status, cell.previous = "resume", known.resumable[identity]  # the job finds it itself (src.run)
+        elif identity in known.finished:
+            cell.previous = known.finished[identity]
+            cell.rerun = rerun or bool(trainer.rerun)
+            cell.status = "launch" if cell.rerun else "finished"
+        first.setdefault(identity, index)
+        planned.append(cell)
     return planned
 
 

@@ -146,11 +146,12 @@ def test_a_checkpoint_path_from_a_shared_store_cannot_run_code(tmp_path, compose
     crafted.mkdir()
     marker = tmp_path / "pwned"
     torch.save({"policy": RunsCode(marker), "state": {}, "run_id": "x"}, crafted / "checkpoint.pt")
-    make_run(store(tmp_path), cfg, "FAILED", crafted)
-    with pytest.raises(CheckpointError) as error:
-        choose_start(cfg, cell_identity(cfg), tmp_path / "new")
-    assert str(crafted / "checkpoint.pt") in str(error.value)
+    crafted_run = make_run(store(tmp_path), cfg, "KILLED", crafted)
+    start = choose_start(cfg, cell_identity(cfg), tmp_path / "new")  # not loadable: a new run, the cell afresh
     assert not marker.exists()
+    assert start.checkpoint is None and start.folder == tmp_path / "new" and start.run_id != crafted_run
+    refused = MlflowClient(store(tmp_path)).get_run(crafted_run)
+    assert refused.info.status == "FAILED" and str(crafted / "checkpoint.pt") in refused.data.tags["failure_reason"]
 
 
 def test_a_checkpoint_of_another_cell_or_run_is_refused_naming_both(tmp_path, compose_config):
@@ -186,8 +187,10 @@ def test_a_live_run_is_never_resumed_and_a_dead_one_without_checkpoint_is_marked
     beat = json.loads((alive_folder / HEARTBEAT_FILE).read_text())
     (alive_folder / HEARTBEAT_FILE).write_text(json.dumps({**beat, "pid": a_dead_pid()}))  # it died, no checkpoint
     start = choose_start(cfg, cell_identity(cfg), tmp_path / "new")
-    assert start.run_id is None and start.folder == tmp_path / "new"  # afresh
-    assert MlflowClient(store(tmp_path)).get_run(alive).info.status == "FAILED"
+    assert start.checkpoint is None and start.folder == tmp_path / "new"  # afresh, into a new (claimed) run
+    assert start.run_id not in (None, alive)
+    dead = MlflowClient(store(tmp_path)).get_run(alive)
+    assert dead.info.status == "FAILED" and "no checkpoint" in dead.data.tags["failure_reason"]
 
 
 def test_sweeper_timeouts_are_scoped_to_its_own_queries(monkeypatch):

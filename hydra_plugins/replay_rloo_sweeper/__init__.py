@@ -1,17 +1,23 @@
 """A Hydra sweeper that launches each cell of a study once and never reruns a finished one.
 
 It is Hydra's basic sweeper (cartesian product of `hydra.sweeper.params` and the command
-line) with three additions, selected for every multirun by `conf/config.yaml`:
+line) with these additions, selected for every multirun by `conf/config.yaml`:
 
 - `grids`: a study may be the union of several grids (the ratio study is its rho x c grid
   plus the fresh-only baseline; `paper` is every study), all sent as one launch, so on SLURM
   the whole sweep goes out as one job array.
 - Before launching anything it composes and validates every job's config, computes the
   cell identity (`src.sweep.cell_identity`), and looks the cells up in MLflow: finished
-  cells are skipped, a cell repeated within the sweep runs once, and a cell whose last run
-  failed or was killed resumes from its checkpoint. The plan is printed with each cell's
-  planned fresh-evaluation budget.
-- `dry_run=true` prints that plan and launches nothing.
+  cells are skipped, a job whose cell an earlier job of the sweep already has is "same cell
+  as" that job and runs once, a cell whose newest run failed or was killed resumes from its
+  checkpoint, and a cell trained by a live job elsewhere is skipped. The plan is printed with
+  each cell's planned fresh-evaluation budget. Each launched job claims its cell again when it
+  starts (`src.claim`), so two sweeps started together still train a cell once.
+- `dry_run=true` prints that plan and launches nothing; `skip_finished=false` launches finished
+  cells again (their jobs get `trainer.rerun=true`).
+- With the SLURM launcher: no `sbatch`/`srun` on this machine stops a launch in one line (exit 2)
+  before anything is read; the plan adds each job's request, warnings on an unset partition or
+  account, and the sweep's GPU-hours from the committed step benchmark (`src.slurm`).
 
 While the cells run it reports progress: with the in-process launcher, a line before each cell
 ("cell 3 of 9", finished/skipped/failed so far, an ETA from the finished cells' mean time); with
@@ -30,7 +36,6 @@ from unittest import mock
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.errors import HydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
@@ -85,13 +90,32 @@ class SkipFinishedSweeper(Sweeper):
         return jobs
 
     def sweep(self, arguments: List[str]) -> Any:
-        from pathlib import Path
-
-        from src.config import ConfigError, validate
-        from src.sweep import CellRuns, cell_runs, plan_cells, record_membership
-        from src.tracking import ensure_experiment, sqlite_store_lock
+        from src.slurm import missing_slurm, slurm_plan_lines, uses_slurm
+        from src.sweep import CellRuns, plan_cells, record_membership
 
         started = time.perf_counter()
+        if not self.dry_run and missing_slurm(self.config):  # before any config is composed or store read
+            stop(missing_slurm(self.config), 2)
+        jobs = self.composed_jobs(arguments)
+        known = self.known_runs() if self.skip_finished else CellRuns({}, {})
+        planned = plan_cells(jobs, known, rerun=not self.skip_finished)
+        tracking = self.config.tracking
+        print_plan(planned, tracking, time.perf_counter() - started, self.dry_run)
+        to_launch = [index for index, cell in enumerate(planned) if cell.status in ("launch", "resume")]
+        if uses_slurm(self.config):
+            for line in slurm_plan_lines(self.config, [jobs[index][1] for index in to_launch]):
+                say(line)
+        if self.skip_finished and not self.dry_run:
+            with planning_timeouts():
+                record_membership(tracking.uri, planned, tracking.sweep)
+        if self.dry_run or not to_launch:
+            return []
+        return self.launch_planned(planned, to_launch)
+
+    def composed_jobs(self, arguments: List[str]) -> List[tuple]:
+        """Every job's (overrides, validated task config); a bad cell stops the sweep in one line, exit 2."""
+        from src.config import ConfigError, validate
+
         jobs = []
         for overrides in self.job_overrides(arguments):
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -99,48 +123,51 @@ class SkipFinishedSweeper(Sweeper):
             try:
                 validate(task_cfg, check_device=False)  # a bad cell stops the sweep before anything runs
             except ConfigError as error:
-                raise HydraException(f"cell {' '.join(overrides)}: {error}") from None
+                stop(f"cell {' '.join(overrides)}: {error}", 2)
             jobs.append((overrides, task_cfg))
+        return jobs
+
+    def known_runs(self):
+        """What the store knows about the sweep's cells; an unreachable store stops a launch (exit 2), not a dry run."""
+        from src.sweep import CellRuns, cell_runs
+        from src.tracking import ensure_experiment, sqlite_store_lock
 
         tracking = self.config.tracking
-        known = CellRuns({}, {})
-        if self.skip_finished:
-            try:
-                with planning_timeouts(), sqlite_store_lock(tracking.uri):  # jobs starting together must not
-                    if not self.dry_run:  # race to create the store, nor look it up while it is being created
-                        ensure_experiment(tracking.uri, tracking.experiment, tracking.artifact_location)
-                    known = cell_runs(tracking.uri, tracking.experiment,
-                                      heartbeat_timeout_s=self.config.trainer.heartbeat_timeout_s)
-            except Exception as error:  # noqa: BLE001  (an unreachable server must not hide the plan)
-                if not self.dry_run:
-                    raise HydraException(f"cannot reach the MLflow store {tracking.uri} to check for finished "
-                                         f"cells ({error.__class__.__name__}: {error}). Start it (make "
-                                         "mlflow-server) or set tracking.uri / MLFLOW_TRACKING_URI") from None
-                log.warning("MLflow store %s unreachable (%s): finished cells not marked", tracking.uri, error)
-        planned = plan_cells(jobs, known)
-        print_plan(planned, tracking, time.perf_counter() - started, self.dry_run)
-        if self.skip_finished and not self.dry_run:
-            with planning_timeouts():
-                record_membership(tracking.uri, planned, tracking.sweep)
-        to_run = [cell.overrides for cell in planned if cell.status in ("launch", "resume")]
-        if self.dry_run or not to_run:
-            return []
+        try:
+            with planning_timeouts(), sqlite_store_lock(tracking.uri):  # jobs starting together must not
+                if not self.dry_run:  # race to create the store, nor look it up while it is being created
+                    ensure_experiment(tracking.uri, tracking.experiment, tracking.artifact_location)
+                return cell_runs(tracking.uri, tracking.experiment,
+                                 heartbeat_timeout_s=self.config.trainer.heartbeat_timeout_s)
+        except Exception as error:  # noqa: BLE001  (an unreachable server must not hide the plan)
+            reason = f"{error.__class__.__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+            if not self.dry_run:
+                stop(f"cannot reach the MLflow store tracking.uri={tracking.uri} to check for finished cells "
+                     f"({reason}). Start it (make mlflow-server) or set tracking.uri / MLFLOW_TRACKING_URI", 2)
+            log.warning("MLflow store %s unreachable (%s): finished cells not marked", tracking.uri, reason)
+            return CellRuns({}, {})
+
+    def launch_planned(self, planned: list, to_launch: List[int]) -> Any:
+        """Launch the planned jobs (in-process one at a time, on a cluster as one array) and report as they end."""
+        from pathlib import Path
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        to_run = [launch_overrides(planned[index], rerun_all=not self.skip_finished) for index in to_launch]
         in_process = type(self.launcher).__name__ == "BasicLauncher"  # one job after the other, in this process
         # In-process cells launch one at a time, so each gets its "cell i of N" line; a cluster launch
         # stays one job array.
         size = 1 if in_process and not self.max_batch_size else (self.max_batch_size or len(to_run))
-        names = {tuple(cell.overrides): cell.cell for cell in planned}
-        tally = SweepTally(total=len(to_run), skipped=len(planned) - len(to_run))
+        tally = SweepTally(total=len(to_run), skipped=sum(cell.status == "finished" for cell in planned),
+                           same=sum(cell.status == "duplicate" for cell in planned),
+                           running=sum(cell.status == "running" for cell in planned))
         returns: List[Sequence[JobReturn]] = []
         failed = []
         for start in range(0, len(to_run), size):
             batch = to_run[start : start + size]
             if in_process:
-                say(tally.before(start, names.get(tuple(batch[0]), "?")))
+                say(tally.before(start, planned[to_launch[start]].cell))
                 results = self.launcher.launch(batch, initial_job_idx=start)
             else:
                 results = launch_watching_slurm(self.launcher, batch, start, sweep_dir)
@@ -150,10 +177,26 @@ class SkipFinishedSweeper(Sweeper):
         say(tally.summary())
         if failed:
             lines = [f"  {' '.join(result.overrides or [])}: {result._return_value!r}" for result in failed]
-            raise HydraException(f"{len(failed)} of {len(to_run)} cells failed. Relaunching the sweep resumes each "
-                                 "from its last checkpoint where it wrote one and starts the others afresh:\n"
-                                 + "\n".join(lines))
+            stop(f"{len(failed)} of {len(to_run)} cells failed. Relaunching the sweep resumes each from its last "
+                 "checkpoint where it wrote one and starts the others afresh:\n" + "\n".join(lines), 1)
         return returns
+
+
+def launch_overrides(cell, rerun_all: bool) -> List[str]:
+    """A job's overrides; a finished cell launched again (`skip_finished=false`) gets `trainer.rerun=true`, so its
+    job trains it into a new run instead of stopping at the FINISHED one."""
+    rerun = (cell.rerun or rerun_all) and not any(override.startswith("trainer.rerun=") for override in cell.overrides)
+    return list(cell.overrides) + (["trainer.rerun=true"] if rerun else [])
+
+
+def stop(message: str, code: int) -> None:
+    """End the sweep with one message and an exit status, no traceback (Hydra would print one for an exception)."""
+    import sys
+
+    from src.progress import console
+
+    console.print(f"[bold red]error:[/bold red] {message}", soft_wrap=True, highlight=False)
+    sys.exit(code)
 
 
 def say(line: str) -> None:
@@ -164,16 +207,30 @@ def say(line: str) -> None:
 
 
 class SweepTally:
-    """Counts and times of a sweep's cells, for its progress lines."""
+    """Counts and times of a sweep's cells, for its progress lines.
 
-    def __init__(self, total: int, skipped: int, clock=time.monotonic):
-        self.total, self.skipped, self.clock = total, skipped, clock
-        self.done = self.failed = 0
+    `skipped`: finished before; `same`: the same cell as an earlier job of this sweep; `running`: trained by
+    a job elsewhere. A launched job that found its cell finished or taken meanwhile (it returns
+    `src.sweep.Skipped`) moves to those counts instead of "finished".
+    """
+
+    def __init__(self, total: int, skipped: int, clock=time.monotonic, same: int = 0, running: int = 0):
+        self.total, self.skipped, self.same, self.running, self.clock = total, skipped, same, running, clock
+        self.done = self.failed = self.trained = 0
         self.started = clock()
 
     def finished(self, results: Sequence[JobReturn]) -> None:
-        self.done += len(results)
-        self.failed += sum(result.status != JobStatus.COMPLETED for result in results)
+        from src.sweep import Skipped
+
+        for result in results:
+            self.done += 1
+            if result.status != JobStatus.COMPLETED:
+                self.failed += 1
+            elif isinstance(result.return_value, Skipped):
+                self.skipped += result.return_value.kind == "finished"
+                self.running += result.return_value.kind == "running"
+            else:
+                self.trained += 1
 
     def eta_s(self) -> Optional[float]:
         from src.progress import eta_seconds
@@ -187,8 +244,9 @@ class SweepTally:
                 f"elapsed {format_duration(self.clock() - self.started)}, ETA {format_duration(self.eta_s())}")
 
     def counts(self) -> str:
-        return (f"{self.done - self.failed} finished, {self.skipped} skipped (done before), "
-                f"{self.failed} failed")
+        extra = (f"{self.same} same cell as another job, " if self.same else "") + \
+                (f"{self.running} running elsewhere (skipped), " if self.running else "")
+        return f"{self.trained} finished, {self.skipped} skipped (done before), {extra}{self.failed} failed"
 
     def summary(self) -> str:
         from src.progress import format_duration
@@ -279,20 +337,16 @@ def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
     table = Table(title=("DRY RUN: nothing launched. " if dry_run else "") + f"{len(planned)} jobs, "
                   f"{counts['launch']} to launch, {counts['resume']} to resume, {counts['finished']} finished "
                   f"(skipped), " + (f"{counts['running']} running elsewhere (skipped), " if counts["running"] else "")
-                  + f"{counts['duplicate']} duplicate (skipped)")
+                  + f"{counts['duplicate']} same cell as another job (skipped)")
     several_seeds = len({cell.seed for cell in planned}) > 1  # training-seed repeats: each (cell, seed) is a job
     for heading in ("#", "cell", *(["seed"] if several_seeds else []), "planned fresh evals", "status", "overrides"):
         table.add_column(heading, justify="right" if heading in ("#", "seed", "planned fresh evals") else "left")
     # Overrides every job shares are printed once, below the table; the column shows what varies.
     hidden = ("+sweep=", "trainer.resume_from=")
     common = set.intersection(*(set(cell.overrides) for cell in planned)) if planned else set()
+    shown = [" ".join(o for o in cell.overrides if o not in common and not o.startswith(hidden)) for cell in planned]
     for index, cell in enumerate(planned):
-        status = {"finished": f"finished, skip (run {cell.previous[:8] if cell.previous else ''})",
-                  "duplicate": "duplicate, skip", "launch": "launch",
-                  "resume": f"resume from {cell.previous}",
-                  "running": f"running elsewhere, skip: {cell.previous}"}[cell.status]
-        shown = [o for o in cell.overrides if o not in common and not o.startswith(hidden)]
-        table.add_row(str(index), cell.cell, *([str(cell.seed)] if several_seeds else []), ("≥ " if cell.budget_is_floor else "≤ " if cell.budget_is_ceiling else "") + f"{cell.fresh_evaluations:,}", status, " ".join(shown))
+        table.add_row(str(index), cell.cell, *([str(cell.seed)] if several_seeds else []), ("≥ " if cell.budget_is_floor else "≤ " if cell.budget_is_ceiling else "") + f"{cell.fresh_evaluations:,}", plan_status(cell, shown), shown[index])
     console = Console(width=max(Console().width, 140))
     console.print(table)
     shared = [o for o in planned[0].overrides if o in common and not o.startswith(hidden)] if planned else []
@@ -300,3 +354,13 @@ def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
         console.print("every cell also has: " + " ".join(shared))
     console.print(f"checked {len(planned)} cells against {tracking.uri} (experiment '{tracking.experiment}') "
                   f"in {seconds:.1f} s")
+
+
+def plan_status(cell, shown: List[str]) -> str:
+    """The plan's status column for one job; `shown` is every job's varying overrides, to name the twin of a duplicate."""
+    if cell.status == "duplicate":
+        return f"same cell as #{cell.same_as} ({shown[cell.same_as] or 'the same overrides'}), skip"
+    if cell.status == "launch" and cell.rerun:
+        return f"launch again (finished run {cell.previous[:8]}; rerun)"
+    return {"finished": f"finished, skip (run {cell.previous[:8] if cell.previous else ''})", "launch": "launch",
+            "resume": f"resume from {cell.previous}", "running": f"running elsewhere, skip: {cell.previous}"}[cell.status]

@@ -1,0 +1,162 @@
+"""A sweep sent to SLURM, from the submitting machine: is SLURM there, what each job asks for, and how many
+GPU-hours the sweep will take (from the committed step-time benchmark, `benchmarks/results/gpu_step_*.json`).
+
+Nothing here needs SLURM installed, so the dry run (`hydra.sweeper.dry_run=true`) works on a laptop.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from src.paths import PROJECT_ROOT
+
+SLURM_COMMANDS = ("sbatch", "srun")  # submitit submits with sbatch and starts each task with srun
+RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results"
+SITE_HINT = "on the command line or in conf/local/<site>.yaml (launch/site-example.yaml)"
+
+
+def uses_slurm(config: DictConfig) -> bool:
+    """True when the sweep's launcher is submitit's SLURM launcher (`hardware=h100`, `hydra/launcher=submitit_slurm`)."""
+    return str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "").endswith("SlurmLauncher")
+
+
+def missing_slurm(config: DictConfig, which=shutil.which) -> str | None:
+    """The one-line refusal when the launcher is SLURM's but sbatch or srun is not on this machine; else None."""
+    missing = [command for command in SLURM_COMMANDS if which(command) is None]
+    if not uses_slurm(config) or not missing:
+        return None
+    choices = OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}
+    hardware = choices.get("hardware", "cpu")
+    chosen = (f"hardware={hardware} (hydra/launcher={choices.get('hydra/launcher', 'submitit_slurm')})"
+              if hardware != "cpu" else f"hydra/launcher={choices.get('hydra/launcher', 'submitit_slurm')}")
+    return (f"{chosen} sends each cell to SLURM, but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not on this machine's PATH. Submit from a SLURM login node, "
+            "or add hydra/launcher=basic to run the cells one after the other on this machine's GPU "
+            "(hydra.sweeper.dry_run=true prints the plan without SLURM)")
+
+
+def gpus_per_job(launcher: DictConfig) -> int:
+    per_node = launcher.get("gpus_per_node") or (launcher.get("gpus_per_task") or 0) * launcher.get("tasks_per_node", 1)
+    return int(per_node or 0) * int(launcher.get("nodes", 1) or 1)
+
+
+def job_request(launcher: DictConfig) -> str:
+    """What sbatch is asked for per job: nodes, tasks, GPUs, CPUs, memory, time, partition, account, qos."""
+    tasks = int(launcher.get("tasks_per_node", 1) or 1)
+    cpus = (launcher.get("cpus_per_task") or 0) * tasks
+    memory = (f"{launcher.mem_gb} GB" if launcher.get("mem_gb") else f"{launcher.mem_per_gpu} per GPU"
+              if launcher.get("mem_per_gpu") else "the partition's default memory")
+    where = ", ".join(f"{key} {launcher.get(key) or '(unset)'}" for key in ("partition", "account", "qos", "constraint"))
+    hours, minutes = divmod(int(launcher.timeout_min), 60)
+    return (f"{launcher.get('nodes', 1)} node x {tasks} task, {gpus_per_job(launcher)} GPU, "
+            f"{cpus or 'default'} CPUs, {memory}, {launcher.timeout_min} min ({hours}:{minutes:02d}:00), {where}")
+
+
+def request_warnings(launcher: DictConfig) -> list[str]:
+    """Settings sbatch falls back on the cluster's defaults for, which is rarely what a study wants."""
+    warnings = []
+    if not launcher.get("partition"):
+        warnings.append(f"hydra.launcher.partition is unset: sbatch uses the cluster's default partition; set it "
+                        f"{SITE_HINT}")
+    if not launcher.get("account"):
+        warnings.append(f"hydra.launcher.account is unset: sbatch charges your default account; set it {SITE_HINT}")
+    return warnings
+
+
+@dataclass(frozen=True)
+class StepBenchmark:
+    """Measured seconds per training step at some replay ratios, for one (B, K, response length, GPU)."""
+
+    path: Path
+    device: str
+    rhos: tuple[float, ...]
+    step_s: tuple[float, ...]
+
+    def seconds(self, rho: float) -> float:
+        """Step time at `rho`: interpolated between the measured ratios, the nearest one's outside them."""
+        return float(np.interp(rho, self.rhos, self.step_s))
+
+
+def benchmark_key(cfg: DictConfig) -> tuple[int, int, int, str]:
+    return (int(cfg.trainer.groups_per_step), int(cfg.trainer.group_size), int(cfg.policy.max_new_tokens),
+            str(cfg.hardware.name))
+
+
+def find_step_benchmark(cfg: DictConfig, results: Path = RESULTS_DIR) -> StepBenchmark | None:
+    """The committed measurement of this cell's step: same B, K and response length, on the hardware's GPU."""
+    groups, group_size, tokens, hardware = benchmark_key(cfg)
+    for path in sorted(results.glob("gpu_step_*.json")) if results.is_dir() else []:
+        try:
+            found = json.loads(path.read_text())
+            args, rows = found["args"], sorted(found["rows"], key=lambda row: row["rho"])
+            same = (int(args["groups"]), int(args["group_size"]), int(args["response_tokens"])) == (
+                groups, group_size, tokens)
+            if same and hardware.lower() in str(found["device"]).lower() and rows:
+                return StepBenchmark(path, str(found["device"]), tuple(float(row["rho"]) for row in rows),
+                                     tuple(float(row["step_s"]) for row in rows))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a step benchmark of this format
+    return None
+
+
+def gpu_hour_lines(cfgs: list[DictConfig], launcher: DictConfig, results: Path = RESULTS_DIR) -> list[str]:
+    """The sweep's GPU-hours from the step benchmark (training steps only), and warnings on the time limit."""
+    gpus = gpus_per_job(launcher)
+    if not cfgs:
+        return ["GPU-hours: 0 (nothing to launch)"]
+    if gpus == 0:
+        return ["GPU-hours: 0 (the jobs ask for no GPU)"]
+    hours, used, missing, longest = 0.0, set(), set(), 0.0
+    for cfg in cfgs:
+        benchmark = find_step_benchmark(cfg, results)
+        if benchmark is None:
+            missing.add(benchmark_key(cfg))
+            continue
+        used.add(benchmark)
+        job_s = int(cfg.trainer.steps) * benchmark.seconds(float(OmegaConf.select(cfg, "buffer.ratio", default=0.0)))
+        hours, longest = hours + job_s * gpus / 3600, max(longest, job_s)
+    lines = []
+    if used:
+        lines.append(f"GPU-hours: about {hours:,.1f} for {len(cfgs) - sum(_count(cfgs, key) for key in missing)} "
+                     f"job(s) x {gpus} GPU: steps x step time from {'; '.join(map(describe, sorted(used, key=lambda found: found.path)))}; "
+                     "training steps only, not evaluations or model loading; resumed cells counted in full")
+        limit_s = float(launcher.timeout_min) * 60
+        if longest > limit_s:
+            lines.append(f"warning: the longest job needs about {longest / 3600:.1f} h of steps, over "
+                         f"hydra.launcher.timeout_min={launcher.timeout_min}: it is requeued at the limit and resumes "
+                         f"from its checkpoint, at most hydra.launcher.max_num_timeout="
+                         f"{launcher.get('max_num_timeout', 0)} times")
+    for groups, group_size, tokens, hardware in sorted(missing):
+        lines.append(f"GPU-hours: no benchmark committed for B={groups}, K={group_size}, {tokens}-token responses "
+                     f"on hardware={hardware} ({_count(cfgs, (groups, group_size, tokens, hardware))} job(s)); "
+                     "`make bench-gpu` on a GPU node measures one into benchmarks/results/")
+    return lines
+
+
+def describe(benchmark: StepBenchmark) -> str:
+    """Which file gave the step times, and how the cells' ratios were read off it."""
+    path = benchmark.path
+    name = path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path
+    measured = ", ".join(f"{rho:g}" for rho in benchmark.rhos)
+    how = (f"measured at rho={measured} only, every cell counted at that step time (replay steps are shorter: an "
+           "overestimate)" if len(benchmark.rhos) == 1 else f"measured at rho={measured}, interpolated in between")
+    return f"{name} ({benchmark.device}; {how})"
+
+
+def _count(cfgs: list[DictConfig], key: tuple[int, int, int, str]) -> int:
+    return sum(benchmark_key(cfg) == key for cfg in cfgs)
+
+
+def slurm_plan_lines(config: DictConfig, cfgs: list[DictConfig], results: Path = RESULTS_DIR) -> list[str]:
+    """What a SLURM sweep will ask for: each job's request, warnings on unset site settings, the GPU-hours."""
+    launcher = config.hydra.launcher
+    lines = [f"SLURM: {len(cfgs)} job(s) to launch, {launcher.get('array_parallelism', '?')} at a time; each "
+             f"asks for {job_request(launcher)}"]
+    lines += [f"warning: {warning}" for warning in request_warnings(launcher)]
+    return lines + gpu_hour_lines(cfgs, launcher, results)
