@@ -57,15 +57,21 @@ def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: st
             temporary.unlink(missing_ok=True)  # a partial file must not fill the disk nor linger
 
 
-def payload_bytes(payload) -> int:
-    """Bytes of the tensors in a (nested) checkpoint payload: what writing it needs, give or take the metadata."""
+def payload_bytes(payload, seen: set | None = None) -> int:
+    """Bytes `torch.save` writes for a (nested) payload, give or take its metadata: each tensor storage once (tied
+    weights share one), whole; a number or short string a few bytes."""
+    seen = set() if seen is None else seen
     if isinstance(payload, torch.Tensor):
-        return payload.numel() * payload.element_size()
+        storage = payload.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
     if isinstance(payload, dict):
-        return sum(payload_bytes(value) for value in payload.values())
+        return sum(payload_bytes(key, seen) + payload_bytes(value, seen) for key, value in payload.items())
     if isinstance(payload, (list, tuple)):
-        return sum(payload_bytes(value) for value in payload)
-    return 64  # a number or a short string, with its pickle overhead
+        return sum(payload_bytes(value, seen) for value in payload)
+    return len(payload) + 8 if isinstance(payload, (str, bytes)) else 8
 
 
 def read_checkpoint(path: Path, map_location=None) -> dict:
