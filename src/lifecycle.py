@@ -8,6 +8,10 @@ starve it). A RUNNING run is dead when its heartbeat is older than `trainer.hear
 when its process is gone from this very host, or when its SLURM job no longer runs; otherwise it
 is alive and nobody may resume it. Clocks of different nodes only need to agree to well within
 the timeout.
+
+Files of a run folder are written whole under a temporary name that holds the writer's pid and host,
+then renamed; a start of the folder deletes the temporaries of writers that are gone. When the
+tracking store refuses to record how a run ended, `run_end.json` records it beside the checkpoints.
 """
 
 from __future__ import annotations
