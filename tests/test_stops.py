@@ -486,3 +486,14 @@ def test_a_full_disk_mid_run_is_one_line_and_the_run_resumes_once_space_is_freed
     after = mlflow.search_runs(experiment_names=["replay-rloo"])
     assert list(after.status) == ["FINISHED"] and after.run_id[0] == failed.run_id[0]
     assert_same_metrics_no_duplicates(store(tmp_path), after.run_id[0], reference)
+
+
+def test_ctrl_c_in_a_standalone_evaluation_is_one_line_and_130(monkeypatch, capsys):
+    from src.eval import standalone
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(standalone, "evaluate_command", interrupted)
+    assert standalone.main(["--policy", "x"]) == 130
+    assert "stopped by Ctrl-C" in capsys.readouterr().err
