@@ -116,8 +116,10 @@ class StopOnSignal:
                 f"{self._command}\n")
         if sys.stderr.isatty():
             line = "\x1b[?25h" + line  # a live progress bar hid the cursor
-        os.write(sys.stderr.fileno(), line.encode())
-        os._exit(128 + signal.SIGINT)
+        try:
+            os.write(2, line.encode())  # straight to the descriptor: no lock a half-done print may hold
+        finally:
+            os._exit(128 + signal.SIGINT)
 
     def hand_on(self) -> None:
         """Restore the earlier handlers and pass the signal on (submitit requeues); then stop this process."""

@@ -151,7 +151,8 @@ def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
             label = f"{stage}_step{step}" if stage == "during" else stage
             path = Path(folder) / f"{result.name}_{label}_{table_name}.csv"
             table.to_csv(path, index=False)
-            client.log_artifact(run_id, str(path), artifact_path="evaluation")
+            with writing("an evaluation table", artifact_folder(run_id) / "evaluation", path.stat().st_size):
+                client.log_artifact(run_id, str(path), artifact_path="evaluation")
 
 
 # Metrics that measure the machine, not the computation: a redone step may differ in them.

@@ -497,3 +497,24 @@ def test_ctrl_c_in_a_standalone_evaluation_is_one_line_and_130(monkeypatch, caps
     monkeypatch.setattr(standalone, "evaluate_command", interrupted)
     assert standalone.main(["--policy", "x"]) == 130
     assert "stopped by Ctrl-C" in capsys.readouterr().err
+
+
+def test_an_artifact_that_does_not_fit_names_the_artifact_folder_and_its_size(tmp_path, compose_config, monkeypatch):
+    from src import tracking
+    from src.labels import run_labels
+
+    cfg = compose_config(f"tracking.uri={store(tmp_path)}", f"tracking.artifact_location={tmp_path}/art")
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "model.safetensors").write_bytes(b"w" * 5000)
+
+    def full(self, run_id, local_dir, artifact_path=None):
+        raise OSError(errno.ENOSPC, "No space left on device", f"{tmp_path}/art/x/model.safetensors")
+
+    with pytest.raises(DiskFull) as error:
+        with tracking.start_run(cfg, run_labels(cfg)) as tracker:
+            monkeypatch.setattr(MlflowClient, "log_artifacts", full)
+            tracking.log_final_policy(tracker.run_id, policy, max_artifact_mb=1)
+    assert f"{tmp_path}/art/" in str(error.value) and "needs about 4.9 KB free" in str(error.value)
+    run = MlflowClient(store(tmp_path)).get_run(tracker.run_id)
+    assert run.info.status == "FAILED" and run.data.tags["failure_reason"].startswith("no space left to write")
