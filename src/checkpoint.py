@@ -1,18 +1,24 @@
 """Training checkpoints: everything `restore_checkpoint` needs to continue a run exactly, written atomically
 and read back with `weights_only=True` (tensors and plain data: a checkpoint named in a shared store
-cannot run code)."""
+cannot run code).
+
+A write goes to a temporary file named after its writer, is fsynced, and only then renamed into place, so a
+kill or a full disk at any moment leaves the previous checkpoint the one that loads; a full disk deletes the
+partial file at once and raises DiskFull, and a killed writer's leftover is removed by the next start of the
+run folder (`src.lifecycle.remove_stale_temporaries`)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import uuid
+import pickle
 import zipfile
 from pathlib import Path
 
 import torch
 
-from src.lifecycle import LATEST_CHECKPOINT, PREVIOUS_CHECKPOINT, checkpoint_files
+from src.diskspace import writing
+from src.lifecycle import LATEST_CHECKPOINT, PREVIOUS_CHECKPOINT, checkpoint_files, temporary_path
 from src.components import Components
 from src.state import TrainState
 
@@ -38,14 +44,35 @@ def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: st
         "cell_id": cell_id,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Unique per writer: two processes writing into one folder by mistake never mix their bytes.
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    torch.save(payload, temporary)
-    with open(temporary, "rb") as handle:
-        os.fsync(handle.fileno())  # on disk before it replaces anything
-    if path.exists():
-        os.replace(path, path.with_name(PREVIOUS_CHECKPOINT))
-    os.replace(temporary, path)
+    temporary = temporary_path(path)
+    with writing("a checkpoint", path, payload_bytes(payload)):
+        try:
+            with open(temporary, "wb") as handle:  # a file object keeps the OSError (and its errno) that torch's
+                torch.save(payload, handle)        # own file writer would turn into a bare RuntimeError
+                handle.flush()
+                os.fsync(handle.fileno())  # on disk before it replaces anything
+            if path.exists():
+                os.replace(path, path.with_name(PREVIOUS_CHECKPOINT))
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)  # a partial file must not fill the disk nor linger
+
+
+def payload_bytes(payload, seen: set | None = None) -> int:
+    """Bytes `torch.save` writes for a (nested) payload, give or take its metadata: each tensor storage once (tied
+    weights share one), whole; a number or short string a few bytes."""
+    seen = set() if seen is None else seen
+    if isinstance(payload, torch.Tensor):
+        storage = payload.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    if isinstance(payload, dict):
+        return sum(payload_bytes(key, seen) + payload_bytes(value, seen) for key, value in payload.items())
+    if isinstance(payload, (list, tuple)):
+        return sum(payload_bytes(value, seen) for value in payload)
+    return len(payload) + 8 if isinstance(payload, (str, bytes)) else 8
 
 
 def read_checkpoint(path: Path, map_location=None) -> dict:
@@ -53,12 +80,27 @@ def read_checkpoint(path: Path, map_location=None) -> dict:
     file (a path read from a shared tracking store) cannot run code. Raises CheckpointError naming the file."""
     try:
         payload = torch.load(path, weights_only=True, map_location=map_location)
-    except Exception as error:  # noqa: BLE001  (truncated zip, foreign pickle, missing file: all say the same)
-        first_line = (str(error).splitlines() or ["empty file"])[0][:160]
-        raise CheckpointError(f"{path} does not load ({error.__class__.__name__}: {first_line})") from None
+    except Exception as error:  # noqa: BLE001  (truncated zip, foreign pickle, missing file: one message each)
+        raise CheckpointError(f"{path} {damage(error)}") from None
     if not isinstance(payload, dict) or not {"policy", "state", "run_id"} <= payload.keys():
-        raise CheckpointError(f"{path}: not a training checkpoint (no policy, state and run id)")
+        raise CheckpointError(f"{path} is not a training checkpoint (no policy, state and run id in it)")
     return payload
+
+
+def damage(error: Exception) -> str:
+    """What is wrong with a file that `torch.load(weights_only=True)` refused, in our words.
+
+    torch's own message suggests loading with `weights_only=False`, which would let the file run code: a
+    checkpoint that needs it is refused, not retried."""
+    if isinstance(error, FileNotFoundError):
+        return "does not exist"
+    if isinstance(error, IsADirectoryError):
+        return "is a folder, not a checkpoint file"
+    if isinstance(error, EOFError):
+        return "is empty"
+    if isinstance(error, pickle.UnpicklingError) and "unsupported global" in str(error).lower():
+        return "holds objects other than tensors and plain data: refused, since loading it could run code"
+    return f"is damaged: truncated, or not a PyTorch checkpoint ({error.__class__.__name__})"
 
 
 def read_latest_checkpoint(folder: Path, map_location=None) -> tuple[dict, Path]:
@@ -72,7 +114,8 @@ def read_latest_checkpoint(folder: Path, map_location=None) -> tuple[dict, Path]
             failures.append((path, error))
             continue
         if failures:
-            log.warning("%s; falling back to the previous checkpoint generation %s", failures[0][1], path)
+            log.warning("%s; loaded the previous checkpoint %s (step %s) instead", failures[0][1], path,
+                        payload["state"].get("step", "?") if isinstance(payload["state"], dict) else "?")
         return payload, path
     tried = ("; ".join(str(error) for _, error in failures)
              or f"no {LATEST_CHECKPOINT} or {PREVIOUS_CHECKPOINT} in {folder}")

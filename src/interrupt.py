@@ -1,21 +1,33 @@
-"""Pre-emption and time limits: a signal ends the current step, a checkpoint is written, then the job stops.
+"""Stopping a run cleanly: Ctrl-C, pre-emption and time limits end with a checkpoint, never a traceback.
 
 SLURM pre-emption and `scontrol requeue` send SIGTERM; submitit's time-limit warning is
-SIGUSR2 (`--signal=USR2@<signal_delay_s>`), SIGUSR1 on some sites. Stopping mid-step would
-leave the policy, buffer and RNGs inconsistent, so the handler only records the signal; the
-training loop checks it after every step, checkpoints, marks the MLflow run KILLED and hands
-the signal to whoever handled it before (submitit requeues the job), or exits.
+SIGUSR2 (`--signal=USR2@<signal_delay_s>`), SIGUSR1 on some sites; Ctrl-C sends SIGINT. Stopping
+mid-step would leave the policy, buffer and RNGs inconsistent, so during a training step (or a
+checkpoint or store write) the handler only records the signal; the training loop checks it after
+every step, checkpoints, marks the MLflow run KILLED and hands the signal to whoever handled it
+before (submitit requeues the job), or exits with 128 + the signal number (130 for Ctrl-C).
+
+Work that is simply redone on the next start (loading the model, an evaluation) is *abandonable*:
+a signal there raises StopRequested at once, so nobody waits minutes for an evaluation to end.
+A second Ctrl-C exits at once, mid-write if need be: a checkpoint is only renamed into place once
+complete, so the run resumes from its last complete one.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 
 class Interrupted(SystemExit):
@@ -26,32 +38,99 @@ class Interrupted(SystemExit):
         self.signum = signum
 
 
-class StopOnSignal:
-    """Context manager: while active, SIGTERM/SIGUSR1/SIGUSR2 set `requested` instead of killing the process."""
+class StopRequested(BaseException):
+    """A stop signal came during abandonable work, or the step it waited for is done: stop the run now.
 
-    def __init__(self) -> None:
+    A BaseException, as KeyboardInterrupt is, so that no library's `except Exception` swallows it."""
+
+    def __init__(self, signum: int, mid_step: bool = False):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.mid_step = mid_step  # the step broke off half done: its state must not be checkpointed
+
+
+def same_command(argv: list[str] | None = None) -> str:
+    """The command line this process was started with, as a user types it again to resume."""
+    argv = sys.argv if argv is None else argv
+    program = Path(argv[0]).name if argv else "python -m src.run"
+    if program in ("run.py", "__main__.py", "-c", ""):
+        program = "python -m src.run"
+    return " ".join([program, *map(shlex.quote, argv[1:])])
+
+
+def signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+class StopOnSignal:
+    """Context manager: while active, the stop signals set `requested` instead of killing the process.
+
+    Nested in another StopOnSignal (the command line's, around a sweep), it takes over a signal the outer one
+    recorded: a Ctrl-C while a sweep composes its next cell stops that cell before it loads anything."""
+
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS, until: str = "after this step, with a checkpoint"):
+        self.signals, self.until = signals, until
         self.requested: int | None = None
         self._previous: dict[int, object] = {}
+        self._abandonable = 0
+        self._command = same_command()
 
     def __enter__(self) -> "StopOnSignal":
-        for signum in STOP_SIGNALS:
+        for signum in self.signals:
             self._previous[signum] = signal.signal(signum, self._record)
+            outer = getattr(self._previous[signum], "__self__", None)
+            if isinstance(outer, StopOnSignal) and outer.requested == signum:
+                self.requested = signum
         return self
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        self._previous = {}
+
+    @contextmanager
+    def abandonable(self) -> Iterator[None]:
+        """Work that a stop signal cuts short at once (raising StopRequested): it is redone on the next start."""
+        if self.requested is not None:
+            raise StopRequested(self.requested)
+        self._abandonable += 1
+        try:
+            yield
+        finally:
+            self._abandonable -= 1
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested is None:
-            log.warning("caught %s: stopping after this step, with a checkpoint", signal.Signals(signum).name)
+        if self.requested is not None:
+            if signum == signal.SIGINT:
+                self._exit_now()
+            return
         self.requested = signum
+        if self._abandonable:
+            raise StopRequested(signum)
+        log.warning("%s: stopping %s%s", signal_name(signum), self.until,
+                    " (Ctrl-C again stops at once)" if signum == signal.SIGINT else "")
+
+    def _exit_now(self) -> None:
+        """The second Ctrl-C: no cleanup at all (it may be what hangs); the last complete checkpoint stays."""
+        line = (f"\nCtrl-C again: stopped at once. The run resumes from its last complete checkpoint: "
+                f"{self._command}\n")
+        if sys.stderr.isatty():
+            line = "\x1b[?25h" + line  # a live progress bar hid the cursor
+        try:
+            os.write(2, line.encode())  # straight to the descriptor: no lock a half-done print may hold
+        finally:
+            os._exit(128 + signal.SIGINT)
 
     def hand_on(self) -> None:
         """Restore the earlier handlers and pass the signal on (submitit requeues); then stop this process."""
         signum = self.requested
         previous = self._previous.get(signum)
         self.__exit__()
-        if callable(previous):
+        # Python's own SIGINT handler would raise KeyboardInterrupt, with its traceback: ours exits quietly.
+        if callable(previous) and signum != signal.SIGINT:
             previous(signum, None)  # submitit's handler requeues the job and exits; a bypass returns
         raise Interrupted(signum)
+
+    def finish_line(self) -> str:
+        """How to continue, for the stop message."""
+        return f"run the same command to continue: {self._command}"

@@ -8,12 +8,17 @@ starve it). A RUNNING run is dead when its heartbeat is older than `trainer.hear
 when its process is gone from this very host, or when its SLURM job no longer runs; otherwise it
 is alive and nobody may resume it. Clocks of different nodes only need to agree to well within
 the timeout.
+
+Files of a run folder are written whole under a temporary name that holds the writer's pid and host,
+then renamed; a start of the folder deletes the temporaries of writers that are gone. When the
+tracking store refuses to record how a run ended, `run_end.json` records it beside the checkpoints.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -24,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HEARTBEAT_FILE = "heartbeat.json"
+# The end a run's process meant to record (FAILED and why) when the tracking store refused to record it
+# (full, unreachable): the next start of the cell reads it (src.resume) instead of waiting for the heartbeat.
+RUN_END_FILE = "run_end.json"
 # A run folder keeps two checkpoint generations (src.checkpoint.save_checkpoint): a new checkpoint is
 # written whole under a unique temporary name, then the latest becomes the previous and the new one
 # the latest, so a kill at any moment leaves a complete checkpoint; a latest damaged anyway (disk
@@ -43,13 +51,83 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return [path for path in (folder / LATEST_CHECKPOINT, folder / PREVIOUS_CHECKPOINT) if path.is_file()]
 
 
+def temporary_path(path: Path) -> Path:
+    """A unique sibling to write `path` whole before renaming it into place: `<name>.<pid>@<host>.<8 hex>.tmp`.
+
+    Unique per writer, so two processes writing into one folder by mistake never mix their bytes, and named
+    after the writer, so a later start can tell a killed writer's leftover from a live writer's file."""
+    return path.with_name(f"{path.name}.{os.getpid()}@{socket.gethostname()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+TEMPORARY_NAME = re.compile(r"^.+\.(?P<pid>\d+)(?:@(?P<host>.+))?\.[0-9a-f]{8}\.tmp$")
+
+
+def remove_stale_temporaries(folder: Path, timeout_s: float, now: float | None = None) -> list[Path]:
+    """Delete the half-written `*.tmp` files that killed writers left in a run folder; returns them.
+
+    A writer on this host is gone when its process is; one on another host (a shared file system) when its
+    file has not changed for `timeout_s`. A live writer's file stays."""
+    now = time.time() if now is None else now
+    removed = []
+    for path in folder.glob("*.tmp") if folder.is_dir() else []:
+        match = TEMPORARY_NAME.match(path.name)
+        if match is None or not path.is_file():
+            continue
+        try:
+            if match["host"] in (None, socket.gethostname()):
+                stale = process_gone(int(match["pid"]))
+            else:
+                stale = now - path.stat().st_mtime > timeout_s
+            if stale:
+                path.unlink()
+                removed.append(path)
+        except OSError:  # gone already (another start cleaned it), or not ours to delete: leave it
+            continue
+    return removed
+
+
 def write_heartbeat(folder: Path, run_id: str) -> None:
     """Record that `run_id` is alive in this process now (written whole, then renamed)."""
     beat = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
-    folder.mkdir(parents=True, exist_ok=True)
-    temporary = folder / f"{HEARTBEAT_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    temporary.write_text(json.dumps(beat))
-    os.replace(temporary, folder / HEARTBEAT_FILE)
+    write_json(folder / HEARTBEAT_FILE, beat)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """`data` as JSON at `path`, written whole under a temporary name, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_path(path)
+    try:
+        temporary.write_text(json.dumps(data))
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_run_end(folder: Path, run_id: str, status: str, reason: str) -> bool:
+    """Leave `run_end.json` saying how `run_id` ended, for the next start of its cell; False if even that fails."""
+    end = {"run_id": run_id, "status": status, "reason": reason, "host": socket.gethostname(), "pid": os.getpid(),
+           "time": time.time()}
+    try:
+        write_json(folder / RUN_END_FILE, end)
+        return True
+    except OSError:
+        return False
+
+
+def read_run_end(folder: Path) -> dict | None:
+    """The end recorded in a run folder by a process the store refused (`write_run_end`), or None."""
+    try:
+        end = json.loads((folder / RUN_END_FILE).read_text())
+        return end if isinstance(end, dict) and isinstance(end.get("run_id"), str) else None
+    except (OSError, ValueError):
+        return None
+
+
+def clear_run_end(folder: Path, run_id: str) -> None:
+    """Forget a recorded end of `run_id` (the store holds the run's status again)."""
+    end = read_run_end(folder)
+    if end is not None and end["run_id"] == run_id:
+        (folder / RUN_END_FILE).unlink(missing_ok=True)
 
 
 def read_heartbeat(folder: Path) -> dict | None:

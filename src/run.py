@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
+import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -23,15 +26,16 @@ from rich.table import Table
 from src import progress, tracking
 from src.budget import plan_for_config, replay_demand_met
 from src.config import ConfigError, validate
-from src.lifecycle import LATEST_CHECKPOINT, Heartbeat
+from src.diskspace import DiskFull, quiet_log_files_when_full, writing
+from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
 from src.eval.standalone import evaluate_policy
 from src.sweep import Skipped, cell_identity, cell_name, slurm_job_key
-from src.interrupt import StopOnSignal
+from src.interrupt import StopOnSignal, StopRequested, signal_name
 from src.paths import CONFIG_DIR
 from src.task import countdown
 from src.build import build_components
 from src.labels import hydra_job, run_labels
-from src.checkpoint import CheckpointError, check_resume_from, restore_checkpoint, save_checkpoint
+from src.checkpoint import CheckpointError, check_resume_from, payload_bytes, restore_checkpoint, save_checkpoint
 from src.components import Components
 from src.claim import fail_unopened_claim
 from src.resume import NothingToTrain, RunAlive, choose_start
@@ -42,80 +46,167 @@ log = logging.getLogger(__name__)
 console = Console(stderr=True)
 
 
-def run_evaluation(cfg: DictConfig, parts: Components, heldout, stage: str, tracker, step: int):
-    """The configured evaluation protocol on the held-out prompts, logged to this run."""
-    with progress.evaluation_progress(f"evaluate {stage} ({cfg.evaluation.name}, step {step})",
-                                      cfg.evaluation) as on_repeat:
-        result = evaluate_policy(cfg, parts.policy, parts.tokenizer, parts.engine, heldout, on_repeat=on_repeat)
-    tracker.log_evaluation(result, stage, step)
-    return result
-
-
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one cell; returns the final evaluation summary."""
     validate(cfg)  # config mistakes fail here, before any model is loaded
     progress.silence_library_bars()
+    quiet_log_files_when_full()
     tracking.check_store(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
     check_resume_from(cfg.trainer.resume_from)
+    warn_short_replay_pool(cfg)
+    with StopOnSignal() as stop:
+        try:
+            summary = train_cell(cfg, cell_identity(cfg), stop)
+        except StopRequested as request:  # before the MLflow run opened: nothing to save
+            log.warning("%s before training began: nothing to save; %s", signal_name(request.signum),
+                        stop.finish_line())
+            stop.hand_on()
+        if stop.requested == signal.SIGINT:  # a Ctrl-C as the run completed still stops a sweep here
+            log.warning("Ctrl-C as the run completed: it is FINISHED; stopping")
+            stop.hand_on()
+    return summary
+
+
+def warn_short_replay_pool(cfg: DictConfig) -> None:
     fifo = cfg.buffer.name == "fifo"  # no age window: its pool is every stored group of age >= 1
-    if not fifo and cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age):
+    if not fifo and cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step, cfg.buffer.ratio,
+                                                                   cfg.buffer.max_age):
         log.warning("B=%d, rho=%g, L=%d: rounding leaves the replay pool short of demand; gap fill will be "
                     "logged (batch/gap_fill_groups)", cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age)
-    identity = cell_identity(cfg)
-    start = choose_start(cfg, identity, Path(HydraConfig.get().runtime.output_dir))
-    output_dir = start.folder
-    checkpoint_path = output_dir / LATEST_CHECKPOINT
-    plan = plan_for_config(cfg)
+
+
+def train_cell(cfg: DictConfig, identity: str, stop: StopOnSignal) -> dict[str, float]:
+    """Find where the cell starts, load the model, and train it inside its MLflow run."""
+    with stop.abandonable():  # until the run opens, a stop loses nothing: the next start redoes it
+        start = choose_start(cfg, identity, Path(HydraConfig.get().runtime.output_dir))
+    for path in remove_stale_temporaries(start.folder, cfg.trainer.heartbeat_timeout_s):
+        log.info("removed %s, left half-written by a process that was killed", path)
     # A resumed run was claimed by its heartbeat: keep it alive through model loading (a new run gets its
     # id, and the heartbeat with it, once MLflow opens it).
-    with Heartbeat(output_dir, start.run_id, cfg.trainer.heartbeat_every_s) as heartbeat:
-        train_set, heldout = countdown.train_and_heldout(cfg.task)
-        parts = build_components(cfg, train_set)
-        state = restore_checkpoint(start.checkpoint, parts) if start.checkpoint else TrainState()
+    with Heartbeat(start.folder, start.run_id, cfg.trainer.heartbeat_every_s) as heartbeat:
+        with stop.abandonable():
+            train_set, heldout = countdown.train_and_heldout(cfg.task)
+            parts = build_components(cfg, train_set)
+            state = restore_checkpoint(start.checkpoint, parts) if start.checkpoint else TrainState()
         start.checkpoint = None  # the policy holds it now; free the copy
-
-        with tracking.start_run(cfg, run_labels(cfg), start.run_id, *hydra_job()) as tracker, \
-                StopOnSignal() as stop:
+        with tracking.start_run(cfg, run_labels(cfg), start.run_id, *hydra_job(), folder=start.folder) as tracker:
             heartbeat.beat_for(tracker.run_id)
-            tracker.set_tags({"output_dir": str(output_dir), "planned_fresh_evaluations": str(plan.fresh_evaluations),
-                              "slurm_job": slurm_job_key() or "-"})
-            before = None
-            if cfg.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
-                    f"{cfg.evaluation.name}/start/mean_reward", 0):
-                before = run_evaluation(cfg, parts, heldout, "start", tracker, step=0)
-            with training_bar(cfg, state.step) as bar:
-                while state.step < cfg.trainer.steps:
-                    metrics = train_step(parts, state)
-                    step = state.step - 1
-                    tracker.log_step(metrics, step)
-                    state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
-                    bar.update(state.step, _progress_info(metrics))
-                    every = cfg.trainer.checkpoint_every
-                    if every and state.step % every == 0 and state.step < cfg.trainer.steps:
-                        save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
-                    evaluate_now = cfg.evaluation.every and state.step % cfg.evaluation.every == 0
-                    if evaluate_now and state.step < cfg.trainer.steps and not tracker.has_metric_at(
-                            f"{cfg.evaluation.name}/during/mean_reward", state.step):  # not twice after a resume
-                        run_evaluation(cfg, parts, heldout, "during", tracker, step=state.step)
-                    if stop.requested and state.step < cfg.trainer.steps:  # pre-empted: keep this step, then go
-                        save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
-                        log.warning("checkpoint at step %d written to %s; run %s marked KILLED (it resumes)",
-                                    state.step, checkpoint_path, tracker.run_id)
-                        tracking.end_run("KILLED")
-                        stop.hand_on()
-            save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity)
-            final_dir = output_dir / "policy"
-            parts.policy.save_pretrained(final_dir)
-            parts.tokenizer.save_pretrained(final_dir)
-            after = run_evaluation(cfg, parts, heldout, "final", tracker, step=state.step)
-            tracker.set_tags({"fresh_evaluations": str(state.fresh_evaluations)})
-            tracking.log_final_policy(tracker.run_id, final_dir, cfg.tracking.policy_artifact_max_mb)
-            if tracker.redone_mismatches:
-                tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
-                log.error("%d metric values of redone steps differ from the values logged before the restart "
-                          "(first: %s)", len(tracker.redone_mismatches), tracker.redone_mismatches[0])
-            _print_summary(cfg, plan, state, before, after, tracker.run_id)
+            cell = CellRun(cfg, identity, parts, state, heldout, tracker, start.folder, stop)
+            try:
+                return cell.run()
+            except StopRequested as request:
+                cell.stop_here(request)
+
+
+@dataclass
+class CellRun:
+    """One cell's training inside its open MLflow run: steps, checkpoints, evaluations, and a clean stop."""
+
+    cfg: DictConfig
+    identity: str
+    parts: Components
+    state: TrainState
+    heldout: list
+    tracker: tracking.Tracker
+    folder: Path
+    stop: StopOnSignal
+    saved_at: int = -1  # the step of the checkpoint this process last wrote
+
+    def run(self) -> dict[str, float]:
+        cfg, tracker, state = self.cfg, self.tracker, self.state
+        plan = plan_for_config(cfg)
+        tracker.set_tags({"output_dir": str(self.folder), "planned_fresh_evaluations": str(plan.fresh_evaluations),
+                          "slurm_job": slurm_job_key() or "-"})
+        before = None
+        if cfg.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
+                f"{cfg.evaluation.name}/start/mean_reward", 0):
+            before = self.evaluate("start", step=0)
+        with training_bar(cfg, state.step) as bar:
+            self.evaluate_if_due()  # a resumed run whose evaluation at this step was cut short
+            while state.step < cfg.trainer.steps:
+                self.train_one_step(bar)
+        self.checkpoint()
+        final_dir = save_final_policy(self.parts, self.folder / "policy")
+        after = self.evaluate("final", step=state.step)
+        tracker.set_tags({"fresh_evaluations": str(state.fresh_evaluations)})
+        tracking.log_final_policy(tracker.run_id, final_dir, cfg.tracking.policy_artifact_max_mb)
+        if tracker.redone_mismatches:
+            tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
+            log.error("%d metric values of redone steps differ from the values logged before the restart "
+                      "(first: %s)", len(tracker.redone_mismatches), tracker.redone_mismatches[0])
+        _print_summary(cfg, plan, state, before, after, tracker.run_id)
         return after.summary
+
+    def train_one_step(self, bar: progress.Bar) -> None:
+        """One step, logged; a checkpoint and an evaluation when due; StopRequested if a stop signal came."""
+        cfg, state = self.cfg, self.state
+        try:
+            metrics = train_step(self.parts, state)
+        except Exception:
+            if self.stop.requested != signal.SIGINT:
+                raise
+            # Ctrl-C reaches the whole process group: a helper process (vLLM's engine) may have died of it.
+            raise StopRequested(signal.SIGINT, mid_step=True) from None
+        self.tracker.log_step(metrics, state.step - 1)
+        state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
+        bar.update(state.step, _progress_info(metrics))
+        every = cfg.trainer.checkpoint_every
+        if every and state.step % every == 0 and state.step < cfg.trainer.steps:
+            self.checkpoint()
+        self.evaluate_if_due()
+        if self.stop.requested and state.step < cfg.trainer.steps:  # keep this step, then go
+            raise StopRequested(self.stop.requested)
+
+    def evaluate_if_due(self) -> None:
+        """The learning-curve evaluation of this step, unless it is logged already (not twice after a resume)."""
+        every, step = self.cfg.evaluation.every, self.state.step
+        if every and 0 < step < self.cfg.trainer.steps and step % every == 0 and not self.tracker.has_metric_at(
+                f"{self.cfg.evaluation.name}/during/mean_reward", step):
+            self.evaluate("during", step=step)
+
+    def evaluate(self, stage: str, step: int):
+        """The configured evaluation protocol on the held-out prompts, logged to this run; a stop cuts it short."""
+        cfg, parts = self.cfg, self.parts
+        with self.stop.abandonable(), progress.evaluation_progress(
+                f"evaluate {stage} ({cfg.evaluation.name}, step {step})", cfg.evaluation) as on_repeat:
+            result = evaluate_policy(cfg, parts.policy, parts.tokenizer, parts.engine, self.heldout,
+                                     on_repeat=on_repeat)
+        self.tracker.log_evaluation(result, stage, step)
+        return result
+
+    def checkpoint(self) -> None:
+        if self.saved_at != self.state.step:
+            save_checkpoint(self.folder / LATEST_CHECKPOINT, self.parts, self.state, self.tracker.run_id,
+                            self.identity)
+            self.saved_at = self.state.step
+
+    def stop_here(self, request: StopRequested) -> None:
+        """Checkpoint (unless the step broke off half done), mark the run KILLED, say how to resume, and pass the
+        signal on (or exit 128 + signal)."""
+        if not request.mid_step:
+            self.checkpoint()
+        problem = tracking.close_active_run(self.tracker.run_id, "KILLED")
+        if problem is not None:
+            tracking.leave_run_end(self.tracker.run_id, "KILLED", signal_name(request.signum), problem, self.folder)
+        checkpoint = self.folder / LATEST_CHECKPOINT
+        kept = (f"checkpoint at step {self.saved_at}: {checkpoint}" if self.saved_at >= 0
+                else f"checkpoint {checkpoint}" if checkpoint.exists() else "no checkpoint yet (it starts afresh)")
+        where = f"during step {self.state.step + 1}" if request.mid_step else f"after step {self.state.step}"
+        log.warning("%s: stopped %s of %d, %s; MLflow run %s marked KILLED; %s", signal_name(request.signum),
+                    where, self.cfg.trainer.steps, kept, self.tracker.run_id, self.stop.finish_line())
+        self.stop.hand_on()
+
+
+def save_final_policy(parts: Components, folder: Path) -> Path:
+    """The trained policy and tokenizer as a `from_pretrained` folder; a full disk leaves no half of it."""
+    try:
+        with writing("the final policy", folder, payload_bytes(parts.policy.state_dict())):
+            parts.policy.save_pretrained(folder)
+            parts.tokenizer.save_pretrained(folder)
+    except DiskFull:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
 
 
 def training_bar(cfg: DictConfig, done: int) -> progress.Bar:
@@ -152,10 +243,10 @@ def _fmt(value) -> str:
 USER_ERRORS = (ConfigError, CheckpointError, tracking.StoreUnreachable)
 
 
-def exit_with_message(error: Exception) -> None:
-    """One line naming the problem and its fix, exit status 2, no traceback."""
+def exit_with_message(error: Exception, status: int = 2) -> None:
+    """One line naming the problem and its fix, exit status 2 (1: the machine, not the command), no traceback."""
     console.print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
-    sys.exit(2)
+    sys.exit(status)
 
 
 def nothing_to_train(reason: NothingToTrain) -> Skipped | float:
@@ -180,9 +271,12 @@ def main(cfg: DictConfig) -> float:
         return nothing_to_train(reason)
     except Exception as error:
         fail_unopened_claim(error)  # a run claimed but never opened ends FAILED, not RUNNING
-        if not isinstance(error, USER_ERRORS) or HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise  # the sweeper lists the failed cell with this message; the other cells go on
-        exit_with_message(error)
+        full = tracking.disk_full_error(error, cfg.tracking.uri)  # no space: one line, not a traceback
+        if full is None and not isinstance(error, USER_ERRORS):
+            raise
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise (full or error) from None  # the sweeper lists the failed cell with this message
+        exit_with_message(full or error, 1 if full else 2)
     # The value a Hydra sweeper would optimise: held-out mean reward.
     return summary.get("mean_reward", float("nan"))
 
@@ -199,7 +293,12 @@ def cli() -> None:
         check_override_keys(sys.argv[1:])
     except SchemaError as error:
         exit_with_message(error)
-    main()
+    # Outside a cell's training (composing the config, planning a sweep, between its cells) a Ctrl-C lets the
+    # work in hand end rather than cut it anywhere: the next cell sees it and stops before loading a model.
+    with StopOnSignal((signal.SIGINT,), until="before the next cell starts") as outside_cells:
+        main()
+    if outside_cells.requested:
+        sys.exit(128 + signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ as a model-training experiment, so the MLflow UI opens on its runs table.
 Everything a later analysis needs is in the run: the resolved config as params and as a
 YAML artifact, tags naming the study (`sweep`) and the grid cell (rho, L, c), per-step
 metrics (SPEC 6), evaluation summaries as metrics and the per-prompt / per-repeat tables
-as CSV artifacts. A run that raises is closed as FAILED, never left RUNNING.
+as CSV artifacts. A run that raises is closed as FAILED with the reason in its `failure_reason` tag, a
+stopped one (Ctrl-C, pre-emption) as KILLED, never left RUNNING; if the store refuses even that (full,
+gone), `run_end.json` in the run folder says how it ended, for the next start of the cell.
 """
 
 from __future__ import annotations
@@ -29,7 +31,24 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from src.diskspace import DiskFull, failed_path, out_of_space, writing
+from src.lifecycle import clear_run_end, write_run_end
+
 log = logging.getLogger(__name__)
+FAILURE_TAG = "failure_reason"  # why a FAILED run could not continue (one line)
+# A store write needs room for SQLite's journal and new pages; a new store's schema alone is about 1 MB.
+STORE_WRITE_BYTES = 2**20
+
+
+class OutOfSpaceFilter(logging.Filter):
+    """MLflow logs every failed SQL statement with its traceback; a full disk is reported once, by us."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not ((error is not None and out_of_space(error)) or out_of_space(Exception(record.getMessage())))
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(OutOfSpaceFilter())
 
 
 def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant: str) -> dict[str, str]:
@@ -132,7 +151,8 @@ def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
             label = f"{stage}_step{step}" if stage == "during" else stage
             path = Path(folder) / f"{result.name}_{label}_{table_name}.csv"
             table.to_csv(path, index=False)
-            client.log_artifact(run_id, str(path), artifact_path="evaluation")
+            with writing("an evaluation table", artifact_folder(run_id) / "evaluation", path.stat().st_size):
+                client.log_artifact(run_id, str(path), artifact_path="evaluation")
 
 
 # Metrics that measure the machine, not the computation: a redone step may differ in them.
@@ -191,9 +211,76 @@ def last_logged_step(run_id: str, key: str = "train/reward") -> int:
     return max((metric.step for metric in MlflowClient().get_metric_history(run_id, key)), default=-1)
 
 
-def end_run(status: str) -> None:
-    """End the active run with this status (e.g. KILLED on pre-emption: the run resumes later)."""
-    mlflow.end_run(status)
+def failure_reason(error: BaseException) -> str:
+    """One line for the `failure_reason` tag: the error's class and first line."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    text = first if isinstance(error, DiskFull) else f"{error.__class__.__name__}: {first}"
+    return text[:500]
+
+
+def close_active_run(run_id: str, status: str, reason: str | None = None) -> Exception | None:
+    """End the active run `run_id` as `status`, the reason (if any) as its `failure_reason` tag.
+
+    Returns the store's error if it refused (the run then stays RUNNING there); None if done, or if the run
+    was no longer active. The run leaves MLflow's active stack either way, so nothing marks it FINISHED at exit."""
+    active = mlflow.active_run()
+    if active is None or active.info.run_id != run_id:
+        return None
+    problem = None
+    if reason:
+        try:
+            mlflow.set_tag(FAILURE_TAG, reason)
+        except Exception as error:  # noqa: BLE001  (still end it below)
+            problem = error
+    try:
+        mlflow.end_run(status)  # pops the run first, then writes its status
+    except Exception as error:  # noqa: BLE001
+        problem = error
+    return problem
+
+
+def mark_failed(uri: str, run_id: str, reason: str) -> bool:
+    """Close a run that is not this process's active one as FAILED, with `reason`; False if the store refused."""
+    client = MlflowClient(uri)
+    try:
+        client.set_tag(run_id, FAILURE_TAG, reason[:500])
+        if client.get_run(run_id).info.status != "FAILED":
+            client.set_terminated(run_id, "FAILED")
+        return True
+    except Exception:  # noqa: BLE001  (a full or unreachable store: the caller reports the original problem)
+        return False
+
+
+def store_file(uri: str) -> str:
+    """The SQLite file of a store URI, else the URI itself."""
+    return uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else uri
+
+
+def disk_full_error(error: BaseException, uri: str) -> DiskFull | None:
+    """`error` as DiskFull naming the path and the space needed, when it is a full disk; else None."""
+    if isinstance(error, DiskFull) or not out_of_space(error):
+        return error if isinstance(error, DiskFull) else None
+    path = failed_path(error)
+    if path is not None:
+        return DiskFull("a file", path, None)
+    return DiskFull("the MLflow store", store_file(uri), STORE_WRITE_BYTES)
+
+
+def record_end(error: BaseException, run_id: str, folder: Path | None) -> None:
+    """Close the active run after `error`: KILLED for a stop, else FAILED with the reason as a tag."""
+    status = "FAILED" if isinstance(error, Exception) else "KILLED"
+    reason = failure_reason(error) if status == "FAILED" else f"stopped ({error.__class__.__name__})"
+    problem = close_active_run(run_id, status, reason if status == "FAILED" else None)
+    if problem is not None:
+        leave_run_end(run_id, status, reason, problem, folder)
+
+
+def leave_run_end(run_id: str, status: str, reason: str, problem: Exception, folder: Path | None) -> None:
+    """The store refused to record the run's end: say so in one line and leave `run_end.json` in its folder."""
+    left = folder is not None and write_run_end(folder, run_id, status, reason)
+    log.warning("the MLflow store refused to mark run %s %s (%s): it shows RUNNING until the next start of this "
+                "cell, which %s", run_id, status, failure_reason(problem)[:200],
+                f"reads {folder}/run_end.json" if left else "finds its process gone")
 
 
 _LOCKS_HELD: set[Path] = set()  # re-entrant within a process: flock on a second open() would wait on itself
@@ -328,20 +415,29 @@ class RunLabels:
 
 @contextmanager
 def start_run(cfg: DictConfig, labels: RunLabels, resume_run_id: str | None = None,
-              hydra_output_dir: Path | None = None, overrides: list[str] | None = None) -> Iterator[Tracker]:
-    """Open (or reopen, when resuming) the MLflow run for this job; FAILED if the body raises.
+              hydra_output_dir: Path | None = None, overrides: list[str] | None = None,
+              folder: Path | None = None) -> Iterator[Tracker]:
+    """Open (or reopen, when resuming) the MLflow run for this job; FAILED with its reason if the body raises,
+    KILLED if it is stopped (SystemExit, KeyboardInterrupt), FINISHED otherwise.
 
     `hydra_output_dir` (the job's folder, holding Hydra's `.hydra/`) and `overrides` (the job's
-    command-line overrides) are logged as artifacts, so the run says how to rerun it.
+    command-line overrides) are logged as artifacts, so the run says how to rerun it. `folder` is the
+    run's own folder (checkpoints, heartbeat): where `run_end.json` goes if the store refuses the end.
+    A full disk (store, artifacts, checkpoint) is raised as DiskFull naming the path and the space needed.
     """
     experiment_id = ensure_experiment(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
     logged_until = last_logged_step(resume_run_id) if resume_run_id else -1
     if resume_run_id:
-        context = mlflow.start_run(run_id=resume_run_id)
+        run = mlflow.start_run(run_id=resume_run_id)
     else:
-        context = mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name or labels.name,
-                                   tags={**labels.tags, DESCRIPTION_TAG: labels.description})
-    with context as run:
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name or labels.name,
+                               tags={**labels.tags, DESCRIPTION_TAG: labels.description})
+    run_id = run.info.run_id
+    try:
+        if FAILURE_TAG in run.data.tags:  # it continues: the earlier failure is over
+            MlflowClient().delete_tag(run_id, FAILURE_TAG)
+        if folder is not None:
+            clear_run_end(folder, run_id)
         if not resume_run_id:  # launch-only tracking.* settings stay out of the params table (config.yaml has them)
             mlflow.log_params({key: value for key, value in flat_params(cfg).items() if not key.startswith("tracking.")})
             mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
@@ -349,7 +445,24 @@ def start_run(cfg: DictConfig, labels: RunLabels, resume_run_id: str | None = No
             mlflow.log_text(overrides_yaml(overrides), "overrides.yaml")
         if hydra_output_dir is not None and (hydra_output_dir / ".hydra").is_dir():
             mlflow.log_artifacts(str(hydra_output_dir / ".hydra"), artifact_path="hydra")
-        yield Tracker(run.info.run_id, logged_until)
+        yield Tracker(run_id, logged_until)
+    except BaseException as error:
+        full = disk_full_error(error, cfg.tracking.uri) if isinstance(error, Exception) else None
+        record_end(full or error, run_id, folder)
+        if full is not None and full is not error:
+            raise full from None
+        raise
+    problem = close_active_run(run_id, "FINISHED")
+    if problem is not None:  # done but not recorded: the next start redoes the end from the final checkpoint
+        problem = disk_full_error(problem, cfg.tracking.uri) or problem
+        leave_run_end(run_id, "FAILED", f"the store refused FINISHED: {failure_reason(problem)}", problem, folder)
+        raise problem
+
+
+def artifact_folder(run_id: str) -> Path:
+    """The run's artifact folder (a local path for a file store; the URI otherwise, for messages)."""
+    uri = MlflowClient().get_run(run_id).info.artifact_uri
+    return Path(uri.removeprefix("file://")) if uri.startswith(("file://", "/")) else Path(uri)
 
 
 def overrides_yaml(overrides: list[str]) -> str:
@@ -366,11 +479,13 @@ def log_final_policy(run_id: str, folder: Path, max_artifact_mb: float) -> dict[
     -a policy`); a larger one (Qwen at fp32 is GBs) stays on disk and the tags name the host and
     path. Returns the tags set.
     """
-    size_mb = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
+    size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    size_mb = size / 2**20
     tags = {"final_policy": str(folder), "final_policy_host": socket.gethostname(),
             "final_policy_mb": f"{size_mb:.1f}"}
     if size_mb <= max_artifact_mb:
-        MlflowClient().log_artifacts(run_id, str(folder), artifact_path="policy")
+        with writing("the final policy's artifact copy", artifact_folder(run_id), size):
+            MlflowClient().log_artifacts(run_id, str(folder), artifact_path="policy")
         tags["final_policy_artifact"] = f"runs:/{run_id}/policy"
     else:
         tags["final_policy_artifact"] = (f"not uploaded ({size_mb:.0f} MB > tracking.policy_artifact_max_mb="

@@ -94,6 +94,7 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
         src.run.train(cfg)
     table = runs(store, "crash")
     assert len(table) == 1 and table.status[0] == "FAILED"
+    assert table["tags.failure_reason"][0] == "RuntimeError: simulated crash"
     assert (tmp_path / "run" / "checkpoint.pt").exists()  # written after step 2, ready to resume
 
     monkeypatch.setattr(src.run, "train_step", real_step)
@@ -104,6 +105,7 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
     assert "RESUME MISMATCH" not in caplog.text
     table = runs(store, "crash")
     assert len(table) == 1 and table.status[0] == "FINISHED"
+    assert "failure_reason" not in MlflowClient(store).get_run(table.run_id[0]).data.tags  # it continued
     client = MlflowClient(store)
     for key in ("train/reward", "budget/fresh_evaluations", "time/step", "train/kl"):
         assert sorted(m.step for m in client.get_metric_history(table.run_id[0], key)) == [0, 1, 2], key

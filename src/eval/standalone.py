@@ -139,6 +139,15 @@ def print_result(label: str, result: EvalResult) -> None:
 
 # --------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
+    """The command line; Ctrl-C ends it with one line and exit status 130, no traceback."""
+    try:
+        return evaluate_command(argv)
+    except KeyboardInterrupt:
+        console.print("stopped by Ctrl-C: the results logged so far stay, and the same command skips them")
+        return 130
+
+
+def evaluate_command(argv: list[str] | None) -> int:
     import src.config  # noqa: F401  (the ${root:} resolver)
     from hydra import compose, initialize_config_dir
 
