@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 CLAIM_SETTLE_S = 2.0  # a store without a lock: how long claims made at about the same moment take to meet
 CLAIM_TAG = "claim"  # on a resumed run: which process resumes it (host:pid:random), last writer wins
-FAILURE_TAG = "failure_reason"
 
 _unopened: list[tuple[str, str]] = []  # (uri, run id) of this process's newest claim, until the job ends
 
@@ -106,13 +105,6 @@ def resume_claim_holder(uri: str, run_id: str, token: str, since: float) -> str 
     return None if holder == token else holder
 
 
-def mark_failed(uri: str, run_id: str, reason: str) -> None:
-    """End a run that cannot continue as FAILED, saying why in its `failure_reason` tag."""
-    client = MlflowClient(uri)
-    client.set_tag(run_id, FAILURE_TAG, reason[:4000])
-    client.set_terminated(run_id, "FAILED")
-
-
 def fail_unopened_claim(error: BaseException) -> None:
     """A job that raised before its claimed run opened: end that run FAILED rather than leave it RUNNING.
 
@@ -124,7 +116,7 @@ def fail_unopened_claim(error: BaseException) -> None:
     uri, run_id = _unopened.pop()
     try:
         if MlflowClient(uri).get_run(run_id).info.status == "RUNNING":
-            mark_failed(uri, run_id, f"{error.__class__.__name__}: {error}".splitlines()[0])
+            tracking.mark_failed(uri, run_id, f"{error.__class__.__name__}: {error}".splitlines()[0])
     except Exception as cleanup_error:  # noqa: BLE001  (the next start of the cell cleans it up instead)
         log.warning("could not mark the claimed run %s FAILED (%s); the next start of its cell will", run_id,
                     cleanup_error)

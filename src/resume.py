@@ -89,7 +89,7 @@ def busy_message(cfg: DictConfig, identity: str, alive: str) -> str:
 
 def retire(cfg: DictConfig, run_id: str, reason: str) -> None:
     """Mark a dead run that nobody will resume FAILED with the reason, in one log line."""
-    claim.mark_failed(cfg.tracking.uri, run_id, reason)
+    tracking.mark_failed(cfg.tracking.uri, run_id, reason)
     log.warning("run %s of cell %s marked FAILED: %s", run_id, cell_name(cfg), reason)
 
 

@@ -361,7 +361,7 @@ def test_a_final_policy_that_does_not_fit_leaves_no_half_policy(tmp_path):
 
 
 def test_a_dead_run_whose_checkpoints_are_all_damaged_is_marked_failed(tmp_path, compose_config):
-    from src.run import start_of_cell
+    from src.resume import choose_start
     from src.sweep import cell_identity
 
     cfg = hydra_job_config(compose_config, tmp_path, "trainer.steps=3")
@@ -372,10 +372,10 @@ def test_a_dead_run_whose_checkpoints_are_all_damaged_is_marked_failed(tmp_path,
         f'"pid": {os.getpid()}', f'"pid": {a_dead_pid()}'))
     for name in ("checkpoint.pt", "checkpoint.prev.pt"):
         (folder / name).write_bytes(b"truncated")
-    with pytest.raises(CheckpointError):
-        start_of_cell(cfg, cell_identity(cfg))
+    start = choose_start(cfg, cell_identity(cfg), tmp_path / "fresh")
+    assert start.run_id != run_id and start.checkpoint is None  # the cell starts afresh, in a new run
     run = MlflowClient(store(tmp_path)).get_run(run_id)
-    assert run.info.status == "FAILED" and "cannot resume" in run.data.tags["failure_reason"]
+    assert run.info.status == "FAILED" and "not resumable" in run.data.tags["failure_reason"]
 
 
 # --------------------------------------------------------------------------- end to end, in a subprocess
