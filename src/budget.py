@@ -237,7 +237,8 @@ def budget_table(cfg, ratios: list[float] | None = None):
         plan = plan_for_config(at_ratio)
         b_fresh, b_replay = plan_batch(trainer.groups_per_step, ratio)
         rows.append({
-            "rho": ratio, "L": max_age if ratio > 0 and buffer.name != "fifo" else None,  # FIFO: no age window "B_fresh": b_fresh, "B_replay": b_replay,
+            "rho": ratio, "L": max_age if ratio > 0 and buffer.name != "fifo" else None,  # FIFO: no age window
+            "B_fresh": b_fresh, "B_replay": b_replay,
             "fresh_evaluations": plan.fresh_evaluations,
             "closed_form": closed_form_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps, ratio),
             "gap_fill_groups": plan.gap_fill_groups, "achieved_ratio": plan.achieved_ratio,
