@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="ui", help="the make target, for the printed example")
     parser.add_argument("--store", help="tracking URI whose experiment's runs table the printed address opens")
     parser.add_argument("--experiment")
+    parser.add_argument("--grace", type=float, default=GRACE_S,
+                        help="seconds the server's processes get to exit after a stop signal before they are killed")
     parser.add_argument("--check", action="store_true",
                         help="only try the port: print the problem on stdout (nothing when it is free); exit 0")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the server's command line")
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return 0
     announce(args.name, args.host, port, args.store, args.experiment)
-    code = supervise(command)
+    code = supervise(command, args.grace)
     if code:
         print(f"error: the {args.name} stopped by itself (exit code {code}); its messages are above", file=sys.stderr,
               flush=True)
