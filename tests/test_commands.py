@@ -53,7 +53,15 @@ def ok(result: subprocess.CompletedProcess) -> str:
 
 
 def make(target: str, *variables: str, timeout: float = 300) -> str:
-    return ok(run([*MAKE, target, *variables], timeout))
+    """stdout and stderr of `make -s target variables...`, which must succeed."""
+    result = run([*MAKE, target, *variables], timeout)
+    ok(result)
+    return result.stdout + result.stderr
+
+
+def flat(text: str) -> str:
+    """The text with every run of whitespace made one space (rich wraps table titles to the table's width)."""
+    return " ".join(text.split())
 
 
 def args(*words: str) -> str:
@@ -420,14 +428,14 @@ def test_make_ui_refuses_a_bad_port_or_host_in_one_line(variables, message):
 @pytest.mark.slow
 def test_make_bench():
     out = make("bench", args("--steps", "1", "--warmup", "1", "buffer=age1", "clip=tight", *TINY_RUN))
-    assert "Step phases: rho1-L1-c1" in out and "B=4, K=2, 1 steps" in out
+    assert "Step phases: rho1-L1-c1, policy checkpoints/tiny-countdown, B=4, K=2, 1 steps" in flat(out)
     assert re.search(r"generate\s*│\s*model", out) and "work outside model generate/forward/backward" in out
 
 
 @pytest.mark.slow
 def test_make_bench_eval():
     out = make("bench-eval", args(*TINY_EVAL))
-    assert "canonical evaluation of checkpoints/tiny-countdown (2 prompts x 2 samples x 2 repeats)" in out
+    assert "canonical evaluation of checkpoints/tiny-countdown (2 prompts x 2 samples x 2 repeats)" in flat(out)
     assert "repeat 1" in out and re.search(r"pass@1 [\d.]+  mean reward [\d.]+", out)
 
 
@@ -464,7 +472,7 @@ def test_sweeps_dry_run(tmp_path):
         assert re.search(rf"│\s*{re.escape(cell)}\s*│", paper), cell
     assert re.search(r"DRY RUN: nothing launched\.\s+19 jobs", variants), variants[-2000:]
     for study in ("baseline", "age", "ratio", "stress", "paper", "variants"):
-        line = ok(run([*MAKE, "-n", f"sweep-{study}", "SEEDS=3", "DRY_RUN=1"]))
+        line = flat(ok(run([*MAKE, "-n", f"sweep-{study}", "SEEDS=3", "DRY_RUN=1"])))
         assert f"-m src.run -m +sweep={study} hardware=cpu hydra.sweeper.dry_run=true trainer.seed=0,1,2" in line
 
 
