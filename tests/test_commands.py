@@ -203,6 +203,22 @@ def test_make_budget_prints_the_spec5_table():
     assert {rho: cells[4] for rho, cells in _budget_rows(script_out).items()} == {"0": SPEC5["0"], "2": SPEC5["2"]}
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--ratios", "x"], "--ratios x: give comma-separated numbers >= 0"),
+    (["--ratios", "0,-1"], "--ratios 0,-1: give comma-separated numbers >= 0"),
+    (["buffer=age9"], "buffer=age9: In 'config': Could not find 'buffer/age9' Available options in 'buffer': age, "),
+    (["buffer.ratoi=2"], "buffer.ratoi=2: Could not override 'buffer.ratoi'. To append"),
+    (["buffer.ratio=abc"], "buffer.ratio='abc': must be a number"),
+])
+def test_the_budget_refuses_bad_input_in_one_line(argv, message, capsys):
+    from src.budget import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
 # --------------------------------------------------------------------------- one tiny store
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
