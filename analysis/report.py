@@ -923,6 +923,10 @@ def _start_time(text: str) -> datetime:
 def main(argv: list[str] | None = None) -> int:
     """Command line: compose the tracking settings, read the runs, write the report folder."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from src.checks import composition_error
     from src.paths import CONFIG_DIR, register_root_resolver, workspace_root
 
     # The ${root:} resolver from src.paths, not src.config: importing src.config would pull in torch
@@ -937,13 +941,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="report folder (default: reports/<sweeps or experiment>)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
     args = parser.parse_intermixed_args(argv)  # options and overrides in any order (make report ARGS=...)
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        tracking = compose("config", overrides=args.overrides).tracking
+    err = Console(stderr=True)
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            tracking = compose("config", overrides=args.overrides).tracking
+    except (HydraException, OmegaConfBaseException) as error:
+        err.print(f"[red]error:[/red] {composition_error(error, args.overrides)}", highlight=False, soft_wrap=True)
+        return 2
     experiment = args.experiment or tracking.experiment
     searched = f"experiment '{experiment}' at {tracking.uri}" + (
         f" with sweep {' or '.join(repr(s) for s in args.sweep)}" if args.sweep else "") + (
         f" started since {args.since:%Y-%m-%d %H:%M}" if args.since else "")
-    err = Console(stderr=True)
     try:
         runs = load_runs(tracking.uri, experiment, args.sweep, args.since)
         if runs.empty:

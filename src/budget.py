@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from src.objective import plan_batch
 from src.batch import Group, whole_groups
+from src.checks import composition_error
 from src.buffer.age import ReplayBuffer
 from src.buffer.fifo import FifoReplayBuffer
 
@@ -264,13 +265,6 @@ def _ratios(text: str | None) -> list[float] | None:
     return ratios
 
 
-def _composition_error(error: Exception, overrides: list[str]) -> str:
-    """Hydra's composition message on one line, without its config search path."""
-    lines = [line.strip() for line in str(error).split("Config search path:")[0].splitlines() if line.strip()]
-    text = lines[0] + ("" if len(lines) == 1 else f" {lines[1]} " + ", ".join(lines[2:]))
-    return f"{' '.join(overrides)}: {text.strip()}"
-
-
 def compose_for_budget(argv: list[str] | None):
     """(config, ratios) from the command line; BudgetInputError for any input that cannot be planned."""
     import argparse
@@ -293,7 +287,7 @@ def compose_for_budget(argv: list[str] | None):
             cfg = compose("config", overrides=args.overrides)
         src.config.validate(cfg, check_device=False)
     except (HydraException, OmegaConfBaseException) as error:
-        raise BudgetInputError(_composition_error(error, args.overrides)) from None
+        raise BudgetInputError(composition_error(error, args.overrides)) from None
     except src.config.ConfigError as error:
         raise BudgetInputError(str(error)) from None
     return cfg, ratios

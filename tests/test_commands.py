@@ -219,6 +219,14 @@ def test_the_budget_refuses_bad_input_in_one_line(argv, message, capsys):
     assert stopped.value.code == 2 and err.count("\n") == 1 and message in err, err
 
 
+def test_the_report_refuses_an_unknown_option_in_one_line(capsys):
+    from analysis.report import main
+
+    assert main(["--sweep", "demo", "buffer=age9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "buffer=age9: In 'config': Could not find 'buffer/age9'" in err, err
+
+
 # --------------------------------------------------------------------------- one tiny store
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
