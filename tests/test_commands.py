@@ -33,7 +33,10 @@ from src.serve import announce, port_free
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the console scripts of this venv
 # Console scripts import `src` from where the venv was installed; PYTHONPATH makes it this checkout.
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", "COLUMNS": "200"}
+# Under `make test` the suite inherits make's own variables: a jobserver the child make cannot reach would
+# add a warning line to the output the tests read.
+ENV = {**{key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")},
+       "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", "COLUMNS": "200"}
 MAKE = ["make", "-s", "--no-print-directory", "-o", ".venv/.installed", "-o", ".venv-vllm/.installed"]
 # A run in seconds: 2 steps of 4 groups x 2 responses of at most 6 tokens, 4 evaluation samples.
 TINY_RUN = ["trainer.steps=2", "trainer.groups_per_step=4", "trainer.group_size=2", "policy.max_new_tokens=6",
