@@ -113,10 +113,10 @@ def supervise(command: list[str], grace_s: float = GRACE_S) -> int:
     exit code, or 1 when it was 0, when the command stopped by itself: a server that exits unasked failed.
     """
     child = subprocess.Popen(command, start_new_session=True)
-    stop = {"signal": None}
+    stop = {"signal": None, "at": None}
 
     def on_signal(signum, _frame):
-        stop["signal"] = signum
+        stop["signal"], stop["at"] = signum, stop["at"] or time.monotonic()
         _signal_group(child.pid, signum)
 
     previous = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
@@ -128,6 +128,8 @@ def supervise(command: list[str], grace_s: float = GRACE_S) -> int:
             except subprocess.TimeoutExpired:
                 if stop["signal"] is None and os.getppid() != parent:  # make was killed alone
                     on_signal(signal.SIGTERM, None)
+                elif stop["at"] is not None and time.monotonic() - stop["at"] > grace_s:
+                    _signal_group(child.pid, signal.SIGKILL)  # a graceful shutdown that does not end
         _end_group(child.pid, grace_s)
     finally:
         for signum, handler in previous.items():

@@ -405,9 +405,9 @@ def test_make_mlflow_server_stops_with_all_its_workers_on_sigterm(tmp_path):
 
 
 def test_a_server_whose_parent_dies_is_stopped_with_its_whole_group(tmp_path):
-    """make killed on its own: src.serve notices, and a grandchild that ignores SIGTERM is killed after the grace."""
+    """make killed on its own: src.serve notices; a server and its worker that ignore SIGTERM are killed after the grace."""
     pids = tmp_path / "pids"
-    stubborn = ("import os, signal, subprocess, sys, time; "
+    stubborn = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)']); "
                 f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}'); time.sleep(600)")
