@@ -162,7 +162,8 @@ def announce(name: str, host: str, port: int, store: str | None, experiment: str
             address = ui_url(address, store, experiment)
         except Exception:  # noqa: BLE001  (the address without the experiment is still right)
             pass
-    print(f"{name} (Ctrl-C stops it): {address}", flush=True)
+    elsewhere = f" (from other machines: http://{socket.gethostname()}:{port})" if host in ("0.0.0.0", "::") else ""
+    print(f"{name} (Ctrl-C stops it): {address}{elsewhere}", flush=True)
     if not is_loopback(host):
         print(f"warning: listening on {host}: MLflow has no authentication, so anyone who can reach this machine "
               f"on port {port} can read, change and delete every run", flush=True)

@@ -434,7 +434,8 @@ def test_a_server_whose_parent_dies_is_stopped_with_its_whole_group(tmp_path):
 def test_the_ui_on_all_interfaces_warns_that_mlflow_has_no_authentication(capsys):
     announce("MLflow UI", "0.0.0.0", 5050, None, None)
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "MLflow UI (Ctrl-C stops it): http://127.0.0.1:5050"
+    assert out[0] == f"MLflow UI (Ctrl-C stops it): http://127.0.0.1:5050 (from other machines: " \
+                     f"http://{socket.gethostname()}:5050)"
     assert "no authentication" in out[1] and "0.0.0.0" in out[1]
     announce("MLflow UI", "127.0.0.1", 5050, None, None)
     assert "no authentication" not in capsys.readouterr().out
