@@ -194,6 +194,7 @@ def _budget_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_make_budget_prints_the_spec5_table():
     make_out, help_out, script_out = (ok(r) for r in parallel([
         [*MAKE, "budget"], [str(BIN / "replay-rloo-budget"), "--help"],
