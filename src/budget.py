@@ -17,11 +17,13 @@ it at ratio near L: e.g. B=64 (or 16, 256), ratio=2, L=2 gives B_fresh=21, B_rep
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from src.batch import plan_batch, Group, whole_groups
+from src.batch import Group, plan_batch, whole_groups
+from src.checks import composition_error
 from src.buffer.age import ReplayBuffer
 from src.buffer.fifo import FifoReplayBuffer
 
@@ -236,7 +238,8 @@ def budget_table(cfg, ratios: list[float] | None = None):
         plan = plan_for_config(at_ratio)
         b_fresh, b_replay = plan_batch(trainer.groups_per_step, ratio)
         rows.append({
-            "rho": ratio, "L": max_age if ratio > 0 and buffer.name != "fifo" else None,  # FIFO: no age window "B_fresh": b_fresh, "B_replay": b_replay,
+            "rho": ratio, "L": max_age if ratio > 0 and buffer.name != "fifo" else None,  # FIFO: no age window
+            "B_fresh": b_fresh, "B_replay": b_replay,
             "fresh_evaluations": plan.fresh_evaluations,
             "closed_form": closed_form_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps, ratio),
             "gap_fill_groups": plan.gap_fill_groups, "achieved_ratio": plan.achieved_ratio,
@@ -245,36 +248,66 @@ def budget_table(cfg, ratios: list[float] | None = None):
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m src.budget [--ratios 0,1,2] [hydra overrides]`: the planned budget, no model loaded."""
+class BudgetInputError(ValueError):
+    """Bad command-line input; the message is the one line to print."""
+
+
+def _ratios(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        ratios = [float(value) for value in text.split(",")]
+    except ValueError:
+        ratios = []
+    if not ratios or not all(math.isfinite(ratio) and ratio >= 0 for ratio in ratios):
+        raise BudgetInputError(f"--ratios {text}: give comma-separated numbers >= 0, e.g. --ratios 0,0.5,1,2")
+    return ratios
+
+
+def compose_for_budget(argv: list[str] | None):
+    """(config, ratios) from the command line; BudgetInputError for any input that cannot be planned."""
     import argparse
 
     from hydra import compose, initialize_config_dir
-    from rich.console import Console
-    from rich.table import Table
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    import src.config  # noqa: F401  (registers the ${root:} resolver)
+    import src.config  # (registers the ${root:} resolver)
     from src.paths import CONFIG_DIR
 
-    parser = argparse.ArgumentParser(description="Planned fresh verifier evaluations (SPEC 5), simulated "
-                                                 "with the real replay buffer; no model is loaded.")
+    parser = argparse.ArgumentParser(prog="replay-rloo-budget", description="Planned fresh verifier evaluations "
+                                     "(SPEC 5), simulated with the real replay buffer; no model is loaded.")
     parser.add_argument("--ratios", help="comma-separated rho values (default: the config's buffer.ratio)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer=paper buffer=age2")
     args = parser.parse_args(argv)
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=args.overrides)
+    ratios = _ratios(args.ratios)
     try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=args.overrides)
         src.config.validate(cfg, check_device=False)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise BudgetInputError(composition_error(error, args.overrides)) from None
     except src.config.ConfigError as error:
+        raise BudgetInputError(str(error)) from None
+    return cfg, ratios
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m src.budget [--ratios 0,1,2] [hydra overrides]`: the planned budget, no model loaded."""
+    from rich.console import Console
+    from rich.table import Table
+
+    try:
+        cfg, ratios = compose_for_budget(argv)
+        rows = budget_table(cfg, ratios)
+    except (BudgetInputError, ValueError) as error:  # ValueError: a ratio the batch plan refuses
         Console(stderr=True).print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
         raise SystemExit(2) from None
-    ratios = [float(value) for value in args.ratios.split(",")] if args.ratios else None
     trainer = cfg.trainer
     table = Table(title=f"Fresh verifier evaluations: B={trainer.groups_per_step}, K={trainer.group_size}, "
                         f"{trainer.steps} steps")
     for column in ("rho", "L", "B_fresh", "B_replay", "fresh evals", "formula", "gap fill", "rho reached"):
         table.add_column(column, justify="right")
-    rows = budget_table(cfg, ratios)
     for row in rows:
         table.add_row(f"{row['rho']:g}", "-" if row["L"] is None else str(row["L"]), str(row["B_fresh"]),
                       str(row["B_replay"]), ("≤ " if row["upper_bound"] else "") + f"{row['fresh_evaluations']:,}",

@@ -20,3 +20,10 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name}={value!r}: {name.rsplit('.', 1)[-1]} must be one of {', '.join(choices)}")
     return value
+
+
+def composition_error(error: Exception, overrides: list[str]) -> str:
+    """Hydra's composition message (an unknown option or key) on one line, without its config search path."""
+    lines = [line.strip() for line in str(error).split("Config search path:")[0].splitlines() if line.strip()]
+    text = lines[0] + ("" if len(lines) == 1 else f" {lines[1]} " + ", ".join(lines[2:])) if lines else repr(error)
+    return f"{' '.join(overrides)}: {text.strip()}"

@@ -20,12 +20,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from src.eval.passk import ESTIMATORS
-from src.paths import PROJECT_ROOT, resolve_policy_path
+from src.paths import register_root_resolver, resolve_policy_path
 from src.schema import SchemaError, check_ranges, check_types
 from src.policy import DTYPE_NAMES
 
-if not OmegaConf.has_resolver("root"):
-    OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
+register_root_resolver()
 if not OmegaConf.has_resolver("unique"):
     # Cached like Hydra's ${now:}: one value per composed config, which Hydra copies to every job of a sweep.
     OmegaConf.register_new_resolver("unique", lambda: f"{os.getpid()}-{uuid.uuid4().hex[:6]}", use_cache=True)

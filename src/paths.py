@@ -1,14 +1,49 @@
-"""Fixed locations inside the project, so commands work from any working directory."""
+"""Fixed locations, so commands work from any working directory.
+
+Two roots. PROJECT_ROOT is where the code and its data sit (`conf/`, `checkpoints/`): the clone, or
+site-packages for a built package. `workspace_root()` is where commands write by default: the
+default MLflow store (`mlruns.db`, `mlartifacts/`), `outputs/` and `reports/`. In a clone (an
+editable install, or commands run from the folder) it is the project folder, as the README
+describes; for a package installed with `pip install .` it is the working directory, since
+site-packages is no place for a user's runs (and is often read-only).
+"""
+
+from __future__ import annotations
 
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = PROJECT_ROOT / "conf"
+INSTALL_FOLDERS = ("site-packages", "dist-packages")  # pip's and Debian's folders for installed packages
+
+
+def is_source_checkout(root: Path) -> bool:
+    """True for a clone: pyproject.toml sits beside `src/`, outside any site-packages folder.
+
+    A wheel installs `src/`, `conf/` and `checkpoints/` straight into site-packages, without pyproject.toml.
+    """
+    return (root / "pyproject.toml").is_file() and not set(INSTALL_FOLDERS) & set(Path(root).parts)
+
+
+def workspace_root(root: Path = PROJECT_ROOT, cwd: Path | None = None) -> Path:
+    """Where the default store, outputs/ and reports/ go: the project folder of a clone, else the working directory."""
+    return Path(root) if is_source_checkout(Path(root)) else Path(cwd) if cwd is not None else Path.cwd()
+
+
+def register_root_resolver() -> None:
+    """`${root:}` in the YAML (tracking.uri, artifact_location, ziprc folders): the workspace root."""
+    if not OmegaConf.has_resolver("root"):
+        OmegaConf.register_new_resolver("root", lambda: str(workspace_root()))
 
 
 def resolve_policy_path(name_or_path: str) -> str:
-    """A hub name stays as it is; a relative folder is looked up from the project root."""
+    """A hub name stays as it is; a relative folder is looked up in the workspace, then beside the code."""
     candidate = Path(name_or_path)
-    if not candidate.is_absolute() and (PROJECT_ROOT / candidate).exists():
-        return str(PROJECT_ROOT / candidate)
+    if candidate.is_absolute():
+        return name_or_path
+    for base in dict.fromkeys((workspace_root(), PROJECT_ROOT)):
+        if (base / candidate).exists():
+            return str(base / candidate)
     return name_or_path

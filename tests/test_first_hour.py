@@ -425,3 +425,4 @@ def test_wheel_ships_the_config_and_the_tiny_policy(tmp_path):
     assert "conf/config.yaml" in names and "conf/buffer/age2.yaml" in names
     assert "checkpoints/tiny-countdown/config.json" in names
     assert any(name.endswith("entry_points.txt") for name in names)
+    assert "pyproject.toml" not in names  # how src/paths.py tells an installed package from a clone

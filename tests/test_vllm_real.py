@@ -277,23 +277,3 @@ def test_a_run_interrupted_by_sigterm_resumes_into_the_same_run_with_identical_m
         assert [step for step, _ in actual[key]] == [step for step, _ in expected[key]], key
         assert [value for _, value in actual[key]] == pytest.approx([value for _, value in expected[key]],
                                                                      rel=1e-5), key
-
-
-# --------------------------------------------------------------------------- the engine check, as on a GPU node
-def test_the_engine_check_passes_on_cpu_in_float32():
-    result = subprocess.run([sys.executable, "-m", "benchmarks.check_engine", "--device", "cpu", "--dtype", "float32",
-                             "--prompts", "8", "--samples", "4", "--max-new-tokens", "40", "--enforce-eager"],
-                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "All checks passed." in result.stdout
-    assert "FAIL" not in result.stdout and "log-probs vs trainer (after sync)" in result.stdout
-
-
-
-def test_the_engine_benchmark_times_both_engines_side_by_side():
-    result = subprocess.run([sys.executable, "-m", "benchmarks.engines", "--prompts", "4", "--samples", "2",
-                             "--max-new-tokens", "8", "--repeats", "1", "--vllm", "float32-eager"],
-                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [line for line in result.stdout.splitlines() if "HF generate" in line or "vLLM float32-eager" in line]
-    assert len(rows) == 2 and "1.00x" in rows[0], result.stdout

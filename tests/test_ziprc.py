@@ -276,7 +276,7 @@ def test_every_stage_runs_end_to_end_on_the_tiny_policy_and_logs_to_mlflow(tmp_p
     from src.ziprc.pipeline import main
 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
-    common = [f"ziprc.workdir={tmp_path}/work", f"tracking.uri={uri}", f"tracking.artifact_location={tmp_path}/art",
+    common = [f"ziprc.workdir={tmp_path}/work", f"ziprc.report_dir={tmp_path}/report", f"tracking.uri={uri}", f"tracking.artifact_location={tmp_path}/art",
               "ziprc.collect.train_prompts=12", "ziprc.collect.calibration_prompts=3",
               "ziprc.collect.calibration_samples=16", "ziprc.decode.prompts=4", "ziprc.decode.seeds=[0,1]",
               "ziprc.decode.policies=[{kind:none},{kind:prune},{kind:early_stop,tau:0.5},{kind:utility,beta:0.05}]",

@@ -24,7 +24,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import src.config  # noqa: F401  (registers the ${root:} resolver)
-from src.paths import CONFIG_DIR, PROJECT_ROOT
+from src.paths import CONFIG_DIR, workspace_root
 from src.policy.model import build_tiny_model
 from src.policy.tokenizer import build_countdown_tokenizer, template_pieces
 from src.task import countdown
@@ -105,7 +105,7 @@ def train_tiny_policy(settings: SFTSettings, task_overrides: list[str] | None = 
         if step % 50 == 0 or step == settings.steps - 1:
             print(f"  step {step:4d}  loss {loss.item():.3f}  ({time.perf_counter() - started:.0f}s)", flush=True)
     output = Path(settings.output)
-    output = output if output.is_absolute() else PROJECT_ROOT / output
+    output = output if output.is_absolute() else workspace_root() / output
     model.eval()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(output)

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from src.paths import PROJECT_ROOT
 
 COLOURS = {"none": "black", "prune": "C0", "early_stop": "C1", "utility": "C2"}
 
@@ -93,7 +92,7 @@ def _percent(value: float) -> str:
 
 
 def write_report(cfg: DictConfig) -> Path:
-    out = PROJECT_ROOT / "reports" / f"ziprc-{cfg.ziprc.name}"
+    out = Path(cfg.ziprc.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# ZIP-RC-Lite report: {cfg.ziprc.name}", "",
              f"Policy `{cfg.policy.name_or_path}`, head and data in `{cfg.ziprc.workdir}`, MLflow experiment "

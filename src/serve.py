@@ -1,0 +1,215 @@
+"""Start an MLflow server process (`make ui`, `make mlflow-server`) and stop it as a whole.
+
+    python -m src.serve --name "MLflow UI" --host 127.0.0.1 --port 5050 --knob PORT --target ui \
+        --store sqlite:///mlruns.db --experiment replay-rloo -- python -m mlflow ui ...
+
+Before anything starts, the port is tried: one taken by another program is refused with one line
+naming the port and the make variable that picks another (MLflow itself would log "Address already
+in use" and exit 0, leaving the address to the other program). A host other than the loopback gets
+a line saying that MLflow has no authentication.
+
+`mlflow ui` / `mlflow server` start uvicorn (or gunicorn) workers and job-runner consumers, several
+processes deep. The command runs in its own process group; Ctrl-C, SIGTERM, SIGHUP or the death of
+the parent (make killed on its own) sends the signal to that whole group, and whatever is left of it
+after a grace period is killed, so no worker survives and the port is free when this returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+GRACE_S = 10.0  # how long the server's processes get to shut down before they are killed
+LOOPBACK_NAMES = ("localhost",)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class PortError(RuntimeError):
+    """The server cannot listen where asked; the message is the one line to print."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost: only this machine can reach a server bound there."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on host:port now (a listener on it, or on all interfaces, takes it).
+
+    SO_REUSEADDR as uvicorn and gunicorn set it, so connections of a server stopped a moment ago
+    (TIME_WAIT) do not count as taking the port.
+    """
+    with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def check_port(host: str, port: int, knob: str, host_knob: str, target: str) -> None:
+    """Raise PortError (one line: the port, the fix) unless a server can listen on host:port."""
+    if not 1 <= port <= 65535:
+        raise PortError(f"{knob}={port}: a port is a number from 1 to 65535, e.g. make {target} {knob}=5051")
+    try:
+        free = port_free(host, port)
+    except OSError as error:
+        raise PortError(f"{host_knob}={host}: cannot listen on this address ({error.strerror}); use 127.0.0.1 "
+                        f"(this machine only), 0.0.0.0 (all interfaces) or one of this machine's addresses") from None
+    if not free:
+        spare = next((p for p in range(port + 1, min(port + 50, 65536)) if _quietly_free(host, p)), None)
+        example = f", e.g. make {target} {knob}={spare}" if spare else ""
+        raise PortError(f"port {port} on {host} is already in use by another program: pass {knob}=<a free port>"
+                        f"{example}")
+
+
+def _quietly_free(host: str, port: int) -> bool:
+    try:
+        return port_free(host, port)
+    except OSError:
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member we may not signal still exists
+        return True
+    return True
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def supervise(command: list[str], grace_s: float = GRACE_S) -> int:
+    """Run `command` in its own process group until it exits or a stop signal comes; then end the group.
+
+    Returns 0 when stopped by a signal (or by the parent's death) and the group ended; the command's own
+    exit code, or 1 when it was 0, when the command stopped by itself: a server that exits unasked failed.
+    """
+    child = subprocess.Popen(command, start_new_session=True)
+    stop = {"signal": None, "at": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"], stop["at"] = signum, stop["at"] or time.monotonic()
+        _signal_group(child.pid, signum)
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
+    parent = os.getppid()
+    try:
+        while child.poll() is None:
+            try:
+                child.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if stop["signal"] is None and os.getppid() != parent:  # make was killed alone
+                    on_signal(signal.SIGTERM, None)
+                elif stop["at"] is not None and time.monotonic() - stop["at"] > grace_s:
+                    _signal_group(child.pid, signal.SIGKILL)  # a graceful shutdown that does not end
+        _end_group(child.pid, grace_s)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if stop["signal"] is not None:
+        return 0
+    return child.returncode or 1
+
+
+def _end_group(pgid: int, grace_s: float) -> None:
+    """Wait for the group's remaining processes (workers, job runners) to exit; kill those that do not."""
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _group_alive(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+        while _group_alive(pgid) and time.monotonic() < deadline + 5:
+            time.sleep(0.1)
+
+
+def announce(name: str, host: str, port: int, store: str | None, experiment: str | None) -> None:
+    """The address to open (the experiment's runs table when a store is given) and the no-auth warning."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    address = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}"
+    if store and experiment:
+        try:
+            from src.tracking import ui_url
+
+            address = ui_url(address, store, experiment)
+        except Exception:  # noqa: BLE001  (the address without the experiment is still right)
+            pass
+    elsewhere = f" (from other machines: http://{socket.gethostname()}:{port})" if host in ("0.0.0.0", "::") else ""
+    print(f"{name} (Ctrl-C stops it): {address}{elsewhere}", flush=True)
+    if not is_loopback(host):
+        print(f"warning: listening on {host}: MLflow has no authentication, so anyone who can reach this machine "
+              f"on port {port} can read, change and delete every run", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--name", default="MLflow server", help="what to call the server in the printed lines")
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", required=True)
+    parser.add_argument("--knob", default="PORT", help="the make variable that sets the port")
+    parser.add_argument("--host-knob", default="HOST", help="the make variable that sets the host")
+    parser.add_argument("--target", default="ui", help="the make target, for the printed example")
+    parser.add_argument("--store", help="tracking URI whose experiment's runs table the printed address opens")
+    parser.add_argument("--experiment")
+    parser.add_argument("--grace", type=float, default=GRACE_S,
+                        help="seconds the server's processes get to exit after a stop signal before they are killed")
+    parser.add_argument("--check", action="store_true",
+                        help="only try the port: print the problem on stdout (nothing when it is free); exit 0")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the server's command line")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command and not args.check:
+        parser.error("give the server's command after --")
+    try:
+        try:
+            port = int(args.port)
+        except ValueError:
+            raise PortError(f"{args.knob}={args.port}: a port is a number from 1 to 65535, "
+                            f"e.g. make {args.target} {args.knob}=5051") from None
+        check_port(args.host, port, args.knob, args.host_knob, args.target)
+    except PortError as error:
+        if args.check:
+            print(error)
+            return 0
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    if args.check:
+        return 0
+    announce(args.name, args.host, port, args.store, args.experiment)
+    code = supervise(command, args.grace)
+    if code:
+        print(f"error: the {args.name} stopped by itself (exit code {code}); its messages are above", file=sys.stderr,
+              flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
