@@ -928,6 +928,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from src.checks import composition_error
     from src.paths import CONFIG_DIR, register_root_resolver, workspace_root
+    from src.tracking import StoreUnreachable, check_store
 
     # The ${root:} resolver from src.paths, not src.config: importing src.config would pull in torch
     # and transformers (seconds) for a command that only reads MLflow.
@@ -953,10 +954,11 @@ def main(argv: list[str] | None = None) -> int:
         f" with sweep {' or '.join(repr(s) for s in args.sweep)}" if args.sweep else "") + (
         f" started since {args.since:%Y-%m-%d %H:%M}" if args.since else "")
     try:
+        check_store(tracking.uri, experiment, None)
         runs = load_runs(tracking.uri, experiment, args.sweep, args.since)
         if runs.empty:
             raise ReportError(f"no runs found in {searched}")
-    except ReportError as error:
+    except (ReportError, StoreUnreachable) as error:
         err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
         return 1
     name = "+".join(args.sweep) if args.sweep else experiment
