@@ -43,13 +43,15 @@ def category(response, numbers=NUMBERS, target=TARGET):
 # Every example phrase of seed 004 appendix B.4, by category: each must label at least one row of CASES.
 B4_PHRASES = {
     FORMAT_ERROR: ("missing <answer> tags", "malformed answer tags", "empty answer fields",
-                   "non-arithmetic text inside the answer field", "code-like output instead of a mathematical expression",
+                   "non-arithmetic text inside the answer field",
+                   "code-like output instead of a mathematical expression",
                    "an expression that cannot be parsed by the verifier"),
     WRONG_TARGET: ("evaluate to 60 when the target is 98",),
     INVALID_NUMBER_USE: ("reusing a number more times than allowed", "omitting a required number",
                          "introducing an extra constant", "using a modified number"),
     ARITHMETIC_ERROR: ("division by zero",),
-    REPETITIVE_OR_INCOHERENT: ("repeated answer tags", "repeated verification loops", "multiple inconsistent final answers",
+    REPETITIVE_OR_INCOHERENT: ("repeated answer tags", "repeated verification loops",
+                               "multiple inconsistent final answers",
                                "continued reasoning after a final answer", "irrelevant code or markup",
                                "corrupted multilingual fragments", "text that no longer follows the task"),
     OTHER: ("unusual parser edge cases",),
