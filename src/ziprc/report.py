@@ -192,7 +192,9 @@ def _points_lines(report: pd.DataFrame, chosen: dict[str, str]) -> list[str]:
     lines = ["Accuracy: the answer (the committed sample for early stop, else the best finished value_end) is "
              "correct. Compute: active forward passes per prompt (the shared prompt encoding counts once); latency: "
              "decode steps per prompt. Mean ± std over seeds; compute and latency changes against best-of-N with all "
-             "K samples. The last two columns read the best-of-n curve below at the point's accuracy.", "",
+             "K samples. The last two columns read the best-of-n curve below at the point's accuracy: the compute "
+             "best-of-n needs for it, and the share of that compute the point saves (negative: best-of-n gets there "
+             "cheaper).", "",
              "| policy | seeds | accuracy | compute (fwd passes) | latency (decode steps) | best-of-n compute at "
              "this accuracy | compute saved at matched accuracy |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for _, row in report.iterrows():
