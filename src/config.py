@@ -65,6 +65,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(fresh_groups >= 1,
            f"buffer.ratio rho={buffer.ratio} with trainer.groups_per_step B={trainer.groups_per_step} plans "
            f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
+    _validate_paper_recipes(cfg)
     _validate_components(cfg)
     _validate_curriculum(cfg.curriculum, trainer)
     if buffer.name == "fifo" and buffer.mode != "with_replacement":  # distinct draws: N must cover B_replay
@@ -182,6 +183,27 @@ def _validate_components(cfg: DictConfig) -> None:
     except TypeError as error:  # a `_target_` override naming a class that takes other settings
         raise ConfigError(f"{error}: a group's `_target_` must name a class that takes that group's settings "
                           "(see conf/<group>/*.yaml); fix the override or drop it") from None
+
+
+# Options that are one paper's whole recipe (seed 003 appendix D.2): each selects loss=grpo and
+# trainer.kl_coef=0 itself, so a loss or KL term on top of it is a mistake unless `mechanism_only`
+# asks for the mechanism alone (conf/sweep/variants.yaml's POPO-on-RLOO cell does).
+PAPER_RECIPES = (("buffer", "popo", "POPO", "drop-and-refill"),
+                 ("sampling", "dynamic", "DAPO", "dynamic sampling"))
+
+
+def _validate_paper_recipes(cfg: DictConfig) -> None:
+    for group, option, method, mechanism in PAPER_RECIPES:
+        node = cfg[group]
+        if node.get("name") != option or node.get("mechanism_only", False):
+            continue
+        opt_out = f"or add {group}.mechanism_only=true to run the {mechanism} alone on the loss and KL you choose"
+        _check(cfg.loss.name == "grpo",
+               f"{group}={option} with loss={cfg.loss.name}: {method} optimises the GRPO clipped surrogate (seed 003 "
+               f"D.2), which {group}={option} selects by itself; drop loss={cfg.loss.name}, {opt_out}")
+        _check(cfg.trainer.kl_coef == 0,
+               f"{group}={option} with trainer.kl_coef={cfg.trainer.kl_coef}: {method} trains without a KL penalty "
+               f"(seed 003 D.2), and {group}={option} sets 0 by itself; drop the override, {opt_out}")
 
 
 def _validate_curriculum(curriculum: DictConfig, trainer: DictConfig) -> None:

@@ -42,6 +42,8 @@ LAUNCH_ONLY = (
     "trainer.fused_logprobs",  # the same log-probs to fp32 rounding, computed with less memory
     "trainer.heartbeat_every_s",
     "trainer.heartbeat_timeout_s",
+    "buffer.mechanism_only",  # lifts a config check only: the same computation
+    "sampling.mechanism_only",
 )
 
 
@@ -49,7 +51,7 @@ LAUNCH_ONLY = (
 GROUP_DEFAULTS = {"curriculum": "none", "sampling": "standard", "behaviour": "current"}
 
 # Knobs added after version 1, with the value that computes what version-1 cells computed (rule 5).
-LATER_KNOBS = {"trainer.kl_estimator": "k3"}
+LATER_KNOBS = {"trainer.kl_estimator": "k3", "behaviour.is_max_token": 2.0, "loss.is_max_token": 2.0}
 
 
 def cell_name(cfg: DictConfig) -> str:

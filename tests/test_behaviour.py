@@ -54,7 +54,7 @@ RESPONSES = [" 1 + 2 = 3 </think>\n<answer> 1 + 2 + 3 </answer>", " 7 8", " 6 * 
 def off_policy_update(policy_dir, compose_config, level, offset=None):
     """One rloo update on a group sampled 'off-policy' whose log mu = log pi - offset (per token); returns result, grads."""
     cfg = small_config(compose_config, "behaviour=stale", f"behaviour.is_level={level}", "behaviour.is_max=2.0",
-                       "behaviour.is_min=0.5")
+                       "behaviour.is_max_token=2.0", "behaviour.is_min=0.5")
     parts = make_parts(policy_dir, cfg)
     parts.optimizer = torch.optim.SGD(parts.policy.parameters(), lr=0.0)  # keep the weights, read the gradients
     fresh = group(parts.tokenizer, RESPONSES, [1.0, 0.0, 0.1])
@@ -174,12 +174,32 @@ def test_resuming_an_off_policy_behaviour_run_continues_exactly(random_policy_di
     (["behaviour=diverse", "behaviour.temperature=0"], ["temperature=0", "> 0"]),
     (["behaviour=stale", "behaviour.is_level=group"], ["is_level='group'", "token"]),
     (["behaviour=stale", "behaviour.is_max=0.5"], ["is_max=0.5", "is_min <= 1 <= is_max"]),
+    (["behaviour=stale", "behaviour.is_level=token", "behaviour.is_max_token=0.5"],
+     ["behaviour.is_max_token=0.5", "is_min <= 1 <= is_max_token"]),
     (["behaviour=stale", "behaviour.is_min=1.5", "behaviour.is_max=3"], ["is_min=1.5"]),
 ])
 def test_invalid_behaviour_settings_are_refused_with_the_fix(compose_config, overrides, words):
     with pytest.raises(ConfigError) as error:
         validate(compose_config(*overrides))
     assert all(word in str(error.value) for word in words), str(error.value)
+
+
+@pytest.mark.parametrize("overrides, cap", [
+    (["behaviour=stale"], 10.0), (["behaviour=diverse"], 10.0),
+    (["behaviour=stale", "behaviour.is_level=token"], 2.0), (["behaviour=diverse", "behaviour.is_level=token"], 2.0),
+    (["loss=rloo-tis", "buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=1"], 10.0),
+    (["loss=rloo-tis", "behaviour=stale", "behaviour.is_level=token"], 2.0),
+])
+def test_seed_002_truncates_at_10_per_sequence_and_2_per_token(compose_config, overrides, cap):
+    """Seed 002 l.121: "rho_max = 10 ... for all experiments", "rho_max = 2 ... with token importance sampling"."""
+    from src.build import build_rollout_and_objective
+
+    cfg = compose_config(*overrides)
+    validate(cfg, check_device=False)
+    behaviour, _, objective = build_rollout_and_objective(cfg, torch.nn.Module(), None, None, None, None)
+    for truncation in (behaviour.truncation, getattr(objective, "truncation", None)):
+        if truncation is not None:
+            assert (truncation.is_min, truncation.is_max) == (0.0, cap)
 
 
 def test_behaviour_cells_are_named_and_distinct(compose_config):

@@ -15,18 +15,20 @@ SURVIVING = {
     'buffer=fifo': ('fifo-rho1-N256-with_replacement-c10', '258582b864a97fc2'),
     'buffer=fifo buffer.positive_bias=0.5': ('fifo-rho1-N256-with_replacement-pb0.5-c10', '34b75a2b126e0464'),
     'buffer=fifo buffer.extra_updates=1': ('fifo-rho1-N256-with_replacement-R2-c10', '2ee6ecba00db6796'),
-    'buffer=popo loss=grpo': ('popo-grpo', 'aca1f97e3d1ce43a'),
+    # `buffer=popo`, `sampling=dynamic` and `behaviour=stale` now compute seed 003's and seed 002's settings
+    # (no KL, loss=grpo, rho_max 10): the cells computed before are these explicit overrides.
+    'buffer=popo loss=grpo trainer.kl_coef=1e-3 buffer.mechanism_only=true': ('popo-grpo', 'aca1f97e3d1ce43a'),
     'loss=grpo': ('rho0-grpo', 'b5fa66298c269181'),
     'loss=ipo': ('rho0-ipo', '5fd3a71546eab4d5'),
-    'behaviour=stale': ('rho0-stale4', '7e0d750725cb5bdf'),
-    'sampling=dynamic': ('rho0-dapo', 'ad9800b74ff3dfc8'),
+    'behaviour=stale behaviour.is_max=2': ('rho0-stale4', '7e0d750725cb5bdf'),
+    'sampling=dynamic loss=rloo trainer.kl_coef=1e-3 sampling.mechanism_only=true': ('rho0-dapo', 'ad9800b74ff3dfc8'),
     'curriculum=frontier': ('rho0-frontier', '180dba9f64e15010'),
     'trainer=paper policy=qwen2.5-0.5b buffer=age2 clip=tight': ('rho1-L2-c1', '91395729af24b854'),
     'hardware=h100': ('rho0', '2b47660fa3274c18'),
 }
 
 
-@pytest.mark.parametrize("overrides", list(SURVIVING))
+@pytest.mark.parametrize("overrides", SURVIVING)
 def test_existing_cell_ids_survive(compose_config, overrides):
     cfg = compose_config(*overrides.split())
     assert (cell_name(cfg), cell_identity(cfg)) == SURVIVING[overrides]

@@ -36,11 +36,13 @@ CELLS = {
     "age2-rho2-c1": ["buffer=age2", "buffer.ratio=2", "clip=tight"],
     "fifo-positive-bias": ["buffer=fifo", "buffer.positive_bias=0.5", "buffer.capacity=6"],
     "fifo-R2-at-least-once": ["buffer=fifo", "buffer.extra_updates=1", "buffer.mode=at_least_once"],
-    "grpo-popo": ["loss=grpo", "buffer=popo"],
-    "popo-ineff": ["buffer=popo", "buffer.variant=popo-ineff"],
+    # The golden settings keep a KL term (kl_coef 0.05) to exercise it, which POPO and DAPO drop: these cells
+    # ask for the mechanism alone (mechanism_only) on the loss they pin, so their numbers stay.
+    "grpo-popo": ["loss=grpo", "buffer=popo", "buffer.mechanism_only=true"],
+    "popo-ineff": ["buffer=popo", "buffer.variant=popo-ineff", "loss=rloo", "buffer.mechanism_only=true"],
     "stale": ["behaviour=stale", "behaviour.lag=1"],
     "diverse-token-is": ["behaviour=diverse", "behaviour.is_level=token"],
-    "dapo": ["sampling=dynamic"],
+    "dapo": ["sampling=dynamic", "loss=rloo", "sampling.mechanism_only=true"],
     "frontier": ["curriculum=frontier", "curriculum.min_memory=2", "curriculum.fraction=0.5"],
     "ipo": ["loss=ipo"],
 }

@@ -42,8 +42,9 @@ def policy_update(policy, reference, optimizer, groups, trainer_cfg, clip_ceilin
                       trainer_cfg.fused_logprobs)
     settings = dict(forward=forward, kl_coef=trainer_cfg.kl_coef, entropy_coef=trainer_cfg.entropy_coef,
                     max_grad_norm=trainer_cfg.max_grad_norm,
-                    truncation=None if truncation is None else Truncation(truncation.is_min, truncation.is_max,
-                                                                          truncation.is_level))
+                    truncation=None if truncation is None else Truncation.checked(
+                        "behaviour", truncation.is_min, truncation.is_max, truncation.is_level,
+                        truncation.get("is_max_token")))
     if loss_cfg is None or loss_cfg.name == "rloo":
         objective = RlooObjective(clip_ceiling, **settings)
     else:

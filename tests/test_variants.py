@@ -295,7 +295,7 @@ def test_seed_002_aggressive_cell_truncates_replayed_tokens_at_rho_max_2(random_
     cfg = small_config(compose_config, "buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=3", "loss=rloo-tis",
                        "behaviour=stale", "behaviour.lag=1", "behaviour.is_level=token", "trainer.steps=3",
                        "trainer.learning_rate=1e-3")
-    assert (cfg.loss.is_max, cfg.loss.is_level) == (2.0, "token")  # the behaviour group's truncation
+    assert (cfg.loss.is_max_token, cfg.loss.is_level) == (2.0, "token")  # the behaviour group's truncation
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     seen = updates_of(parts)
     metrics = [train_step(parts, state) for _ in range(3)]
@@ -344,6 +344,55 @@ def test_the_variants_study_runs_every_variant_once_sharing_the_baseline_cells()
             "fifo-rho0-N256-with_replacement-R4-rloo-tis-stale4-tokenIS"} <= {cell.cell for cell in planned}
     shared = {cell.cell_id for cell in plan_cells(study_jobs("baseline") + study_jobs("age"), CellRuns({}, {}))}
     assert {cell.cell for cell in planned if cell.cell_id in shared} == {"rho0", "rho1-L1-c1"}
+
+
+# --------------------------------------------------------------------------- one way to ask for POPO and DAPO
+@pytest.mark.parametrize("overrides", [["buffer=popo"], ["buffer=popo", "loss=grpo"], ["loss=grpo", "buffer=popo"],
+                                       ["buffer=popo", "buffer.variant=popo-ineff"], ["sampling=dynamic"],
+                                       ["buffer=popo", "policy=qwen2.5-0.5b"]])
+def test_popo_and_dapo_options_alone_give_seed_003s_configuration(compose_config, overrides):
+    """Seed 003 D.2: the GRPO clipped surrogate with clip-higher 0.2/0.28, POPO's behaviour weight capped at 2,
+    and no KL penalty, whichever way the option is asked for."""
+    cfg = compose_config(*overrides)
+    validate(cfg, check_device=False)
+    loss = cfg.loss
+    assert (loss.name, loss.eps_low, loss.eps_high, loss.behaviour_cap) == ("grpo", 0.2, 0.28, 2.0)
+    assert cfg.trainer.kl_coef == 0
+
+
+def test_asking_for_popo_with_or_without_loss_grpo_is_one_cell(compose_config):
+    assert cell_identity(compose_config("buffer=popo")) == cell_identity(compose_config("buffer=popo", "loss=grpo"))
+    assert cell_identity(compose_config("sampling=dynamic")) == cell_identity(
+        compose_config("sampling=dynamic", "loss=grpo", "trainer.kl_coef=0"))
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["buffer=popo", "loss=rloo"], ["buffer=popo with loss=rloo", "drop loss=rloo", "buffer.mechanism_only=true"]),
+    (["buffer=popo", "loss=ipo"], ["loss=ipo", "GRPO clipped surrogate"]),
+    (["buffer=popo", "loss=grpo", "trainer.kl_coef=0.05"], ["trainer.kl_coef=0.05", "without a KL penalty",
+                                                            "buffer.mechanism_only=true"]),
+    (["buffer=popo", "buffer.variant=popo-stale", "buffer.stale_factor=2", "trainer.kl_coef=1e-3"],
+     ["kl_coef=0.001"]),
+    (["sampling=dynamic", "loss=rloo-tis"], ["sampling=dynamic with loss=rloo-tis", "sampling.mechanism_only=true"]),
+    (["sampling=dynamic", "trainer.kl_coef=1e-3"], ["DAPO trains without a KL penalty", "drop the override"]),
+])
+def test_choices_that_cannot_be_popo_or_dapo_are_refused_in_one_line(compose_config, overrides, words):
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config(*overrides), check_device=False)
+    message = str(error.value)
+    assert "\n" not in message and all(word in message for word in words), message
+
+
+@pytest.mark.parametrize("overrides", [
+    ["buffer=popo", "buffer.mechanism_only=true", "loss=rloo", "trainer.kl_coef=1e-3", "clip=tight"],  # popo-c1
+    ["buffer=popo", "buffer.mechanism_only=true", "loss=grpo", "trainer.kl_coef=0.05"],
+    ["sampling=dynamic", "sampling.mechanism_only=true", "loss=rloo"],
+])
+def test_mechanism_only_runs_the_mechanism_on_the_loss_and_kl_named(compose_config, overrides):
+    cfg = compose_config(*overrides)
+    validate(cfg, check_device=False)
+    named = dict(override.split("=", 1) for override in overrides)
+    assert cfg.loss.name == named["loss"] and cfg.trainer.kl_coef == float(named.get("trainer.kl_coef", 0))
 
 
 # --------------------------------------------------------------------------- POPO (seed 003)
@@ -495,7 +544,7 @@ def test_new_groups_at_their_defaults_leave_cell_ids_unchanged_and_variants_are_
                                           ["buffer=popo", "loss=grpo", "buffer.variant=popo-ineff"],
                                           ["buffer=popo", "loss=grpo"])]
     assert len({cell_identity(c) for c in cells}) == len({cell_name(c) for c in cells}) == len(cells)
-    assert cell_name(cells[1]) == "rho0-dapo" and cell_name(cells[4]) == "popo-ineff-grpo"
+    assert cell_name(cells[1]) == "rho0-grpo-dapo" and cell_name(cells[4]) == "popo-ineff-grpo"
 
 
 def test_resuming_a_dynamic_sampling_run_continues_exactly(random_policy_dir, compose_config, tmp_path, monkeypatch):

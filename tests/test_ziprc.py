@@ -164,8 +164,9 @@ VALUES = [[0.6, 0.7, 0.8, 0.9, 0.9, 0.9],   # a winner, 6 steps
 LENGTHS = [6, 4, 8]
 
 
-def decode_trace(policy):
-    return run_decode(3, [([0.4] * 3, [10.0] * 3)], trace_step(VALUES, LENGTHS), policy, max_steps=100)[0]
+def decode_trace(policy, values=VALUES, lengths=LENGTHS, rng=None):
+    k = len(values)
+    return run_decode(k, [([0.4] * k, [10.0] * k)], trace_step(values, lengths), policy, max_steps=100, rng=rng)[0]
 
 
 def test_best_of_n_cost_and_latency_hand_worked():
@@ -225,9 +226,73 @@ def test_utility_rule_hand_worked():
     assert decide(MetaPolicy("utility", beta=10, warmup=0, interval=1, k_min=1, window=1), state, 1) == [1, 2]
 
 
+def test_always_prune_abandons_down_to_k_min_whatever_v_hat_says():
+    # One decision, after step 1 (window 1): sample 0 at 0.6, sample 1 at 0.3, sample 2 at 0.5. The paper's rule
+    # abandons the predicted loser only; the always-prune control (threshold None) goes down to k_min = 1.
+    schedule = dict(warmup=1, interval=100, k_min=1, window=1)
+    paper = decode_trace(MetaPolicy("prune", **schedule))
+    assert paper.abandoned_at == (None, 1, None)
+    always = decode_trace(MetaPolicy("prune", threshold=None, **schedule))
+    assert always.abandoned_at == (None, 1, 1) and always.selected == 0
+    assert decode_trace(MetaPolicy("prune", threshold=0.55, **schedule)).abandoned_at == (None, 1, 1)
+
+
+def test_the_random_value_control_keeps_the_level_but_not_which_sample_is_which():
+    """Same numbers, reassigned at random: always-prune still abandons two of three samples at step 1, but which
+    two now varies with the seed, and the winner (sample 0) is sometimes among them; with the head, never."""
+    import random
+
+    from src.ziprc.decode import signal
+
+    policy = MetaPolicy("prune", threshold=None, warmup=1, interval=100, k_min=1, window=1, values="random")
+    shuffled = signal(policy, [0, 1, 2], lambda j: [0.6, 0.3, 0.5][j], random.Random(3))
+    assert sorted(shuffled.values()) == [0.3, 0.5, 0.6]
+    results = [decode_trace(policy, rng=random.Random(seed)) for seed in range(20)]
+    assert all(sum(step is not None for step in r.abandoned_at) == 2 for r in results)
+    assert {r.abandoned_at.index(None) for r in results} == {0, 1, 2}  # each sample survives in some seed
+    head = MetaPolicy("prune", threshold=None, warmup=1, interval=100, k_min=1, window=1)
+    assert {decode_trace(head, rng=random.Random(seed)).abandoned_at for seed in range(5)} == {(None, 1, 1)}
+
+
+def test_early_stop_answers_with_the_committed_sample_or_the_best_finished_one():
+    # Sample 0 finishes at step 1 (value_end 0.65); sample 1's value reaches tau = 0.6 at step 2, so early stop
+    # commits to it (value_end 0.6) and abandons sample 2. l.116 ("commit to it"): sample 1 answers. l.123 (the
+    # best finished value_end): sample 0, which finished before the commit.
+    values = [[0.9], [0.5, 0.7, 0.7, 0.7], [0.1] * 9]
+    lengths = [1, 4, 9]
+    committed = decode_trace(MetaPolicy("early_stop", tau=0.6, window=1), values, lengths)
+    assert committed.abandoned_at == (None, None, 2) and committed.selected == 1
+    best = decode_trace(MetaPolicy("early_stop", tau=0.6, window=1, answer="best_finished"), values, lengths)
+    assert best.status == committed.status and best.cost == committed.cost and best.selected == 0
+    assert best.value_ends[0] > best.value_ends[1]
+
+
 def test_unknown_meta_policy_is_refused():
     with pytest.raises(ValueError, match="choose one of none, prune, early_stop, utility"):
         MetaPolicy("greedy")
+
+
+def test_best_of_n_is_the_exact_mean_over_every_subset():
+    from itertools import combinations
+
+    ends, correct, lengths = [0.3, 0.9, 0.3, 0.1, 0.7], [True, False, False, True, True], [10, 30, 20, 40, 25]
+    for n in range(1, 6):
+        subsets = list(combinations(range(5), n))
+        answers = [max(subset, key=lambda j: ends[j]) for subset in subsets]  # ties: the lower index, as max
+        expected = (np.mean([correct[j] for j in answers]), np.mean([1 + sum(lengths[j] for j in s) for s in subsets]),
+                    np.mean([max(lengths[j] for j in s) for s in subsets]))
+        assert metrics.best_of_n(ends, correct, lengths, n) == pytest.approx(expected)
+    assert metrics.best_of_n(ends, correct, lengths, 1)[0] == pytest.approx(0.6)  # n = 1: the mean outcome
+    with pytest.raises(ValueError, match="1 <= n <= K"):
+        metrics.best_of_n(ends, correct, lengths, 6)
+
+
+def test_matched_cost_reads_the_best_of_n_frontier():
+    curve = [(10.0, 0.2), (20.0, 0.4), (30.0, 0.35), (40.0, 0.5)]  # n = 3 is dominated by n = 2
+    assert metrics.matched_cost(curve, 0.3) == pytest.approx(15.0)  # halfway from n = 1 to n = 2
+    assert metrics.matched_cost(curve, 0.45) == pytest.approx(30.0)  # halfway from n = 2 to n = 4
+    assert metrics.matched_cost(curve, 0.1) == 10.0  # no fewer than one sample
+    assert math.isnan(metrics.matched_cost(curve, 0.6))  # more accurate than every n
 
 
 # --------------------------------------------------------------------------- the live decoder
@@ -278,14 +343,15 @@ def test_every_stage_runs_end_to_end_on_the_tiny_policy_and_logs_to_mlflow(tmp_p
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     common = [f"ziprc.workdir={tmp_path}/work", f"ziprc.report_dir={tmp_path}/report", f"tracking.uri={uri}", f"tracking.artifact_location={tmp_path}/art",
               "ziprc.collect.train_prompts=12", "ziprc.collect.calibration_prompts=3",
-              "ziprc.collect.calibration_samples=16", "ziprc.decode.prompts=4", "ziprc.decode.seeds=[0,1]",
+              "ziprc.collect.calibration_samples=16", "ziprc.decode.prompts=4", "ziprc.decode.tune_prompts=3",
+              "ziprc.decode.seeds=[0,1]",
               "ziprc.decode.policies=[{kind:none},{kind:prune},{kind:early_stop,tau:0.5},{kind:utility,beta:0.05}]",
               "policy.max_new_tokens=24", "hardware.threads=1"]
     assert main(["all", *common]) == 0
     runs = mlflow.search_runs(experiment_names=["ziprc"])
     stages = runs["tags.ziprc.stage"].tolist()
     assert {"collect", "label", "train", "score", "decode", "report"} <= set(stages)
-    assert stages.count("decode") == 1 + 4 * 2  # the stage and one run per meta-policy and seed
+    assert stages.count("decode") == 1 + 4 * 2 * 2  # the stage and one run per meta-policy, split and seed
     decode = runs[runs["tags.ziprc.policy"].notna()]
     assert (decode["metrics.reserved_emitted"] == 0).all()
     none = decode[decode["tags.ziprc.policy"] == "none"]["metrics.cost"].mean()
@@ -295,6 +361,12 @@ def test_every_stage_runs_end_to_end_on_the_tiny_policy_and_logs_to_mlflow(tmp_p
     lines = (tmp_path / "work" / "labelled.jsonl").read_text().splitlines()
     assert len(lines) == 12 * 4 + 3 * 16
     assert main(["decode", *common, "ziprc.decode.k_min=9"]) == 2  # refused before loading anything
+    none = decode[decode["tags.ziprc.policy"] == "none"]
+    assert set(none["tags.ziprc.split"]) == {"tune", "report"}
+    # best-of-8 of the decode's 8 samples is the decode itself
+    np.testing.assert_allclose(none["metrics.bon_cost_n8"], none["metrics.cost"])
+    np.testing.assert_allclose(none["metrics.bon_latency_n8"], none["metrics.latency"])
+    np.testing.assert_allclose(none["metrics.bon_accuracy_n8"], none["metrics.accuracy"])
 
 
 def test_pareto_front_and_operating_points_relative_to_best_of_n():
@@ -316,3 +388,76 @@ def test_pareto_front_and_operating_points_relative_to_best_of_n():
     assert table.loc["prune", "latency_change"] == pytest.approx(40 / 50 - 1)
     assert table.loc["prune", "accuracy_change"] == pytest.approx(-0.1)
     assert table.loc["prune", "cost_std"] == pytest.approx(np.std([30, 50], ddof=1))
+
+
+def _run(policy, kind, split, seed, accuracy, cost, values="head", **extra):
+    return {"tags.ziprc.policy": policy, "tags.ziprc.kind": kind, "tags.ziprc.split": split,
+            "tags.ziprc.values": values, "tags.ziprc.seed": str(seed), "metrics.accuracy": accuracy,
+            "metrics.cost": cost, "metrics.latency": 30.0, **extra}
+
+
+def test_settings_are_chosen_on_the_tuning_prompts_and_reported_on_the_others():
+    """The tune split picks prune V<0.2 (it saves most there); the report split's numbers are then read at that
+    setting, against the report split's own best-of-n curve, with the random control beside it."""
+    import pandas as pd
+
+    from src.ziprc.report import best_of_n_curve, choose_on_tune, operating_points, with_matched_savings
+
+    bon = {f"metrics.bon_{name}_n{n}": value for n, (a, c) in enumerate([(0.2, 10.0), (0.4, 20.0)], start=1)
+           for name, value in (("accuracy", a), ("cost", c), ("latency", 5.0))}
+    rows = [_run("none", "none", split, 0, 0.4, 20.0, **bon) for split in ("tune", "report")]
+    rows += [_run("prune", "prune", "tune", 0, 0.2, 15.0), _run("prune V<0.2", "prune", "tune", 0, 0.3, 12.0),
+             _run("prune", "prune", "report", 0, 0.4, 25.0), _run("prune V<0.2", "prune", "report", 0, 0.2, 12.0),
+             _run("prune V<0.2 (random V-hat)", "prune", "report", 0, 0.1, 12.0, values="random"),
+             _run("always-prune", "prune", "tune", 0, 0.5, 5.0)]
+    runs = pd.DataFrame(rows)
+    curve = best_of_n_curve(runs)
+    assert curve[curve["split"] == "report"][["n", "accuracy", "cost"]].values.tolist() == [[1, 0.2, 10.0],
+                                                                                            [2, 0.4, 20.0]]
+    table = with_matched_savings(operating_points(runs), curve).set_index(["split", "policy"])
+    # tune: prune V<0.2 at 0.3 needs 15 passes of best-of-n (halfway), it spends 12: saves 20 %; prune saves -50 %
+    assert table.loc[("tune", "prune V<0.2"), "saving"] == pytest.approx(1 - 12 / 15)
+    assert table.loc[("tune", "prune"), "saving"] == pytest.approx(1 - 15 / 10)
+    assert math.isnan(table.loc[("tune", "always-prune"), "saving"])  # above every n, but a control: not chosen
+    assert choose_on_tune(table.reset_index()) == {"prune": "prune V<0.2"}
+    assert table.loc[("report", "prune V<0.2"), "saving"] == pytest.approx(1 - 12 / 10)  # reported as it is
+
+
+def test_tuning_prompts_are_apart_from_the_reported_and_the_head_training_ones(compose_ziprc):
+    from src.ziprc.pipeline import decode_splits
+
+    cfg = compose_ziprc("ziprc.collect.train_prompts=20", "ziprc.decode.prompts=10", "ziprc.decode.tune_prompts=15")
+    splits = decode_splits(cfg, lambda text: {"input_ids": [len(text)]})
+    train, heldout = countdown.train_and_heldout(cfg.task, train_size=20)
+    tune = {inst.key for inst in splits["tune"][0]}
+    assert len(tune) == 15 and len(splits["report"][0]) == 10
+    assert not tune & {inst.key for inst in heldout} and not tune & {inst.key for inst in train}
+    assert splits["report"][0] == heldout[:10]
+
+
+@pytest.mark.parametrize("override, words", [
+    ("ziprc.decode.policies=[{kind:prune,treshold:0.2}]", ["unknown key(s) treshold"]),
+    ("ziprc.decode.policies=[{kind:prune,threshold:1.5}]", ["threshold", "null to always prune"]),
+    ("ziprc.decode.policies=[{kind:prune,values:shuffled}]", ["values must be one of head, random"]),
+    ("ziprc.decode.policies=[{kind:early_stop,tau:0.5,answer:last}]", ["answer must be one of committed"]),
+    ("ziprc.decode.early_stop_answer=first", ["early_stop_answer=first", "best_finished"]),
+    ("ziprc.decode.tune_prompts=-1", ["tune_prompts=-1"]),
+])
+def test_bad_decode_settings_are_refused_with_the_fix(compose_ziprc, override, words):
+    from src.ziprc.pipeline import ZipRCConfigError, validate
+
+    with pytest.raises(ZipRCConfigError) as error:
+        validate(compose_ziprc(override))
+    assert all(word in str(error.value) for word in words), str(error.value)
+
+
+@pytest.fixture
+def compose_ziprc():
+    from hydra import compose, initialize_config_dir
+
+    from src.paths import CONFIG_DIR
+
+    def _compose(*overrides):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return compose("ziprc_main", overrides=list(overrides))
+    return _compose

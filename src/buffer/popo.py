@@ -212,7 +212,9 @@ class PopoStore(EffectiveGroupMemory):
     """`buffer=popo`: the batch keeps the step's effective online groups and refills from the memory (seed 003)."""
 
     def __init__(self, variant: str = "popo", stale_factor: int = 1, groups_per_step: int = 1, seed: int = 0,
-                 name: str = "popo", ratio: float = 0.0, max_age: int = 0, allow_infeasible: bool = False) -> None:
+                 name: str = "popo", ratio: float = 0.0, max_age: int = 0, allow_infeasible: bool = False,
+                 mechanism_only: bool = False) -> None:
+        # mechanism_only only lifts src/config.py's check that the loss and KL are POPO's: the store is the same.
         self.variant = _check_variant(variant)
         stale_factor = _check_stale_factor(stale_factor, self.variant)
         if ratio != 0 or max_age != 0:

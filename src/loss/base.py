@@ -30,13 +30,21 @@ class Truncation:
     is_level: str = "sequence"  # "sequence": one weight per response; "token": one per token
 
     @classmethod
-    def checked(cls, group: str, is_min: float, is_max: float, is_level: str) -> "Truncation":
-        """The settings of config group `group` (behaviour or loss), refused with their keys unless valid."""
+    def checked(cls, group: str, is_min: float, is_max: float, is_level: str,
+                is_max_token: float | None = None) -> "Truncation":
+        """The settings of config group `group` (behaviour or loss), refused with their keys unless valid.
+
+        Seed 002 (l.121) truncates at rho_max = 10 per sequence and at 2 per token, so the group has a cap
+        per level: `is_max` at is_level=sequence, `is_max_token` (when given) at is_level=token.
+        """
         check_choice(f"{group}.is_level", is_level, IS_LEVELS)
-        if not 0 <= is_min <= 1 <= is_max:
-            raise ValueError(f"{group}.is_min={is_min}, {group}.is_max={is_max}: the truncation interval must hold 1 "
-                             "(0 <= is_min <= 1 <= is_max; seed 002: 0 and 10, or 2 with token-level IS)")
-        return cls(float(is_min), float(is_max), is_level)
+        caps = {"is_max": is_max} if is_max_token is None else {"is_max": is_max, "is_max_token": is_max_token}
+        for key, cap in caps.items():
+            if not 0 <= is_min <= 1 <= cap:
+                raise ValueError(f"{group}.is_min={is_min}, {group}.{key}={cap}: the truncation interval must hold 1 "
+                                 f"(0 <= is_min <= 1 <= {key}; seed 002: 0 and 10, or 2 with token-level IS)")
+        cap = is_max_token if is_level == "token" and is_max_token is not None else is_max
+        return cls(float(is_min), float(cap), is_level)
 
 
 @dataclass

@@ -142,10 +142,10 @@ class TruncatedIsRloo(RlooObjective):
     exp(clip(log pi - log mu, log rho_min, log rho_max)), per response or per token; eq. 2's ceiling c
     is not used. Seed 002 runs rho_max = 10 "for all experiments" and 2 with token-level IS."""
 
-    def __init__(self, is_min: float, is_max: float, is_level: str, **settings) -> None:
+    def __init__(self, is_min: float, is_max: float, is_level: str, is_max_token: float = 2.0, **settings) -> None:
         settings.pop("truncation", None)  # this loss's own is_* (by default the behaviour group's) apply
         super().__init__(clip_ceiling=float("inf"), **settings)
-        self.truncation = Truncation.checked("loss", is_min, is_max, is_level)
+        self.truncation = Truncation.checked("loss", is_min, is_max, is_level, is_max_token)
         self.keep_token_logprobs = is_level == "token"
         self.weight_ceiling = self.truncation.is_max
 

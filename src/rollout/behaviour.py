@@ -52,8 +52,8 @@ class BehaviourPolicy:
     """`behaviour=stale|diverse`: keeps the last `lag` + 1 weight snapshots and says which weights sample step t."""
 
     def __init__(self, policy: torch.nn.Module, lag: int, temperature: float | None = None,
-                 training_temperature: float = 1.0, is_min: float = 0.0, is_max: float = 2.0,
-                 is_level: str = "sequence", name: str = "stale"):
+                 training_temperature: float = 1.0, is_min: float = 0.0, is_max: float = 10.0,
+                 is_level: str = "sequence", name: str = "stale", is_max_token: float = 2.0):
         check_choice("behaviour.name", name, BEHAVIOURS)
         self.lag = check_int("behaviour.lag", lag, 0, "Steps back of the sampling weights (seed 002: 1, 4, 16).")
         temperature = training_temperature if temperature is None else temperature
@@ -62,7 +62,7 @@ class BehaviourPolicy:
         if self.lag == 0 and temperature == training_temperature:
             raise ValueError(f"behaviour={name} with lag=0 and temperature {temperature} = the training temperature "
                              "samples from the current policy: use behaviour=current, a lag >= 1 or another temperature")
-        truncation = Truncation.checked("behaviour", is_min, is_max, is_level)
+        truncation = Truncation.checked("behaviour", is_min, is_max, is_level, is_max_token)
         self.temperature = float(temperature)
         self.training_temperature = float(training_temperature)
         self.truncation = truncation

@@ -113,7 +113,9 @@ class FreshCollection:
 class DynamicCollection(FreshCollection):
     """`sampling=dynamic` (DAPO): rounds of ceil(missing x oversample) prompts, keeping effective groups only."""
 
-    def __init__(self, oversample: float = 1.5, max_rounds: int = 8, **settings) -> None:
+    def __init__(self, oversample: float = 1.5, max_rounds: int = 8, mechanism_only: bool = False,
+                 **settings) -> None:
+        # mechanism_only only lifts src/config.py's check that the loss and KL are DAPO's: sampling is the same.
         super().__init__(**settings)
         if not oversample >= 1:
             raise ValueError(f"sampling.oversample={oversample}: each round samples ceil(missing x oversample) "

@@ -6,10 +6,14 @@ E[remaining length] per sample, from the same forward as the next-token logits),
 -inf before sampling, and lets a meta-policy abandon samples:
 
 - none: best-of-N, every sample to completion;
-- prune: from `warmup` on, every `interval` steps, abandon active samples whose smoothed V-hat < 0.5,
-  lowest first, keeping at least `k_min` samples not abandoned;
+- prune: from `warmup` on, every `interval` steps, abandon active samples whose smoothed V-hat < `threshold`
+  (0.5, the paper's "predicted losers"), lowest first, keeping at least `k_min` samples not abandoned;
+  `threshold=None` abandons down to `k_min` whatever V-hat says (the always-prune control);
 - early_stop: once the best active sample's smoothed V-hat reaches `tau`, commit to it and abandon the
-  other active ones (samples already finished stay candidates);
+  other active ones. The answer is the committed sample (`answer="committed"`, seed 004 l.116: "commit to
+  it ... finishing as soon as that trajectory completes") or, reading l.123's selection rule for every
+  policy, the finished sample with the best `value_end`, those finished before the commit included
+  (`answer="best_finished"`);
 - utility: on prune's schedule, abandon active sample j while U(S) - U(S \\ {j}) < 0, where
   U(S) = 1 - prod_i (1 - v_i) - beta * sum_i E[l_i] / l_max - gamma * max_i E[l_i] / l_max over the
   samples S not abandoned (finished ones with E[l] = 0). With gamma = 0 this is the paper's rule: keep j
@@ -20,6 +24,10 @@ abandoned, the highest `value_end` (mean V-hat over its last 16 positions). Cost
 passes (a sample stops counting once finished or abandoned; the shared prompt encoding counts once);
 latency: decode steps until no sample is active.
 
+The random-V-hat control (`values="random"`) hands every decision and the selection the head's own
+numbers, reassigned at random among the samples they are read for: the same level and spread, so
+thresholds fire as often, but no information about which sample is which.
+
 The bookkeeping (`run_decode`) takes a `step` function, so the same code runs with the model
 (`model_step`) and with a hand-made value trace in the tests.
 """
@@ -29,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import random
+
 import torch
 
 from src.rollout.interface import STOP_STRING, closing_tokens
@@ -36,6 +46,8 @@ from src.ziprc.metrics import value_end
 
 PRUNE_THRESHOLD = 0.5  # prune abandons predicted losers only (paper: V-hat < 0.5)
 META_POLICIES = ("none", "prune", "early_stop", "utility")
+VALUE_SOURCES = ("head", "random")  # random: the random-V-hat control
+EARLY_STOP_ANSWERS = ("committed", "best_finished")
 
 
 @dataclass(frozen=True)
@@ -49,10 +61,15 @@ class MetaPolicy:
     beta: float = 0.02
     gamma: float = 0.0
     max_length: int = 1024  # l_max: normalises the expected remaining lengths in U(S)
+    threshold: float | None = PRUNE_THRESHOLD  # prune: abandon below it; None: always prune down to k_min
+    values: str = "head"  # "random": the head's numbers reassigned at random among the samples (control)
+    answer: str = "committed"  # early_stop's answer: the committed sample (l.116) or the best finished (l.123)
 
     def __post_init__(self):
-        if self.kind not in META_POLICIES:
-            raise ValueError(f"ziprc meta-policy '{self.kind}': choose one of {', '.join(META_POLICIES)}")
+        for key, value, choices in (("meta-policy", self.kind, META_POLICIES), ("values", self.values, VALUE_SOURCES),
+                                    ("answer", self.answer, EARLY_STOP_ANSWERS)):
+            if value not in choices:
+                raise ValueError(f"ziprc {key} '{value}': choose one of {', '.join(choices)}")
 
 
 ACTIVE, FINISHED, ABANDONED = "active", "finished", "abandoned"
@@ -92,36 +109,55 @@ def utility(values: list[float], remaining: list[float], beta: float, gamma: flo
     return 1.0 - miss - beta * sum(remaining) / max_length - gamma * max(remaining) / max_length
 
 
-def decide(policy: MetaPolicy, state: DecodeState, step: int) -> list[int]:
+def signal(policy: MetaPolicy, rows: list[int], read, rng: random.Random | None) -> dict[int, float]:
+    """`read(j)` for each row; under the random-V-hat control the same numbers, shuffled among the rows."""
+    values = {j: read(j) for j in rows}
+    if policy.values == "random" and len(rows) > 1:
+        shuffled = list(values.values())
+        (rng or random.Random(0)).shuffle(shuffled)
+        values = dict(zip(rows, shuffled))
+    return values
+
+
+def decide(policy: MetaPolicy, state: DecodeState, step: int, rng: random.Random | None = None) -> list[int]:
     """The active samples the meta-policy abandons after decode step `step` (1-based), in order."""
     active = state.rows(ACTIVE)
     if policy.kind == "none" or not active or state.committed is not None:
         return []
-    alive = len(active) + len(state.rows(FINISHED))
+    smooth = signal(policy, active, lambda j: state.smoothed(j, policy.window), rng)
     if policy.kind == "early_stop":
-        best = max(active, key=lambda j: state.smoothed(j, policy.window))
-        if state.smoothed(best, policy.window) >= policy.tau:
+        best = max(active, key=smooth.get)
+        if smooth[best] >= policy.tau:
             state.committed = best
             return [j for j in active if j != best]
         return []
     if step < policy.warmup or (step - policy.warmup) % policy.interval:
         return []
-    abandoned: list[int] = []
+    alive = len(active) + len(state.rows(FINISHED))
     if policy.kind == "prune":
-        for j in sorted(active, key=lambda j: state.smoothed(j, policy.window)):
-            if state.smoothed(j, policy.window) >= PRUNE_THRESHOLD or alive - len(abandoned) <= policy.k_min:
+        abandoned: list[int] = []
+        for j in sorted(active, key=smooth.get):
+            above = policy.threshold is not None and smooth[j] >= policy.threshold
+            if above or alive - len(abandoned) <= policy.k_min:
                 break
             abandoned.append(j)
         return abandoned
-    # utility: greedily drop the active sample whose removal raises U(S) most, while any removal does.
-    kept = {j: (state.smoothed(j, policy.window), state.remaining[j]) for j in active}
-    kept.update({j: (value_end(state.values[j]), 0.0) for j in state.rows(FINISHED)})
+    finished = signal(policy, state.rows(FINISHED), lambda j: value_end(state.values[j]), rng)
+    return _utility_drops(policy, state, smooth, finished, alive)
+
+
+def _utility_drops(policy: MetaPolicy, state: DecodeState, smooth: dict[int, float], finished: dict[int, float],
+                   alive: int) -> list[int]:
+    """Greedily drop the active sample whose removal raises U(S) most, while any removal does."""
+    kept = {j: (value, state.remaining[j]) for j, value in smooth.items()}
+    kept.update({j: (value, 0.0) for j, value in finished.items()})  # a finished sample costs nothing more
+    abandoned: list[int] = []
     while alive - len(abandoned) > policy.k_min:
         def u(rows):
             return utility([kept[r][0] for r in rows], [kept[r][1] for r in rows], policy.beta, policy.gamma,
                            policy.max_length)
         full = u(kept)
-        gains = {j: u([r for r in kept if r != j]) - full for j in kept if j in active}
+        gains = {j: u([r for r in kept if r != j]) - full for j in kept if j in smooth}
         if not gains:
             break
         drop, gain = max(gains.items(), key=lambda item: item[1])
@@ -132,13 +168,22 @@ def decide(policy: MetaPolicy, state: DecodeState, step: int) -> list[int]:
     return abandoned
 
 
+def select(policy: MetaPolicy, state: DecodeState, ends: tuple[float, ...], rng: random.Random | None) -> int | None:
+    """The answer: early_stop's committed sample (answer="committed"), else the finished, not abandoned sample
+    with the highest value_end."""
+    if policy.kind == "early_stop" and policy.answer == "committed" and state.committed is not None:
+        return state.committed
+    candidates = signal(policy, state.rows(FINISHED), lambda j: ends[j], rng)
+    return max(candidates, key=candidates.get) if candidates else None
+
+
 # step(states) -> per prompt (values, expected remaining, finished now), each a list of K; read for active samples.
 StepFn = Callable[[list[DecodeState]], list[tuple[list[float], list[float], list[bool]]]]
 
 
 @dataclass(frozen=True)
 class DecodeResult:
-    selected: int | None      # sample chosen by value_end among finished, not abandoned ones
+    selected: int | None      # the answer (see `select`): None when no sample finished
     status: tuple[str, ...]
     value_ends: tuple[float, ...]
     cost: int
@@ -147,12 +192,14 @@ class DecodeResult:
 
 
 def run_decode(k: int, first: list[tuple[list[float], list[float]]], step: StepFn, policy: MetaPolicy,
-               max_steps: int) -> list[DecodeResult]:
+               max_steps: int, rng: random.Random | None = None) -> list[DecodeResult]:
     """Decode several prompts' K samples in lockstep until none is active (or `max_steps`).
 
     `first[p]` is prompt p's (values, expected remaining) at the prompt itself. The meta-policy acts on
     each prompt after every step; a prompt's latency counts the steps while it still had an active sample.
+    `rng` shuffles V-hat under the random-V-hat control.
     """
+    rng = rng or random.Random(0)
     states = [DecodeState(k) for _ in first]
     abandoned_at: list[list[int | None]] = [[None] * k for _ in first]
     for state, (values, remaining) in zip(states, first):
@@ -176,14 +223,13 @@ def run_decode(k: int, first: list[tuple[list[float], list[float]]], step: StepF
                 state.remaining[j] = remaining[j]
                 if finished[j] or number == max_steps:
                     state.status[j] = FINISHED
-            for j in decide(policy, state, number):
+            for j in decide(policy, state, number, rng):
                 state.status[j] = ABANDONED
                 abandoned_at[p][j] = number
     results = []
     for state, abandoned in zip(states, abandoned_at):
         ends = tuple(value_end(v) for v in state.values)
-        candidates = state.rows(FINISHED)
-        selected = max(candidates, key=lambda j: ends[j]) if candidates else None
+        selected = select(policy, state, ends, rng)
         results.append(DecodeResult(selected, tuple(state.status), ends, state.cost, state.latency, tuple(abandoned)))
     return results
 
@@ -277,7 +323,7 @@ def decode_prompts(head, tokenizer, prompts: list[list[int]], k: int, policy: Me
         return [(values[p], remaining[p], finished[p]) for p in range(len(states))]
 
     first = [([float(value[p])] * k, [float(length[p])] * k) for p in range(len(prompts))]
-    results = run_decode(k, first, step, policy, max_new_tokens)
+    results = run_decode(k, first, step, policy, max_new_tokens, rng=random.Random(seed))
     return [LiveDecode(result, responses[p * k : (p + 1) * k],
                        [tokenizer.decode(ids, skip_special_tokens=True) for ids in responses[p * k : (p + 1) * k]],
                        float(value[p])) for p, result in enumerate(results)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from math import comb
 from typing import Sequence
 
 import numpy as np
@@ -83,3 +84,42 @@ def adaptive_k(prompt_values: Sequence[float], mean_k: int, spread: float = 0.5,
         floors[index] += 1
     return floors.tolist()
 
+
+
+def best_of_n(value_ends: Sequence[float], correct: Sequence[bool], lengths: Sequence[int],
+              n: int) -> tuple[float, float, float]:
+    """Best-of-n from one prompt's K finished samples: the mean over all n-subsets of (the highest-value_end
+    sample is correct, active forward passes, decode steps), exactly, like unbiased pass@k.
+
+    A subset's answer is its highest value_end (ties: the lower index, as the decoder's `max`), so sample j is
+    the answer of C(below_j, n - 1) of the C(K, n) subsets, below_j counting the samples ranked under it;
+    likewise a subset's latency is its longest sample. Cost adds the shared prompt encoding, as the decoder.
+    """
+    k = len(value_ends)
+    if not 1 <= n <= k or len(correct) != k or len(lengths) != k:
+        raise ValueError(f"best_of_n needs 1 <= n <= K and K values, outcomes and lengths; got n={n}, K={k}")
+    subsets = comb(k, n)
+    ranked = sorted(range(k), key=lambda j: (-value_ends[j], j))  # the answer of a subset: its first here
+    accuracy = sum(bool(correct[j]) * comb(k - 1 - rank, n - 1) for rank, j in enumerate(ranked)) / subsets
+    longest = sorted(lengths, reverse=True)
+    latency = sum(length * comb(k - 1 - rank, n - 1) for rank, length in enumerate(longest)) / subsets
+    return float(accuracy), 1.0 + n * sum(lengths) / k, float(latency)
+
+
+def matched_cost(curve: Sequence[tuple[float, float]], accuracy: float) -> float:
+    """The compute best-of-N needs to reach `accuracy`, from its (cost, accuracy) points: linear between the
+    points of its frontier (mixing two N across prompts reaches any accuracy between them); the cheapest
+    point's cost below its accuracy (no fewer than one sample); NaN above the best accuracy it reaches."""
+    frontier, best = [], -np.inf
+    for cost, reached in sorted(curve):
+        if reached > best:
+            frontier.append((cost, reached))
+            best = reached
+    if not frontier or accuracy > best:
+        return float("nan")
+    if accuracy <= frontier[0][1]:
+        return float(frontier[0][0])
+    for (c0, a0), (c1, a1) in zip(frontier, frontier[1:]):
+        if a0 < accuracy <= a1:
+            return float(c0 + (c1 - c0) * (accuracy - a0) / (a1 - a0))
+    return float(frontier[-1][0])

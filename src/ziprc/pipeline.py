@@ -4,8 +4,8 @@
     python -m src.ziprc label     # the verifier's reward and reason for each rollout
     python -m src.ziprc train     # head-only training on the reserved slice (backbone frozen)
     python -m src.ziprc score     # offline calibration at K = 64 (Table 3), selection (Table 5), adaptive-K
-    python -m src.ziprc decode    # live adaptive decoding: every meta-policy x seed (Table 4, Figure 5)
-    python -m src.ziprc report    # Table 3/4 and the compute/latency Pareto figures from MLflow
+    python -m src.ziprc decode    # live adaptive decoding: every meta-policy x seed, on tuning and reported prompts
+    python -m src.ziprc report    # Table 3/4, the accuracy-vs-compute frontier against best-of-N, Pareto figures
     python -m src.ziprc all       # every stage in order
 
 Trailing arguments are Hydra overrides of `conf/ziprc_main.yaml` (`ziprc=qwen policy=qwen-sft-countdown
@@ -32,7 +32,7 @@ from src.eval.passk import unbiased_pass_at_k
 from src.task import countdown
 from src.tracking import ensure_experiment, flat_params, finite
 from src.ziprc import data, metrics
-from src.ziprc.decode import META_POLICIES, MetaPolicy, decode_all
+from src.ziprc.decode import EARLY_STOP_ANSWERS, META_POLICIES, VALUE_SOURCES, MetaPolicy, decode_all
 from src.ziprc.head import ReservedSliceHead, make_spec, value_and_length
 
 STAGES = ("collect", "label", "train", "score", "decode", "report")
@@ -56,32 +56,68 @@ def validate(cfg: DictConfig) -> None:
     if z.score.selection_k > z.collect.calibration_samples:
         raise ZipRCConfigError(f"ziprc.score.selection_k={z.score.selection_k} exceeds "
                                f"ziprc.collect.calibration_samples={z.collect.calibration_samples}: lower it")
-    if z.decode.k < 1 or z.decode.k_min < 1 or z.decode.k_min > z.decode.k:
-        raise ZipRCConfigError(f"ziprc.decode.k={z.decode.k}, k_min={z.decode.k_min}: need 1 <= k_min <= k")
-    for entry in z.decode.policies:
-        if entry.get("kind") not in META_POLICIES:
-            raise ZipRCConfigError(f"ziprc.decode.policies entry {dict(entry)}: kind must be one of "
-                                   f"{', '.join(META_POLICIES)}")
-        if entry.kind == "early_stop" and not 0 < entry.get("tau", 0) <= 1:
-            raise ZipRCConfigError(f"ziprc.decode.policies entry {dict(entry)}: early_stop needs 0 < tau <= 1")
-        if entry.kind == "utility" and not entry.get("beta", -1) >= 0:
-            raise ZipRCConfigError(f"ziprc.decode.policies entry {dict(entry)}: utility needs beta >= 0")
+    d = z.decode
+    if d.k < 1 or d.k_min < 1 or d.k_min > d.k:
+        raise ZipRCConfigError(f"ziprc.decode.k={d.k}, k_min={d.k_min}: need 1 <= k_min <= k")
+    if d.tune_prompts < 0:
+        raise ZipRCConfigError(f"ziprc.decode.tune_prompts={d.tune_prompts}: use 0 (no tuning split) or more")
+    if d.early_stop_answer not in EARLY_STOP_ANSWERS:
+        raise ZipRCConfigError(f"ziprc.decode.early_stop_answer={d.early_stop_answer}: choose one of "
+                               f"{', '.join(EARLY_STOP_ANSWERS)}")
+    for entry in d.policies:
+        _validate_entry(entry)
+
+
+ENTRY_KEYS = ("kind", "tau", "beta", "gamma", "threshold", "values", "answer")
+
+
+def _validate_entry(entry: DictConfig) -> None:
+    """One `ziprc.decode.policies` entry: a known kind, its knob in range, no unknown key."""
+    def refuse(fix: str):
+        raise ZipRCConfigError(f"ziprc.decode.policies entry {dict(entry)}: {fix}")
+
+    if entry.get("kind") not in META_POLICIES:
+        refuse(f"kind must be one of {', '.join(META_POLICIES)}")
+    unknown = sorted(set(entry) - set(ENTRY_KEYS))
+    if unknown:
+        refuse(f"unknown key(s) {', '.join(unknown)}; an entry takes {', '.join(ENTRY_KEYS)}")
+    if entry.kind == "early_stop" and not 0 < entry.get("tau", 0) <= 1:
+        refuse("early_stop needs 0 < tau <= 1")
+    if entry.kind == "utility" and not entry.get("beta", -1) >= 0:
+        refuse("utility needs beta >= 0")
+    threshold = entry.get("threshold", 0.5)
+    if threshold is not None and not 0 < threshold <= 1:
+        refuse("prune's threshold is a V-hat level in (0, 1], or null to always prune down to k_min")
+    if entry.get("values", "head") not in VALUE_SOURCES:
+        refuse(f"values must be one of {', '.join(VALUE_SOURCES)} (random: the random-V-hat control)")
+    if entry.get("answer", EARLY_STOP_ANSWERS[0]) not in EARLY_STOP_ANSWERS:
+        refuse(f"answer must be one of {', '.join(EARLY_STOP_ANSWERS)}")
 
 
 def meta_policy(cfg: DictConfig, entry: DictConfig) -> MetaPolicy:
     d = cfg.ziprc.decode
     return MetaPolicy(kind=entry.kind, warmup=d.warmup, interval=d.interval, k_min=d.k_min, window=d.window,
                       tau=float(entry.get("tau", 0.8)), beta=float(entry.get("beta", 0.0)),
-                      gamma=float(entry.get("gamma", d.gamma)), max_length=cfg.policy.max_new_tokens)
+                      gamma=float(entry.get("gamma", d.gamma)), max_length=cfg.policy.max_new_tokens,
+                      threshold=entry.get("threshold", 0.5), values=entry.get("values", "head"),
+                      answer=entry.get("answer", d.early_stop_answer))
 
 
-def policy_label(entry: DictConfig) -> str:
-    """'none', 'prune', 'early_stop tau=0.8', 'utility beta=0.02'."""
+def policy_label(entry: DictConfig, early_stop_answer: str = EARLY_STOP_ANSWERS[0]) -> str:
+    """'none', 'prune', 'prune V<0.2', 'always-prune', 'early_stop tau=0.8', 'utility beta=0.02', with
+    ' (random V-hat)' for the control and the early-stop answer when it is not the run's default."""
     if entry.kind == "early_stop":
-        return f"early_stop tau={float(entry.tau):g}"
-    if entry.kind == "utility":
-        return f"utility beta={float(entry.beta):g}"
-    return entry.kind
+        label = f"early_stop tau={float(entry.tau):g}"
+        answer = entry.get("answer", early_stop_answer)
+        label += "" if answer == EARLY_STOP_ANSWERS[0] else f" ({answer})"
+    elif entry.kind == "utility":
+        label = f"utility beta={float(entry.beta):g}"
+    elif entry.kind == "prune":
+        threshold = entry.get("threshold", 0.5)
+        label = "always-prune" if threshold is None else "prune" if threshold == 0.5 else f"prune V<{threshold:g}"
+    else:
+        label = entry.kind
+    return label + (" (random V-hat)" if entry.get("values", "head") == "random" else "")
 
 
 def workdir(cfg: DictConfig) -> Path:
@@ -285,46 +321,73 @@ def calibration_figure(ends: np.ndarray, correct: np.ndarray, traces: list[np.nd
     return path
 
 
+def decode_splits(cfg: DictConfig, tokenizer) -> dict[str, tuple[list, list[list[int]]]]:
+    """(instances, prompt ids) per split: `report`, the first `decode.prompts` held-out prompts, and `tune`,
+    the `decode.tune_prompts` training prompts after those the head trained on, for choosing tau, beta and
+    the prune threshold apart from the prompts reported (disjoint from both by construction)."""
+    d, c = cfg.ziprc.decode, cfg.ziprc.collect
+    train_set, heldout = countdown.train_and_heldout(cfg.task, train_size=c.train_prompts + d.tune_prompts)
+    splits = {"report": heldout[: d.prompts]}
+    if d.tune_prompts:
+        splits["tune"] = train_set[c.train_prompts : c.train_prompts + d.tune_prompts]
+    return {name: (instances, [list(tokenizer(countdown.format_prompt(inst, cfg.task.prompt_template))["input_ids"])
+                               for inst in instances]) for name, instances in splits.items()}
+
+
+def decode_once(cfg: DictConfig, head, tokenizer, policy: MetaPolicy, instances, prompts, seed: int) -> dict:
+    """One live decode of `prompts`: accuracy, cost, latency, and for best-of-N the curve over N = 1..K."""
+    d = cfg.ziprc.decode
+    started = time.perf_counter()
+    decoded = decode_all(head, tokenizer, prompts, d.k, policy, seed=seed, temperature=d.temperature,
+                         top_p=d.top_p, top_k=d.top_k, max_new_tokens=cfg.policy.max_new_tokens)
+    reserved = set(head.spec.ids)
+    emitted = sum(token in reserved for item in decoded for ids in item.response_ids for token in ids)
+    if emitted:  # the harness invariant of appendix B.5: masking works
+        raise RuntimeError(f"the live decoder emitted {emitted} reserved token(s)")
+    outcomes = [[countdown.score(text, inst.numbers, inst.target) == countdown.REWARD_CORRECT for text in item.texts]
+                for item, inst in zip(decoded, instances)]
+    correct = [item.result.selected is not None and right[item.result.selected]
+               for item, right in zip(decoded, outcomes)]
+    result = {"accuracy": float(np.mean(correct)), "cost": float(np.mean([item.result.cost for item in decoded])),
+              "latency": float(np.mean([item.result.latency for item in decoded])),
+              "abandoned": float(np.mean([item.result.status.count("abandoned") for item in decoded])),
+              "reserved_emitted": float(emitted), "seconds": time.perf_counter() - started}
+    if policy.kind == "none":  # every sample finished: best-of-n for each n < K comes from the same samples
+        for n in range(1, d.k + 1):
+            points = [metrics.best_of_n(item.result.value_ends, right, [len(ids) for ids in item.response_ids], n)
+                      for item, right in zip(decoded, outcomes)]
+            for name, values in zip(("accuracy", "cost", "latency"), zip(*points)):
+                result[f"bon_{name}_n{n}"] = float(np.mean(values))
+    return result
+
+
 def decode(cfg: DictConfig) -> dict[str, float]:
-    """Live adaptive decoding on the held-out prompts: one MLflow run per meta-policy and seed."""
+    """Live adaptive decoding: one MLflow run per meta-policy, split (tune, report) and seed."""
     d = cfg.ziprc.decode
     head, tokenizer = load_head(cfg, trained=True)
-    heldout = countdown.heldout_instances(cfg.task)[: d.prompts]
-    prompts = [list(tokenizer(countdown.format_prompt(inst, cfg.task.prompt_template))["input_ids"])
-               for inst in heldout]
+    splits = decode_splits(cfg, tokenizer)
     runs = 0
     for entry in d.policies:
-        policy = meta_policy(cfg, entry)
-        for seed in d.seeds:
-            started = time.perf_counter()
-            decoded = decode_all(head, tokenizer, prompts, d.k, policy, seed=int(seed), temperature=d.temperature,
-                                 top_p=d.top_p, top_k=d.top_k, max_new_tokens=cfg.policy.max_new_tokens)
-            reserved = set(head.spec.ids)
-            emitted = sum(token in reserved for item in decoded for ids in item.response_ids for token in ids)
-            if emitted:  # the harness invariant of appendix B.5: masking works
-                raise RuntimeError(f"the live decoder emitted {emitted} reserved token(s)")
-            correct = [item.result.selected is not None and countdown.score(
-                item.texts[item.result.selected], inst.numbers, inst.target) == countdown.REWARD_CORRECT
-                for item, inst in zip(decoded, heldout)]
-            result = {"accuracy": float(np.mean(correct)),
-                      "cost": float(np.mean([item.result.cost for item in decoded])),
-                      "latency": float(np.mean([item.result.latency for item in decoded])),
-                      "abandoned": float(np.mean([item.result.status.count("abandoned") for item in decoded])),
-                      "reserved_emitted": float(emitted), "seconds": time.perf_counter() - started}
-            label = policy_label(entry)
-            with mlflow.start_run(run_name=f"{cfg.ziprc.name}-decode-{label}-s{seed}", nested=True,
-                                  experiment_id=mlflow.active_run().info.experiment_id,
-                                  tags={"ziprc.stage": "decode", "ziprc.name": cfg.ziprc.name,
-                                        "ziprc.workdir": str(workdir(cfg)), "ziprc.policy": label,
-                                        "ziprc.kind": entry.kind, "ziprc.seed": str(seed),
-                                        "policy": cfg.policy.name_or_path, "sweep": cfg.tracking.sweep}):
-                mlflow.log_params({"tau": policy.tau, "beta": policy.beta, "gamma": policy.gamma, "k": d.k,
-                                   "seed": seed, "warmup": policy.warmup, "interval": policy.interval,
-                                   "k_min": policy.k_min})
-                mlflow.log_metrics(finite(result))
-            console.print(f"{label:<22} seed {seed}: accuracy {result['accuracy']:.3f}  cost {result['cost']:.1f}  "
-                          f"latency {result['latency']:.1f}  ({result['seconds']:.0f} s)")
-            runs += 1
+        policy, label = meta_policy(cfg, entry), policy_label(entry, d.early_stop_answer)
+        for split, (instances, prompts) in splits.items():
+            for seed in d.seeds:
+                result = decode_once(cfg, head, tokenizer, policy, instances, prompts, int(seed))
+                tags = {"ziprc.stage": "decode", "ziprc.name": cfg.ziprc.name, "ziprc.workdir": str(workdir(cfg)),
+                        "ziprc.policy": label, "ziprc.kind": entry.kind, "ziprc.values": policy.values,
+                        "ziprc.split": split, "ziprc.seed": str(seed), "policy": cfg.policy.name_or_path,
+                        "sweep": cfg.tracking.sweep}
+                with mlflow.start_run(run_name=f"{cfg.ziprc.name}-decode-{label}-{split}-s{seed}", nested=True,
+                                      experiment_id=mlflow.active_run().info.experiment_id, tags=tags):
+                    mlflow.log_params({"tau": policy.tau, "beta": policy.beta, "gamma": policy.gamma, "k": d.k,
+                                       "seed": seed, "warmup": policy.warmup, "interval": policy.interval,
+                                       "k_min": policy.k_min, "threshold": policy.threshold,
+                                       "answer": policy.answer, "prompts": len(prompts)})
+                    mlflow.log_metrics(finite(result))
+                console.print(f"{label:<34} {split:<6} seed {seed}: accuracy {result['accuracy']:.3f}  "
+                              f"cost {result['cost']:.1f}  latency {result['latency']:.1f}  "
+                              f"({result['seconds']:.0f} s)",
+                              soft_wrap=True)
+                runs += 1
     return {"decode_runs": runs}
 
 
