@@ -29,7 +29,8 @@ from src.sweep import cell_identity, cell_name, slurm_job_key
 from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
 from src.task import countdown
-from src.build import build_components
+from src.build import build_components, build_runtime
+from src.runtime.runners import PipelineError, RunLoop
 from src.labels import hydra_job, run_labels
 from src.checkpoint import CheckpointError, check_resume_from, restore_checkpoint, save_checkpoint
 from src.components import Components
@@ -82,6 +83,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
             if cfg.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
                     f"{cfg.evaluation.name}/start/mean_reward", 0):
                 before = run_evaluation(cfg, parts, heldout, "start", tracker, step=0)
+            # conf/runtime: sync leaves the steps to the loop below; async (SPEC 11) runs them all in its pipeline.
+            build_runtime(cfg).train(RunLoop(
+                cfg, parts, state, tracker, stop, output_dir, end_killed=lambda: tracking.end_run("KILLED"),
+                save=lambda: save_checkpoint(checkpoint_path, parts, state, tracker.run_id, identity),
+                evaluate=lambda step: run_evaluation(cfg, parts, heldout, "during", tracker, step=step)))
             with training_bar(cfg, state.step) as bar:
                 while state.step < cfg.trainer.steps:
                     metrics = train_step(parts, state)
@@ -148,7 +154,7 @@ def _fmt(value) -> str:
 
 
 # Mistakes a user fixes by changing the command line: one message, no traceback.
-USER_ERRORS = (ConfigError, CheckpointError, RunAlive, tracking.StoreUnreachable)
+USER_ERRORS = (ConfigError, CheckpointError, RunAlive, tracking.StoreUnreachable, PipelineError)
 
 
 def exit_with_message(error: Exception) -> None:

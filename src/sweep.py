@@ -40,11 +40,12 @@ LAUNCH_ONLY = (
     "trainer.fused_logprobs",  # the same log-probs to fp32 rounding, computed with less memory
     "trainer.heartbeat_every_s",
     "trainer.heartbeat_timeout_s",
+    "runtime.num_cpus", "runtime.worker_threads", "runtime.max_restarts",  # where the async pipeline runs
 )
 
 
 # Variant groups and their plain option, which computes plain Replay-RLOO (identity rule 3).
-GROUP_DEFAULTS = {"curriculum": "none", "sampling": "standard", "behaviour": "current"}
+GROUP_DEFAULTS = {"curriculum": "none", "sampling": "standard", "behaviour": "current", "runtime": "sync"}
 
 # Knobs added after version 1, with the value that computes what version-1 cells computed (rule 5).
 LATER_KNOBS = {"trainer.kl_estimator": "k3"}
@@ -65,6 +66,10 @@ def _variant_suffix(cfg: DictConfig) -> str:
         suffix += "-tokenIS" if behaviour.is_level == "token" else ""
     if cfg.curriculum.name != "none":
         suffix += f"-{cfg.curriculum.name}"
+    runtime = cfg.get("runtime") or {"name": "sync"}
+    if runtime["name"] == "async":  # seed 001's pipeline: e.g. -W6T2-N252, -W1T1-lifo
+        suffix += f"-W{runtime.workers}T{runtime.trainers}-" + (f"N{runtime.capacity}" if runtime.queue == "buffer"
+                                                                  else "lifo")
     return suffix
 
 

@@ -14,6 +14,7 @@ import torch
 
 from src.batch import Batch, Group
 from src.loss.kl import KL_ESTIMATORS
+from src.loss.rloo_math import leave_one_out_advantages
 from src.checks import check_choice
 from src.policy.forward import Forward
 
@@ -110,6 +111,14 @@ class Objective:
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         raise NotImplementedError
+
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Each response's advantage from its group's K rewards ([G, K]): leave-one-out (eq. 1) by default.
+
+        `update` computes them from the batch's groups; an asynchronous worker fixes them when it
+        generates a group (SPEC 11), with the same function.
+        """
+        return leave_one_out_advantages(rewards)
 
     def optimizer_step(self, policy, optimizer) -> None:
         if self.max_grad_norm:

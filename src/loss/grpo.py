@@ -45,10 +45,14 @@ class ClippedObjective(Objective):
                                           "Mini-batch optimizer steps per RL step (e.g. 4).")
         self.weight_ceiling = self.behaviour_cap
 
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """GRPO's group-normalised advantages (POPO eq. 3; seed 001 eq. 6)."""
+        return group_normalised_advantages(rewards)
+
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         groups, rows = batch.groups, batch.rows
         rewards = torch.tensor([g.rewards for g in groups])
-        advantages = group_normalised_advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
+        advantages = self.advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
         sequences, cached_reference, token_counts = batch_sequences(batch)
         n = len(sequences)
         minis = interleaved_mini_batches(n, self.updates_per_step)

@@ -10,7 +10,7 @@ import torch
 from src.batch import Batch
 from src.loss.base import Objective, Truncation, UpdateResult, batch_sequences
 from src.loss.variant_math import truncated_importance_weights
-from src.loss.rloo_math import importance_weights, leave_one_out_advantages, rloo_loss
+from src.loss.rloo_math import importance_weights, rloo_loss
 from src.policy.forward import place_tokens, row_values, upcast
 
 
@@ -41,7 +41,7 @@ class RlooObjective(Objective):
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         groups, rows = batch.groups, batch.rows
-        loo = leave_one_out_advantages(torch.tensor([g.rewards for g in groups]))
+        loo = self.advantages(torch.tensor([g.rewards for g in groups]))
         advantages = loo[[g for g, _ in rows], [j for _, j in rows]]
         sequences, cached_reference, token_counts = batch_sequences(batch)
         # Fresh groups have no behaviour log-probs yet: mu = pi_theta now, so their weight is exactly 1.
