@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 from typing import Iterator
 
+from src.interrupt import STOP_SIGNALS
 from src.paths import PROJECT_ROOT
 from src.runtime.pipeline import PipelineError
 
@@ -40,6 +42,9 @@ def ray_session(num_cpus: int) -> Iterator[None]:
     if started:
         # Workers import `src` from this checkout whatever folder they start in.
         path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
+        # ray.init installs its own SIGTERM handler, which would kill the run mid-step: keep the run's
+        # (src.interrupt.StopOnSignal: finish the step, checkpoint, then stop).
+        handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *STOP_SIGNALS)}
         try:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})
@@ -47,6 +52,10 @@ def ray_session(num_cpus: int) -> Iterator[None]:
             raise PipelineError(f"Ray could not start a session with runtime.num_cpus={num_cpus} "
                                 f"({first_line(error)}); check that this machine can run Ray "
                                 "(`python -c 'import ray; ray.init(num_cpus=1)'`)") from None
+        finally:
+            for signum, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
     try:
         yield
     except RayError as error:
