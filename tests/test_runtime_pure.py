@@ -264,3 +264,11 @@ def test_free_pipeline_finishes_and_counts_every_group():
         metrics = pipeline.next_step()
     assert pipeline.counters.version == 5 and metrics["runtime/generated_rollouts"] >= 8
     assert all(v <= step for step, used in pipeline.work.trained for _, v in used)
+
+
+def test_the_planner_prints_table1_and_the_expected_replay_count(capsys):
+    from src.runtime.plan import main
+
+    main(["--mu", "5.28", "--workers", "6", "--trainers", "2", "--batch", "60", "--capacity", "252"])
+    out = capsys.readouterr().out
+    assert all(value in out for value in ("1.27", "0.64", "0.42", "0.21", "0.18", "1.760", "7.392"))
