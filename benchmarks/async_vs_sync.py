@@ -37,8 +37,11 @@ def config(groups: int, group_size: int, steps: int, *overrides: str):
                                             f"trainer.steps={steps + 1}", "task.train_size=2000", *overrides])
 
 
-def time_sync(cfg, threads: int) -> tuple[float, int, int]:
-    """Seconds for steps 1.. of the synchronous loop, updates and rollouts in them."""
+PHASES = {"generate": ("time/generate", "time/score"), "train": ("time/train",)}
+
+
+def time_sync(cfg, threads: int, phases: dict[str, float] | None = None) -> tuple[float, int, int]:
+    """Seconds for steps 1.. of the synchronous loop, updates and rollouts in them; adds up its phases."""
     from src.train import train_step
 
     torch.set_num_threads(threads)
@@ -47,7 +50,10 @@ def time_sync(cfg, threads: int) -> tuple[float, int, int]:
     train_step(parts, state)  # warm-up
     started, evaluations = time.perf_counter(), state.fresh_evaluations
     while state.step < cfg.trainer.steps:
-        train_step(parts, state)
+        metrics = train_step(parts, state)
+        for phase, keys in PHASES.items():
+            if phases is not None:
+                phases[phase] = phases.get(phase, 0.0) + sum(metrics.get(key, 0.0) for key in keys)
     return time.perf_counter() - started, state.step - 1, state.fresh_evaluations - evaluations
 
 
@@ -103,8 +109,10 @@ def main(argv: list[str] | None = None) -> None:
         table.add_column(column, justify="right" if column != "runtime" else "left")
     rows = []
     base = config(args.groups, args.group_size, args.steps)
+    phases: dict[str, float] = {}
     for threads in (1, 2):
-        rows.append((f"sync, {threads} thread{'s' if threads > 1 else ''}", *time_sync(base, threads)))
+        rows.append((f"sync, {threads} thread{'s' if threads > 1 else ''}",
+                     *time_sync(base, threads, phases if threads == 1 else None)))
     for queue in ("lifo", "buffer"):
         cfg = config(args.groups, args.group_size, args.steps, "runtime=async", "runtime.workers=1",
                      "runtime.schedule=free", f"runtime.queue={queue}", f"runtime.capacity={4 * batch}",
@@ -115,7 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     for name, seconds, updates, rollouts in rows:
         rate = updates / seconds
         table.add_row(name, f"{rate:.3f}", f"{rollouts / seconds:.1f}", f"{rate / reference:.2f}x")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    slower = max(phases.values()) / args.steps
+    console.print(f"sync (1 thread) per step: generate + score {phases['generate'] / args.steps:.2f} s, train "
+                  f"{phases['train'] / args.steps:.2f} s; fully overlapped, the slower phase alone allows "
+                  f"{1 / slower:.3f} updates/s ({rows[0][1] / args.steps * (1 / slower):.2f}x sync)")
 
 
 if __name__ == "__main__":

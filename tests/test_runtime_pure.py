@@ -144,20 +144,23 @@ class FakeWork:
     def __init__(self):
         self.running, self.preloaded, self.trained, self.versions_loaded = {}, {}, [], []
 
+    published = 0
+
     def start(self, worker, key, version):
-        self.running[worker] = Generated(key, worker, version, group(key, correct=(key % 4,)), [0.0] * 4, 0.5)
+        version = self.published if version is None else version
+        self.running.setdefault(worker, [])
+        self.running[worker].append(Generated(key, worker, version, group(key, correct=(key % 4,)), [0.0] * 4, 0.5))
 
     def result(self, worker):
-        return self.preloaded.pop(worker, None) or self.running.pop(worker)
+        return self.preloaded.pop(worker, None) or self.running[worker].pop(0)
 
-    peek = lambda self, worker: self.running[worker]  # noqa: E731
+    peek = lambda self, worker: self.running[worker][0]  # noqa: E731
 
     def preload(self, generated):
         self.preloaded[generated.worker] = generated
 
-    def poll(self, timeout):
-        done = [self.running.pop(w) for w in sorted(self.running)]
-        return done
+    def poll(self, timeout):  # each worker finishes its oldest request
+        return [self.running[w].pop(0) for w in sorted(self.running) if self.running[w]]
 
     def train(self, step, samples, arrived):
         self.trained.append((step, [(s.rollout.uid, s.rollout.version) for s in samples]))
@@ -165,6 +168,7 @@ class FakeWork:
 
     def publish(self, version):
         self.versions_loaded.append(version)
+        self.published = version
         return 0.0
 
 

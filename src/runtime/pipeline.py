@@ -6,6 +6,7 @@ when it starts its next group. The pipeline decides what happens when; `Work` do
 actors and the trainer's `learn` in `src.runtime.ray_work`, a stand-in in the tests):
 
     work.start(worker, key, version)    # begin generating group `key` with published weights `version`
+                                        #   (None: the newest published when the worker starts it)
     work.result(worker) -> Generated    # lockstep: that worker's group, once it is done
     work.poll(timeout) -> [Generated]   # free: whatever groups are done
     work.train(step, samples, arrived)  # one update on the batch; `arrived`: groups put since the last one
@@ -64,7 +65,7 @@ class Generated:
 
 
 class Work(Protocol):
-    def start(self, worker: int, key: int, version: int) -> None: ...
+    def start(self, worker: int, key: int, version: int | None) -> None: ...  # None: the latest published
     def result(self, worker: int) -> Generated: ...
     def poll(self, timeout: float | None) -> list[Generated]: ...
     def train(self, step: int, samples: list[Sample], arrived: list[Generated]) -> dict[str, float]: ...
@@ -85,7 +86,7 @@ class PipelineSettings:
     mu: float = 4.0               # configured inference/trainer cost ratio (lockstep rates, predictions)
     worker_cost: float | None = None   # lockstep time of a group; None: mu T K / B
     trainer_cost: float = 1.0
-    depth: int = 2                # free schedule: requests queued per worker, so it works while the trainer trains
+    depth: int = 8                # free schedule: requests queued per worker, so it works while the trainer trains
 
     def group_cost(self) -> float:
         if self.worker_cost is not None:
@@ -132,13 +133,16 @@ class Pipeline:
         return (self.queue.room(s.group_size, len(c.in_flight) * s.group_size)
                 and formulas.may_start(c.started_rollouts + s.group_size, s.batch, c.version, eta))
 
-    def launch(self, worker: int) -> None:
+    def launch(self, worker: int, latest: bool = False) -> None:
+        """Start group `key` on `worker`: with the published weights now (lockstep), or (`latest`) with
+        whatever weights are published when the worker gets to it (free; its result says which)."""
         c = self.counters
         key, c.next_key = c.next_key, c.next_key + 1
         c.started_rollouts += self.settings.group_size
-        c.in_flight.append([worker, key, c.published])
-        self.work.start(worker, key, c.published)
-        self._event({"event": "generate", "worker": worker, "group": key, "version": c.published})
+        version = None if latest else c.published
+        c.in_flight.append([worker, key, version])
+        self.work.start(worker, key, version)
+        self._event({"event": "generate", "worker": worker, "group": key, "version": version})
 
     def arrive(self, generated: Generated, virtual: float | None = None) -> None:
         c = self.counters
@@ -332,6 +336,9 @@ class FreePipeline(Pipeline):
     def next_step(self) -> dict[str, float]:
         s = self.settings
         while True:
+            if self.counters.in_flight:  # whatever finished while the trainer trained
+                for generated in self.work.poll(0):
+                    self.arrive(generated)
             self._fill_workers()
             samples = self.take()
             if samples is not None:
@@ -354,7 +361,7 @@ class FreePipeline(Pipeline):
         for _ in range(self.settings.depth):
             for worker in range(self.settings.workers):
                 if queued[worker] < self.settings.depth and self.may_launch():
-                    self.launch(worker)
+                    self.launch(worker, latest=True)
                     queued[worker] += 1
 
     def wall_measures(self) -> dict[str, float]:
@@ -367,5 +374,5 @@ class FreePipeline(Pipeline):
         """Groups in flight at the checkpoint are generated again, with their keys (so their seeds)."""
         pending, self.counters.in_flight = self.counters.in_flight, []
         for worker, key, _ in pending:
-            self.counters.in_flight.append([worker, key, self.counters.published])
-            self.work.start(worker, key, self.counters.published)
+            self.counters.in_flight.append([worker, key, None])
+            self.work.start(worker, key, None)

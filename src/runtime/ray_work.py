@@ -61,6 +61,20 @@ class ObjectStoreSync:
         engine.sync_weights(policy)  # HF: the same module; vLLM: in-place load_weights
 
 
+class WeightBoard:
+    """A small actor holding the newest published weights' (version, [object ref]): a worker of the free
+    schedule asks it when it starts a group, so a group queued early still starts with the newest weights."""
+
+    def __init__(self) -> None:
+        self.latest: tuple[int, list] | None = None
+
+    def set(self, version: int, weights: list) -> None:
+        self.latest = (version, weights)
+
+    def get(self) -> tuple[int, list]:
+        return self.latest
+
+
 class _Unobserved:
     """A worker's prompt sampler: the trainer chose the prompts and is told the rewards, not the worker."""
 
@@ -71,7 +85,7 @@ class _Unobserved:
 class RolloutWorker:
     """One rollout worker: a policy copy, its engine, and the step's collection, forward and objective."""
 
-    def __init__(self, config: dict, threads: int) -> None:
+    def __init__(self, config: dict, threads: int, board) -> None:
         from src.build import build_rollout_and_objective
         from src.policy.forward import Forward
         from src.policy.model import load_policy
@@ -92,11 +106,15 @@ class RolloutWorker:
         self.behaviour, self.collection, self.objective = build_rollout_and_objective(
             cfg, self.policy, self.engine, _Unobserved(), prompts, self.forward)
         self.version = None  # the initial weights are the start checkpoint's, not a published version
+        self.board = board
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
-    def generate(self, key: int, instance, seed: int, version: int, weights: list) -> dict:
-        """Group `key` for `instance` with published weights `version` (`weights` holds their object ref)."""
+    def generate(self, key: int, instance, seed: int, version: int | None, weights: list | None) -> dict:
+        """Group `key` for `instance` with published weights `version` (`weights` holds their object ref);
+        `version=None`: the newest published ones, whichever they are when the group starts."""
         started = time.perf_counter()
+        if version is None:
+            version, weights = ray.get(self.board.get.remote())
         if version != self.version:
             ObjectStoreSync.load(ray.get(weights[0]), self.policy, self.engine)
             self.version = version
@@ -131,7 +149,8 @@ class RayWork:
         actor = ray.remote(RolloutWorker).options(max_restarts=max_restarts, max_task_retries=max_restarts,
                                                   num_cpus=cpus_per_worker)
         config = OmegaConf.to_container(cfg, resolve=True)
-        self.workers = [actor.remote(config, threads) for _ in range(settings.workers)]
+        self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
+        self.workers = [actor.remote(config, threads, self.board) for _ in range(settings.workers)]
         self.pending: list[Pending] = []
         self.preloaded: dict[int, Generated] = {}
         self.published: tuple[int, ray.ObjectRef] | None = None
@@ -139,12 +158,13 @@ class RayWork:
         self.wait_s = 0.0
 
     # ---- workers ----
-    def start(self, worker: int, key: int, version: int) -> None:
+    def start(self, worker: int, key: int, version: int | None) -> None:
         instance = self.parts.sampler.sample(1)[0]
         published_version, ref = self.published
-        if published_version != version:
+        if version is not None and published_version != version:
             raise ValueError(f"request {key} wants version {version}, the published weights are {published_version}")
-        call = self.workers[worker].generate.remote(key, instance, request_seed(self.seed, key), version, [ref])
+        weights = None if version is None else [ref]
+        call = self.workers[worker].generate.remote(key, instance, request_seed(self.seed, key), version, weights)
         self.pending.append(Pending(worker, key, call))
 
     def result(self, worker: int) -> Generated:
@@ -201,12 +221,16 @@ class RayWork:
 
     def publish(self, version: int) -> float:
         started = time.perf_counter()
-        self.published = (version, ObjectStoreSync.publish(self.parts.policy))
+        self._published(version, ObjectStoreSync.publish(self.parts.policy))
         return time.perf_counter() - started
 
     def publish_weights(self, version: int, weights: dict) -> None:
         """Publish saved weights (a resumed run whose workers lagged the trainer at the checkpoint)."""
-        self.published = (version, ray.put(weights))
+        self._published(version, ray.put(weights))
+
+    def _published(self, version: int, ref) -> None:
+        self.published = (version, ref)
+        ray.get(self.board.set.remote(version, [ref]))
 
     def published_state(self) -> dict:
         return ray.get(self.published[1])
@@ -215,8 +239,10 @@ class RayWork:
         self.workers[worker].crash.remote()
 
     def close(self) -> None:
-        for worker in self.workers:
-            ray.kill(worker, no_restart=True)
+        for pending in self.pending:  # the free schedule's queued requests: not retried on a killed actor
+            ray.cancel(pending.ref)
+        for actor in (*self.workers, self.board):
+            ray.kill(actor, no_restart=True)
 
 
 def batch_of(samples: list[Sample]) -> Batch:

@@ -72,7 +72,7 @@ class AsyncRuntime:
                  queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
                  sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0, worker_cost: float | None = None,
                  trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
-                 depth: int = 2, num_cpus: int = 2, worker_threads: int = 1, max_restarts: int = 3) -> None:
+                 depth: int = 8, num_cpus: int = 2, worker_threads: int = 1, max_restarts: int = 3) -> None:
         self.cfg, self.name = cfg, name
         self.queue_name = check_choice("runtime.queue", queue, QUEUES)
         self.schedule = check_choice("runtime.schedule", schedule, SCHEDULES)
