@@ -141,26 +141,27 @@ def test_clock_breaks_ties_by_role_then_id_and_measures_idle_time():
 class FakeWork:
     """Deterministic stand-in for the Ray work: a group's rewards follow from its key."""
 
+    published, groups_per_request = 0, 1
+
     def __init__(self):
         self.running, self.preloaded, self.trained, self.versions_loaded = {}, {}, [], []
 
-    published = 0
-
     def start(self, worker, key, version):
         version = self.published if version is None else version
-        self.running.setdefault(worker, [])
-        self.running[worker].append(Generated(key, worker, version, group(key, correct=(key % 4,)), [0.0] * 4, 0.5))
+        groups = [Generated(k, worker, version, group(k, correct=(k % 4,)), [0.0] * 4, 0.5, request=key)
+                  for k in range(key, key + self.groups_per_request)]
+        self.running.setdefault(worker, []).append(groups)
 
     def result(self, worker):
         return self.preloaded.pop(worker, None) or self.running[worker].pop(0)
 
     peek = lambda self, worker: self.running[worker][0]  # noqa: E731
 
-    def preload(self, generated):
-        self.preloaded[generated.worker] = generated
+    def preload(self, worker, groups):
+        self.preloaded[worker] = groups
 
     def poll(self, timeout):  # each worker finishes its oldest request
-        return [self.running[w].pop(0) for w in sorted(self.running) if self.running[w]]
+        return [g for w in sorted(self.running) if self.running[w] for g in self.running[w].pop(0)]
 
     def train(self, step, samples, arrived):
         self.trained.append((step, [(s.rollout.uid, s.rollout.version) for s in samples]))
@@ -253,6 +254,16 @@ def test_lockstep_resume_continues_exactly(tmp_path):
     second.load_state_dict(torch.load(tmp_path / "p.pt", weights_only=True))
     got += [second.next_step() for _ in range(6)]
     assert repr(machine_free(got)) == repr(machine_free(expected))
+
+
+def test_requests_of_several_groups_keep_the_rates():
+    pipeline = lockstep(workers=1, mu=2.0, groups_per_request=2, capacity=64)
+    pipeline.work.groups_per_request = 2
+    metrics = [pipeline.next_step() for _ in range(11)][-1]
+    assert metrics["replay/ratio_measured"] == pytest.approx(2.0)
+    generated = [e for e in pipeline.events if e["event"] == "generate"]
+    assert [e["group"] for e in generated[:3]] == [0, 2, 4]
+    assert [e["group"] for e in pipeline.events if e["event"] == "put"][:4] == [0, 1, 2, 3]
 
 
 def test_a_stalled_pipeline_says_why():

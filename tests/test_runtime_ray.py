@@ -23,7 +23,8 @@ from src.task import countdown  # noqa: E402
 pytestmark = pytest.mark.slow
 
 TINY = ("runtime=async", "trainer.groups_per_step=2", "trainer.group_size=4", "policy.max_new_tokens=16",
-        "task.train_size=200", "runtime.capacity=32", "runtime.mu=4.0", "trainer.steps=5", "hardware.threads=1")
+        "task.train_size=200", "runtime.capacity=32", "runtime.mu=4.0", "trainer.steps=5", "hardware.threads=1",
+        "runtime.groups_per_request=1")
 
 
 @dataclass
@@ -134,16 +135,17 @@ def test_a_killed_worker_is_restarted_and_the_lockstep_run_is_unchanged(lockstep
     assert machine_free(crashed) == machine_free(recorder)  # the retried request regenerated the same group
 
 
-def test_lifo_w1_uses_every_rollout_once(compose_config_module, tmp_path, ray_cpus):
-    recorder, events = run(compose_config_module, tmp_path, "runtime.queue=lifo", "runtime.workers=1")
+def test_lifo_w1_with_two_groups_a_request_uses_every_rollout_once(compose_config_module, tmp_path, ray_cpus):
+    recorder, events = run(compose_config_module, tmp_path, "runtime.queue=lifo", "runtime.workers=1",
+                           "runtime.groups_per_request=2")
     used = [uid for e in events if e["event"] == "sample" for uid in e["ids"]]
     assert len(used) == len(set(used)) == 5 * 8
     assert all(m["reuse/new_fraction"] == 1.0 for _, m in recorder.steps)
 
 
-def test_free_schedule_w1_finishes(compose_config_module, tmp_path, ray_cpus):
+def test_free_schedule_w1_with_two_groups_a_request_finishes(compose_config_module, tmp_path, ray_cpus):
     recorder, events = run(compose_config_module, tmp_path, "runtime.schedule=free", "runtime.workers=1",
-                           "trainer.steps=3")
+                           "trainer.steps=3", "runtime.groups_per_request=2")
     assert [step for step, _ in recorder.steps] == [0, 1, 2]
     assert all(max(e["versions"]) <= e["step"] for e in events if e["event"] == "sample")
 

@@ -5,10 +5,11 @@ rollouts and updates; every `sync_every` updates it publishes its weights, which
 when it starts its next group. The pipeline decides what happens when; `Work` does it (Ray
 actors and the trainer's `learn` in `src.runtime.ray_work`, a stand-in in the tests):
 
-    work.start(worker, key, version)    # begin generating group `key` with published weights `version`
-                                        #   (None: the newest published when the worker starts it)
-    work.result(worker) -> Generated    # lockstep: that worker's group, once it is done
-    work.poll(timeout) -> [Generated]   # free: whatever groups are done
+    work.start(worker, key, version)    # begin request `key`: groups key .. key + g - 1 (g groups a request)
+                                        #   with published weights `version` (None: the newest published
+                                        #   when the worker starts it)
+    work.result(worker) -> [Generated]  # lockstep: that worker's groups, once they are done
+    work.poll(timeout) -> [Generated]   # free: the groups of whatever requests are done
     work.train(step, samples, arrived)  # one update on the batch; `arrived`: groups put since the last one
     work.publish(version) -> seconds    # make the trainer's weights the workers' next load
 
@@ -48,13 +49,14 @@ class PipelineError(RuntimeError):
 class Generated:
     """A worker's group of K rollouts with what the queue records about it."""
 
-    key: int                      # request id: the group's seed derives from it
+    key: int                      # the group's id
     worker: int
     version: int                  # the weights it was generated with
     group: Group                  # K responses, rewards, log mu per response and token
     advantages: list[float]
     busy_s: float = 0.0           # the worker's wall seconds on it
     restarted: bool = False       # the worker's actor was restarted since its previous group
+    request: int | None = None    # the request it came with (its seed derives from it); None: its own key
 
     def state(self) -> dict:
         return {**dataclasses.asdict(self), "group": dataclasses.asdict(self.group)}
@@ -66,12 +68,12 @@ class Generated:
 
 class Work(Protocol):
     def start(self, worker: int, key: int, version: int | None) -> None: ...  # None: the latest published
-    def result(self, worker: int) -> Generated: ...
+    def result(self, worker: int) -> list[Generated]: ...
     def poll(self, timeout: float | None) -> list[Generated]: ...
     def train(self, step: int, samples: list[Sample], arrived: list[Generated]) -> dict[str, float]: ...
     def publish(self, version: int) -> float: ...
-    def peek(self, worker: int) -> Generated: ...        # lockstep checkpoint: the in-flight result, kept
-    def preload(self, generated: Generated) -> None: ...  # lockstep resume: `result` returns it
+    def peek(self, worker: int) -> list[Generated]: ...             # lockstep checkpoint: in-flight result, kept
+    def preload(self, worker: int, groups: list[Generated]) -> None: ...  # lockstep resume: `result` returns it
 
 
 @dataclass(frozen=True)
@@ -87,11 +89,16 @@ class PipelineSettings:
     worker_cost: float | None = None   # lockstep time of a group; None: mu T K / B
     trainer_cost: float = 1.0
     depth: int = 8                # free schedule: requests queued per worker, so it works while the trainer trains
+    groups_per_request: int = 1   # g: groups a worker generates in one call (one batched generate)
 
     def group_cost(self) -> float:
         if self.worker_cost is not None:
             return self.worker_cost
         return formulas.worker_cost_per_group(self.mu, self.trainers, self.group_size, self.batch)
+
+    @property
+    def request_rollouts(self) -> int:
+        return self.groups_per_request * self.group_size
 
 
 @dataclass
@@ -100,7 +107,7 @@ class Counters:
 
     version: int = 0              # updates done
     published: int = 0            # version the workers load
-    next_key: int = 0             # requests issued
+    next_key: int = 0             # group keys handed out (a request takes g)
     started_rollouts: int = 0     # N_r of AReaL's rule
     generated_rollouts: int = 0
     trained_samples: int = 0
@@ -112,7 +119,7 @@ class Counters:
     trainer_busy_s: float = 0.0
     trainer_wait_s: float = 0.0
     elapsed_s: float = 0.0        # wall seconds of the pipeline before this session (a resumed run adds on)
-    in_flight: list = field(default_factory=list)   # [worker, key, version] of groups being generated
+    in_flight: list = field(default_factory=list)   # [worker, key, version] of requests being generated
 
 
 class Pipeline:
@@ -130,15 +137,15 @@ class Pipeline:
     def may_launch(self) -> bool:
         s, c = self.settings, self.counters
         eta = s.staleness if s.staleness_mode == "block" else None
-        return (self.queue.room(s.group_size, len(c.in_flight) * s.group_size)
-                and formulas.may_start(c.started_rollouts + s.group_size, s.batch, c.version, eta))
+        return (self.queue.room(s.request_rollouts, len(c.in_flight) * s.request_rollouts)
+                and formulas.may_start(c.started_rollouts + s.request_rollouts, s.batch, c.version, eta))
 
     def launch(self, worker: int, latest: bool = False) -> None:
-        """Start group `key` on `worker`: with the published weights now (lockstep), or (`latest`) with
-        whatever weights are published when the worker gets to it (free; its result says which)."""
-        c = self.counters
-        key, c.next_key = c.next_key, c.next_key + 1
-        c.started_rollouts += self.settings.group_size
+        """Start a request of g groups on `worker`: with the published weights now (lockstep), or (`latest`)
+        with whatever weights are published when the worker gets to it (free; its result says which)."""
+        c, s = self.counters, self.settings
+        key, c.next_key = c.next_key, c.next_key + s.groups_per_request
+        c.started_rollouts += s.request_rollouts
         version = None if latest else c.published
         c.in_flight.append([worker, key, version])
         self.work.start(worker, key, version)
@@ -146,7 +153,8 @@ class Pipeline:
 
     def arrive(self, generated: Generated, virtual: float | None = None) -> None:
         c = self.counters
-        c.in_flight = [entry for entry in c.in_flight if entry[1] != generated.key]
+        request = generated.key if generated.request is None else generated.request
+        c.in_flight = [entry for entry in c.in_flight if entry[1] != request]
         c.generated_rollouts += generated.group.size
         c.added_since_train += generated.group.size
         c.worker_busy_s += generated.busy_s
@@ -272,7 +280,8 @@ class LockstepPipeline(Pipeline):
 
     def __init__(self, settings: PipelineSettings, queue: RolloutQueue, work: Work) -> None:
         super().__init__(settings, queue, work)
-        self.clock = LockstepClock(settings.workers, settings.group_cost(), settings.trainer_cost)
+        self.clock = LockstepClock(settings.workers, settings.group_cost() * settings.groups_per_request,
+                                   settings.trainer_cost)
 
     def next_step(self) -> dict[str, float]:
         """Run the schedule until the next trainer step is done; returns its metrics."""
@@ -283,7 +292,8 @@ class LockstepPipeline(Pipeline):
             updated = False
             for role, ident in self.clock.advance():  # every job finishing now, before anything starts
                 if role == "worker":
-                    self.arrive(self.work.result(ident), virtual=float(self.clock.now))
+                    for generated in self.work.result(ident):
+                        self.arrive(generated, virtual=float(self.clock.now))
                 else:
                     self.finish_update()
                     updated = True
@@ -320,14 +330,14 @@ class LockstepPipeline(Pipeline):
 
     def state_dict(self) -> dict:
         """Also the clock and the groups in flight, whose results are saved (a resumed run puts exactly them)."""
-        in_flight = [self.work.peek(worker).state() for worker, _, _ in self.counters.in_flight]
+        in_flight = [[worker, [g.state() for g in self.work.peek(worker)]] for worker, _, _ in self.counters.in_flight]
         return {**super().state_dict(), "clock": self.clock.state_dict(), "in_flight_results": in_flight}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.clock.load_state_dict(state["clock"])
-        for result in state["in_flight_results"]:
-            self.work.preload(Generated.from_state(result))
+        for worker, groups in state["in_flight_results"]:
+            self.work.preload(int(worker), [Generated.from_state(g) for g in groups])
 
 
 class FreePipeline(Pipeline):

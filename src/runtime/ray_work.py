@@ -85,7 +85,7 @@ class _Unobserved:
 class RolloutWorker:
     """One rollout worker: a policy copy, its engine, and the step's collection, forward and objective."""
 
-    def __init__(self, config: dict, threads: int, board) -> None:
+    def __init__(self, config: dict, threads: int) -> None:
         from src.build import build_rollout_and_objective
         from src.policy.forward import Forward
         from src.policy.model import load_policy
@@ -106,24 +106,26 @@ class RolloutWorker:
         self.behaviour, self.collection, self.objective = build_rollout_and_objective(
             cfg, self.policy, self.engine, _Unobserved(), prompts, self.forward)
         self.version = None  # the initial weights are the start checkpoint's, not a published version
-        self.board = board
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
-    def generate(self, key: int, instance, seed: int, version: int | None, weights: list | None) -> dict:
-        """Group `key` for `instance` with published weights `version` (`weights` holds their object ref);
-        `version=None`: the newest published ones, whichever they are when the group starts."""
+    def generate(self, key: int, instances: list, seed: int, version: int | None, weights: list) -> list[dict]:
+        """Groups key, key + 1, ... for `instances` in one generate call, with published weights `version`
+        (`weights` holds their object ref); `version=None`: the newest ones on the board (`weights` holds
+        its handle) when the request starts."""
         started = time.perf_counter()
         if version is None:
-            version, weights = ray.get(self.board.get.remote())
+            version, weights = ray.get(weights[0].get.remote())
         if version != self.version:
             ObjectStoreSync.load(ray.get(weights[0]), self.policy, self.engine)
             self.version = version
-        collected = self.collection.generate_groups([instance], step=version, seed=seed)
-        group, = self.forward.with_sampled_logprobs(collected.fresh, self.policy, self.behaviour.training_temperature)
-        advantages = self.objective.advantages(torch.tensor([group.rewards]))[0].tolist()
+        collected = self.collection.generate_groups(instances, step=version, seed=seed)
+        groups = self.forward.with_sampled_logprobs(collected.fresh, self.policy, self.behaviour.training_temperature)
+        advantages = self.objective.advantages(torch.tensor([group.rewards for group in groups])).tolist()
         restarted, self.restarted = self.restarted, False
-        return {"key": key, "version": version, "group": group, "advantages": advantages,
-                "busy_s": time.perf_counter() - started, "restarted": restarted}
+        busy = (time.perf_counter() - started) / len(groups)
+        return [{"key": key + i, "request": key, "version": version, "group": group, "advantages": advantage,
+                 "busy_s": busy, "restarted": restarted and i == 0}
+                for i, (group, advantage) in enumerate(zip(groups, advantages))]
 
     def crash(self) -> None:
         """End this actor's process (tests: Ray restarts it under max_restarts)."""
@@ -150,24 +152,24 @@ class RayWork:
                                                   num_cpus=cpus_per_worker)
         config = OmegaConf.to_container(cfg, resolve=True)
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
-        self.workers = [actor.remote(config, threads, self.board) for _ in range(settings.workers)]
+        self.workers = [actor.remote(config, threads) for _ in range(settings.workers)]
         self.pending: list[Pending] = []
-        self.preloaded: dict[int, Generated] = {}
+        self.preloaded: dict[int, list[Generated]] = {}
         self.published: tuple[int, ray.ObjectRef] | None = None
         self.published_weights: dict | None = None  # kept for a checkpoint while workers lag the trainer
         self.wait_s = 0.0
 
     # ---- workers ----
     def start(self, worker: int, key: int, version: int | None) -> None:
-        instance = self.parts.sampler.sample(1)[0]
+        instances = self.parts.sampler.sample(self.settings.groups_per_request)
         published_version, ref = self.published
         if version is not None and published_version != version:
             raise ValueError(f"request {key} wants version {version}, the published weights are {published_version}")
-        weights = None if version is None else [ref]
-        call = self.workers[worker].generate.remote(key, instance, request_seed(self.seed, key), version, weights)
+        weights = [self.board] if version is None else [ref]
+        call = self.workers[worker].generate.remote(key, instances, request_seed(self.seed, key), version, weights)
         self.pending.append(Pending(worker, key, call))
 
-    def result(self, worker: int) -> Generated:
+    def result(self, worker: int) -> list[Generated]:
         if worker in self.preloaded:
             return self._arrived(self.preloaded.pop(worker))
         pending = next(p for p in self.pending if p.worker == worker)
@@ -179,30 +181,31 @@ class RayWork:
         ray.wait(refs, num_returns=1, timeout=timeout)
         done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])  # every one finished by now
         self.wait_s += time.perf_counter() - started
-        return [self._finish(p, self._get(p.ref)) for p in [p for p in self.pending if p.ref in done]]
+        return [g for p in [p for p in self.pending if p.ref in done] for g in self._finish(p, self._get(p.ref))]
 
-    def peek(self, worker: int) -> Generated:
+    def peek(self, worker: int) -> list[Generated]:
         if worker in self.preloaded:
             return self.preloaded[worker]
         pending = next(p for p in self.pending if p.worker == worker)
         return self._generated(pending, self._get(pending.ref))
 
-    def preload(self, generated: Generated) -> None:
-        self.preloaded[generated.worker] = generated
+    def preload(self, worker: int, groups: list[Generated]) -> None:
+        self.preloaded[worker] = groups
 
-    def _finish(self, pending: Pending, payload: dict) -> Generated:
+    def _finish(self, pending: Pending, payload: list[dict]) -> list[Generated]:
         self.pending.remove(pending)
         return self._arrived(self._generated(pending, payload))
 
-    def _generated(self, pending: Pending, payload: dict) -> Generated:
-        return Generated(worker=pending.worker, **payload)
+    def _generated(self, pending: Pending, payload: list[dict]) -> list[Generated]:
+        return [Generated(worker=pending.worker, **group) for group in payload]
 
-    def _arrived(self, generated: Generated) -> Generated:
-        if generated.restarted:
+    def _arrived(self, generated: list[Generated]) -> list[Generated]:
+        if generated and generated[0].restarted:
             log.warning("rollout worker %d was restarted by Ray (max_restarts); its request %d was retried",
-                        generated.worker, generated.key)
-        group = generated.group
-        self.parts.sampler.observe([Instance(group.numbers, group.target)], [group.rewards], self.state.step)
+                        generated[0].worker, generated[0].request)
+        groups = [g.group for g in generated]
+        self.parts.sampler.observe([Instance(g.numbers, g.target) for g in groups], [g.rewards for g in groups],
+                                   self.state.step)
         return generated
 
     def _get(self, ref):

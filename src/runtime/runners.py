@@ -72,7 +72,8 @@ class AsyncRuntime:
                  queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
                  sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0, worker_cost: float | None = None,
                  trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
-                 depth: int = 8, num_cpus: int = 2, worker_threads: int = 1, max_restarts: int = 3) -> None:
+                 depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
+                 max_restarts: int = 3) -> None:
         self.cfg, self.name = cfg, name
         self.queue_name = check_choice("runtime.queue", queue, QUEUES)
         self.schedule = check_choice("runtime.schedule", schedule, SCHEDULES)
@@ -83,7 +84,8 @@ class AsyncRuntime:
             staleness=None if staleness is None else check_int("runtime.staleness", staleness, 0),
             staleness_mode=check_choice("runtime.staleness_mode", staleness_mode, STALENESS_MODES),
             mu=float(mu), worker_cost=worker_cost, trainer_cost=float(trainer_cost),
-            depth=check_int("runtime.depth", depth, 1))
+            depth=check_int("runtime.depth", depth, 1),
+            groups_per_request=check_int("runtime.groups_per_request", groups_per_request, 1))
         self.capacity, self.independent, self.positive_bias = capacity, bool(independent), float(positive_bias)
         self.num_cpus = check_int("runtime.num_cpus", num_cpus, 1, "Ray's CPU slots (e.g. 2).")
         self.worker_threads = check_int("runtime.worker_threads", worker_threads, 1)
@@ -99,9 +101,10 @@ class AsyncRuntime:
         if self.capacity < s.batch:
             raise ValueError(f"runtime.capacity N={self.capacity} < B = trainer.groups_per_step x trainer.group_size = "
                              f"{s.batch} rollouts: the trainer would wait forever; raise runtime.capacity to >= {s.batch}")
-        if self.queue_name == "lifo" and self.capacity < s.batch + s.group_size:
+        if self.queue_name == "lifo" and self.capacity < s.batch + s.request_rollouts:
             raise ValueError(f"runtime.queue=lifo with runtime.capacity N={self.capacity}: workers wait while a full "
-                             f"queue holds N, so N must fit a batch and a group in flight (>= {s.batch + s.group_size})")
+                             f"queue holds N, so N must fit a batch and a request in flight "
+                             f"(>= {s.batch + s.request_rollouts})")
         if cfg.buffer.name not in ("none", "fifo"):
             raise ValueError(f"buffer={cfg.buffer.name} with runtime=async: the pipeline's rollout queue replaces the "
                              "step's replay store (runtime.queue, runtime.capacity, runtime.positive_bias); use "
@@ -120,7 +123,8 @@ class AsyncRuntime:
         s = self.settings
         return (f"{self.queue_name} N={self.capacity} delta={self.positive_bias:g} independent={self.independent} "
                 f"{self.schedule} W={s.workers} T={s.trainers} B={s.batch} sync_every={s.sync_every} mu={s.mu:g} "
-                f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} eta={s.staleness} {s.staleness_mode}")
+                f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} eta={s.staleness} {s.staleness_mode} "
+                f"g={s.groups_per_request}")
 
     def build_pipeline(self, work) -> Pipeline:
         queue = build_queue(self.queue_name, self.capacity, int(self.cfg.trainer.seed), self.independent,
