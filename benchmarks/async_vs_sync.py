@@ -6,8 +6,8 @@
 Every update trains on B x K rollouts of the tiny policy. `sync` runs SPEC 3's fresh-only step
 (generate, then train) in this process with one torch thread and with two; `async lifo` runs seed
 001's streaming baseline in the free schedule with one worker actor (one thread) and the trainer
-(this process, one thread): each rollout is used once, as in the fresh-only step, so both do the
-same work per update, and overlapped the pipeline should approach the slower phase alone rather
+(this process, one thread), the worker generating a whole batch per call as the synchronous step
+does: each rollout is used once, as in the fresh-only step, so both do the same work per update, and overlapped the pipeline should approach the slower phase alone rather
 than the sum of both. `async buffer` is the same pipeline with seed 001's FIFO buffer (N = 4 B):
 the trainer no longer waits for generation, so updates/s is the trainer's own speed.
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     for queue in ("lifo", "buffer"):
         cfg = config(args.groups, args.group_size, args.steps, "runtime=async", "runtime.workers=1",
                      "runtime.schedule=free", f"runtime.queue={queue}", f"runtime.capacity={4 * batch}",
-                     "hardware.threads=1")
+                     f"runtime.groups_per_request={args.groups}", "runtime.depth=2", "hardware.threads=1")
         with tempfile.TemporaryDirectory() as tmp:
             rows.append((f"async {queue}, W=1 T=1 free", *time_async(cfg, Path(tmp))))
     reference = rows[0][2] / rows[0][1]
