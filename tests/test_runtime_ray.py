@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 TINY = ("runtime=async", "trainer.groups_per_step=2", "trainer.group_size=4", "policy.max_new_tokens=16",
         "task.train_size=200", "runtime.capacity=32", "runtime.mu=4.0", "trainer.steps=5", "hardware.threads=1",
-        "runtime.groups_per_request=1")
+        "runtime.groups_per_request=1", "runtime.sync_every=2")
 
 
 @dataclass
@@ -111,6 +111,8 @@ def test_lockstep_w2_consumes_no_sample_newer_than_the_trainer_and_meets_footnot
     assert len(samples) == 5 and all(max(e["versions"]) <= e["step"] for e in samples)
     last = recorder.steps[-1][1]
     # W = 2, T = 1, mu = 4: each worker makes a group of 4 every 2 steps, R = 4 rollouts a step, B/R = 2
+    publishes = [e["version"] for e in events if e["event"] == "publish"]
+    assert publishes == [2, 4]  # runtime.sync_every=2
     assert last["replay/ratio_measured"] == pytest.approx(2.0) == last["replay/ratio_predicted"]
     assert last["budget/fresh_evaluations"] == last["runtime/generated_rollouts"]  # every group that reached the queue
     assert {Path(p).name for p in recorder.artifacts} == {"events.jsonl", "runtime_distributions.json"}
@@ -158,7 +160,8 @@ def test_lockstep_resume_from_a_checkpoint_continues_exactly(lockstep_w2, compos
     with ray_session(2):
         first, got = start(compose_config_module, tmp_path)
         try:
-            first.run(until=2)
+            first.run(until=3)  # 3 updates, weights published at 2: the checkpoint keeps the workers' weights
+            assert first.snapshot()["published_weights"] is not None
             save_checkpoint(path, first.loop.parts, first.loop.state, "test", "cell")
         finally:
             first.close()

@@ -190,7 +190,8 @@ class AsyncSession:
 
     def _restore(self, saved: dict | None) -> None:
         state, counters = self.loop.state, self.pipeline.counters
-        if saved is None:  # a new run: the workers start from the trainer's weights as version 0
+        if saved is None:  # a new run: the workers start from the trainer's weights as its current version
+            counters.version = counters.published = state.step
             self.work.publish(state.step)
             self.events_written = 0
             self.events_path.write_text("")
