@@ -19,7 +19,7 @@ from src.checks import check_choice
 from src.policy.forward import Forward
 
 IS_LEVELS = ("sequence", "token")  # truncated importance weights per response or per token (seed 002 eq. 3)
-LOSSES = ("rloo", "rloo-tis", "grpo", "grpo-coupled", "ipo")  # the loss group's options; `loss.name` labels the run's cell with one
+LOSSES = ("rloo", "rloo-tis", "grpo", "grpo-coupled", "asymre", "ipo")  # the loss group's options; `loss.name` labels the run's cell with one
 
 
 @dataclass(frozen=True)
