@@ -85,8 +85,8 @@ def variant_label(cfg: DictConfig) -> str:
     else:
         base = "Fresh-only" if buffer.ratio == 0 else "Replay-RLOO"
     # POPO is a GRPO method (seed 003): say so when it runs on the RLOO loss instead.
-    loss = {"grpo": " (GRPO loss)", "grpo-coupled": " (coupled GRPO loss)", "asymre": " (AsymRE loss)", "ipo": " (IPO loss)",
-            "rloo-tis": " (RLOO, truncated IS)"}.get(cfg.loss.name, " (RLOO loss)" if buffer.name == "popo" else "")
+    loss = {"grpo": " (GRPO loss)", "grpo-coupled": " (coupled GRPO loss)", "asymre": " (AsymRE loss)",
+            "ipo": " (IPO loss)", "rloo-tis": " (RLOO, truncated IS)"}.get(cfg.loss.name, " (RLOO loss)" if buffer.name == "popo" else "")
     parts = [base + loss]
     if cfg.sampling.name == "dynamic":
         parts.append("DAPO dynamic sampling")
