@@ -24,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import pandas as pd  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
@@ -86,6 +87,7 @@ def figure2(cells: pd.DataFrame, found: dict[str, dict], path: Path) -> None:
                 axis.plot(xs, [counts[x] / total for x in xs], marker="o", markersize=3, label=cell.cell)
         axis.set_title(title)
         axis.set_ylabel("share")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=200)
