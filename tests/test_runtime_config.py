@@ -49,3 +49,13 @@ def test_bad_async_settings_are_one_line_naming_the_key(compose_config, override
     with pytest.raises(ConfigError) as error:
         validate(cfg, check_device=False)
     assert words in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_budget_plan_of_an_async_run_follows_its_lockstep_schedule(compose_config):
+    from src.budget import plan_for_config
+
+    cfg = compose_config("runtime=async", "trainer.groups_per_step=2", "trainer.group_size=4", "trainer.steps=5",
+                         "runtime.capacity=32", "runtime.groups_per_request=1")
+    plan = plan_for_config(cfg)
+    # W = 2, mu = 4: each worker makes a group every 2 steps; step 0 waits for the first two (the Ray tests' run)
+    assert plan.fresh_groups_per_step == (2, 0, 2, 0, 2) and plan.fresh_evaluations == 24

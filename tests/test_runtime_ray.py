@@ -115,6 +115,7 @@ def test_lockstep_w2_consumes_no_sample_newer_than_the_trainer_and_meets_footnot
     assert publishes == [2, 4]  # runtime.sync_every=2
     assert last["replay/ratio_measured"] == pytest.approx(2.0) == last["replay/ratio_predicted"]
     assert last["budget/fresh_evaluations"] == last["runtime/generated_rollouts"]  # every group that reached the queue
+    assert last["budget/fresh_evaluations"] == 24  # as src.runtime.plan.async_budget_plan plans it
     assert {Path(p).name for p in recorder.artifacts} == {"events.jsonl", "runtime_distributions.json"}
 
 

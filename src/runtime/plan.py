@@ -64,3 +64,48 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class _Placeholder:
+    """The pipeline's work without a model: every group scores 0 (positive bias then keeps the least)."""
+
+    def __init__(self, group_size: int, groups_per_request: int) -> None:
+        from src.batch import Group
+
+        self.group = Group(prompt="", prompt_ids=(0,), numbers=(1, 2), target=3, responses=[""] * group_size,
+                           response_ids=[(0,)] * group_size, rewards=[0.0] * group_size, step=0)
+        self.size, self.running, self.arrived = groups_per_request, {}, []
+
+    def start(self, worker: int, key: int, version) -> None:
+        from src.runtime.pipeline import Generated
+
+        self.running[worker] = [Generated(k, worker, version or 0, self.group, [0.0] * self.group.size, request=key)
+                                for k in range(key, key + self.size)]
+
+    def result(self, worker: int):
+        return self.running.pop(worker)
+
+    def train(self, step: int, samples, arrived) -> dict[str, float]:
+        self.arrived.append(len(arrived))
+        return {}
+
+    def publish(self, version: int) -> float:
+        return 0.0
+
+
+def async_budget_plan(cfg):
+    """`src.budget.BudgetPlan` of a runtime=async config: the groups that reach the trainer before each step,
+    from its lockstep schedule (the free schedule's count depends on the machine: this is its lockstep twin)."""
+    from src.budget import BudgetPlan
+    from src.build import build_runtime
+    from src.runtime.pipeline import LockstepPipeline
+
+    runtime, trainer = build_runtime(cfg), cfg.trainer
+    work = _Placeholder(int(trainer.group_size), runtime.settings.groups_per_request)
+    pipeline = LockstepPipeline(runtime.settings, runtime.build_pipeline(work).queue, work)
+    for _ in range(int(trainer.steps)):
+        pipeline.next_step()
+    return BudgetPlan(ratio=0.0, max_age=0, groups_per_step=int(trainer.groups_per_step),
+                      group_size=int(trainer.group_size), steps=int(trainer.steps),
+                      fresh_groups_per_step=tuple(work.arrived), replay_groups_per_step=(0,) * len(work.arrived),
+                      gap_fill_groups=0, reward_dependent=runtime.positive_bias > 0)
