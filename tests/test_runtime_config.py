@@ -43,6 +43,7 @@ def test_async_builds_the_pipeline_store_and_its_own_cells(compose_config):
     (("runtime.workers=0",), "runtime.workers"),
     (("runtime.staleness_mode=wait",), "runtime.staleness_mode='wait'"),
     (("runtime.mu=0",), "runtime.mu=0"),
+    (("runtime.sharded=true", "runtime.trainers=3", "runtime.capacity=1536"), "cannot be split over 3 shards"),
 ])
 def test_bad_async_settings_are_one_line_naming_the_key(compose_config, overrides, words):
     cfg = compose_config("runtime=async", *overrides)

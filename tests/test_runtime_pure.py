@@ -91,6 +91,18 @@ def test_positive_bias_keeps_freshest_share_plus_freshest_correct_rollouts():
     assert kept == [(0, 0), (0, 2), (1, 1), (2, 2), (2, 3)]
 
 
+def test_sharded_buffer_keeps_n_over_t_per_trainer_and_draws_b_over_t_from_each():
+    buffer = ReplayBuffer(capacity=8, seed=0, shards=2)
+    for key in range(3):
+        buffer.put(key, group(key), key, [0.0] * 4, 0.0)
+    assert [r.uid for r in buffer.rollouts] == [4, 5, 6, 7, 8, 9, 10, 11]  # 4 newest of each shard
+    assert not buffer.ready(10) and buffer.ready(8)
+    samples = buffer.take(4, step=3)
+    assert sorted(s.rollout.uid % 2 for s in samples) == [0, 0, 1, 1]
+    with pytest.raises(ValueError, match="multiple of T"):
+        ReplayBuffer(capacity=9, shards=2)
+
+
 def test_lifo_takes_newest_first_and_uses_each_rollout_once():
     queue = LifoQueue(capacity=12)
     for key in range(3):

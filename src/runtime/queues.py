@@ -218,12 +218,16 @@ class RolloutQueue:
 
 
 class ReplayBuffer(RolloutQueue):
-    """`runtime.queue=buffer`: seed 001's FIFO of the N newest rollouts, sampled without removal."""
+    """`runtime.queue=buffer`: seed 001's FIFO of the N newest rollouts, sampled without removal.
+
+    With `shards` = T (D.4's sharded buffer) rollout u belongs to trainer u mod T, each shard keeps its
+    N/T newest (positive bias within the shard), and a batch is B/T rollouts from every shard.
+    """
 
     name = "buffer"
 
     def __init__(self, capacity: int, seed: int = 0, independent: bool = False, positive_bias: float = 0.0,
-                 correct_reward: float = 1.0) -> None:
+                 correct_reward: float = 1.0, shards: int = 1) -> None:
         super().__init__(capacity, seed)
         if isinstance(positive_bias, bool) or not 0.0 <= float(positive_bias) < 1.0:
             raise ValueError(f"runtime.positive_bias delta={positive_bias!r}: use 0 <= delta < 1 (0 = plain FIFO; "
@@ -231,16 +235,38 @@ class ReplayBuffer(RolloutQueue):
         self.independent = bool(independent)
         self.positive_bias = float(positive_bias)
         self.correct_reward = float(correct_reward)
+        self.shards = check_int("runtime.trainers (shards)", shards, 1)
+        if self.capacity % self.shards:
+            raise ValueError(f"runtime.capacity N={self.capacity} with runtime.sharded=true and T={self.shards}: each "
+                             f"trainer keeps N/T rollouts, so N must be a multiple of T")
+
+    def ready(self, batch: int) -> bool:
+        if batch % self.shards:
+            raise ValueError(f"a batch of {batch} rollouts cannot be split over {self.shards} shards evenly")
+        return all(len(pool) >= batch // self.shards for pool in self._pools())
+
+    def _pools(self) -> list[list[int]]:
+        """Positions of each shard's rollouts, oldest first."""
+        pools: list[list[int]] = [[] for _ in range(self.shards)]
+        for position, rollout in enumerate(self.rollouts):
+            pools[rollout.uid % self.shards].append(position)
+        return pools
 
     def _kept(self) -> list[int]:
-        n_correct = round(self.positive_bias * self.capacity)
-        correct = [r.reward >= self.correct_reward for r in self.rollouts]
-        return keep_freshest(correct, self.capacity - n_correct, n_correct)
+        size = self.capacity // self.shards
+        n_correct = round(self.positive_bias * size)
+        kept = []
+        for pool in self._pools():
+            correct = [self.rollouts[i].reward >= self.correct_reward for i in pool]
+            kept += [pool[i] for i in keep_freshest(correct, size - n_correct, n_correct)]
+        return sorted(kept)
 
     def _choose(self, batch: int) -> list[Rollout]:
-        if self.independent:
-            return self._rng.choices(self.rollouts, k=batch)
-        return self._rng.sample(self.rollouts, batch)
+        share, chosen = batch // self.shards, []
+        for pool in self._pools():
+            rollouts = [self.rollouts[i] for i in pool]
+            chosen += self._rng.choices(rollouts, k=share) if self.independent else self._rng.sample(rollouts, share)
+        return chosen
 
 
 class LifoQueue(RolloutQueue):
@@ -261,13 +287,14 @@ class LifoQueue(RolloutQueue):
 
 
 def build_queue(queue: str, capacity: int, seed: int, independent: bool = False, positive_bias: float = 0.0,
-                correct_reward: float = 1.0) -> RolloutQueue:
-    """The queue `runtime.queue` names."""
+                correct_reward: float = 1.0, shards: int = 1) -> RolloutQueue:
+    """The queue `runtime.queue` names (`shards` > 1: one FIFO per trainer, D.4)."""
     if queue == "buffer":
-        return ReplayBuffer(capacity, seed, independent, positive_bias, correct_reward)
+        return ReplayBuffer(capacity, seed, independent, positive_bias, correct_reward, shards)
     if queue == "lifo":
-        if positive_bias or independent:
-            raise ValueError(f"runtime.queue=lifo uses each rollout once, newest first: positive_bias={positive_bias} "
-                             f"and independent={independent} apply to runtime.queue=buffer only; leave them at 0/false")
+        if positive_bias or independent or shards > 1:
+            raise ValueError(f"runtime.queue=lifo uses each rollout once, newest first: positive_bias={positive_bias}, "
+                             f"independent={independent} and sharding apply to runtime.queue=buffer only; leave them "
+                             "at 0/false")
         return LifoQueue(capacity, seed)
     raise ValueError(f"runtime.queue={queue!r}: queue must be one of {', '.join(QUEUES)}")

@@ -70,6 +70,7 @@ class AsyncRuntime:
 
     def __init__(self, cfg: DictConfig, name: str = "async", workers: int = 2, trainers: int = 1,
                  queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
+                 sharded: bool = False,
                  sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0, worker_cost: float | None = None,
                  trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
                  depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
@@ -87,11 +88,13 @@ class AsyncRuntime:
             depth=check_int("runtime.depth", depth, 1),
             groups_per_request=check_int("runtime.groups_per_request", groups_per_request, 1))
         self.capacity, self.independent, self.positive_bias = capacity, bool(independent), float(positive_bias)
+        self.shards = self.settings.trainers if sharded else 1
         self.num_cpus = check_int("runtime.num_cpus", num_cpus, 1, "Ray's CPU slots (e.g. 2).")
         self.worker_threads = check_int("runtime.worker_threads", worker_threads, 1)
         self.max_restarts = check_int("runtime.max_restarts", max_restarts, -1)
         self._check(cfg)
-        build_queue(queue, capacity, 0, independent, positive_bias)  # the queue checks its own settings
+        queue_ = build_queue(queue, capacity, 0, independent, positive_bias, shards=self.shards)  # checks its settings
+        queue_.ready(self.settings.batch)  # a batch that does not split over the shards is refused here
 
     def _check(self, cfg: DictConfig) -> None:
         s = self.settings
@@ -122,13 +125,14 @@ class AsyncRuntime:
         """The settings a checkpoint must agree on to resume."""
         s = self.settings
         return (f"{self.queue_name} N={self.capacity} delta={self.positive_bias:g} independent={self.independent} "
+                f"shards={self.shards} "
                 f"{self.schedule} W={s.workers} T={s.trainers} B={s.batch} sync_every={s.sync_every} mu={s.mu:g} "
                 f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} eta={s.staleness} {s.staleness_mode} "
                 f"g={s.groups_per_request}")
 
     def build_pipeline(self, work) -> Pipeline:
         queue = build_queue(self.queue_name, self.capacity, int(self.cfg.trainer.seed), self.independent,
-                            self.positive_bias)
+                            self.positive_bias, shards=self.shards)
         kind = LockstepPipeline if self.schedule == "lockstep" else FreePipeline
         return kind(self.settings, queue, work)
 
