@@ -156,7 +156,6 @@ class RayWork:
         self.pending: list[Pending] = []
         self.preloaded: dict[int, list[Generated]] = {}
         self.published: tuple[int, ray.ObjectRef] | None = None
-        self.published_weights: dict | None = None  # kept for a checkpoint while workers lag the trainer
         self.wait_s = 0.0
 
     # ---- workers ----

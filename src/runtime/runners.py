@@ -70,8 +70,8 @@ class AsyncRuntime:
 
     def __init__(self, cfg: DictConfig, name: str = "async", workers: int = 2, trainers: int = 1,
                  queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
-                 sharded: bool = False,
-                 sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0, worker_cost: float | None = None,
+                 sharded: bool = False, sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0,
+                 worker_cost: float | None = None,
                  trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
                  depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
                  max_restarts: int = 3) -> None:
@@ -93,8 +93,8 @@ class AsyncRuntime:
         self.worker_threads = check_int("runtime.worker_threads", worker_threads, 1)
         self.max_restarts = check_int("runtime.max_restarts", max_restarts, -1)
         self._check(cfg)
-        queue_ = build_queue(queue, capacity, 0, independent, positive_bias, shards=self.shards)  # checks its settings
-        queue_.ready(self.settings.batch)  # a batch that does not split over the shards is refused here
+        # The queue checks its own settings; `ready` refuses a batch that does not split over the shards.
+        build_queue(queue, capacity, 0, independent, positive_bias, shards=self.shards).ready(self.settings.batch)
 
     def _check(self, cfg: DictConfig) -> None:
         s = self.settings
@@ -114,7 +114,7 @@ class AsyncRuntime:
                              "buffer=none or buffer=fifo")
         if cfg.sampling.name != "standard" or cfg.behaviour.name != "current":
             raise ValueError(f"sampling={cfg.sampling.name}, behaviour={cfg.behaviour.name} with runtime=async: workers "
-                             "generate one group per request with the published weights; use sampling=standard and "
+                             "generate each request's groups once, with the published weights; use sampling=standard and "
                              "behaviour=current")
 
     def trainer_store(self, store: ReplayStore, cfg: DictConfig) -> ReplayStore:
