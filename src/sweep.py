@@ -44,11 +44,12 @@ LAUNCH_ONLY = (
     "trainer.heartbeat_timeout_s",
     "buffer.mechanism_only",  # lifts a config check only: the same computation
     "sampling.mechanism_only",
+    "runtime.num_cpus", "runtime.worker_threads", "runtime.max_restarts",  # where the async pipeline runs
 )
 
 
 # Variant groups and their plain option, which computes plain Replay-RLOO (identity rule 3).
-GROUP_DEFAULTS = {"curriculum": "none", "sampling": "standard", "behaviour": "current"}
+GROUP_DEFAULTS = {"curriculum": "none", "sampling": "standard", "behaviour": "current", "runtime": "sync"}
 
 # Knobs added after version 1, with the value that computes what version-1 cells computed (rule 5).
 LATER_KNOBS = {"trainer.kl_estimator": "k3", "behaviour.is_max_token": 2.0, "loss.is_max_token": 2.0}
@@ -69,6 +70,10 @@ def _variant_suffix(cfg: DictConfig) -> str:
         suffix += "-tokenIS" if behaviour.is_level == "token" else ""
     if cfg.curriculum.name != "none":
         suffix += f"-{cfg.curriculum.name}"
+    runtime = cfg.get("runtime") or {"name": "sync"}
+    if runtime["name"] == "async":  # seed 001's pipeline: e.g. -W6T2-N252, -W1T1-lifo
+        suffix += f"-W{runtime.workers}T{runtime.trainers}-" + (f"N{runtime.capacity}" if runtime.queue == "buffer"
+                                                                  else "lifo")
     return suffix
 
 
@@ -84,7 +89,8 @@ def variant_label(cfg: DictConfig) -> str:
     else:
         base = "Fresh-only" if buffer.ratio == 0 else "Replay-RLOO"
     # POPO is a GRPO method (seed 003): say so when it runs on the RLOO loss instead.
-    loss = {"grpo": " (GRPO loss)", "ipo": " (IPO loss)", "rloo-tis": " (RLOO, truncated IS)"}.get(cfg.loss.name, " (RLOO loss)" if buffer.name == "popo" else "")
+    loss = {"grpo": " (GRPO loss)", "grpo-coupled": " (coupled GRPO loss)", "asymre": " (AsymRE loss)",
+            "ipo": " (IPO loss)", "rloo-tis": " (RLOO, truncated IS)"}.get(cfg.loss.name, " (RLOO loss)" if buffer.name == "popo" else "")
     parts = [base + loss]
     if cfg.sampling.name == "dynamic":
         parts.append("DAPO dynamic sampling")
@@ -95,6 +101,9 @@ def variant_label(cfg: DictConfig) -> str:
         parts.append(f"behaviour T={behaviour.temperature:g} ({behaviour.is_level} IS)")
     if cfg.curriculum.name != "none":
         parts.append(f"{cfg.curriculum.name} curriculum")
+    runtime = cfg.get("runtime") or {"name": "sync"}
+    if runtime["name"] == "async":
+        parts.append(f"async {runtime.queue} W={runtime.workers} T={runtime.trainers}")
     return " + ".join(parts)
 
 

@@ -152,7 +152,7 @@ def batch_metrics(state: TrainState, collected: Collected, batch: Batch, gap_fil
         "batch/replay_ratio": replayed / len(fresh) if fresh else nan,
         "batch/replay_ratio_cumulative": state.replay_groups / state.fresh_groups if state.fresh_groups else nan,
         "batch/effective_fraction": sum(map(is_effective, batch.groups)) / len(batch) if batch else nan,
-        "batch/effective_fraction_fresh": sum(map(is_effective, generated)) / len(generated),
+        "batch/effective_fraction_fresh": sum(map(is_effective, generated)) / len(generated) if generated else nan,
         "batch/effective_fraction_cumulative": (state.effective_groups_trained / state.groups_trained
                                                 if state.groups_trained else nan),
     }

@@ -14,11 +14,12 @@ import torch
 
 from src.batch import Batch, Group
 from src.loss.kl import KL_ESTIMATORS
+from src.loss.rloo_math import leave_one_out_advantages
 from src.checks import check_choice
 from src.policy.forward import Forward
 
 IS_LEVELS = ("sequence", "token")  # truncated importance weights per response or per token (seed 002 eq. 3)
-LOSSES = ("rloo", "rloo-tis", "grpo", "ipo")  # the loss group's options; `loss.name` labels the run's cell with one
+LOSSES = ("rloo", "rloo-tis", "grpo", "grpo-coupled", "asymre", "ipo")  # the loss group's options; `loss.name` labels the run's cell with one
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,14 @@ class Objective:
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         raise NotImplementedError
+
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Each response's advantage from its group's K rewards ([G, K]): leave-one-out (eq. 1) by default.
+
+        `update` computes them from the batch's groups; an asynchronous worker fixes them when it
+        generates a group (SPEC 11), with the same function.
+        """
+        return leave_one_out_advantages(rewards)
 
     def optimizer_step(self, policy, optimizer) -> None:
         if self.max_grad_norm:

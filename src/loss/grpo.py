@@ -7,11 +7,14 @@ from collections import defaultdict
 import torch
 
 from src.batch import Batch
-from src.checks import check_int
+from src.checks import check_choice, check_int
 from src.loss.base import Objective, UpdateResult, batch_sequences
 from src.loss.variant_math import clipped_surrogate, group_normalised_advantages
 from src.loss.rloo_math import interleaved_mini_batches
 from src.policy.forward import place_tokens, row_values, upcast
+
+
+RATIO_TO = ("proximal", "behaviour")
 
 
 class ClippedObjective(Objective):
@@ -30,8 +33,11 @@ class ClippedObjective(Objective):
     """
 
     def __init__(self, eps_low: float, eps_high: float, behaviour_cap: float, updates_per_step: int,
-                 **settings) -> None:
+                 ratio_to: str = "proximal", **settings) -> None:
         super().__init__(**settings)
+        # proximal: POPO's decoupled form (clip pi_theta/pi_prox, times the capped pi_prox/mu); behaviour: the
+        # coupled form, clip pi_theta/mu itself with no further weight (seed 003 eq. 9; seed 001 D.2).
+        self.ratio_to = check_choice("loss.ratio_to", ratio_to, RATIO_TO)
         if not 0 <= eps_low < 1:
             raise ValueError(f"loss.eps_low={eps_low}: the ratio is clipped below at 1 - eps_low, so use "
                              "0 <= eps_low < 1 (POPO: 0.2)")
@@ -45,10 +51,14 @@ class ClippedObjective(Objective):
                                           "Mini-batch optimizer steps per RL step (e.g. 4).")
         self.weight_ceiling = self.behaviour_cap
 
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """GRPO's group-normalised advantages (POPO eq. 3; seed 001 eq. 6)."""
+        return group_normalised_advantages(rewards)
+
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         groups, rows = batch.groups, batch.rows
         rewards = torch.tensor([g.rewards for g in groups])
-        advantages = group_normalised_advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
+        advantages = self.advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
         sequences, cached_reference, token_counts = batch_sequences(batch)
         n = len(sequences)
         minis = interleaved_mini_batches(n, self.updates_per_step)
@@ -92,8 +102,9 @@ class ClippedObjective(Objective):
                 chunk = [sequences[i] for i in index]
                 token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
                 zeros = torch.zeros_like(upcast(token_logprobs))
-                prox_chunk = place_tokens(chunk, [prox[i] for i in index], zeros.clone())
                 behaviour_chunk = place_tokens(chunk, [behaviour[i] for i in index], zeros.clone())
+                prox_chunk = (behaviour_chunk if self.ratio_to == "behaviour"
+                              else place_tokens(chunk, [prox[i] for i in index], zeros.clone()))
                 ref_chunk = place_tokens(chunk, [reference_tokens[i] for i in index], zeros.clone())
                 mask = mask.float()
                 surrogate, diag = clipped_surrogate(token_logprobs, prox_chunk, behaviour_chunk,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from src.batch import Batch
 from src.loss.base import Objective, Truncation, UpdateResult, batch_sequences
 from src.loss.variant_math import truncated_importance_weights
-from src.loss.rloo_math import importance_weights, leave_one_out_advantages, rloo_loss
+from src.loss.rloo_math import importance_weights, rloo_loss
 from src.policy.forward import place_tokens, row_values, upcast
 
 
@@ -41,7 +42,7 @@ class RlooObjective(Objective):
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         groups, rows = batch.groups, batch.rows
-        loo = leave_one_out_advantages(torch.tensor([g.rewards for g in groups]))
+        loo = self.advantages(torch.tensor([g.rewards for g in groups]))
         advantages = loo[[g for g, _ in rows], [j for _, j in rows]]
         sequences, cached_reference, token_counts = batch_sequences(batch)
         # Fresh groups have no behaviour log-probs yet: mu = pi_theta now, so their weight is exactly 1.
@@ -151,3 +152,29 @@ class TruncatedIsRloo(RlooObjective):
 
     def truncated_rows(self, batch: Batch) -> list[bool]:
         return [off_policy or age > 0 for off_policy, age in zip(batch.row_off_policy(), batch.row_ages())]
+
+
+class AsymRE(RlooObjective):
+    """`loss=asymre`, seed 001's other objective (section 5.5, D.2; Arnal et al. 2025): REINFORCE with the
+    generated group's mean reward shifted by delta_V as the baseline, A = r - (V_hat + delta_V), and no
+    importance ratio (every row weighs 1, however stale), L = -(1/B) sum_i A_i log pi(y_i|x_i) + the
+    trainer's KL and entropy terms. delta_V < 0 (seed 001: -0.1) tilts every update towards the sampled
+    responses."""
+
+    def __init__(self, delta_v: float = -0.1, **settings) -> None:
+        settings.pop("truncation", None)
+        super().__init__(clip_ceiling=float("inf"), **settings)
+        self.delta_v = float(delta_v)
+        if not math.isfinite(self.delta_v):
+            raise ValueError(f"loss.delta_v={delta_v}: the baseline shift must be a finite number (seed 001: -0.1)")
+
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        return rewards - (rewards.mean(dim=-1, keepdim=True) + self.delta_v)
+
+    def truncated_rows(self, batch: Batch) -> list[bool]:
+        return [False] * len(batch.rows)
+
+    def _chunk_weights(self, chunk, token_logprobs, mask, behaviour, behaviour_tokens, truncated, token_level: bool):
+        current = (token_logprobs * mask).sum(-1).detach().cpu()
+        ones = torch.ones_like(current)
+        return current, ones, ones, torch.ones_like(mask), torch.ones_like(mask)

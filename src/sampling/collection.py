@@ -72,8 +72,7 @@ class FreshCollection:
         temperature = self.behaviour.temperature
         if sampler_model is not policy:
             self.engine.sync_weights(sampler_model)  # back to the policy after the update, as every step
-        sampling = SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k,
-                                  max_new_tokens=self.max_new_tokens)
+        sampling = self.sampling_params(temperature)
         timings = {"generate": 0.0, "score": 0.0}
         fresh, generated, rounds = self.rounds(count, step, sampling, timings)
         off_policy = self.behaviour.is_off_policy(lag)
@@ -84,6 +83,20 @@ class FreshCollection:
         return Collected(fresh, generated, off_policy, lag, temperature, timings, self.round_metrics(count, fresh,
                                                                                                      generated, rounds))
 
+    def sampling_params(self, temperature: float) -> SamplingParams:
+        return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens)
+
+    def generate_groups(self, instances, step: int, seed: int) -> Collected:
+        """`instances`' groups from the engine's current weights at the behaviour temperature, scored once each.
+
+        An asynchronous rollout worker's unit of work (SPEC 11): whoever calls it chose the prompts and
+        the seed and tells the prompt sampler the outcome, so nothing here depends on which worker ran it.
+        """
+        timings = {"generate": 0.0, "score": 0.0}
+        groups = self.score_groups(instances, self.sampling_params(self.behaviour.temperature), seed, step, timings)
+        return Collected(groups, groups, False, 0, self.behaviour.temperature, timings)
+
     def rounds(self, count: int, step: int, sampling: SamplingParams, timings) -> tuple[list, list, int]:
         groups = self.sample_groups(self.sampler.sample(count), sampling, round_seed(self.seed, step, 0), step, timings)
         return groups, groups, 1
@@ -93,6 +106,12 @@ class FreshCollection:
 
     def sample_groups(self, instances, sampling: SamplingParams, seed: int, step: int, timings) -> list[Group]:
         """Generate K responses for each instance's prompt, score each once, tell the prompt sampler."""
+        groups = self.score_groups(instances, sampling, seed, step, timings)
+        self.sampler.observe(instances, [group.rewards for group in groups], step)
+        return groups
+
+    def score_groups(self, instances, sampling: SamplingParams, seed: int, step: int, timings) -> list[Group]:
+        """Generate K responses for each instance's prompt and score each once with the verifier."""
         started = time.perf_counter()
         prompts = [self.prompts.format(instance) for instance in instances]
         generated = self.engine.generate(prompts, self.group_size, sampling, seed=seed)
@@ -106,7 +125,6 @@ class FreshCollection:
                                 response_ids=[c.token_ids for c in completions], rewards=rewards, step=step))
         timings["generate"] += generate_done - started
         timings["score"] += time.perf_counter() - generate_done
-        self.sampler.observe(instances, [group.rewards for group in groups], step)
         return groups
 
 

@@ -1,0 +1,388 @@
+"""Seed 001's asynchronous pipeline as a driver over an abstract `Work` (SPEC 11), pure Python.
+
+W workers generate groups and put their rollouts in the queue; the trainer takes batches of B
+rollouts and updates; every `sync_every` updates it publishes its weights, which a worker loads
+when it starts its next group. The pipeline decides what happens when; `Work` does it (Ray
+actors and the trainer's `learn` in `src.runtime.ray_work`, a stand-in in the tests):
+
+    work.start(worker, key, version)    # begin request `key`: groups key .. key + g - 1 (g groups a request)
+                                        #   with published weights `version` (None: the newest published
+                                        #   when the worker starts it)
+    work.result(worker) -> [Generated]  # lockstep: that worker's groups, once they are done
+    work.poll(timeout) -> [Generated]   # free: the groups of whatever requests are done
+    work.train(step, samples, arrived)  # one update on the batch; `arrived`: groups put since the last one
+    work.publish(version) -> seconds    # make the trainer's weights the workers' next load
+
+`LockstepPipeline` runs the virtual clock of `src.runtime.schedule` (real work in event order,
+so the same seed gives the same event log and metrics); `FreePipeline` lets every role go as
+fast as it can. Both apply the optional staleness bound eta (`block`: AReaL's rule,
+`src.runtime.formulas.may_start`; `drop`: stale rollouts evicted before a draw) and return,
+per trainer step, the update's metrics with seed 001's measures (off-policiness, replay count,
+steps since last use, queue size and age, idle ratios, weight-sync time, rates, mu and gamma).
+Measures of the machine (wall-clock rates, mu from busy seconds, the free schedule's idle ratios)
+are logged under `time/`, which a lockstep comparison and a resumed run's check leave out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from src.batch import Group
+from src.runtime import formulas
+from src.runtime.queues import RolloutQueue, Sample, percentile
+from src.runtime.schedule import LockstepClock
+
+SCHEDULES = ("lockstep", "free")
+STALENESS_MODES = ("block", "drop")
+HISTOGRAM_BINS = 8  # off-policiness histogram per step: 0..7 and "8plus"
+
+
+class PipelineError(RuntimeError):
+    """The pipeline cannot go on (a stall, a worker that keeps dying); the message names the cause and the fix."""
+
+
+@dataclass
+class Generated:
+    """A worker's group of K rollouts with what the queue records about it."""
+
+    key: int                      # the group's id
+    worker: int
+    version: int                  # the weights it was generated with
+    group: Group                  # K responses, rewards, log mu per response and token
+    advantages: list[float]
+    busy_s: float = 0.0           # the worker's wall seconds on it
+    restarted: bool = False       # the worker's actor was restarted since its previous group
+    request: int | None = None    # the request it came with (its seed derives from it); None: its own key
+
+    def state(self) -> dict:
+        return {**dataclasses.asdict(self), "group": dataclasses.asdict(self.group)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Generated":
+        return cls(**{**state, "group": Group(**state["group"])})
+
+
+class Work(Protocol):
+    def start(self, worker: int, key: int, version: int | None) -> None: ...  # None: the latest published
+    def result(self, worker: int) -> list[Generated]: ...
+    def poll(self, timeout: float | None) -> list[Generated]: ...
+    def train(self, step: int, samples: list[Sample], arrived: list[Generated]) -> dict[str, float]: ...
+    def publish(self, version: int) -> float: ...
+    def peek(self, worker: int) -> list[Generated]: ...             # lockstep checkpoint: in-flight result, kept
+    def preload(self, worker: int, groups: list[Generated]) -> None: ...  # lockstep resume: `result` returns it
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    workers: int
+    trainers: int
+    batch: int                    # B, rollouts per update
+    group_size: int               # K
+    sync_every: int = 1
+    staleness: int | None = None  # eta; None: no bound (seed 001)
+    staleness_mode: str = "block"
+    mu: float = 4.0               # configured inference/trainer cost ratio (lockstep rates, predictions)
+    worker_cost: float | None = None   # lockstep time of a group; None: mu T K / B
+    trainer_cost: float = 1.0
+    depth: int = 8                # free schedule: requests queued per worker, so it works while the trainer trains
+    groups_per_request: int = 1   # g: groups a worker generates in one call (one batched generate)
+
+    def group_cost(self) -> float:
+        if self.worker_cost is not None:
+            return self.worker_cost
+        return formulas.worker_cost_per_group(self.mu, self.trainers, self.group_size, self.batch)
+
+    @property
+    def request_rollouts(self) -> int:
+        return self.groups_per_request * self.group_size
+
+
+@dataclass
+class Counters:
+    """The pipeline's running totals (saved in a checkpoint)."""
+
+    version: int = 0              # updates done
+    published: int = 0            # version the workers load
+    next_key: int = 0             # group keys handed out (a request takes g)
+    started_rollouts: int = 0     # N_r of AReaL's rule
+    generated_rollouts: int = 0
+    trained_samples: int = 0
+    added_since_train: int = 0
+    added_between_trains: int = 0  # rollouts added between the first and the latest trainer start
+    restarts: int = 0
+    sync_seconds: float = 0.0
+    worker_busy_s: float = 0.0
+    trainer_busy_s: float = 0.0
+    trainer_wait_s: float = 0.0
+    elapsed_s: float = 0.0        # wall seconds of the pipeline before this session (a resumed run adds on)
+    in_flight: list = field(default_factory=list)   # [worker, key, version] of requests being generated
+
+
+class Pipeline:
+    """What both schedules share: starting workers, putting groups, training, publishing, measuring."""
+
+    def __init__(self, settings: PipelineSettings, queue: RolloutQueue, work: Work) -> None:
+        self.settings, self.queue, self.work = settings, queue, work
+        self.counters = Counters()
+        self.events: list[dict] = []
+        self.arrived: list[Generated] = []
+        self._wall_start = time.perf_counter()
+        self._last_sync = 0.0
+
+    # ---- the roles' moves ----
+    def may_launch(self) -> bool:
+        s, c = self.settings, self.counters
+        eta = s.staleness if s.staleness_mode == "block" else None
+        return (self.queue.room(s.request_rollouts, len(c.in_flight) * s.request_rollouts)
+                and formulas.may_start(c.started_rollouts + s.request_rollouts, s.batch, c.version, eta))
+
+    def launch(self, worker: int, latest: bool = False) -> None:
+        """Start a request of g groups on `worker`: with the published weights now (lockstep), or (`latest`)
+        with whatever weights are published when the worker gets to it (free; its result says which)."""
+        c, s = self.counters, self.settings
+        key, c.next_key = c.next_key, c.next_key + s.groups_per_request
+        c.started_rollouts += s.request_rollouts
+        version = None if latest else c.published
+        c.in_flight.append([worker, key, version])
+        self.work.start(worker, key, version)
+        self._event({"event": "generate", "worker": worker, "group": key, "version": version})
+
+    def arrive(self, generated: Generated, virtual: float | None = None) -> None:
+        c = self.counters
+        request = generated.key if generated.request is None else generated.request
+        c.in_flight = [entry for entry in c.in_flight if entry[1] != request]
+        c.generated_rollouts += generated.group.size
+        c.added_since_train += generated.group.size
+        c.worker_busy_s += generated.busy_s
+        if generated.restarted:
+            c.restarts += 1
+            self._event({"event": "restart", "worker": generated.worker})
+        self.queue.put(generated.key, generated.group, generated.version, generated.advantages, self.wall(), virtual)
+        self.arrived.append(generated)
+        self._drain_queue_events()
+
+    def take(self) -> list[Sample] | None:
+        """The next batch, or None while the queue cannot give one (the trainer waits)."""
+        s, c = self.settings, self.counters
+        if s.staleness is not None and s.staleness_mode == "drop":
+            self.queue.drop_stale(c.version, s.staleness)
+        if not self.queue.ready(s.batch):
+            self._drain_queue_events()
+            return None
+        if c.trained_samples:  # the first batch waited for the queue to fill: not a steady-state R
+            c.added_between_trains += c.added_since_train
+        c.added_since_train = 0
+        samples = self.queue.take(s.batch, c.version)
+        self._drain_queue_events()
+        return samples
+
+    def train(self, samples: list[Sample]) -> dict[str, float]:
+        c = self.counters
+        started = time.perf_counter()
+        arrived, self.arrived = self.arrived, []
+        metrics = self.work.train(c.version, samples, arrived)
+        c.trainer_busy_s += time.perf_counter() - started
+        c.trained_samples += len(samples)
+        self._event({"event": "update", "step": c.version, "rollouts": len(samples)})
+        return {**metrics, **self.measures(samples)}
+
+    def finish_update(self) -> None:
+        c = self.counters
+        c.version += 1
+        if c.version % self.settings.sync_every == 0:
+            self._last_sync = self.work.publish(c.version)
+            c.sync_seconds += self._last_sync
+            c.published = c.version
+            self._event({"event": "publish", "version": c.version})
+
+    # ---- seed 001's measures ----
+    def measures(self, samples: list[Sample]) -> dict[str, float]:
+        """Per trainer step: this batch's off-policiness and reuse, the run's replay counts, rates, mu, gamma."""
+        s, c = self.settings, self.counters
+        off = [sample.off_policiness for sample in samples]
+        repeats = [sample.since_last_use for sample in samples if sample.since_last_use is not None]
+        out = {"offpolicy/mean": sum(off) / len(off), "offpolicy/p95": percentile(off, 95),
+               "offpolicy/max": float(max(off))}
+        for k in range(HISTOGRAM_BINS):
+            out[f"offpolicy/hist_{k}"] = float(sum(1 for v in off if v == k))
+        out[f"offpolicy/hist_{HISTOGRAM_BINS}plus"] = float(sum(1 for v in off if v >= HISTOGRAM_BINS))
+        out.update({"reuse/new_fraction": 1 - len(repeats) / len(samples),
+                    "reuse/since_last_use_mean": sum(repeats) / len(repeats) if repeats else math.nan,
+                    "reuse/since_last_use_p95": percentile(repeats, 95)})
+        out.update(self.replay_measures())
+        out.update(self.queue.age(c.version))
+        out.update(self.rate_measures())
+        return out
+
+    def replay_measures(self) -> dict[str, float]:
+        """Replay counts so far (retired rollouts final, queued ones so far) against footnote 5's B/R."""
+        s, c = self.settings, self.counters
+        counts = dict(self.queue.replay_counts)
+        for rollout in self.queue.rollouts:
+            counts[rollout.uses] = counts.get(rollout.uses, 0) + 1
+        total = sum(counts.values())
+        steps_between = c.version  # trainer starts after the first, before this step's update is done
+        measured_r = c.added_between_trains / steps_between if steps_between else math.nan
+        return {"replay/count_mean": sum(k * n for k, n in counts.items()) / total if total else math.nan,
+                "replay/count_max": float(max(counts)) if counts else math.nan,
+                "replay/ratio_predicted": formulas.expected_replay_count_from_rates(s.workers, s.trainers, s.mu),
+                "replay/rollouts_per_step": measured_r,
+                "replay/ratio_measured": s.batch / measured_r if measured_r and measured_r > 0 else math.nan,
+                "replay/ratio_counts": c.trained_samples / c.generated_rollouts if c.generated_rollouts else math.nan}
+
+    def rate_measures(self) -> dict[str, float]:
+        s, c = self.settings, self.counters
+        wall = self.wall()
+        mu_counts = formulas.mu_from_counts(c.trained_samples, c.generated_rollouts, s.workers, s.trainers)
+        per_batch_worker = c.worker_busy_s / c.generated_rollouts * s.batch if c.generated_rollouts else math.nan
+        per_batch_trainer = c.trainer_busy_s / (c.version + 1)
+        mu_busy = formulas.mu_from_busy_times(per_batch_worker, per_batch_trainer)
+        gamma = lambda mu: formulas.compute_ratio(s.workers, s.trainers, mu) if mu > 0 else math.nan  # noqa: E731
+        return {"time/rollouts_per_s": c.generated_rollouts / wall if wall else math.nan,
+                "time/updates_per_s": (c.version + 1) / wall if wall else math.nan,
+                "runtime/generated_rollouts": float(c.generated_rollouts),
+                "time/weight_sync": self._last_sync, "time/weight_sync_total": c.sync_seconds,
+                "runtime/worker_restarts": float(c.restarts),
+                "runtime/mu_counts": mu_counts, "time/mu_busy": mu_busy,
+                "runtime/gamma_counts": gamma(mu_counts), "time/gamma_busy": gamma(mu_busy),
+                "runtime/compute_per_update": formulas.compute_per_update(s.workers, s.trainers, s.mu)}
+
+    # ---- bookkeeping ----
+    def wall(self) -> float:
+        return self.counters.elapsed_s + time.perf_counter() - self._wall_start
+
+    def _event(self, event: dict) -> None:
+        self.events.append(event)
+
+    def _drain_queue_events(self) -> None:
+        self.events += self.queue.events
+        self.queue.events = []
+
+    def state_dict(self) -> dict:
+        counters = dataclasses.asdict(self.counters)
+        counters["elapsed_s"] = self.wall()
+        return {"counters": counters, "queue": self.queue.state_dict(),
+                "arrived": [generated.state() for generated in self.arrived]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.counters = Counters(**state["counters"])
+        self._wall_start = time.perf_counter()
+        self.queue.load_state_dict(state["queue"])
+        self.arrived = [Generated.from_state(g) for g in state["arrived"]]
+
+
+class LockstepPipeline(Pipeline):
+    """Roles take turns on the virtual clock; the real work runs in event order."""
+
+    def __init__(self, settings: PipelineSettings, queue: RolloutQueue, work: Work) -> None:
+        super().__init__(settings, queue, work)
+        self.clock = LockstepClock(settings.workers, settings.group_cost() * settings.groups_per_request,
+                                   settings.trainer_cost)
+
+    def next_step(self) -> dict[str, float]:
+        """Run the schedule until the next trainer step is done; returns its metrics."""
+        while True:
+            metrics = self._start_idle()
+            if metrics is not None:
+                self._pending_metrics = metrics
+            updated = False
+            for role, ident in self.clock.advance():  # every job finishing now, before anything starts
+                if role == "worker":
+                    for generated in self.work.result(ident):
+                        self.arrive(generated, virtual=float(self.clock.now))
+                else:
+                    self.finish_update()
+                    updated = True
+            if updated:
+                return {**self._pending_metrics, **self.clock_measures()}
+
+    def _start_idle(self) -> dict[str, float] | None:
+        # The trainer's batch is taken first (a tie goes to the trainer), the workers' groups are then
+        # dispatched, and only then does the trainer's update run, so generation overlaps it in wall time.
+        samples = self.take() if self.clock.idle("trainer") else None
+        if samples is not None:
+            self.clock.start("trainer", 0)
+            self._event({"event": "train", "step": self.counters.version, "t": str(self.clock.now)})
+        for worker in self.clock.idle("worker"):
+            if not self.may_launch():
+                break
+            self.clock.start("worker", worker)
+            self.launch(worker)
+        if not self.clock.has_pending():
+            raise PipelineError(self.stall_message())
+        return self.train(samples) if samples is not None else None
+
+    def stall_message(self) -> str:
+        s = self.settings
+        return (f"the lockstep pipeline stalled at virtual time {float(self.clock.now):g}: the trainer waits for "
+                f"{s.batch} rollouts, the {self.queue.name} queue holds {len(self.queue)} and no worker may start "
+                f"(runtime.capacity={self.queue.capacity}, runtime.staleness={s.staleness}); raise runtime.capacity "
+                "or the staleness bound")
+
+    def clock_measures(self) -> dict[str, float]:
+        return {"runtime/virtual_time": float(self.clock.now),
+                "runtime/idle_trainer": self.clock.idle_ratio("trainer"),
+                "runtime/idle_workers": self.clock.idle_ratio("worker")}
+
+    def state_dict(self) -> dict:
+        """Also the clock and the groups in flight, whose results are saved (a resumed run puts exactly them)."""
+        in_flight = [[worker, [g.state() for g in self.work.peek(worker)]] for worker, _, _ in self.counters.in_flight]
+        return {**super().state_dict(), "clock": self.clock.state_dict(), "in_flight_results": in_flight}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.clock.load_state_dict(state["clock"])
+        for worker, groups in state["in_flight_results"]:
+            self.work.preload(int(worker), [Generated.from_state(g) for g in groups])
+
+
+class FreePipeline(Pipeline):
+    """Every role as fast as it can: the trainer trains whenever the queue gives a batch."""
+
+    def next_step(self) -> dict[str, float]:
+        s = self.settings
+        while True:
+            if self.counters.in_flight:  # whatever finished while the trainer trained
+                for generated in self.work.poll(0):
+                    self.arrive(generated)
+            self._fill_workers()
+            samples = self.take()
+            if samples is not None:
+                metrics = self.train(samples)
+                self.finish_update()
+                return {**metrics, **self.wall_measures()}
+            if not self.counters.in_flight:
+                raise PipelineError(f"the free pipeline stalled: the trainer waits for {s.batch} rollouts, the "
+                                    f"{self.queue.name} queue holds {len(self.queue)} and no worker may start; "
+                                    "raise runtime.capacity or the staleness bound")
+            waited = time.perf_counter()
+            for generated in self.work.poll(None):
+                self.arrive(generated)
+            self.counters.trainer_wait_s += time.perf_counter() - waited
+
+    def _fill_workers(self) -> None:
+        queued = {w: 0 for w in range(self.settings.workers)}
+        for worker, _, _ in self.counters.in_flight:
+            queued[worker] += 1
+        for _ in range(self.settings.depth):
+            for worker in range(self.settings.workers):
+                if queued[worker] < self.settings.depth and self.may_launch():
+                    self.launch(worker, latest=True)
+                    queued[worker] += 1
+
+    def wall_measures(self) -> dict[str, float]:
+        c, wall = self.counters, self.wall()
+        return {"time/idle_trainer": c.trainer_wait_s / wall if wall else math.nan,
+                "time/idle_workers": max(0.0, 1 - c.worker_busy_s / (wall * self.settings.workers)) if wall
+                else math.nan}
+
+    def resume_in_flight(self) -> None:
+        """Groups in flight at the checkpoint are generated again, with their keys (so their seeds)."""
+        pending, self.counters.in_flight = self.counters.in_flight, []
+        for worker, key, _ in pending:
+            self.counters.in_flight.append([worker, key, None])
+            self.work.start(worker, key, None)

@@ -1,0 +1,66 @@
+"""One Ray session per run (SPEC 11): `ray.init(num_cpus=...)` on this machine, shut down when the run ends.
+
+Inside a SLURM job the session is started the same way, on the job's node. A session that is
+already running in this process (a test's shared session, or a cluster the caller connected to)
+is used as it is and left running. Ray's own failures (a session that cannot start, a worker that
+died more often than `runtime.max_restarts`, an error raised inside an actor) surface as one
+`PipelineError` line naming the cause, not as Ray's multi-screen traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from typing import Iterator
+
+from src.interrupt import STOP_SIGNALS
+from src.paths import PROJECT_ROOT
+from src.runtime.pipeline import PipelineError
+
+log = logging.getLogger(__name__)
+
+
+def first_line(error: BaseException) -> str:
+    """The line of a Ray error that says what happened (its cause for an error raised inside a task)."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException):
+        error = cause
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = next((line for line in reversed(lines) if "Error" in line or "error" in line), lines[0] if lines else "")
+    return f"{type(error).__name__}: {text[:300]}"
+
+
+@contextlib.contextmanager
+def ray_session(num_cpus: int) -> Iterator[None]:
+    """A Ray session for the body; Ray's errors inside it are re-raised as one-line PipelineErrors."""
+    import ray
+    from ray.exceptions import RayError
+
+    started = not ray.is_initialized()
+    if started:
+        # Workers import `src` from this checkout whatever folder they start in.
+        path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
+        # ray.init installs its own SIGTERM handler, which would kill the run mid-step: keep the run's
+        # (src.interrupt.StopOnSignal: finish the step, checkpoint, then stop).
+        handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *STOP_SIGNALS)}
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})
+        except Exception as error:  # noqa: BLE001  (Ray raises many types when it cannot start)
+            raise PipelineError(f"Ray could not start a session with runtime.num_cpus={num_cpus} "
+                                f"({first_line(error)}); check that this machine can run Ray "
+                                "(`python -c 'import ray; ray.init(num_cpus=1)'`)") from None
+        finally:
+            for signum, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
+    try:
+        yield
+    except RayError as error:
+        raise PipelineError(f"the async pipeline failed in Ray: {first_line(error)} (runtime.max_restarts bounds "
+                            "worker restarts; the run resumes from its last checkpoint)") from None
+    finally:
+        if started:
+            ray.shutdown()

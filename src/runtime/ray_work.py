@@ -1,0 +1,258 @@
+"""The pipeline's real work on Ray (SPEC 11): rollout-worker actors, weight sync, and the trainer's update.
+
+* `RolloutWorker` (a Ray actor, one per worker): its own policy copy and rollout engine (HF
+  generate on the CPU; `policy.engine=vllm` builds the vLLM engine instead), the run's
+  collection, forward helper and objective built by `src.build` from the same config. For a
+  request it loads the published weights if it holds another version, generates and scores the
+  group (`FreshCollection.generate_groups`), computes log mu under those weights with the
+  trainer's forward code and the group's advantages with the objective's own function.
+* `ObjectStoreSync`: the trainer publishes its weights once with `ray.put`; every worker loads
+  them into its policy and hands them to its engine (`engine.sync_weights`: the vLLM engine's
+  in-place `load_weights`). Another transfer (vLLM's NCCL weight transfer) is another class with
+  the same two methods.
+* `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive. The trainer is this process: it
+  picks each request's prompt from the run's prompt sampler (in event order, so the lockstep
+  schedule is reproducible), tells the sampler each group's rewards, and trains with the step's
+  own `learn` half on a `Collection` made of the drawn rollouts.
+
+A request's sampling seed derives from (run seed, request key), so a group does not depend on
+which worker generated it, and a retried request (a worker restarted by Ray's `max_restarts`)
+generates the same group again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from src.batch import Batch, BatchGroup
+from src.components import Components
+from src.runtime.pipeline import Generated, PipelineSettings
+from src.runtime.queues import Sample
+from src.sampling.collection import Collected
+from src.state import TrainState
+from src.task.countdown import Instance
+from src.train import Collection, learn
+
+log = logging.getLogger(__name__)
+
+
+def request_seed(base_seed: int, key: int) -> int:
+    """The sampling seed of request `key`: a hash of (run seed, key), the same on every worker and machine."""
+    return int(np.random.SeedSequence([int(base_seed), int(key), 29]).generate_state(1)[0])
+
+
+class ObjectStoreSync:
+    """Weight sync through Ray's object store: `ray.put` once, every worker loads the same object."""
+
+    @staticmethod
+    def publish(policy: torch.nn.Module) -> ray.ObjectRef:
+        return ray.put({name: tensor.detach().cpu() for name, tensor in policy.state_dict().items()})
+
+    @staticmethod
+    def load(weights: dict, policy: torch.nn.Module, engine) -> None:
+        policy.load_state_dict(weights)
+        engine.sync_weights(policy)  # HF: the same module; vLLM: in-place load_weights
+
+
+class WeightBoard:
+    """A small actor holding the newest published weights' (version, [object ref]): a worker of the free
+    schedule asks it when it starts a group, so a group queued early still starts with the newest weights."""
+
+    def __init__(self) -> None:
+        self.latest: tuple[int, list] | None = None
+
+    def set(self, version: int, weights: list) -> None:
+        self.latest = (version, weights)
+
+    def get(self) -> tuple[int, list]:
+        return self.latest
+
+
+class _Unobserved:
+    """A worker's prompt sampler: the trainer chose the prompts and is told the rewards, not the worker."""
+
+    def observe(self, instances, rewards, step) -> None:
+        pass
+
+
+class RolloutWorker:
+    """One rollout worker: a policy copy, its engine, and the step's collection, forward and objective."""
+
+    def __init__(self, config: dict, threads: int) -> None:
+        from src.build import build_rollout_and_objective
+        from src.policy.forward import Forward
+        from src.policy.model import load_policy
+        from src.rollout.engine import build_engine
+        from src.task.prompts import PromptFormat
+
+        cfg = OmegaConf.create(config)
+        torch.set_num_threads(threads)
+        if cfg.hardware.dtype == "float64":
+            torch.set_default_dtype(torch.float64)
+        self.policy, tokenizer = load_policy(cfg.policy.name_or_path, cfg.hardware.device, cfg.hardware.dtype)
+        self.engine = build_engine(cfg.policy.engine, self.policy, tokenizer, cfg.policy.generation_batch_size,
+                                   **cfg.policy.get("vllm", {}))
+        trainer = cfg.trainer
+        self.forward = Forward(tokenizer.pad_token_id, trainer.micro_batch_size, trainer.micro_batch_tokens,
+                               cfg.hardware.autocast, trainer.fused_logprobs)
+        prompts = PromptFormat(cfg.task.prompt_template, tokenizer, cfg.policy.use_chat_template)
+        self.behaviour, self.collection, self.objective = build_rollout_and_objective(
+            cfg, self.policy, self.engine, _Unobserved(), prompts, self.forward)
+        self.version = None  # the initial weights are the start checkpoint's, not a published version
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+
+    def generate(self, key: int, instances: list, seed: int, version: int | None, weights: list) -> list[dict]:
+        """Groups key, key + 1, ... for `instances` in one generate call, with published weights `version`
+        (`weights` holds their object ref); `version=None`: the newest ones on the board (`weights` holds
+        its handle) when the request starts."""
+        started = time.perf_counter()
+        if version is None:
+            version, weights = ray.get(weights[0].get.remote())
+        if version != self.version:
+            ObjectStoreSync.load(ray.get(weights[0]), self.policy, self.engine)
+            self.version = version
+        collected = self.collection.generate_groups(instances, step=version, seed=seed)
+        groups = self.forward.with_sampled_logprobs(collected.fresh, self.policy, self.behaviour.training_temperature)
+        advantages = self.objective.advantages(torch.tensor([group.rewards for group in groups])).tolist()
+        restarted, self.restarted = self.restarted, False
+        busy = (time.perf_counter() - started) / len(groups)
+        return [{"key": key + i, "request": key, "version": version, "group": group, "advantages": advantage,
+                 "busy_s": busy, "restarted": restarted and i == 0}
+                for i, (group, advantage) in enumerate(zip(groups, advantages))]
+
+    def crash(self) -> None:
+        """End this actor's process (tests: Ray restarts it under max_restarts)."""
+        import os
+
+        os._exit(1)
+
+
+@dataclass
+class Pending:
+    worker: int
+    key: int
+    ref: ray.ObjectRef
+
+
+class RayWork:
+    """Work for `src.runtime.pipeline`: W `RolloutWorker` actors and this process's trainer."""
+
+    def __init__(self, cfg: DictConfig, parts: Components, state: TrainState, settings: PipelineSettings,
+                 max_restarts: int, threads: int, cpus_per_worker: float) -> None:
+        self.parts, self.state, self.settings = parts, state, settings
+        self.seed = int(cfg.trainer.seed)
+        actor = ray.remote(RolloutWorker).options(max_restarts=max_restarts, max_task_retries=max_restarts,
+                                                  num_cpus=cpus_per_worker)
+        config = OmegaConf.to_container(cfg, resolve=True)
+        self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
+        self.workers = [actor.remote(config, threads) for _ in range(settings.workers)]
+        self.pending: list[Pending] = []
+        self.preloaded: dict[int, list[Generated]] = {}
+        self.published: tuple[int, ray.ObjectRef] | None = None
+        self.wait_s = 0.0
+
+    # ---- workers ----
+    def start(self, worker: int, key: int, version: int | None) -> None:
+        instances = self.parts.sampler.sample(self.settings.groups_per_request)
+        published_version, ref = self.published
+        if version is not None and published_version != version:
+            raise ValueError(f"request {key} wants version {version}, the published weights are {published_version}")
+        weights = [self.board] if version is None else [ref]
+        call = self.workers[worker].generate.remote(key, instances, request_seed(self.seed, key), version, weights)
+        self.pending.append(Pending(worker, key, call))
+
+    def result(self, worker: int) -> list[Generated]:
+        if worker in self.preloaded:
+            return self._arrived(self.preloaded.pop(worker))
+        pending = next(p for p in self.pending if p.worker == worker)
+        return self._finish(pending, self._get(pending.ref))
+
+    def poll(self, timeout: float | None) -> list[Generated]:
+        refs = [p.ref for p in self.pending]
+        started = time.perf_counter()
+        ray.wait(refs, num_returns=1, timeout=timeout)
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])  # every one finished by now
+        self.wait_s += time.perf_counter() - started
+        return [g for p in [p for p in self.pending if p.ref in done] for g in self._finish(p, self._get(p.ref))]
+
+    def peek(self, worker: int) -> list[Generated]:
+        if worker in self.preloaded:
+            return self.preloaded[worker]
+        pending = next(p for p in self.pending if p.worker == worker)
+        return self._generated(pending, self._get(pending.ref))
+
+    def preload(self, worker: int, groups: list[Generated]) -> None:
+        self.preloaded[worker] = groups
+
+    def _finish(self, pending: Pending, payload: list[dict]) -> list[Generated]:
+        self.pending.remove(pending)
+        return self._arrived(self._generated(pending, payload))
+
+    def _generated(self, pending: Pending, payload: list[dict]) -> list[Generated]:
+        return [Generated(worker=pending.worker, **group) for group in payload]
+
+    def _arrived(self, generated: list[Generated]) -> list[Generated]:
+        if generated and generated[0].restarted:
+            log.warning("rollout worker %d was restarted by Ray (max_restarts); its request %d was retried",
+                        generated[0].worker, generated[0].request)
+        groups = [g.group for g in generated]
+        self.parts.sampler.observe([Instance(g.numbers, g.target) for g in groups], [g.rewards for g in groups],
+                                   self.state.step)
+        return generated
+
+    def _get(self, ref):
+        started = time.perf_counter()
+        payload = ray.get(ref)
+        self.wait_s += time.perf_counter() - started
+        return payload
+
+    # ---- trainer ----
+    def train(self, step: int, samples: list[Sample], arrived: list[Generated]) -> dict[str, float]:
+        """One update with the step's `learn` half on the drawn rollouts (a rollout drawn twice trains twice)."""
+        waited, self.wait_s = self.wait_s, 0.0
+        collected = Collected(fresh=[], generated=[g.group for g in arrived], off_policy=False,
+                              timings={"wait_for_rollouts": waited})
+        return learn(self.parts, self.state, Collection(step, batch_of(samples), collected, gap_fill=0))
+
+    def publish(self, version: int) -> float:
+        started = time.perf_counter()
+        self._published(version, ObjectStoreSync.publish(self.parts.policy))
+        return time.perf_counter() - started
+
+    def publish_weights(self, version: int, weights: dict) -> None:
+        """Publish saved weights (a resumed run whose workers lagged the trainer at the checkpoint)."""
+        self._published(version, ray.put(weights))
+
+    def _published(self, version: int, ref) -> None:
+        self.published = (version, ref)
+        ray.get(self.board.set.remote(version, [ref]))
+
+    def published_state(self) -> dict:
+        return ray.get(self.published[1])
+
+    def crash_worker(self, worker: int) -> None:
+        self.workers[worker].crash.remote()
+
+    def close(self) -> None:
+        for pending in self.pending:  # the free schedule's queued requests: not retried on a killed actor
+            ray.cancel(pending.ref)
+        for actor in (*self.workers, self.board):
+            ray.kill(actor, no_restart=True)
+
+
+def batch_of(samples: list[Sample]) -> Batch:
+    """The drawn rollouts as an update batch: one entry per group, its drawn responses in draw order, its age
+    the off-policiness. Every entry carries the group's log mu from generation, so the objective weighs it
+    against the current policy (no entry is 'fresh' with mu = pi_theta)."""
+    entries: dict[int, list[Sample]] = {}
+    for sample in samples:
+        entries.setdefault(sample.rollout.group_key, []).append(sample)
+    return Batch([BatchGroup(drawn[0].group, "replay", drawn[0].off_policiness,
+                             tuple(s.rollout.index for s in drawn)) for drawn in entries.values()])

@@ -1,0 +1,295 @@
+"""The two runtimes of the `runtime` config group, as `src.run` calls them (SPEC 11).
+
+`src.run` builds the run (components, the MLflow run, signal handling), then hands its loop to
+the runtime with `runtime.train(loop)`:
+
+* `SyncRuntime` returns at once: `src.run`'s own loop runs SPEC 3's steps, as it always has.
+* `AsyncRuntime` starts a Ray session, W rollout-worker actors and the pipeline of the configured
+  schedule, and runs every remaining trainer step with `src.run`'s pieces: the tracker logs each
+  step, `loop.save` writes the run's checkpoint, `loop.evaluate` runs the evaluation protocol,
+  a stop signal raises `StopRequested`, which `src.run` answers as for a synchronous step. The loop of `src.run` then finds no step left.
+
+Under `runtime=async` the trainer's replay store is the pipeline's (`PipelineStore`, built by
+`src.build.build_store`): the checkpoint's "buffer" then holds the rollout queue with every
+rollout's metadata, the pipeline's counters, the lockstep clock and the groups in flight, next to
+the trainer and optimizer state, the prompt sampler's state and the RNGs `src.checkpoint` saves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from omegaconf import DictConfig
+
+from src.buffer.store import ReplayStore
+from src.checks import check_choice, check_int
+from src.interrupt import StopRequested
+from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
+                                  PipelineError, PipelineSettings)
+from src.runtime.queues import QUEUES, build_queue
+
+log = logging.getLogger(__name__)
+EVENT_LOG = "events.jsonl"
+
+
+@dataclass
+class RunLoop:
+    """What a runtime gets from `src.run`: the run's parts and the calls its loop makes after a step."""
+
+    cfg: DictConfig
+    parts: object                      # src.components.Components
+    state: object                      # src.state.TrainState, advanced in place
+    tracker: object                    # src.tracking.Tracker
+    stop: object                       # src.interrupt.StopOnSignal
+    output_dir: Path
+    save: Callable[[], None]           # write the run's checkpoint
+    evaluate: Callable[[int], None]    # the evaluation protocol at a step ("during")
+    log_artifact: Callable[[Path], None] | None = None  # default: to the tracker's MLflow run, under runtime/
+
+
+class SyncRuntime:
+    """`runtime=sync`: SPEC 3's loop in `src.run`; nothing to do here."""
+
+    def __init__(self, name: str = "sync", cfg: DictConfig | None = None) -> None:
+        self.name = name
+
+    def trainer_store(self, store: ReplayStore, cfg: DictConfig) -> ReplayStore:
+        return store
+
+    def train(self, loop: RunLoop) -> None:
+        return None
+
+
+class AsyncRuntime:
+    """`runtime=async`: seed 001's pipeline of W workers, one queue and the trainer, on Ray."""
+
+    def __init__(self, cfg: DictConfig, name: str = "async", workers: int = 2, trainers: int = 1,
+                 queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
+                 sharded: bool = False, sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0,
+                 worker_cost: float | None = None,
+                 trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
+                 depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
+                 max_restarts: int = 3) -> None:
+        self.cfg, self.name = cfg, name
+        self.queue_name = check_choice("runtime.queue", queue, QUEUES)
+        self.schedule = check_choice("runtime.schedule", schedule, SCHEDULES)
+        group_size, groups = int(cfg.trainer.group_size), int(cfg.trainer.groups_per_step)
+        self.settings = PipelineSettings(
+            workers=check_int("runtime.workers", workers, 1), trainers=check_int("runtime.trainers", trainers, 1),
+            batch=groups * group_size, group_size=group_size, sync_every=check_int("runtime.sync_every", sync_every, 1),
+            staleness=None if staleness is None else check_int("runtime.staleness", staleness, 0),
+            staleness_mode=check_choice("runtime.staleness_mode", staleness_mode, STALENESS_MODES),
+            mu=float(mu), worker_cost=worker_cost, trainer_cost=float(trainer_cost),
+            depth=check_int("runtime.depth", depth, 1),
+            groups_per_request=check_int("runtime.groups_per_request", groups_per_request, 1))
+        self.capacity, self.independent, self.positive_bias = capacity, bool(independent), float(positive_bias)
+        self.shards = self.settings.trainers if sharded else 1
+        self.num_cpus = check_int("runtime.num_cpus", num_cpus, 1, "Ray's CPU slots (e.g. 2).")
+        self.worker_threads = check_int("runtime.worker_threads", worker_threads, 1)
+        self.max_restarts = check_int("runtime.max_restarts", max_restarts, -1)
+        self._check(cfg)
+        # The queue checks its own settings; `ready` refuses a batch that does not split over the shards.
+        build_queue(queue, capacity, 0, independent, positive_bias, shards=self.shards).ready(self.settings.batch)
+
+    def _check(self, cfg: DictConfig) -> None:
+        s = self.settings
+        if s.trainers > 1 and self.schedule != "lockstep":
+            raise ValueError(f"runtime.trainers={s.trainers} with runtime.schedule={self.schedule}: T > 1 trainers are "
+                             "simulated by the lockstep clock's rates only; use runtime.schedule=lockstep or trainers=1")
+        if self.capacity < s.batch:
+            raise ValueError(f"runtime.capacity N={self.capacity} < B = trainer.groups_per_step x trainer.group_size = "
+                             f"{s.batch} rollouts: the trainer would wait forever; raise runtime.capacity to >= {s.batch}")
+        if self.queue_name == "lifo" and self.capacity < s.batch + s.request_rollouts:
+            raise ValueError(f"runtime.queue=lifo with runtime.capacity N={self.capacity}: workers wait while a full "
+                             f"queue holds N, so N must fit a batch and a request in flight "
+                             f"(>= {s.batch + s.request_rollouts})")
+        if cfg.buffer.name not in ("none", "fifo"):
+            raise ValueError(f"buffer={cfg.buffer.name} with runtime=async: the pipeline's rollout queue replaces the "
+                             "step's replay store (runtime.queue, runtime.capacity, runtime.positive_bias); use "
+                             "buffer=none or buffer=fifo")
+        if cfg.sampling.name != "standard" or cfg.behaviour.name != "current":
+            raise ValueError(f"sampling={cfg.sampling.name}, behaviour={cfg.behaviour.name} with runtime=async: workers "
+                             "generate each request's groups once, with the published weights; use sampling=standard and "
+                             "behaviour=current")
+
+    def trainer_store(self, store: ReplayStore, cfg: DictConfig) -> ReplayStore:
+        """The pipeline's queue in place of the step's replay store (it saves with the run's checkpoint)."""
+        return PipelineStore(self.signature(), seed=int(cfg.trainer.seed))
+
+    def signature(self) -> str:
+        """The settings a checkpoint must agree on to resume."""
+        s = self.settings
+        return (f"{self.queue_name} N={self.capacity} delta={self.positive_bias:g} independent={self.independent} "
+                f"shards={self.shards} "
+                f"{self.schedule} W={s.workers} T={s.trainers} B={s.batch} sync_every={s.sync_every} mu={s.mu:g} "
+                f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} eta={s.staleness} {s.staleness_mode} "
+                f"g={s.groups_per_request}")
+
+    def build_pipeline(self, work) -> Pipeline:
+        queue = build_queue(self.queue_name, self.capacity, int(self.cfg.trainer.seed), self.independent,
+                            self.positive_bias, shards=self.shards)
+        kind = LockstepPipeline if self.schedule == "lockstep" else FreePipeline
+        return kind(self.settings, queue, work)
+
+    def train(self, loop: RunLoop) -> None:
+        """Every remaining trainer step of the run, on a Ray session that lives as long as this call."""
+        from src.runtime.ray_session import ray_session
+
+        if loop.state.step >= loop.cfg.trainer.steps:
+            return
+        with ray_session(self.num_cpus):
+            session = AsyncSession(self, loop)
+            try:
+                session.run()
+            finally:
+                session.close()
+
+
+class PipelineStore(ReplayStore):
+    """The trainer's view of the async pipeline as a replay store: saved and restored with the checkpoint.
+
+    It replays nothing through the step's store calls (the pipeline draws the batch); its contents
+    are the pipeline's state, taken from the running pipeline when a checkpoint is written.
+    """
+
+    settings = ("signature",)
+
+    def __init__(self, signature: str, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.signature = signature
+        self.snapshot: Callable[[], dict] | None = None   # set while a pipeline runs
+        self.saved: dict | None = None                     # restored from a checkpoint, or the last snapshot
+
+    def metrics(self, step: int) -> dict[str, float]:
+        return {}  # the pipeline's measures (queue/, replay/, offpolicy/) come with the step's metrics
+
+    def _contents(self) -> dict | None:
+        return self.snapshot() if self.snapshot is not None else self.saved
+
+    def _restore(self, contents: dict | None) -> None:
+        self.saved = contents
+
+
+class AsyncSession:
+    """One run of the pipeline within a Ray session: workers, pipeline, event log, the loop's calls."""
+
+    def __init__(self, runtime: AsyncRuntime, loop: RunLoop) -> None:
+        from src.runtime.ray_work import RayWork
+
+        self.runtime, self.loop = runtime, loop
+        settings = runtime.settings
+        cpus = runtime.num_cpus / (settings.workers + 1)  # a share for this process, the trainer
+        self.work = RayWork(loop.cfg, loop.parts, loop.state, settings, runtime.max_restarts,
+                            runtime.worker_threads, cpus)
+        self.pipeline = runtime.build_pipeline(self.work)
+        self.store: PipelineStore = loop.parts.store
+        self.events_path = loop.output_dir / EVENT_LOG
+        self._restore(self.store.saved)
+        self.store.snapshot = self.snapshot
+
+    def _restore(self, saved: dict | None) -> None:
+        state, counters = self.loop.state, self.pipeline.counters
+        if saved is None:  # a new run: the workers start from the trainer's weights as its current version
+            counters.version = counters.published = state.step
+            self.work.publish(state.step)
+            self.events_written = 0
+            self.events_path.write_text("")
+            return
+        self.pipeline.load_state_dict(saved["pipeline"])
+        counters = self.pipeline.counters
+        if saved.get("published_weights") is not None:
+            self.work.publish_weights(counters.published, saved["published_weights"])
+        else:
+            self.work.publish(counters.published)
+        self.events_written = int(saved["events_written"])
+        self._truncate_event_log(self.events_written)
+        if isinstance(self.pipeline, FreePipeline):
+            self.pipeline.resume_in_flight()
+
+    def _truncate_event_log(self, lines: int) -> None:
+        kept = self.events_path.read_text().splitlines()[:lines] if self.events_path.exists() else []
+        self.events_path.write_text("".join(line + "\n" for line in kept))
+
+    def snapshot(self) -> dict:
+        """The pipeline's state for the checkpoint (the weights the workers load too, while they lag)."""
+        self._write_events()
+        counters = self.pipeline.counters
+        lagging = counters.published != counters.version
+        return {"pipeline": self.pipeline.state_dict(), "events_written": self.events_written,
+                "published_weights": self.work.published_state() if lagging else None}
+
+    def run(self, until: int | None = None) -> None:
+        """Trainer steps until `state.step` reaches `until` (default: the run's last step, then the artifacts)."""
+        loop, cfg, state = self.loop, self.loop.cfg, self.loop.state
+        last = cfg.trainer.steps if until is None else min(until, cfg.trainer.steps)
+        while state.step < last:
+            metrics = self.pipeline.next_step()
+            step = state.step - 1
+            loop.tracker.log_step(metrics, step)
+            state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
+            self._write_events()
+            log.info("step %d  reward %.3f  off-policiness %.2f  replay %.2f  queue %d", step,
+                     metrics["train/reward"], metrics["offpolicy/mean"], metrics["replay/count_mean"],
+                     int(metrics["queue/size"]))
+            every = cfg.trainer.checkpoint_every
+            if every and state.step % every == 0 and state.step < cfg.trainer.steps:
+                loop.save()
+            evaluate_every = cfg.evaluation.every
+            if evaluate_every and state.step % evaluate_every == 0 and state.step < cfg.trainer.steps:
+                loop.evaluate(state.step)
+            if loop.stop.requested and state.step < cfg.trainer.steps:  # src.run checkpoints and ends it KILLED
+                raise StopRequested(loop.stop.requested)
+        if state.step >= cfg.trainer.steps:
+            self.log_artifacts()
+
+    def _write_events(self) -> None:
+        events, self.pipeline.events = self.pipeline.events, []
+        with open(self.events_path, "a") as handle:
+            for event in events:
+                handle.write(json.dumps(event, sort_keys=True) + "\n")
+        self.events_written += len(events)
+
+    def log_artifacts(self) -> None:
+        """The event log and Figure 2's distributions over the whole run, as artifacts of the MLflow run."""
+        from mlflow.tracking import MlflowClient
+
+        queue, counters = self.pipeline.queue, self.pipeline.counters
+        replay = dict(queue.replay_counts)
+        for rollout in queue.rollouts:  # still queued at the end: their uses so far are final
+            replay[rollout.uses] = replay.get(rollout.uses, 0) + 1
+        distributions = {
+            "settings": self.runtime.signature(),
+            "off_policiness": dict(sorted(queue.off_policiness.items())),
+            "replay_count": dict(sorted(replay.items())),
+            "since_last_use": dict(sorted(queue.since_last_use.items())), "new_uses": queue.new_uses,
+            "generated_rollouts": counters.generated_rollouts, "trained_samples": counters.trained_samples,
+            "steps": counters.version}
+        path = self.loop.output_dir / "runtime_distributions.json"
+        path.write_text(json.dumps(distributions, indent=1, default=_json_number))
+        run_id = self.loop.tracker.run_id
+        log_artifact = self.loop.log_artifact or (
+            lambda artifact: MlflowClient().log_artifact(run_id, str(artifact), artifact_path="runtime"))
+        for artifact in (self.events_path, path):
+            log_artifact(artifact)
+
+    def close(self) -> None:
+        """Keep the last snapshot in the store (the run's final checkpoint is written after Ray stops)."""
+        try:
+            self.store.saved = self.snapshot()
+        except Exception as error:  # noqa: BLE001  (a failed run still ends; its last checkpoint stands)
+            log.warning("could not snapshot the pipeline at the end (%s); the last checkpoint stands", error)
+            self.store.saved = None
+        self.store.snapshot = None
+        self.work.close()
+
+
+def _json_number(value):
+    return None if isinstance(value, float) and math.isnan(value) else str(value)
+
+
+__all__ = ["AsyncRuntime", "PipelineError", "PipelineStore", "RunLoop", "SyncRuntime"]

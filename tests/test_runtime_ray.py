@@ -1,0 +1,178 @@
+"""The asynchronous runtime on Ray (SPEC 11), on the tiny policy with tiny settings, in one shared Ray session.
+
+Every run here is a few trainer steps of 8 rollouts (2 groups of K = 4): the time goes into starting
+the worker actors (each imports torch and loads the policy), so the runs are few and shared.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from src.build import build_components, build_runtime  # noqa: E402
+from src.runtime.ray_session import ray_session  # noqa: E402
+from src.runtime.runners import AsyncSession, RunLoop  # noqa: E402
+from src.state import TrainState  # noqa: E402
+from src.task import countdown  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TINY = ("runtime=async", "trainer.groups_per_step=2", "trainer.group_size=4", "policy.max_new_tokens=16",
+        "task.train_size=200", "runtime.capacity=32", "runtime.mu=4.0", "trainer.steps=5", "hardware.threads=1",
+        "runtime.groups_per_request=1", "runtime.sync_every=2")
+
+
+@dataclass
+class Recorder:
+    """The tracker and the loop's calls, recorded instead of logged to MLflow."""
+
+    run_id: str = "test"
+    steps: list = field(default_factory=list)
+    artifacts: list = field(default_factory=list)
+    saves: int = 0
+
+    def log_step(self, metrics, step):
+        self.steps.append((step, metrics))
+
+
+class NoStop:
+    requested = None
+
+
+@pytest.fixture(scope="module")
+def ray_cpus():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def make_loop(compose_config, tmp_path: Path, *overrides: str, recorder: Recorder | None = None) -> RunLoop:
+    """A run's components and loop calls, as `src.run` builds them (without MLflow)."""
+    cfg = compose_config(*TINY, *overrides)
+    train_set, _ = countdown.train_and_heldout(cfg.task)
+    recorder = recorder or Recorder()
+    return RunLoop(cfg, build_components(cfg, train_set), TrainState(), recorder, NoStop(), tmp_path,
+                   save=lambda: None, evaluate=lambda step: None,
+                   log_artifact=recorder.artifacts.append)
+
+
+def start(compose_config, tmp_path: Path, *overrides: str):
+    loop = make_loop(compose_config, tmp_path, *overrides)
+    return AsyncSession(build_runtime(loop.cfg), loop), loop.tracker
+
+
+def run(compose_config, tmp_path, *overrides, crash_after: int | None = None):
+    with ray_session(2):
+        session, recorder = start(compose_config, tmp_path, *overrides)
+        try:
+            if crash_after is not None:
+                session.run(until=crash_after)
+                session.work.crash_worker(0)
+            session.run()
+        finally:
+            session.close()
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    return recorder, events
+
+
+def machine_free(recorder: Recorder) -> str:
+    """The logged metrics without wall-clock ones (`time/`) or the restart count, as text (nan == nan)."""
+    return repr([(step, {k: v for k, v in m.items() if not k.startswith("time/") and k != "runtime/worker_restarts"})
+                 for step, m in recorder.steps])
+
+
+@pytest.fixture(scope="module")
+def lockstep_w2(compose_config_module, tmp_path_factory, ray_cpus):
+    return run(compose_config_module, tmp_path_factory.mktemp("lockstep"))
+
+
+@pytest.fixture(scope="module")
+def compose_config_module():
+    from hydra import compose, initialize_config_dir
+
+    from src.paths import CONFIG_DIR
+
+    def _compose(*overrides):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return compose("config", overrides=list(overrides))
+
+    return _compose
+
+
+def test_lockstep_w2_consumes_no_sample_newer_than_the_trainer_and_meets_footnote5(lockstep_w2):
+    recorder, events = lockstep_w2
+    assert [step for step, _ in recorder.steps] == [0, 1, 2, 3, 4]
+    samples = [event for event in events if event["event"] == "sample"]
+    assert len(samples) == 5 and all(max(e["versions"]) <= e["step"] for e in samples)
+    last = recorder.steps[-1][1]
+    # W = 2, T = 1, mu = 4: each worker makes a group of 4 every 2 steps, R = 4 rollouts a step, B/R = 2
+    publishes = [e["version"] for e in events if e["event"] == "publish"]
+    assert publishes == [2, 4]  # runtime.sync_every=2
+    assert last["replay/ratio_measured"] == pytest.approx(2.0) == last["replay/ratio_predicted"]
+    assert last["budget/fresh_evaluations"] == last["runtime/generated_rollouts"]  # every group that reached the queue
+    assert last["budget/fresh_evaluations"] == 24  # as src.runtime.plan.async_budget_plan plans it
+    assert {Path(p).name for p in recorder.artifacts} == {"events.jsonl", "runtime_distributions.json"}
+
+
+def test_two_lockstep_runs_with_one_seed_log_equal_metrics_and_event_logs(lockstep_w2, compose_config_module,
+                                                                            tmp_path):
+    recorder, events = lockstep_w2
+    again, again_events = run(compose_config_module, tmp_path)
+    assert machine_free(again) == machine_free(recorder) and again_events == events
+    # Golden: the lockstep schedule and the queue's seeded draws do not depend on the machine.
+    assert [e["ids"] for e in events if e["event"] == "sample"] == [
+        [6, 7, 3, 0, 2, 5, 1, 4], [4, 3, 2, 7, 1, 5, 0, 6], [4, 12, 1, 9, 15, 8, 14, 2], [9, 1, 11, 14, 10, 5, 7, 8],
+        [3, 11, 13, 10, 19, 6, 17, 15]]
+
+
+def test_a_killed_worker_is_restarted_and_the_lockstep_run_is_unchanged(lockstep_w2, compose_config_module, tmp_path):
+    recorder, _ = lockstep_w2
+    crashed, events = run(compose_config_module, tmp_path, crash_after=2)
+    assert crashed.steps[-1][1]["runtime/worker_restarts"] == 1
+    assert any(e["event"] == "restart" for e in events)
+    assert machine_free(crashed) == machine_free(recorder)  # the retried request regenerated the same group
+
+
+def test_lifo_w1_with_two_groups_a_request_uses_every_rollout_once(compose_config_module, tmp_path, ray_cpus):
+    recorder, events = run(compose_config_module, tmp_path, "runtime.queue=lifo", "runtime.workers=1",
+                           "runtime.groups_per_request=2")
+    used = [uid for e in events if e["event"] == "sample" for uid in e["ids"]]
+    assert len(used) == len(set(used)) == 5 * 8
+    assert all(m["reuse/new_fraction"] == 1.0 for _, m in recorder.steps)
+
+
+def test_free_schedule_w1_with_two_groups_a_request_finishes(compose_config_module, tmp_path, ray_cpus):
+    recorder, events = run(compose_config_module, tmp_path, "runtime.schedule=free", "runtime.workers=1",
+                           "trainer.steps=3", "runtime.groups_per_request=2")
+    assert [step for step, _ in recorder.steps] == [0, 1, 2]
+    assert all(max(e["versions"]) <= e["step"] for e in events if e["event"] == "sample")
+
+
+def test_lockstep_resume_from_a_checkpoint_continues_exactly(lockstep_w2, compose_config_module, tmp_path):
+    from src.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
+
+    recorder, events = lockstep_w2
+    path = tmp_path / "checkpoint.pt"
+    with ray_session(2):
+        first, got = start(compose_config_module, tmp_path)
+        try:
+            first.run(until=3)  # 3 updates, weights published at 2: the checkpoint keeps the workers' weights
+            assert first.snapshot()["published_weights"] is not None
+            save_checkpoint(path, first.loop.parts, first.loop.state, "test", "cell")
+        finally:
+            first.close()
+        loop = make_loop(compose_config_module, tmp_path, recorder=got)  # new components, as a restarted run
+        loop.state = restore_checkpoint(read_checkpoint(path), loop.parts)
+        resumed = AsyncSession(build_runtime(loop.cfg), loop)
+        try:
+            resumed.run()
+        finally:
+            resumed.close()
+    assert machine_free(got) == machine_free(recorder)
+    resumed_events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert resumed_events == events
