@@ -80,7 +80,7 @@ def time_async(cfg, tmp) -> tuple[float, int, int]:
         requested = None
 
     loop = RunLoop(cfg, build_components(cfg, train_set), TrainState(), recorder, NoStop(), tmp,
-                   save=lambda: None, evaluate=lambda step: None, end_killed=lambda: None,
+                   save=lambda: None, evaluate=lambda step: None,
                    log_artifact=lambda path: None)
     with ray_session(cfg.runtime.num_cpus):
         session = AsyncSession(build_runtime(cfg), loop)

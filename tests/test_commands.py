@@ -122,6 +122,9 @@ DOCUMENTED = {
     "make sweep-stress": "test_sweeps_dry_run",
     "make sweep-paper": "test_sweeps_dry_run",
     "make sweep-variants": "test_sweeps_dry_run",
+    "make sweep-async": "test_sweeps_dry_run",
+    "python -m src.runtime.plan": "test_runtime_plan_prints_table_1",
+    "python -m benchmarks.async_vs_sync": "test_async_vs_sync_benchmark_prints_both_runtimes",
     "make check-engine": "test_make_check_engine_on_cpu",
     "make bench-engines": "test_make_bench_engines_on_cpu",
     # Not runnable in the suite: the suite itself, installs (network), Docker, a GPU. Checked with make -n.
@@ -500,9 +503,23 @@ def test_sweeps_dry_run(tmp_path):
     for cell in ("rho0", "rho1-L3-c10", "rho2-L2-c1", "rho1-L1-c1000"):  # baseline, age, ratio, stress
         assert re.search(rf"│\s*{re.escape(cell)}\s*│", paper), cell
     assert re.search(r"DRY RUN: nothing launched\.\s+19 jobs", variants), variants[-2000:]
-    for study in ("baseline", "age", "ratio", "stress", "paper", "variants"):
+    for study in ("baseline", "age", "ratio", "stress", "paper", "variants", "async"):
         line = flat(ok(run([*MAKE, "-n", f"sweep-{study}", "SEEDS=3", "DRY_RUN=1"])))
         assert f"-m src.run -m +sweep={study} hardware=cpu hydra.sweeper.dry_run=true trainer.seed=0,1,2" in line
+
+
+def test_runtime_plan_prints_table_1():
+    out = ok(run([sys.executable, "-m", "src.runtime.plan", "--mu", "5.28", "--workers", "6", "--trainers", "2",
+                  "--batch", "60", "--capacity", "252"]))
+    for gamma in ("1.27", "0.64", "0.42", "0.32", "0.21", "0.18"):  # eq. 2 at mu = 5.28 (SPEC 11)
+        assert gamma in out, out[-2000:]
+
+
+@pytest.mark.slow
+def test_async_vs_sync_benchmark_prints_both_runtimes():
+    out = ok(run([sys.executable, "-m", "benchmarks.async_vs_sync", "--groups", "2", "--group-size", "2",
+                  "--steps", "1"], timeout=600))
+    assert "sync" in out and "async" in out and "updates/s" in out, out[-2000:]
 
 
 @pytest.mark.vllm
