@@ -122,5 +122,17 @@ def fail_unopened_claim(error: BaseException) -> None:
                     cleanup_error)
 
 
+def withdraw_unopened_claim() -> None:
+    """A job stopped before its claimed run opened: delete that empty run (nothing was logged to it), so the
+    next start of the cell finds the store as it was."""
+    if _unopened:
+        uri, run_id = _unopened[0]
+        try:
+            withdraw_claim(uri, run_id)
+        except Exception as error:  # noqa: BLE001  (the next start of the cell retires it instead)
+            log.warning("could not withdraw the claimed run %s (%s); the next start of its cell will retire it",
+                        run_id, error)
+
+
 def forget_unopened_claim() -> None:
     _unopened.clear()

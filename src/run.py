@@ -38,7 +38,7 @@ from src.runtime.runners import PipelineError, RunLoop
 from src.labels import hydra_job, run_labels
 from src.checkpoint import CheckpointError, check_resume_from, payload_bytes, restore_checkpoint, save_checkpoint
 from src.components import Components
-from src.claim import fail_unopened_claim
+from src.claim import fail_unopened_claim, withdraw_unopened_claim
 from src.resume import NothingToTrain, RunAlive, choose_start
 from src.state import TrainState
 from src.train import train_step
@@ -59,6 +59,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         try:
             summary = train_cell(cfg, cell_identity(cfg), stop)
         except StopRequested as request:  # before the MLflow run opened: nothing to save
+            withdraw_unopened_claim()
             log.warning("%s before training began: nothing to save; %s", signal_name(request.signum),
                         stop.finish_line())
             stop.hand_on()
