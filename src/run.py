@@ -28,7 +28,7 @@ from src.eval.standalone import evaluate_policy
 from src.sweep import cell_identity, cell_name, slurm_job_key
 from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
-from src.task import countdown
+from src.task.base import build_task
 from src.build import build_components
 from src.labels import hydra_job, run_labels
 from src.checkpoint import CheckpointError, check_resume_from, restore_checkpoint, save_checkpoint
@@ -45,7 +45,8 @@ def run_evaluation(cfg: DictConfig, parts: Components, heldout, stage: str, trac
     """The configured evaluation protocol on the held-out prompts, logged to this run."""
     with progress.evaluation_progress(f"evaluate {stage} ({cfg.evaluation.name}, step {step})",
                                       cfg.evaluation) as on_repeat:
-        result = evaluate_policy(cfg, parts.policy, parts.tokenizer, parts.engine, heldout, on_repeat=on_repeat)
+        result = evaluate_policy(cfg, parts.policy, parts.tokenizer, parts.engine, heldout, on_repeat=on_repeat,
+                                 task=parts.task)
     tracker.log_evaluation(result, stage, step)
     return result
 
@@ -68,8 +69,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # A resumed run was claimed by its heartbeat: keep it alive through model loading (a new run gets its
     # id, and the heartbeat with it, once MLflow opens it).
     with Heartbeat(output_dir, start.run_id, cfg.trainer.heartbeat_every_s) as heartbeat:
-        train_set, heldout = countdown.train_and_heldout(cfg.task)
-        parts = build_components(cfg, train_set)
+        task = build_task(cfg.task)
+        train_set, heldout = task.splits()
+        parts = build_components(cfg, train_set, task=task)
         state = restore_checkpoint(start.checkpoint, parts) if start.checkpoint else TrainState()
         start.checkpoint = None  # the policy holds it now; free the copy
 
