@@ -28,7 +28,7 @@ from src.eval.standalone import evaluate_policy
 from src.sweep import cell_identity, cell_name, slurm_job_key
 from src.interrupt import StopOnSignal
 from src.paths import CONFIG_DIR
-from src.task.base import build_task
+from src.task.base import TaskDataError, build_task
 from src.build import build_components
 from src.labels import hydra_job, run_labels
 from src.checkpoint import CheckpointError, check_resume_from, restore_checkpoint, save_checkpoint
@@ -150,7 +150,7 @@ def _fmt(value) -> str:
 
 
 # Mistakes a user fixes by changing the command line: one message, no traceback.
-USER_ERRORS = (ConfigError, CheckpointError, RunAlive, tracking.StoreUnreachable)
+USER_ERRORS = (ConfigError, CheckpointError, RunAlive, tracking.StoreUnreachable, TaskDataError)
 
 
 def exit_with_message(error: Exception) -> None:

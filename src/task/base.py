@@ -21,6 +21,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 
+class TaskDataError(ValueError):
+    """The task's data cannot give what the config asks (too few problems, no usable rows): one line."""
+
+
 class Verdict(Protocol):
     """What a verifier returns: the reward and why (a short reason, one of the task's reasons)."""
 
