@@ -27,7 +27,7 @@ def test_math_trains_on_the_builtin_set(tmp_path):
     _, store = run_cli(tmp_path, "task=math", *SMALL, "tracking.sweep=math-e2e")
     run = finished_run(store, "math-e2e")
     assert run.data.params["policy.name_or_path"] == "checkpoints/tiny-math"
-    assert run.data.metrics["budget/fresh_evaluations"] == 8  # 4 groups of 2 at each of 2 steps
+    assert run.data.metrics["budget/fresh_evaluations"] == 16  # 4 groups of 2 responses at each of 2 steps
     for key in ("train/reward", "quick/final/pass_at_1", "quick/final/unique_rate", "quick/final/failures/rollouts"):
         assert key in run.data.metrics, key
     categories = {key.rsplit("/", 1)[1] for key in run.data.metrics if key.startswith("quick/final/failures/")}
@@ -46,4 +46,4 @@ def test_math_trains_on_a_folder_of_parquet_files(tmp_path):
                        "tracking.sweep=math-files")
     run = finished_run(store, "math-files")
     assert run.data.params["task.data"] == str(data)
-    assert run.data.metrics["budget/fresh_evaluations"] == 8
+    assert run.data.metrics["budget/fresh_evaluations"] == 8  # one step of 4 groups of 2
