@@ -14,6 +14,7 @@ import random
 from fractions import Fraction
 from typing import Callable, Collection, Sequence
 
+from src.task.base import TaskDataError
 from src.task.math.data import MathProblem
 
 KINDS = ("arithmetic", "fractions", "percent", "linear", "word")
@@ -114,6 +115,6 @@ def generate_problems(count: int, seed: int, kinds: Sequence[str] = KINDS, max_o
             seen.add(problem.key)
             out.append(problem)
     if len(out) < count:
-        raise ValueError(f"the built-in set has only {len(out)} distinct problems of kinds {list(kinds)} with "
+        raise TaskDataError(f"the built-in set has only {len(out)} distinct problems of kinds {list(kinds)} with "
                          f"task.builtin.max_operand={max_operand}; lower task.train_size or raise max_operand")
     return out
