@@ -20,7 +20,7 @@ from rich.table import Table
 import src.config  # noqa: F401  (the ${root:} resolver)
 from src.eval.standalone import evaluate_policy, load_for_evaluation
 from src.paths import CONFIG_DIR
-from src.task import countdown
+from src.task.base import build_task
 
 
 def main() -> None:
@@ -32,11 +32,12 @@ def main() -> None:
     src.config.validate(cfg)
 
     started = time.perf_counter()
-    heldout = countdown.heldout_instances(cfg.task)
+    task = build_task(cfg.task)
+    heldout = task.heldout()
     policy, tokenizer, engine = load_for_evaluation(cfg, cfg.policy.name_or_path, None)
     loaded = time.perf_counter()
     repeat_ends: list[float] = []
-    result = evaluate_policy(cfg, policy, tokenizer, engine, heldout,
+    result = evaluate_policy(cfg, policy, tokenizer, engine, heldout, task=task,
                              on_repeat=lambda _: repeat_ends.append(time.perf_counter()))
     finished = time.perf_counter()
 

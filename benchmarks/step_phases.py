@@ -26,7 +26,7 @@ from src.paths import CONFIG_DIR
 from src.build import build_components
 from src.labels import run_labels
 from src.sweep import cell_name
-from src.task import countdown
+from src.task.base import build_task
 from src.state import TrainState
 from src.train import train_step
 
@@ -41,8 +41,9 @@ def measure(overrides: list[str], steps: int, warmup: int) -> dict[str, list[flo
                                            f"tracking.artifact_location={folder}/artifacts",
                                            f"trainer.steps={steps + warmup}", "tracking.sweep=benchmark", *overrides])
         src.config.validate(cfg)
-        train_set, _ = countdown.train_and_heldout(cfg.task)
-        parts = build_components(cfg, train_set)
+        task = build_task(cfg.task)
+        train_set, _ = task.splits()
+        parts = build_components(cfg, train_set, task=task)
         state, phases = TrainState(), {name: [] for name in (*MODEL_PHASES, *OVERHEAD_PHASES, "step")}
         with tracking.start_run(cfg, run_labels(cfg)) as tracker:
             for _ in range(warmup + steps):

@@ -30,7 +30,7 @@ class Group:
 
     prompt: str
     prompt_ids: tuple[int, ...]
-    numbers: tuple[int, ...]  # ground truth
+    numbers: tuple[int, ...]  # ground truth (Countdown; see `answer`)
     target: int  # ground truth
     responses: tuple[str, ...]
     response_ids: tuple[tuple[int, ...], ...]
@@ -44,6 +44,9 @@ class Group:
     # log mu per response token (loss=grpo's token-level behaviour weight pi_prox/mu); None for loss=rloo,
     # which needs only the sequence log-prob above.
     behaviour_token_logprobs: tuple[tuple[float, ...], ...] | None = None
+    # Ground truth of a task whose answer is text (task=math: the reference answer); Countdown's is
+    # `numbers` and `target`, which a text-answer task leaves empty (() and 0).
+    answer: str | None = None
 
     def __post_init__(self) -> None:
         # Normalise to tuples of plain numbers so the group is immutable and serialisable.

@@ -18,15 +18,18 @@ from src.components import Components
 from src.policy.forward import Forward
 from src.policy.model import frozen_copy, load_policy
 from src.rollout.engine import build_engine
+from src.task.base import Task, build_task
 from src.task.prompts import PromptFormat
 
 
-def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, engine=None) -> Components:
+def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, engine=None,
+                     task: Task | None = None) -> Components:
     """Every component of the step from its config group, with `instantiate` (`_target_` in the YAML).
 
     The one place that reads config for the step: components get their own group's settings plus the
     runtime objects they work with, and validate them in their constructors. A test or benchmark may
-    hand in a policy with its tokenizer, or an engine, it built already.
+    hand in a policy with its tokenizer, or an engine, it built already; the runner hands in the task it
+    loaded the training set from.
     """
     trainer = cfg.trainer
     if cfg.hardware.threads:
@@ -44,22 +47,25 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
                       cfg.hardware.autocast, trainer.fused_logprobs)
     engine = engine or build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
                                     **cfg.policy.get("vllm", {}))
+    task = task or build_task(cfg.task)
+    task.check_curriculum(cfg.curriculum.name)
     sampler = build(cfg.curriculum, instances=train_set, seed=trainer.seed)
-    prompts = PromptFormat(cfg.task.prompt_template, tokenizer, cfg.policy.use_chat_template)
-    behaviour, collection, objective = build_rollout_and_objective(cfg, policy, engine, sampler, prompts, forward)
+    prompts = PromptFormat(task, tokenizer, cfg.policy.use_chat_template)
+    behaviour, collection, objective = build_rollout_and_objective(cfg, policy, engine, sampler, prompts, forward,
+                                                                   task)
     return Components(policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=engine,
                       optimizer=build_optimizer(policy, trainer), store=build_store(cfg), objective=objective,
                       collection=collection, sampler=sampler, behaviour=behaviour, forward=forward,
-                      groups_per_step=trainer.groups_per_step)
+                      groups_per_step=trainer.groups_per_step, task=task)
 
 
-def build_rollout_and_objective(cfg: DictConfig, policy, engine, sampler, prompts, forward):
+def build_rollout_and_objective(cfg: DictConfig, policy, engine, sampler, prompts, forward, task):
     """The behaviour policy, the fresh-rollout collection it samples for, and the objective (which takes
     the behaviour's truncation settings), each from its group with the live objects it works with."""
     trainer = cfg.trainer
     behaviour = build(cfg.behaviour, policy=policy, training_temperature=trainer.rollout.temperature)
     collection = build(cfg.sampling, engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
-                       prompts=prompts, group_size=trainer.group_size, max_new_tokens=cfg.policy.max_new_tokens,
+                       prompts=prompts, task=task, group_size=trainer.group_size, max_new_tokens=cfg.policy.max_new_tokens,
                        top_p=trainer.rollout.top_p, top_k=trainer.rollout.top_k, seed=trainer.seed)
     objective = build(cfg.loss, forward=forward, kl_coef=trainer.kl_coef, entropy_coef=trainer.entropy_coef,
                       max_grad_norm=trainer.max_grad_norm, truncation=behaviour.truncation,
@@ -73,11 +79,15 @@ def check_settings(cfg: DictConfig) -> None:
 
     Their live objects are stand-ins: the collection and the objective only store the engine, prompt
     sampler, prompt format and forward helper, and a weightless module is all a stale behaviour copies.
-    No model, tokenizer or engine is loaded. The prompt sampler (`curriculum`) is checked by
-    `src.curriculum.sampler.check_curriculum`, which also needs B and K.
+    No model, tokenizer or engine is loaded, and the task loads no data. The prompt sampler (`curriculum`)
+    is checked by `src.curriculum.sampler.check_curriculum`, which also needs B and K; here only
+    whether the task can serve it.
     """
     build_store(cfg)
-    build_rollout_and_objective(cfg, policy=torch.nn.Module(), engine=None, sampler=None, prompts=None, forward=None)
+    task = build_task(cfg.task)
+    task.check_curriculum(cfg.curriculum.name)
+    build_rollout_and_objective(cfg, policy=torch.nn.Module(), engine=None, sampler=None, prompts=None, forward=None,
+                                task=task)
 
 
 def build(node: DictConfig, **live):

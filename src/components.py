@@ -12,6 +12,7 @@ from src.loss.base import Objective
 from src.policy.forward import Forward
 from src.rollout.interface import RolloutEngine
 from src.sampling.collection import FreshCollection
+from src.task.base import Task
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Components:
     behaviour: object                      # behaviour group: CurrentBehaviour or BehaviourPolicy
     forward: Forward
     groups_per_step: int                   # B
+    task: Task                             # task group: data, prompts, verifier (src/task/base.py)
 
     def measure_behaviour(self, groups: list[Group]) -> list[Group]:
         """`groups` with log mu of the current policy at the training temperature (no-grad forward)."""

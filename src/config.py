@@ -30,7 +30,6 @@ if not OmegaConf.has_resolver("unique"):
     OmegaConf.register_new_resolver("unique", lambda: f"{os.getpid()}-{uuid.uuid4().hex[:6]}", use_cache=True)
 
 ENGINES = ("hf", "vllm")
-SOURCES = ("generator", "hub")
 
 
 class ConfigError(ValueError):
@@ -48,10 +47,6 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(trainer.heartbeat_timeout_s >= 2 * trainer.heartbeat_every_s,
            f"trainer.heartbeat_timeout_s={trainer.heartbeat_timeout_s} < 2 x trainer.heartbeat_every_s="
            f"{trainer.heartbeat_every_s}: a live run would look dead between two heartbeats; raise the timeout")
-    task = cfg.task
-    _check(task.min_number <= task.max_number and task.min_target <= task.max_target,
-           f"task.min_number={task.min_number}, task.max_number={task.max_number}, task.min_target={task.min_target}, "
-           f"task.max_target={task.max_target}: each minimum must be <= its maximum")
     _validate_policy_files(cfg.policy.name_or_path)
     _check(trainer.group_size >= 2,
            f"trainer.group_size K={trainer.group_size}: the leave-one-out baseline needs K >= 2; set trainer.group_size=8")
@@ -99,7 +94,6 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
            f"hardware.autocast='{cfg.hardware.autocast}': choose null, bfloat16 or float16")
     _check(trainer.micro_batch_tokens is None or trainer.micro_batch_tokens >= 1,
            f"trainer.micro_batch_tokens={trainer.micro_batch_tokens}: a token budget >= 1, or null for rows only")
-    _check(cfg.task.source in SOURCES, f"task.source='{cfg.task.source}': choose one of {SOURCES}")
     _check(1 <= evaluation.prompts <= cfg.task.heldout_size,
            f"evaluation.prompts={evaluation.prompts}: must be between 1 and task.heldout_size={cfg.task.heldout_size}")
     _check(evaluation.estimator in ESTIMATORS,
@@ -215,7 +209,7 @@ def _validate_curriculum(curriculum: DictConfig, trainer: DictConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
-COMPONENT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum")  # each names its class in `_target_`
+COMPONENT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum", "task")  # each names its class in `_target_`
 
 
 def _check_targets(cfg: DictConfig) -> None:

@@ -32,7 +32,7 @@ from src.eval.standalone import evaluate_policy
 from src.sweep import Skipped, cell_identity, cell_name, slurm_job_key
 from src.interrupt import StopOnSignal, StopRequested, signal_name
 from src.paths import CONFIG_DIR
-from src.task import countdown
+from src.task.base import TaskDataError, build_task
 from src.build import build_components, build_runtime
 from src.runtime.runners import PipelineError, RunLoop
 from src.labels import hydra_job, run_labels
@@ -87,8 +87,9 @@ def train_cell(cfg: DictConfig, identity: str, stop: StopOnSignal) -> dict[str, 
     # id, and the heartbeat with it, once MLflow opens it).
     with Heartbeat(start.folder, start.run_id, cfg.trainer.heartbeat_every_s) as heartbeat:
         with stop.abandonable():
-            train_set, heldout = countdown.train_and_heldout(cfg.task)
-            parts = build_components(cfg, train_set)
+            task = build_task(cfg.task)
+            train_set, heldout = task.splits()
+            parts = build_components(cfg, train_set, task=task)
             state = restore_checkpoint(start.checkpoint, parts) if start.checkpoint else TrainState()
         start.checkpoint = None  # the policy holds it now; free the copy
         with tracking.start_run(cfg, run_labels(cfg), start.run_id, *hydra_job(), folder=start.folder) as tracker:
@@ -175,7 +176,7 @@ class CellRun:
         with self.stop.abandonable(), progress.evaluation_progress(
                 f"evaluate {stage} ({cfg.evaluation.name}, step {step})", cfg.evaluation) as on_repeat:
             result = evaluate_policy(cfg, parts.policy, parts.tokenizer, parts.engine, self.heldout,
-                                     on_repeat=on_repeat)
+                                     on_repeat=on_repeat, task=parts.task)
         self.tracker.log_evaluation(result, stage, step)
         return result
 
@@ -245,7 +246,7 @@ def _fmt(value) -> str:
 
 
 # Mistakes a user fixes by changing the command line: one message, no traceback.
-USER_ERRORS = (ConfigError, CheckpointError, tracking.StoreUnreachable, PipelineError)
+USER_ERRORS = (ConfigError, CheckpointError, tracking.StoreUnreachable, PipelineError, TaskDataError)
 
 
 def exit_with_message(error: Exception, status: int = 2) -> None:

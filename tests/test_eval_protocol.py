@@ -6,7 +6,7 @@ import pytest
 
 from src.eval.protocol import evaluate
 from src.rollout.interface import Completion, Generation, SamplingParams
-from src.task.countdown import DEFAULT_PROMPT_TEMPLATE, Instance, format_prompt
+from src.task.countdown import DEFAULT_PROMPT_TEMPLATE, CountdownTask, Instance, format_prompt
 
 INSTANCES = [Instance((1, 2, 3), 6), Instance((4, 5, 6), 26)]
 SAMPLING = SamplingParams(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=1024)
@@ -51,7 +51,8 @@ def run(engine, *, estimator="first_k", repeats=1, ks=(1, 2, 4), seed=100):
     return evaluate(
         engine,
         INSTANCES,
-        DEFAULT_PROMPT_TEMPLATE,
+        lambda instance: format_prompt(instance, DEFAULT_PROMPT_TEMPLATE),
+        task=CountdownTask(),
         name="test",
         samples_per_prompt=4,
         repeats=repeats,

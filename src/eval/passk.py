@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -54,18 +54,19 @@ def t_half_width(values: Sequence[float], confidence: float = 0.95) -> float:
     return float(t * x.std(ddof=1) / math.sqrt(n))
 
 
-def normalise_answer(response: str) -> str:
+def normalise_answer(response: str, extract: Callable[[str], str | None] = extract_answer) -> str:
     """Diversity key of one response: its extracted answer with all whitespace removed, "" if none."""
-    answer = extract_answer(response)
+    answer = extract(response)
     if answer is None:
         return NO_ANSWER
     return _WHITESPACE.sub("", answer)
 
 
-def answer_unique_rate(responses: Sequence[str]) -> float:
+def answer_unique_rate(responses: Sequence[str], extract: Callable[[str], str | None] = extract_answer) -> float:
     """Distinct normalised answer expressions over the number of samples, for one prompt.
 
-    Normalisation: `countdown.extract_answer` (the last complete <answer> span, stripped),
+    Normalisation: the task's `extract` (Countdown's default: the last complete <answer> span, stripped;
+    task=math: the last boxed answer),
     then all whitespace removed, so "1+2" and " 1 + 2 " are the same answer while "2+1" is
     a different one (no algebraic canonicalisation). Samples with no answer span, and
     samples with an empty span, all share the one value "": a model that never answers
@@ -73,4 +74,4 @@ def answer_unique_rate(responses: Sequence[str]) -> float:
     """
     if len(responses) == 0:
         raise ValueError("answer_unique_rate needs at least one response")
-    return len({normalise_answer(r) for r in responses}) / len(responses)
+    return len({normalise_answer(r, extract) for r in responses}) / len(responses)

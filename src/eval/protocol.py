@@ -8,17 +8,15 @@ seed namespaces never overlap and their results stay apart.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
-from src.eval.failures import CATEGORIES, category_counts, classify_failure
 from src.eval.passk import ESTIMATORS, answer_unique_rate, first_k_pass_at_k, t_half_width, unbiased_pass_at_k
 from src.rollout.interface import RolloutEngine, SamplingParams
-from src.task import countdown
-from src.task.countdown import Instance
-
+from src.task.base import Task
 
 
 @dataclass
@@ -31,13 +29,22 @@ class EvalResult:
     per_prompt: pd.DataFrame  # one row per (repeat, prompt)
 
 
-def failure_summary(per_repeat: pd.DataFrame) -> dict[str, float]:
+def category_counts(categories: Iterable[str | None], known: Sequence[str]) -> dict[str, int]:
+    """Count per category of the task's taxonomy (every one present, 0 when absent); None (a success) skipped."""
+    counts = Counter(c for c in categories if c is not None)
+    unknown = set(counts) - set(known)
+    if unknown:
+        raise ValueError(f"unknown failure categories {sorted(unknown)}; valid: {', '.join(known)}")
+    return {category: counts.get(category, 0) for category in known}
+
+
+def failure_summary(per_repeat: pd.DataFrame, categories: Sequence[str]) -> dict[str, float]:
     """Failure taxonomy per evaluation: rollouts and failed rollouts per repeat (means), each category's
     count per repeat, and its share of all failed rollouts pooled over repeats (NaN without failures)."""
     failed = int(per_repeat["failed"].sum())
     summary = {"failures/rollouts": float(per_repeat["rollouts"].mean()),
                "failures/failed": float(per_repeat["failed"].mean())}
-    for category in CATEGORIES:
+    for category in categories:
         total = int(per_repeat[f"fail_{category}"].sum())
         summary[f"failures/{category}"] = total / len(per_repeat)
         summary[f"failure_share/{category}"] = total / failed if failed else float("nan")
@@ -52,9 +59,10 @@ def _pass_at_k(correct: list[bool], k: int, estimator: str) -> float:
 
 def evaluate(
     engine: RolloutEngine,
-    instances: Sequence[Instance],
-    template: str,
+    instances: Sequence[Any],
+    prompt: Callable[[Any], str],
     *,
+    task: Task,
     name: str,
     samples_per_prompt: int,
     repeats: int,
@@ -66,7 +74,9 @@ def evaluate(
 ) -> EvalResult:
     """Run `repeats` seeded repeats (engine seed `seed + r`) and return pass@k, reward, correction and unique rates.
 
-    `on_repeat(r)` is called after each repeat (a progress display).
+    `prompt(instance)` is the text the policy sees (a `PromptFormat.format`); `task` verifies, extracts the
+    answers for the unique rate and names the failure categories. A response as long as the token budget
+    counts as truncated. `on_repeat(r)` is called after each repeat (a progress display).
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; valid: {', '.join(ESTIMATORS)}")
@@ -75,7 +85,8 @@ def evaluate(
     bad_ks = [k for k in ks if not 1 <= k <= samples_per_prompt]
     if bad_ks:  # checked up front so no generation is wasted
         raise ValueError(f"every k must be in [1, samples_per_prompt={samples_per_prompt}], got {bad_ks}")
-    prompts = [countdown.format_prompt(inst, template) for inst in instances]
+    prompts = [prompt(inst) for inst in instances]
+    categories = tuple(task.failure_categories)
     pass_cols = [f"pass@{k}" for k in ks]
 
     repeat_rows, prompt_rows = [], []
@@ -88,20 +99,20 @@ def evaluate(
         rows = []
         for p, (inst, completions) in enumerate(zip(instances, generation.completions)):
             texts = [c.text for c in completions]
-            verdicts = [countdown.verify(t, inst.numbers, inst.target) for t in texts]
+            verdicts = task.verify_all(texts, inst)
             rewards = [v.reward for v in verdicts]
-            correct = [reward == countdown.REWARD_CORRECT for reward in rewards]
-            failures = category_counts(None if ok else classify_failure(t, v)
-                                       for t, v, ok in zip(texts, verdicts, correct))
+            correct = [reward == task.correct_reward for reward in rewards]
+            truncated = [len(c.token_ids) >= sampling.max_new_tokens for c in completions]
+            failures = category_counts((None if ok else task.classify_failure(t, v, cut)
+                                        for t, v, ok, cut in zip(texts, verdicts, correct, truncated)), categories)
             row = {
                 "repeat": r,
                 "prompt_index": p,
-                "numbers": str(list(inst.numbers)),
-                "target": inst.target,
+                **task.describe(inst),
                 "samples": len(texts),
                 "correct": sum(correct),
                 "mean_reward": sum(rewards) / len(rewards),
-                "unique_rate": answer_unique_rate(texts),
+                "unique_rate": answer_unique_rate(texts, task.extract),
                 "failed": len(texts) - sum(correct),
                 **{f"fail_{category}": count for category, count in failures.items()},
             }
@@ -119,7 +130,7 @@ def evaluate(
                 "unique_rate": table["unique_rate"].mean(),
                 "rollouts": int(table["samples"].sum()),
                 "failed": int(table["failed"].sum()),
-                **{f"fail_{category}": int(table[f"fail_{category}"].sum()) for category in CATEGORIES},
+                **{f"fail_{category}": int(table[f"fail_{category}"].sum()) for category in categories},
             }
         )
         prompt_rows += rows
@@ -131,5 +142,5 @@ def evaluate(
     for metric in [*pass_cols, "mean_reward", "correction_rate", "unique_rate"]:
         summary[metric] = float(per_repeat[metric].mean())
         summary[f"{metric}_hw"] = t_half_width(per_repeat[metric].tolist())
-    summary.update(failure_summary(per_repeat))
+    summary.update(failure_summary(per_repeat, categories))
     return EvalResult(name=name, summary=summary, per_repeat=per_repeat, per_prompt=pd.DataFrame(prompt_rows))

@@ -34,23 +34,24 @@ from src.config import ConfigError, validate
 from src.eval.protocol import EvalResult, evaluate
 from src.rollout.interface import SamplingParams
 from src.rollout.engine import build_engine
-from src.task import countdown
+from src.task.base import Task, build_task
 from src.tracking import ensure_experiment, log_evaluation
-from src.task.prompts import apply_chat_template
+from src.task.prompts import PromptFormat
 from src.checkpoint import CheckpointError, read_checkpoint
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
 
 
-def evaluate_policy(cfg: DictConfig, policy, tokenizer, engine, heldout, on_repeat=None) -> EvalResult:
-    """The configured evaluation protocol (cfg.evaluation) of one policy on the held-out prompts."""
+def evaluate_policy(cfg: DictConfig, policy, tokenizer, engine, heldout, on_repeat=None,
+                    task: Task | None = None) -> EvalResult:
+    """The configured evaluation protocol (cfg.evaluation) of one policy on the held-out prompts (of `task`,
+    by default the one cfg.task names)."""
     evaluation = cfg.evaluation
-    template = cfg.task.prompt_template
-    if cfg.policy.use_chat_template:
-        template = apply_chat_template(tokenizer, template)
+    task = task or build_task(cfg.task)
+    prompts = PromptFormat(task, tokenizer, cfg.policy.use_chat_template)
     return evaluate(
-        engine, heldout[: evaluation.prompts], template, name=evaluation.name,
+        engine, heldout[: evaluation.prompts], prompts.format, task=task, name=evaluation.name,
         samples_per_prompt=evaluation.samples_per_prompt, repeats=evaluation.repeats, ks=list(evaluation.ks),
         estimator=evaluation.estimator,
         sampling=SamplingParams(temperature=evaluation.temperature, top_p=evaluation.top_p,
@@ -119,10 +120,11 @@ def load_for_evaluation(cfg: DictConfig, policy_path: str, checkpoint: Path | No
 
 def evaluate_with_progress(cfg: DictConfig, label: str, policy_path: str, checkpoint: Path | None) -> EvalResult:
     """Load, evaluate with a progress bar over the samples (ETA from the repeats done), and return the result."""
-    heldout = countdown.heldout_instances(cfg.task)
+    task = build_task(cfg.task)
+    heldout = task.heldout()
     policy, tokenizer, engine = load_for_evaluation(cfg, policy_path, checkpoint)
     with progress.evaluation_progress(f"evaluate {label} ({cfg.evaluation.name})", cfg.evaluation) as on_repeat:
-        return evaluate_policy(cfg, policy, tokenizer, engine, heldout, on_repeat=on_repeat)
+        return evaluate_policy(cfg, policy, tokenizer, engine, heldout, on_repeat=on_repeat, task=task)
 
 
 def print_result(label: str, result: EvalResult) -> None:

@@ -1,13 +1,15 @@
-"""Supervised warm start of the tiny CPU policy on solver-written demonstrations (`make sft-tiny`).
+"""Supervised warm start of the tiny CPU policy on the task's demonstrations (`make sft-tiny`).
 
 The paper starts RL from an SFT checkpoint with low pass@1 but a working answer format.
-This stage builds the same kind of start point for the ~1 M-parameter policy: a Countdown
-tokenizer, a randomly initialised small decoder, and a short next-token training run on
+This stage builds the same kind of start point for the ~1 M-parameter policy: a word-level
+tokenizer for the task's prompts and demonstrations (Countdown's solver-written ones, or the
+built-in math set's worked solutions), a randomly initialised small decoder, and a short next-token training run on
 (prompt, demonstration) pairs whose loss covers the response tokens only. It is kept short
 on purpose, so RL has room to improve. The result is saved with `save_pretrained` and loaded
 by the runner through `from_pretrained`, like any hub model.
 
     python -m src.policy.sft                    # writes checkpoints/tiny-countdown
+    python -m src.policy.sft task=math          # writes checkpoints/tiny-math
     python -m src.policy.sft --steps 50 --output /tmp/tiny   # a quick, weaker one
 """
 
@@ -26,8 +28,8 @@ from hydra import compose, initialize_config_dir
 import src.config  # noqa: F401  (registers the ${root:} resolver)
 from src.paths import CONFIG_DIR, workspace_root
 from src.policy.model import build_tiny_model
-from src.policy.tokenizer import build_countdown_tokenizer, template_pieces
-from src.task import countdown
+from src.policy.tokenizer import build_countdown_tokenizer, corpus_symbols, template_pieces
+from src.task.base import build_task
 
 
 @dataclass
@@ -41,19 +43,12 @@ class SFTSettings:
     hidden_size: int = 128
     layers: int = 4
     seed: int = 7  # demonstration prompts are drawn apart from the RL training seed
-    output: str = "checkpoints/tiny-countdown"
+    output: str = ""  # default: checkpoints/tiny-<task>, e.g. checkpoints/tiny-countdown
 
 
 def demonstrations(task_cfg, settings: SFTSettings) -> list[tuple[str, str]]:
-    """(prompt, response) pairs for instances outside the held-out set."""
-    _, heldout = countdown.train_and_heldout(task_cfg)
-    instances = countdown.generate_instances(
-        settings.examples, seed=settings.seed, number_counts=tuple(task_cfg.number_counts),
-        min_number=task_cfg.min_number, max_number=task_cfg.max_number,
-        min_target=task_cfg.min_target, max_target=task_cfg.max_target,
-        exclude={instance.key for instance in heldout},
-    )
-    return [(countdown.format_prompt(i, task_cfg.prompt_template), countdown.demonstration(i)) for i in instances]
+    """(prompt, response) pairs for instances outside the held-out set (the task's `demonstrations`)."""
+    return build_task(task_cfg).demonstrations(settings.examples, settings.seed)
 
 
 def encode(pairs, tokenizer) -> list[tuple[list[int], int]]:
@@ -85,9 +80,14 @@ def train_tiny_policy(settings: SFTSettings, task_overrides: list[str] | None = 
         task_cfg = compose("config", overrides=task_overrides or []).task
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
-    pairs = demonstrations(task_cfg, settings)
-    tokenizer = build_countdown_tokenizer([task_cfg.prompt_template] + [response for _, response in pairs],
-                                          phrases=template_pieces(task_cfg.prompt_template))
+    task = build_task(task_cfg)
+    pairs = task.demonstrations(settings.examples, settings.seed)
+    # The template (its slot names too, as the committed Countdown tokenizer has them), the prompts (a math
+    # prompt holds the problem's words) and the responses; symbols from what the prompts and responses use.
+    texts = [text for pair in pairs for text in pair]
+    tokenizer = build_countdown_tokenizer([task_cfg.prompt_template, *texts],
+                                          phrases=template_pieces(task_cfg.prompt_template),
+                                          symbols=corpus_symbols(texts))
     model = build_tiny_model(tokenizer, hidden_size=settings.hidden_size, layers=settings.layers, seed=settings.seed)
     examples = encode(pairs, tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.0)
@@ -104,6 +104,7 @@ def train_tiny_policy(settings: SFTSettings, task_overrides: list[str] | None = 
         schedule.step()
         if step % 50 == 0 or step == settings.steps - 1:
             print(f"  step {step:4d}  loss {loss.item():.3f}  ({time.perf_counter() - started:.0f}s)", flush=True)
+    settings.output = settings.output or f"checkpoints/tiny-{task.name}"
     output = Path(settings.output)
     output = output if output.is_absolute() else workspace_root() / output
     model.eval()

@@ -13,6 +13,7 @@ The result is a `PreTrainedTokenizerFast`, saved and loaded with the same
 from __future__ import annotations
 
 import re
+import string
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -25,15 +26,30 @@ PIECE_PATTERN = r" ?</?answer>| ?</?think>| ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]|
 SYMBOLS = "+-*/()=,.[]:;?!'\"<>_"
 
 
+
+
+def corpus_symbols(texts: list[str]) -> str:
+    """SYMBOLS plus every other ASCII punctuation mark the texts use (task=math: LaTeX's backslash and braces)."""
+    used = set().union(*map(set, texts)) & set(string.punctuation)
+    return SYMBOLS + "".join(sorted(used - set(SYMBOLS)))
+
+
 def template_pieces(template: str) -> list[str]:
-    """The fixed text of a prompt template around its `{numbers}` and `{target}` slots."""
-    return [piece for piece in re.split(r"\{numbers\}|\{target\}", template) if piece]
+    """The fixed text of a prompt template around its slots (`{numbers}` and `{target}`; `{problem}`), with
+    doubled braces read as the single braces the formatted prompt holds."""
+    pieces, current = [], ""
+    for literal, slot, *_ in string.Formatter().parse(template):
+        current += literal  # a doubled brace splits the literal text: join it back
+        if slot is not None:
+            pieces.append(current)
+            current = ""
+    return [piece for piece in (*pieces, current) if piece]
 
 
-def countdown_vocabulary(corpus_texts: list[str], phrases: list[str] = ()) -> list[str]:
+def countdown_vocabulary(corpus_texts: list[str], phrases: list[str] = (), symbols: str = SYMBOLS) -> list[str]:
     """The token list: specials, whole phrases, tags, digits, symbols, whitespace, then every corpus word."""
     pieces = [PAD, EOS, UNK, *phrases]
-    for base in (*TAGS, *"0123456789", *SYMBOLS):
+    for base in (*TAGS, *"0123456789", *symbols):
         pieces += [base, " " + base]
     pieces += [" ", "\n", "\t"]
     words = set()
@@ -44,9 +60,11 @@ def countdown_vocabulary(corpus_texts: list[str], phrases: list[str] = ()) -> li
     return list(dict.fromkeys(pieces))
 
 
-def build_countdown_tokenizer(corpus_texts: list[str], phrases: list[str] = ()) -> PreTrainedTokenizerFast:
-    """Build the word-level Countdown tokenizer covering `corpus_texts`, with each of `phrases` as one token."""
-    vocab = {piece: index for index, piece in enumerate(countdown_vocabulary(corpus_texts, phrases))}
+def build_countdown_tokenizer(corpus_texts: list[str], phrases: list[str] = (),
+                              symbols: str = SYMBOLS) -> PreTrainedTokenizerFast:
+    """Build the word-level tokenizer covering `corpus_texts`, with each of `phrases` as one token and each of
+    `symbols` (task=math: `corpus_symbols`, LaTeX's backslash and braces among them)."""
+    vocab = {piece: index for index, piece in enumerate(countdown_vocabulary(corpus_texts, phrases, symbols))}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     # Longest phrases first, so a phrase that contains another still matches whole.
     phrase_pattern = "".join(re.escape(phrase) + "|" for phrase in sorted(phrases, key=len, reverse=True))

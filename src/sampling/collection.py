@@ -17,7 +17,7 @@ from src.batch import Group, is_effective
 from src.checks import check_choice, check_int
 from src.policy.forward import Forward
 from src.rollout.interface import RolloutEngine, SamplingParams
-from src.task import countdown
+from src.task.base import Task
 from src.task.prompts import PromptFormat
 
 SAMPLINGS = ("standard", "dynamic")  # the sampling group's options; `sampling.name` labels the run's cell
@@ -60,10 +60,11 @@ class FreshCollection:
     """`sampling=standard`: one round of `count` prompts, K responses each."""
 
     def __init__(self, engine: RolloutEngine, sampler, behaviour, prompts: PromptFormat, forward: Forward,
-                 group_size: int, max_new_tokens: int, top_p: float = 1.0, top_k: int | None = None,
+                 task: Task, group_size: int, max_new_tokens: int, top_p: float = 1.0, top_k: int | None = None,
                  seed: int = 0, name: str = "standard") -> None:
         check_choice("sampling.name", name, SAMPLINGS)
         self.engine, self.sampler, self.behaviour, self.prompts, self.forward = engine, sampler, behaviour, prompts, forward
+        self.task = task
         self.group_size = check_int("trainer.group_size", group_size, 2)
         self.max_new_tokens, self.top_p, self.top_k, self.seed = max_new_tokens, top_p, top_k, int(seed)
 
@@ -119,8 +120,8 @@ class FreshCollection:
         groups = []
         for instance, prompt, prompt_ids, completions in zip(instances, prompts, generated.prompt_ids,
                                                              generated.completions):
-            rewards = [countdown.score(c.text, instance.numbers, instance.target) for c in completions]
-            groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, numbers=instance.numbers, target=instance.target,
+            rewards = [verdict.reward for verdict in self.task.verify_all([c.text for c in completions], instance)]
+            groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, **self.task.truth(instance),
                                 responses=[c.text for c in completions],
                                 response_ids=[c.token_ids for c in completions], rewards=rewards, step=step))
         timings["generate"] += generate_done - started

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Collection, Sequence
 
+from src.task.base import Task
+
 # No legitimate Countdown answer (3-4 numbers of at most a few digits) comes near this;
 # the bound keeps parsing and exact arithmetic cheap whatever the model writes.
 MAX_EXPRESSION_CHARS = 256
@@ -31,6 +33,8 @@ REWARD_NONE = 0.0
 
 ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
+
+SOURCES = ("generator", "hub")  # task.source: the seeded generator, or a hub dataset / local copy
 
 DEFAULT_PROMPT_TEMPLATE = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant "
@@ -491,3 +495,71 @@ def train_and_heldout(cfg: Any, train_size: int | None = None) -> tuple[list[Ins
         return train, heldout
 
     raise ValueError(f"unknown task source {source!r}; expected 'generator' or 'hub'")
+
+
+# --------------------------------------------------------------------------- the task interface
+
+
+class CountdownTask(Task):
+    """Countdown behind the task interface (`task=countdown`, SPEC 2): the functions above, unchanged."""
+
+    name = "countdown"
+    correct_reward = REWARD_CORRECT
+    supports_curriculum = True  # src/curriculum/frontier.py embeds Countdown prompts (seed 004 app. B.2)
+
+    def __init__(self, source: str = "generator", dataset: str = "Jiayi-Pan/Countdown-Tasks-3to4",
+                 split: str = "train", train_size: int = 20000, heldout_size: int = 50, seed: int = 0,
+                 heldout_seed: int = 1, number_counts: Sequence[int] = (3, 4), min_number: int = 1,
+                 max_number: int = 99, min_target: int = 1, max_target: int = 99,
+                 prompt_template: str = DEFAULT_PROMPT_TEMPLATE) -> None:
+        if source not in SOURCES:
+            raise ValueError(f"task.source='{source}': choose one of {SOURCES}")
+        if not (min_number <= max_number and min_target <= max_target):
+            raise ValueError(f"task.min_number={min_number}, task.max_number={max_number}, task.min_target="
+                             f"{min_target}, task.max_target={max_target}: each minimum must be <= its maximum")
+        self.settings = dict(source=source, dataset=dataset, split=split, train_size=train_size,
+                             heldout_size=heldout_size, seed=seed, heldout_seed=heldout_seed,
+                             number_counts=tuple(number_counts), min_number=min_number, max_number=max_number,
+                             min_target=min_target, max_target=max_target, prompt_template=prompt_template)
+        self.template = prompt_template
+
+    @property
+    def failure_categories(self) -> tuple[str, ...]:
+        from src.eval import failures  # Countdown's taxonomy (seed 004 app. B.4); it imports this module
+
+        return failures.CATEGORIES
+
+    def splits(self, train_size: int | None = None) -> tuple[list[Instance], list[Instance]]:
+        return train_and_heldout(self.settings, train_size)
+
+    def heldout(self) -> list[Instance]:
+        return heldout_instances(self.settings)
+
+    def prompt(self, instance: Instance) -> str:
+        return format_prompt(instance, self.template)
+
+    def extract(self, response: str) -> str | None:
+        return extract_answer(response)
+
+    def verify(self, response: str, instance: Instance) -> Verdict:
+        return verify(response, instance.numbers, instance.target)
+
+    def classify_failure(self, response: str, verdict: Verdict, truncated: bool) -> str:
+        from src.eval import failures
+
+        return failures.classify_failure(response, verdict)
+
+    def truth(self, instance: Instance) -> dict:
+        return {"numbers": instance.numbers, "target": instance.target}
+
+    def describe(self, instance: Instance) -> dict:
+        return {"numbers": str(list(instance.numbers)), "target": instance.target}
+
+    def demonstrations(self, count: int, seed: int) -> list[tuple[str, str]]:
+        settings = self.settings
+        _, heldout = self.splits(train_size=0)
+        instances = generate_instances(
+            count, seed=seed, number_counts=settings["number_counts"], min_number=settings["min_number"],
+            max_number=settings["max_number"], min_target=settings["min_target"],
+            max_target=settings["max_target"], exclude={instance.key for instance in heldout})
+        return [(self.prompt(instance), demonstration(instance)) for instance in instances]
