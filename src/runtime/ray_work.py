@@ -90,6 +90,7 @@ class RolloutWorker:
         from src.policy.forward import Forward
         from src.policy.model import load_policy
         from src.rollout.engine import build_engine
+        from src.task.base import build_task
         from src.task.prompts import PromptFormat
 
         cfg = OmegaConf.create(config)
@@ -102,9 +103,10 @@ class RolloutWorker:
         trainer = cfg.trainer
         self.forward = Forward(tokenizer.pad_token_id, trainer.micro_batch_size, trainer.micro_batch_tokens,
                                cfg.hardware.autocast, trainer.fused_logprobs)
-        prompts = PromptFormat(cfg.task.prompt_template, tokenizer, cfg.policy.use_chat_template)
+        task = build_task(cfg.task)  # the verifier the worker scores with (no data is loaded)
+        prompts = PromptFormat(task, tokenizer, cfg.policy.use_chat_template)
         self.behaviour, self.collection, self.objective = build_rollout_and_objective(
-            cfg, self.policy, self.engine, _Unobserved(), prompts, self.forward)
+            cfg, self.policy, self.engine, _Unobserved(), prompts, self.forward, task)
         self.version = None  # the initial weights are the start checkpoint's, not a published version
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
