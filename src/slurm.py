@@ -26,8 +26,9 @@ def uses_slurm(config: DictConfig) -> bool:
     return str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "").endswith("SlurmLauncher")
 
 
-def missing_slurm(config: DictConfig, which=shutil.which) -> str | None:
+def missing_slurm(config: DictConfig, which=None) -> str | None:
     """The one-line refusal when the launcher is SLURM's but sbatch or srun is not on this machine; else None."""
+    which = which or shutil.which  # looked up at the call, so a test's patched shutil.which applies
     missing = [command for command in SLURM_COMMANDS if which(command) is None]
     if not uses_slurm(config) or not missing:
         return None
