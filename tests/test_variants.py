@@ -30,6 +30,14 @@ from tests.test_train import (assert_resumed_like_straight, group, make_parts, p
      "behaviour.is_level=token"],
     ["buffer=fifo", "buffer.mode=without_replacement"], ["buffer=fifo", "buffer.mode=at_least_once"],
 ])
+
+def patch_reward(monkeypatch, reward) -> None:
+    """Countdown's verifier with `reward(text, numbers, target)` as its reward: the task scores through
+    `countdown.verify`, looked up at each call, so the collection and the evaluation both see it."""
+    real = countdown.verify
+    monkeypatch.setattr(countdown, "verify", lambda text, numbers, target: dataclasses.replace(
+        real(text, numbers, target), reward=float(reward(text, numbers, target))))
+
 def test_every_variant_option_composes_and_validates(compose_config, overrides):
     validate(compose_config(*overrides, hydra=True))
 
@@ -410,7 +418,7 @@ def test_popo_settings_are_refused_with_the_fix(compose_config, overrides, words
 def test_popo_drops_ineffective_groups_and_refills_from_memory(random_policy_dir, compose_config, monkeypatch):
     """Online groups with equal rewards leave the batch; the most recent effective groups of earlier steps refill it."""
     # A deterministic stand-in verifier: about half the responses "correct", so some groups are effective.
-    monkeypatch.setattr(countdown, "score", lambda text, numbers, target: float(len(text) % 2))
+    patch_reward(monkeypatch, lambda text, numbers, target: float(len(text) % 2))
     cfg = small_config(compose_config, "loss=grpo", "loss.updates_per_step=1", "buffer=popo", "trainer.steps=4",
                        "trainer.groups_per_step=6")
     validate(cfg)
@@ -431,7 +439,7 @@ def test_popo_drops_ineffective_groups_and_refills_from_memory(random_policy_dir
 
 
 def test_popo_step_with_nothing_effective_takes_no_update(random_policy_dir, compose_config, monkeypatch):
-    monkeypatch.setattr(countdown, "score", lambda text, numbers, target: 0.0)  # every group ineffective
+    patch_reward(monkeypatch, lambda text, numbers, target: 0.0)  # every group ineffective
     cfg = small_config(compose_config, "loss=grpo", "buffer=popo", "trainer.steps=1")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     before = [p.detach().clone() for p in parts.policy.parameters()]
@@ -443,7 +451,7 @@ def test_popo_step_with_nothing_effective_takes_no_update(random_policy_dir, com
 
 def test_popo_ineff_memory_keeps_every_online_group_with_its_log_mu(random_policy_dir, compose_config, monkeypatch):
     """POPO-ineff (seed 003 sec. 5.3): ineffective groups still leave the batch, but the memory keeps them too."""
-    monkeypatch.setattr(countdown, "score", lambda text, numbers, target: float(len(text) % 2))
+    patch_reward(monkeypatch, lambda text, numbers, target: float(len(text) % 2))
     cfg = small_config(compose_config, "loss=grpo", "loss.updates_per_step=1", "buffer=popo",
                        "buffer.variant=popo-ineff", "trainer.steps=3", "trainer.groups_per_step=6")
     validate(cfg)
@@ -467,7 +475,7 @@ def parity_verifier(text, numbers, target):
 
 def test_dynamic_sampling_fills_the_batch_with_effective_groups_and_counts_every_rollout(random_policy_dir,
                                                                                       compose_config, monkeypatch):
-    monkeypatch.setattr(countdown, "score", parity_verifier)
+    patch_reward(monkeypatch, parity_verifier)
     cfg = small_config(compose_config, "sampling=dynamic", "sampling.oversample=1.5", "sampling.max_rounds=20",
                        "trainer.steps=3")
     validate(cfg)
@@ -484,7 +492,7 @@ def test_dynamic_sampling_fills_the_batch_with_effective_groups_and_counts_every
 
 
 def test_dynamic_sampling_gives_up_after_max_rounds(random_policy_dir, compose_config, monkeypatch):
-    monkeypatch.setattr(countdown, "score", lambda text, numbers, target: 0.0)  # nothing is ever effective
+    patch_reward(monkeypatch, lambda text, numbers, target: 0.0)  # nothing is ever effective
     cfg = small_config(compose_config, "sampling=dynamic", "sampling.oversample=1.5", "sampling.max_rounds=3",
                        "trainer.steps=1")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
@@ -497,7 +505,7 @@ def test_dynamic_sampling_gives_up_after_max_rounds(random_policy_dir, compose_c
 
 
 def test_standard_sampling_logs_the_effective_fractions(random_policy_dir, compose_config, monkeypatch):
-    monkeypatch.setattr(countdown, "score", parity_verifier)
+    patch_reward(monkeypatch, parity_verifier)
     cfg = small_config(compose_config, "trainer.steps=2")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     metrics = [train_step(parts, state) for _ in range(2)]
@@ -509,7 +517,7 @@ def test_standard_sampling_logs_the_effective_fractions(random_policy_dir, compo
 # --------------------------------------------------------------------------- frontier curriculum in the loop
 def test_frontier_curriculum_runs_in_the_loop_and_resumes_exactly(random_policy_dir, compose_config, tmp_path,
                                                                   monkeypatch):
-    monkeypatch.setattr(countdown, "score", parity_verifier)
+    patch_reward(monkeypatch, parity_verifier)
     cfg = small_config(compose_config, "curriculum=frontier", "curriculum.fraction=0.5", "curriculum.min_memory=1",
                        "trainer.steps=4")
     validate(cfg)
@@ -548,7 +556,7 @@ def test_new_groups_at_their_defaults_leave_cell_ids_unchanged_and_variants_are_
 
 
 def test_resuming_a_dynamic_sampling_run_continues_exactly(random_policy_dir, compose_config, tmp_path, monkeypatch):
-    monkeypatch.setattr(countdown, "score", parity_verifier)
+    patch_reward(monkeypatch, parity_verifier)
     cfg = small_config(compose_config, "sampling=dynamic", "sampling.max_rounds=20", "buffer=age1", "trainer.steps=4")
     straight, resumed, _ = straight_and_resumed(make_parts, random_policy_dir, cfg, tmp_path)
     assert_resumed_like_straight(straight, resumed,
