@@ -31,13 +31,6 @@ from tests.test_train import (assert_resumed_like_straight, group, make_parts, p
     ["buffer=fifo", "buffer.mode=without_replacement"], ["buffer=fifo", "buffer.mode=at_least_once"],
 ])
 
-def patch_reward(monkeypatch, reward) -> None:
-    """Countdown's verifier with `reward(text, numbers, target)` as its reward: the task scores through
-    `countdown.verify`, looked up at each call, so the collection and the evaluation both see it."""
-    real = countdown.verify
-    monkeypatch.setattr(countdown, "verify", lambda text, numbers, target: dataclasses.replace(
-        real(text, numbers, target), reward=float(reward(text, numbers, target))))
-
 def test_every_variant_option_composes_and_validates(compose_config, overrides):
     validate(compose_config(*overrides, hydra=True))
 
@@ -561,3 +554,11 @@ def test_resuming_a_dynamic_sampling_run_continues_exactly(random_policy_dir, co
     straight, resumed, _ = straight_and_resumed(make_parts, random_policy_dir, cfg, tmp_path)
     assert_resumed_like_straight(straight, resumed,
                                  ("train/reward", "train/loss", "dynamic/generated_groups", "budget/fresh_evaluations"))
+
+
+def patch_reward(monkeypatch, reward) -> None:
+    """Countdown's verifier with `reward(text, numbers, target)` as its reward: the task scores through
+    `countdown.verify`, looked up at each call, so the collection and the evaluation both see it."""
+    real = countdown.verify
+    monkeypatch.setattr(countdown, "verify", lambda text, numbers, target: dataclasses.replace(
+        real(text, numbers, target), reward=float(reward(text, numbers, target))))
