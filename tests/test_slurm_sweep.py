@@ -48,11 +48,15 @@ def test_two_cell_sweep_runs_on_slurm_then_is_skipped(tmp_path, slurm_cluster, r
 
 def test_requeued_slurm_job_resumes_into_the_same_run_with_identical_metrics(tmp_path, slurm_cluster,
                                                                            random_policy_dir):
-    """`scontrol requeue` mid-run: SIGTERM, checkpoint, KILLED; the requeued job resumes the same MLflow run."""
+    """`scontrol requeue` mid-run: SIGTERM, checkpoint, KILLED; the requeued job resumes the same MLflow run.
+
+    A tiny step takes about 0.1 s and the requeue lands some 5 steps after the first checkpoint is seen, so the
+    run is 40 steps long: with 8, a fast machine finished the run before SIGTERM arrived.
+    """
     from mlflow.tracking import MlflowClient
 
     store = f"sqlite:///{tmp_path}/mlruns.db"
-    cell = [f"policy.name_or_path={random_policy_dir}", "buffer=age1", "clip=tight", "trainer.steps=8",
+    cell = [f"policy.name_or_path={random_policy_dir}", "buffer=age1", "clip=tight", "trainer.steps=40",
             "trainer.checkpoint_every=1", "trainer.groups_per_step=4", "trainer.group_size=2",
             "policy.max_new_tokens=6", "evaluation.at_start=false", "evaluation.prompts=2",
             "evaluation.samples_per_prompt=2", "evaluation.ks=[1]", "hardware.threads=1", f"tracking.uri={store}",
