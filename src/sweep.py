@@ -44,7 +44,7 @@ LAUNCH_ONLY = (
     "trainer.heartbeat_timeout_s",
     "buffer.mechanism_only",  # lifts a config check only: the same computation
     "sampling.mechanism_only",
-    "runtime.num_cpus", "runtime.worker_threads", "runtime.max_restarts",  # where the async pipeline runs
+    "runtime.num_cpus", "runtime.worker_threads", "runtime.max_restarts", "runtime.gpus_per_worker",  # where the async pipeline runs
 )
 
 

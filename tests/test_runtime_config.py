@@ -44,12 +44,44 @@ def test_async_builds_the_pipeline_store_and_its_own_cells(compose_config):
     (("runtime.staleness_mode=wait",), "runtime.staleness_mode='wait'"),
     (("runtime.mu=0",), "runtime.mu=0"),
     (("runtime.sharded=true", "runtime.trainers=3", "runtime.capacity=1536"), "cannot be split over 3 shards"),
+    (("runtime.gpus_per_worker=1",), "runtime.gpus_per_worker=1 with hardware.device=cpu"),
+    (("hardware.device=cuda",), "each worker needs a GPU of its own"),
+    (("hardware=h100x8", "runtime.workers=8", "runtime.gpus_per_worker=1"), "hardware.device=cuda:8"),
+    (("hardware.device=cuda:1", "runtime.workers=3", "runtime.gpus_per_worker=0.5"), "hold cuda:0..1"),
 ])
 def test_bad_async_settings_are_one_line_naming_the_key(compose_config, overrides, words):
     cfg = compose_config("runtime=async", *overrides)
     with pytest.raises(ConfigError) as error:
         validate(cfg, check_device=False)
     assert words in str(error.value) and "\n" not in str(error.value)
+
+
+def test_gpu_workers_take_the_first_gpus_and_leave_the_trainer_its_own(compose_config):
+    full = compose_config("runtime=async", "hardware=h100x8", "runtime.workers=7", "runtime.gpus_per_worker=1")
+    validate(full, check_device=False)
+    assert build_runtime(full).worker_gpus == 7 and full.hardware.device == "cuda:7"
+    halves = compose_config("runtime=async", "hardware=h100x8", "runtime.workers=7", "runtime.gpus_per_worker=0.5")
+    assert build_runtime(halves).worker_gpus == 4  # ceil(7 x 0.5): Ray packs two workers on a GPU
+    assert cell_identity(halves) == cell_identity(full)  # placement is launch-only: the same cell
+    assert build_runtime(compose_config("runtime=async")).worker_gpus == 0  # CPU workers: no GPU asked of Ray
+
+
+@pytest.mark.slow
+def test_the_dry_run_of_an_8_gpu_async_job_prints_its_slurm_request(tmp_path):
+    import subprocess
+    import sys
+
+    from src.paths import PROJECT_ROOT
+
+    done = subprocess.run([sys.executable, "-m", "src.run", "-m", "hardware=h100x8", "runtime=async",
+                           "runtime.workers=7", "runtime.gpus_per_worker=1", "buffer=fifo",
+                           "hydra.sweeper.dry_run=true", f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
+                           f"hydra.sweep.dir={tmp_path}/multirun"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = " ".join((done.stdout + done.stderr).split())
+    assert "each asks for 1 node x 1 task, 8 GPU, 64 CPUs, 512 GB" in printed
+    assert "-W7T1-N1024" in done.stdout and "nothing launched" in done.stdout
 
 
 def test_the_budget_plan_of_an_async_run_follows_its_lockstep_schedule(compose_config):

@@ -33,7 +33,7 @@ def first_line(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def ray_session(num_cpus: int) -> Iterator[None]:
+def ray_session(num_cpus: int, num_gpus: int = 0) -> Iterator[None]:
     """A Ray session for the body; Ray's errors inside it are re-raised as one-line PipelineErrors."""
     import ray
     from ray.exceptions import RayError
@@ -46,10 +46,10 @@ def ray_session(num_cpus: int) -> Iterator[None]:
         # (src.interrupt.StopOnSignal: finish the step, checkpoint, then stop).
         handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *STOP_SIGNALS)}
         try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})
         except Exception as error:  # noqa: BLE001  (Ray raises many types when it cannot start)
-            raise PipelineError(f"Ray could not start a session with runtime.num_cpus={num_cpus} "
+            raise PipelineError(f"Ray could not start a session with runtime.num_cpus={num_cpus}, {num_gpus} GPUs "
                                 f"({first_line(error)}); check that this machine can run Ray "
                                 "(`python -c 'import ray; ray.init(num_cpus=1)'`)") from None
         finally:

@@ -97,7 +97,9 @@ class RolloutWorker:
         torch.set_num_threads(threads)
         if cfg.hardware.dtype == "float64":
             torch.set_default_dtype(torch.float64)
-        self.policy, tokenizer = load_policy(cfg.policy.name_or_path, cfg.hardware.device, cfg.hardware.dtype)
+        # A GPU worker sees only the GPU Ray gave it, as cuda:0; the trainer's index is the driver's.
+        device = "cuda" if str(cfg.hardware.device).startswith("cuda") else cfg.hardware.device
+        self.policy, tokenizer = load_policy(cfg.policy.name_or_path, device, cfg.hardware.dtype)
         self.engine = build_engine(cfg.policy.engine, self.policy, tokenizer, cfg.policy.generation_batch_size,
                                    **cfg.policy.get("vllm", {}))
         trainer = cfg.trainer
@@ -147,11 +149,11 @@ class RayWork:
     """Work for `src.runtime.pipeline`: W `RolloutWorker` actors and this process's trainer."""
 
     def __init__(self, cfg: DictConfig, parts: Components, state: TrainState, settings: PipelineSettings,
-                 max_restarts: int, threads: int, cpus_per_worker: float) -> None:
+                 max_restarts: int, threads: int, cpus_per_worker: float, gpus_per_worker: float = 0.0) -> None:
         self.parts, self.state, self.settings = parts, state, settings
         self.seed = int(cfg.trainer.seed)
         actor = ray.remote(RolloutWorker).options(max_restarts=max_restarts, max_task_retries=max_restarts,
-                                                  num_cpus=cpus_per_worker)
+                                                  num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)
         config = OmegaConf.to_container(cfg, resolve=True)
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
         self.workers = [actor.remote(config, threads) for _ in range(settings.workers)]
@@ -240,7 +242,8 @@ class RayWork:
         return ray.get(self.published[1])
 
     def crash_worker(self, worker: int) -> None:
-        self.workers[worker].crash.remote()
+        # Not retried: a retry would run on the restarted actor and kill it again, up to max_restarts.
+        self.workers[worker].crash.options(max_task_retries=0).remote()
 
     def close(self) -> None:
         for pending in self.pending:  # the free schedule's queued requests: not retried on a killed actor

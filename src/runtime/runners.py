@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
 from omegaconf import DictConfig
 
 from src.buffer.store import ReplayStore
@@ -65,6 +66,34 @@ class SyncRuntime:
         return None
 
 
+def worker_gpus(workers: int, per_worker: float, device: str) -> int:
+    """The GPUs Ray hands the W workers (0 on the CPU), refused with the fix unless the trainer keeps its own.
+
+    `ray.init(num_gpus=n)` makes Ray's GPU slots the first n devices this process sees, and gives each
+    worker actor its slot as CUDA_VISIBLE_DEVICES (ray/_private/worker.py:1158-1161 in Ray 2.60), so
+    the workers hold cuda:0..n-1 and the trainer (this process) must sit at cuda:n or above.
+    """
+    if per_worker < 0 or per_worker > 8:
+        raise ValueError(f"runtime.gpus_per_worker={per_worker:g}: a worker's GPU share must lie in [0, 8] "
+                         "(1: one GPU each; 0: workers on the CPU)")
+    on_cuda = device.startswith("cuda")
+    if not on_cuda:
+        if per_worker:
+            raise ValueError(f"runtime.gpus_per_worker={per_worker:g} with hardware.device={device}: GPU workers need a "
+                             "CUDA trainer; set runtime.gpus_per_worker=0, or hardware=h100x8 on a GPU node")
+        return 0
+    if not per_worker:
+        raise ValueError(f"runtime=async with hardware.device={device} and runtime.gpus_per_worker=0: each worker "
+                         "needs a GPU of its own; set runtime.gpus_per_worker=1 (hardware=h100x8: W <= 7)")
+    needed = math.ceil(workers * per_worker - 1e-9)
+    index = torch.device(device).index or 0
+    if index < needed:
+        raise ValueError(f"hardware.device={device} with runtime.workers={workers} x runtime.gpus_per_worker="
+                         f"{per_worker:g}: the workers hold cuda:0..{needed - 1}; put the trainer after them "
+                         f"(hardware.device=cuda:{needed}) or run fewer workers")
+    return needed
+
+
 class AsyncRuntime:
     """`runtime=async`: seed 001's pipeline of W workers, one queue and the trainer, on Ray."""
 
@@ -74,7 +103,7 @@ class AsyncRuntime:
                  worker_cost: float | None = None,
                  trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
                  depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
-                 max_restarts: int = 3) -> None:
+                 max_restarts: int = 3, gpus_per_worker: float = 0.0) -> None:
         self.cfg, self.name = cfg, name
         self.queue_name = check_choice("runtime.queue", queue, QUEUES)
         self.schedule = check_choice("runtime.schedule", schedule, SCHEDULES)
@@ -92,6 +121,8 @@ class AsyncRuntime:
         self.num_cpus = check_int("runtime.num_cpus", num_cpus, 1, "Ray's CPU slots (e.g. 2).")
         self.worker_threads = check_int("runtime.worker_threads", worker_threads, 1)
         self.max_restarts = check_int("runtime.max_restarts", max_restarts, -1)
+        self.gpus_per_worker = float(gpus_per_worker)
+        self.worker_gpus = worker_gpus(self.settings.workers, self.gpus_per_worker, str(cfg.hardware.device))
         self._check(cfg)
         # The queue checks its own settings; `ready` refuses a batch that does not split over the shards.
         build_queue(queue, capacity, 0, independent, positive_bias, shards=self.shards).ready(self.settings.batch)
@@ -142,7 +173,12 @@ class AsyncRuntime:
 
         if loop.state.step >= loop.cfg.trainer.steps:
             return
-        with ray_session(self.num_cpus):
+        device = torch.device(str(loop.cfg.hardware.device))
+        if self.worker_gpus and (device.index or 0) >= torch.cuda.device_count():
+            raise PipelineError(f"hardware.device={device} with {self.worker_gpus} GPU workers: this node shows "
+                                f"{torch.cuda.device_count()} GPUs; ask SLURM for {self.worker_gpus + 1} "
+                                "(hardware=h100x8) or run fewer workers")
+        with ray_session(self.num_cpus, self.worker_gpus):
             session = AsyncSession(self, loop)
             try:
                 session.run()
@@ -185,7 +221,7 @@ class AsyncSession:
         settings = runtime.settings
         cpus = runtime.num_cpus / (settings.workers + 1)  # a share for this process, the trainer
         self.work = RayWork(loop.cfg, loop.parts, loop.state, settings, runtime.max_restarts,
-                            runtime.worker_threads, cpus)
+                            runtime.worker_threads, cpus, runtime.gpus_per_worker)
         self.pipeline = runtime.build_pipeline(self.work)
         self.store: PipelineStore = loop.parts.store
         self.events_path = loop.output_dir / EVENT_LOG
