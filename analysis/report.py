@@ -31,7 +31,7 @@ from mlflow.tracking import MlflowClient
 from rich.console import Console
 
 from analysis import compute, figures, seeds
-from src.eval.failures import CATEGORIES as FAILURE_CATEGORIES, LABELS as FAILURE_LABELS
+from src.task.countdown_failures import CATEGORIES as FAILURE_CATEGORIES, LABELS as FAILURE_LABELS
 
 PROTOCOL_PREFERENCE = ["canonical", "quick"]  # results-table protocol, first one a run has
 PROBE_KS = [1, 4, 8, 16, 32, 64]
@@ -887,7 +887,7 @@ def _markdown(results, used, superseded, unfinished, grids, missing, probe, prob
 
 def _failures_markdown(failures: pd.DataFrame) -> str:
     out = ["", "## Failure taxonomy (seed 004 Figures 3-4, appendix B.4)", "",
-           "Each failed rollout (score < 1.0) of an evaluation in one dominant category (`src/eval/failures.py` "
+           "Each failed rollout (score < 1.0) of an evaluation in one dominant category (`src/task/countdown_failures.py` "
            "gives the order of checks): global instability first, then format, number use, arithmetic, target. "
            "Counts are failed rollouts per evaluation repeat; the percentage is the category's share of the "
            "failed rollouts. The warm start is the start evaluation of the runs. Full numbers: "

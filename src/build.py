@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from src.buffer.store import ReplayStore
 from src.components import Components
@@ -112,9 +112,7 @@ def build_runtime(cfg: DictConfig):
     A run's config saved before the group existed has no `runtime`: it ran the synchronous loop.
     """
     if cfg.get("runtime") is None:
-        from src.runtime.runners import SyncRuntime
-
-        return SyncRuntime()
+        return build(OmegaConf.create({"_target_": "src.runtime.runners.SyncRuntime"}))
     return build(cfg.runtime, cfg=cfg)
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from src.eval import failures
-from src.eval.failures import (ARITHMETIC_ERROR, CATEGORIES, FORMAT_ERROR, INVALID_NUMBER_USE, OTHER,
+from src.task import countdown_failures as failures
+from src.task.countdown_failures import (ARITHMETIC_ERROR, CATEGORIES, FORMAT_ERROR, INVALID_NUMBER_USE, OTHER,
                                REPETITIVE_OR_INCOHERENT, WRONG_TARGET, category_counts, classify_failure, has_loop)
 from src.task import countdown
 from src.task.countdown import MAX_EXPRESSION_CHARS, verify

@@ -9,7 +9,7 @@ import pytest
 from mlflow.entities import Metric
 
 from analysis import report
-from src.eval.failures import CATEGORIES
+from src.task.countdown_failures import CATEGORIES
 from tests.test_report import _assert_png, _log_run, _new_store
 
 

@@ -107,8 +107,4 @@ def build_task(node: Mapping) -> Task:
     from hydra.utils import get_class
 
     target = node.get("_target_") if hasattr(node, "get") else None
-    if target is None:
-        from src.task.countdown import CountdownTask
-
-        return CountdownTask(**settings_of(node))
-    return get_class(str(target))(**settings_of(node))
+    return get_class(str(target or "src.task.countdown.CountdownTask"))(**settings_of(node))

@@ -22,17 +22,15 @@ from fractions import Fraction
 from typing import Any, Collection, Sequence
 
 from src.task.base import Task
+from src.task.countdown_failures import CATEGORIES, classify_failure
+from src.task.countdown_verdict import (  # noqa: F401  (part of this module's interface)
+    ANSWER_CLOSE, ANSWER_OPEN, REASON_CORRECT, REASON_DIVISION_BY_ZERO, REASON_EMPTY_ANSWER, REASON_MALFORMED,
+    REASON_NO_ANSWER, REASON_TOO_LONG, REASON_WRONG_NUMBERS, REASON_WRONG_VALUE, REASONS,
+    REWARD_CORRECT, REWARD_FORMAT, REWARD_NONE, Verdict)
 
 # No legitimate Countdown answer (3-4 numbers of at most a few digits) comes near this;
 # the bound keeps parsing and exact arithmetic cheap whatever the model writes.
 MAX_EXPRESSION_CHARS = 256
-
-REWARD_CORRECT = 1.0
-REWARD_FORMAT = 0.1
-REWARD_NONE = 0.0
-
-ANSWER_OPEN = "<answer>"
-ANSWER_CLOSE = "</answer>"
 
 SOURCES = ("generator", "hub")  # task.source: the seeded generator, or a hub dataset / local copy
 
@@ -190,29 +188,6 @@ def evaluate_expression(expression: str) -> tuple[bool, list[str], Fraction | No
 def _normalise_literal(literal: str) -> str:
     # Compare digit strings, never ints: a 200-digit literal costs nothing this way.
     return literal.lstrip("0") or "0"
-
-
-# Why the verifier gave its reward: one reason per response, decided in the order the checks run.
-REASON_CORRECT = "correct"
-REASON_NO_ANSWER = "no_answer"  # no complete <answer>...</answer> span
-REASON_EMPTY_ANSWER = "empty_answer"  # the span holds only whitespace
-REASON_TOO_LONG = "too_long"  # longer than MAX_EXPRESSION_CHARS: refused unparsed
-REASON_MALFORMED = "malformed"  # not a well-formed expression (text, code, unary signs, ...)
-REASON_WRONG_NUMBERS = "wrong_numbers"  # literals are not the given multiset (checked before evaluating)
-REASON_DIVISION_BY_ZERO = "division_by_zero"  # the given numbers, but the expression divides by zero
-REASON_WRONG_VALUE = "wrong_value"  # the given numbers, evaluates, but not to the target
-REASONS = (REASON_CORRECT, REASON_NO_ANSWER, REASON_EMPTY_ANSWER, REASON_TOO_LONG, REASON_MALFORMED,
-           REASON_WRONG_NUMBERS, REASON_DIVISION_BY_ZERO, REASON_WRONG_VALUE)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The verifier's outcome: reward, the reason for it, the extracted answer and its value (if evaluated)."""
-
-    reward: float
-    reason: str
-    expression: str | None = None  # content of the last complete answer span; None without one
-    value: Fraction | None = None  # exact value, only when the literals were the given numbers
 
 
 def verify(response: str, numbers: Sequence[int], target: int) -> Verdict:
@@ -525,9 +500,7 @@ class CountdownTask(Task):
 
     @property
     def failure_categories(self) -> tuple[str, ...]:
-        from src.eval import failures  # Countdown's taxonomy (seed 004 app. B.4); it imports this module
-
-        return failures.CATEGORIES
+        return CATEGORIES  # seed 004 app. B.4 (src/task/countdown_failures.py)
 
     def splits(self, train_size: int | None = None) -> tuple[list[Instance], list[Instance]]:
         return train_and_heldout(self.settings, train_size)
@@ -545,9 +518,7 @@ class CountdownTask(Task):
         return verify(response, instance.numbers, instance.target)
 
     def classify_failure(self, response: str, verdict: Verdict, truncated: bool) -> str:
-        from src.eval import failures
-
-        return failures.classify_failure(response, verdict)
+        return classify_failure(response, verdict)
 
     def truth(self, instance: Instance) -> dict:
         return {"numbers": instance.numbers, "target": instance.target}

@@ -41,8 +41,8 @@ import unicodedata
 from collections import Counter
 from typing import Hashable, Iterable, Sequence
 
-from src.task import countdown
-from src.task.countdown import Verdict
+from src.task import countdown_verdict as countdown
+from src.task.countdown_verdict import Verdict
 
 FORMAT_ERROR = "format_error"
 WRONG_TARGET = "wrong_target"
