@@ -2,11 +2,11 @@
 
 Hydra's own answer to an unknown group option is a multi-line MissingConfigException (raised in
 hydra/_internal/defaults_list.py:799, `config_not_found_error`) that its `run_and_report`
-(hydra/_internal/utils.py:218) prints with the option list and the config search path, then exits 1;
-by then the app cannot add a suggestion. So the command line is checked here first, with Hydra's
-own override parser (sweeps such as `clip=tigth,loose` included) and Hydra's own list of a group's
-options (its config loader, so every search path entry counts), and anything this cannot judge is
-left to Hydra.
+(hydra/_internal/utils.py:218, exit at :303; Hydra 1.3.8) prints with the option list and the
+config search path, then exits 1: by then the app cannot add a suggestion. So the command line is
+checked here first, with Hydra's own override parser (sweeps such as `clip=tigth,loose` included)
+and Hydra's own list of a group's options (its config loader, so every search path entry counts);
+anything this cannot judge is left to Hydra.
 """
 
 from __future__ import annotations

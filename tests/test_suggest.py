@@ -82,3 +82,12 @@ def test_the_budget_suggests_the_option_too(capsys):
         main(["clip=tigth"])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "(did you mean clip=tight?)" in err, err
+
+
+def test_the_evaluation_command_suggests_the_option_too(capsys):
+    from src.eval.standalone import main
+
+    assert main(["--policy", "checkpoints/tiny-countdown", "clip=tigth"]) == 2
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert text.count("\n") == 1 and "clip=tigth: clip has no option 'tigth' (did you mean clip=tight?)" in text, text
