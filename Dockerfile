@@ -2,7 +2,7 @@
 #   docker build -t replay-rloo:latest .            (or: make docker)
 #   docker run --gpus all -v $PWD/work:/work -w /work replay-rloo:latest \
 #       replay-rloo policy=qwen-sft-countdown hardware=h100 tracking.uri=http://<server>:5000
-# Apptainer (most SLURM sites): build the .sif from this image, run with --nv (README "Containers").
+# Apptainer (most SLURM sites): build the .sif from this image, run with --nv (docs/slurm.md, "Containers").
 # torch comes from PyPI here, i.e. its CUDA build: the wheels carry the CUDA libraries, so the node
 # needs only an NVIDIA driver, no CUDA toolkit. The CPU lock (constraints-cpu.txt) is not used:
 # vLLM 0.32.0 pins its own torch and transformers, which decide the versions in this image.

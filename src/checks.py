@@ -26,4 +26,10 @@ def composition_error(error: Exception, overrides: list[str]) -> str:
     """Hydra's composition message (an unknown option or key) on one line, without its config search path."""
     lines = [line.strip() for line in str(error).split("Config search path:")[0].splitlines() if line.strip()]
     text = lines[0] + ("" if len(lines) == 1 else f" {lines[1]} " + ", ".join(lines[2:])) if lines else repr(error)
+    options, missing = getattr(error, "options", None), getattr(error, "missing_cfg_file", None) or ""
+    if options and "/" in missing:  # Hydra's MissingConfigException for an unknown group option
+        from src.suggest import close_matches, did_you_mean
+
+        group, _, option = missing.rpartition("/")
+        text += did_you_mean(group, close_matches(option, list(options)))
     return f"{' '.join(overrides)}: {text.strip()}"

@@ -9,6 +9,8 @@ runs first. Hydra's page stays reachable with `--hydra-help`, the composed confi
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -110,11 +112,108 @@ def help_text(config_dir: Path = CONFIG_DIR) -> str:
     name_width = max((len(name) for name, _ in found), default=0) + 2
     out += [_shorten(f"    {name:<{name_width}}{what}", LINE_WIDTH) for name, what in found]
     out += ["", "More:",
-            "  KEY=VALUE sets any knob (trainer.steps=50, buffer.ratio=2); a mistyped key is refused with the",
-            "  close matches. --cfg job prints the composed config, --hydra-help Hydra's own options,",
-            "  python -m src.eval --help evaluates saved policies. README.md explains every group."]
+            "  KEY=VALUE sets any knob (trainer.steps=50, buffer.ratio=2); a mistyped key or option (clip=tigth)",
+            "  is refused with the close matches. --cfg job prints the composed config, --hydra-help Hydra's own options,",
+            "  python -m src.eval --help evaluates saved policies. docs/configuration.md explains every group,",
+            "  docs/knobs.md every knob."]
     return "\n".join(out) + "\n"
 
 
 def wants_help(argv: list[str]) -> bool:
     return any(arg in ("--help", "-h") for arg in argv)
+
+
+# --------------------------------------------------------------------------- the knob reference (docs/knobs.md)
+KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
+
+
+def yaml_comments(path: Path, prefix: str) -> dict[str, str]:
+    """Each dotted key of a YAML file with the comment on its line (`key: value  # what it is`)."""
+    found, stack, last = {}, [], None  # stack: (indent, key) of the enclosing mappings
+    for line in path.read_text().splitlines():
+        match = KEY_LINE.match(line)
+        if line.lstrip().startswith("#"):
+            if last and found[last] and line.index("#") > 0:  # an indented comment line continues the key's
+                found[last] += " " + line.split("#", 1)[1].strip()
+            continue
+        last = None
+        if not match:
+            continue
+        indent = len(match["indent"])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, match["key"]))
+        comment = match["rest"].split(" #", 1)[1].strip() if " #" in match["rest"] else ""
+        last = prefix + ".".join(key for _, key in stack)
+        found[last] = comment
+    return found
+
+
+def knob_sources(config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, tuple[object, str]]]:
+    """key -> {option file: (its value, its comment)} over every run group's options (as src.schema reads them)."""
+    from src.schema import _leaves
+
+    sources: dict[str, dict[str, tuple[object, str]]] = {}
+    for path in sorted(config_dir.rglob("*.yaml")):
+        relative = path.relative_to(config_dir)
+        if relative.parts[0] in ("sweep", "local", "hydra") or relative.name == "ziprc_main.yaml":
+            continue  # studies, site settings and Hydra's own groups; ZIP-RC's entry config has its own page
+        text = path.read_text()
+        top = len(relative.parts) == 1 or "@package _global_" in text.split("\n", 1)[0]
+        prefix = "" if top else f"{relative.parts[0]}."
+        tree = {key: value for key, value in (OmegaConf.to_container(OmegaConf.load(path)) or {}).items()
+                if key not in ("defaults", "hydra")}
+        comments = yaml_comments(path, prefix)
+        for key, value in _leaves(tree, prefix).items():
+            option = path.stem if len(relative.parts) == 1 else f"{relative.parts[0]}/{path.stem}"
+            sources.setdefault(key, {})[option] = (value, comments.get(key, ""))
+    return sources
+
+
+def _value(value: object) -> str:
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return _shorten(" ".join(text.split()), 40).replace("|", "\\|")
+
+
+def _range(key: str) -> str:
+    from src.schema import KNOBS, LIST_KNOBS
+
+    knob = KNOBS.get(key) or (LIST_KNOBS[key][0] if key in LIST_KNOBS else None)
+    if knob is None:
+        return ""
+    low = "(-inf" if knob.low == -math.inf else ("(" if knob.low_open else "[") + f"{knob.low:g}"
+    high = "inf)" if knob.high == math.inf else f"{knob.high:g}" + (")" if knob.high_open else "]")
+    kind = f"list of {knob.kind}" if key in LIST_KNOBS else knob.kind
+    return f"{kind} {low}, {high}" + (" or null" if knob.nullable else "")
+
+
+def knob_reference(config_dir: Path = CONFIG_DIR) -> str:
+    """docs/knobs.md: every knob a config group sets, its values per option, its checked range, its comment."""
+    sources = knob_sources(config_dir)
+    out = ["# Every knob", "",
+           "Every key a config group sets, by group: the value each option gives it (`option: value`, or one value",
+           "when every option that sets it agrees), the range `src/schema.py` checks, and the comment on its line",
+           "in `conf/`. Set any of them on the command line: `python -m src.run trainer.steps=50 buffer.ratio=2`;",
+           "`python -m src.run --cfg job` prints the composed values. Written by `python -m src.help --knobs`;",
+           "`tests/test_commands.py` checks that it lists every knob.", ""]
+    for group in sorted({key.split(".", 1)[0] for key in sources}):
+        out += [f"## {group}", "", "| knob | value | checked | what it sets |", "| --- | --- | --- | --- |"]
+        for key in sorted(k for k in sources if k.split(".", 1)[0] == group):
+            by_option = sources[key]
+            values = {_value(value) for value, _ in by_option.values()}
+            if all(str(value) == option.split("/")[-1] for option, (value, _) in by_option.items()):
+                values = {"the option's name"}
+            shown = values.pop() if len(values) == 1 else ", ".join(
+                f"{option.split('/')[-1]}: {_value(value)}" for option, (value, _) in by_option.items())
+            what = next((comment for _, comment in by_option.values() if comment), "")
+            out.append(f"| `{key}` | {shown} | {_range(key)} | {what.replace('|', chr(92) + '|')} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--knobs"]:
+        sys.exit("usage: python -m src.help --knobs   (writes the knob reference, docs/knobs.md, to stdout)")
+    sys.stdout.write(knob_reference())

@@ -3,7 +3,7 @@
 Two roots. PROJECT_ROOT is where the code and its data sit (`conf/`, `checkpoints/`): the clone, or
 site-packages for a built package. `workspace_root()` is where commands write by default: the
 default MLflow store (`mlruns.db`, `mlartifacts/`), `outputs/` and `reports/`. In a clone (an
-editable install, or commands run from the folder) it is the project folder, as the README
+editable install, or commands run from the folder) it is the project folder, as docs/install.md
 describes; for a package installed with `pip install .` it is the working directory, since
 site-packages is no place for a user's runs (and is often read-only).
 """

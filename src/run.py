@@ -290,13 +290,14 @@ def main(cfg: DictConfig) -> float:
 def cli() -> None:
     """The command line (`python -m src.run`, console script `replay-rloo`): help, key check, then Hydra."""
     from src.help import help_text, wants_help
-    from src.schema import SchemaError, check_override_keys
+    from src.schema import SchemaError
+    from src.suggest import check_command_line
 
     if wants_help(sys.argv[1:]):
         sys.stdout.write(help_text())
         return
     try:
-        check_override_keys(sys.argv[1:])
+        check_command_line(sys.argv[1:])  # near misses: one line with "did you mean", before Hydra composes
     except SchemaError as error:
         exit_with_message(error)
     # Outside a cell's training (composing the config, planning a sweep, between its cells) a Ctrl-C lets the

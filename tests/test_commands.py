@@ -96,6 +96,7 @@ def parallel(commands: list[list[str]], timeout: float = 300) -> list[subprocess
 # Each command the docs show -> the test below that runs it.
 DOCUMENTED = {
     "make help": "test_make_help_lists_every_target",
+    "python -m src.help": "test_the_knob_reference_is_current_and_lists_every_knob",
     "make demo": "test_make_demo_trains_and_summarises_two_runs",
     "make budget": "test_make_budget_prints_the_spec5_table",
     "python -m src.budget": "test_make_budget_prints_the_spec5_table",
@@ -188,6 +189,68 @@ def test_make_help_lists_every_target():
     for name in described:
         assert re.search(rf"(^|\s){re.escape(name)}(\s|$)", listing, re.M), f"make help does not list {name}"
     assert ok(run([*MAKE])) == listing  # help is the default goal: a bare `make` installs nothing
+    headings = [line for line in listing.splitlines()[1:] if not line.startswith(" ")]
+    assert headings == ["Set up:", "Run:", "Study:", "Inspect results:", "Check:", "GPU and cluster:", "Maintenance:"]
+
+
+# --------------------------------------------------------------------------- the docs themselves
+README = ROOT / "README.md"
+LINK = re.compile(r"\[[^\]]*\]\((?!https?://)([^)#\s]*)(?:#([^)\s]*))?\)")
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors of a markdown text's headings: lower case, punctuation dropped, spaces to hyphens."""
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.*)$", FENCED.sub("", text), re.M)}
+
+
+def test_the_readme_is_a_quickstart_that_links_every_docs_page():
+    text = README.read_text()
+    assert text.count("\n") <= 200, "README.md is a quickstart: move reference text to docs/"
+    assert "make demo   # installs .venv" in text and "make test   # installs .venv and .venv-vllm" in text
+    linked = {Path(target).name for target, _ in LINK.findall(text) if target.startswith("docs/")}
+    pages = {path.name for path in (ROOT / "docs").glob("*.md")}
+    assert pages <= linked, f"docs pages the README does not link: {sorted(pages - linked)}"
+
+
+def test_every_link_in_the_docs_reaches_a_file_and_heading():
+    for path in DOC_FILES:
+        for target, anchor in LINK.findall(path.read_text()):
+            reached = (path.parent / target).resolve() if target else path
+            assert reached.exists(), f"{path.relative_to(ROOT)}: link to {target} reaches nothing"
+            if anchor and reached.suffix == ".md":
+                assert anchor in anchors(reached.read_text()), f"{path.relative_to(ROOT)}: no heading #{anchor} in {target}"
+
+
+def test_the_docs_carry_no_history():
+    for path in DOC_FILES:
+        text = path.read_text()
+        for pattern in (r"\bissues? ?#?\d+", r"\bused to\b", r"\bnow (spelled|called|named)\b",
+                        r"\b(added|renamed) later\b", r"\bthe old\b", r"\bevaluate\.py\b"):
+            found = re.search(pattern, text, re.I)
+            assert not found, f"{path.relative_to(ROOT)}: {found.group(0)!r} (say what is, not what was)"
+
+
+def test_the_configuration_page_lists_every_option_of_every_group():
+    from src import help as cli_help
+
+    table = (ROOT / "docs" / "configuration.md").read_text()
+    for group, options in cli_help.groups().items():
+        row = re.search(rf"^\| `{group}/` \|([^|]*)\|", table, re.M)
+        assert row, f"docs/configuration.md has no row for the {group}/ group"
+        missing = [name for name, _ in options if f"`{name}`" not in row.group(1)]
+        assert not missing, f"docs/configuration.md, {group}/: options missing {missing}"
+
+
+def test_the_knob_reference_is_current_and_lists_every_knob():
+    from src.schema import known_keys
+
+    written = ok(run([sys.executable, "-m", "src.help", "--knobs"]))
+    page = (ROOT / "docs" / "knobs.md").read_text()
+    assert written == page, "docs/knobs.md is out of date: python -m src.help --knobs > docs/knobs.md"
+    listed = set(re.findall(r"^\| `([^`]+)` \|", page, re.M))
+    assert known_keys() <= listed, f"knobs missing from docs/knobs.md: {sorted(known_keys() - listed)}"
+    assert re.search(r"^\| `buffer.ratio` \| age: 1.0, .*none: 0.0.* \| float \[0, 64\] \| rho;", page, re.M)
 
 
 def _budget_rows(text: str) -> dict[str, list[str]]:

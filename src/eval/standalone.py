@@ -170,12 +170,20 @@ def evaluate_command(argv: list[str] | None) -> int:
     if not (args.run or args.sweep or args.checkpoint or args.policy):
         parser.error("name what to evaluate: --run RUN_ID, --sweep NAME, --checkpoint PATH or --policy PATH")
 
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        composed = compose("config", overrides=args.overrides)
+    from hydra.errors import HydraException
+
+    from src.checks import composition_error
+    from src.schema import SchemaError
+    from src.suggest import check_command_line
+
     try:
+        check_command_line(args.overrides)  # a near miss (clip=tigth): one line with "did you mean"
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            composed = compose("config", overrides=args.overrides)
         validate(composed)  # a bad evaluation setting fails before any model is loaded
-    except ConfigError as error:
-        console.print(f"[red]config error:[/red] {error}")
+    except (ConfigError, SchemaError, HydraException) as error:
+        message = composition_error(error, args.overrides) if isinstance(error, HydraException) else error
+        console.print(f"[red]config error:[/red] {message}", soft_wrap=True, highlight=False)
         return 2
     protocol = composed.evaluation.name
 
