@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import math
+import random
 import socket
 import tempfile
 import time
@@ -133,7 +134,8 @@ def finite(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
-    """Summary metrics as `<protocol>/<stage>/<metric>`, the seed range as a tag, tables as CSV artifacts.
+    """Summary metrics as `<protocol>/<stage>/<metric>`, the seed range as a tag, tables as CSV artifacts,
+    the sample completions (`result.samples`) appended to `completions/eval.json`.
 
     Goes through the client, not the active run, so `src.eval.standalone` can add results to a
     finished run without reopening it (a failed evaluation never marks that run FAILED).
@@ -153,6 +155,103 @@ def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
             table.to_csv(path, index=False)
             with writing("an evaluation table", artifact_folder(run_id) / "evaluation", path.stat().st_size):
                 client.log_artifact(run_id, str(path), artifact_path="evaluation")
+    log_completions(run_id, eval_completion_rows(result, step), EVAL_COMPLETIONS)
+
+
+# Sample completions as MLflow tables (`mlflow.log_table` appends to an existing file); analysis/ reads
+# these names and columns.
+TRAIN_COMPLETIONS = "completions/train.json"
+EVAL_COMPLETIONS = "completions/eval.json"
+TRAIN_COLUMNS = ("step", "prompt", "response", "reward", "reason", "category", "source", "age", "weight")
+EVAL_COLUMNS = ("step", "prompt", "response", "reward", "reason", "category")
+
+
+def instance_of(group):
+    """The task instance a stored group answers, rebuilt from the ground truth it keeps (a group keeps no
+    instance): a text answer is a math problem's, else Countdown's numbers and target."""
+    if group.answer is not None:
+        from src.task.math.data import MathProblem
+
+        return MathProblem(question=group.prompt, answer=group.answer)
+    from src.task.countdown import Instance
+
+    return Instance(group.numbers, group.target)
+
+
+def completion_rows(collection, task, count: int, max_new_tokens: int) -> list[dict]:
+    """Up to `count` trained responses of a step (`src.train.Collection` after `learn`), one row each.
+
+    The rows are a seeded draw over the batch's rows (the same ones when a resumed run redoes the step).
+    The reward is the one trained on; the verifier's reason and the failure category (empty for a correct
+    response) come from verifying the response again; the weight is the importance weight the gradient used
+    (the mean over tokens where the objective weights tokens), NaN when nothing was trained.
+    """
+    batch, update, step = collection.batch, collection.update, collection.step
+    entries = [(entry, j) for entry in batch.entries for j in entry.trained] if update is not None else \
+        [(BatchEntry(group), j) for group in collection.collected.generated for j in range(group.size)]
+    picked = sorted(random.Random(step).sample(range(len(entries)), min(count, len(entries))))
+    rows = []
+    for row in picked:
+        entry, j = entries[row]
+        group, response = entry.group, entry.group.responses[j]
+        verdict = task.verify(response, instance_of(group))
+        correct = group.rewards[j] == task.correct_reward
+        truncated = len(group.response_ids[j]) >= max_new_tokens
+        rows.append({"step": step, "prompt": group.prompt, "response": response, "reward": group.rewards[j],
+                     "reason": verdict.reason,
+                     "category": "" if correct else task.classify_failure(response, verdict, truncated),
+                     "source": entry.source, "age": entry.age, "weight": row_weight(update, row)})
+    return rows
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """A generated group that no update trained on (its rows in the completions table)."""
+
+    group: object
+    source: str = "fresh"
+    age: int = 0
+
+
+def row_weight(update, row: int) -> float:
+    """The importance weight an update used for a batch row; NaN without an update."""
+    if update is None:
+        return float("nan")
+    if update.token_weights is not None:
+        return float(update.token_weights[row].float().mean()) if len(update.token_weights[row]) else float("nan")
+    return float(update.weights[row])
+
+
+def log_completions(run_id: str, rows: list[dict], artifact_file: str) -> None:
+    """Append rows to a run's completions table (MLflow reads the existing file and writes it back longer)."""
+    if rows:
+        import pandas as pd
+
+        MlflowClient().log_table(run_id, data=pd.DataFrame(rows), artifact_file=artifact_file)
+
+
+def eval_completion_rows(result, step: int) -> list[dict]:
+    """The evaluation's sample completions (`EvalResult.samples`) as rows of the eval completions table."""
+    samples = getattr(result, "samples", None)
+    if samples is None or samples.empty:
+        return []
+    return [{"step": step, **{column: record[column] for column in EVAL_COLUMNS[1:]}}
+            for record in samples.to_dict("records")]
+
+
+def summary_metrics(run_id: str, result, state, ks) -> dict[str, float]:
+    """The run's headline results as `summary/*` (the runs table's default columns): the final held-out
+    evaluation's mean reward, pass@1 and pass@k at its largest k (`summary/k`: one column for every
+    protocol), the fresh verifier evaluations spent, and the wall time since the run was first opened (a
+    resumed run's includes the time it was down)."""
+    started = MlflowClient().get_run(run_id).info.start_time
+    k = max(ks)
+    values = {"summary/final_reward": result.summary.get("mean_reward"),
+              "summary/pass_at_1": result.summary.get("pass@1"),
+              "summary/pass_at_k": result.summary.get(f"pass@{k}"), "summary/k": k,
+              "summary/fresh_evaluations": state.fresh_evaluations,
+              "summary/wall_time_s": time.time() - started / 1000}
+    return finite(values)
 
 
 # Metrics that measure the machine, not the computation: a redone step may differ in them.
@@ -201,6 +300,15 @@ class Tracker:
 
     def log_evaluation(self, result, stage: str, step: int) -> None:
         log_evaluation(self.run_id, result, stage, step)
+
+    def log_completions(self, rows: list[dict], step: int) -> None:
+        """A step's sample completions, after its metrics: a step a resumed run redoes is not logged again."""
+        if step > self.logged_until:
+            log_completions(self.run_id, rows, TRAIN_COMPLETIONS)
+
+    def log_summary(self, result, state, ks) -> None:
+        """The `summary/*` metrics at the run's last step (see `summary_metrics`)."""
+        mlflow.log_metrics(summary_metrics(self.run_id, result, state, ks), step=state.step)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         mlflow.set_tags(tags)
