@@ -78,6 +78,7 @@ def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant
         "policy": str(cfg.policy.name_or_path),
         "hardware": str(cfg.hardware.name),
         "evaluation": str(cfg.evaluation.name),
+        "runtime": str(cfg.runtime.name),
     }
 
 
@@ -444,17 +445,41 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str
             return experiment.experiment_id
 
 
-def ui_url(base: str, uri: str, experiment: str) -> str:
-    """The MLflow UI address of the experiment's runs table, in the UI's model-training mode.
+# MLflow 3.17's UI picks its GenAI or model-training navigation from a global switch: the `workflowType` URL
+# parameter, else the browser's saved choice (local storage `mlflow.workflowType_v1`), GenAI at first
+# (server/js/build/static/js/main.*.js, module 7975), not from the experiment's kind tag.
+TRAINING_MODE = "workflowType=machine_learning"
+# The runs table's columns come from the browser's saved view of the experiment, else Source, Models and
+# Dataset: `make ui` (src/ui_app.py) saves the study's columns where a browser has no view of its own.
+# The cell's knobs are params (rho, L, c, the buffer, the loss, the runtime), the results `summary/*`.
+KNOB_COLUMNS = ("buffer.ratio", "buffer.max_age", "clip.ceiling", "buffer.name", "loss.name", "runtime.name")
+SUMMARY_COLUMNS = ("summary/final_reward", "summary/pass_at_1", "summary/pass_at_k", "summary/k",
+                   "summary/fresh_evaluations", "summary/wall_time_s")
 
-    MLflow 3.17's UI picks its GenAI or model-training navigation from a global switch, the
-    `workflowType` URL parameter (else the browser's saved choice, GenAI at first), not from the
-    experiment tag; the parameter makes the first visit open on the runs.
-    """
+
+def study_columns() -> list[str]:
+    """The runs table's columns in the study view, as the UI names them (`<type>.\`<key>\``)."""
+    return ["attributes.`Source`", *[f"params.`{key}`" for key in KNOB_COLUMNS],
+            *[f"metrics.`{key}`" for key in SUMMARY_COLUMNS]]
+
+
+def experiment_page(experiment_id: str) -> str:
+    """The UI route (after `#/`) of an experiment's runs table, in model-training mode."""
+    return f"experiments/{experiment_id}/runs?{TRAINING_MODE}"
+
+
+def run_page(experiment_id: str, run_id: str) -> str:
+    """The UI route (after `#/`) of a run's page, in model-training mode."""
+    return f"experiments/{experiment_id}/runs/{run_id}?{TRAINING_MODE}"
+
+
+def ui_url(base: str, uri: str, experiment: str) -> str:
+    """The MLflow UI address of the experiment's runs table, in model-training mode; the
+    experiments list when the store has no such experiment yet."""
     found = MlflowClient(uri).get_experiment_by_name(experiment) if Path(uri.removeprefix("sqlite:///")).exists() \
         or not uri.startswith("sqlite:///") else None
-    page = f"experiments/{found.experiment_id}/runs" if found is not None else "experiments"
-    return f"{base.rstrip('/')}/#/{page}?workflowType=machine_learning"
+    page = experiment_page(found.experiment_id) if found is not None else f"experiments?{TRAINING_MODE}"
+    return f"{base.rstrip('/')}/#/{page}"
 
 
 class StoreUnreachable(RuntimeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -109,6 +110,9 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
     client = MlflowClient(store)
     for key in ("train/reward", "budget/fresh_evaluations", "time/step", "train/kl"):
         assert sorted(m.step for m in client.get_metric_history(table.run_id[0], key)) == [0, 1, 2], key
+    with open(client.download_artifacts(table.run_id[0], "completions/train.json", str(tmp_path))) as handle:
+        steps = [row[0] for row in json.load(handle)["data"]]  # the first column is the step
+    assert steps == sorted(steps) and set(steps) == {0, 1, 2} and len(steps) == 3 * steps.count(0)  # none twice
 
 
 def test_runs_started_together_on_a_new_store_do_not_race(tmp_path):
