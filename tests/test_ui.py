@@ -71,21 +71,30 @@ def one_step_run(tmp_path, random_policy_dir, compose_config) -> tuple[str, str]
     return store, runs[0].info.run_id
 
 
-def start_ui(store: str, artifacts: Path, port: int) -> subprocess.Popen:
+def start_ui(store: str, artifacts: Path, port: int, wait: bool = True) -> subprocess.Popen:
     """`make ui`'s command line (src.serve supervising src.ui_app), one worker; returns once it answers."""
     command = [sys.executable, "-m", "src.serve", "--name", "MLflow UI", "--host", "127.0.0.1", "--port", str(port),
                "--store", store, "--experiment", "replay-rloo", "--", sys.executable, "-m", "src.ui_app", "ui",
                "--backend-store-uri", store, "--default-artifact-root", str(artifacts), "--host", "127.0.0.1",
                "--port", str(port), "--workers", "1"]
-    server = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(artifacts.parent / "server.log", "w") as log:  # a file: a pipe nobody reads would fill and block it
+        server = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if wait:
+        wait_for(server, port)
+    return server
+
+
+def wait_for(server: subprocess.Popen, port: int) -> None:
+    """Until the server answers (it fails the test if it exits, or is stopped after 60 s of silence)."""
+    log = Path(server.args[server.args.index("--default-artifact-root") + 1]).parent / "server.log"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return server
+            return
         except OSError:
             if server.poll() is not None:
-                pytest.fail(f"the UI server exited: {server.stdout.read()[-3000:]}")
+                pytest.fail(f"the UI server exited: {log.read_text()[-3000:]}")
             time.sleep(0.3)
     server.terminate()
     pytest.fail("the UI server did not answer within 60 s")
@@ -124,11 +133,15 @@ def shoot(page, tmp_path: Path, name: str) -> None:
 def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path, random_policy_dir,
                                                                           compose_config):
     chromium, driver = ensure_browser()
-    store, run_id = one_step_run(tmp_path, random_policy_dir, compose_config)
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    tracking.ensure_experiment(store, "replay-rloo", str(tmp_path / "art"))  # the store's schema, before the server
     port = free_port()
-    server = start_ui(store, tmp_path / "art", port)
-    page = browser(chromium, driver, tmp_path / "profile")
+    server = start_ui(store, tmp_path / "art", port, wait=False)  # starts while the run trains
+    page = None
     try:
+        _, run_id = one_step_run(tmp_path, random_policy_dir, compose_config)
+        wait_for(server, port)
+        page = browser(chromium, driver, tmp_path / "profile")
         page.get(f"http://127.0.0.1:{port}/")  # the bare address, as a researcher types it
         headers = (*tracking.KNOB_COLUMNS, *tracking.SUMMARY_COLUMNS)
         text = page_text_with(page, ("ui/", *headers))
@@ -146,6 +159,7 @@ def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path,
         assert "summary/final_reward" in text and "Overview" in text
         assert TRAINING_ONLY in text.split("\n"), text[:2000]
     finally:
-        page.quit()
+        if page is not None:
+            page.quit()
         server.terminate()
         server.wait(timeout=30)
