@@ -473,6 +473,16 @@ def run_page(experiment_id: str, run_id: str) -> str:
     return f"experiments/{experiment_id}/runs/{run_id}?{TRAINING_MODE}"
 
 
+UI_ADDRESS = "http://127.0.0.1:5050"  # where `make ui` serves the embedded store (the Makefile's PORT)
+
+
+def run_link(uri: str, run_id: str) -> str:
+    """A run's page in the MLflow UI, in model-training mode: on the tracking server when runs go to one,
+    else where `make ui` serves the store."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_ADDRESS
+    return f"{base}/#/{run_page(MlflowClient().get_run(run_id).info.experiment_id, run_id)}"
+
+
 def ui_url(base: str, uri: str, experiment: str) -> str:
     """The MLflow UI address of the experiment's runs table, in model-training mode; the
     experiments list when the store has no such experiment yet."""

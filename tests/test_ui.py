@@ -19,7 +19,6 @@ import pytest
 from src import tracking
 from src.paths import PROJECT_ROOT
 
-pytestmark = pytest.mark.slow
 BROWSER_PACKAGES = ("chromium", "chromium-driver")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -130,6 +129,25 @@ def shoot(page, tmp_path: Path, name: str) -> None:
         shutil.copy(tmp_path / name, Path(os.environ["UI_SCREENSHOTS"]) / name)
 
 
+def test_the_landing_page_saves_training_mode_and_the_study_columns_where_the_browser_has_none():
+    import json
+
+    from src.ui_app import VIEW_KEY, landing_page
+
+    page = landing_page("<!doctype html><html><head><title>MLflow</title></head><body></body></html>", "7")
+    script = page[page.index("<head>") + len("<head>"):page.index("</script>")]
+    assert page.index("<script>") < page.index("<title>")  # before MLflow's own code reads local storage
+    saved = json.loads(script[script.index("var saved = ") + len("var saved = "):script.index(", page = ")])
+    assert json.loads(saved["mlflow.workflowType_v1"]) == "machine_learning"
+    view = json.loads(saved[VIEW_KEY % "7"])
+    assert view["selectedColumns"] == tracking.study_columns() and "params.`buffer.ratio`" in view["selectedColumns"]
+    assert '"experiments/7/runs?workflowType=machine_learning"' in script
+    assert "getItem(key) === null" in script  # a browser's own choice stays
+    bare = landing_page("<html><head></head></html>", None)  # no experiment yet: the mode only, no redirect
+    assert VIEW_KEY.split("[")[0] not in bare and ", page = null;" in bare
+
+
+@pytest.mark.slow
 def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path, random_policy_dir,
                                                                           compose_config):
     chromium, driver = ensure_browser()
