@@ -109,13 +109,15 @@ def run_description(cell: str, variant: str, cfg: DictConfig, command: str) -> s
 
 
 def flat_params(cfg: DictConfig) -> dict[str, str]:
-    """The resolved config flattened to dotted keys (MLflow params are strings)."""
+    """The resolved config flattened to dotted keys (MLflow params are strings), without the `_target_`
+    class paths: the runs table shows what a researcher set; `config.yaml` keeps the whole config."""
     flat: dict[str, str] = {}
 
     def walk(node, prefix: str) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
+                if key != "_target_":
+                    walk(value, f"{prefix}{key}.")
         else:
             flat[prefix[:-1]] = str(node)
 

@@ -1,5 +1,5 @@
-"""Sample completions as MLflow tables (`completions/train.json`, `completions/eval.json`) and the `summary/*`
-metrics a finished run carries."""
+"""Sample completions as MLflow tables (`completions/train.json`, `completions/eval.json`), the `summary/*`
+metrics a finished run carries, and its flat params."""
 
 from __future__ import annotations
 
@@ -84,6 +84,10 @@ def test_a_one_step_run_logs_a_completions_table_and_summary_metrics(tmp_path, r
     evaluation = read_table(client, run_id, tracking.EVAL_COMPLETIONS, tmp_path)
     assert list(evaluation.columns) == list(tracking.EVAL_COLUMNS)
     assert sorted(evaluation.step) == [0, 0, 0, 1, 1, 1]  # at the start (step 0) and after the one step
+    params = client.get_run(run_id).data.params
+    assert params["buffer.ratio"] == "0.0" and not [key for key in params if "_target_" in key]  # flat, readable
+    with open(client.download_artifacts(run_id, "config.yaml", str(tmp_path))) as config:
+        assert "_target_: src." in config.read()  # the class paths stay in the config artifact
     metrics = client.get_run(run_id).data.metrics
     for key in ("summary/final_reward", "summary/pass_at_1", "summary/pass_at_k", "summary/fresh_evaluations",
                 "summary/wall_time_s"):
