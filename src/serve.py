@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return 0
     announce(args.name, args.host, port, args.store, args.experiment)
-    if args.experiment:  # src/ui_app.py opens the home page on this experiment's study view
+    if args.experiment:  # src/ui_app.py opens the home page on this experiment's runs table
         os.environ["REPLAY_RLOO_EXPERIMENT"] = args.experiment
     code = supervise(command, args.grace)
     if code:
