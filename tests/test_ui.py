@@ -32,7 +32,8 @@ def ensure_browser() -> tuple[str, str]:
     if all(found):
         return found
     if shutil.which("apt-get") is None or os.geteuid() != 0:
-        pytest.skip(f"headless Chromium: {' and '.join(BROWSER_PACKAGES)} missing and no apt-get (as root) to install them")
+        pytest.skip(f"headless Chromium: {' and '.join(BROWSER_PACKAGES)} missing and no apt-get (as root) to "
+                    "install them")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *BROWSER_PACKAGES]
     if subprocess.run(install, env=env, capture_output=True).returncode != 0:  # a fresh machine: no package lists
