@@ -133,7 +133,7 @@ UI_ARGS ?=                # more `mlflow ui` options, e.g. UI_ARGS="--workers 1"
 ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050] [UI_HOST=0.0.0.0]; prints its URL
 	@$(SERVE) --name "MLflow UI" --host $(UI_HOST) --port $(PORT) --knob PORT --host-knob UI_HOST --target ui \
 		--store $(UI_STORE) --experiment $(UI_EXPERIMENT) -- \
-		$(PY) -m mlflow ui --backend-store-uri $(UI_STORE) --default-artifact-root $(UI_ARTIFACTS) \
+		$(PY) -m src.ui_app ui --backend-store-uri $(UI_STORE) --default-artifact-root $(UI_ARTIFACTS) \
 		--host $(UI_HOST) --port $(PORT) $(UI_ARGS)
 
 budget: $(STAMP)  ## planned fresh verifier evaluations for the paper's settings (no model loaded)
@@ -177,8 +177,8 @@ ziprc: $(STAMP)  ## ZIP-RC-Lite, every stage (seed 004): make ziprc [ARGS="polic
 
 mlflow-server: $(STAMP)  ## a tracking server (tracking.uri=http://<host>:<port>); MLFLOW_HOST=0.0.0.0 for cluster jobs
 	@$(SERVE) --name "MLflow tracking server" --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --knob MLFLOW_PORT \
-		--host-knob MLFLOW_HOST --target mlflow-server -- \
-		$(PY) -m mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
+		--host-knob MLFLOW_HOST --target mlflow-server --store $(MLFLOW_BACKEND) --experiment $(UI_EXPERIMENT) -- \
+		$(PY) -m src.ui_app server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
 		--artifacts-destination $(MLFLOW_ARTIFACTS) --serve-artifacts \
 		$(if $(strip $(MLFLOW_ALLOWED_HOSTS)),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS)) $(MLFLOW_ARGS)
 

@@ -41,7 +41,7 @@ from src.components import Components
 from src.claim import fail_unopened_claim, withdraw_unopened_claim
 from src.resume import NothingToTrain, RunAlive, choose_start
 from src.state import TrainState
-from src.train import train_step
+from src.train import collect, learn
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -135,6 +135,7 @@ class CellRun:
         final_dir = save_final_policy(self.parts, self.folder / "policy")
         after = self.evaluate("final", step=state.step)
         tracker.set_tags({"fresh_evaluations": str(state.fresh_evaluations)})
+        tracker.log_summary(after, state, cfg.evaluation.ks)
         tracking.log_final_policy(tracker.run_id, final_dir, cfg.tracking.policy_artifact_max_mb)
         if tracker.redone_mismatches:
             tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
@@ -147,13 +148,17 @@ class CellRun:
         """One step, logged; a checkpoint and an evaluation when due; StopRequested if a stop signal came."""
         cfg, state = self.cfg, self.state
         try:
-            metrics = train_step(self.parts, state)
+            collection = collect(self.parts, state.step)
+            metrics = learn(self.parts, state, collection)  # = train_step, with the step's rows kept for its sample
         except Exception:
             if self.stop.requested != signal.SIGINT:
                 raise
             # Ctrl-C reaches the whole process group: a helper process (vLLM's engine) may have died of it.
             raise StopRequested(signal.SIGINT, mid_step=True) from None
         self.tracker.log_step(metrics, state.step - 1)
+        rows = tracking.completion_rows(collection, self.parts.task, cfg.tracking.completions_per_step,
+                                        cfg.policy.max_new_tokens)
+        self.tracker.log_completions(rows, state.step - 1)
         state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
         bar.update(state.step, _progress_info(metrics))
         every = cfg.trainer.checkpoint_every
@@ -239,6 +244,8 @@ def _print_summary(cfg, plan, state: TrainState, before, after, run_id: str) -> 
     planned = ("at least " if cfg.sampling.name == "dynamic" else "") + str(plan.fresh_evaluations)
     console.print(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {planned}); "
                   f"gradient steps: {state.gradient_steps}")
+    where = "" if cfg.tracking.uri.startswith(("http://", "https://")) else " (after make ui)"
+    console.print(f"run page{where}: {tracking.run_link(cfg.tracking.uri, run_id)}", soft_wrap=True, highlight=False)
 
 
 def _fmt(value) -> str:

@@ -106,6 +106,7 @@ KNOBS: dict[str, Knob] = {
     "policy.vllm.seed": SEED,
     "hardware.threads": _int(1, 4_096, "2 or null", nullable=True),
     "tracking.policy_artifact_max_mb": _float(0, INF, "200 (0: never upload, tags only)"),
+    "tracking.completions_per_step": _int(0, 10_000, "4 (0: none)"),
     "task.train_size": _int(1, 100_000_000, "20000"),
     "task.heldout_size": _int(1, 1_000_000, "50"),
     "task.seed": SEED,

@@ -1,7 +1,7 @@
 """Start an MLflow server process (`make ui`, `make mlflow-server`) and stop it as a whole.
 
     python -m src.serve --name "MLflow UI" --host 127.0.0.1 --port 5050 --knob PORT --target ui \
-        --store sqlite:///mlruns.db --experiment replay-rloo -- python -m mlflow ui ...
+        --store sqlite:///mlruns.db --experiment replay-rloo -- python -m src.ui_app ui ...
 
 Before anything starts, the port is tried: one taken by another program is refused with one line
 naming the port and the make variable that picks another (MLflow itself would log "Address already
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-knob", default="HOST", help="the make variable that sets the host")
     parser.add_argument("--target", default="ui", help="the make target, for the printed example")
     parser.add_argument("--store", help="tracking URI whose experiment's runs table the printed address opens")
-    parser.add_argument("--experiment")
+    parser.add_argument("--experiment", help="the experiment the printed address and the home page open")
     parser.add_argument("--grace", type=float, default=GRACE_S,
                         help="seconds the server's processes get to exit after a stop signal before they are killed")
     parser.add_argument("--check", action="store_true",
@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return 0
     announce(args.name, args.host, port, args.store, args.experiment)
+    if args.experiment:  # src/ui_app.py opens the home page on this experiment's runs table
+        os.environ["REPLAY_RLOO_EXPERIMENT"] = args.experiment
     code = supervise(command, args.grace)
     if code:
         print(f"error: the {args.name} stopped by itself (exit code {code}); its messages are above", file=sys.stderr,

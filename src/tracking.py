@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import math
+import random
 import socket
 import tempfile
 import time
@@ -77,6 +78,7 @@ def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant
         "policy": str(cfg.policy.name_or_path),
         "hardware": str(cfg.hardware.name),
         "evaluation": str(cfg.evaluation.name),
+        "runtime": str(cfg.runtime.name),
     }
 
 
@@ -107,13 +109,15 @@ def run_description(cell: str, variant: str, cfg: DictConfig, command: str) -> s
 
 
 def flat_params(cfg: DictConfig) -> dict[str, str]:
-    """The resolved config flattened to dotted keys (MLflow params are strings)."""
+    """The resolved config flattened to dotted keys (MLflow params are strings), without the `_target_`
+    class paths: the runs table shows what a researcher set; `config.yaml` keeps the whole config."""
     flat: dict[str, str] = {}
 
     def walk(node, prefix: str) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
+                if key != "_target_":
+                    walk(value, f"{prefix}{key}.")
         else:
             flat[prefix[:-1]] = str(node)
 
@@ -133,7 +137,8 @@ def finite(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
-    """Summary metrics as `<protocol>/<stage>/<metric>`, the seed range as a tag, tables as CSV artifacts.
+    """Summary metrics as `<protocol>/<stage>/<metric>`, the seed range as a tag, tables as CSV artifacts,
+    the sample completions (`result.samples`) appended to `completions/eval.json`.
 
     Goes through the client, not the active run, so `src.eval.standalone` can add results to a
     finished run without reopening it (a failed evaluation never marks that run FAILED).
@@ -153,6 +158,103 @@ def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
             table.to_csv(path, index=False)
             with writing("an evaluation table", artifact_folder(run_id) / "evaluation", path.stat().st_size):
                 client.log_artifact(run_id, str(path), artifact_path="evaluation")
+    log_completions(run_id, eval_completion_rows(result, step), EVAL_COMPLETIONS)
+
+
+# Sample completions as MLflow tables (`mlflow.log_table` appends to an existing file); analysis/ reads
+# these names and columns.
+TRAIN_COMPLETIONS = "completions/train.json"
+EVAL_COMPLETIONS = "completions/eval.json"
+TRAIN_COLUMNS = ("step", "prompt", "response", "reward", "reason", "category", "source", "age", "weight")
+EVAL_COLUMNS = ("step", "prompt", "response", "reward", "reason", "category")
+
+
+def instance_of(group):
+    """The task instance a stored group answers, rebuilt from the ground truth it keeps (a group keeps no
+    instance): a text answer is a math problem's, else Countdown's numbers and target."""
+    if group.answer is not None:
+        from src.task.math.data import MathProblem
+
+        return MathProblem(question=group.prompt, answer=group.answer)
+    from src.task.countdown import Instance
+
+    return Instance(group.numbers, group.target)
+
+
+def completion_rows(collection, task, count: int, max_new_tokens: int) -> list[dict]:
+    """Up to `count` trained responses of a step (`src.train.Collection` after `learn`), one row each.
+
+    The rows are a seeded draw over the batch's rows (the same ones when a resumed run redoes the step).
+    The reward is the one trained on; the verifier's reason and the failure category (empty for a correct
+    response) come from verifying the response again; the weight is the importance weight the gradient used
+    (the mean over tokens where the objective weights tokens), NaN when nothing was trained.
+    """
+    batch, update, step = collection.batch, collection.update, collection.step
+    entries = [(entry, j) for entry in batch.entries for j in entry.trained] if update is not None else \
+        [(BatchEntry(group), j) for group in collection.collected.generated for j in range(group.size)]
+    picked = sorted(random.Random(step).sample(range(len(entries)), min(count, len(entries))))
+    rows = []
+    for row in picked:
+        entry, j = entries[row]
+        group, response = entry.group, entry.group.responses[j]
+        verdict = task.verify(response, instance_of(group))
+        correct = group.rewards[j] == task.correct_reward
+        truncated = len(group.response_ids[j]) >= max_new_tokens
+        rows.append({"step": step, "prompt": group.prompt, "response": response, "reward": group.rewards[j],
+                     "reason": verdict.reason,
+                     "category": "" if correct else task.classify_failure(response, verdict, truncated),
+                     "source": entry.source, "age": entry.age, "weight": row_weight(update, row)})
+    return rows
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """A generated group that no update trained on (its rows in the completions table)."""
+
+    group: object
+    source: str = "fresh"
+    age: int = 0
+
+
+def row_weight(update, row: int) -> float:
+    """The importance weight an update used for a batch row; NaN without an update."""
+    if update is None:
+        return float("nan")
+    if update.token_weights is not None:
+        return float(update.token_weights[row].float().mean()) if len(update.token_weights[row]) else float("nan")
+    return float(update.weights[row])
+
+
+def log_completions(run_id: str, rows: list[dict], artifact_file: str) -> None:
+    """Append rows to a run's completions table (MLflow reads the existing file and writes it back longer)."""
+    if rows:
+        import pandas as pd
+
+        MlflowClient().log_table(run_id, data=pd.DataFrame(rows), artifact_file=artifact_file)
+
+
+def eval_completion_rows(result, step: int) -> list[dict]:
+    """The evaluation's sample completions (`EvalResult.samples`) as rows of the eval completions table."""
+    samples = getattr(result, "samples", None)
+    if samples is None or samples.empty:
+        return []
+    return [{"step": step, **{column: record[column] for column in EVAL_COLUMNS[1:]}}
+            for record in samples.to_dict("records")]
+
+
+def summary_metrics(run_id: str, result, state, ks) -> dict[str, float]:
+    """The run's headline results as `summary/*` (the runs table's default columns): the final held-out
+    evaluation's mean reward, pass@1 and pass@k at its largest k (`summary/k`: one column for every
+    protocol), the fresh verifier evaluations spent, and the wall time since the run was first opened (a
+    resumed run's includes the time it was down)."""
+    started = MlflowClient().get_run(run_id).info.start_time
+    k = max(ks)
+    values = {"summary/final_reward": result.summary.get("mean_reward"),
+              "summary/pass_at_1": result.summary.get("pass@1"),
+              "summary/pass_at_k": result.summary.get(f"pass@{k}"), "summary/k": k,
+              "summary/fresh_evaluations": state.fresh_evaluations,
+              "summary/wall_time_s": time.time() - started / 1000}
+    return finite(values)
 
 
 # Metrics that measure the machine, not the computation: a redone step may differ in them.
@@ -201,6 +303,15 @@ class Tracker:
 
     def log_evaluation(self, result, stage: str, step: int) -> None:
         log_evaluation(self.run_id, result, stage, step)
+
+    def log_completions(self, rows: list[dict], step: int) -> None:
+        """A step's sample completions, after its metrics: a step a resumed run redoes is not logged again."""
+        if step > self.logged_until:
+            log_completions(self.run_id, rows, TRAIN_COMPLETIONS)
+
+    def log_summary(self, result, state, ks) -> None:
+        """The `summary/*` metrics at the run's last step (see `summary_metrics`)."""
+        mlflow.log_metrics(summary_metrics(self.run_id, result, state, ks), step=state.step)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         mlflow.set_tags(tags)
@@ -336,17 +447,51 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str
             return experiment.experiment_id
 
 
-def ui_url(base: str, uri: str, experiment: str) -> str:
-    """The MLflow UI address of the experiment's runs table, in the UI's model-training mode.
+# MLflow 3.17's UI picks its GenAI or model-training navigation from a global switch: the `workflowType` URL
+# parameter, else the browser's saved choice (local storage `mlflow.workflowType_v1`), GenAI at first
+# (server/js/build/static/js/main.*.js, module 7975), not from the experiment's kind tag.
+TRAINING_MODE = "workflowType=machine_learning"
+# The runs table's columns come from the browser's saved view of the experiment, else Source, Models and
+# Dataset: `make ui` (src/ui_app.py) saves the study's columns where a browser has no view of its own.
+# The cell's knobs are params (rho, L, c, the buffer, the loss, the runtime), the results `summary/*`.
+KNOB_COLUMNS = ("buffer.ratio", "buffer.max_age", "clip.ceiling", "buffer.name", "loss.name", "runtime.name")
+SUMMARY_COLUMNS = ("summary/final_reward", "summary/pass_at_1", "summary/pass_at_k", "summary/k",
+                   "summary/fresh_evaluations", "summary/wall_time_s")
 
-    MLflow 3.17's UI picks its GenAI or model-training navigation from a global switch, the
-    `workflowType` URL parameter (else the browser's saved choice, GenAI at first), not from the
-    experiment tag; the parameter makes the first visit open on the runs.
-    """
+
+def study_columns() -> list[str]:
+    """The runs table's columns in the study view, as the UI names them (`<type>.\`<key>\``)."""
+    return ["attributes.`Source`", *[f"params.`{key}`" for key in KNOB_COLUMNS],
+            *[f"metrics.`{key}`" for key in SUMMARY_COLUMNS]]
+
+
+def experiment_page(experiment_id: str) -> str:
+    """The UI route (after `#/`) of an experiment's runs table, in model-training mode."""
+    return f"experiments/{experiment_id}/runs?{TRAINING_MODE}"
+
+
+def run_page(experiment_id: str, run_id: str) -> str:
+    """The UI route (after `#/`) of a run's page, in model-training mode."""
+    return f"experiments/{experiment_id}/runs/{run_id}?{TRAINING_MODE}"
+
+
+UI_ADDRESS = "http://127.0.0.1:5050"  # where `make ui` serves the embedded store (the Makefile's PORT)
+
+
+def run_link(uri: str, run_id: str) -> str:
+    """A run's page in the MLflow UI, in model-training mode: on the tracking server when runs go to one,
+    else where `make ui` serves the store."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_ADDRESS
+    return f"{base}/#/{run_page(MlflowClient().get_run(run_id).info.experiment_id, run_id)}"
+
+
+def ui_url(base: str, uri: str, experiment: str) -> str:
+    """The MLflow UI address of the experiment's runs table, in model-training mode; the
+    experiments list when the store has no such experiment yet."""
     found = MlflowClient(uri).get_experiment_by_name(experiment) if Path(uri.removeprefix("sqlite:///")).exists() \
         or not uri.startswith("sqlite:///") else None
-    page = f"experiments/{found.experiment_id}/runs" if found is not None else "experiments"
-    return f"{base.rstrip('/')}/#/{page}?workflowType=machine_learning"
+    page = experiment_page(found.experiment_id) if found is not None else f"experiments?{TRAINING_MODE}"
+    return f"{base.rstrip('/')}/#/{page}"
 
 
 class StoreUnreachable(RuntimeError):

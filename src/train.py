@@ -46,6 +46,7 @@ class Collection:
     collected: Collected
     gap_fill: int                                   # fresh groups generated in place of missing replays
     laps: dict[str, float] = field(default_factory=dict)
+    update: UpdateResult | None = None              # set by `learn`: per-row weights (the completions table reads them)
 
 
 def collect(parts: Components, step: int) -> Collection:
@@ -87,6 +88,7 @@ def learn(parts: Components, state: TrainState, collection: Collection) -> dict[
     #    before this step's fresh groups are stored.
     update = parts.objective.update(parts.policy, parts.reference, parts.optimizer, batch) if batch else None
     updates = [update] if update else []
+    collection.update = update
     updates += [parts.objective.update(parts.policy, parts.reference, parts.optimizer, extra)
                 for extra in parts.store.extra_batches(step)]
     parts.engine.sync_weights(parts.policy)

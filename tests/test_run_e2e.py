@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -81,15 +82,15 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]  # as under @hydra.main: the job sees its config without the hydra node
-    real_step, calls = src.run.train_step, []
+    real_learn, calls = src.run.learn, []
 
     def crash_on_second_step(*args):
         calls.append(1)
         if len(calls) == 3:
             raise RuntimeError("simulated crash")
-        return real_step(*args)
+        return real_learn(*args)
 
-    monkeypatch.setattr(src.run, "train_step", crash_on_second_step)
+    monkeypatch.setattr(src.run, "learn", crash_on_second_step)
     with pytest.raises(RuntimeError, match="simulated crash"):
         src.run.train(cfg)
     table = runs(store, "crash")
@@ -97,7 +98,7 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
     assert table["tags.failure_reason"][0] == "RuntimeError: simulated crash"
     assert (tmp_path / "run" / "checkpoint.pt").exists()  # written after step 2, ready to resume
 
-    monkeypatch.setattr(src.run, "train_step", real_step)
+    monkeypatch.setattr(src.run, "learn", real_learn)
     with open_dict(cfg):
         cfg.trainer.resume_from = str(tmp_path / "run" / "checkpoint.prev.pt")  # step 1: step 1 is redone
     with caplog.at_level(logging.WARNING):
@@ -109,6 +110,9 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
     client = MlflowClient(store)
     for key in ("train/reward", "budget/fresh_evaluations", "time/step", "train/kl"):
         assert sorted(m.step for m in client.get_metric_history(table.run_id[0], key)) == [0, 1, 2], key
+    with open(client.download_artifacts(table.run_id[0], "completions/train.json", str(tmp_path))) as handle:
+        steps = [row[0] for row in json.load(handle)["data"]]  # the first column is the step
+    assert steps == sorted(steps) and set(steps) == {0, 1, 2} and len(steps) == 3 * steps.count(0)  # none twice
 
 
 def test_runs_started_together_on_a_new_store_do_not_race(tmp_path):

@@ -34,10 +34,14 @@ class Recorder:
     run_id: str = "test"
     steps: list = field(default_factory=list)
     artifacts: list = field(default_factory=list)
+    completions: list = field(default_factory=list)
     saves: int = 0
 
     def log_step(self, metrics, step):
         self.steps.append((step, metrics))
+
+    def log_completions(self, rows, step):
+        self.completions.append((step, rows))
 
 
 class NoStop:
@@ -107,6 +111,8 @@ def compose_config_module():
 def test_lockstep_w2_consumes_no_sample_newer_than_the_trainer_and_meets_footnote5(lockstep_w2):
     recorder, events = lockstep_w2
     assert [step for step, _ in recorder.steps] == [0, 1, 2, 3, 4]
+    assert [step for step, _ in recorder.completions] == [0, 1, 2, 3, 4]  # a sample of each step's rows
+    assert all(len(rows) == 4 and {row["source"] for row in rows} == {"replay"} for _, rows in recorder.completions)
     samples = [event for event in events if event["event"] == "sample"]
     assert len(samples) == 5 and all(max(e["versions"]) <= e["step"] for e in samples)
     last = recorder.steps[-1][1]

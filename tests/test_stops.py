@@ -287,16 +287,16 @@ def test_ctrl_c_that_breaks_a_step_off_keeps_the_last_complete_checkpoint(tmp_pa
 
     cfg = hydra_job_config(compose_config, tmp_path, f"policy.name_or_path={random_policy_dir}", *TINY,
                            "trainer.steps=3", "evaluation.at_start=false")
-    real_step, calls = src.run.train_step, []
+    real_learn, calls = src.run.learn, []
 
-    def engine_dies_on_the_second_step(parts, state):
+    def engine_dies_on_the_second_step(parts, state, collection):
         calls.append(1)
         if len(calls) == 2:
             sigint_then(lambda: None)()
             raise RuntimeError("engine core died")
-        return real_step(parts, state)
+        return real_learn(parts, state, collection)
 
-    monkeypatch.setattr(src.run, "train_step", engine_dies_on_the_second_step)
+    monkeypatch.setattr(src.run, "learn", engine_dies_on_the_second_step)
     with caplog.at_level(logging.WARNING), pytest.raises(Interrupted):
         src.run.train(cfg)
     assert list(all_runs(tmp_path).status) == ["KILLED"]

@@ -9,7 +9,7 @@ seed namespaces never overlap and their results stay apart.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
@@ -27,6 +27,8 @@ class EvalResult:
     summary: dict[str, float]  # mean over repeats per metric, plus "<metric>_hw" (95% t half-width)
     per_repeat: pd.DataFrame  # one row per repeat: repeat, seed, every metric
     per_prompt: pd.DataFrame  # one row per (repeat, prompt)
+    # sample completions: prompt, response, reward, reason, category ("" when correct); see `evaluate`'s `samples`
+    samples: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def category_counts(categories: Iterable[str | None], known: Sequence[str]) -> dict[str, int]:
@@ -71,12 +73,14 @@ def evaluate(
     sampling: SamplingParams,
     seed: int,
     on_repeat: Callable[[int], None] | None = None,
+    samples: int = 0,
 ) -> EvalResult:
     """Run `repeats` seeded repeats (engine seed `seed + r`) and return pass@k, reward, correction and unique rates.
 
     `prompt(instance)` is the text the policy sees (a `PromptFormat.format`); `task` verifies, extracts the
     answers for the unique rate and names the failure categories. A response as long as the token budget
-    counts as truncated. `on_repeat(r)` is called after each repeat (a progress display).
+    counts as truncated. `on_repeat(r)` is called after each repeat (a progress display). `samples` of the first
+    repeat's completions (the first one of each prompt, prompts in order) are kept as `EvalResult.samples`.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; valid: {', '.join(ESTIMATORS)}")
@@ -89,7 +93,7 @@ def evaluate(
     categories = tuple(task.failure_categories)
     pass_cols = [f"pass@{k}" for k in ks]
 
-    repeat_rows, prompt_rows = [], []
+    repeat_rows, prompt_rows, sample_rows = [], [], []
     for r in range(repeats):
         generation = engine.generate(prompts, samples_per_prompt, sampling, seed + r)
         if len(generation.completions) != len(prompts) or any(
@@ -103,8 +107,12 @@ def evaluate(
             rewards = [v.reward for v in verdicts]
             correct = [reward == task.correct_reward for reward in rewards]
             truncated = [len(c.token_ids) >= sampling.max_new_tokens for c in completions]
-            failures = category_counts((None if ok else task.classify_failure(t, v, cut)
-                                        for t, v, ok, cut in zip(texts, verdicts, correct, truncated)), categories)
+            labels = [None if ok else task.classify_failure(t, v, cut)
+                      for t, v, ok, cut in zip(texts, verdicts, correct, truncated)]
+            failures = category_counts(labels, categories)
+            if r == 0 and p < samples:
+                sample_rows.append({"prompt": prompts[p], "response": texts[0], "reward": rewards[0],
+                                    "reason": verdicts[0].reason, "category": labels[0] or ""})
             row = {
                 "repeat": r,
                 "prompt_index": p,
@@ -143,4 +151,5 @@ def evaluate(
         summary[metric] = float(per_repeat[metric].mean())
         summary[f"{metric}_hw"] = t_half_width(per_repeat[metric].tolist())
     summary.update(failure_summary(per_repeat, categories))
-    return EvalResult(name=name, summary=summary, per_repeat=per_repeat, per_prompt=pd.DataFrame(prompt_rows))
+    return EvalResult(name=name, summary=summary, per_repeat=per_repeat, per_prompt=pd.DataFrame(prompt_rows),
+                      samples=pd.DataFrame(sample_rows, columns=["prompt", "response", "reward", "reason", "category"]))

@@ -56,7 +56,7 @@ def evaluate_policy(cfg: DictConfig, policy, tokenizer, engine, heldout, on_repe
         estimator=evaluation.estimator,
         sampling=SamplingParams(temperature=evaluation.temperature, top_p=evaluation.top_p,
                                 top_k=evaluation.top_k, max_new_tokens=cfg.policy.max_new_tokens),
-        seed=evaluation.seed, on_repeat=on_repeat,
+        seed=evaluation.seed, on_repeat=on_repeat, samples=int(cfg.tracking.get("completions_per_step", 0)),
     )
 
 

@@ -161,6 +161,7 @@ class RayWork:
         self.preloaded: dict[int, list[Generated]] = {}
         self.published: tuple[int, ray.ObjectRef] | None = None
         self.wait_s = 0.0
+        self.last: Collection | None = None  # the last trained step's batch (the run logs a sample of its rows)
 
     # ---- workers ----
     def start(self, worker: int, key: int, version: int | None) -> None:
@@ -223,7 +224,8 @@ class RayWork:
         waited, self.wait_s = self.wait_s, 0.0
         collected = Collected(fresh=[], generated=[g.group for g in arrived], off_policy=False,
                               timings={"wait_for_rollouts": waited})
-        return learn(self.parts, self.state, Collection(step, batch_of(samples), collected, gap_fill=0))
+        self.last = Collection(step, batch_of(samples), collected, gap_fill=0)
+        return learn(self.parts, self.state, self.last)
 
     def publish(self, version: int) -> float:
         started = time.perf_counter()

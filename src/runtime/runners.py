@@ -33,6 +33,7 @@ from src.interrupt import StopRequested
 from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
                                   PipelineError, PipelineSettings)
 from src.runtime.queues import QUEUES, build_queue
+from src.tracking import completion_rows
 
 log = logging.getLogger(__name__)
 EVENT_LOG = "events.jsonl"
@@ -267,6 +268,9 @@ class AsyncSession:
             metrics = self.pipeline.next_step()
             step = state.step - 1
             loop.tracker.log_step(metrics, step)
+            rows = completion_rows(self.work.last, loop.parts.task, cfg.tracking.completions_per_step,
+                                   cfg.policy.max_new_tokens)
+            loop.tracker.log_completions(rows, step)
             state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
             self._write_events()
             log.info("step %d  reward %.3f  off-policiness %.2f  replay %.2f  queue %d", step,

@@ -1,0 +1,96 @@
+"""Sample completions as MLflow tables (`completions/train.json`, `completions/eval.json`), the `summary/*`
+metrics a finished run carries, and its flat params."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import mlflow
+import pandas as pd
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from src import tracking
+from src.batch import Batch, BatchGroup, Group
+from src.loss.base import UpdateResult
+from src.sampling.collection import Collected
+from src.task.countdown import CountdownTask
+from src.train import Collection
+
+
+def read_table(client: MlflowClient, run_id: str, path: str, folder) -> pd.DataFrame:
+    """A table `mlflow.log_table` wrote (pandas' split orient)."""
+    with open(client.download_artifacts(run_id, path, str(folder))) as handle:
+        split = json.load(handle)
+    return pd.DataFrame(split["data"], columns=split["columns"])
+
+
+def countdown_group(responses, rewards, step) -> Group:
+    return Group(prompt="Using [3, 5] make 8", prompt_ids=[1, 2], numbers=(3, 5), target=8, responses=responses,
+                 response_ids=[[7] * 3, [7] * 4], rewards=rewards, step=step)
+
+
+def test_completion_rows_carry_the_verifier_reason_the_failure_category_the_source_and_the_weight():
+    fresh = countdown_group(["<answer>3 + 5</answer>", "<answer>3 * 5</answer>"], [1.0, 0.1], step=4)
+    old = countdown_group(["no answer at all", "<answer>3 + 5</answer>"], [0.0, 1.0], step=2)
+    batch = Batch([BatchGroup(fresh), BatchGroup(old, "replay", 2)])
+    weights = torch.tensor([1.0, 1.0, 0.5, 2.0])
+    update = UpdateResult(logprobs=torch.zeros(4), raw_weights=weights * 3, weights=weights, kl_sums=torch.zeros(4),
+                          token_counts=torch.ones(4), reference_tokens=[()] * 4, loss=0.0, policy_loss=0.0, kl=0.0,
+                          entropy=0.0)
+    collection = Collection(4, batch, Collected([fresh], [fresh], False), 0, update=update)
+    rows = pd.DataFrame(tracking.completion_rows(collection, CountdownTask(), 10, max_new_tokens=16))
+    assert list(rows.columns) == list(tracking.TRAIN_COLUMNS)
+    assert len(rows) == 4 and set(rows.step) == {4}
+    by_response = rows.set_index(["source", "response"])
+    right = by_response.loc[("fresh", "<answer>3 + 5</answer>")]
+    assert (right.reward, right.reason, right.category, right.age, right.weight) == (1.0, "correct", "", 0, 1.0)
+    wrong = by_response.loc[("fresh", "<answer>3 * 5</answer>")]
+    assert (wrong.reward, wrong.category) == (0.1, "wrong_target") and wrong.reason != "correct"
+    replayed = by_response.loc[("replay", "no answer at all")]
+    assert (replayed.reward, replayed.category, replayed.age, replayed.weight) == (0.0, "format_error", 2, 0.5)
+    assert len(tracking.completion_rows(collection, CountdownTask(), 2, 16)) == 2  # the configured count
+    assert tracking.completion_rows(collection, CountdownTask(), 0, 16) == []  # 0 turns it off
+
+
+@pytest.mark.slow
+def test_a_one_step_run_logs_a_completions_table_and_summary_metrics(tmp_path, random_policy_dir, compose_config):
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    import src.run
+
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    cfg = compose_config(f"policy.name_or_path={random_policy_dir}", "trainer.steps=1", "trainer.groups_per_step=2",
+                         "trainer.group_size=2", "policy.max_new_tokens=4", "evaluation.prompts=3",
+                         "evaluation.samples_per_prompt=2", "evaluation.ks=[1,2]", "tracking.completions_per_step=3",
+                         f"tracking.uri={store}", "tracking.sweep=completions",
+                         f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/run",
+                         hydra=True)
+    cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    src.run.train(cfg)
+    mlflow.set_tracking_uri(store)
+    run_id = mlflow.search_runs(experiment_names=["replay-rloo"]).run_id[0]
+    client = MlflowClient(store)
+    train = read_table(client, run_id, tracking.TRAIN_COMPLETIONS, tmp_path)
+    assert list(train.columns) == list(tracking.TRAIN_COLUMNS)
+    assert len(train) == 3 and set(train.step) == {0} and set(train.source) == {"fresh"}
+    assert train.reason.str.len().min() > 0 and train.prompt.str.contains("numbers").all()
+    evaluation = read_table(client, run_id, tracking.EVAL_COMPLETIONS, tmp_path)
+    assert list(evaluation.columns) == list(tracking.EVAL_COLUMNS)
+    assert sorted(evaluation.step) == [0, 0, 0, 1, 1, 1]  # at the start (step 0) and after the one step
+    params = client.get_run(run_id).data.params
+    assert params["buffer.ratio"] == "0.0" and not [key for key in params if "_target_" in key]  # flat, readable
+    with open(client.download_artifacts(run_id, "config.yaml", str(tmp_path))) as config:
+        assert "_target_: src." in config.read()  # the class paths stay in the config artifact
+    metrics = client.get_run(run_id).data.metrics
+    for key in ("summary/final_reward", "summary/pass_at_1", "summary/pass_at_k", "summary/fresh_evaluations",
+                "summary/wall_time_s"):
+        assert key in metrics and math.isfinite(metrics[key]), key
+    assert metrics["summary/k"] == 2 and metrics["summary/fresh_evaluations"] == 4  # 2 groups x 2 responses
+    assert metrics["summary/final_reward"] == metrics["quick/final/mean_reward"]
