@@ -75,13 +75,13 @@ def left_out_figures(data: ReportData, sweeps: list[str] | None) -> dict[str, st
     if not evaluated.empty and len(figures.frontier_sweep(data.results)) < 2:
         out["frontier_sweep"] = ("the right panel (the clip ceiling across replay ratios) needs two or more L = 2 cells, "
                                  "e.g. " + ", ".join(f"`{c}`" for c in data.grids["ratio"]["cell"][:3])
-                                 + " (the ratio study)")
+                                 + " (`make sweep-ratio`)")
     for name, grid in data.grids.items():
         have = int(grid["run_id"].notna().sum())
         if have < MIN_HEATMAP_CELLS:
-            needs = [cell for cell in grid.loc[grid["run_id"].isna(), "cell"]]
-            out[f"heatmap_{name}"] = (f"{have} of its {len(grid)} cells ran; a heatmap needs at least "
-                                      f"{MIN_HEATMAP_CELLS}: it also needs " + ", ".join(f"`{c}`" for c in needs))
+            out[f"heatmap_{name}"] = (f"{have} of its {len(grid)} cells ran, and a heatmap needs at least "
+                                      f"{MIN_HEATMAP_CELLS}; the cells it lacks are listed below "
+                                      f"(`make sweep-{name}` runs them all)")
     if data.probe.empty:
         out["best_of_n"] = probe_hint(sweeps).split("\n")[0]
     panels = figures.dynamics_panels(data.history)

@@ -182,7 +182,8 @@ def test_report_markdown(store):
     # One cell in each grid: no heatmap, and a line naming the cells it needs instead of an empty panel.
     for name in HEATMAPS:
         assert f"({name})" not in text and not (store["out"] / name).exists()
-    assert "_Figure left out: 1 of its 9 cells ran; a heatmap needs at least 2: it also needs `rho1-L1-c3`" in text
+    assert "_Figure left out: 1 of its 9 cells ran, and a heatmap needs at least 2; the cells it lacks are listed " \
+           "below (`make sweep-age` runs them all)._" in text
     # No variant runs and no variants sweep: no Variants section, an empty variants.csv all the same.
     assert "## Variants" not in text
     assert pd.read_csv(store["out"] / "variants.csv").empty
