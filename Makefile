@@ -103,7 +103,7 @@ demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1,
 	$(PY) -m src.run -m buffer=none,age1 clip=tight evaluation.repeats=3 tracking.sweep=demo hydra.sweeper.skip_finished=false $(ARGS)
 	$(PY) -m analysis.summary --sweep demo --latest 2 $(ARGS)
 	$(PY) -m analysis.report --sweep demo --out $(DEMO_REPORT) $(ARGS)
-	@echo "the demo's report: $(DEMO_REPORT)/report.md (again after more runs: make report SWEEP=demo)"
+	@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=demo)"
 
 test: $(STAMP) $(VLLM_STAMP)  ## the whole test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
 	$(PY) -m pytest -q -m "not vllm"

@@ -1,7 +1,8 @@
 """Figures of the report (paper Figures 3-8), each drawn from a table that `analysis.report` builds.
 
 analysis.report draws only the figures its runs can fill and says in report.md which cells the others
-need; a function given an empty table still draws a figure that says what is missing. Each figure is saved twice by `_save`, the one save helper: PNG at 300 dpi (for report.md and
+need; a function given an empty table still draws a figure that says what is missing. Each figure is
+saved twice by `_save`, the one save helper: PNG at 300 dpi (for report.md and
 slides) and PDF (vector, for a paper), at the given path and the same path with `.pdf`.
 
 Rows with `plain` False are SPEC 9 variants: they have no (rho, L, c) and are drawn by their
@@ -137,7 +138,8 @@ def plot_frontier(results: pd.DataFrame, path: Path, k_label: str) -> Path:
         _say(left, "no finished runs with a final evaluation yet")
         return _save(fig, path)
     plain = _plain(points)
-    baseline, replay, variants = points[plain & (points["rho"] == 0)], points[plain & (points["rho"] > 0)], points[~plain]
+    baseline, replay = points[plain & (points["rho"] == 0)], points[plain & (points["rho"] > 0)]
+    variants = points[~plain]
     variant_styles, rho_colors, markers = _variant_styles(results), _palette(replay["rho"]), {}
     _frontier_panel(left, replay, baseline, rho_colors, markers, k_label)
     for _, row in variants.iterrows():  # each variant on its own labelled marker, next to the grid

@@ -228,7 +228,8 @@ def compute_section(data: ReportData, left_out: dict[str, str]) -> list[str]:
            "seeds, or over evaluation repeats for a cell with one seed. Generated tokens "
            "(`budget/generated_tokens`) are listed below.", "",
            *figure_lines("compute_frontier", "compute frontier", f"{label} against fresh verifier evaluations, "
-                         "trained tokens and training wall time, one point per cell.", left_out.get("compute_frontier")),
+                         "trained tokens and training wall time, one point per cell.",
+                         left_out.get("compute_frontier")),
            ""]
     missing = compute.missing_axes(cells) + (
         [] if "generated_tokens" in cells and cells["generated_tokens"].notna().any()
@@ -316,6 +317,11 @@ def diversity_section(data: ReportData, left_out: dict[str, str]) -> list[str]:
                                 "final evaluation by cell; hatched: quick protocol.", left_out.get("diversity")), ""]
 
 
+def _count(value: float) -> str:
+    """A count per evaluation repeat: whole numbers as integers, means over repeats with one decimal."""
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
 def failures_section(data: ReportData, left_out: dict[str, str]) -> list[str]:
     failures = data.failures
     out = ["## Failure taxonomy (seed 004 Figures 3-4, appendix B.4)", "",
@@ -328,8 +334,9 @@ def failures_section(data: ReportData, left_out: dict[str, str]) -> list[str]:
         return out + ["_No evaluation of these runs logged a failure taxonomy (`<protocol>/<stage>/failures/*`)._", ""]
     out.append(markdown_table(
         ["method", "cell", "stage", "protocol", "failed / rollouts", *[FAILURE_LABELS[c] for c in FAILURE_CATEGORIES]],
-        [[row["method"], row["cell"], row["stage"], row["protocol"], f"{row['failed']:g} / {row['rollouts']:g}",
-          *[f"{row[c]:g} ({row[f'share_{c}']:.0%})" if row["failed"] > 0 else "0" for c in FAILURE_CATEGORIES]]
+        [[row["method"], row["cell"], row["stage"], row["protocol"],
+          f"{_count(row['failed'])} / {_count(row['rollouts'])}",
+          *[f"{_count(row[c])} ({row[f'share_{c}']:.0%})" if row["failed"] > 0 else "0" for c in FAILURE_CATEGORIES]]
          for _, row in failures.iterrows()]))
     return out + ["", *figure_lines("failure_shares", "failure categories", "Failed rollouts by dominant category, as "
                                     "shares of each method's failures (seed 004 Figure 3).",

@@ -73,7 +73,8 @@ def left_out_figures(data: ReportData, sweeps: list[str] | None) -> dict[str, st
     elif not compute_axes(data.per_cell):
         out["compute_frontier"] = "no cost (fresh evaluations, tokens, wall time) logged by these runs"
     if not evaluated.empty and len(figures.frontier_sweep(data.results)) < 2:
-        out["frontier_sweep"] = ("the right panel (the clip ceiling across replay ratios) needs two or more L = 2 cells, "
+        out["frontier_sweep"] = ("the right panel (the clip ceiling across replay ratios) needs two or more "
+                                 "L = 2 cells, "
                                  "e.g. " + ", ".join(f"`{c}`" for c in data.grids["ratio"]["cell"][:3])
                                  + " (`make sweep-ratio`)")
     for name, grid in data.grids.items():
@@ -142,7 +143,8 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
     report.write_text(report_markdown(data, left_out, title=title, source=source, sweeps=sweeps))
     console.print(f"[green]wrote[/green] {len(tables)} CSV tables, results_table.tex, {len(drawn)} figure(s) "
                   f"({len([n for n in FIGURES if n in left_out])} left out, see report.md) into {out_dir}")
-    console.print(f"  {len(data.used)} used, {len(data.superseded)} superseded, {len(data.unfinished)} unfinished run(s)")
+    console.print(f"  {len(data.used)} used, {len(data.superseded)} superseded, "
+                  f"{len(data.unfinished)} unfinished run(s)")
     return report
 
 
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{len(runs)} run(s) in {searched}")
     report = write_report(runs, out_dir, MlflowClient(tracking.uri), title=f"Replay-RLOO report: {name}",
                           source=searched, sweeps=args.sweep)
-    console.print(f"report: {report}")
+    console.print(f"report: {report.resolve()}")
     return 0
 
 

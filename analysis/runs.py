@@ -176,7 +176,8 @@ def run_seed(run: pd.Series) -> float:
 
 def run_cell_key(run: pd.Series) -> str:
     """The cell across training seeds: its `cell_key` tag, else its `cell_id`, else its label and policy."""
-    return run_tag(run, "cell_key") or run_tag(run, "cell_id") or f"{run_tag(run, 'cell', '?')}|{run_tag(run, 'policy')}"
+    return (run_tag(run, "cell_key") or run_tag(run, "cell_id")
+            or f"{run_tag(run, 'cell', '?')}|{run_tag(run, 'policy')}")
 
 
 def metric_histories(client: MlflowClient, results: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
