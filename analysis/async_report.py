@@ -28,7 +28,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import pandas as pd  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from analysis.report import ReportError, load_runs, markdown_table  # noqa: E402
+from analysis.markdown import markdown_table  # noqa: E402
+from analysis.runs import ReportError, load_runs  # noqa: E402
 from src.paths import PROJECT_ROOT  # noqa: E402
 from src.runtime import formulas  # noqa: E402
 

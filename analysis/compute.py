@@ -2,7 +2,7 @@
 trained tokens and training wall time, read back from MLflow for the compute frontier.
 
 * `budget/generated_tokens` and `budget/trained_tokens` are cumulative per-step metrics; the run's
-  last value is its total. Runs logged before the trainer logged them have none, and the report
+  last value is its total. Runs that did not log them have none, and the report
   says so instead of drawing a panel.
 * Training wall time is the sum of the per-step `time/step` (seconds of the training steps only: no
   evaluation, no model loading, and no time a resumed run spent dead); a run without it falls back

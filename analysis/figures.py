@@ -1,8 +1,8 @@
 """Figures of the report (paper Figures 3-8), each drawn from a table that `analysis.report` builds.
 
-Every function writes its figure even when its table is empty: the figure then says what is
-missing, so a report folder always has the same files and a reader sees the gap instead of a broken
-link. Each figure is saved twice by `_save`, the one save helper: PNG at 300 dpi (for report.md and
+analysis.report draws only the figures its runs can fill and says in report.md which cells the others
+need; a function given an empty table still draws a figure that says what is missing. Each figure is
+saved twice by `_save`, the one save helper: PNG at 300 dpi (for report.md and
 slides) and PDF (vector, for a paper), at the given path and the same path with `.pdf`.
 
 Rows with `plain` False are SPEC 9 variants: they have no (rho, L, c) and are drawn by their
@@ -26,6 +26,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from analysis.tables import format_value  # noqa: E402
+
 BASELINE_COLOR = "black"
 MISSING_COLOR = "#d9d9d9"
 # Marker per clip ceiling c; other ceilings take the spare markers in order.
@@ -39,12 +41,6 @@ VARIANT_LINESTYLE = "-."
 
 def _finite(value) -> bool:
     return value is not None and not pd.isna(value) and math.isfinite(float(value))
-
-
-def _mean_hw(mean, hw, digits: int = 3) -> str:
-    if not _finite(mean):
-        return "-"
-    return f"{mean:.{digits}f} ± {hw:.{digits}f}" if _finite(hw) else f"{mean:.{digits}f}"
 
 
 def _say(ax, text: str) -> None:
@@ -103,60 +99,73 @@ def _variant_styles(table: pd.DataFrame) -> dict[str, tuple]:
             for i, label in enumerate(sorted(set(labels)))}
 
 
-def plot_frontier(results: pd.DataFrame, path: Path, k_label: str) -> Path:
-    """Figure 3: pass@k against fresh verifier evaluations (all cells and variants left, the L = 2 sweep right)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+def _frontier_point(ax, row: pd.Series, fmt: str, color, size: int) -> None:
+    """One cell on a frontier: its mean with the half-width as error bar; hollow for the quick protocol."""
+    hollow = row["protocol"] != "canonical"  # quick-protocol points are hollow: not comparable
+    ax.errorbar(row["fresh_evaluations"], row["pass@k_max"],
+                yerr=row["pass@k_max_hw"] if _finite(row["pass@k_max_hw"]) else None,
+                fmt=fmt, color=color, mfc="none" if hollow else color, ms=size, capsize=3)
+
+
+def _frontier_panel(ax, replay: pd.DataFrame, baseline: pd.DataFrame, rho_colors: dict, markers: dict,
+                    k_label: str) -> None:
+    """Replay cells (colour rho, marker c) and the fresh-only star with its dashed level."""
+    for _, row in replay.iterrows():
+        _frontier_point(ax, row, _marker(row["c"], markers), rho_colors[row["rho"]], 8)
+    for _, row in baseline.iterrows():
+        _frontier_point(ax, row, "*", BASELINE_COLOR, 16)
+        ax.axhline(row["pass@k_max"], color=BASELINE_COLOR, ls="--", lw=1, alpha=0.6)
+    ax.set_xlabel("fresh verifier evaluations (count)")
+    ax.set_ylabel(f"{k_label} (fraction of held-out prompts)")
+    ax.grid(alpha=0.3)
+
+
+def frontier_sweep(results: pd.DataFrame) -> pd.DataFrame:
+    """The evaluated L = 2 grid cells: the frontier's right panel, drawn when it has two or more."""
     points = results[results["pass@k_max"].notna() & results["fresh_evaluations"].notna()]
+    return points[_plain(points) & (points["rho"] > 0) & (points["L"] == 2)]
+
+
+def plot_frontier(results: pd.DataFrame, path: Path, k_label: str) -> Path:
+    """Figure 3: pass@k against fresh verifier evaluations: every cell and variant, and (with two or more
+    L = 2 cells) a second panel connecting the L = 2 cells of each clip ceiling across replay ratios."""
+    points = results[results["pass@k_max"].notna() & results["fresh_evaluations"].notna()]
+    sweep = frontier_sweep(results)
+    fig, axes = plt.subplots(1, 2 if len(sweep) >= 2 else 1, figsize=(13 if len(sweep) >= 2 else 7, 5),
+                             squeeze=False)
+    left = axes[0][0]
     if points.empty:
-        for ax in (left, right):
-            _say(ax, "no finished runs with a final evaluation yet")
+        _say(left, "no finished runs with a final evaluation yet")
         return _save(fig, path)
     plain = _plain(points)
-    baseline = points[plain & (points["rho"] == 0)]
-    replay = points[plain & (points["rho"] > 0)]
+    baseline, replay = points[plain & (points["rho"] == 0)], points[plain & (points["rho"] > 0)]
     variants = points[~plain]
-    variant_styles = _variant_styles(results)
-    rho_colors = _palette(replay["rho"])
-    extra_markers: dict[float, str] = {}
-
-    def draw(ax, rows: pd.DataFrame) -> None:
-        for _, row in rows.iterrows():
-            color, marker = rho_colors[row["rho"]], _marker(row["c"], extra_markers)
-            hollow = row["protocol"] != "canonical"  # quick-protocol points are hollow: not comparable
-            ax.errorbar(row["fresh_evaluations"], row["pass@k_max"],
-                        yerr=row["pass@k_max_hw"] if _finite(row["pass@k_max_hw"]) else None,
-                        fmt=marker, color=color, mfc="none" if hollow else color, ms=8, capsize=3)
-        for _, row in baseline.iterrows():
-            ax.errorbar(row["fresh_evaluations"], row["pass@k_max"],
-                        yerr=row["pass@k_max_hw"] if _finite(row["pass@k_max_hw"]) else None,
-                        fmt="*", color=BASELINE_COLOR, ms=16, capsize=3,
-                        mfc="none" if row["protocol"] != "canonical" else BASELINE_COLOR)
-            ax.axhline(row["pass@k_max"], color=BASELINE_COLOR, ls="--", lw=1, alpha=0.6)
-        ax.set_xlabel("fresh verifier evaluations (count)")
-        ax.set_ylabel(f"{k_label} (fraction of held-out prompts)")
-        ax.grid(alpha=0.3)
-
-    draw(left, replay)
-    # Each variant on its own labelled marker: its cost (x) against its result (y), next to the grid.
-    for _, row in variants.iterrows():
+    variant_styles, rho_colors, markers = _variant_styles(results), _palette(replay["rho"]), {}
+    _frontier_panel(left, replay, baseline, rho_colors, markers, k_label)
+    for _, row in variants.iterrows():  # each variant on its own labelled marker, next to the grid
         color, marker = variant_styles[row["variant"]]
-        left.errorbar(row["fresh_evaluations"], row["pass@k_max"],
-                      yerr=row["pass@k_max_hw"] if _finite(row["pass@k_max_hw"]) else None, fmt=marker, color=color,
-                      mfc="none" if row["protocol"] != "canonical" else color, ms=10, capsize=3)
+        _frontier_point(left, row, marker, color, 10)
     left.set_title("all cells (colour: ρ, marker: c)" + (" and variants" if not variants.empty else ""))
-    sweep = replay[replay["L"] == 2]
-    draw(right, sweep)
-    # Connect the L = 2 cells of one clip ceiling across replay ratios: how c interacts with ρ.
-    for c, rows in sweep.groupby("c"):
-        rows = rows.sort_values("fresh_evaluations")
-        right.plot(rows["fresh_evaluations"], rows["pass@k_max"], color="gray", lw=0.8,
-                   ls=["-", "--", ":", "-."][sorted(sweep["c"].unique()).index(c) % 4])
-    right.set_title("L = 2: clip ceiling across replay ratios" if not sweep.empty else "L = 2: no cells yet")
+    if len(sweep) >= 2:
+        right = axes[0][1]
+        _frontier_panel(right, sweep, baseline, rho_colors, markers, k_label)
+        # Connect the L = 2 cells of one clip ceiling across replay ratios: how c interacts with ρ.
+        ceilings = sorted(sweep["c"].unique())
+        for c, rows in sweep.groupby("c"):
+            rows = rows.sort_values("fresh_evaluations")
+            right.plot(rows["fresh_evaluations"], rows["pass@k_max"], color="gray", lw=0.8,
+                       ls=["-", "--", ":", "-."][ceilings.index(c) % 4])
+        right.set_title("L = 2: clip ceiling across replay ratios")
+    _frontier_legend(fig, left, points, replay, variants, rho_colors, markers, variant_styles)
+    return _save(fig, path)
 
+
+def _frontier_legend(fig, left, points, replay, variants, rho_colors, markers, variant_styles) -> None:
+    """Baseline, rho colours, c markers, one entry per variant; below the panels when there are variants."""
     handles = [Line2D([], [], marker="*", color=BASELINE_COLOR, ls="--", ms=12, label="fresh-only (ρ = 0)")]
     handles += [Line2D([], [], marker="o", color=color, ls="", label=f"ρ = {rho:g}")
                 for rho, color in rho_colors.items()]
-    handles += [Line2D([], [], marker=_marker(c, extra_markers), color="gray", ls="", label=f"c = {c:g}")
+    handles += [Line2D([], [], marker=_marker(c, markers), color="gray", ls="", label=f"c = {c:g}")
                 for c in sorted(replay["c"].dropna().unique())]
     handles += [Line2D([], [], marker=variant_styles[label][1], color=variant_styles[label][0], ls="",
                        ms=9, label=label) for label in sorted(variants["variant"].unique())]
@@ -164,9 +173,8 @@ def plot_frontier(results: pd.DataFrame, path: Path, k_label: str) -> Path:
         handles.append(Line2D([], [], marker="o", color="gray", mfc="none", ls="", label="hollow: quick protocol"))
     if variants.empty:
         left.legend(handles=handles, fontsize=8, loc="best")
-    else:  # many labels: below both panels, so no point is hidden (bbox_inches="tight" keeps it in the file)
+    else:  # many labels: below the panels, so no point is hidden (bbox_inches="tight" keeps it in the file)
         fig.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3)
-    return _save(fig, path)
 
 
 def plot_heatmaps(grid: pd.DataFrame, panels: list[tuple[str, str]], baseline: dict[str, tuple[float, float]],
@@ -196,7 +204,7 @@ def plot_heatmaps(grid: pd.DataFrame, panels: list[tuple[str, str]], baseline: d
             i, j = rows.index(cell["row"]), cols.index(cell["col"])
             value = values[i, j]
             if np.isfinite(value):
-                text = _mean_hw(value, cell.get(metric + "_hw", np.nan)).replace(" ± ", "\n± ")
+                text = format_value(value, cell.get(metric + "_hw", np.nan)).replace(" ± ", "\n± ")
                 if cell["protocol"] != "canonical":
                     text += f"\n({cell['protocol']})"  # never mix protocols silently
                 if cell.get(metric + "_verdict") == "within noise":  # paired t-test over seeds (analysis/seeds.py)
@@ -215,7 +223,7 @@ def plot_heatmaps(grid: pd.DataFrame, panels: list[tuple[str, str]], baseline: d
                         bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1))
         ax.set_xticks(range(len(cols)), [f"{col_label} = {c:g}" for c in cols])
         ax.set_yticks(range(len(rows)), [f"{row_label} = {r:g}" for r in rows])
-        reference = f"fresh-only {_mean_hw(ref, ref_hw)}" if _finite(ref) else "fresh-only: no run"
+        reference = f"fresh-only {format_value(ref, ref_hw)}" if _finite(ref) else "fresh-only: no run"
         ax.set_title(f"{label}\n{reference}", fontsize=10)
         ax.set_xlabel(f"importance-weight ceiling {col_label}")
         ax.set_ylabel({"ρ": "replay ratio ρ (reused per fresh group)", "L": "max age L (steps)"}.get(row_label, row_label))
@@ -267,49 +275,68 @@ DYNAMICS_UNITS = {
 }
 
 
+def dynamics_panels(history: pd.DataFrame) -> list[tuple[str, str]]:
+    """The Figure 7 panels (key, title) that some run of the history logged: the others are left out."""
+    logged = set(history["key"]) if not history.empty else set()
+    return [(key, label) for key, label in DYNAMICS_PANELS if key in logged]
+
+
 def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path:
     """Figure 7: per-step training signals, one line per run, colour by c, fresh-only black, variants dash-dotted.
 
-    A history with `low` and `high` columns (analysis.seeds.seed_bands: a cell's mean over training seeds) also
-    gets a shaded min-max band across the seeds.
+    Only the panels some run logged are drawn (`dynamics_panels`). A history with `low` and `high` columns
+    (analysis.seeds.seed_bands: a cell's mean over training seeds) also gets a shaded min-max band across seeds.
     """
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    panels = dynamics_panels(history) or DYNAMICS_PANELS[:1]
+    columns = 2 if len(panels) > 1 else 1
+    rows_count = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows_count, columns, figsize=(6.5 * columns, 4.25 * rows_count + 0.5), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
     plain = _plain(runs)
     c_colors = _palette(runs.loc[plain & (runs["rho"] > 0), "c"].dropna())
     variant_styles = _variant_styles(runs)
     drawn_styles: set[tuple] = set()
-    for ax, (key, label) in zip(axes.flat, DYNAMICS_PANELS):
+    for ax, (key, label) in zip(axes.flat, panels):
         ax.set_title(label)
         drawn = 0
         for index, run in runs.iterrows():
-            if history.empty:
-                break
-            rows = history[(history["run_id"] == run["run_id"]) & (history["key"] == key)]
+            rows = history[(history["run_id"] == run["run_id"]) & (history["key"] == key)] \
+                if not history.empty else history
             if rows.empty:
                 continue
-            if not plain[index]:
-                color = variant_styles[run["variant"]][0]
-                ax.plot(rows["step"], rows["value"], lw=1.2, color=color, ls=VARIANT_LINESTYLE, label=run["variant"])
-            elif run["rho"] == 0:
-                color = BASELINE_COLOR
-                ax.plot(rows["step"], rows["value"], lw=1.2, color=color, ls="-", label=run["cell"])
-            else:
-                color = c_colors[run["c"]]
-                ax.plot(rows["step"], rows["value"], lw=1.2, color=color,
-                        ls=L_LINESTYLES.get(run["L"], "-."), label=run["cell"])
-            if "low" in rows and (rows["high"] > rows["low"]).any():  # a cell over training seeds: min-max band
-                ax.fill_between(rows["step"], rows["low"], rows["high"], color=color, alpha=0.15, lw=0)
+            _dynamics_line(ax, rows, run, plain[index], c_colors, variant_styles)
             drawn += 1
             drawn_styles.update(_dynamics_styles(run, plain[index]))
         if not drawn:
-            _say(ax, f"no '{key}' history"
-                 + (" (importance weights exist only for replay runs)" if key.startswith("weights/") else ""))
+            _say(ax, f"no '{key}' history")
             continue
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(DYNAMICS_UNITS.get(key, key))
         _integer_steps(ax)
         ax.grid(alpha=0.3)
-    # A legend entry only for what some panel drew: no entry without its series.
+    _dynamics_legend(fig, drawn_styles, c_colors, variant_styles)
+    if history.empty:
+        fig.suptitle("no per-step metrics found for the runs in this report")
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
+    return _save(fig, path)
+
+
+def _dynamics_line(ax, rows: pd.DataFrame, run: pd.Series, plain: bool, c_colors: dict, variant_styles: dict) -> None:
+    """One cell's curve: variants dash-dotted in their colour, fresh-only black, replay coloured by c, styled by L."""
+    if not plain:
+        color, style, label = variant_styles[run["variant"]][0], VARIANT_LINESTYLE, run["variant"]
+    elif run["rho"] == 0:
+        color, style, label = BASELINE_COLOR, "-", run["cell"]
+    else:
+        color, style, label = c_colors[run["c"]], L_LINESTYLES.get(run["L"], "-."), run["cell"]
+    ax.plot(rows["step"], rows["value"], lw=1.2, color=color, ls=style, label=label)
+    if "low" in rows and (rows["high"] > rows["low"]).any():  # a cell over training seeds: min-max band
+        ax.fill_between(rows["step"], rows["low"], rows["high"], color=color, alpha=0.15, lw=0)
+
+
+def _dynamics_legend(fig, drawn_styles: set[tuple], c_colors: dict, variant_styles: dict) -> None:
+    """A legend entry only for what some panel drew: no entry without its series."""
     handles = [Line2D([], [], color=BASELINE_COLOR, label="fresh-only")] if ("baseline",) in drawn_styles else []
     handles += [Line2D([], [], color=color, label=f"c = {c:g}") for c, color in c_colors.items()
                 if ("c", c) in drawn_styles]
@@ -319,10 +346,6 @@ def plot_dynamics(history: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path
                 for label, (color, _) in variant_styles.items() if ("variant", label) in drawn_styles]
     if handles:
         fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=9)
-    if history.empty:
-        fig.suptitle("no per-step metrics found for the runs in this report")
-    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
-    return _save(fig, path)
 
 
 def _dynamics_styles(run: pd.Series, plain: bool) -> set[tuple]:
@@ -376,7 +399,7 @@ def plot_failure_shares(table: pd.DataFrame, labels: dict[str, str], path: Path)
     fig, ax = plt.subplots(figsize=(9.0, max(3.0, 0.6 * len(table) + 1.5)))
     rows = table[table["failed"] > 0] if not table.empty else table
     if rows.empty:
-        _say(ax, "no failure taxonomy in any evaluation yet (evaluations log failures/* since the taxonomy exists)")
+        _say(ax, "no failure taxonomy in any evaluation yet")
         return _save(fig, path)
     y = np.arange(len(rows))[::-1]
     left = np.zeros(len(rows))

@@ -306,7 +306,8 @@ def store(tmp_path_factory):
     folder = tmp_path_factory.mktemp("commands")
     store = {"folder": folder, "uri": f"sqlite:///{folder}/mlruns.db"}
     started = time.perf_counter()
-    store["demo_output"] = make("demo", args(*TINY_RUN, *store_args(store), f"hydra.sweep.dir={folder}/multirun"))
+    store["demo_output"] = make("demo", args(*TINY_RUN, *store_args(store), f"hydra.sweep.dir={folder}/multirun"),
+                                f"DEMO_REPORT={folder}/report")
     store["demo_seconds"] = time.perf_counter() - started
     return store
 
@@ -331,7 +332,8 @@ def test_make_demo_trains_and_summarises_two_runs(store):
         {"rho0": 16.0, "rho1-L1-c1": 12.0}
     summary = store["demo_output"].split("Runs (held-out evaluation before and after RL)")[1]
     assert all(run.info.run_id[:8] in summary for run in demo.values())
-    assert "make report SWEEP=demo" in store["demo_output"]
+    assert f"the demo's report: {store['folder']}/report/report.md" in store["demo_output"]
+    assert (store["folder"] / "report" / "report.md").is_file()
 
 
 @pytest.mark.slow

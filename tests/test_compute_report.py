@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis import compute, report
+from analysis.runs import load_runs
 from tests.test_report import _log_run, _new_store
 
 QUICK = {"pass_at_1": 0.2, "pass_at_8": 0.4, "mean_reward": 0.3, "correction_rate": 0.2, "unique_rate": 0.3}
@@ -48,7 +49,7 @@ def test_report_draws_the_compute_frontier_from_logged_tokens_and_step_times(tmp
                  per_step={"budget/trained_tokens": [tokens * (s + 1) / 4 for s in range(4)],
                            "budget/generated_tokens": [2 * tokens * (s + 1) / 4 for s in range(4)],
                            "time/step": [step_s] * 4})
-    runs = report.load_runs(uri, "report-test")
+    runs = load_runs(uri, "report-test")
     text = report.write_report(runs, tmp_path, client).read_text()
     assert (tmp_path / "compute_frontier.png").stat().st_size > 0
     section = text[text.index("## Compute frontier"):]
@@ -65,7 +66,7 @@ def test_report_without_token_metrics_says_which_panel_is_missing(tmp_path_facto
     _, uri, client, experiment_id = _new_store(tmp_path_factory, "notokens")
     _log_run(client, experiment_id, started=int(time.time() * 1000) - 60_000, sweep="s", rho=0.0, L=0, c=1.0,
              fresh=1000, final={"quick": QUICK})
-    text = report.write_report(report.load_runs(uri, "report-test"), tmp_path, client).read_text()
+    text = report.write_report(load_runs(uri, "report-test"), tmp_path, client).read_text()
     section = text[text.index("## Compute frontier"):].split("\n## ")[0]
     assert "no budget/trained_tokens logged by these runs" in section
     assert "no budget/generated_tokens logged" in section

@@ -1,8 +1,8 @@
 """analysis.report on synthetic MLflow stores: run selection, exact numbers, missing cells, figures, CLI errors.
 
-Two stores: `store` holds runs logged before the variant tags existed (plain grid runs only);
+Two stores: `store` holds grid runs with only the grid tags (cell, rho, L, c; no variant label);
 `mixed` adds SPEC 9 variants (FIFO, POPO, DAPO, a POPO run without the `variant` tag) next to
-plain cells that carry the new tags, to check that variants get their own table and never a grid cell.
+plain cells that carry every tag, to check that variants get their own table and never a grid cell.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from analysis import report
+from analysis import figures, report, tables
+from analysis.runs import format_cell, is_plain, load_runs, select_cells
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-FIGURES = ["frontier.png", "heatmap_age.png", "heatmap_ratio.png", "best_of_n.png", "dynamics.png", "diversity.png"]
+FIGURES = ["frontier.png", "dynamics.png", "diversity.png"]  # drawn by every report with an evaluated run
+HEATMAPS = ["heatmap_age.png", "heatmap_ratio.png"]  # drawn where a grid has two or more cells
 EXPERIMENT = "report-test"
 
 BASELINE_CANONICAL = {"pass_at_1": 0.576, "pass_at_1_hw": 0.051, "pass_at_2": 0.62, "pass_at_2_hw": 0.02,
@@ -103,7 +105,7 @@ def store(tmp_path_factory):
         "killed": _log_run(client, experiment_id, started=t0 + 50_000, sweep="stress", rho=1, L=1, c=1000,
                            status="KILLED"),
     }
-    runs = report.load_runs(uri, EXPERIMENT)
+    runs = load_runs(uri, EXPERIMENT)
     out = folder / "report"
     path = report.write_report(runs, out, client, sweeps=None)
     yield {"uri": uri, "client": client, "ids": ids, "runs": runs, "out": out, "report": path,
@@ -113,7 +115,7 @@ def store(tmp_path_factory):
 
 def test_select_cells_newest_finished_per_cell(store):
     ids = store["ids"]
-    used, superseded, unfinished = report.select_cells(store["runs"])
+    used, superseded, unfinished = select_cells(store["runs"])
     assert set(used["run_id"]) == {ids["baseline"], ids["new_c1"], ids["aggressive"]}
     assert superseded["run_id"].tolist() == [ids["old_c1"]]
     assert superseded["superseded_by"].tolist() == [ids["new_c1"]]
@@ -123,8 +125,8 @@ def test_select_cells_newest_finished_per_cell(store):
 
 def test_results_table_has_the_logged_numbers(store):
     ids = store["ids"]
-    used, _, _ = report.select_cells(store["runs"])
-    table = report.results_table(used)
+    used, _, _ = select_cells(store["runs"])
+    table = tables.results_table(used)
     # Baseline first, then by rho, L, c.
     assert table["run_id"].tolist() == [ids["baseline"], ids["new_c1"], ids["aggressive"]]
     base, quick, aggressive = (table.iloc[i] for i in range(3))
@@ -155,12 +157,12 @@ def test_results_table_has_the_logged_numbers(store):
 
 
 def test_value_formatting():
-    assert report.format_value(0.576, 0.051) == "0.576 ± 0.051"
-    assert report.format_value(0.32) == "0.320"
-    assert report.format_value(float("nan"), 0.1) == "-"
-    assert report.format_cell(0, float("nan"), float("nan")) == "(0, -, -)"
-    assert report.format_cell(1.5, 2, 10) == "(1.5, 2, 10)"
-    assert report.format_count(51712) == "51.7K" and report.format_count(256) == "256"
+    assert tables.format_value(0.576, 0.051) == "0.576 ± 0.051"
+    assert tables.format_value(0.32) == "0.320"
+    assert tables.format_value(float("nan"), 0.1) == "-"
+    assert format_cell(0, float("nan"), float("nan")) == "(0, -, -)"
+    assert format_cell(1.5, 2, 10) == "(1.5, 2, 10)"
+    assert tables.format_count(51712) == "51.7K" and tables.format_count(256) == "256"
 
 
 def test_report_markdown(store):
@@ -168,30 +170,35 @@ def test_report_markdown(store):
     for run_id in ids.values():  # used, superseded and unfinished runs are all named in full
         assert f"`{run_id}`" in text
     # Table rows: mean ± hw for canonical, bare mean for the one-repeat quick run, the protocol per row.
-    # Runs logged before budget/gradient_steps and the effective ratio existed show '-' there.
+    # Runs that did not log budget/gradient_steps and the effective ratio show '-' there.
     assert "| Fresh-only | (0, -, -) | rho0 | canonical | 102.4K | - | - | 0.576 ± 0.051 | 0.756 ± 0.011 (k=16) | " \
            "0.622 ± 0.005 | 0.594 ± 0.005 |" in text
     assert "| Replay | (1, 1, 1) | rho1-L1-c1 | quick | 256 | - | - | 0.320 | 0.420 (k=8) | 0.390 | 0.323 |" in text
     assert "Protocols are mixed in this report" in text
     # Best-of-N table from the probe metrics.
     assert "| Replay | (2, 2, 1) | rho2-L2-c1 | 0.609 | 0.760 | 0.798 | 0.819 | 0.831 | 0.844 ± 0.010 |" in text
-    for name in [*FIGURES, "results_table.csv"]:
+    for name in [*FIGURES, "best_of_n.png", "results_table.csv"]:
         assert f"({name})" in text  # embedded / linked with relative paths
+    # One cell in each grid: no heatmap, and a line naming the cells it needs instead of an empty panel.
+    for name in HEATMAPS:
+        assert f"({name})" not in text and not (store["out"] / name).exists()
+    assert "_Figure left out: 1 of its 9 cells ran, and a heatmap needs at least 2; the cells it lacks are listed " \
+           "below (`make sweep-age` runs them all)._" in text
     # No variant runs and no variants sweep: no Variants section, an empty variants.csv all the same.
     assert "## Variants" not in text
     assert pd.read_csv(store["out"] / "variants.csv").empty
 
 
 def test_missing_heatmap_cells(store):
-    used, _, unfinished = report.select_cells(store["runs"])
-    results = report.results_table(used)
-    age = report.heatmap_grid(results, "age", unfinished)
-    age_missing, age_no_eval = report.missing_cells(age)
+    used, _, unfinished = select_cells(store["runs"])
+    results = tables.results_table(used)
+    age = tables.heatmap_grid(results, "age", unfinished)
+    age_missing, age_no_eval = tables.missing_cells(age)
     assert len(age) == 9 and age.loc[age["cell"] == "rho1-L2-c10", "unfinished"].item() == "FAILED"
     assert "rho1-L1-c1" not in age_missing and len(age_missing) == 8
     assert "rho1-L2-c10" in age_missing  # its only run FAILED: missing, never filled
-    ratio = report.heatmap_grid(results, "ratio")
-    ratio_missing, _ = report.missing_cells(ratio)
+    ratio = tables.heatmap_grid(results, "ratio")
+    ratio_missing, _ = tables.missing_cells(ratio)
     assert len(ratio) == 12 and len(ratio_missing) == 11 and "rho2-L2-c1" not in ratio_missing
     assert ratio.loc[ratio["cell"] == "rho2-L2-c1", "pass@k_max"].item() == 0.832
     assert age_no_eval == []
@@ -208,19 +215,21 @@ def _assert_png(path: Path) -> None:
 
 
 def test_every_figure_is_a_png(store):
-    for name in FIGURES:
+    for name in [*FIGURES, "best_of_n.png"]:
         _assert_png(store["out"] / name)
 
 
 def test_cli_report_without_finished_runs(store, tmp_path, capsys):
-    """A sweep whose only run was killed still gets every file; the figures say what is missing."""
+    """A sweep whose only run was killed gets every table and no figure; report.md says what is missing."""
+    stale = tmp_path / "frontier.png"  # a figure an earlier report wrote into the same folder
+    stale.write_bytes(PNG_SIGNATURE)
     code = report.main(["--experiment", EXPERIMENT, "--sweep", "stress", "--out", str(tmp_path),
                         f"tracking.uri={store['uri']}"])
     assert code == 0
     assert str(tmp_path / "report.md") in capsys.readouterr().out
-    for name in FIGURES:
-        _assert_png(tmp_path / name)
+    assert not list(tmp_path.glob("*.png")) and (tmp_path / "results_table.csv").exists()
     text = (tmp_path / "report.md").read_text()
+    assert "_Figure left out: no finished run with a final evaluation yet._" in text
     assert "_No finished runs._" in text and f"`{store['ids']['killed']}`" in text
     assert store["ids"]["baseline"] not in text  # the sweep filter
     assert "no probe results yet" in text and "found through the `sweeps` tag" in text
@@ -293,26 +302,28 @@ def mixed(tmp_path_factory):
         "dapo": _log_run(**log, started=t0 + 50_000, sweep="variants", rho=0, L=0, c=10, fresh=2560,
                          cell="rho0-dapo", tags={**NEW_TAGS, "sampling": "dynamic", "variant": "DAPO dynamic sampling"},
                          per_step=_budget([1, 2, 3, 4], [1.0, 1.0, 1.0, 1.0]), final={"canonical": DAPO_FINAL}),
-        # A POPO run logged before the `variant` tag: labelled by its cell, not as 'Replay'.
+        # A variant run without a `variant` label: named by its cell, not as 'Replay'.
         "popo_untagged": _log_run(**log, started=t0 + 60_000, sweep="variants", rho=1, L=1, c=1, fresh=300,
                                   cell="popo-stale2-c1", tags={"buffer": "popo"}, final={"canonical": MIXED_OLD}),
-        # A failed variant whose cell name is a grid cell's: no reason for that grid cell to be missing.
+        # A failed variant at a grid cell's coordinates (its label carries the variant): no reason for that grid
+        # cell to be missing.
         "stale_failed": _log_run(**log, started=t0 + 70_000, sweep="variants", rho=1, L=3, c=10, status="FAILED",
+                                 cell="rho1-L3-c10-stale4",
                                  tags={**NEW_TAGS, "buffer": "age3", "behaviour": "stale",
                                        "variant": "stale behaviour n=4"}),
     }
-    runs = report.load_runs(uri, EXPERIMENT)
+    runs = load_runs(uri, EXPERIMENT)
     out = folder / "report"
     path = report.write_report(runs, out, client, sweeps=None)
-    used, _, unfinished = report.select_cells(runs)
+    used, _, unfinished = select_cells(runs)
     yield {"uri": uri, "client": client, "ids": ids, "runs": runs, "out": out, "text": path.read_text(),
-           "used": used, "unfinished": unfinished, "results": report.results_table(used)}
+           "used": used, "unfinished": unfinished, "results": tables.results_table(used)}
     mlflow.set_tracking_uri(previous)
 
 
 def test_plain_and_variant_runs_are_told_apart(mixed):
     runs = mixed["runs"].set_index("run_id")
-    plain = {name: report.is_plain(runs.loc[run_id]) for name, run_id in mixed["ids"].items()}
+    plain = {name: is_plain(runs.loc[run_id]) for name, run_id in mixed["ids"].items()}
     assert plain == {"baseline": True, "replay": True, "old": True, "fifo": False, "popo": False, "dapo": False,
                      "popo_untagged": False, "stale_failed": False}
 
@@ -335,7 +346,7 @@ def test_results_table_orders_grid_rows_then_variants(mixed):
 def test_variants_table_numbers(mixed):
     ids = mixed["ids"]
     variants = pd.read_csv(mixed["out"] / "variants.csv")
-    assert variants.columns.tolist() == report.VARIANT_COLUMNS
+    assert variants.columns.tolist() == tables.VARIANT_COLUMNS
     # References first (baseline, the study's age cell; not the old cell outside the study), then the variants.
     assert variants["run_id"].tolist() == [ids[n] for n in ("baseline", "replay", "dapo", "fifo", "popo",
                                                            "popo_untagged")]
@@ -379,13 +390,13 @@ def test_variants_markdown(mixed):
 def test_variants_never_enter_a_heatmap(mixed):
     results, ids = mixed["results"], mixed["ids"]
     variant_ids = {ids[n] for n in ("fifo", "popo", "dapo", "popo_untagged", "stale_failed")}
-    for name in report.GRIDS:
-        grid = report.heatmap_grid(results, name, mixed["unfinished"])
+    for name in tables.GRIDS:
+        grid = tables.heatmap_grid(results, name, mixed["unfinished"])
         assert not variant_ids & set(grid["run_id"].dropna())
         assert (grid["unfinished"] == "").all()  # the failed stale-behaviour run is no grid cell's run
         # The FIFO run's tags say rho = 1, L = 2, c = 1: that position stays missing in both grids.
-        assert "rho1-L2-c1" in report.missing_cells(grid)[0]
-    age = report.heatmap_grid(results, "age").set_index("cell")
+        assert "rho1-L2-c1" in tables.missing_cells(grid)[0]
+    age = tables.heatmap_grid(results, "age").set_index("cell")
     assert age.loc["rho1-L1-c1", "run_id"] == ids["replay"] and age.loc["rho1-L2-c3", "run_id"] == ids["old"]
     assert age["run_id"].notna().sum() == 2
     assert "`rho1-L3-c10` (FAILED run)" not in mixed["text"]
@@ -393,10 +404,10 @@ def test_variants_never_enter_a_heatmap(mixed):
 
 def test_rho0_variants_are_no_baseline(mixed):
     results = mixed["results"]
-    assert report.baseline_values(results)["pass@k_max"] == (0.7, 0.01)  # the plain fresh-only run, not DAPO
+    assert tables.baseline_values(results)["pass@k_max"] == (0.7, 0.01)  # the plain fresh-only run, not DAPO
     # Without the plain fresh-only run there is no baseline at all: DAPO and POPO (rho = 0) never stand in.
     without = results[results["run_id"] != mixed["ids"]["baseline"]]
-    assert report.baseline_values(without) == {}
+    assert tables.baseline_values(without) == {}
 
 
 def test_frontier_labels_each_variant(mixed, tmp_path, monkeypatch):
@@ -406,20 +417,23 @@ def test_frontier_labels_each_variant(mixed, tmp_path, monkeypatch):
     def keep(fig, path):
         legend = fig.axes[0].get_legend() or fig.legends[0]  # with variants it sits below the panels
         drawn["legend"] = [t.get_text() for t in legend.get_texts()]
-        return report.figures.plt.close(fig) or path
+        return figures.plt.close(fig) or path
 
-    monkeypatch.setattr(report.figures, "_save", keep)
-    report.figures.plot_frontier(mixed["results"], tmp_path / "f.png", "pass@16")
+    monkeypatch.setattr(figures, "_save", keep)
+    figures.plot_frontier(mixed["results"], tmp_path / "f.png", "pass@16")
     assert {"DAPO dynamic sampling", "FIFO replay δ=0.5", "POPO", "popo-stale2-c1"} <= set(drawn["legend"])
     assert "fresh-only (ρ = 0)" in drawn["legend"] and "ρ = 1" in drawn["legend"]
 
 
 def test_mixed_report_figures_and_variants_sweep_cli(mixed, tmp_path):
-    for name in FIGURES:
+    # Two age cells (rho1-L1-c1, rho1-L2-c3) fill that heatmap; no evaluation logged unique_rate: no diversity figure.
+    for name in ["frontier.png", "dynamics.png", "heatmap_age.png"]:
         _assert_png(mixed["out"] / name)
+    assert not (mixed["out"] / "diversity.png").exists() and not (mixed["out"] / "heatmap_ratio.png").exists()
+    assert "_Figure left out: no final evaluation logged `unique_rate`._" in mixed["text"]
     assert report.main(["--experiment", EXPERIMENT, "--sweep", "variants", "--out", str(tmp_path),
                         f"tracking.uri={mixed['uri']}"]) == 0
-    for name in FIGURES:
+    for name in ["frontier.png", "dynamics.png"]:
         _assert_png(tmp_path / name)
     text = (tmp_path / "report.md").read_text()
     assert "## Variants (SPEC 9)" in text and f"`{mixed['ids']['old']}`" not in text
@@ -429,7 +443,7 @@ def test_mixed_report_figures_and_variants_sweep_cli(mixed, tmp_path):
 
 def test_variants_sweep_without_variant_runs_still_has_the_section(mixed, tmp_path):
     runs = mixed["runs"]
-    plain = runs[[report.is_plain(run) for _, run in runs.iterrows()]]
+    plain = runs[[is_plain(run) for _, run in runs.iterrows()]]
     text = report.write_report(plain, tmp_path, mixed["client"], sweeps=["variants"]).read_text()
     section = text.split("## Variants (SPEC 9)")[1].split("## Budget frontier")[0]
     assert "_No finished variant runs yet._" in section and "| Fresh-only | rho0 | 1024 |" in section
@@ -451,7 +465,7 @@ def test_same_label_with_another_config_is_flagged_and_since_keeps_the_newer(tmp
         assert report.main(["--experiment", EXPERIMENT, "--out", str(everything), f"tracking.uri={uri}"]) == 0
         table = pd.read_csv(everything / "results_table.csv")
         assert table.set_index("run_id").loc[[new, old], "cell_id"].tolist() == ["new0config", "old0config"]
-        shared = report.same_label_configs(table)
+        shared = tables.same_label_configs(table)
         assert set(shared["run_id"]) == {old, new}
         text = (everything / "report.md").read_text()
         assert "Same label, different configuration" in text and f"`{old}`" in text and "`old0config`" in text
@@ -470,7 +484,7 @@ def test_same_label_with_another_config_is_flagged_and_since_keeps_the_newer(tmp
         assert exit_info.value.code != 0
         assert "'last week' is not a date" in capsys.readouterr().err
 
-        runs = report.load_runs(uri, EXPERIMENT, since=datetime.fromtimestamp((t0 + 1_800_000) / 1000))
+        runs = load_runs(uri, EXPERIMENT, since=datetime.fromtimestamp((t0 + 1_800_000) / 1000))
         assert runs["run_id"].tolist() == [new]  # a run started exactly at `since` is kept
     finally:
         mlflow.set_tracking_uri(previous)

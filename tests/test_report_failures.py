@@ -8,7 +8,8 @@ import mlflow
 import pytest
 from mlflow.entities import Metric
 
-from analysis import report
+from analysis import report, tables
+from analysis.runs import load_runs, select_cells
 from src.task.countdown_failures import CATEGORIES
 from tests.test_report import _assert_png, _log_run, _new_store
 
@@ -39,7 +40,7 @@ def store(tmp_path_factory):
     for run_id, values in metrics.items():
         client.log_batch(run_id, metrics=[Metric(key, float(value), t0, 4 if "final" in key else 0)
                                           for key, value in values])
-    runs = report.load_runs(uri, "report-test")
+    runs = load_runs(uri, "report-test")
     out = folder / "report"
     path = report.write_report(runs, out, client, sweeps=["variants"])
     yield {"runs": runs, "out": out, "text": path.read_text(), "ids": (fresh, ipo)}
@@ -47,8 +48,8 @@ def store(tmp_path_factory):
 
 
 def test_failure_table_has_one_warm_start_and_each_method(store):
-    used, _, _ = report.select_cells(store["runs"])
-    table = report.failure_table(used)
+    used, _, _ = select_cells(store["runs"])
+    table = tables.failure_table(used)
     assert table["method"].tolist() == ["warm start", "Fresh-only", "Fresh-only (IPO loss)"]
     assert table["stage"].tolist() == ["start", "final", "final"]
     assert table["failed"].tolist() == [320, 300, 320]

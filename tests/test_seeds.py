@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from analysis import report, seeds
+from analysis import report, seeds, tables
+from analysis.runs import load_runs, select_cells
 from tests.test_report import _log_run, _new_store
 
 T_975_DF1, T_975_DF2 = 12.706205, 4.302653
@@ -155,7 +156,7 @@ def seeded(tmp_path_factory):
 
 def test_report_aggregates_seeds_and_names_the_verdicts(seeded, tmp_path):
     _, uri, client = seeded
-    runs = report.load_runs(uri, "report-test")
+    runs = load_runs(uri, "report-test")
     path = report.write_report(runs, tmp_path, client)
     text = path.read_text()
     assert "## Across training seeds" in text and seeds.TEST_NAME in text
@@ -168,7 +169,7 @@ def test_report_aggregates_seeds_and_names_the_verdicts(seeded, tmp_path):
     line = next(row for row in text.splitlines() if "rho1-L1-c1" in row and "3 (0,1,2)" in row)
     assert "+0.060 ± 0.025" in line and "better" in line
     # The heatmap cell of c = 3 is marked as noise; the grid holds the means over seeds.
-    grid = report.heatmap_grid(report.seeds.seed_table(report.results_table(report.select_cells(runs)[0])), "age")
+    grid = tables.heatmap_grid(seeds.seed_table(tables.results_table(select_cells(runs)[0])), "age")
     c3 = grid[(grid["row"] == 1) & (grid["col"] == 3)].iloc[0]
     assert c3["reward_verdict"] == "within noise" and c3["reward"] == pytest.approx(0.30667, abs=1e-5)
     assert (tmp_path / "dynamics.png").stat().st_size > 0
@@ -181,7 +182,7 @@ def test_report_with_one_seed_per_cell_says_one_seed(tmp_path_factory, tmp_path)
              final={"quick": {**QUICK, "mean_reward": 0.3}})
     _log_run(client, experiment_id, started=started + 1000, sweep="s", rho=1.0, L=1, c=1.0,
              final={"quick": {**QUICK, "mean_reward": 0.25, "mean_reward_hw": 0.02}})
-    runs = report.load_runs(uri, "report-test")  # logged without seed or cell_key tags (older runs)
+    runs = load_runs(uri, "report-test")  # logged without seed or cell_key tags (older runs)
     text = report.write_report(runs, tmp_path, client).read_text()
     line = next(row for row in text.splitlines() if "rho1-L1-c1" in row and "1 (0)" in row)
     assert "one seed" in line and "-0.050" in line and "± 0.0" not in line.split("|")[6]
