@@ -182,3 +182,40 @@ def test_lockstep_resume_from_a_checkpoint_continues_exactly(lockstep_w2, compos
     assert machine_free(got) == machine_free(recorder)
     resumed_events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert resumed_events == events
+
+
+def test_sigterm_to_the_whole_process_group_checkpoints_and_resumes_into_the_same_run(tmp_path):
+    """`timeout` and SLURM signal every process of the job: Ray's own processes must not die before the
+    trainer has finished its step and checkpointed. The relaunch continues the same MLflow run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from src.paths import PROJECT_ROOT
+
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    command = [sys.executable, "-m", "src.run", *TINY, "runtime.workers=1", "buffer=fifo", "trainer.steps=100",
+               "trainer.checkpoint_every=100", "evaluation.at_start=false", "evaluation.prompts=2",
+               "evaluation.samples_per_prompt=2", "evaluation.ks=[1]", f"tracking.uri={store}",
+               f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/run"]
+    # GNU timeout passes a SIGTERM it receives to its command and to the command's process group.
+    first = subprocess.Popen(["timeout", "900", *command], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    log, deadline = tmp_path / "run" / "run.log", time.time() + 300
+    while first.poll() is None and time.time() < deadline and \
+            not (log.exists() and "] - step 0 " in log.read_text(errors="replace")):
+        time.sleep(0.1)  # the pipeline runs: workers and the raylet are up
+    first.send_signal(signal.SIGTERM)
+    output, _ = first.communicate(timeout=300)
+    assert "marked KILLED" in output, output[-3000:]
+    again = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    mlflow.set_tracking_uri(store)
+    runs = mlflow.search_runs(experiment_names=["replay-rloo"])
+    assert list(runs["status"]) == ["FINISHED"]
+    history = MlflowClient(store).get_metric_history(runs.run_id[0], "train/reward")
+    assert sorted(m.step for m in history) == list(range(100))  # every step once: none lost, none twice
