@@ -32,6 +32,7 @@ from src.interrupt import StopRequested
 from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
                                   PipelineError, PipelineSettings)
 from src.runtime.queues import QUEUES, build_queue
+from src.variant import Variant, float_knob, int_knob
 
 log = logging.getLogger(__name__)
 EVENT_LOG = "events.jsonl"
@@ -52,8 +53,12 @@ class RunLoop:
     log_artifact: Callable[[Path], None] | None = None  # default: to the tracker's MLflow run, under runtime/
 
 
-class SyncRuntime:
+class SyncRuntime(Variant):
     """`runtime=sync`: SPEC 3's loop in `src.run`; nothing to do here."""
+
+    @classmethod
+    def plain(cls, node) -> bool:
+        return True
 
     def __init__(self, name: str = "sync", cfg: DictConfig | None = None) -> None:
         self.name = name
@@ -65,8 +70,32 @@ class SyncRuntime:
         return None
 
 
-class AsyncRuntime:
+class AsyncRuntime(Variant):
     """`runtime=async`: seed 001's pipeline of W workers, one queue and the trainer, on Ray."""
+
+    knobs = {"workers": int_knob(1, 1_024, "2"), "trainers": int_knob(1, 1_024, "1"),
+             "capacity": int_knob(1, 100_000_000, "1024"), "positive_bias": float_knob(0, 1, "0.5", high_open=True),
+             "sync_every": int_knob(1, 100_000, "1"), "mu": float_knob(0, 1e6, "5.28", low_open=True),
+             "worker_cost": float_knob(0, 1e6, "2.0 or null", low_open=True, nullable=True),
+             "trainer_cost": float_knob(0, 1e6, "1.0", low_open=True),
+             "staleness": int_knob(0, 100_000, "4 or null", nullable=True), "depth": int_knob(1, 64, "8"),
+             "groups_per_request": int_knob(1, 65_536, "4"), "num_cpus": int_knob(1, 4_096, "2"),
+             "worker_threads": int_knob(1, 1_024, "1"), "max_restarts": int_knob(-1, 1_000, "3 (-1: without limit)")}
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        """Seed 001's pipeline: e.g. -W6T2-N252, -W1T1-lifo."""
+        return f"-W{node.workers}T{node.trainers}-" + (f"N{node.capacity}" if node.queue == "buffer" else "lifo")
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return f"async {node.queue} W={node.workers} T={node.trainers}"
+
+    @classmethod
+    def budget_plan(cls, node, cfg):
+        from src.runtime.plan import async_budget_plan  # its lockstep schedule decides the fresh budget
+
+        return async_budget_plan(cfg)
 
     def __init__(self, cfg: DictConfig, name: str = "async", workers: int = 2, trainers: int = 1,
                  queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
