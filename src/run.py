@@ -75,7 +75,7 @@ def warn_short_replay_pool(cfg: DictConfig) -> None:
     if window is not None and cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step,
                                                                              cfg.buffer.ratio, window):
         log.warning("B=%d, rho=%g, L=%d: rounding leaves the replay pool short of demand; gap fill will be "
-                    "logged (batch/gap_fill_groups)", cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age)
+                    "logged (batch/gap_fill_groups)", cfg.trainer.groups_per_step, cfg.buffer.ratio, window)
 
 
 def train_cell(cfg: DictConfig, identity: str, stop: StopOnSignal) -> dict[str, float]:

@@ -221,6 +221,7 @@ class FifoReplayBuffer(ReplayStore):
     counters = ("added", "dropped", "dropped_rollouts", "_next_uid", "updates")
     knobs = {**ReplayStore.knobs, "positive_bias": float_knob(0, 1, "0.5", high_open=True),
              "extra_updates": int_knob(0, 100, "1")}
+    queue_stands_in = True
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:

@@ -44,6 +44,8 @@ class ReplayStore(Variant):
     counters: tuple[str, ...] = ()     # attributes restored from a checkpoint as ints
     knobs = {"ratio": float_knob(0, 64, "1"), "max_age": int_knob(0, 1_000, "2"),
              "capacity": int_knob(1, 10_000_000, "4096")}
+    # runtime=async: the pipeline's rollout queue (seed 001's FIFO of rollouts) can stand in for this store.
+    queue_stands_in: bool = False
 
     # ---- what the store says about itself (class methods on the group's config node) ----
     @classmethod
@@ -155,6 +157,8 @@ class ReplayStore(Variant):
 
 class NoReplay(ReplayStore):
     """`buffer=none`: fresh-only training; nothing is drawn or kept, and the buffer metrics stay empty."""
+
+    queue_stands_in = True
 
     @classmethod
     def fresh_only(cls, node) -> bool:

@@ -32,7 +32,7 @@ from src.interrupt import StopRequested
 from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
                                   PipelineError, PipelineSettings)
 from src.runtime.queues import QUEUES, build_queue
-from src.variant import Variant, float_knob, int_knob
+from src.variant import Variant, described, float_knob, int_knob
 
 log = logging.getLogger(__name__)
 EVENT_LOG = "events.jsonl"
@@ -137,14 +137,15 @@ class AsyncRuntime(Variant):
             raise ValueError(f"runtime.queue=lifo with runtime.capacity N={self.capacity}: workers wait while a full "
                              f"queue holds N, so N must fit a batch and a request in flight "
                              f"(>= {s.batch + s.request_rollouts})")
-        if cfg.buffer.name not in ("none", "fifo"):
-            raise ValueError(f"buffer={cfg.buffer.name} with runtime=async: the pipeline's rollout queue replaces the "
-                             "step's replay store (runtime.queue, runtime.capacity, runtime.positive_bias); use "
+        # The components say whether they fit the pipeline; their YAML names only label the message.
+        if not getattr(described(cfg.buffer), "queue_stands_in", False):
+            raise ValueError(f"buffer={cfg.buffer.get('name')} with runtime=async: the pipeline's rollout queue replaces "
+                             "the step's replay store (runtime.queue, runtime.capacity, runtime.positive_bias); use "
                              "buffer=none or buffer=fifo")
-        if cfg.sampling.name != "standard" or cfg.behaviour.name != "current":
-            raise ValueError(f"sampling={cfg.sampling.name}, behaviour={cfg.behaviour.name} with runtime=async: workers "
-                             "generate each request's groups once, with the published weights; use sampling=standard and "
-                             "behaviour=current")
+        if not (described(cfg.sampling).plain(cfg.sampling) and described(cfg.behaviour).plain(cfg.behaviour)):
+            raise ValueError(f"sampling={cfg.sampling.get('name')}, behaviour={cfg.behaviour.get('name')} with "
+                             "runtime=async: workers generate each request's groups once, with the published weights; "
+                             "use sampling=standard and behaviour=current")
 
     def trainer_store(self, store: ReplayStore, cfg: DictConfig) -> ReplayStore:
         """The pipeline's queue in place of the step's replay store (it saves with the run's checkpoint)."""
