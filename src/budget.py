@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from src.batch import Group, plan_batch, whole_groups
 from src.buffer.age import ReplayBuffer
-from src.buffer.store import ReplayStore
+from src.buffer.store import store_class
 from src.checks import composition_error
 from src.variant import VARIANT_GROUPS, described
 
@@ -71,13 +71,6 @@ def _check_sizes(groups_per_step: int, group_size: int, steps: int) -> None:
     if int(steps) != steps or not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"steps must be an integer between 1 and {MAX_STEPS:,}, got {steps!r}.")
     # groups_per_step and ratio are validated by plan_batch.
-
-
-def store_class(buffer) -> type[ReplayStore]:
-    """The class the buffer group names, which says what the plan simulates (the interface's defaults for a
-    config saved before `_target_` existed)."""
-    found = described(buffer)
-    return found if issubclass(found, ReplayStore) else ReplayStore
 
 
 def planning_max_age(buffer, steps: int) -> int:

@@ -24,7 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from src import progress, tracking
-from src.budget import budget_is_floor, plan_for_config, replay_demand_met, store_class
+from src.budget import budget_is_floor, plan_for_config, replay_demand_met
+from src.buffer.store import store_class
 from src.config import ConfigError, validate
 from src.diskspace import DiskFull, quiet_log_files_when_full, writing
 from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries

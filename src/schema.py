@@ -89,9 +89,10 @@ class SchemaError(ValueError):
     """Raised with the message; src.config turns it into its ConfigError."""
 
 
-@functools.lru_cache(maxsize=1)
-def yaml_defaults() -> dict[str, object]:
-    """Every leaf key any option of any config group sets, with one of its YAML values (non-null if any is)."""
+@functools.lru_cache(maxsize=8)
+def yaml_defaults(root: Path = CONFIG_DIR) -> dict[str, object]:
+    """Every leaf key any option of any config group under `root` sets, with one of its YAML values (non-null
+    if any is)."""
     found: dict[str, object] = {}
 
     def walk(node, prefix: str) -> None:
@@ -104,8 +105,8 @@ def yaml_defaults() -> dict[str, object]:
             elif found.get(dotted) is None:
                 found[dotted] = value
 
-    for path in sorted(Path(CONFIG_DIR).rglob("*.yaml")):
-        relative = path.relative_to(CONFIG_DIR)
+    for path in sorted(Path(root).rglob("*.yaml")):
+        relative = path.relative_to(root)
         if relative.parts[0] in ("sweep", "local", "hydra"):  # sweeper grids, site and launcher settings: Hydra's
             continue
         text = path.read_text()
@@ -138,13 +139,26 @@ def check_override_keys(overrides: list[str]) -> None:
     code never reads; this names the close matches instead. Group choices (`buffer=age1`), additions
     (`+sweep=...`, checked after composition) and Hydra's own keys are left to Hydra.
     """
-    groups = {key.split(".", 1)[0] for key in known_keys()}
+    # A variant's YAML in a folder the command line puts on Hydra's search path sets known keys too.
+    declared = frozenset(key for root in _searchpath_folders(overrides) for key in yaml_defaults(root))
+    groups = {key.split(".", 1)[0] for key in known_keys() | declared}
     for override in overrides:
         key = override.split("=", 1)[0]
         if "=" not in override or override.startswith(("+", "~", "-")) or "." not in key:
             continue
         if key.split(".", 1)[0] in groups:
-            check_known(key)
+            check_known(key, declared)
+
+
+def _searchpath_folders(overrides: list[str]) -> list[Path]:
+    """The existing `file://` folders of a `hydra.searchpath=[...]` override."""
+    for override in overrides:
+        if override.startswith("hydra.searchpath="):
+            entries = override.split("=", 1)[1].strip("[]").split(",")
+            folders = [Path(entry.strip().strip("'\"")[len("file://"):]) for entry in entries
+                       if entry.strip().strip("'\"").startswith("file://")]
+            return [folder.resolve() for folder in folders if folder.is_dir()]
+    return []
 
 
 def check_types(cfg: DictConfig) -> None:

@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from src.budget import budget_is_floor, plan_for_config
-from src.buffer.store import ReplayStore
+from src.buffer.store import store_class
 from src.lifecycle import Liveness, checkpoint_files, run_liveness
 from src.paths import resolve_policy_path
 from src.variant import described
@@ -63,7 +63,7 @@ def cell_name(cfg: DictConfig) -> str:
     Each component names its own part (`src.variant.Variant.cell_label`): the store, then the loss, or
     the clip ceiling where the loss reads it and something is replayed, then '-dapo', '-stale4', ...
     """
-    store, objective = _store(cfg), described(cfg.loss)
+    store, objective = store_class(cfg.buffer), described(cfg.loss)
     loss = objective.cell_label(cfg.loss, cfg)
     clip = f"-c{cfg.clip.ceiling:g}" if _reads_clip(objective) and not store.fresh_only(cfg.buffer) else ""
     suffixes = "".join(described(cfg.get(group)).cell_label(cfg.get(group), cfg) for group in SUFFIX_GROUPS)
@@ -72,16 +72,10 @@ def cell_name(cfg: DictConfig) -> str:
 
 def variant_label(cfg: DictConfig) -> str:
     """A reader's name for what the cell runs, e.g. 'Replay-RLOO', 'POPO (GRPO loss)', 'Fresh-only + DAPO dynamic sampling'."""
-    parts = [_store(cfg).reader_label(cfg.buffer, cfg) + described(cfg.loss).reader_label(cfg.loss, cfg)]
+    parts = [store_class(cfg.buffer).reader_label(cfg.buffer, cfg) + described(cfg.loss).reader_label(cfg.loss, cfg)]
     for group in SUFFIX_GROUPS:
         parts.append(described(cfg.get(group)).reader_label(cfg.get(group), cfg))
     return " + ".join(part for part in parts if part)
-
-
-def _store(cfg: DictConfig) -> type[ReplayStore]:
-    """The buffer group's store class (the interface's defaults for a config saved before `_target_` existed)."""
-    found = described(cfg.buffer)
-    return found if issubclass(found, ReplayStore) else ReplayStore
 
 
 def _reads_clip(objective: type) -> bool:
@@ -128,7 +122,7 @@ def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     for key, unchanged in LATER_KNOBS.items():
         if OmegaConf.select(cfg, key) == unchanged:
             _drop(resolved, key)
-    if _store(cfg).fresh_only(cfg.buffer):
+    if store_class(cfg.buffer).fresh_only(cfg.buffer):
         resolved.pop("buffer")
         resolved.pop("clip")
     for group in SUFFIX_GROUPS:  # a group a config saved before it existed ran its plain setting

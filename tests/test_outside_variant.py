@@ -81,3 +81,13 @@ def test_the_readme_variant_is_its_two_files(compose_config, tmp_path, monkeypat
         trainer.groups_per_step, trainer.group_size, trainer.steps, 1.0)
     with pytest.raises(ConfigError, match="buffer.capacity=2 < trainer.groups_per_step"):
         validate(compose_config(searchpath, "buffer=newest", "buffer.capacity=2"), check_device=False)
+
+
+def test_an_override_of_a_key_only_a_searchpath_yaml_sets_is_known(tmp_path):
+    from src.schema import SchemaError, check_override_keys
+
+    (tmp_path / "buffer").mkdir()
+    (tmp_path / "buffer" / "mine.yaml").write_text("_target_: my.Store\nratio: 1.0\nwindow_size: 3\n")
+    with pytest.raises(SchemaError, match="buffer.window_size: unknown key"):
+        check_override_keys(["buffer=mine", "buffer.window_size=4"])
+    check_override_keys([f"hydra.searchpath=[file://{tmp_path}]", "buffer=mine", "buffer.window_size=4"])

@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 from hydra.utils import instantiate
 
 from src.batch import Batch, BatchGroup, Group
-from src.variant import Variant, float_knob, int_knob
+from src.variant import Variant, described, float_knob, int_knob
 
 _STATE_VERSION = 2
 
@@ -181,6 +181,13 @@ class NoReplay(ReplayStore):
 
     def metrics(self, step: int) -> dict[str, float]:
         return {"buffer/size": 0}
+
+
+def store_class(node) -> type[ReplayStore]:
+    """The store class the buffer group's `_target_` names, which describes what it replays and plans (the
+    interface's own defaults for a config saved before `_target_` existed)."""
+    found = described(node)
+    return found if issubclass(found, ReplayStore) else ReplayStore
 
 
 def checked_for_storing(groups: Iterable[Group], store: str) -> list[Group]:
