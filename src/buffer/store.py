@@ -25,6 +25,7 @@ import dataclasses
 import random
 from typing import Callable, Iterable
 
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from src.batch import Batch, BatchGroup, Group
@@ -64,7 +65,10 @@ class ReplayStore(Variant):
     def plan_store(cls, node, ratio: float, groups_per_step: int) -> "ReplayStore":
         """The store the budget planner drives through `draw` and `store`: this one, with the group's settings
         at the planned rho (placeholder groups carry rewards 0 and K = 2)."""
-        return instantiate(node, ratio=float(ratio), groups_per_step=int(groups_per_step), seed=0)
+        try:
+            return instantiate(node, ratio=float(ratio), groups_per_step=int(groups_per_step), seed=0)
+        except InstantiationException as error:  # a bad setting: the constructor's own one-line message
+            raise (error.__cause__ or error) from None
 
     @classmethod
     def reward_dependent(cls, node) -> bool:
@@ -161,6 +165,14 @@ class NoReplay(ReplayStore):
     queue_stands_in = True
 
     @classmethod
+    def plan_window(cls, node, steps: int) -> int | None:
+        return 1  # the budget table's rows at rho > 0 plan the replay it would take: the age buffer's, L = 1
+
+    @classmethod
+    def plan_store(cls, node, ratio: float, groups_per_step: int) -> ReplayStore:
+        return age_stand_in(node)
+
+    @classmethod
     def fresh_only(cls, node) -> bool:
         return True
 
@@ -181,6 +193,14 @@ class NoReplay(ReplayStore):
 
     def metrics(self, step: int) -> dict[str, float]:
         return {"buffer/size": 0}
+
+
+def age_stand_in(node) -> ReplayStore:
+    """The age buffer with L = 1 that the budget table plans at rho > 0 for a store that never replays by plan
+    (buffer=none, buffer=popo: rho is 0 by their settings), so its rows show what replay would cost."""
+    from src.buffer.age import ReplayBuffer  # the age store builds on this module
+
+    return ReplayBuffer(max_age=1, capacity=int(node.get("capacity", 4096)))
 
 
 def store_class(node) -> type[ReplayStore]:
