@@ -1,8 +1,8 @@
 """How a variant component describes itself, so the runner, planner, sweep naming and validation never ask its name.
 
 Every class a variant group's `_target_` names (buffer, loss, behaviour, sampling, curriculum,
-runtime) answers four questions from its group's config node, as class methods, so nothing heavy is
-built to ask them:
+runtime) answers these from its group's config node, as class methods, so nothing heavy is built to
+ask them:
 
 * `cell_label(node, cfg)`: its part of the cell name (`src.sweep.cell_name`), e.g. '-stale4';
   `reader_label(node, cfg)`: its part of the reader's name (`src.sweep.variant_label`).
