@@ -1,10 +1,11 @@
 """Fresh verifier-evaluation budget planning (SPEC 5; paper appendix B.4).
 
-`plan_fresh_evaluations` simulates the real step order with the buffer the trainer builds
-(`ReplayBuffer` with its age window and capacity, or `FifoReplayBuffer` with its capacity,
-sampling mode and positive bias; placeholder groups, no model), so gap fill from a too-small
-pool (ratio > L, B_fresh rounded down, a small capacity, distinct draws from a small FIFO)
-shows up exactly as it would in a run; `plan_for_config` reads those settings from a config.
+`simulate_plan` runs the real step order with the store the trainer builds, driven through its
+`draw` and `store` calls with placeholder groups (no model), so gap fill from a too-small pool
+(ratio > L, B_fresh rounded down, a small capacity, distinct draws from a small FIFO) shows up
+exactly as it would in a run. `plan_for_config` asks the buffer group's store class what to
+simulate (`src.buffer.store.ReplayStore.plan_store`, `plan_window`), never its name; a runtime with
+a schedule of its own plans itself (`src.variant.Variant.budget_plan`).
 A positive-bias FIFO keeps incorrect rollouts only among its freshest (1 - delta) N groups, so
 with distinct draws its pool can depend on rewards: the plan assumes no correct rollout (the
 smallest pool), is exact then and whenever that pool never runs short, and is otherwise an
@@ -23,20 +24,12 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from src.batch import Group, plan_batch, whole_groups
-from src.checks import composition_error
 from src.buffer.age import ReplayBuffer
-from src.buffer.fifo import FifoReplayBuffer
+from src.buffer.store import store_class
+from src.checks import composition_error
+from src.variant import VARIANT_GROUPS, described
 
 AGE_BUFFER_CAPACITY = 4096  # ReplayBuffer's default (conf/buffer/age*.yaml: a safety net)
-
-
-@dataclass(frozen=True)
-class FifoSettings:
-    """What of `buffer=fifo` decides how many groups a draw returns (seed 001's FIFO; src/buffer/fifo.py)."""
-
-    capacity: int
-    mode: str = "with_replacement"
-    positive_bias: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -81,11 +74,12 @@ def _check_sizes(groups_per_step: int, group_size: int, steps: int) -> None:
 
 
 def planning_max_age(buffer, steps: int) -> int:
-    """The age window L the budget simulation uses: buffer.max_age (at least 1); buffer=fifo has no
-    window (every stored group of age >= 1 is eligible; `plan_for_config` simulates the FIFO itself),
-    so its L is the run's length.
+    """The age window L the budget simulation uses, as the store says (`plan_window`: buffer.max_age, at
+    least 1, for the age buffer); a store without one (the FIFO: every stored group of age >= 1 is
+    eligible) has the run's length as its L.
     """
-    return int(steps) if buffer.name == "fifo" else max(int(buffer.max_age), 1)
+    window = store_class(buffer).plan_window(buffer, steps)
+    return int(steps) if window is None else int(window)
 
 
 def replay_demand_met(groups_per_step: int, ratio: float, max_age: int) -> bool:
@@ -103,24 +97,26 @@ def closed_form_fresh_evaluations(groups_per_step: int, group_size: int, steps: 
 
 def plan_fresh_evaluations(
     groups_per_step: int, group_size: int, steps: int, ratio: float, max_age: int, *,
-    capacity: int = AGE_BUFFER_CAPACITY, fifo: FifoSettings | None = None,
+    capacity: int = AGE_BUFFER_CAPACITY,
 ) -> BudgetPlan:
-    """Simulate the buffer schedule step by step (SPEC 3 order) and count fresh groups.
+    """The plan of the age buffer (max_age L, `capacity` groups at most): `simulate_plan` with `ReplayBuffer`."""
+    return simulate_plan(groups_per_step, group_size, steps, ratio,
+                         lambda: ReplayBuffer(max_age=max_age, capacity=capacity), window=max_age)
 
-    The age buffer (max_age L, `capacity` groups at most) by default; `fifo` simulates `buffer=fifo`
-    instead (its own capacity, mode and positive bias; max_age is then ignored, every stored group is
-    eligible). Each draw returns what the trainer's buffer returns: min(count, #eligible) distinct groups,
-    or, FIFO with replacement, `count` draws from any non-empty pool.
+
+def simulate_plan(groups_per_step: int, group_size: int, steps: int, ratio: float, make_store,
+                  window: int | None, reward_dependent: bool = False) -> BudgetPlan:
+    """Simulate the store's schedule step by step (SPEC 3 order) and count fresh groups.
+
+    `make_store()` builds the store (only when something is replayed); each step draws from it as the
+    trainer does and stores the step's fresh groups (gap fill included) through `store`. `window` is the
+    store's age window L (groups of age 1..L are drawn), or None for a store that draws from every stored
+    group of age >= 1: it decides when the schedule repeats. `reward_dependent`: the store keeps groups by
+    their rewards, so with the all-zero placeholders a short pool makes the plan an upper bound.
     """
     _check_sizes(groups_per_step, group_size, steps)
     b_fresh, b_replay = plan_batch(groups_per_step, ratio)
-    if b_replay == 0:
-        buffer = None
-    elif fifo is not None:
-        # All placeholder rewards are 0: a positive-bias FIFO then keeps its freshest (1 - delta) N groups only.
-        buffer = FifoReplayBuffer(fifo.capacity, fifo.mode, fifo.positive_bias)
-    else:
-        buffer = ReplayBuffer(max_age=max_age, capacity=capacity)  # validates max_age
+    buffer = make_store() if b_replay > 0 else None
 
     fresh_counts: list[int] = []
     replay_counts: list[int] = []
@@ -135,53 +131,57 @@ def plan_fresh_evaluations(
             gap_total += gap  # step 0 is all fresh by design, not a shortfall
         fresh_counts.append(fresh)
         replay_counts.append(replayed)
-        if buffer is not None:
-            # After the update, as the stores do: drop over-age groups, then store all fresh groups (gap
-            # fill included; the FIFO drops its oldest in add()).
-            if fifo is None:
-                buffer.evict(step)
-            buffer.add(_placeholder(step) for _ in range(fresh))
-        # The age pool holds only the last L steps' groups (draws never consume them; the capacity keeps
-        # a suffix of them), so a step's counts depend on the previous L fresh counts alone; the FIFO's
-        # pool (every stored group, all whole) on how many it holds. Once that state repeats, the
-        # schedule cycles: jumping over the whole cycles makes a million-step plan cost what a few steps do.
-        window = (len(buffer),) if fifo is not None and buffer is not None else tuple(fresh_counts[-(max_age + 1):])
-        if step > 0 and window in seen:
-            start = seen[window]
+        if buffer is not None:  # after the update, as the trainer stores them
+            buffer.store([_placeholder(step) for _ in range(fresh)], step)
+        # An age pool holds only the last L steps' groups (draws never consume them; the capacity keeps
+        # a suffix of them), so a step's counts depend on the previous L fresh counts alone; a pool without
+        # an age window (every stored group) on how many it holds; no store, on nothing. Once that state
+        # repeats, the schedule cycles: jumping over the whole cycles makes a million-step plan cost what a
+        # few steps do.
+        if buffer is None:
+            state: tuple[int, ...] = ()
+        else:
+            state = (len(buffer),) if window is None else tuple(fresh_counts[-(int(window) + 1):])
+        if step > 0 and state in seen:
+            start = seen[state]
             cycle_fresh, cycle_replay = fresh_counts[start + 1:], replay_counts[start + 1:]
             remaining = int(steps) - step - 1
             fresh_counts += [cycle_fresh[i % len(cycle_fresh)] for i in range(remaining)]
             replay_counts += [cycle_replay[i % len(cycle_replay)] for i in range(remaining)]
             gap_total += sum(b_replay - replay_counts[i] for i in range(step + 1, int(steps)))
             break
-        seen[window] = step
+        seen[state] = step
 
     return BudgetPlan(
         ratio=float(ratio),
-        max_age=int(max_age),
+        max_age=int(steps) if window is None else int(window),
         groups_per_step=int(groups_per_step),
         group_size=int(group_size),
         steps=int(steps),
         fresh_groups_per_step=tuple(fresh_counts),
         replay_groups_per_step=tuple(replay_counts),
         gap_fill_groups=gap_total,
-        reward_dependent=bool(fifo is not None and fifo.positive_bias > 0 and fifo.mode != "with_replacement"
-                              and gap_total > 0),
+        reward_dependent=bool(reward_dependent and gap_total > 0),
     )
 
 
 def plan_for_config(cfg) -> BudgetPlan:
-    """The plan of a composed config: its sizes, and the buffer the trainer builds (`src.build.build_store`)."""
-    if (cfg.get("runtime") or {}).get("name") == "async":  # seed 001's pipeline: its lockstep schedule decides
-        from src.runtime.plan import async_budget_plan
-
-        return async_budget_plan(cfg)
+    """The plan of a composed config: its sizes, and the store the trainer builds (`src.build.build_store`),
+    as its class says to simulate it; or the plan of a runtime with its own schedule (runtime=async)."""
+    runtime = cfg.get("runtime")
+    own = described(runtime).budget_plan(runtime, cfg)
+    if own is not None:
+        return own
     trainer, buffer = cfg.trainer, cfg.buffer
-    fifo = FifoSettings(int(buffer.capacity), str(buffer.mode), float(buffer.positive_bias)) \
-        if buffer.name == "fifo" else None
-    return plan_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps, buffer.ratio,
-                                  planning_max_age(buffer, trainer.steps),
-                                  capacity=int(buffer.get("capacity", AGE_BUFFER_CAPACITY)), fifo=fifo)
+    store = store_class(buffer)
+    return simulate_plan(trainer.groups_per_step, trainer.group_size, trainer.steps, buffer.ratio,
+                         lambda: store.plan_store(buffer, buffer.ratio, trainer.groups_per_step),
+                         store.plan_window(buffer, trainer.steps), store.reward_dependent(buffer))
+
+
+def budget_is_floor(cfg) -> bool:
+    """True when some component may generate more than the plan counts (sampling=dynamic): the plan is a minimum."""
+    return any(described(cfg.get(group)).budget_is_floor(cfg.get(group)) for group in VARIANT_GROUPS)
 
 
 def formula_break(cfg) -> str | None:
@@ -197,14 +197,9 @@ def formula_break(cfg) -> str | None:
     trainer, buffer = cfg.trainer, cfg.buffer
     b_fresh, b_replay = plan_batch(trainer.groups_per_step, buffer.ratio)
     per_step = f"{plan.gap_fill_groups} fresh gap-fill groups over the run"
-    if buffer.name == "fifo":
-        kept = int(buffer.capacity) - round(float(buffer.positive_bias) * int(buffer.capacity))
-        if buffer.positive_bias > 0:
-            return (f"formula does not hold: the positive-bias FIFO keeps incorrect rollouts only in its freshest "
-                    f"{kept} of N={buffer.capacity} groups, fewer than B_replay={b_replay} distinct draws "
-                    f"({buffer.mode}), so {per_step} if none is correct (fewer with correct rollouts)")
-        return (f"formula does not hold: the FIFO keeps N={buffer.capacity} groups, fewer than B_replay={b_replay} "
-                f"distinct draws ({buffer.mode}): {per_step}")
+    store = store_class(buffer)
+    if store.plan_window(buffer, trainer.steps) is None:  # no age window: the store keeps too few groups
+        return store.short_pool(buffer, b_replay, per_step)
     max_age = planning_max_age(buffer, trainer.steps)
     if b_replay > max_age * b_fresh:
         why = (f"rho={buffer.ratio:g} > L={max_age}" if buffer.ratio > max_age else
@@ -235,6 +230,7 @@ def _placeholder(step: int) -> Group:
 def budget_table(cfg, ratios: list[float] | None = None):
     """Rows of the planning table for a composed config, over `ratios` (default: the config's own rho)."""
     trainer, buffer = cfg.trainer, cfg.buffer
+    has_window = store_class(buffer).plan_window(buffer, trainer.steps) is not None
     rows = []
     for ratio in ratios if ratios is not None else [float(buffer.ratio)]:
         max_age = planning_max_age(buffer, trainer.steps)
@@ -242,7 +238,7 @@ def budget_table(cfg, ratios: list[float] | None = None):
         plan = plan_for_config(at_ratio)
         b_fresh, b_replay = plan_batch(trainer.groups_per_step, ratio)
         rows.append({
-            "rho": ratio, "L": max_age if ratio > 0 and buffer.name != "fifo" else None,  # FIFO: no age window
+            "rho": ratio, "L": max_age if ratio > 0 and has_window else None,  # FIFO: no age window
             "B_fresh": b_fresh, "B_replay": b_replay,
             "fresh_evaluations": plan.fresh_evaluations,
             "closed_form": closed_form_fresh_evaluations(trainer.groups_per_step, trainer.group_size, trainer.steps, ratio),

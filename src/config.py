@@ -3,15 +3,16 @@
 Hydra refuses unknown option names (`buffer=age9`) with the list of what exists; `src.schema`
 checks every knob's type and range and refuses unknown keys (`+buffer.ratoi=2`) with the close
 matches; each component checks its own group's settings in its constructor, which `validate`
-runs by building the cheap components (`src.build.check_settings`); this module keeps the checks
-that span groups (B_fresh from B and rho, rho <= L, FIFO capacity against B_replay, evaluation
-ks against samples) and those of groups without a component (policy files, vLLM, device), each
-with one message naming the key, the value and the fix.
+runs by building the cheap components (`src.build.check_settings`); each component class checks
+what spans groups for its own settings (`src.variant.Variant.check`: rho <= L for the age buffer,
+FIFO capacity against B_replay, a paper recipe's loss and KL, a curriculum against B and K). This
+module keeps the checks of the trainer's sizes (B_fresh from B and rho), evaluation ks against
+samples and those of groups without a component (policy files, vLLM, device), each with one
+message naming the key, the value and the fix.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import uuid
@@ -23,6 +24,7 @@ from src.eval.passk import ESTIMATORS
 from src.paths import register_root_resolver, resolve_policy_path
 from src.schema import SchemaError, check_ranges, check_types
 from src.policy import DTYPE_NAMES
+from src.variant import VARIANT_GROUPS, described, load_target
 
 register_root_resolver()
 if not OmegaConf.has_resolver("unique"):
@@ -41,8 +43,8 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
 
     `check_device=False` skips the CUDA check: a sweep is planned on a login node without GPUs.
     """
-    _schema(check_types, cfg)  # unknown keys and types first: the checks below may then trust the types
-    _check_targets(cfg)
+    _check_targets(cfg)  # first: the component classes give their settings' types (`Variant.knobs`)
+    _schema(check_types, cfg)  # unknown keys and types next: the checks below may then trust the types
     trainer, buffer, clip, evaluation = cfg.trainer, cfg.buffer, cfg.clip, cfg.evaluation
     _check(trainer.heartbeat_timeout_s >= 2 * trainer.heartbeat_every_s,
            f"trainer.heartbeat_timeout_s={trainer.heartbeat_timeout_s} < 2 x trainer.heartbeat_every_s="
@@ -60,20 +62,8 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(fresh_groups >= 1,
            f"buffer.ratio rho={buffer.ratio} with trainer.groups_per_step B={trainer.groups_per_step} plans "
            f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
-    _validate_paper_recipes(cfg)
     _validate_components(cfg)
-    _validate_curriculum(cfg.curriculum, trainer)
-    if buffer.name == "fifo" and buffer.mode != "with_replacement":  # distinct draws: N must cover B_replay
-        replay_groups = trainer.groups_per_step - fresh_groups
-        _check(buffer.capacity >= replay_groups or buffer.allow_infeasible,
-               f"buffer.capacity N={buffer.capacity} < B_replay={replay_groups}: mode={buffer.mode} draws distinct "
-               "groups, so every step would need gap fill; raise buffer.capacity, use mode=with_replacement, or "
-               "buffer.allow_infeasible=true")
-    _check(buffer.name == "fifo" or buffer.ratio <= buffer.max_age or buffer.ratio == 0 or buffer.allow_infeasible,
-           f"buffer.ratio rho={buffer.ratio} > buffer.max_age L={buffer.max_age}: the pool of reusable groups "
-           "(about L * B_fresh) cannot meet the replay demand (rho * B_fresh), so the planned budget is "
-           f"unreachable. Use rho <= {buffer.max_age}, a larger L (buffer=age2/age3), or "
-           "buffer.allow_infeasible=true to run anyway with gap fill logged")
+    _validate_across_groups(cfg)
     _check(clip.ceiling > 0,
            f"clip.ceiling c={clip.ceiling}: the importance-weight ceiling must be > 0 (clip=tight/mid/loose: 1/3/10)")
     _check(trainer.learning_rate > 0, f"trainer.learning_rate={trainer.learning_rate}: must be > 0")
@@ -162,7 +152,7 @@ def _validate_components(cfg: DictConfig) -> None:
     keeps each check in one place, next to the code that relies on it. It imports torch (the loss
     modules need it; `_check_targets` has imported them already), and loads no model.
     """
-    if any(cfg[group].get("_target_") is None for group in COMPONENT_GROUPS):
+    if any(cfg[group].get("_target_") is None for group in BUILT_GROUPS):
         return  # a run's config saved before components were named: nothing to build
     from hydra.errors import InstantiationException
 
@@ -179,48 +169,28 @@ def _validate_components(cfg: DictConfig) -> None:
                           "(see conf/<group>/*.yaml); fix the override or drop it") from None
 
 
-# Options that are one paper's whole recipe (seed 003 appendix D.2): each selects loss=grpo and
-# trainer.kl_coef=0 itself, so a loss or KL term on top of it is a mistake unless `mechanism_only`
-# asks for the mechanism alone (conf/sweep/variants.yaml's POPO-on-RLOO cell does).
-PAPER_RECIPES = (("buffer", "popo", "POPO", "drop-and-refill"),
-                 ("sampling", "dynamic", "DAPO", "dynamic sampling"))
+def _validate_across_groups(cfg: DictConfig) -> None:
+    """Each variant component's own checks across groups (`Variant.check`), in the words of its class."""
+    for group in VARIANT_GROUPS:
+        node = cfg.get(group)
+        try:
+            described(node).check(node, cfg)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
 
 
-def _validate_paper_recipes(cfg: DictConfig) -> None:
-    for group, option, method, mechanism in PAPER_RECIPES:
-        node = cfg[group]
-        if node.get("name") != option or node.get("mechanism_only", False):
-            continue
-        opt_out = f"or add {group}.mechanism_only=true to run the {mechanism} alone on the loss and KL you choose"
-        _check(cfg.loss.name == "grpo",
-               f"{group}={option} with loss={cfg.loss.name}: {method} optimises the GRPO clipped surrogate (seed 003 "
-               f"D.2), which {group}={option} selects by itself; drop loss={cfg.loss.name}, {opt_out}")
-        _check(cfg.trainer.kl_coef == 0,
-               f"{group}={option} with trainer.kl_coef={cfg.trainer.kl_coef}: {method} trains without a KL penalty "
-               f"(seed 003 D.2), and {group}={option} sets 0 by itself; drop the override, {opt_out}")
-
-
-def _validate_curriculum(curriculum: DictConfig, trainer: DictConfig) -> None:
-    from src.curriculum.sampler import check_curriculum
-
-    try:
-        check_curriculum(curriculum, group_size=trainer.group_size, groups_per_step=trainer.groups_per_step)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-
-
-COMPONENT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum", "task")  # each names its class in `_target_`
+COMPONENT_GROUPS = (*VARIANT_GROUPS, "task")  # each names its class in `_target_`
+BUILT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum", "task")  # what `check_settings` builds
 
 
 def _check_targets(cfg: DictConfig) -> None:
     """Every component group's `_target_` names an importable class or function (a store written outside src/ too)."""
     for group in COMPONENT_GROUPS:
-        target = cfg[group].get("_target_")
+        target = (cfg.get(group) or {}).get("_target_")
         if target is None:  # a run's config saved before components were named (standalone evaluation reads those)
             continue
-        module, _, name = str(target).rpartition(".")
         try:
-            getattr(importlib.import_module(module), name)
+            load_target(str(target))  # module.Class, or module.Class.method (a classmethod that builds it)
         except Exception as error:  # noqa: BLE001  (no module, no such name, or the module fails to import)
             raise ConfigError(f"{group}._target_={target!r} cannot be imported ({error.__class__.__name__}: {error}); "
                               f"name a class as module.Class on the Python path, or drop the override to use "

@@ -175,10 +175,24 @@ def _value(value: object) -> str:
     return _shorten(" ".join(text.split()), 40).replace("|", "\\|")
 
 
-def _range(key: str) -> str:
+def component_knobs(config_dir: Path = CONFIG_DIR) -> dict:
+    """key -> Knob declared by the classes the variant groups' options name (the first option's, by file name)."""
+    from src.variant import VARIANT_GROUPS, described
+
+    found = {}
+    for group in VARIANT_GROUPS:
+        for path in sorted((config_dir / group).glob("*.yaml")):
+            node = OmegaConf.load(path)
+            if "_target_" in node:
+                for name, knob in described(node).knobs.items():
+                    found.setdefault(f"{group}.{name}", knob)
+    return found
+
+
+def _range(key: str, components: dict) -> str:
     from src.schema import KNOBS, LIST_KNOBS
 
-    knob = KNOBS.get(key) or (LIST_KNOBS[key][0] if key in LIST_KNOBS else None)
+    knob = KNOBS.get(key) or components.get(key) or (LIST_KNOBS[key][0] if key in LIST_KNOBS else None)
     if knob is None:
         return ""
     low = "(-inf" if knob.low == -math.inf else ("(" if knob.low_open else "[") + f"{knob.low:g}"
@@ -189,7 +203,7 @@ def _range(key: str) -> str:
 
 def knob_reference(config_dir: Path = CONFIG_DIR) -> str:
     """docs/knobs.md: every knob a config group sets, its values per option, its checked range, its comment."""
-    sources = knob_sources(config_dir)
+    sources, components = knob_sources(config_dir), component_knobs(config_dir)
     out = ["# Every knob", "",
            "Every key a config group sets, by group: the value each option gives it (`option: value`, or one value",
            "when every option that sets it agrees), the range `src/schema.py` checks, and the comment on its line",
@@ -206,7 +220,7 @@ def knob_reference(config_dir: Path = CONFIG_DIR) -> str:
             shown = values.pop() if len(values) == 1 else ", ".join(
                 f"{option.split('/')[-1]}: {_value(value)}" for option, (value, _) in by_option.items())
             what = next((comment for _, comment in by_option.values() if comment), "")
-            out.append(f"| `{key}` | {shown} | {_range(key)} | {what.replace('|', chr(92) + '|')} |")
+            out.append(f"| `{key}` | {shown} | {_range(key, components)} | {what.replace('|', chr(92) + '|')} |")
         out.append("")
     return "\n".join(out)
 

@@ -24,7 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from src import progress, tracking
-from src.budget import plan_for_config, replay_demand_met
+from src.budget import budget_is_floor, plan_for_config, replay_demand_met
+from src.buffer.store import store_class
 from src.config import ConfigError, validate
 from src.diskspace import DiskFull, quiet_log_files_when_full, writing
 from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
@@ -70,11 +71,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def warn_short_replay_pool(cfg: DictConfig) -> None:
-    fifo = cfg.buffer.name == "fifo"  # no age window: its pool is every stored group of age >= 1
-    if not fifo and cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step, cfg.buffer.ratio,
-                                                                   cfg.buffer.max_age):
+    # A store without an age window (the FIFO) draws from every stored group of age >= 1: no L to fall short of.
+    window = store_class(cfg.buffer).plan_window(cfg.buffer, cfg.trainer.steps)
+    if window is not None and cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step,
+                                                                             cfg.buffer.ratio, window):
         log.warning("B=%d, rho=%g, L=%d: rounding leaves the replay pool short of demand; gap fill will be "
-                    "logged (batch/gap_fill_groups)", cfg.trainer.groups_per_step, cfg.buffer.ratio, cfg.buffer.max_age)
+                    "logged (batch/gap_fill_groups)", cfg.trainer.groups_per_step, cfg.buffer.ratio, window)
 
 
 def train_cell(cfg: DictConfig, identity: str, stop: StopOnSignal) -> dict[str, float]:
@@ -241,7 +243,7 @@ def _print_summary(cfg, plan, state: TrainState, before, after, run_id: str) -> 
         table.add_row(*row, _fmt(after.summary.get(metric)))
     console.print(table)
     # sampling=dynamic generates until its batch is full of effective groups: the plan is its floor.
-    planned = ("at least " if cfg.sampling.name == "dynamic" else "") + str(plan.fresh_evaluations)
+    planned = ("at least " if budget_is_floor(cfg) else "") + str(plan.fresh_evaluations)
     console.print(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {planned}); "
                   f"gradient steps: {state.gradient_steps}")
     where = "" if cfg.tracking.uri.startswith(("http://", "https://")) else " (after make ui)"

@@ -1,9 +1,10 @@
 """The type and range of every knob, checked before anything else, so a typo is one clear message.
 
 Which keys exist comes from the YAML files themselves (the union over every option of every
-config group), so a key added to a YAML file is known at once; `KNOBS` gives each numeric knob
-its type and range (a knob missing from it is typed by its YAML default and only checked to be a
-finite number). A key that exists nowhere (`+buffer.ratoi=2`) is refused with the close matches.
+config group), so a key added to a YAML file is known at once; `KNOBS` gives each numeric knob of
+the groups without a component its type and range, and a variant component's class gives its own
+settings' (`src.variant.Variant.knobs`, e.g. `buffer.ratio` from the store the buffer group names);
+a knob missing from both is typed by its YAML default and only checked to be a finite number. A key that exists nowhere (`+buffer.ratoi=2`) is refused with the close matches.
 Hydra parses command-line values (`trainer.steps=abc` is the string 'abc', `1e12` a float), so
 every value is checked here, never trusted to be of its default's type.
 """
@@ -11,43 +12,25 @@ every value is checked here, never trusted to be of its default's type.
 from __future__ import annotations
 
 import difflib
-import functools
 import math
-from dataclasses import dataclass
+import functools
 from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from src.paths import CONFIG_DIR
-
-INF = math.inf
-
-
-@dataclass(frozen=True)
-class Knob:
-    kind: str  # "int" | "float" | "bool" | "text" | "list" | "any"
-    low: float = -INF
-    high: float = INF
-    low_open: bool = False  # the bound itself is refused (e.g. a learning rate of 0)
-    high_open: bool = False
-    nullable: bool = False
-    example: str = ""  # a value that works, for the message
-
-
-def _int(low=-INF, high=INF, example="", **kw) -> Knob:
-    return Knob("int", low, high, example=example, **kw)
-
-
-def _float(low=-INF, high=INF, example="", **kw) -> Knob:
-    return Knob("float", low, high, example=example, **kw)
+from src.variant import INF, VARIANT_GROUPS, Knob, described
+from src.variant import float_knob as _float
+from src.variant import int_knob as _int
 
 
 SEED = _int(0, 2**32 - 1, "0")
 PROBABILITY = _float(0, 1, "0.95", low_open=True)
 TEMPERATURE = _float(0, 100, "1.0", low_open=True)
 
-# Numeric knobs: type and the range the method can run (upper bounds refuse sizes that would hang).
+# Numeric knobs of the groups without a component: type and the range the method can run (upper bounds
+# refuse sizes that would hang). A variant component's class lists its own (`Variant.knobs`).
 KNOBS: dict[str, Knob] = {
     "trainer.steps": _int(1, 100_000, "60 (the paper trains 100 steps)"),
     "trainer.groups_per_step": _int(1, 65_536, "32"),
@@ -66,30 +49,7 @@ KNOBS: dict[str, Knob] = {
     "trainer.checkpoint_every": _int(0, INF, "10 (0: only at the end)"),
     "trainer.heartbeat_every_s": _float(0, 3600, "10", low_open=True),
     "trainer.heartbeat_timeout_s": _float(0, INF, "120", low_open=True),
-    "buffer.ratio": _float(0, 64, "1"),
-    "buffer.max_age": _int(0, 1_000, "2"),
-    "buffer.capacity": _int(1, 10_000_000, "4096"),
-    "buffer.positive_bias": _float(0, 1, "0.5", high_open=True),
-    "buffer.extra_updates": _int(0, 100, "1"),
-    "buffer.stale_factor": _int(1, 1_000, "2"),
     "clip.ceiling": _float(0, 1e6, "1, 3 or 10", low_open=True),
-    "loss.eps_low": _float(0, 1, "0.2", high_open=True),
-    "loss.eps_high": _float(0, 1e6, "0.28"),
-    "loss.behaviour_cap": _float(0, 1e6, "2.0", low_open=True),
-    "loss.updates_per_step": _int(1, 1_000, "4"),
-    "sampling.oversample": _float(1, 100, "1.5"),
-    "sampling.max_rounds": _int(1, 1_000, "8"),
-    "behaviour.lag": _int(0, 100_000, "4"),
-    "behaviour.temperature": _float(0, 100, "1.2 or null", low_open=True, nullable=True),
-    "behaviour.is_min": _float(0, 1, "0"),
-    "behaviour.is_max": _float(1, 1e6, "10"),
-    "behaviour.is_max_token": _float(1, 1e6, "2"),
-    "curriculum.fraction": _float(0, 1, "0.1"),
-    "curriculum.capacity": _int(1, 10_000_000, "256"),
-    "curriculum.min_memory": _int(0, 10_000_000, "8"),
-    "curriculum.pool_factor": _int(1, 1_000, "4"),
-    "curriculum.goldilocks_band": _float(0, 1, "0.25"),
-    "curriculum.max_numbers": _int(1, 100, "4"),
     "evaluation.prompts": _int(1, 1_000_000, "50"),
     "evaluation.samples_per_prompt": _int(1, 100_000, "8"),
     "evaluation.repeats": _int(1, 1_000, "5"),
@@ -115,20 +75,6 @@ KNOBS: dict[str, Knob] = {
     "task.max_number": _int(1, 1_000_000, "99"),
     "task.min_target": _int(-1_000_000, 1_000_000, "1"),
     "task.max_target": _int(-1_000_000, 1_000_000, "99"),
-    "runtime.workers": _int(1, 1_024, "2"),
-    "runtime.trainers": _int(1, 1_024, "1"),
-    "runtime.capacity": _int(1, 100_000_000, "1024"),
-    "runtime.positive_bias": _float(0, 1, "0.5", high_open=True),
-    "runtime.sync_every": _int(1, 100_000, "1"),
-    "runtime.mu": _float(0, 1e6, "5.28", low_open=True),
-    "runtime.worker_cost": _float(0, 1e6, "2.0 or null", low_open=True, nullable=True),
-    "runtime.trainer_cost": _float(0, 1e6, "1.0", low_open=True),
-    "runtime.staleness": _int(0, 100_000, "4 or null", nullable=True),
-    "runtime.depth": _int(1, 64, "8"),
-    "runtime.groups_per_request": _int(1, 65_536, "4"),
-    "runtime.num_cpus": _int(1, 4_096, "2"),
-    "runtime.worker_threads": _int(1, 1_024, "1"),
-    "runtime.max_restarts": _int(-1, 1_000, "3 (-1: without limit)"),
 }
 # Lists: each element's knob and the allowed lengths.
 LIST_KNOBS: dict[str, tuple[Knob, int, int, str]] = {
@@ -144,9 +90,10 @@ class SchemaError(ValueError):
     """Raised with the message; src.config turns it into its ConfigError."""
 
 
-@functools.lru_cache(maxsize=1)
-def yaml_defaults() -> dict[str, object]:
-    """Every leaf key any option of any config group sets, with one of its YAML values (non-null if any is)."""
+@functools.lru_cache(maxsize=8)
+def yaml_defaults(root: Path = CONFIG_DIR) -> dict[str, object]:
+    """Every leaf key any option of any config group under `root` sets, with one of its YAML values (non-null
+    if any is)."""
     found: dict[str, object] = {}
 
     def walk(node, prefix: str) -> None:
@@ -159,8 +106,8 @@ def yaml_defaults() -> dict[str, object]:
             elif found.get(dotted) is None:
                 found[dotted] = value
 
-    for path in sorted(Path(CONFIG_DIR).rglob("*.yaml")):
-        relative = path.relative_to(CONFIG_DIR)
+    for path in sorted(Path(root).rglob("*.yaml")):
+        relative = path.relative_to(root)
         if relative.parts[0] in ("sweep", "local", "hydra"):  # sweeper grids, site and launcher settings: Hydra's
             continue
         text = path.read_text()
@@ -174,9 +121,10 @@ def known_keys() -> set[str]:
     return set(yaml_defaults()) | set(KNOBS) | set(LIST_KNOBS)
 
 
-def check_known(key: str) -> None:
-    """Raise SchemaError naming the close matches if no config group has the dotted key `key`."""
-    known = known_keys()
+def check_known(key: str, declared: frozenset[str] = frozenset()) -> None:
+    """Raise SchemaError naming the close matches if no config group has the dotted key `key` and no component
+    class `declared` it (a variant written outside src/ lists its new settings in its `knobs`)."""
+    known = known_keys() | declared
     if key in known or any(key.startswith(list_knob + ".") for list_knob in LIST_KNOBS):
         return
     close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.75)
@@ -192,40 +140,63 @@ def check_override_keys(overrides: list[str]) -> None:
     code never reads; this names the close matches instead. Group choices (`buffer=age1`), additions
     (`+sweep=...`, checked after composition) and Hydra's own keys are left to Hydra.
     """
-    groups = {key.split(".", 1)[0] for key in known_keys()}
+    # A variant's YAML in a folder the command line puts on Hydra's search path sets known keys too.
+    declared = frozenset(key for root in _searchpath_folders(overrides) for key in yaml_defaults(root))
+    groups = {key.split(".", 1)[0] for key in known_keys() | declared}
     for override in overrides:
         key = override.split("=", 1)[0]
         if "=" not in override or override.startswith(("+", "~", "-")) or "." not in key:
             continue
         if key.split(".", 1)[0] in groups:
-            check_known(key)
+            check_known(key, declared)
+
+
+def _searchpath_folders(overrides: list[str]) -> list[Path]:
+    """The existing `file://` folders of a `hydra.searchpath=[...]` override."""
+    for override in overrides:
+        if override.startswith("hydra.searchpath="):
+            entries = override.split("=", 1)[1].strip("[]").split(",")
+            folders = [Path(entry.strip().strip("'\"")[len("file://"):]) for entry in entries
+                       if entry.strip().strip("'\"").startswith("file://")]
+            return [folder.resolve() for folder in folders if folder.is_dir()]
+    return []
 
 
 def check_types(cfg: DictConfig) -> None:
     """Raise SchemaError for the first unknown key or value of the wrong type (a NaN or inf number included)."""
     values = _task_leaves(cfg)
-    defaults = yaml_defaults()
+    knobs = _knobs(cfg)
+    declared = frozenset(_component_knobs(cfg))
     for key in values:
-        check_known(key)
+        check_known(key, declared)
     for key, value in values.items():
         if key in LIST_KNOBS:
             _check_list(key, value, ranges=False)
         else:
-            _check_value(key, value, _knob(key, defaults), ranges=False)
+            _check_value(key, value, knobs(key), ranges=False)
 
 
 def check_ranges(cfg: DictConfig) -> None:
     """Raise SchemaError for the first value outside its knob's range (after `check_types`)."""
-    defaults = yaml_defaults()
+    knobs = _knobs(cfg)
     for key, value in _task_leaves(cfg).items():
         if key in LIST_KNOBS:
             _check_list(key, value, ranges=True)
         else:
-            _check_value(key, value, _knob(key, defaults), ranges=True)
+            _check_value(key, value, knobs(key), ranges=True)
 
 
-def _knob(key: str, defaults: dict[str, object]) -> Knob:
-    return KNOBS[key] if key in KNOBS else _knob_from_default(key, defaults.get(key))
+def _knobs(cfg: DictConfig):
+    """key -> Knob for this config: `KNOBS`, then the knobs of the classes its variant groups name, then the
+    type of the key's YAML default."""
+    defaults = yaml_defaults()
+    found = {**KNOBS, **_component_knobs(cfg)}
+    return lambda key: found[key] if key in found else _knob_from_default(key, defaults.get(key))
+
+
+def _component_knobs(cfg: DictConfig) -> dict[str, Knob]:
+    return {f"{group}.{name}": knob for group in VARIANT_GROUPS
+            for name, knob in described(cfg.get(group)).knobs.items()}
 
 
 def _task_leaves(cfg: DictConfig) -> dict[str, object]:

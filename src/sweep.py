@@ -25,9 +25,11 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from src.budget import plan_for_config
+from src.budget import budget_is_floor, plan_for_config
+from src.buffer.store import store_class
 from src.lifecycle import Liveness, checkpoint_files, run_liveness
 from src.paths import resolve_policy_path
+from src.variant import described
 
 # Keys that change how a cell is launched or logged, never what it computes.
 LAUNCH_ONLY = (
@@ -48,79 +50,36 @@ LAUNCH_ONLY = (
 )
 
 
-# Variant groups and their plain option, which computes plain Replay-RLOO (identity rule 3).
-GROUP_DEFAULTS = {"curriculum": "none", "sampling": "standard", "behaviour": "current", "runtime": "sync"}
+# Variant groups that suffix a cell's name, in this order; at a plain setting each leaves the identity (rule 3).
+SUFFIX_GROUPS = ("sampling", "behaviour", "curriculum", "runtime")
 
 # Knobs added after version 1, with the value that computes what version-1 cells computed (rule 5).
 LATER_KNOBS = {"trainer.kl_estimator": "k3", "behaviour.is_max_token": 2.0, "loss.is_max_token": 2.0}
 
 
 def cell_name(cfg: DictConfig) -> str:
-    """The grid cell as text, e.g. 'rho1-L2-c1' (fresh-only runs: 'rho0'), with the variant groups as suffixes."""
-    return _buffer_cell_name(cfg) + _variant_suffix(cfg)
+    """The grid cell as text, e.g. 'rho1-L2-c1' (fresh-only runs: 'rho0'), with the variant groups as suffixes.
 
-
-def _variant_suffix(cfg: DictConfig) -> str:
-    """'-dapo', '-stale4', '-T1.2', '-frontier' ... for the non-default sampling, behaviour and curriculum groups."""
-    suffix = "-dapo" if cfg.sampling.name == "dynamic" else ""
-    behaviour = cfg.behaviour
-    if behaviour.name != "current":
-        suffix += f"-stale{behaviour.lag}" if behaviour.lag else ""
-        suffix += f"-T{behaviour.temperature:g}" if behaviour.temperature is not None else ""
-        suffix += "-tokenIS" if behaviour.is_level == "token" else ""
-    if cfg.curriculum.name != "none":
-        suffix += f"-{cfg.curriculum.name}"
-    runtime = cfg.get("runtime") or {"name": "sync"}
-    if runtime["name"] == "async":  # seed 001's pipeline: e.g. -W6T2-N252, -W1T1-lifo
-        suffix += f"-W{runtime.workers}T{runtime.trainers}-" + (f"N{runtime.capacity}" if runtime.queue == "buffer"
-                                                                  else "lifo")
-    return suffix
+    Each component names its own part (`src.variant.Variant.cell_label`): the store, then the loss, or
+    the clip ceiling where the loss reads it and something is replayed, then '-dapo', '-stale4', ...
+    """
+    store, objective = store_class(cfg.buffer), described(cfg.loss)
+    loss = objective.cell_label(cfg.loss, cfg)
+    clip = f"-c{cfg.clip.ceiling:g}" if _reads_clip(objective) and not store.fresh_only(cfg.buffer) else ""
+    suffixes = "".join(described(cfg.get(group)).cell_label(cfg.get(group), cfg) for group in SUFFIX_GROUPS)
+    return store.cell_label(cfg.buffer, cfg) + (loss or clip) + suffixes
 
 
 def variant_label(cfg: DictConfig) -> str:
     """A reader's name for what the cell runs, e.g. 'Replay-RLOO', 'POPO (GRPO loss)', 'Fresh-only + DAPO dynamic sampling'."""
-    buffer = cfg.buffer
-    if buffer.name == "fifo":
-        base = "FIFO replay" + (f" δ={buffer.positive_bias:g}" if buffer.positive_bias else "") + \
-               (f" R={buffer.extra_updates + 1}" if buffer.extra_updates else "")
-    elif buffer.name == "popo":
-        base = {"popo": "POPO", "popo-ineff": "POPO-ineff",
-                "popo-stale": f"POPO-stale({buffer.stale_factor})"}[buffer.variant]
-    else:
-        base = "Fresh-only" if buffer.ratio == 0 else "Replay-RLOO"
-    # POPO is a GRPO method (seed 003): say so when it runs on the RLOO loss instead.
-    loss = {"grpo": " (GRPO loss)", "grpo-coupled": " (coupled GRPO loss)", "asymre": " (AsymRE loss)",
-            "ipo": " (IPO loss)", "rloo-tis": " (RLOO, truncated IS)"}.get(cfg.loss.name, " (RLOO loss)" if buffer.name == "popo" else "")
-    parts = [base + loss]
-    if cfg.sampling.name == "dynamic":
-        parts.append("DAPO dynamic sampling")
-    behaviour = cfg.behaviour
-    if behaviour.name == "stale":
-        parts.append(f"stale behaviour n={behaviour.lag} ({behaviour.is_level} IS)")
-    elif behaviour.name == "diverse":
-        parts.append(f"behaviour T={behaviour.temperature:g} ({behaviour.is_level} IS)")
-    if cfg.curriculum.name != "none":
-        parts.append(f"{cfg.curriculum.name} curriculum")
-    runtime = cfg.get("runtime") or {"name": "sync"}
-    if runtime["name"] == "async":
-        parts.append(f"async {runtime.queue} W={runtime.workers} T={runtime.trainers}")
-    return " + ".join(parts)
+    parts = [store_class(cfg.buffer).reader_label(cfg.buffer, cfg) + described(cfg.loss).reader_label(cfg.loss, cfg)]
+    for group in SUFFIX_GROUPS:
+        parts.append(described(cfg.get(group)).reader_label(cfg.get(group), cfg))
+    return " + ".join(part for part in parts if part)
 
 
-def _buffer_cell_name(cfg: DictConfig) -> str:
-    loss = "" if cfg.loss.name == "rloo" else f"-{cfg.loss.name}"
-    buffer = cfg.buffer
-    if buffer.name == "fifo":  # e.g. fifo-rho1-N256-with_replacement-pb0.5-R2-c1
-        extras = (f"-pb{buffer.positive_bias:g}" if buffer.positive_bias else "") + \
-                 (f"-R{buffer.extra_updates + 1}" if buffer.extra_updates else "")
-        return (f"fifo-rho{buffer.ratio:g}-N{buffer.capacity}-{buffer.mode}{extras}"
-                f"{'' if loss else f'-c{cfg.clip.ceiling:g}'}{loss}")
-    if buffer.name == "popo":  # e.g. popo-grpo, popo-stale2-c1
-        stale = f"{buffer.stale_factor}" if buffer.variant == "popo-stale" else ""  # popo-ineff: its own name
-        return f"{buffer.variant}{stale}" + (loss or f"-c{cfg.clip.ceiling:g}")
-    if buffer.ratio == 0:
-        return "rho0" + loss
-    return f"rho{buffer.ratio:g}-L{buffer.max_age}" + (loss or f"-c{cfg.clip.ceiling:g}")
+def _reads_clip(objective: type) -> bool:
+    return getattr(objective, "reads_clip", False)  # a loss class that is not an `Objective` reads no clip
 
 
 # The identity rules below are version 1. A change to them that would give an existing cell another id
@@ -135,10 +94,11 @@ def cell_identity(cfg: DictConfig) -> str:
     1. The resolved config, without `_target_` keys (which class implements a group is code, not the
        cell) and without the launch-only keys (`LAUNCH_ONLY`). The training seed is part of it: each
        (cell, seed) is its own job.
-    2. Fresh-only (rho = 0 with the age buffer): no buffer and no clip, since nothing is replayed.
-    3. The variant groups at their plain option (`GROUP_DEFAULTS`) and the default loss (rloo) are left
-       out: they compute plain Replay-RLOO. Another loss enters with its settings, and clip leaves
-       (only rloo reads clip.ceiling).
+    2. Fresh-only (a store whose settings replay nothing, `ReplayStore.fresh_only`: rho = 0 with the age
+       buffer, or buffer=none): no buffer and no clip, since nothing is replayed.
+    3. The variant groups at a plain setting (`Variant.plain`: sampling=standard, behaviour=current,
+       curriculum=none, runtime=sync) and the plain loss (rloo) are left out: they compute plain
+       Replay-RLOO. Another loss enters with its settings, and clip leaves (only rloo reads clip.ceiling).
     4. A local policy folder adds the hash of its weights.
     5. A knob added after version 1 (`LATER_KNOBS`) is left out at the value that computes what
        version-1 cells computed, so adding a knob keeps every existing id.
@@ -162,14 +122,14 @@ def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     for key, unchanged in LATER_KNOBS.items():
         if OmegaConf.select(cfg, key) == unchanged:
             _drop(resolved, key)
-    if resolved["buffer"]["ratio"] == 0 and resolved["buffer"]["name"] not in ("fifo", "popo"):
+    if store_class(cfg.buffer).fresh_only(cfg.buffer):
         resolved.pop("buffer")
         resolved.pop("clip")
-    for group, default in GROUP_DEFAULTS.items():
-        if resolved.get(group, {"name": default})["name"] == default:
+    for group in SUFFIX_GROUPS:  # a group a config saved before it existed ran its plain setting
+        if cfg.get(group) is None or described(cfg[group]).plain(cfg[group]):
             resolved.pop(group, None)
-    loss = resolved.pop("loss", {"name": "rloo"})
-    if loss["name"] != "rloo":
+    loss = resolved.pop("loss", None)
+    if loss is not None and not described(cfg.loss).plain(cfg.loss):
         resolved["loss"] = loss
         resolved.pop("clip", None)
     weights = policy_fingerprint(cfg.policy.name_or_path)
@@ -372,7 +332,7 @@ def plan_cells(jobs: list[tuple[list[str], DictConfig]], known: CellRuns, rerun:
         identity, trainer = cell_identity(cfg), cfg.trainer
         plan = plan_for_config(cfg)
         cell = PlannedCell(list(overrides), cell_name(cfg), identity, plan.fresh_evaluations, "launch",
-                           budget_is_floor=cfg.sampling.name == "dynamic", seed=int(trainer.seed),
+                           budget_is_floor=budget_is_floor(cfg), seed=int(trainer.seed),
                            budget_is_ceiling=plan.reward_dependent)
         looks_up = trainer.auto_resume and not trainer.resume_from  # else the job starts a separate run (src.run)
         if identity in first:

@@ -167,7 +167,6 @@ def test_resuming_an_off_policy_behaviour_run_continues_exactly(random_policy_di
 
 # --------------------------------------------------------------------------- config
 @pytest.mark.parametrize("overrides,words", [
-    (["behaviour.name=lagged"], ["lagged", "stale"]),
     (["behaviour=stale", "behaviour.lag=-1"], ["lag=-1", ">= 0"]),
     (["behaviour=stale", "behaviour.lag=0"], ["lag=0", "behaviour=current"]),
     (["behaviour=diverse", "behaviour.temperature=1.0"], ["temperature 1.0", "behaviour=current"]),

@@ -152,3 +152,16 @@ def test_long_plans_jump_over_repeating_cycles_exactly(ratio, max_age):
 def test_an_absurd_step_count_is_refused_not_walked():
     with pytest.raises(ValueError, match="steps must be an integer between 1 and"):
         plan_fresh_evaluations(128, 8, 10**12, 1.0, 2)
+
+
+def test_the_table_of_a_store_without_planned_replay_shows_the_age1_cost_at_other_ratios(compose_config):
+    """buffer=none and buffer=popo replay nothing by their settings (rho = 0); the table's rows at rho > 0 show
+    what replay would cost, planned with the age buffer at L = 1."""
+    from src.budget import budget_table
+
+    age1 = budget_table(compose_config("buffer=age1"), [1.0, 2.0])
+    assert age1[1]["gap_fill_groups"] > 0 and age1[0]["L"] == 1  # rho = 2 > L = 1: the age buffer falls short
+    for option in ("buffer=none", "buffer=popo"):
+        rows = budget_table(compose_config(option), [0.0, 1.0, 2.0])
+        assert rows[1:] == age1
+        assert rows[0]["fresh_evaluations"] == rows[0]["closed_form"] and rows[0]["L"] is None

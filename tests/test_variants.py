@@ -57,7 +57,6 @@ def test_variant_cells_are_distinct(compose_config):
 
 
 @pytest.mark.parametrize("overrides,words", [
-    (["loss.name=ppo"], ["ppo", "grpo"]),
     (["loss=grpo", "loss.eps_low=1.0"], ["eps_low=1.0", "0 <= eps_low < 1"]),
     (["loss=grpo", "loss.eps_low=-0.1"], ["eps_low=-0.1"]),
     (["loss=grpo", "loss.eps_high=-0.5"], ["eps_high=-0.5", ">= 0"]),
@@ -523,7 +522,6 @@ def test_frontier_curriculum_runs_in_the_loop_and_resumes_exactly(random_policy_
 
 
 @pytest.mark.parametrize("overrides,words", [
-    (["sampling.name=greedy"], ["greedy", "dynamic"]),
     (["sampling=dynamic", "sampling.oversample=0.5"], ["oversample=0.5", ">= 1"]),
     (["sampling=dynamic", "sampling.max_rounds=0"], ["max_rounds=0", ">= 1"]),
     (["curriculum=frontier", "curriculum.fraction=0.001"], ["fraction=0.001"]),

@@ -33,6 +33,33 @@ class ReplayBuffer(ReplayStore):
     settings = ("max_age",)
     counters = ("capacity_drops", "evicted", "added")
 
+    @classmethod
+    def fresh_only(cls, node) -> bool:
+        return node.ratio == 0  # nothing is drawn: the same cell as buffer=none
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        return "rho0" if node.ratio == 0 else f"rho{node.ratio:g}-L{node.max_age}"
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return "Fresh-only" if node.ratio == 0 else "Replay-RLOO"
+
+    @classmethod
+    def plan_window(cls, node, steps: int) -> int | None:
+        return max(int(node.max_age), 1)
+
+    @classmethod
+    def check(cls, node, cfg) -> None:
+        """rho <= L: otherwise the pool of reusable groups (about L * B_fresh) cannot meet the demand."""
+        if node.ratio <= node.max_age or node.ratio == 0 or node.get("allow_infeasible", False):
+            return
+        raise ValueError(
+            f"buffer.ratio rho={node.ratio} > buffer.max_age L={node.max_age}: the pool of reusable groups "
+            "(about L * B_fresh) cannot meet the replay demand (rho * B_fresh), so the planned budget is "
+            f"unreachable. Use rho <= {node.max_age}, a larger L (buffer=age2/age3), or "
+            "buffer.allow_infeasible=true to run anyway with gap fill logged")
+
     def __init__(self, max_age: int, capacity: int = 4096, seed: int = 0, ratio: float = 1.0,
                  name: str = "age", allow_infeasible: bool = False, groups_per_step: int | None = None) -> None:
         super().__init__(seed)

@@ -80,8 +80,10 @@ from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group
 from src.buffer.store import ReplayStore, checked_for_storing
+from src.batch import plan_batch
 from src.checks import check_choice, check_int
 from src.task.countdown import REWARD_CORRECT
+from src.variant import float_knob, int_knob
 
 SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
 
@@ -217,6 +219,50 @@ class FifoReplayBuffer(ReplayStore):
 
     settings = ("capacity", "mode", "positive_bias", "correct_reward")
     counters = ("added", "dropped", "dropped_rollouts", "_next_uid", "updates")
+    knobs = {**ReplayStore.knobs, "positive_bias": float_knob(0, 1, "0.5", high_open=True),
+             "extra_updates": int_knob(0, 100, "1")}
+    queue_stands_in = True
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        """e.g. fifo-rho1-N256-with_replacement-pb0.5-R2."""
+        return f"fifo-rho{node.ratio:g}-N{node.capacity}-{node.mode}" + cls._extras(node, "-pb", "-R")
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return "FIFO replay" + cls._extras(node, " δ=", " R=")
+
+    @staticmethod
+    def _extras(node, bias: str, repeats: str) -> str:
+        return ((f"{bias}{node.positive_bias:g}" if node.positive_bias else "")
+                + (f"{repeats}{node.extra_updates + 1}" if node.extra_updates else ""))
+
+    @classmethod
+    def reward_dependent(cls, node) -> bool:
+        # With distinct draws the pool of a positive-bias FIFO is its kept rollouts, which rewards decide.
+        return node.positive_bias > 0 and node.mode != "with_replacement"
+
+    @classmethod
+    def short_pool(cls, node, b_replay: int, gap_fill: str) -> str:
+        if node.positive_bias > 0:
+            kept = int(node.capacity) - round(float(node.positive_bias) * int(node.capacity))
+            return (f"formula does not hold: the positive-bias FIFO keeps incorrect rollouts only in its freshest "
+                    f"{kept} of N={node.capacity} groups, fewer than B_replay={b_replay} distinct draws "
+                    f"({node.mode}), so {gap_fill} if none is correct (fewer with correct rollouts)")
+        return (f"formula does not hold: the FIFO keeps N={node.capacity} groups, fewer than B_replay={b_replay} "
+                f"distinct draws ({node.mode}): {gap_fill}")
+
+    @classmethod
+    def check(cls, node, cfg) -> None:
+        """Distinct draws: N must cover B_replay, or every step would need gap fill."""
+        if node.mode == "with_replacement" or node.get("allow_infeasible", False):
+            return
+        replay_groups = plan_batch(cfg.trainer.groups_per_step, node.ratio)[1]
+        if node.capacity < replay_groups:
+            raise ValueError(
+                f"buffer.capacity N={node.capacity} < B_replay={replay_groups}: mode={node.mode} draws distinct "
+                "groups, so every step would need gap fill; raise buffer.capacity, use mode=with_replacement, or "
+                "buffer.allow_infeasible=true")
 
     def __init__(self, capacity: int, mode: str = "with_replacement", positive_bias: float = 0.0,
                  correct_reward: float = REWARD_CORRECT, seed: int = 0, ratio: float = 1.0,

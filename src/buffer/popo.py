@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group, is_effective
-from src.buffer.store import Measure, ReplayStore, replayed
+from src.buffer.store import Measure, ReplayStore, age_stand_in, replayed
 from src.checks import check_choice, check_int
+from src.variant import check_recipe, described, int_knob
 
 POPO_VARIANTS = ("popo", "popo-ineff", "popo-stale")
 
@@ -210,6 +211,32 @@ def compose_batch(online_groups: Sequence[Group], memory: EffectiveGroupMemory, 
 
 class PopoStore(EffectiveGroupMemory):
     """`buffer=popo`: the batch keeps the step's effective online groups and refills from the memory (seed 003)."""
+
+    knobs = {**ReplayStore.knobs, "stale_factor": int_knob(1, 1_000, "2")}
+    STALE = "popo-stale"
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        """popo, popo-ineff (its own name) or popo-stale<n>."""
+        return node.variant + (f"{node.stale_factor}" if node.variant == cls.STALE else "")
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        base = {"popo": "POPO", "popo-ineff": "POPO-ineff", cls.STALE: f"POPO-stale({node.stale_factor})"}[node.variant]
+        # POPO is a GRPO method (seed 003): say so when it runs on the plain RLOO loss instead.
+        return base + (" (RLOO loss)" if described(cfg.loss).plain(cfg.loss) else "")
+
+    @classmethod
+    def check(cls, node, cfg) -> None:
+        check_recipe("buffer", "POPO", "drop-and-refill", node, cfg)
+
+    @classmethod
+    def plan_window(cls, node, steps: int) -> int | None:
+        return 1  # no planned replay (rho = 0): the budget table's rows at rho > 0 plan the age buffer's, L = 1
+
+    @classmethod
+    def plan_store(cls, node, ratio: float, groups_per_step: int) -> ReplayStore:
+        return age_stand_in(node)
 
     def __init__(self, variant: str = "popo", stale_factor: int = 1, groups_per_step: int = 1, seed: int = 0,
                  name: str = "popo", ratio: float = 0.0, max_age: int = 0, allow_infeasible: bool = False,

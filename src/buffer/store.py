@@ -12,6 +12,11 @@ and saves and restores it with `state_dict` / `load_state_dict` (written once, h
 its settings, counters and random generator, and turns its contents into plain data). A store is
 built from its YAML by `hydra.utils.instantiate` with `groups_per_step` and `seed` added, so a
 store written anywhere plugs in with `buffer._target_=module.Class`.
+
+A store class also describes itself (`src.variant.Variant`): its cell and reader labels, its
+cross-group checks, its settings' ranges, and what the budget planner (`src.budget`) simulates: the
+store itself, built from its group's settings and driven through `draw` and `store` with placeholder
+groups, plus the age window that decides when the simulated schedule repeats.
 """
 
 from __future__ import annotations
@@ -20,7 +25,11 @@ import dataclasses
 import random
 from typing import Callable, Iterable
 
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+
 from src.batch import Batch, BatchGroup, Group
+from src.variant import Variant, described, float_knob, int_knob
 
 _STATE_VERSION = 2
 
@@ -28,12 +37,50 @@ _STATE_VERSION = 2
 Measure = Callable[[list[Group]], list[Group]]
 
 
-class ReplayStore:
+class ReplayStore(Variant):
     """Base of every store: no replay at all unless a subclass draws, composes or stores something."""
 
     ratio: float = 0.0                 # rho: planned replayed groups per fresh group
     settings: tuple[str, ...] = ()     # attributes a checkpoint must agree on
     counters: tuple[str, ...] = ()     # attributes restored from a checkpoint as ints
+    knobs = {"ratio": float_knob(0, 64, "1"), "max_age": int_knob(0, 1_000, "2"),
+             "capacity": int_knob(1, 10_000_000, "4096")}
+    # runtime=async: the pipeline's rollout queue (seed 001's FIFO of rollouts) can stand in for this store.
+    queue_stands_in: bool = False
+
+    # ---- what the store says about itself (class methods on the group's config node) ----
+    @classmethod
+    def fresh_only(cls, node) -> bool:
+        """These settings replay nothing, so the cell is fresh-only: no buffer or clip enters its identity
+        or name (`src.sweep`). False by default: a store's settings then always name its cell."""
+        return False
+
+    @classmethod
+    def plan_window(cls, node, steps: int) -> int | None:
+        """The age window L the budget plan simulates (groups of age 1..L are drawn), or None for a store that
+        draws from every stored group of age >= 1, whose next draw then depends on how many it holds."""
+        return None
+
+    @classmethod
+    def plan_store(cls, node, ratio: float, groups_per_step: int) -> "ReplayStore":
+        """The store the budget planner drives through `draw` and `store`: this one, with the group's settings
+        at the planned rho (placeholder groups carry rewards 0 and K = 2)."""
+        try:
+            return instantiate(node, ratio=float(ratio), groups_per_step=int(groups_per_step), seed=0)
+        except InstantiationException as error:  # a bad setting: the constructor's own one-line message
+            raise (error.__cause__ or error) from None
+
+    @classmethod
+    def reward_dependent(cls, node) -> bool:
+        """True when what the store keeps depends on rewards, so a plan from all-zero placeholder rewards is
+        an upper bound once its pool runs short (seed 001's positive-bias FIFO with distinct draws)."""
+        return False
+
+    @classmethod
+    def short_pool(cls, node, b_replay: int, gap_fill: str) -> str:
+        """Why the store's pool holds fewer than B_replay groups, for a plan without an age window."""
+        return (f"formula does not hold: buffer={node.get('name', cls.__name__)} keeps fewer groups than "
+                f"B_replay={b_replay}: {gap_fill}")
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
@@ -115,6 +162,28 @@ class ReplayStore:
 class NoReplay(ReplayStore):
     """`buffer=none`: fresh-only training; nothing is drawn or kept, and the buffer metrics stay empty."""
 
+    queue_stands_in = True
+
+    @classmethod
+    def plan_window(cls, node, steps: int) -> int | None:
+        return 1  # the budget table's rows at rho > 0 plan the replay it would take: the age buffer's, L = 1
+
+    @classmethod
+    def plan_store(cls, node, ratio: float, groups_per_step: int) -> ReplayStore:
+        return age_stand_in(node)
+
+    @classmethod
+    def fresh_only(cls, node) -> bool:
+        return True
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        return "rho0"
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return "Fresh-only"
+
     def __init__(self, name: str = "none", ratio: float = 0.0, max_age: int = 0, capacity: int = 0,
                  allow_infeasible: bool = False, groups_per_step: int = 0, seed: int = 0) -> None:
         if ratio != 0:
@@ -124,6 +193,21 @@ class NoReplay(ReplayStore):
 
     def metrics(self, step: int) -> dict[str, float]:
         return {"buffer/size": 0}
+
+
+def age_stand_in(node) -> ReplayStore:
+    """The age buffer with L = 1 that the budget table plans at rho > 0 for a store that never replays by plan
+    (buffer=none, buffer=popo: rho is 0 by their settings), so its rows show what replay would cost."""
+    from src.buffer.age import ReplayBuffer  # the age store builds on this module
+
+    return ReplayBuffer(max_age=1, capacity=int(node.get("capacity", 4096)))
+
+
+def store_class(node) -> type[ReplayStore]:
+    """The store class the buffer group's `_target_` names, which describes what it replays and plans (the
+    interface's own defaults for a config saved before `_target_` existed)."""
+    found = described(node)
+    return found if issubclass(found, ReplayStore) else ReplayStore
 
 
 def checked_for_storing(groups: Iterable[Group], store: str) -> list[Group]:

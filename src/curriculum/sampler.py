@@ -1,7 +1,7 @@
 """Training-prompt samplers selected by the `curriculum/` config group (SPEC 9; seed 004, sec. 3.1, app. B.3).
 
 * curriculum=none -> `src.curriculum.uniform.PromptSampler`: uniform prompts, unchanged.
-* curriculum=frontier | failure | goldilocks -> `CurriculumSampler`: the uniform batch of
+* curriculum=frontier | failure | goldilocks -> `CurriculumSampler.from_config`: the uniform batch of
   the inner PromptSampler with a fraction rho of its slots replaced by training prompts
   retrieved by similarity to a memory of recent frontier (or failed, or Goldilocks)
   prompts, q_t = (1 - rho) D + rho R(. | M_t) (seed 004 sec. 3.1).
@@ -23,6 +23,7 @@ from typing import NoReturn
 from src.curriculum.frontier import MODES, FrontierMemory, PromptBank, replacement_count, select_replacements
 from src.task.countdown import Instance
 from src.curriculum.uniform import PromptSampler
+from src.variant import Variant, float_knob, int_knob
 
 NAMES = ("none", *MODES)
 KEYS = ("_target_", "name", "fraction", "capacity", "min_memory", "pool_factor", "goldilocks_band", "max_numbers")
@@ -125,11 +126,6 @@ def build_prompt_sampler(
     return CurriculumSampler(instances, seed, mode=name, **settings)
 
 
-def prompt_sampler(instances: Sequence[Instance], seed: int, **curriculum) -> PromptSampler | CurriculumSampler:
-    """The `curriculum` group's `_target_`: its keys arrive as keyword arguments and are checked by name."""
-    return build_prompt_sampler(curriculum, instances, seed)
-
-
 # --------------------------------------------------------------------------- sampler
 
 
@@ -165,7 +161,7 @@ class _Tally:
         return cls(**{**state, "scores": [float(c) for c in state["scores"]], "drawn": drawn})
 
 
-class CurriculumSampler:
+class CurriculumSampler(Variant):
     """Uniform batch with round(fraction * count) slots replaced by memory-similar prompts (seed 004 app. B.3).
 
     A training step may call sample() and observe() in several rounds (dynamic sampling),
@@ -173,6 +169,27 @@ class CurriculumSampler:
     so it keeps two tallies: `_pending` (sample() calls since the last observe()) and
     `_step` (everything observed for step `_step_index`, merged at each observe() of that step).
     """
+
+    knobs = {"fraction": float_knob(0, 1, "0.1"), "capacity": int_knob(1, 10_000_000, "256"),
+             "min_memory": int_knob(0, 10_000_000, "8"), "pool_factor": int_knob(1, 1_000, "4"),
+             "goldilocks_band": float_knob(0, 1, "0.25"), "max_numbers": int_knob(1, 100, "4")}
+
+    @classmethod
+    def from_config(cls, instances: Sequence[Instance], seed: int, **curriculum) -> PromptSampler | CurriculumSampler:
+        """The `curriculum` group's `_target_`: its keys arrive as keyword arguments and are checked by name."""
+        return build_prompt_sampler(curriculum, instances, seed)
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        return f"-{node.name}"  # the memory criterion (frontier, failure, goldilocks) names the cell
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return f"{node.name} curriculum"
+
+    @classmethod
+    def check(cls, node, cfg) -> None:
+        check_curriculum(node, group_size=cfg.trainer.group_size, groups_per_step=cfg.trainer.groups_per_step)
 
     def __init__(
         self,

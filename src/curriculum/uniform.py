@@ -8,12 +8,18 @@ import random
 from collections.abc import Sequence
 
 from src.task.countdown import Instance
+from src.variant import Variant
 
 
-class PromptSampler:
+class PromptSampler(Variant):
     """Draws distinct training instances within a step, independently across steps."""
 
-    def __init__(self, instances: Sequence[Instance], seed: int):
+    @classmethod
+    def plain(cls, node) -> bool:
+        return True
+
+    def __init__(self, instances: Sequence[Instance], seed: int, name: str = "none"):
+        # `name` is the YAML's label for people (MLflow tags): uniform sampling has no setting.
         if not instances:
             raise ValueError("the training set is empty: check task.train_size and task.source")
         self.instances = list(instances)

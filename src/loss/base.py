@@ -3,7 +3,8 @@
 An objective is built from its YAML by `hydra.utils.instantiate`, with the run's `Forward` settings
 and the trainer's regularisation (`kl_coef`, `entropy_coef`, `max_grad_norm`) added; the behaviour
 group's truncation settings come along for objectives that correct off-policy fresh rows. A new
-loss is a new subclass and a YAML file naming it.
+loss is a new subclass and a YAML file naming it; the subclass describes itself (`src.variant.Variant`):
+its cell and reader labels, whether it is plain Replay-RLOO, and whether it reads clip.ceiling.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from src.loss.kl import KL_ESTIMATORS
 from src.loss.rloo_math import leave_one_out_advantages
 from src.checks import check_choice
 from src.policy.forward import Forward
+from src.variant import Variant
 
 IS_LEVELS = ("sequence", "token")  # truncated importance weights per response or per token (seed 002 eq. 3)
-LOSSES = ("rloo", "rloo-tis", "grpo", "grpo-coupled", "asymre", "ipo")  # the loss group's options; `loss.name` labels the run's cell with one
 
 
 @dataclass(frozen=True)
@@ -96,12 +97,17 @@ class UpdateResult:
         return group.with_behaviour_logprobs(self.logprobs[rows].tolist(), reference, tokens)
 
 
-class Objective:
+class Objective(Variant):
     """Shared settings and bookkeeping of every objective; subclasses implement `update`."""
+
+    # Whether the objective weighs replayed rows with clip.ceiling (eq. 2): then the ceiling names the cell
+    # of a run that replays (`src.sweep.cell_name`), and enters its identity.
+    reads_clip: bool = False
 
     def __init__(self, forward: Forward, kl_coef: float = 0.0, entropy_coef: float = 0.0,
                  max_grad_norm: float | None = None, truncation: Truncation | None = None,
                  kl_estimator: str = "k3", name: str = "") -> None:
+        # `name` is the YAML's label for people (MLflow tags); the objective describes itself by its class.
         if kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"trainer.kl_estimator={kl_estimator!r}: choose one of {', '.join(KL_ESTIMATORS)} "
                              "(README: which KL each one's gradient gives; default k3)")
@@ -112,7 +118,6 @@ class Objective:
         self.entropy_coef = float(entropy_coef)
         self.max_grad_norm = max_grad_norm
         self.truncation = truncation or Truncation()
-        self.name = check_choice("loss.name", name, LOSSES) if name else ""  # "": built in code, not from a YAML
 
     # The weight ceiling metrics compare raw weights against (clip fraction).
     weight_ceiling: float = float("inf")

@@ -12,6 +12,7 @@ from src.loss.base import Objective, UpdateResult, batch_sequences
 from src.loss.variant_math import clipped_surrogate, group_normalised_advantages
 from src.loss.rloo_math import interleaved_mini_batches
 from src.policy.forward import place_tokens, row_values, upcast
+from src.variant import float_knob, int_knob
 
 
 RATIO_TO = ("proximal", "behaviour")
@@ -31,6 +32,18 @@ class ClippedObjective(Objective):
        - beta_H * H (k3 KL and exact entropy, token means over the mini-batch); micro-batch
        terms are scaled by their share of the mini-batch's tokens, so gradient accumulation is exact.
     """
+
+    knobs = {"eps_low": float_knob(0, 1, "0.2", high_open=True), "eps_high": float_knob(0, 1e6, "0.28"),
+             "behaviour_cap": float_knob(0, 1e6, "2.0", low_open=True), "updates_per_step": int_knob(1, 1_000, "4")}
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        """-grpo (POPO's decoupled form), or -grpo-coupled (the ratio to mu clipped itself, seed 001)."""
+        return "-grpo-coupled" if node.get("ratio_to", "proximal") == "behaviour" else "-grpo"
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return " (coupled GRPO loss)" if node.get("ratio_to", "proximal") == "behaviour" else " (GRPO loss)"
 
     def __init__(self, eps_low: float, eps_high: float, behaviour_cap: float, updates_per_step: int,
                  ratio_to: str = "proximal", **settings) -> None:

@@ -28,6 +28,12 @@ class RlooObjective(Objective):
     weights would round lr-1e-5 updates away).
     """
 
+    reads_clip = True
+
+    @classmethod
+    def plain(cls, node) -> bool:
+        return True  # Replay-RLOO's own objective: the cell identity leaves the loss out, the clip names it
+
     def __init__(self, clip_ceiling: float, **settings) -> None:
         super().__init__(**settings)
         self.clip_ceiling = float(clip_ceiling)
@@ -143,6 +149,20 @@ class TruncatedIsRloo(RlooObjective):
     exp(clip(log pi - log mu, log rho_min, log rho_max)), per response or per token; eq. 2's ceiling c
     is not used. Seed 002 runs rho_max = 10 "for all experiments" and 2 with token-level IS."""
 
+    reads_clip = False
+
+    @classmethod
+    def plain(cls, node) -> bool:
+        return False
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        return "-rloo-tis"
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return " (RLOO, truncated IS)"
+
     def __init__(self, is_min: float, is_max: float, is_level: str, is_max_token: float = 2.0, **settings) -> None:
         settings.pop("truncation", None)  # this loss's own is_* (by default the behaviour group's) apply
         super().__init__(clip_ceiling=float("inf"), **settings)
@@ -160,6 +180,20 @@ class AsymRE(RlooObjective):
     importance ratio (every row weighs 1, however stale), L = -(1/B) sum_i A_i log pi(y_i|x_i) + the
     trainer's KL and entropy terms. delta_V < 0 (seed 001: -0.1) tilts every update towards the sampled
     responses."""
+
+    reads_clip = False
+
+    @classmethod
+    def plain(cls, node) -> bool:
+        return False
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        return "-asymre"
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return " (AsymRE loss)"
 
     def __init__(self, delta_v: float = -0.1, **settings) -> None:
         settings.pop("truncation", None)

@@ -16,19 +16,21 @@ from collections import deque
 
 import torch
 
-from src.checks import check_choice, check_int
+from src.checks import check_int
 from src.loss.base import Truncation
 from src.policy.model import frozen_copy
+from src.variant import Variant, float_knob, int_knob
 
-BEHAVIOURS = ("current", "stale", "diverse")  # the behaviour group's options; `behaviour.name` labels the cell
 
-
-class CurrentBehaviour:
+class CurrentBehaviour(Variant):
     """`behaviour=current`: the policy being trained samples at the training temperature (mu = pi_theta)."""
+
+    @classmethod
+    def plain(cls, node) -> bool:
+        return True
 
     def __init__(self, policy: torch.nn.Module | None = None, training_temperature: float = 1.0,
                  name: str = "current") -> None:
-        check_choice("behaviour.name", name, BEHAVIOURS)
         self.temperature = self.training_temperature = float(training_temperature)
         self.truncation = None  # nothing to correct
 
@@ -48,13 +50,29 @@ class CurrentBehaviour:
         pass
 
 
-class BehaviourPolicy:
+class BehaviourPolicy(Variant):
     """`behaviour=stale|diverse`: keeps the last `lag` + 1 weight snapshots and says which weights sample step t."""
+
+    knobs = {"lag": int_knob(0, 100_000, "4"),
+             "temperature": float_knob(0, 100, "1.2 or null", low_open=True, nullable=True),
+             "is_min": float_knob(0, 1, "0"), "is_max": float_knob(1, 1e6, "10"), "is_max_token": float_knob(1, 1e6, "2")}
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        """e.g. -stale4, -T1.2-tokenIS."""
+        return ((f"-stale{node.lag}" if node.lag else "")
+                + (f"-T{node.temperature:g}" if node.temperature is not None else "")
+                + ("-tokenIS" if node.is_level == "token" else ""))
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        sampler = ([f"stale behaviour n={node.lag}"] if node.lag else ["behaviour"]) + \
+                  ([f"T={node.temperature:g}"] if node.temperature is not None else [])
+        return " ".join(sampler) + f" ({node.is_level} IS)"
 
     def __init__(self, policy: torch.nn.Module, lag: int, temperature: float | None = None,
                  training_temperature: float = 1.0, is_min: float = 0.0, is_max: float = 10.0,
                  is_level: str = "sequence", name: str = "stale", is_max_token: float = 2.0):
-        check_choice("behaviour.name", name, BEHAVIOURS)
         self.lag = check_int("behaviour.lag", lag, 0, "Steps back of the sampling weights (seed 002: 1, 4, 16).")
         temperature = training_temperature if temperature is None else temperature
         if not temperature > 0:

@@ -34,6 +34,7 @@ from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, Lock
                                   PipelineError, PipelineSettings)
 from src.runtime.queues import QUEUES, build_queue
 from src.tracking import completion_rows
+from src.variant import Variant, described, float_knob, int_knob
 
 log = logging.getLogger(__name__)
 EVENT_LOG = "events.jsonl"
@@ -54,8 +55,12 @@ class RunLoop:
     log_artifact: Callable[[Path], None] | None = None  # default: to the tracker's MLflow run, under runtime/
 
 
-class SyncRuntime:
+class SyncRuntime(Variant):
     """`runtime=sync`: SPEC 3's loop in `src.run`; nothing to do here."""
+
+    @classmethod
+    def plain(cls, node) -> bool:
+        return True
 
     def __init__(self, name: str = "sync", cfg: DictConfig | None = None) -> None:
         self.name = name
@@ -95,8 +100,33 @@ def worker_gpus(workers: int, per_worker: float, device: str) -> int:
     return needed
 
 
-class AsyncRuntime:
+class AsyncRuntime(Variant):
     """`runtime=async`: seed 001's pipeline of W workers, one queue and the trainer, on Ray."""
+
+    knobs = {"workers": int_knob(1, 1_024, "2"), "trainers": int_knob(1, 1_024, "1"),
+             "capacity": int_knob(1, 100_000_000, "1024"), "positive_bias": float_knob(0, 1, "0.5", high_open=True),
+             "sync_every": int_knob(1, 100_000, "1"), "mu": float_knob(0, 1e6, "5.28", low_open=True),
+             "worker_cost": float_knob(0, 1e6, "2.0 or null", low_open=True, nullable=True),
+             "trainer_cost": float_knob(0, 1e6, "1.0", low_open=True),
+             "staleness": int_knob(0, 100_000, "4 or null", nullable=True), "depth": int_knob(1, 64, "8"),
+             "groups_per_request": int_knob(1, 65_536, "4"), "num_cpus": int_knob(1, 4_096, "2"),
+             "worker_threads": int_knob(1, 1_024, "1"), "max_restarts": int_knob(-1, 1_000, "3 (-1: without limit)"),
+             "gpus_per_worker": float_knob(0, 8, "1 (0: workers on the CPU)")}
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        """Seed 001's pipeline: e.g. -W6T2-N252, -W1T1-lifo."""
+        return f"-W{node.workers}T{node.trainers}-" + (f"N{node.capacity}" if node.queue == "buffer" else "lifo")
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return f"async {node.queue} W={node.workers} T={node.trainers}"
+
+    @classmethod
+    def budget_plan(cls, node, cfg):
+        from src.runtime.plan import async_budget_plan  # its lockstep schedule decides the fresh budget
+
+        return async_budget_plan(cfg)
 
     def __init__(self, cfg: DictConfig, name: str = "async", workers: int = 2, trainers: int = 1,
                  queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
@@ -140,14 +170,15 @@ class AsyncRuntime:
             raise ValueError(f"runtime.queue=lifo with runtime.capacity N={self.capacity}: workers wait while a full "
                              f"queue holds N, so N must fit a batch and a request in flight "
                              f"(>= {s.batch + s.request_rollouts})")
-        if cfg.buffer.name not in ("none", "fifo"):
-            raise ValueError(f"buffer={cfg.buffer.name} with runtime=async: the pipeline's rollout queue replaces the "
-                             "step's replay store (runtime.queue, runtime.capacity, runtime.positive_bias); use "
+        # The components say whether they fit the pipeline; their YAML names only label the message.
+        if not getattr(described(cfg.buffer), "queue_stands_in", False):
+            raise ValueError(f"buffer={cfg.buffer.get('name')} with runtime=async: the pipeline's rollout queue replaces "
+                             "the step's replay store (runtime.queue, runtime.capacity, runtime.positive_bias); use "
                              "buffer=none or buffer=fifo")
-        if cfg.sampling.name != "standard" or cfg.behaviour.name != "current":
-            raise ValueError(f"sampling={cfg.sampling.name}, behaviour={cfg.behaviour.name} with runtime=async: workers "
-                             "generate each request's groups once, with the published weights; use sampling=standard and "
-                             "behaviour=current")
+        if not (described(cfg.sampling).plain(cfg.sampling) and described(cfg.behaviour).plain(cfg.behaviour)):
+            raise ValueError(f"sampling={cfg.sampling.get('name')}, behaviour={cfg.behaviour.get('name')} with "
+                             "runtime=async: workers generate each request's groups once, with the published weights; "
+                             "use sampling=standard and behaviour=current")
 
     def trainer_store(self, store: ReplayStore, cfg: DictConfig) -> ReplayStore:
         """The pipeline's queue in place of the step's replay store (it saves with the run's checkpoint)."""

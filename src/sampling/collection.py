@@ -14,13 +14,12 @@ import time
 from dataclasses import dataclass, field
 
 from src.batch import Group, is_effective
-from src.checks import check_choice, check_int
+from src.checks import check_int
 from src.policy.forward import Forward
 from src.rollout.interface import RolloutEngine, SamplingParams
 from src.task.base import Task
 from src.task.prompts import PromptFormat
-
-SAMPLINGS = ("standard", "dynamic")  # the sampling group's options; `sampling.name` labels the run's cell
+from src.variant import Variant, check_recipe, float_knob, int_knob
 
 
 def generation_seed(base_seed: int, step: int) -> int:
@@ -56,13 +55,16 @@ class Collected:
         return sum(len(ids) for group in self.generated for ids in group.response_ids)
 
 
-class FreshCollection:
+class FreshCollection(Variant):
     """`sampling=standard`: one round of `count` prompts, K responses each."""
+
+    @classmethod
+    def plain(cls, node) -> bool:
+        return True
 
     def __init__(self, engine: RolloutEngine, sampler, behaviour, prompts: PromptFormat, forward: Forward,
                  task: Task, group_size: int, max_new_tokens: int, top_p: float = 1.0, top_k: int | None = None,
                  seed: int = 0, name: str = "standard") -> None:
-        check_choice("sampling.name", name, SAMPLINGS)
         self.engine, self.sampler, self.behaviour, self.prompts, self.forward = engine, sampler, behaviour, prompts, forward
         self.task = task
         self.group_size = check_int("trainer.group_size", group_size, 2)
@@ -131,6 +133,28 @@ class FreshCollection:
 
 class DynamicCollection(FreshCollection):
     """`sampling=dynamic` (DAPO): rounds of ceil(missing x oversample) prompts, keeping effective groups only."""
+
+    knobs = {"oversample": float_knob(1, 100, "1.5"), "max_rounds": int_knob(1, 1_000, "8")}
+
+    @classmethod
+    def plain(cls, node) -> bool:
+        return False
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        return "-dapo"
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return "DAPO dynamic sampling"
+
+    @classmethod
+    def budget_is_floor(cls, node) -> bool:
+        return True  # it generates until its batch is full of effective groups: the plan is its floor
+
+    @classmethod
+    def check(cls, node, cfg) -> None:
+        check_recipe("sampling", "DAPO", "dynamic sampling", node, cfg)
 
     def __init__(self, oversample: float = 1.5, max_rounds: int = 8, mechanism_only: bool = False,
                  **settings) -> None:

@@ -1,0 +1,134 @@
+"""How a variant component describes itself, so the runner, planner, sweep naming and validation never ask its name.
+
+Every class a variant group's `_target_` names (buffer, loss, behaviour, sampling, curriculum,
+runtime) answers these from its group's config node, as class methods, so nothing heavy is built to
+ask them:
+
+* `cell_label(node, cfg)`: its part of the cell name (`src.sweep.cell_name`), e.g. '-stale4';
+  `reader_label(node, cfg)`: its part of the reader's name (`src.sweep.variant_label`).
+* `plain(node)`: whether these settings compute plain Replay-RLOO, so the cell identity leaves the
+  group out (`src.sweep.cell_identity`, rule 3).
+* `check(node, cfg)`: feasibility across groups (e.g. a FIFO's capacity against B_replay), raising
+  ValueError with one line naming the key, the value and the fix (`src.config.validate`).
+* `knobs`: its settings' types and ranges, keyed by the setting's name in the group (`src.schema`).
+* `budget_plan(node, cfg)` / `budget_is_floor(node)`: a plan of its own (a runtime with its own schedule),
+  and whether a step may generate more fresh groups than the plan counts.
+
+A replay store also says what the budget planner simulates (`src.buffer.store.ReplayStore`). The
+whole config `cfg` comes along where a label or check needs another group (e.g. clip.ceiling).
+A new variant is then one class and one YAML: nothing else in `src/` lists it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+INF = math.inf
+
+# The config groups whose component describes itself, in the order a cell's name lists them.
+VARIANT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum", "runtime")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A setting's type and range, for `src.schema`'s one-line messages."""
+
+    kind: str  # "int" | "float" | "bool" | "text" | "list" | "any"
+    low: float = -INF
+    high: float = INF
+    low_open: bool = False  # the bound itself is refused (e.g. a learning rate of 0)
+    high_open: bool = False
+    nullable: bool = False
+    example: str = ""  # a value that works, for the message
+
+
+def int_knob(low=-INF, high=INF, example="", **kw) -> Knob:
+    return Knob("int", low, high, example=example, **kw)
+
+
+def float_knob(low=-INF, high=INF, example="", **kw) -> Knob:
+    return Knob("float", low, high, example=example, **kw)
+
+
+class Variant:
+    """The self-description every variant component class inherits: no label, no check, not plain."""
+
+    knobs: ClassVar[dict[str, Knob]] = {}
+
+    @classmethod
+    def cell_label(cls, node, cfg) -> str:
+        return ""
+
+    @classmethod
+    def reader_label(cls, node, cfg) -> str:
+        return ""
+
+    @classmethod
+    def plain(cls, node) -> bool:
+        """False unless overridden: a component that is not known to be plain keeps its settings in the cell."""
+        return False
+
+    @classmethod
+    def check(cls, node, cfg) -> None:
+        return None
+
+    @classmethod
+    def budget_plan(cls, node, cfg):
+        """The run's `src.budget.BudgetPlan` when this component replaces SPEC 3's schedule (the asynchronous
+        runtime's lockstep clock); None: the replay store's simulation decides."""
+        return None
+
+    @classmethod
+    def budget_is_floor(cls, node) -> bool:
+        """True when a step may generate more than the plan counts (DAPO's rounds): the plan is then a minimum."""
+        return False
+
+
+def described(node) -> type:
+    """The class that describes a group's settings: the one its `_target_` names (a class, or a classmethod
+    that builds one); `Variant` itself for a group without `_target_` (a run's config saved before
+    components were named) or one whose target does not describe itself (e.g. a plain function)."""
+    target = node.get("_target_") if node is not None else None
+    if target is None:
+        return Variant
+    found = load_target(str(target))
+    if inspect.ismethod(found) and isinstance(found.__self__, type):
+        found = found.__self__  # `Class.from_config`: the class describes itself
+    return found if isinstance(found, type) and issubclass(found, Variant) else Variant
+
+
+def load_target(target: str):
+    """What a `_target_` names: `module.Name`, or `module.Class.method`. Raises the import's own error (one line,
+    e.g. "No module named 'no'"), which `src.config` shows with the key."""
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as missing:
+        outer, _, owner = module.rpartition(".")
+        try:  # `module.Class.method`: the class's module imports, the class holds the method
+            holder = getattr(importlib.import_module(outer), owner) if outer else None
+        except (ImportError, AttributeError):
+            holder = None
+        if holder is None or isinstance(holder, type(importlib)):
+            raise missing from None
+        return getattr(holder, name)
+
+
+def check_recipe(group: str, method: str, mechanism: str, node, cfg, loss_label: str = "-grpo") -> None:
+    """An option that is one paper's whole recipe (seed 003 appendix D.2: POPO, DAPO) selects its loss (the one
+    labelled `loss_label`) and trainer.kl_coef=0 itself, so a loss or KL term on top of it is a mistake unless
+    `mechanism_only` asks for the mechanism alone (conf/sweep/variants.yaml's POPO-on-RLOO cell does)."""
+    if node.get("mechanism_only", False):
+        return
+    option, loss = node.get("name", group), cfg.loss.get("name", "?")  # the YAML names, for the message only
+    opt_out = f"or add {group}.mechanism_only=true to run the {mechanism} alone on the loss and KL you choose"
+    if described(cfg.loss).cell_label(cfg.loss, cfg) != loss_label:
+        raise ValueError(f"{group}={option} with loss={loss}: {method} optimises the GRPO clipped surrogate (seed 003 "
+                         f"D.2), which {group}={option} selects by itself; drop loss={loss}, {opt_out}")
+    if cfg.trainer.kl_coef != 0:
+        raise ValueError(f"{group}={option} with trainer.kl_coef={cfg.trainer.kl_coef}: {method} trains without a KL "
+                         f"penalty (seed 003 D.2), and {group}={option} sets 0 by itself; drop the override, {opt_out}")
