@@ -198,9 +198,9 @@ class NoReplay(ReplayStore):
 def age_stand_in(node) -> ReplayStore:
     """The age buffer with L = 1 that the budget table plans at rho > 0 for a store that never replays by plan
     (buffer=none, buffer=popo: rho is 0 by their settings), so its rows show what replay would cost."""
-    from src.buffer.age import ReplayBuffer  # the age store builds on this module
-
-    return ReplayBuffer(max_age=1, capacity=int(node.get("capacity", 4096)))
+    # Named, not imported: the age store builds on this module.
+    return instantiate({"_target_": "src.buffer.age.ReplayBuffer", "max_age": 1,
+                        "capacity": int(node.get("capacity", 4096))})
 
 
 def store_class(node) -> type[ReplayStore]:
