@@ -16,6 +16,7 @@ from src.batch import Batch, Group
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.rloo_math import leave_one_out_advantages
 from src.checks import check_choice
+from src.distributed.reducer import Reducer
 from src.policy.forward import Forward
 
 IS_LEVELS = ("sequence", "token")  # truncated importance weights per response or per token (seed 002 eq. 3)
@@ -113,6 +114,7 @@ class Objective:
         self.max_grad_norm = max_grad_norm
         self.truncation = truncation or Truncation()
         self.name = check_choice("loss.name", name, LOSSES) if name else ""  # "": built in code, not from a YAML
+        self.reducer = Reducer()  # batch-wide totals over the ranks that share the batch (one process: identity)
 
     # The weight ceiling metrics compare raw weights against (clip fraction).
     weight_ceiling: float = float("inf")
@@ -129,6 +131,7 @@ class Objective:
         return leave_one_out_advantages(rewards)
 
     def optimizer_step(self, policy, optimizer) -> None:
+        self.reducer.before_step(policy)
         if self.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(policy.parameters(), self.max_grad_norm)
         optimizer.step()

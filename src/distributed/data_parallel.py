@@ -1,0 +1,136 @@
+"""The update of a step over T ranks: each rank trains a shard of the batch (whole groups), the
+objective's normalisers are summed over ranks, gradients are summed by FSDP, and every rank gets the
+whole batch's `UpdateResult` back, so the rest of the step (store, bookkeeping, metrics) runs as in one
+process and logs the same numbers.
+
+Why the gradient synchronisation is explicit: ranks hold different numbers of rows, so they run
+different numbers of micro-batches. FSDP's collectives must match across ranks, so during an update
+the parameters stay gathered after the first forward (one all-gather) and gradients accumulate
+locally; before each optimizer step every rank runs one empty-weight forward and backward with
+synchronisation on, which reduce-scatters the accumulated gradients (`RankReducer.before_step`).
+The parameters are therefore whole during the update (as in ZeRO-2); the master weights, gradients
+and optimizer state stay sharded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from src.batch import Batch
+from src.distributed.reducer import Reducer
+from src.loss.base import Objective, UpdateResult
+from src.loss.rloo import RlooObjective
+
+SUMMED = ("loss", "policy_loss", "kl", "entropy")  # each rank's value is its share of the batch's value
+PER_ROW = ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts")
+
+
+def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
+    """This rank's contiguous block of the batch's groups (whole groups; sizes differ by at most one).
+
+    Contiguous blocks in rank order concatenate back to the batch's row order (`gather_results`).
+    """
+    if len(batch) < world_size:
+        raise ValueError(f"a batch of {len(batch)} groups cannot give each of {world_size} ranks a whole group; "
+                         f"raise trainer.groups_per_step to at least {world_size}")
+    share, extra = divmod(len(batch), world_size)
+    start = rank * share + min(rank, extra)
+    stop = start + share + (1 if rank < extra else 0)
+    return Batch(entries=batch.entries[start:stop], dropped=batch.dropped)
+
+
+class RankReducer(Reducer):
+    """Totals are sums over the ranks of `group`; gradients are reduced once per optimizer step."""
+
+    def __init__(self, group=None) -> None:
+        self.group = group
+
+    def total(self, value: float) -> float:
+        summed = torch.tensor(float(value), dtype=torch.float64)
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=self.group)
+        return summed.item() if isinstance(value, float) else int(summed.item())
+
+    def before_step(self, policy) -> None:
+        synchronise_gradients(policy)
+
+
+def synchronise_gradients(policy) -> None:
+    """Reduce-scatter the gradients every rank accumulated without synchronisation: one zero-weight
+    forward and backward with synchronisation on (its own gradient is exactly 0), then reshard."""
+    policy.set_requires_gradient_sync(True)
+    policy.set_reshard_after_backward(True)
+    device = next(policy.parameters()).device
+    (policy(input_ids=torch.zeros((1, 2), dtype=torch.long, device=device)).logits.sum() * 0.0).backward()
+    hold_gradients(policy)
+
+
+def hold_gradients(policy) -> None:
+    """Accumulate gradients locally and keep parameters gathered until the next `synchronise_gradients`."""
+    policy.set_requires_gradient_sync(False)
+    policy.set_reshard_after_backward(False)
+    policy.set_reshard_after_forward(False)
+
+
+def release_parameters(policy) -> None:
+    """Outside an update, shard the layers' parameters again after each forward (FSDP's default)."""
+    policy.set_reshard_after_forward(True)
+    policy.set_reshard_after_forward(False, recurse=False)  # FSDP keeps the root's gathered: the head runs last
+    policy.set_requires_gradient_sync(True)
+    policy.set_reshard_after_backward(True)
+
+
+class DataParallelObjective:
+    """An objective run over the ranks of `group`: same `update` signature, same whole-batch result.
+
+    Supports the objectives whose loss is one optimizer step normalised by batch-wide totals (the RLOO
+    family: rloo, rloo-tis, asymre); loss=grpo's interleaved mini-batches and loss=ipo's pairs are not
+    split yet and are refused.
+    """
+
+    def __init__(self, objective: Objective, group=None, reducer: Reducer | None = None) -> None:
+        if not isinstance(objective, RlooObjective):
+            raise ValueError(f"loss.name={objective.name or type(objective).__name__}: data-parallel training "
+                             "supports loss=rloo, rloo-tis or asymre; run other losses on one rank")
+        if objective.forward.fused:
+            raise ValueError("trainer.fused_logprobs=true: the fused head calls the decoder apart from the sharded "
+                             "model; set trainer.fused_logprobs=false with data parallelism")
+        self.objective, self.group = objective, group
+        objective.reducer = reducer if reducer is not None else RankReducer(group)
+
+    def __getattr__(self, name):  # weight_ceiling, advantages, name...: the wrapped objective's
+        return getattr(self.objective, name)
+
+    def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
+        rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        hold_gradients(policy)
+        try:
+            local = self.objective.update(policy, reference, optimizer, shard_batch(batch, rank, world))
+        finally:
+            release_parameters(policy)
+        results: list = [None] * world
+        dist.all_gather_object(results, local, group=self.group)  # ranks of one job: trusted peers
+        return gather_results(results)
+
+
+def gather_results(results: list[UpdateResult]) -> UpdateResult:
+    """One `UpdateResult` for the whole batch from the ranks' results, in rank (= row) order."""
+    first = results[0]
+    rows = {key: torch.cat([getattr(result, key) for result in results]) for key in PER_ROW}
+    sums = {key: sum(getattr(result, key) for result in results) for key in SUMMED}
+    behaviour = None if first.behaviour_tokens is None else [t for r in results for t in r.behaviour_tokens]
+    token_level = any(result.token_weights is not None for result in results)
+    return UpdateResult(
+        **rows, **sums, reference_tokens=[tokens for result in results for tokens in result.reference_tokens],
+        behaviour_tokens=behaviour, optimizer_steps=first.optimizer_steps,
+        token_raw_weights=[w for r in results for w in token_weights(r, raw=True)] if token_level else None,
+        token_weights=[w for r in results for w in token_weights(r, raw=False)] if token_level else None)
+
+
+def token_weights(result: UpdateResult, raw: bool) -> list[torch.Tensor]:
+    """Per-row token weights; a rank that weighted whole responses repeats each response's weight per token."""
+    given = result.token_raw_weights if raw else result.token_weights
+    if given is not None:
+        return given
+    weights = result.raw_weights if raw else result.weights
+    return [weights[i].repeat(int(result.token_counts[i])) for i in range(len(weights))]

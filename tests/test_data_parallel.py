@@ -1,0 +1,63 @@
+"""Data-parallel training (FSDP2, gloo on the CPU): two ranks reproduce one process's update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from src.batch import Batch
+from src.distributed.data_parallel import DataParallelObjective, shard_batch
+from src.loss.grpo import ClippedObjective
+from src.policy.forward import Forward
+from tests import data_parallel_ranks as ranks
+
+FP32 = {"rtol": 1e-5, "atol": 1e-6}  # fp32 rounding: the ranks sum the same terms in other micro-batches
+GRADIENTS = {"rtol": 1e-4, "atol": 1e-5}  # sums of ~100 terms of size ~1 each, in another order
+
+
+def test_shards_keep_groups_whole_and_concatenate_back_in_row_order():
+    batch = ranks.tiny_batch(ranks.tiny_policy()[0], pad_id=0)
+    shards = [shard_batch(batch, rank, 3) for rank in range(3)]
+    assert [len(shard) for shard in shards] == [3, 2, 2]
+    assert [entry for shard in shards for entry in shard.entries] == batch.entries
+    with pytest.raises(ValueError, match="trainer.groups_per_step to at least 8"):
+        shard_batch(batch, 0, 8)
+
+
+def test_unsupported_losses_are_refused_in_one_line():
+    grpo = ClippedObjective(0.2, 0.28, 2.0, 2, forward=Forward(0, 4), name="grpo")
+    with pytest.raises(ValueError, match="loss.name=grpo: data-parallel training supports loss=rloo"):
+        DataParallelObjective(grpo)
+    fused = ranks.objective(0)
+    fused.forward.fused = True
+    with pytest.raises(ValueError, match="trainer.fused_logprobs=true"):
+        DataParallelObjective(fused)
+
+
+@pytest.mark.slow  # two spawned ranks load torch and transformers: ~20 s alone, ~50 s on a busy 2-core box
+def test_two_ranks_give_one_process_loss_gradients_and_weights(tmp_path):
+    """7 groups on 2 ranks (4 + 3 groups, 4 + 3 micro-batches), replayed rows clipped and unclipped.
+
+    The control run normalises each rank's loss by its own shard: its gradients are off, so the test
+    would fail without the cross-rank totals."""
+    plain = ranks.plain_update()
+    out = tmp_path / "ranks.pt"
+    mp.spawn(ranks.sharded_updates, args=(2, str(tmp_path / "rendezvous"), str(out)), nprocs=2)
+    runs = torch.load(out, weights_only=False)  # written by this test's own ranks
+    got, want = runs["reduced"], plain
+    for key in ("loss", "policy_loss", "kl", "entropy"):
+        assert getattr(got["result"], key) == pytest.approx(getattr(want["result"], key), rel=1e-5), key
+    for key in ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts"):
+        torch.testing.assert_close(getattr(got["result"], key), getattr(want["result"], key), **FP32)
+    assert (want["result"].weights == ranks.CLIP).any() and (want["result"].weights < 1).any()
+    assert got["grads"].keys() == want["grads"].keys()
+    for name in want["grads"]:
+        torch.testing.assert_close(got["grads"][name], want["grads"][name], **GRADIENTS)
+        torch.testing.assert_close(got["weights"][name], want["weights"][name], **FP32)
+    assert not torch.equal(want["weights"]["model.norm.weight"], ranks.tiny_policy()[0].model.norm.weight)
+
+    control = runs["local_totals"]
+    assert control["result"].loss != pytest.approx(want["result"].loss, rel=1e-3)
+    off = max((control["grads"][n] - want["grads"][n]).abs().max().item() for n in want["grads"])
+    assert off > 1e-2
