@@ -97,3 +97,54 @@ def sharded_updates(rank: int, world_size: int, rendezvous: str, out: str) -> No
     if rank == 0:
         torch.save({"reduced": reduced, "local_totals": local}, out)
     dist.destroy_process_group()
+
+
+def full_state(policy, optimizer) -> dict:
+    """Whole tensors of the policy and its optimizer state, keyed by parameter name (every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model_state, optimizer_state = get_state_dict(policy, optimizer, options=StateDictOptions(full_state_dict=True))
+    return {"policy": {k: v.clone() for k, v in model_state.items()},
+            "optimizer": {name: {k: v.clone() for k, v in moments.items()}
+                          for name, moments in optimizer_state["state"].items()}}
+
+
+def trained(shard: bool):
+    """The tiny policy after one update (sharded over the process group when `shard`) and its optimizer."""
+    policy, tokenizer = tiny_policy()
+    batch = tiny_batch(policy, tokenizer.pad_token_id)
+    reference = frozen_copy(policy)
+    chosen = objective(tokenizer.pad_token_id)
+    if shard:
+        shard_policy(policy)
+        chosen = DataParallelObjective(chosen)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
+    chosen.update(policy, reference, optimizer, batch)
+    return policy, optimizer
+
+
+def fresh(shard: bool):
+    """The untrained tiny policy (sharded when `shard`) with an AdamW that has taken no step."""
+    policy, _ = tiny_policy()
+    if shard:
+        shard_policy(policy)
+    return policy, torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
+
+
+def checkpoint_ranks(rank: int, world_size: int, rendezvous: str, folder: str) -> None:
+    """Save a trained sharded policy to folder/by-ranks; load folder/by-one (one process wrote it) into a
+    freshly sharded one. Rank 0 writes both as whole tensors to folder/ranks.pt."""
+    from pathlib import Path
+
+    from src.distributed.checkpoint import load_sharded, save_sharded
+
+    join(rank, world_size, rendezvous)
+    policy, optimizer = trained(shard=True)
+    save_sharded(Path(folder) / "by-ranks", policy, optimizer)
+    saved = full_state(policy, optimizer)
+    policy, optimizer = fresh(shard=True)
+    load_sharded(Path(folder) / "by-one", policy, optimizer)
+    loaded = full_state(policy, optimizer)
+    if rank == 0:
+        torch.save({"saved": saved, "loaded": loaded}, Path(folder) / "ranks.pt")
+    dist.destroy_process_group()
