@@ -1,0 +1,119 @@
+"""The memory plan of a data-parallel (FSDP2) trainer: what one GPU holds for a policy on T GPUs.
+
+The policy is built on the meta device from its architecture (conf/policy/shapes/<hub id>.json, the
+model's published config.json written out locally), so a plan needs no weights and no download. Per
+GPU, in bytes, for P parameters, L layers, hidden size h, vocabulary V and n tokens per micro-batch:
+
+  sharded, fp32 (1/T each)   master weights 4P, gradients 4P, AdamW moments 8P
+  whole during the update    bf16 parameters 2P (gathered once per update, `src.distributed.data_parallel`),
+                             fp32 accumulated gradients 4P (synchronised once per optimizer step)
+  whole                      the frozen reference policy pi_ref in fp32, 4P (built by `frozen_copy`)
+  activations, bf16          34 n h per layer kept for backward; with activation checkpointing 2 n h per
+                             layer plus one layer's 34 n h (Korthikanti et al. 2022, sdpa: no n^2 term)
+  output head                14 n V: bf16 logits, fp32 upcast, log-softmax and softmax (entropy) kept
+  headroom                   CUDA context and allocator: 2 GiB + 10 %
+
+Usage: python -m src.distributed.memory Qwen/Qwen2.5-7B
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from src.paths import CONFIG_DIR
+
+SHAPES = CONFIG_DIR / "policy" / "shapes"
+GIB = 2 ** 30
+H100_GIB = 79.0       # what torch reports free on an 80 GB H100
+GPU_COUNTS = (1, 2, 4, 8)
+MICRO_BATCH_TOKENS = (16384, 8192, 4096, 2048, 1024)  # tried largest first
+
+
+def shape_file(name_or_path: str) -> Path:
+    """The local config.json of a preset's policy, by its hub id."""
+    path = SHAPES / f"{name_or_path.replace('/', '__')}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem.replace("__", "/") for p in SHAPES.glob("*.json")))
+        raise FileNotFoundError(f"policy.name_or_path={name_or_path}: no architecture in {SHAPES} for a memory "
+                                f"plan; known: {known} (add its config.json as {path.name})")
+    return path
+
+
+def meta_policy(name_or_path: str) -> torch.nn.Module:
+    """The policy's architecture with every parameter on the meta device: shapes, no memory, no weights."""
+    config = AutoConfig.for_model(**json.loads(shape_file(name_or_path).read_text()))
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+@dataclass(frozen=True)
+class Shape:
+    parameters: int
+    layers: int
+    hidden: int
+    vocab: int
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "Shape":
+        config = model.config
+        return cls(sum(p.numel() for p in model.parameters()), config.num_hidden_layers, config.hidden_size,
+                   config.vocab_size)
+
+
+def gpu_bytes(shape: Shape, gpus: int, micro_batch_tokens: int, activation_checkpointing: bool) -> dict[str, float]:
+    """Bytes one of `gpus` GPUs holds at the peak of an update, by what holds them (module docstring)."""
+    p, n, h = shape.parameters, micro_batch_tokens, shape.hidden
+    kept = (2 * shape.layers + 34) if activation_checkpointing else 34 * shape.layers
+    parts = {"sharded fp32 weights, gradients, AdamW": 16 * p / gpus,
+             "gathered bf16 weights": 2 * p,
+             "accumulated fp32 gradients": 4 * p,
+             "reference policy (fp32)": 4 * p,
+             "activations": kept * n * h,
+             "output head": 14 * n * shape.vocab}
+    parts["headroom"] = 2 * GIB + 0.1 * sum(parts.values())
+    return parts
+
+
+@dataclass(frozen=True)
+class Fit:
+    gpus: int
+    activation_checkpointing: bool | None   # None: nothing fits
+    micro_batch_tokens: int | None
+    peak_gib: float
+
+
+def best_fit(shape: Shape, gpus: int, gpu_gib: float = H100_GIB) -> Fit:
+    """The largest micro-batch (in tokens) that fits, without activation checkpointing if it can."""
+    for tokens in MICRO_BATCH_TOKENS:
+        for checkpointing in (False, True):
+            peak = sum(gpu_bytes(shape, gpus, tokens, checkpointing).values()) / GIB
+            if peak <= gpu_gib:
+                return Fit(gpus, checkpointing, tokens, peak)
+    smallest = sum(gpu_bytes(shape, gpus, MICRO_BATCH_TOKENS[-1], True).values()) / GIB
+    return Fit(gpus, None, None, smallest)
+
+
+def plan_lines(name_or_path: str, gpu_gib: float = H100_GIB) -> list[str]:
+    shape = Shape.of(meta_policy(name_or_path))
+    lines = [f"{name_or_path}: {shape.parameters / 1e9:.2f} B parameters, {shape.layers} layers, hidden "
+             f"{shape.hidden}, vocabulary {shape.vocab}; GPUs of {gpu_gib:g} GiB"]
+    for gpus in GPU_COUNTS:
+        fit = best_fit(shape, gpus, gpu_gib)
+        if fit.micro_batch_tokens is None:
+            lines.append(f"  {gpus} GPU(s): does not fit (needs {fit.peak_gib:.1f} GiB at "
+                         f"{MICRO_BATCH_TOKENS[-1]} tokens with activation checkpointing)")
+        else:
+            lines.append(f"  {gpus} GPU(s): FSDP over {gpus}, micro-batch {fit.micro_batch_tokens} tokens, activation "
+                         f"checkpointing {'on' if fit.activation_checkpointing else 'off'}: {fit.peak_gib:.1f} GiB")
+    return lines
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or sorted(p.stem.replace("__", "/") for p in SHAPES.glob("*.json")):
+        print("\n".join(plan_lines(name)))
