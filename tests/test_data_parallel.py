@@ -98,3 +98,38 @@ def test_loading_a_folder_without_a_sharded_checkpoint_names_it(tmp_path):
 
     with pytest.raises(FileNotFoundError, match=f"{tmp_path} holds no sharded checkpoint"):
         load_sharded(tmp_path, *ranks.fresh(shard=False))
+
+
+STEP_SETTINGS = ("trainer.groups_per_step=4", "trainer.group_size=4", "policy.max_new_tokens=24",
+                 "trainer.micro_batch_size=3", "trainer.learning_rate=1e-3", "trainer.kl_coef=0.05",
+                 "trainer.entropy_coef=0.01", "hardware.threads=1", "buffer=age1")
+
+
+@pytest.mark.slow  # torchrun starts two ranks: ~20 s
+def test_torchrun_two_ranks_train_steps_with_the_one_process_numbers(tmp_path):
+    """Three steps of `train_step` (generate, score, replay at rho=1, update) under torchrun with 2 ranks give
+    every metric of one process's run, timings aside."""
+    import json
+    import math
+    import subprocess
+    import sys
+
+    from src.paths import PROJECT_ROOT
+
+    script = str(PROJECT_ROOT / "tests" / "data_parallel_steps.py")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    for name, launcher in (("one", [sys.executable]), ("two", torchrun)):
+        done = subprocess.run([*launcher, script, str(tmp_path / f"{name}.json"), "3", *STEP_SETTINGS],
+                              cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    one, two = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "two"))
+    assert len(one) == len(two) == 3 and one[1]["batch/replay_groups"] == 2
+    for want, got in zip(one, two):
+        assert want.keys() == got.keys()
+        for key, value in want.items():
+            if key.startswith("time/"):
+                continue
+            if isinstance(value, float) and math.isnan(value):  # e.g. the replay ratio of a step with no replay
+                assert math.isnan(got[key]), key
+            else:
+                assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
