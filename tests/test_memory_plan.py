@@ -61,3 +61,17 @@ def test_plans_need_less_per_gpu_on_more_gpus_and_the_7b_needs_sharding():
 def test_a_policy_without_a_written_architecture_is_named_with_the_fix():
     with pytest.raises(FileNotFoundError, match="policy.name_or_path=org/unknown: no architecture in .*known: "):
         shape_file("org/unknown")
+
+
+def test_the_slurm_dry_run_prints_the_memory_plan_of_the_job(compose_config):
+    from src.slurm import slurm_plan_lines
+
+    seven = compose_config("hardware=h100x8", "policy=qwen2.5-7b", hydra=True)
+    lines = slurm_plan_lines(seven, [seven])
+    planned = [line for line in lines if line.startswith("memory plan: Qwen/Qwen2.5-7B")]
+    assert len(planned) == 1 and "over the job's 8 GPU(s): does not fit" in planned[0]
+    small = compose_config("hardware=h100", "policy=qwen3-0.6b", hydra=True)
+    assert any(line.startswith("memory plan: Qwen/Qwen3-0.6B trained data-parallel (FSDP) over the job's 1 GPU(s): ")
+               and "GiB per GPU at micro-batch 16384 tokens" in line for line in slurm_plan_lines(small, [small]))
+    tiny = compose_config("hardware=h100", hydra=True)
+    assert not any(line.startswith("memory plan") for line in slurm_plan_lines(tiny, [tiny]))

@@ -114,6 +114,21 @@ def plan_lines(name_or_path: str, gpu_gib: float = H100_GIB) -> list[str]:
     return lines
 
 
+def job_plan_lines(names: list[str], gpus: int) -> list[str]:
+    """The memory plan of each distinct policy in `names` that has a written architecture, on a job's `gpus`."""
+    lines = []
+    for name in sorted(set(names)):
+        if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
+            continue  # the tiny policy or a local folder: nothing to plan
+        fit = best_fit(Shape.of(meta_policy(name)), gpus)
+        where = f"memory plan: {name} trained data-parallel (FSDP) over the job's {gpus} GPU(s)"
+        lines.append(f"{where}: does not fit, {fit.peak_gib:.1f} GiB per GPU at the smallest micro-batch"
+                     if fit.micro_batch_tokens is None else
+                     f"{where}: {fit.peak_gib:.1f} GiB per GPU at micro-batch {fit.micro_batch_tokens} tokens, "
+                     f"activation checkpointing {'on' if fit.activation_checkpointing else 'off'}")
+    return lines
+
+
 if __name__ == "__main__":
     for name in sys.argv[1:] or sorted(p.stem.replace("__", "/") for p in SHAPES.glob("*.json")):
         print("\n".join(plan_lines(name)))
