@@ -40,8 +40,8 @@ def tiny_policy():
     return policy, tokenizer
 
 
-def objective(pad_id: int) -> RlooObjective:
-    return RlooObjective(clip_ceiling=CLIP, forward=Forward(pad_id, micro_batch_size=3), kl_coef=0.05,
+def objective(pad_id: int, micro_batch_size: int = 3) -> RlooObjective:
+    return RlooObjective(clip_ceiling=CLIP, forward=Forward(pad_id, micro_batch_size=micro_batch_size), kl_coef=0.05,
                          entropy_coef=0.01)
 
 
@@ -75,27 +75,31 @@ def plain_update() -> dict:
             "weights": {n: p.detach().clone() for n, p in policy.named_parameters()}}
 
 
-def sharded_update(policy, tokenizer, reducer=None, activation_checkpointing: bool = False) -> dict:
+def sharded_update(policy, tokenizer, reducer=None, activation_checkpointing: bool = False,
+                   micro_batch_size: int = 3) -> dict:
     """One update of the sharded policy on this rank's shard: the whole-batch result, full gradients and weights."""
     batch = tiny_batch(policy, tokenizer.pad_token_id)
     reference = frozen_copy(policy)
     shard_policy(policy, activation_checkpointing=activation_checkpointing)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
-    wrapped = DataParallelObjective(objective(tokenizer.pad_token_id), reducer=reducer)
+    wrapped = DataParallelObjective(objective(tokenizer.pad_token_id, micro_batch_size), reducer=reducer)
     result = wrapped.update(policy, reference, optimizer, batch)
+    gathered = wrapped.objective.reducer.gathered
     grads = {n.replace(WRAPPED, ""): p.grad.full_tensor() for n, p in policy.named_parameters()}
     weights = {n.replace(WRAPPED, ""): p.detach().full_tensor() for n, p in policy.named_parameters()}
-    return {"result": result, "grads": grads, "weights": weights}
+    return {"result": result, "grads": grads, "weights": weights, "gathered": gathered}
 
 
 def sharded_updates(rank: int, world_size: int, rendezvous: str, out: str) -> None:
-    """The update with the batch's totals reduced over ranks (and activation checkpointing on), then the
-    negative control with each rank's own totals; rank 0 writes both to `out`."""
+    """The update with the batch's totals reduced over ranks: streaming (4 + 3 micro-batches of 3 rows, split to
+    4 + 4) with activation checkpointing, and gathered (12 + 9 one-row micro-batches cannot be matched);
+    then the negative control with each rank's own totals. Rank 0 writes all three to `out`."""
     join(rank, world_size, rendezvous)
-    reduced = sharded_update(*tiny_policy(), activation_checkpointing=True)
+    streaming = sharded_update(*tiny_policy(), activation_checkpointing=True)
+    gathered = sharded_update(*tiny_policy(), micro_batch_size=1)
     local = sharded_update(*tiny_policy(), reducer=LocalTotals())
     if rank == 0:
-        torch.save({"reduced": reduced, "local_totals": local}, out)
+        torch.save({"streaming": streaming, "gathered": gathered, "local_totals": local}, out)
     dist.destroy_process_group()
 
 

@@ -7,13 +7,19 @@ import torch
 import torch.multiprocessing as mp
 
 from src.batch import Batch
-from src.distributed.data_parallel import DataParallelObjective, shard_batch
+from src.distributed.data_parallel import DataParallelObjective, shard_batch, split_to
 from src.loss.grpo import ClippedObjective
 from src.policy.forward import Forward
 from tests import data_parallel_ranks as ranks
 
 FP32 = {"rtol": 1e-5, "atol": 1e-6}  # fp32 rounding: the ranks sum the same terms in other micro-batches
 GRADIENTS = {"rtol": 1e-4, "atol": 1e-5}  # sums of ~100 terms of size ~1 each, in another order
+
+
+def test_micro_batches_split_to_a_count_while_rows_last():
+    assert split_to([[0, 1, 2], [3, 4]], 4) == [[0], [1], [2], [3, 4]]  # the first largest halves first
+    assert split_to([[0, 1, 2]], 1) == [[0, 1, 2]]
+    assert split_to([[0], [1]], 3) is None
 
 
 def test_shards_keep_groups_whole_and_concatenate_back_in_row_order():
@@ -37,7 +43,8 @@ def test_unsupported_losses_are_refused_in_one_line():
 
 @pytest.mark.slow  # two spawned ranks load torch and transformers: ~20 s alone, ~50 s on a busy 2-core box
 def test_two_ranks_give_one_process_loss_gradients_and_weights(tmp_path):
-    """7 groups on 2 ranks (4 + 3 groups, 4 + 3 micro-batches), replayed rows clipped and unclipped.
+    """7 groups on 2 ranks (4 + 3 groups), replayed rows clipped and unclipped; FSDP streaming (micro-batches
+    split to match across ranks) and gathered (they cannot be).
 
     The control run normalises each rank's loss by its own shard: its gradients are off, so the test
     would fail without the cross-rank totals."""
@@ -45,17 +52,19 @@ def test_two_ranks_give_one_process_loss_gradients_and_weights(tmp_path):
     out = tmp_path / "ranks.pt"
     mp.spawn(ranks.sharded_updates, args=(2, str(tmp_path / "rendezvous"), str(out)), nprocs=2)
     runs = torch.load(out, weights_only=False)  # written by this test's own ranks
-    got, want = runs["reduced"], plain
-    for key in ("loss", "policy_loss", "kl", "entropy"):
-        assert getattr(got["result"], key) == pytest.approx(getattr(want["result"], key), rel=1e-5), key
-    for key in ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts"):
-        torch.testing.assert_close(getattr(got["result"], key), getattr(want["result"], key), **FP32)
+    want = plain
     assert (want["result"].weights == ranks.CLIP).any() and (want["result"].weights < 1).any()
-    assert got["grads"].keys() == want["grads"].keys()
-    for name in want["grads"]:
-        torch.testing.assert_close(got["grads"][name], want["grads"][name], **GRADIENTS)
-        torch.testing.assert_close(got["weights"][name], want["weights"][name], **FP32)
     assert not torch.equal(want["weights"]["model.norm.weight"], ranks.tiny_policy()[0].model.norm.weight)
+    assert not runs["streaming"]["gathered"] and runs["gathered"]["gathered"]
+    for got in (runs["streaming"], runs["gathered"]):
+        for key in ("loss", "policy_loss", "kl", "entropy"):
+            assert getattr(got["result"], key) == pytest.approx(getattr(want["result"], key), rel=1e-5), key
+        for key in ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts"):
+            torch.testing.assert_close(getattr(got["result"], key), getattr(want["result"], key), **FP32)
+        assert got["grads"].keys() == want["grads"].keys()
+        for name in want["grads"]:
+            torch.testing.assert_close(got["grads"][name], want["grads"][name], **GRADIENTS)
+            torch.testing.assert_close(got["weights"][name], want["weights"][name], **FP32)
 
     control = runs["local_totals"]
     assert control["result"].loss != pytest.approx(want["result"].loss, rel=1e-3)

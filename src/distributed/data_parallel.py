@@ -3,15 +3,16 @@ objective's normalisers are summed over ranks, gradients are summed by FSDP, and
 whole batch's `UpdateResult` back, so the rest of the step (store, bookkeeping, metrics) runs as in one
 process and logs the same numbers.
 
-Why the gradient synchronisation is explicit: ranks hold different numbers of rows, so they run
-different numbers of micro-batches. FSDP's collectives must match across ranks, so during an update
-the parameters stay gathered after the first forward (one all-gather) and gradients accumulate
-locally; before each optimizer step every rank runs one empty-weight forward and backward with
-synchronisation on, which reduce-scatters the accumulated gradients (`RankReducer.before_step`).
-The parameters are therefore whole during the update (as in ZeRO-2); the master weights, gradients
-and optimizer state stay sharded.
+FSDP's collectives (an all-gather per layer in each forward and backward, a reduce-scatter per layer in
+each backward) must match across ranks, so every rank must run as many micro-batches. `RankForward`
+splits micro-batches until each rank has the most any rank has; FSDP then runs as usual (streaming):
+one layer's parameters gathered at a time, gradients reduce-scattered after each micro-batch. Where a
+rank has too few rows to split that far, the update runs gathered instead: the parameters stay whole
+after the first forward, gradients accumulate locally, and before the optimizer step every rank runs
+one zero-weight forward and backward with synchronisation on, which reduce-scatters them
+(`synchronise_gradients`). Either way the master weights, their gradients and the optimizer state stay
+sharded.
 """
-
 from __future__ import annotations
 
 import torch
@@ -40,19 +41,59 @@ def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
     return Batch(entries=batch.entries[start:stop], dropped=batch.dropped)
 
 
+def split_to(batches: list[list[int]], count: int) -> list[list[int]] | None:
+    """`batches` split into `count` micro-batches by halving the largest ones; None if rows run out first."""
+    batches = [list(batch) for batch in batches]
+    while len(batches) < count:
+        largest = max(range(len(batches)), key=lambda i: len(batches[i]))
+        if len(batches[largest]) < 2:
+            return None
+        half = len(batches[largest]) // 2
+        batches[largest:largest + 1] = [batches[largest][:half], batches[largest][half:]]
+    return batches
+
+
 class RankReducer(Reducer):
-    """Totals are sums over the ranks of `group`; gradients are reduced once per optimizer step."""
+    """Totals are sums over the ranks of `group`; gradients are reduced per micro-batch by FSDP (streaming) or,
+    in a gathered update, once before the optimizer step."""
 
     def __init__(self, group=None) -> None:
         self.group = group
+        self.gathered = False  # set per update by `RankForward.batches`
+
+    def agree(self, value: float, op) -> float:
+        """`value` reduced with `op` (SUM, MAX, MIN) over the ranks."""
+        reduced = torch.tensor(float(value), dtype=torch.float64)
+        dist.all_reduce(reduced, op=op, group=self.group)
+        return reduced.item()
 
     def total(self, value: float) -> float:
-        summed = torch.tensor(float(value), dtype=torch.float64)
-        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=self.group)
-        return summed.item() if isinstance(value, float) else int(summed.item())
+        summed = self.agree(value, dist.ReduceOp.SUM)
+        return summed if isinstance(value, float) else int(summed)
 
     def before_step(self, policy) -> None:
-        synchronise_gradients(policy)
+        if self.gathered:
+            synchronise_gradients(policy)
+
+
+class RankForward:
+    """The objective's `Forward` with micro-batches every rank agrees on (see the module docstring)."""
+
+    def __init__(self, forward, reducer: RankReducer) -> None:
+        self.inner, self.reducer, self.policy = forward, reducer, None
+
+    def __getattr__(self, name):  # token_stats, reference_tokens, fused...: the wrapped Forward's
+        return getattr(self.inner, name)
+
+    def batches(self, sequences) -> list[list[int]]:
+        local = self.inner.batches(sequences)
+        count = int(self.reducer.agree(len(local), dist.ReduceOp.MAX))
+        split = split_to(local, count)
+        self.reducer.gathered = not self.reducer.agree(split is not None, dist.ReduceOp.MIN)
+        if self.reducer.gathered:
+            hold_gradients(self.policy)
+            return local
+        return split
 
 
 def synchronise_gradients(policy) -> None:
@@ -73,7 +114,8 @@ def hold_gradients(policy) -> None:
 
 
 def release_parameters(policy) -> None:
-    """Outside an update, shard the layers' parameters again after each forward (FSDP's default)."""
+    """FSDP's default (streaming): the layers' parameters sharded again after each forward and backward,
+    gradients reduce-scattered after each backward."""
     policy.set_reshard_after_forward(True)
     policy.set_reshard_after_forward(False, recurse=False)  # FSDP keeps the root's gathered: the head runs last
     policy.set_requires_gradient_sync(True)
@@ -97,13 +139,14 @@ class DataParallelObjective:
                              "model; set trainer.fused_logprobs=false with data parallelism")
         self.objective, self.group = objective, group
         objective.reducer = reducer if reducer is not None else RankReducer(group)
+        objective.forward = RankForward(objective.forward, objective.reducer)
 
     def __getattr__(self, name):  # weight_ceiling, advantages, name...: the wrapped objective's
         return getattr(self.objective, name)
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
-        hold_gradients(policy)
+        self.objective.forward.policy = policy
         try:
             local = self.objective.update(policy, reference, optimizer, shard_batch(batch, rank, world))
         finally:
