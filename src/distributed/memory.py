@@ -5,8 +5,11 @@ model's published config.json written out locally), so a plan needs no weights a
 GPU, in bytes, for P parameters, L layers, hidden size h, vocabulary V and n tokens per micro-batch:
 
   sharded, fp32 (1/T each)   master weights 4P, gradients 4P, AdamW moments 8P
-  whole during the update    bf16 parameters 2P (gathered once per update, `src.distributed.data_parallel`),
-                             fp32 accumulated gradients 4P (synchronised once per optimizer step)
+  gathered, bf16             the root unit (embeddings, head, final norm: R parameters) and two decoder
+                             layers (the one running and the one prefetched), 2 (R + 2 P_layer); FSDP
+                             streams them (`src.distributed.data_parallel`; its gathered fallback, for
+                             ranks too short of rows to match micro-batches, holds 2P + 4P instead)
+  unsharded gradients, fp32  the root unit's before its reduce-scatter, 4R
   whole                      the frozen reference policy pi_ref in fp32, 4P (built by `frozen_copy`)
   activations, bf16          34 n h per layer kept for backward; with activation checkpointing 2 n h per
                              layer plus one layer's 34 n h (Korthikanti et al. 2022, sdpa: no n^2 term)
@@ -55,6 +58,7 @@ def meta_policy(name_or_path: str) -> torch.nn.Module:
 @dataclass(frozen=True)
 class Shape:
     parameters: int
+    layer_parameters: int  # one decoder layer's
     layers: int
     hidden: int
     vocab: int
@@ -62,17 +66,24 @@ class Shape:
     @classmethod
     def of(cls, model: torch.nn.Module) -> "Shape":
         config = model.config
-        return cls(sum(p.numel() for p in model.parameters()), config.num_hidden_layers, config.hidden_size,
+        layer = sum(p.numel() for p in model.model.layers[0].parameters())
+        return cls(sum(p.numel() for p in model.parameters()), layer, config.num_hidden_layers, config.hidden_size,
                    config.vocab_size)
+
+    @property
+    def root_parameters(self) -> int:
+        """The root FSDP unit's: everything outside the decoder layers (embeddings, head, final norm)."""
+        return self.parameters - self.layers * self.layer_parameters
 
 
 def gpu_bytes(shape: Shape, gpus: int, micro_batch_tokens: int, activation_checkpointing: bool) -> dict[str, float]:
     """Bytes one of `gpus` GPUs holds at the peak of an update, by what holds them (module docstring)."""
     p, n, h = shape.parameters, micro_batch_tokens, shape.hidden
     kept = (2 * shape.layers + 34) if activation_checkpointing else 34 * shape.layers
+    root = shape.root_parameters
     parts = {"sharded fp32 weights, gradients, AdamW": 16 * p / gpus,
-             "gathered bf16 weights": 2 * p,
-             "accumulated fp32 gradients": 4 * p,
+             "gathered bf16 weights": 2 * (root + 2 * shape.layer_parameters),
+             "unsharded fp32 gradients": 4 * root,
              "reference policy (fp32)": 4 * p,
              "activations": kept * n * h,
              "output head": 14 * n * shape.vocab}
