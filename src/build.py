@@ -121,3 +121,17 @@ def build_optimizer(policy, trainer) -> torch.optim.AdamW:
     on_cuda = next(policy.parameters()).device.type == "cuda"
     return torch.optim.AdamW(policy.parameters(), lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
                              betas=tuple(trainer.betas), fused=on_cuda)
+
+
+def data_parallel(parts: Components, trainer, activation_checkpointing: bool = False) -> Components:
+    """`parts` trained data-parallel over the default process group (torchrun's ranks): the policy sharded
+    with FSDP2, the optimizer rebuilt over its shards, the objective run on each rank's share of the batch.
+    The reference policy, built before sharding, stays whole on every rank."""
+    from dataclasses import replace
+
+    from src.distributed.data_parallel import DataParallelObjective
+    from src.distributed.fsdp import shard_policy
+
+    shard_policy(parts.policy, activation_checkpointing)
+    return replace(parts, optimizer=build_optimizer(parts.policy, trainer),
+                   objective=DataParallelObjective(parts.objective))

@@ -155,9 +155,13 @@ def _count(cfgs: list[DictConfig], key: tuple[int, int, int, str]) -> int:
 
 
 def slurm_plan_lines(config: DictConfig, cfgs: list[DictConfig], results: Path = RESULTS_DIR) -> list[str]:
-    """What a SLURM sweep will ask for: each job's request, warnings on unset site settings, the GPU-hours."""
+    """What a SLURM sweep will ask for: each job's request, warnings on unset site settings, the memory plan of
+    the large policies (src/distributed/memory.py), the GPU-hours."""
+    from src.distributed.memory import job_plan_lines  # builds models on the meta device: transformers, lazily
+
     launcher = config.hydra.launcher
     lines = [f"SLURM: {len(cfgs)} job(s) to launch, {launcher.get('array_parallelism', '?')} at a time; each "
              f"asks for {job_request(launcher)}"]
     lines += [f"warning: {warning}" for warning in request_warnings(launcher)]
+    lines += job_plan_lines([cfg.policy.name_or_path for cfg in cfgs], int(launcher.get("gpus_per_node") or 1))
     return lines + gpu_hour_lines(cfgs, launcher, results)

@@ -56,7 +56,7 @@ def test_good_command_lines_pass_untouched():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["policy=qwen"], "(did you mean policy=qwen-sft-countdown or policy=qwen2.5-0.5b?)"),
+    (["policy=qwen"], "(did you mean policy=qwen-sft-countdown or policy=qwen2.5-0.5b or policy=qwen2.5-1.5b?)"),
     (["clip=choice(tight,lose)"], "clip=choice(tight,lose): clip has no option 'lose' (did you mean clip=loose?)"),
     (["hydra/launcher=submitit_slrum"], "(did you mean hydra/launcher=submitit_slurm"),
     (["-m", "+sweep=ratoi"], "+sweep=ratoi: sweep has no option 'ratoi' (did you mean +sweep=ratio?)"),

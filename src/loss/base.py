@@ -17,6 +17,7 @@ from src.batch import Batch, Group
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.rloo_math import leave_one_out_advantages
 from src.checks import check_choice
+from src.distributed.reducer import Reducer
 from src.policy.forward import Forward
 from src.variant import Variant
 
@@ -118,9 +119,13 @@ class Objective(Variant):
         self.entropy_coef = float(entropy_coef)
         self.max_grad_norm = max_grad_norm
         self.truncation = truncation or Truncation()
+        self.reducer = Reducer()  # batch-wide totals over the ranks that share the batch (one process: identity)
 
     # The weight ceiling metrics compare raw weights against (clip fraction).
     weight_ceiling: float = float("inf")
+    # True where the loss is one optimizer step normalised by batch-wide totals that `reducer` sums over
+    # ranks, so a batch split over data-parallel ranks trains as one (src/distributed/data_parallel.py).
+    splits_over_ranks: bool = False
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         raise NotImplementedError
@@ -134,6 +139,7 @@ class Objective(Variant):
         return leave_one_out_advantages(rewards)
 
     def optimizer_step(self, policy, optimizer) -> None:
+        self.reducer.before_step(policy)
         if self.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(policy.parameters(), self.max_grad_norm)
         optimizer.step()

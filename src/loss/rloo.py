@@ -28,6 +28,8 @@ class RlooObjective(Objective):
     weights would round lr-1e-5 updates away).
     """
 
+    splits_over_ranks = True
+
     reads_clip = True
 
     @classmethod
@@ -59,6 +61,7 @@ class RlooObjective(Objective):
         behaviour_tokens = [self._stored_token_logprobs(groups[g], j) if token_level and truncated else None
                             for (g, j), truncated in zip(rows, truncated_rows.tolist())]
         size, total_tokens = len(sequences), int(token_counts.sum())
+        batch_rows, batch_tokens = self.reducer.total(size), self.reducer.total(total_tokens)  # over all ranks' shards
         logprobs, raw_weights, weights = torch.zeros(size), torch.ones(size), torch.ones(size)
         kl_sums = torch.zeros(size)
         reference_tokens: list[tuple[float, ...]] = [()] * size
@@ -79,8 +82,8 @@ class RlooObjective(Objective):
                 chunk, token_logprobs, mask, [behaviour[i] for i in index], [behaviour_tokens[i] for i in index],
                 truncated_rows[index], token_level)
             terms = rloo_loss(token_logprobs, reference_logprobs, entropy, mask,
-                              advantages[index].to(mask.device), token_weights, batch_size=size,
-                              total_tokens=total_tokens, kl_coef=self.kl_coef, entropy_coef=self.entropy_coef,
+                              advantages[index].to(mask.device), token_weights, batch_size=batch_rows,
+                              total_tokens=batch_tokens, kl_coef=self.kl_coef, entropy_coef=self.entropy_coef,
                               kl_estimator=self.kl_tokens)
             terms.loss.backward()
 

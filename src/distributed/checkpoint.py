@@ -1,0 +1,36 @@
+"""Sharded checkpoints of the policy and its optimizer (torch.distributed.checkpoint, DCP).
+
+Each rank writes its own shards and DCP records how they tile each tensor, so a checkpoint written by
+T ranks loads on any other number of ranks, a single process with an unsharded model included: the
+reader takes the slices its own parameters cover. Keys are the parameters' names without FSDP's or
+activation checkpointing's wrappers, so sharded and plain models read each other's checkpoints.
+The rest of a run's state (buffer, sampler, counters, RNGs) is small and the same on every rank: rank 0
+keeps it in the run's ordinary checkpoint (`src.checkpoint`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+
+def save_sharded(folder: Path, policy, optimizer) -> None:
+    """Write this rank's shards of the policy and optimizer state to `folder` (every rank calls it)."""
+    model_state, optimizer_state = get_state_dict(policy, optimizer)
+    dcp.save({"policy": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder))
+
+
+def load_sharded(folder: Path, policy, optimizer) -> None:
+    """Read `folder` into the policy and optimizer as they are sharded here (every rank calls it).
+
+    The optimizer's state is created first (zero moments) so that DCP has tensors to read into.
+    """
+    if not (Path(folder) / ".metadata").is_file():
+        raise FileNotFoundError(f"{folder} holds no sharded checkpoint (no .metadata): name the folder "
+                                "save_sharded wrote")
+    model_state, optimizer_state = get_state_dict(policy, optimizer)
+    state = {"policy": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(policy, optimizer, model_state_dict=state["policy"], optim_state_dict=state["optimizer"])

@@ -1,0 +1,145 @@
+"""The memory plan of a data-parallel (FSDP2) trainer: what one GPU holds for a policy on T GPUs.
+
+The policy is built on the meta device from its architecture (conf/policy/shapes/<hub id>.json, the
+model's published config.json written out locally), so a plan needs no weights and no download. Per
+GPU, in bytes, for P parameters, L layers, hidden size h, vocabulary V and n tokens per micro-batch:
+
+  sharded, fp32 (1/T each)   master weights 4P, gradients 4P, AdamW moments 8P
+  gathered, bf16             the root unit (embeddings, head, final norm: R parameters) and two decoder
+                             layers (the one running and the one prefetched), 2 (R + 2 P_layer); FSDP
+                             streams them (`src.distributed.data_parallel`; its gathered fallback, for
+                             ranks too short of rows to match micro-batches, holds 2P + 4P instead)
+  unsharded gradients, fp32  the root unit's before its reduce-scatter, 4R
+  whole                      the frozen reference policy pi_ref in fp32, 4P (built by `frozen_copy`)
+  activations, bf16          34 n h per layer kept for backward; with activation checkpointing 2 n h per
+                             layer plus one layer's 34 n h (Korthikanti et al. 2022, sdpa: no n^2 term)
+  output head                14 n V: bf16 logits, fp32 upcast, log-softmax and softmax (entropy) kept
+  headroom                   CUDA context and allocator: 2 GiB + 10 %
+
+Usage: python -m src.distributed.memory Qwen/Qwen2.5-7B
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from src.paths import CONFIG_DIR
+
+SHAPES = CONFIG_DIR / "policy" / "shapes"
+GIB = 2 ** 30
+H100_GIB = 79.0       # what torch reports free on an 80 GB H100
+GPU_COUNTS = (1, 2, 4, 8)
+MICRO_BATCH_TOKENS = (16384, 8192, 4096, 2048, 1024)  # tried largest first
+
+
+def shape_file(name_or_path: str) -> Path:
+    """The local config.json of a preset's policy, by its hub id."""
+    path = SHAPES / f"{name_or_path.replace('/', '__')}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem.replace("__", "/") for p in SHAPES.glob("*.json")))
+        raise FileNotFoundError(f"policy.name_or_path={name_or_path}: no architecture in {SHAPES} for a memory "
+                                f"plan; known: {known} (add its config.json as {path.name})")
+    return path
+
+
+def meta_policy(name_or_path: str) -> torch.nn.Module:
+    """The policy's architecture with every parameter on the meta device: shapes, no memory, no weights."""
+    config = AutoConfig.for_model(**json.loads(shape_file(name_or_path).read_text()))
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+@dataclass(frozen=True)
+class Shape:
+    parameters: int
+    layer_parameters: int  # one decoder layer's
+    layers: int
+    hidden: int
+    vocab: int
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "Shape":
+        config = model.config
+        layer = sum(p.numel() for p in model.model.layers[0].parameters())
+        return cls(sum(p.numel() for p in model.parameters()), layer, config.num_hidden_layers, config.hidden_size,
+                   config.vocab_size)
+
+    @property
+    def root_parameters(self) -> int:
+        """The root FSDP unit's: everything outside the decoder layers (embeddings, head, final norm)."""
+        return self.parameters - self.layers * self.layer_parameters
+
+
+def gpu_bytes(shape: Shape, gpus: int, micro_batch_tokens: int, activation_checkpointing: bool) -> dict[str, float]:
+    """Bytes one of `gpus` GPUs holds at the peak of an update, by what holds them (module docstring)."""
+    p, n, h = shape.parameters, micro_batch_tokens, shape.hidden
+    kept = (2 * shape.layers + 34) if activation_checkpointing else 34 * shape.layers
+    root = shape.root_parameters
+    parts = {"sharded fp32 weights, gradients, AdamW": 16 * p / gpus,
+             "gathered bf16 weights": 2 * (root + 2 * shape.layer_parameters),
+             "unsharded fp32 gradients": 4 * root,
+             "reference policy (fp32)": 4 * p,
+             "activations": kept * n * h,
+             "output head": 14 * n * shape.vocab}
+    parts["headroom"] = 2 * GIB + 0.1 * sum(parts.values())
+    return parts
+
+
+@dataclass(frozen=True)
+class Fit:
+    gpus: int
+    activation_checkpointing: bool | None   # None: nothing fits
+    micro_batch_tokens: int | None
+    peak_gib: float
+
+
+def best_fit(shape: Shape, gpus: int, gpu_gib: float = H100_GIB) -> Fit:
+    """The largest micro-batch (in tokens) that fits, without activation checkpointing if it can."""
+    for tokens in MICRO_BATCH_TOKENS:
+        for checkpointing in (False, True):
+            peak = sum(gpu_bytes(shape, gpus, tokens, checkpointing).values()) / GIB
+            if peak <= gpu_gib:
+                return Fit(gpus, checkpointing, tokens, peak)
+    smallest = sum(gpu_bytes(shape, gpus, MICRO_BATCH_TOKENS[-1], True).values()) / GIB
+    return Fit(gpus, None, None, smallest)
+
+
+def plan_lines(name_or_path: str, gpu_gib: float = H100_GIB) -> list[str]:
+    shape = Shape.of(meta_policy(name_or_path))
+    lines = [f"{name_or_path}: {shape.parameters / 1e9:.2f} B parameters, {shape.layers} layers, hidden "
+             f"{shape.hidden}, vocabulary {shape.vocab}; GPUs of {gpu_gib:g} GiB"]
+    for gpus in GPU_COUNTS:
+        fit = best_fit(shape, gpus, gpu_gib)
+        if fit.micro_batch_tokens is None:
+            lines.append(f"  {gpus} GPU(s): does not fit (needs {fit.peak_gib:.1f} GiB at "
+                         f"{MICRO_BATCH_TOKENS[-1]} tokens with activation checkpointing)")
+        else:
+            lines.append(f"  {gpus} GPU(s): FSDP over {gpus}, micro-batch {fit.micro_batch_tokens} tokens, activation "
+                         f"checkpointing {'on' if fit.activation_checkpointing else 'off'}: {fit.peak_gib:.1f} GiB")
+    return lines
+
+
+def job_plan_lines(names: list[str], gpus: int) -> list[str]:
+    """The memory plan of each distinct policy in `names` that has a written architecture, on a job's `gpus`."""
+    lines = []
+    for name in sorted(set(names)):
+        if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
+            continue  # the tiny policy or a local folder: nothing to plan
+        fit = best_fit(Shape.of(meta_policy(name)), gpus)
+        where = f"memory plan: {name} trained data-parallel (FSDP) over the job's {gpus} GPU(s)"
+        lines.append(f"{where}: does not fit, {fit.peak_gib:.1f} GiB per GPU at the smallest micro-batch"
+                     if fit.micro_batch_tokens is None else
+                     f"{where}: {fit.peak_gib:.1f} GiB per GPU at micro-batch {fit.micro_batch_tokens} tokens, "
+                     f"activation checkpointing {'on' if fit.activation_checkpointing else 'off'}")
+    return lines
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or sorted(p.stem.replace("__", "/") for p in SHAPES.glob("*.json")):
+        print("\n".join(plan_lines(name)))

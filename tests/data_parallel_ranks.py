@@ -1,0 +1,154 @@
+"""What each rank of the data-parallel tests runs (spawned processes import this module, not the test)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from src.batch import Batch, BatchGroup, Group
+from src.distributed.data_parallel import DataParallelObjective, RankReducer
+from src.distributed.fsdp import shard_policy
+from src.loss.rloo import RlooObjective
+from src.policy.forward import Forward
+from src.policy.model import frozen_copy, load_policy
+from tests.conftest import TINY_CHECKPOINT
+
+LEARNING_RATE = 1e-3  # large enough that one step moves every weight visibly
+# Adam's first step is lr * g / (|g| + eps): with eps 1e-8 a gradient near 0 turns fp32 noise into a +-lr
+# step. eps 1e-4 bounds that gain at lr / eps = 10, so weights agree to fp32 tolerance too.
+ADAM_EPS = 1e-4
+CLIP = 1.5
+WRAPPED = "_checkpoint_wrapped_module."
+
+
+class LocalTotals(RankReducer):
+    """The negative control: gradients are still summed over ranks, but each rank normalises its loss by
+    its own shard's totals instead of the batch's."""
+
+    def total(self, value):
+        return value
+
+
+def join(rank: int, world_size: int, rendezvous: str) -> None:
+    """Join the gloo process group of `world_size` ranks through the file `rendezvous`."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size)
+
+
+def tiny_policy():
+    policy, tokenizer = load_policy(str(TINY_CHECKPOINT), "cpu", "float32")
+    return policy, tokenizer
+
+
+def objective(pad_id: int, micro_batch_size: int = 3) -> RlooObjective:
+    return RlooObjective(clip_ceiling=CLIP, forward=Forward(pad_id, micro_batch_size=micro_batch_size), kl_coef=0.05,
+                         entropy_coef=0.01)
+
+
+def tiny_batch(policy, pad_id: int, groups: int = 7, k: int = 3) -> Batch:
+    """`groups` groups of K responses of varied lengths: the last two replayed (ages 1 and 2) with log mu
+    off the policy's by +-0.7 nats, so some weights are clipped at c and some are not."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = policy.config.vocab_size
+    entries = []
+    for g in range(groups):
+        prompt = torch.randint(2, vocab, (5 + g % 3,), generator=generator).tolist()
+        responses = [torch.randint(2, vocab, (2 + (g + j) % 6,), generator=generator).tolist() for j in range(k)]
+        rewards = [[1.0, 0.1, 0.0][(g + j) % 3] for j in range(k)]
+        group = Group(f"p{g}", prompt, (1, 2), 3, [f"r{j}" for j in range(k)], responses, rewards, step=0)
+        entries.append(BatchGroup(group))
+    for age, entry in enumerate(entries[-2:], start=1):
+        current = Forward(pad_id, 8).sampled_token_logprobs(policy, [(entry.group.prompt_ids, r)
+                                                                     for r in entry.group.response_ids], 1.0)
+        mu = [sum(tokens) + offset for tokens, offset in zip(current, (-0.7, 0.7, 0.0))]
+        entries[-3 + age] = BatchGroup(entry.group.with_behaviour_logprobs(mu), "replay", age)
+    return Batch(entries)
+
+
+def plain_update() -> dict:
+    """One process, no FSDP: the numbers the ranks must reproduce."""
+    policy, tokenizer = tiny_policy()
+    batch = tiny_batch(policy, tokenizer.pad_token_id)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
+    result = objective(tokenizer.pad_token_id).update(policy, frozen_copy(policy), optimizer, batch)
+    return {"result": result, "grads": {n: p.grad.clone() for n, p in policy.named_parameters()},
+            "weights": {n: p.detach().clone() for n, p in policy.named_parameters()}}
+
+
+def sharded_update(policy, tokenizer, reducer=None, activation_checkpointing: bool = False,
+                   micro_batch_size: int = 3) -> dict:
+    """One update of the sharded policy on this rank's shard: the whole-batch result, full gradients and weights."""
+    batch = tiny_batch(policy, tokenizer.pad_token_id)
+    reference = frozen_copy(policy)
+    shard_policy(policy, activation_checkpointing=activation_checkpointing)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
+    wrapped = DataParallelObjective(objective(tokenizer.pad_token_id, micro_batch_size), reducer=reducer)
+    result = wrapped.update(policy, reference, optimizer, batch)
+    gathered = wrapped.objective.reducer.gathered
+    grads = {n.replace(WRAPPED, ""): p.grad.full_tensor() for n, p in policy.named_parameters()}
+    weights = {n.replace(WRAPPED, ""): p.detach().full_tensor() for n, p in policy.named_parameters()}
+    return {"result": result, "grads": grads, "weights": weights, "gathered": gathered}
+
+
+def sharded_updates(rank: int, world_size: int, rendezvous: str, out: str) -> None:
+    """The update with the batch's totals reduced over ranks: streaming (4 + 3 micro-batches of 3 rows, split to
+    4 + 4) with activation checkpointing, and gathered (12 + 9 one-row micro-batches cannot be matched);
+    then the negative control with each rank's own totals. Rank 0 writes all three to `out`."""
+    join(rank, world_size, rendezvous)
+    streaming = sharded_update(*tiny_policy(), activation_checkpointing=True)
+    gathered = sharded_update(*tiny_policy(), micro_batch_size=1)
+    local = sharded_update(*tiny_policy(), reducer=LocalTotals())
+    if rank == 0:
+        torch.save({"streaming": streaming, "gathered": gathered, "local_totals": local}, out)
+    dist.destroy_process_group()
+
+
+def full_state(policy, optimizer) -> dict:
+    """Whole tensors of the policy and its optimizer state, keyed by parameter name (every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model_state, optimizer_state = get_state_dict(policy, optimizer, options=StateDictOptions(full_state_dict=True))
+    return {"policy": {k: v.clone() for k, v in model_state.items()},
+            "optimizer": {name: {k: v.clone() for k, v in moments.items()}
+                          for name, moments in optimizer_state["state"].items()}}
+
+
+def trained(shard: bool):
+    """The tiny policy after one update (sharded over the process group when `shard`) and its optimizer."""
+    policy, tokenizer = tiny_policy()
+    batch = tiny_batch(policy, tokenizer.pad_token_id)
+    reference = frozen_copy(policy)
+    chosen = objective(tokenizer.pad_token_id)
+    if shard:
+        shard_policy(policy)
+        chosen = DataParallelObjective(chosen)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
+    chosen.update(policy, reference, optimizer, batch)
+    return policy, optimizer
+
+
+def fresh(shard: bool):
+    """The untrained tiny policy (sharded when `shard`) with an AdamW that has taken no step."""
+    policy, _ = tiny_policy()
+    if shard:
+        shard_policy(policy)
+    return policy, torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
+
+
+def checkpoint_ranks(rank: int, world_size: int, rendezvous: str, folder: str) -> None:
+    """Save a trained sharded policy to folder/by-ranks; load folder/by-one (one process wrote it) into a
+    freshly sharded one. Rank 0 writes both as whole tensors to folder/ranks.pt."""
+    from pathlib import Path
+
+    from src.distributed.checkpoint import load_sharded, save_sharded
+
+    join(rank, world_size, rendezvous)
+    policy, optimizer = trained(shard=True)
+    save_sharded(Path(folder) / "by-ranks", policy, optimizer)
+    saved = full_state(policy, optimizer)
+    policy, optimizer = fresh(shard=True)
+    load_sharded(Path(folder) / "by-one", policy, optimizer)
+    loaded = full_state(policy, optimizer)
+    if rank == 0:
+        torch.save({"saved": saved, "loaded": loaded}, Path(folder) / "ranks.pt")
+    dist.destroy_process_group()

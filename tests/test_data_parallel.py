@@ -1,0 +1,144 @@
+"""Data-parallel training (FSDP2, gloo on the CPU): two ranks reproduce one process's update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from src.batch import Batch
+from src.distributed.data_parallel import DataParallelObjective, shard_batch, split_to
+from src.loss.grpo import ClippedObjective
+from src.policy.forward import Forward
+from tests import data_parallel_ranks as ranks
+
+FP32 = {"rtol": 1e-5, "atol": 1e-6}  # fp32 rounding: the ranks sum the same terms in other micro-batches
+GRADIENTS = {"rtol": 1e-4, "atol": 1e-5}  # sums of ~100 terms of size ~1 each, in another order
+
+
+def test_micro_batches_split_to_a_count_while_rows_last():
+    assert split_to([[0, 1, 2], [3, 4]], 4) == [[0], [1], [2], [3, 4]]  # the first largest halves first
+    assert split_to([[0, 1, 2]], 1) == [[0, 1, 2]]
+    assert split_to([[0], [1]], 3) is None
+
+
+def test_shards_keep_groups_whole_and_concatenate_back_in_row_order():
+    batch = ranks.tiny_batch(ranks.tiny_policy()[0], pad_id=0)
+    shards = [shard_batch(batch, rank, 3) for rank in range(3)]
+    assert [len(shard) for shard in shards] == [3, 2, 2]
+    assert [entry for shard in shards for entry in shard.entries] == batch.entries
+    with pytest.raises(ValueError, match="trainer.groups_per_step to at least 8"):
+        shard_batch(batch, 0, 8)
+
+
+def test_unsupported_losses_are_refused_in_one_line():
+    grpo = ClippedObjective(0.2, 0.28, 2.0, 2, forward=Forward(0, 4), name="grpo")
+    with pytest.raises(ValueError, match="loss ClippedObjective: data-parallel training supports"):
+        DataParallelObjective(grpo)
+    fused = ranks.objective(0)
+    fused.forward.fused = True
+    with pytest.raises(ValueError, match="trainer.fused_logprobs=true"):
+        DataParallelObjective(fused)
+
+
+@pytest.mark.slow  # two spawned ranks load torch and transformers: ~20 s alone, ~50 s on a busy 2-core box
+def test_two_ranks_give_one_process_loss_gradients_and_weights(tmp_path):
+    """7 groups on 2 ranks (4 + 3 groups), replayed rows clipped and unclipped; FSDP streaming (micro-batches
+    split to match across ranks) and gathered (they cannot be).
+
+    The control run normalises each rank's loss by its own shard: its gradients are off, so the test
+    would fail without the cross-rank totals."""
+    plain = ranks.plain_update()
+    out = tmp_path / "ranks.pt"
+    mp.spawn(ranks.sharded_updates, args=(2, str(tmp_path / "rendezvous"), str(out)), nprocs=2)
+    runs = torch.load(out, weights_only=False)  # written by this test's own ranks
+    want = plain
+    assert (want["result"].weights == ranks.CLIP).any() and (want["result"].weights < 1).any()
+    assert not torch.equal(want["weights"]["model.norm.weight"], ranks.tiny_policy()[0].model.norm.weight)
+    assert not runs["streaming"]["gathered"] and runs["gathered"]["gathered"]
+    for got in (runs["streaming"], runs["gathered"]):
+        for key in ("loss", "policy_loss", "kl", "entropy"):
+            assert getattr(got["result"], key) == pytest.approx(getattr(want["result"], key), rel=1e-5), key
+        for key in ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts"):
+            torch.testing.assert_close(getattr(got["result"], key), getattr(want["result"], key), **FP32)
+        assert got["grads"].keys() == want["grads"].keys()
+        for name in want["grads"]:
+            torch.testing.assert_close(got["grads"][name], want["grads"][name], **GRADIENTS)
+            torch.testing.assert_close(got["weights"][name], want["weights"][name], **FP32)
+
+    control = runs["local_totals"]
+    assert control["result"].loss != pytest.approx(want["result"].loss, rel=1e-3)
+    off = max((control["grads"][n] - want["grads"][n]).abs().max().item() for n in want["grads"])
+    assert off > 1e-2
+
+
+def assert_same_state(got: dict, want: dict) -> None:
+    assert got["policy"].keys() == want["policy"].keys()
+    for name, tensor in want["policy"].items():
+        torch.testing.assert_close(got["policy"][name], tensor, rtol=0, atol=0)
+    assert got["optimizer"].keys() == want["optimizer"].keys()
+    for name, moments in want["optimizer"].items():
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(got["optimizer"][name][key], moments[key], rtol=0, atol=0)
+
+
+@pytest.mark.slow  # two spawned ranks, as above
+def test_sharded_checkpoint_moves_between_two_ranks_and_one(tmp_path):
+    """Saved by 2 ranks, loaded by one process; saved by one process, loaded by 2 ranks: bit for bit."""
+    from src.distributed.checkpoint import load_sharded, save_sharded
+
+    policy, optimizer = ranks.trained(shard=False)
+    save_sharded(tmp_path / "by-one", policy, optimizer)
+    one = ranks.full_state(policy, optimizer)
+    mp.spawn(ranks.checkpoint_ranks, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2)
+    two = torch.load(tmp_path / "ranks.pt", weights_only=True)
+
+    assert_same_state(two["loaded"], one)          # one process -> 2 ranks
+    policy, optimizer = ranks.fresh(shard=False)
+    load_sharded(tmp_path / "by-ranks", policy, optimizer)
+    assert_same_state(ranks.full_state(policy, optimizer), two["saved"])  # 2 ranks -> one process
+    # Bit-for-bit matters: both runs trained on one batch and agree to fp32 rounding only, so a checkpoint
+    # that did not load (or loaded the wrong folder) is told apart; training moved the weights off the start.
+    assert not torch.equal(two["saved"]["policy"]["model.norm.weight"], ranks.fresh(False)[0].model.norm.weight)
+
+
+def test_loading_a_folder_without_a_sharded_checkpoint_names_it(tmp_path):
+    from src.distributed.checkpoint import load_sharded
+
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path} holds no sharded checkpoint"):
+        load_sharded(tmp_path, *ranks.fresh(shard=False))
+
+
+STEP_SETTINGS = ("trainer.groups_per_step=4", "trainer.group_size=4", "policy.max_new_tokens=24",
+                 "trainer.micro_batch_size=3", "trainer.learning_rate=1e-3", "trainer.kl_coef=0.05",
+                 "trainer.entropy_coef=0.01", "hardware.threads=1", "buffer=age1")
+
+
+@pytest.mark.slow  # torchrun starts two ranks: ~20 s
+def test_torchrun_two_ranks_train_steps_with_the_one_process_numbers(tmp_path):
+    """Three steps of `train_step` (generate, score, replay at rho=1, update) under torchrun with 2 ranks give
+    every metric of one process's run, timings aside."""
+    import json
+    import math
+    import subprocess
+    import sys
+
+    from src.paths import PROJECT_ROOT
+
+    script = str(PROJECT_ROOT / "tests" / "data_parallel_steps.py")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    for name, launcher in (("one", [sys.executable]), ("two", torchrun)):
+        done = subprocess.run([*launcher, script, str(tmp_path / f"{name}.json"), "3", *STEP_SETTINGS],
+                              cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    one, two = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "two"))
+    assert len(one) == len(two) == 3 and one[1]["batch/replay_groups"] == 2
+    for want, got in zip(one, two):
+        assert want.keys() == got.keys()
+        for key, value in want.items():
+            if key.startswith("time/"):
+                continue
+            if isinstance(value, float) and math.isnan(value):  # e.g. the replay ratio of a step with no replay
+                assert math.isnan(got[key]), key
+            else:
+                assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
