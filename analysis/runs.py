@@ -139,9 +139,10 @@ def grid_cell(rho: float, L: float, c: float) -> str:
 
 
 def is_plain(run: pd.Series) -> bool:
-    """True for a run of the (rho, L, c) design: its cell label is exactly the grid cell its coordinates name."""
+    """True for a run of the (rho, L, c) design: its cell label is exactly the grid cell its coordinates name
+    (with its task's suffix, e.g. '-math')."""
     rho, L, c = _coordinates(run)
-    return not pd.isna(rho) and run_tag(run, "cell") == grid_cell(rho, L, c)
+    return not pd.isna(rho) and run_tag(run, "cell") == grid_cell(rho, L, c) + run_tag(run, "task_suffix", "")
 
 
 def run_role(run: pd.Series) -> dict:

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from src.budget import budget_is_floor, plan_for_config
 from src.buffer.store import store_class
+from src.task.base import task_class
 from src.lifecycle import Liveness, checkpoint_files, run_liveness
 from src.paths import resolve_policy_path
 from src.variant import described
@@ -67,7 +68,7 @@ def cell_name(cfg: DictConfig) -> str:
     loss = objective.cell_label(cfg.loss, cfg)
     clip = f"-c{cfg.clip.ceiling:g}" if _reads_clip(objective) and not store.fresh_only(cfg.buffer) else ""
     suffixes = "".join(described(cfg.get(group)).cell_label(cfg.get(group), cfg) for group in SUFFIX_GROUPS)
-    return store.cell_label(cfg.buffer, cfg) + (loss or clip) + suffixes
+    return store.cell_label(cfg.buffer, cfg) + (loss or clip) + suffixes + task_class(cfg.get("task")).cell_suffix
 
 
 def variant_label(cfg: DictConfig) -> str:
@@ -75,6 +76,7 @@ def variant_label(cfg: DictConfig) -> str:
     parts = [store_class(cfg.buffer).reader_label(cfg.buffer, cfg) + described(cfg.loss).reader_label(cfg.loss, cfg)]
     for group in SUFFIX_GROUPS:
         parts.append(described(cfg.get(group)).reader_label(cfg.get(group), cfg))
+    parts.append(task_class(cfg.get("task")).reader_name)
     return " + ".join(part for part in parts if part)
 
 

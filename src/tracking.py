@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from src.diskspace import DiskFull, failed_path, out_of_space, writing
 from src.lifecycle import clear_run_end, write_run_end
+from src.task.base import task_class
 
 log = logging.getLogger(__name__)
 FAILURE_TAG = "failure_reason"  # why a FAILED run could not continue (one line)
@@ -58,6 +59,7 @@ def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant
     The cell's name, identity and variant label come from the caller (`src.run` computes them with
     `src.sweep`): tracking only records what it is given.
     """
+    task = task_class(cfg.get("task"))
     return {
         "sweep": str(cfg.tracking.sweep),
         "sweeps": f",{cfg.tracking.sweep},",  # every study this cell belongs to; the sweeper appends shared ones
@@ -79,6 +81,8 @@ def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant
         "hardware": str(cfg.hardware.name),
         "evaluation": str(cfg.evaluation.name),
         "runtime": str(cfg.runtime.name),
+        "task": task.name,
+        "task_suffix": task.cell_suffix,  # what the task adds to a grid cell's name ("-math"; Countdown: "")
     }
 
 

@@ -177,3 +177,20 @@ def test_math_config_mistakes_are_one_line(compose_config, overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(compose_config("task=math", *overrides))
 
+
+
+def test_a_math_cell_says_its_task_in_its_name_and_still_counts_as_a_grid_run(compose_config):
+    import pandas as pd
+
+    from analysis.runs import is_plain
+    from src.sweep import cell_name, variant_label
+    from src.tracking import run_tags
+
+    countdown, math = compose_config("buffer=age2", "clip=tight"), compose_config("task=math", "buffer=age2", "clip=tight")
+    assert (cell_name(countdown), cell_name(math)) == ("rho1-L2-c1", "rho1-L2-c1-math")
+    assert variant_label(math) == "Replay-RLOO + math task"
+    for cfg in (countdown, math):
+        tags = run_tags(cfg, cell=cell_name(cfg), cell_id="x", cell_key="y", variant=variant_label(cfg))
+        assert is_plain(pd.Series({f"tags.{key}": value for key, value in tags.items()}))
+    other = run_tags(math, cell="rho1-L2-c1", cell_id="x", cell_key="y", variant="")  # a name without its task
+    assert not is_plain(pd.Series({f"tags.{key}": value for key, value in other.items()}))

@@ -41,6 +41,10 @@ class Task(ABC):
     # The frontier, failure and goldilocks curricula retrieve prompts by a task-specific embedding
     # (src/curriculum/frontier.py, seed 004 app. B.2); a task without one refuses them in one line.
     supports_curriculum: bool = False
+    # Its part of a cell's name and of the reader's label: the default task (Countdown) adds nothing, so
+    # the studies' cell names read as the paper's grid.
+    cell_suffix: str = ""
+    reader_name: str = ""
 
     @abstractmethod
     def splits(self, train_size: int | None = None) -> tuple[list, list]:
@@ -101,10 +105,15 @@ def settings_of(node: Mapping) -> dict[str, Any]:
     return {key: value for key, value in dict(node).items() if key != "_target_"}
 
 
-def build_task(node: Mapping) -> Task:
-    """The task a config node names with `_target_`; a saved run config from before the group had one
+def task_class(node: Mapping | None) -> type[Task]:
+    """The task class a config node names with `_target_`; a saved run config from before the group had one
     is Countdown's."""
     from hydra.utils import get_class
 
-    target = node.get("_target_") if hasattr(node, "get") else None
-    return get_class(str(target or "src.task.countdown.CountdownTask"))(**settings_of(node))
+    target = node.get("_target_") if node is not None and hasattr(node, "get") else None
+    return get_class(str(target or "src.task.countdown.CountdownTask"))
+
+
+def build_task(node: Mapping) -> Task:
+    """The task a config node names with `_target_` (Countdown's for a config saved without one)."""
+    return task_class(node)(**settings_of(node))

@@ -33,6 +33,8 @@ class MathTask(Task):
 
     name = "math"
     failure_categories = failures.CATEGORIES
+    cell_suffix = "-math"
+    reader_name = "math task"
 
     def __init__(self, data: str | None = None, preset: str | None = None, question_column: str = "problem",
                  answer_column: str = "answer", answer_format: str = "plain", heldout_data: str | None = None,
