@@ -120,11 +120,15 @@ def curves(client: MlflowClient, cells: pd.DataFrame, path: Path) -> None:
 
 def write_report(uri: str, experiment: str, sweeps: list[str], out: Path) -> Path:
     runs = load_runs(uri, experiment, sweeps)
-    cells = async_cells(runs)
-    if cells.empty:
+    if async_cells(runs).empty:
         raise ReportError(f"no finished runtime=async run in sweep(s) {', '.join(sweeps)} at {uri}; "
                           "run make sweep-async first")
-    client = MlflowClient(uri)
+    return write_async(runs, MlflowClient(uri), out)
+
+
+def write_async(runs: pd.DataFrame, client: MlflowClient, out: Path) -> Path:
+    """report.md, gamma.csv, figure2.png and curves.png of the study's async cells (some must exist) into `out`."""
+    cells = async_cells(runs)
     out.mkdir(parents=True, exist_ok=True)
     found = {run_id: distributions(client, run_id) for run_id in cells["run_id"]}
     figure2(cells, found, out / "figure2.png")

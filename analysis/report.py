@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from rich.console import Console
 
 from analysis import compute, figures, seeds
+from analysis.async_report import async_cells, write_async
 from analysis.completions import quote_table
 from analysis.latex import results_latex
 from analysis.markdown import probe_hint, report_markdown
@@ -168,6 +169,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)  # options and overrides in any order (make report ARGS=...)
 
 
+ASYNC_SECTION = """
+## Asynchronous runs (seed 001)
+
+Figure 2's distributions (off-policiness, replay count, steps since last use), the gamma table from
+measured mu beside Table 1, and reward against steps, compute and wall time of this study's
+`runtime=async` cells: [async/report.md](async/report.md).
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: compose the tracking settings, read the runs, write the report folder."""
     from hydra import compose, initialize_config_dir
@@ -204,8 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     name = "+".join(args.sweep) if args.sweep else experiment
     out_dir = args.out or workspace_root() / "reports" / name
     console.print(f"{len(runs)} run(s) in {searched}")
-    report = write_report(runs, out_dir, MlflowClient(tracking.uri), title=f"Replay-RLOO report: {name}",
-                          source=searched, sweeps=args.sweep)
+    client = MlflowClient(tracking.uri)
+    report = write_report(runs, out_dir, client, title=f"Replay-RLOO report: {name}", source=searched,
+                          sweeps=args.sweep)
+    if not async_cells(runs).empty:  # seed 001's own figures for the study's runtime=async cells
+        write_async(runs, client, out_dir / "async")
+        report.write_text(report.read_text() + ASYNC_SECTION)
     console.print(f"report: {report.resolve()}")
     return 0
 

@@ -63,3 +63,14 @@ def test_report_without_async_runs_says_so(tmp_path):
     MlflowClient(uri).create_experiment("replay-rloo", artifact_location=(tmp_path / "a").as_uri())
     with pytest.raises(async_report.ReportError, match="make sweep-async"):
         async_report.write_report(uri, "replay-rloo", ["async"], tmp_path / "out")
+
+
+def test_make_report_adds_the_async_section_for_a_study_with_async_runs(store):
+    from analysis import report
+
+    uri, folder = store
+    assert report.main(["--sweep", "async", "--out", str(folder / "study"), f"tracking.uri={uri}"]) == 0
+    text = (folder / "study" / "report.md").read_text()
+    assert "## Asynchronous runs (seed 001)" in text and "[async/report.md](async/report.md)" in text
+    assert (folder / "study" / "async" / "figure2.png").stat().st_size > 1000
+    assert (folder / "study" / "async" / "gamma.csv").exists()
