@@ -98,7 +98,7 @@ DOCUMENTED = {
     "make help": "test_make_help_lists_every_target",
     "python -m src.help": "test_the_knob_reference_is_current_and_lists_every_knob",
     "make demo": "test_make_demo_trains_and_summarises_two_runs",
-    "make demo TASK=math": "test_make_demo_task_math_trains_both_runs_on_the_math_set",
+    "python -m src.distributed.memory": "test_memory_plans_of_the_presets",
     "make budget": "test_make_budget_prints_the_spec5_table",
     "python -m src.budget": "test_make_budget_prints_the_spec5_table",
     "replay-rloo-budget": "test_make_budget_prints_the_spec5_table",
@@ -178,6 +178,13 @@ def test_every_documented_command_has_a_test():
     assert not stale, f"DOCUMENTED lists commands the docs no longer show: {stale}"
     missing = sorted({name for name in DOCUMENTED.values() if not callable(globals().get(name))})
     assert not missing, f"DOCUMENTED names tests that do not exist: {missing}"
+
+
+def test_memory_plans_of_the_presets():
+    printed = ok(run([sys.executable, "-m", "src.distributed.memory"]))
+    assert "Qwen/Qwen2.5-7B: 7.62 B parameters" in printed
+    seven_b = printed.split("Qwen/Qwen2.5-7B:")[1].split("\n")[1:5]
+    assert "1 GPU(s): does not fit" in seven_b[0] and "8 GPU(s): FSDP over 8" in seven_b[3]
 
 
 # --------------------------------------------------------------------------- help, budget
