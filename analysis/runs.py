@@ -3,7 +3,7 @@
 Only FINISHED runs give numbers; the newest finished run of a cell is used and older ones are listed
 as superseded. A run is a grid run (a (rho, L, c) point of SPEC 8) when its `cell` tag is the grid
 cell its rho, L and c tags name ('rho0', 'rho1-L2-c1'): every other component (store, loss, sampling,
-behaviour, curriculum, runtime) writes itself into the cell label (`src.sweep.cell_name`), so a label
+behaviour, curriculum, runtime) writes itself into the cell label (`src.study.sweep.cell_name`), so a label
 with anything more is a SPEC 9 variant. Variants get no coordinates.
 """
 
@@ -64,7 +64,7 @@ def tag_column(runs: pd.DataFrame, name: str, default="") -> pd.Series:
 def select_cells(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Split runs into (used: newest FINISHED per cell, superseded: older FINISHED, unfinished).
 
-    A cell is its `cell_id` tag (the whole config that decides results, `src.sweep.cell_identity`),
+    A cell is its `cell_id` tag (the whole config that decides results, `src.study.sweep.cell_identity`),
     else its cell label; two policies never share a cell.
     """
     if runs.empty:

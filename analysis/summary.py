@@ -12,7 +12,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from src.tracking import metric_key
+from src.runs.tracking import metric_key
 
 COLUMNS = {  # metric -> column heading
     "fresh_evaluations": "fresh evals",

@@ -109,7 +109,7 @@ def same_label_configs(results: pd.DataFrame) -> pd.DataFrame:
     """Used runs that share a table label (variant, cell, policy) but not a config (`cell_id`).
 
     Such rows read like repeats of one experiment but are different experiments: a knob or the
-    warm-start weights changed between them (src.sweep.cell_identity), e.g. a store holding a study
+    warm-start weights changed between them (src.study.sweep.cell_identity), e.g. a store holding a study
     from before and after `make sft-tiny` was rerun.
     """
     if results.empty:

@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.table import Table
 
 import src.config  # noqa: F401  (the ${root:} resolver)
-from src import tracking
+from src.runs import tracking
 from src.paths import CONFIG_DIR
 from src.build import build_components
-from src.labels import run_labels
-from src.sweep import cell_name
+from src.study.labels import run_labels
+from src.study.sweep import cell_name
 from src.task.base import build_task
 from src.state import TrainState
 from src.train import train_step

@@ -23,24 +23,26 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from src import progress, tracking
-from src.budget import budget_is_floor, plan_for_config, replay_demand_met
+from src.runs import progress
+
+from src.runs import tracking
+from src.study.budget import budget_is_floor, plan_for_config, replay_demand_met
 from src.buffer.store import store_class
 from src.config import ConfigError, validate
-from src.diskspace import DiskFull, quiet_log_files_when_full, writing
-from src.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
+from src.runs.diskspace import DiskFull, quiet_log_files_when_full, writing
+from src.runs.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
 from src.eval.standalone import evaluate_policy
-from src.sweep import Skipped, cell_identity, cell_name, slurm_job_key
-from src.interrupt import StopOnSignal, StopRequested, signal_name
+from src.study.sweep import Skipped, cell_identity, cell_name, slurm_job_key
+from src.runs.interrupt import StopOnSignal, StopRequested, signal_name
 from src.paths import CONFIG_DIR
 from src.task.base import TaskDataError, build_task
 from src.build import build_components, build_runtime
 from src.runtime.runners import PipelineError, RunLoop
-from src.labels import hydra_job, run_labels
-from src.checkpoint import CheckpointError, check_resume_from, payload_bytes, restore_checkpoint, save_checkpoint
+from src.study.labels import hydra_job, run_labels
+from src.runs.checkpoint import CheckpointError, check_resume_from, payload_bytes, restore_checkpoint, save_checkpoint
 from src.components import Components
-from src.claim import fail_unopened_claim, withdraw_unopened_claim
-from src.resume import NothingToTrain, RunAlive, choose_start
+from src.runs.claim import fail_unopened_claim, withdraw_unopened_claim
+from src.runs.resume import NothingToTrain, RunAlive, choose_start
 from src.state import TrainState
 from src.train import collect, learn
 

@@ -4,10 +4,10 @@ Every class a variant group's `_target_` names (buffer, loss, behaviour, samplin
 runtime) answers these from its group's config node, as class methods, so nothing heavy is built to
 ask them:
 
-* `cell_label(node, cfg)`: its part of the cell name (`src.sweep.cell_name`), e.g. '-stale4';
-  `reader_label(node, cfg)`: its part of the reader's name (`src.sweep.variant_label`).
+* `cell_label(node, cfg)`: its part of the cell name (`src.study.sweep.cell_name`), e.g. '-stale4';
+  `reader_label(node, cfg)`: its part of the reader's name (`src.study.sweep.variant_label`).
 * `plain(node)`: whether these settings compute plain Replay-RLOO, so the cell identity leaves the
-  group out (`src.sweep.cell_identity`, rule 3).
+  group out (`src.study.sweep.cell_identity`, rule 3).
 * `check(node, cfg)`: feasibility across groups (e.g. a FIFO's capacity against B_replay), raising
   ValueError with one line naming the key, the value and the fix (`src.config.validate`).
 * `knobs`: its settings' types and ranges, keyed by the setting's name in the group (`src.schema`).
@@ -78,7 +78,7 @@ class Variant:
 
     @classmethod
     def budget_plan(cls, node, cfg):
-        """The run's `src.budget.BudgetPlan` when this component replaces SPEC 3's schedule (the asynchronous
+        """The run's `src.study.budget.BudgetPlan` when this component replaces SPEC 3's schedule (the asynchronous
         runtime's lockstep clock); None: the replay store's simulation decides."""
         return None
 

@@ -2,7 +2,7 @@
 
     python -m tests.claim_race <store uri> <folder> <name> <contenders> lock|nolock
 
-Waits until every contender is ready, then calls `src.resume.choose_start` for the same cell and
+Waits until every contender is ready, then calls `src.runs.resume.choose_start` for the same cell and
 writes `TRAINS <run id>` or `SKIPS <message>` to <folder>/<name>.out. A winner stays alive (as a
 training job would, its claim's heartbeat process running) until every contender has answered.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 import src.config  # noqa: F401  (registers the ${root:} resolver)
-from src import claim
+from src.runs import claim
 from src.paths import CONFIG_DIR
-from src.resume import RunAlive, choose_start
-from src.sweep import cell_identity
+from src.runs.resume import RunAlive, choose_start
+from src.study.sweep import cell_identity
 
 
 def wait_for(paths: list[Path], timeout_s: float = 120) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from src.config import ConfigError, validate
 from src.rollout.behaviour import BehaviourPolicy
-from src.sweep import cell_identity, cell_name, variant_label
+from src.study.sweep import cell_identity, cell_name, variant_label
 from src.state import TrainState
 from src.train import train_step
 from tests.test_train import (assert_resumed_like_straight, group, make_parts, policy_update, small_config,

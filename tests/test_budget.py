@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from src.budget import (
+from src.study.budget import (
     BudgetPlan,
     closed_form_fresh_evaluations,
     plan_fresh_evaluations,
@@ -157,7 +157,7 @@ def test_an_absurd_step_count_is_refused_not_walked():
 def test_the_table_of_a_store_without_planned_replay_shows_the_age1_cost_at_other_ratios(compose_config):
     """buffer=none and buffer=popo replay nothing by their settings (rho = 0); the table's rows at rho > 0 show
     what replay would cost, planned with the age buffer at L = 1."""
-    from src.budget import budget_table
+    from src.study.budget import budget_table
 
     age1 = budget_table(compose_config("buffer=age1"), [1.0, 2.0])
     assert age1[1]["gap_fill_groups"] > 0 and age1[0]["L"] == 1  # rho = 2 > L = 1: the age buffer falls short

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from src.budget import plan_for_config
+from src.study.budget import plan_for_config
 from src.config import ConfigError, validate
 from src.rollout.interface import Completion, Generation
 from src.task import countdown

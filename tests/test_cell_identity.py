@@ -1,11 +1,11 @@
 """Cell ids are the key the sweeper skips finished cells by: these ids, computed before the step became
-components, must survive every refactor of config or code (`src.sweep.CELL_ID_VERSION`)."""
+components, must survive every refactor of config or code (`src.study.sweep.CELL_ID_VERSION`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from src.sweep import cell_identity, cell_name
+from src.study.sweep import cell_identity, cell_name
 
 SURVIVING = {
     '': ('rho0', '86b76e396c281b2b'),

@@ -16,11 +16,11 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from mlflow.tracking import MlflowClient
 
-from src.checkpoint import save_checkpoint
-from src.lifecycle import HEARTBEAT_FILE
+from src.runs.checkpoint import save_checkpoint
+from src.runs.lifecycle import HEARTBEAT_FILE
 from src.paths import PROJECT_ROOT
 from src.state import TrainState
-from src.sweep import CellRuns, Skipped, cell_identity, cell_runs, plan_cells
+from src.study.sweep import CellRuns, Skipped, cell_identity, cell_runs, plan_cells
 from tests.test_lifecycle import a_dead_pid, fake_parts, make_run, tiny_cfg
 from tests.test_sweep import run, store, tiny_cli
 
@@ -57,7 +57,7 @@ def test_rerun_keeps_the_cell_identity_and_relaunches_a_finished_cell_in_a_sweep
 
 
 def test_a_finished_cell_is_not_trained_again_unless_rerun_is_asked(tmp_path, compose_config):
-    from src.resume import CellFinished, choose_start
+    from src.runs.resume import CellFinished, choose_start
 
     cfg = tiny_cfg(compose_config, tmp_path, "tracking.sweep=first")
     done = make_run(store(tmp_path), cfg, "FINISHED", tmp_path / "done")
@@ -78,7 +78,7 @@ def test_a_finished_cell_is_not_trained_again_unless_rerun_is_asked(tmp_path, co
 # --------------------------------------------------------------------------- the newest run decides
 @pytest.mark.parametrize("status", ["KILLED", "RUNNING"])  # RUNNING: SIGKILLed, its heartbeat's process gone
 def test_a_killed_rerun_of_a_finished_cell_resumes(tmp_path, compose_config, caplog, status):
-    from src.resume import choose_start
+    from src.runs.resume import choose_start
 
     cfg = tiny_cfg(compose_config, tmp_path)
     uri, identity = store(tmp_path), cell_identity(cfg)
@@ -102,7 +102,7 @@ def test_a_killed_rerun_of_a_finished_cell_resumes(tmp_path, compose_config, cap
 
 def test_a_dead_running_run_without_a_loadable_checkpoint_is_marked_failed_once_and_a_new_run_starts(
         tmp_path, compose_config, caplog):
-    from src.resume import choose_start
+    from src.runs.resume import choose_start
 
     cfg = tiny_cfg(compose_config, tmp_path)
     uri, identity = store(tmp_path), cell_identity(cfg)
@@ -112,17 +112,17 @@ def test_a_dead_running_run_without_a_loadable_checkpoint_is_marked_failed_once_
     (folder / "checkpoint.pt").write_bytes(b"truncated")  # damaged, no previous generation
     beat = {"run_id": dead, "host": socket.gethostname(), "pid": a_dead_pid(), "time": time.time()}
     (folder / HEARTBEAT_FILE).write_text(json.dumps(beat))
-    with caplog.at_level(logging.WARNING, logger="src.resume"):
+    with caplog.at_level(logging.WARNING, logger="src.runs.resume"):
         start = choose_start(cfg, identity, tmp_path / "new")
     assert start.run_id not in (None, dead) and start.checkpoint is None
     failed = MlflowClient(uri).get_run(dead)
     assert failed.info.status == "FAILED" and str(folder / "checkpoint.pt") in failed.data.tags["failure_reason"]
-    lines = [record.getMessage() for record in caplog.records if record.name == "src.resume"]
+    lines = [record.getMessage() for record in caplog.records if record.name == "src.runs.resume"]
     assert len(lines) == 1 and dead in lines[0] and "marked FAILED" in lines[0]
 
 
 def test_a_claim_whose_job_fails_before_opening_it_ends_failed(tmp_path, compose_config):
-    from src.claim import create_claim_run, fail_unopened_claim
+    from src.runs.claim import create_claim_run, fail_unopened_claim
 
     cfg = tiny_cfg(compose_config, tmp_path)
     run_id = create_claim_run(cfg, tmp_path / "claimed")
@@ -149,7 +149,7 @@ def test_a_sweep_job_that_trained_nothing_is_counted_as_skipped():
 def test_two_processes_started_together_claim_one_cell_and_exactly_one_trains(tmp_path, mode):
     """`lock`: a SQLite store (file lock around lookup and claim); `nolock`: a tracking server's case (claim,
     settle, earliest claim wins), exercised on the same SQLite file without the lock."""
-    from src.tracking import ensure_experiment
+    from src.runs.tracking import ensure_experiment
 
     uri = store(tmp_path)
     ensure_experiment(uri, "replay-rloo", None)
@@ -168,7 +168,7 @@ def test_two_processes_started_together_claim_one_cell_and_exactly_one_trains(tm
 
 # --------------------------------------------------------------------------- SLURM from a machine without it
 def test_slurm_without_sbatch_is_one_line_naming_the_launcher_and_the_local_alternative(compose_config):
-    from src.slurm import missing_slurm
+    from src.study.slurm import missing_slurm
 
     cfg = compose_config("hardware=h100", hydra=True)
     message = missing_slurm(cfg, which=lambda command: None)
@@ -181,7 +181,7 @@ def test_slurm_without_sbatch_is_one_line_naming_the_launcher_and_the_local_alte
 
 
 def test_slurm_plan_names_the_request_warns_on_unset_site_settings_and_counts_gpu_hours(compose_config, tmp_path):
-    from src.slurm import slurm_plan_lines
+    from src.study.slurm import slurm_plan_lines
 
     cfg = compose_config("hardware=h100", "policy=qwen-sft-countdown", "buffer=none", hydra=True)
     lines = slurm_plan_lines(cfg, [cfg, cfg])

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from src.serve import announce, port_free
+from src.runs.serve import announce, port_free
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the console scripts of this venv
@@ -100,7 +100,7 @@ DOCUMENTED = {
     "make demo": "test_make_demo_trains_and_summarises_two_runs",
     "python -m src.distributed.memory": "test_memory_plans_of_the_presets",
     "make budget": "test_make_budget_prints_the_spec5_table",
-    "python -m src.budget": "test_make_budget_prints_the_spec5_table",
+    "python -m src.study.budget": "test_make_budget_prints_the_spec5_table",
     "replay-rloo-budget": "test_make_budget_prints_the_spec5_table",
     "make report": "test_make_report_and_replay_rloo_report",
     "python -m analysis.report": "test_make_report_and_replay_rloo_report",
@@ -291,7 +291,7 @@ def test_make_budget_prints_the_spec5_table():
     (["buffer.ratio=abc"], "buffer.ratio='abc': must be a number"),
 ])
 def test_the_budget_refuses_bad_input_in_one_line(argv, message, capsys):
-    from src.budget import main
+    from src.study.budget import main
 
     with pytest.raises(SystemExit) as stopped:
         main(argv)
@@ -464,7 +464,7 @@ def test_make_ui_serves_the_store_and_stops_whole_on_ctrl_c(store):
     proc, processes = _start_server(
         [*MAKE, "ui", f"PORT={port}", f"UI_STORE={store['uri']}", f"UI_ARTIFACTS={store['folder']}/artifacts",
          "UI_ARGS=--workers 1"], port, env)
-    assert len(processes) >= 3, "make, src.serve, mlflow ui and its uvicorn"
+    assert len(processes) >= 3, "make, src.runs.serve, mlflow ui and its uvicorn"
     page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read().decode()
     assert "<html" in page.lower()
     busy = run([*MAKE, "ui", f"PORT={port}", f"UI_STORE={store['uri']}"])
@@ -486,7 +486,7 @@ def test_make_mlflow_server_stops_with_all_its_workers_on_sigterm(tmp_path):
     listening = [line for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
                  if line.split()[1].endswith(f":{port:04X}") and line.split()[3] == "0A"]
     assert listening and all(line.split()[1].startswith("0100007F") for line in listening)  # 127.0.0.1 only
-    assert len(processes) >= 5, "make, src.serve, mlflow server, uvicorn and its 2 workers (and job runners)"
+    assert len(processes) >= 5, "make, src.runs.serve, mlflow server, uvicorn and its 2 workers (and job runners)"
     busy = run([*MAKE, "mlflow-server", f"MLFLOW_PORT={port}"])
     output = _stop_and_check(proc, processes, port, signal.SIGTERM)
     assert f"MLflow tracking server (Ctrl-C stops it): http://127.0.0.1:{port}" in output
@@ -495,14 +495,14 @@ def test_make_mlflow_server_stops_with_all_its_workers_on_sigterm(tmp_path):
 
 
 def test_a_server_whose_parent_dies_is_stopped_with_its_whole_group(tmp_path):
-    """make killed on its own: src.serve notices; a server and its worker that ignore SIGTERM are killed after the grace."""
+    """make killed on its own: src.runs.serve notices; a server and its worker that ignore SIGTERM are killed after the grace."""
     pids = tmp_path / "pids"
     stubborn = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)']); "
                 f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}'); time.sleep(600)")
     parent = subprocess.Popen([sys.executable, "-c", (
-        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-m', 'src.serve', '--host', '127.0.0.1', "
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-m', 'src.runs.serve', '--host', '127.0.0.1', "
         f"'--port', '{free_port()}', '--grace', '1', '--', sys.executable, '-c', {stubborn!r}]); time.sleep(600)")],
         cwd=ROOT, env=ENV, start_new_session=True)
     deadline = time.time() + 60

@@ -12,7 +12,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from src import tracking
+from src.runs import tracking
 from src.batch import Batch, BatchGroup, Group
 from src.loss.base import UpdateResult
 from src.sampling.collection import Collected

@@ -125,7 +125,7 @@ def test_every_ranged_knob_exists_in_the_yaml():
 
 
 def test_int_and_float_spellings_are_one_cell(compose_config):
-    from src.sweep import cell_identity
+    from src.study.sweep import cell_identity
 
     assert cell_identity(compose_config("buffer=age2", "buffer.ratio=1")) == \
         cell_identity(compose_config("buffer=age2", "buffer.ratio=1.0"))
@@ -228,7 +228,7 @@ def test_a_target_that_does_not_take_its_groups_settings_is_named_before_any_com
     ("sqlite:///{tmp}/m.db", "e", "/proc/no-such/artifacts", "tracking.artifact_location=/proc/no-such/artifacts"),
 ])
 def test_a_tracking_setting_that_cannot_work_is_named(tmp_path, uri, experiment, artifacts, key):
-    from src.tracking import StoreUnreachable, check_store
+    from src.runs.tracking import StoreUnreachable, check_store
 
     with pytest.raises(StoreUnreachable) as error:
         check_store(uri.format(tmp=tmp_path), experiment, artifacts)
@@ -237,7 +237,7 @@ def test_a_tracking_setting_that_cannot_work_is_named(tmp_path, uri, experiment,
 
 
 def test_good_tracking_settings_pass(tmp_path):
-    from src.tracking import check_store
+    from src.runs.tracking import check_store
 
     check_store(f"sqlite:///{tmp_path}/new/m.db", "replay-rloo", str(tmp_path / "artifacts"))
     assert (tmp_path / "new").is_dir() and (tmp_path / "artifacts").is_dir()
@@ -247,7 +247,7 @@ def test_good_tracking_settings_pass(tmp_path):
 def test_resume_from_a_folder_or_a_file_that_is_no_checkpoint_is_named(tmp_path):
     import torch
 
-    from src.checkpoint import CheckpointError, check_resume_from
+    from src.runs.checkpoint import CheckpointError, check_resume_from
 
     (tmp_path / "empty").mkdir()
     run = tmp_path / "run"
@@ -266,7 +266,7 @@ def test_resume_from_a_folder_or_a_file_that_is_no_checkpoint_is_named(tmp_path)
 
 
 def test_an_unwritable_output_folder_is_named(tmp_path):
-    from src.outputs import folder_problem
+    from src.runs.outputs import folder_problem
 
     assert folder_problem("hydra.run.dir", str(tmp_path / "a" / "b")) is None
     problem = folder_problem("hydra.sweep.dir", "/proc/no-such/sweep")

@@ -24,7 +24,9 @@ from rich.console import Console
 from analysis import latex, markdown, report
 from analysis.runs import load_runs
 from hydra_plugins.replay_rloo_sweeper import SweepTally, summarize_states
-from src import help as cli_help, progress, tracking
+from src import help as cli_help
+from src.runs import progress
+from src.runs import tracking
 from src.paths import CONFIG_DIR, PROJECT_ROOT
 from test_report import BASELINE_CANONICAL, AGGRESSIVE_CANONICAL, _log_run, _new_store
 
@@ -190,7 +192,7 @@ def test_ui_url_opens_the_runs_table_in_training_mode(tmp_path):
 
 
 def test_run_is_named_described_and_logs_how_to_rerun_it(tmp_path):
-    from src.labels import run_labels
+    from src.study.labels import run_labels
 
     cfg = _cfg(tmp_path, "buffer=age2", "clip=tight", "tracking.sweep=ratio", "trainer.seed=3")
     hydra_dir = tmp_path / "job" / ".hydra"

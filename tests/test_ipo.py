@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from src.budget import plan_fresh_evaluations
+from src.study.budget import plan_fresh_evaluations
 from src.config import ConfigError, validate
 from src.loss.ipo import batch_pairs, ipo_loss, ipo_pairs, ipo_response_gradients
-from src.sweep import cell_name, variant_label
+from src.study.sweep import cell_name, variant_label
 from src.policy.forward import response_token_stats
 from src.state import TrainState
 from src.train import train_step

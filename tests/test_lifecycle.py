@@ -19,12 +19,12 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from src.lifecycle import HEARTBEAT_FILE, Heartbeat, read_heartbeat, run_liveness, write_heartbeat
+from src.runs.lifecycle import HEARTBEAT_FILE, Heartbeat, read_heartbeat, run_liveness, write_heartbeat
 from src.paths import PROJECT_ROOT
-from src.sweep import cell_identity
+from src.study.sweep import cell_identity
 from src.buffer.store import NoReplay
 from src.rollout.behaviour import CurrentBehaviour
-from src.checkpoint import CheckpointError, read_checkpoint, read_latest_checkpoint, save_checkpoint
+from src.runs.checkpoint import CheckpointError, read_checkpoint, read_latest_checkpoint, save_checkpoint
 from src.state import TrainState
 from tests.test_sweep import store, tiny_cli
 
@@ -122,7 +122,7 @@ def test_a_crafted_checkpoint_is_never_executed(tmp_path):
 
 def make_run(uri: str, cfg, status: str, output_dir: Path, **tags) -> str:
     """An MLflow run of the cell `cfg`, as a job would have left it."""
-    from src.tracking import ensure_experiment
+    from src.runs.tracking import ensure_experiment
 
     experiment = ensure_experiment(uri, "replay-rloo", None)
     client = MlflowClient(uri)
@@ -139,7 +139,7 @@ def tiny_cfg(compose_config, tmp_path, *overrides):
 
 def test_a_checkpoint_path_from_a_shared_store_cannot_run_code(tmp_path, compose_config):
     """Anyone who can write tags could point `output_dir` at a crafted pickle: resuming refuses it, unexecuted."""
-    from src.resume import choose_start
+    from src.runs.resume import choose_start
 
     cfg = tiny_cfg(compose_config, tmp_path)
     crafted = tmp_path / "crafted"
@@ -155,7 +155,7 @@ def test_a_checkpoint_path_from_a_shared_store_cannot_run_code(tmp_path, compose
 
 
 def test_a_checkpoint_of_another_cell_or_run_is_refused_naming_both(tmp_path, compose_config):
-    from src.resume import choose_start
+    from src.runs.resume import choose_start
 
     cfg = tiny_cfg(compose_config, tmp_path)
     folder = tmp_path / "shared"
@@ -174,7 +174,7 @@ def test_a_checkpoint_of_another_cell_or_run_is_refused_naming_both(tmp_path, co
 
 
 def test_a_live_run_is_never_resumed_and_a_dead_one_without_checkpoint_is_marked_failed(tmp_path, compose_config):
-    from src.resume import RunAlive, choose_start
+    from src.runs.resume import RunAlive, choose_start
 
     cfg = tiny_cfg(compose_config, tmp_path)
     alive_folder = tmp_path / "alive"

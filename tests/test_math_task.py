@@ -183,8 +183,8 @@ def test_a_math_cell_says_its_task_in_its_name_and_still_counts_as_a_grid_run(co
     import pandas as pd
 
     from analysis.runs import is_plain
-    from src.sweep import cell_name, variant_label
-    from src.tracking import run_tags
+    from src.study.sweep import cell_name, variant_label
+    from src.runs.tracking import run_tags
 
     countdown, math = compose_config("buffer=age2", "clip=tight"), compose_config("task=math", "buffer=age2", "clip=tight")
     assert (cell_name(countdown), cell_name(math)) == ("rho1-L2-c1", "rho1-L2-c1-math")

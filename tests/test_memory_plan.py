@@ -65,7 +65,7 @@ def test_a_policy_without_a_written_architecture_is_named_with_the_fix():
 
 
 def test_the_slurm_dry_run_prints_the_memory_plan_of_the_job(compose_config):
-    from src.slurm import slurm_plan_lines
+    from src.study.slurm import slurm_plan_lines
 
     seven = compose_config("hardware=h100x8", "policy=qwen2.5-7b", hydra=True)
     lines = slurm_plan_lines(seven, [seven])

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from src.budget import closed_form_fresh_evaluations, plan_for_config
+from src.study.budget import closed_form_fresh_evaluations, plan_for_config
 from src.config import ConfigError, validate
 from src.paths import PROJECT_ROOT
-from src.sweep import cell_name, variant_label
+from src.study.sweep import cell_name, variant_label
 from src.task import countdown
 from tests.test_golden import golden_config, run_steps
 

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from src.build import build_runtime, build_store
 from src.config import ConfigError, validate
 from src.runtime.runners import AsyncRuntime, PipelineStore, SyncRuntime
-from src.sweep import cell_identity, cell_name
+from src.study.sweep import cell_identity, cell_name
 
 
 def test_sync_is_the_default_and_keeps_the_step_store_and_cell_ids(compose_config):
@@ -85,7 +85,7 @@ def test_the_dry_run_of_an_8_gpu_async_job_prints_its_slurm_request(tmp_path):
 
 
 def test_the_budget_plan_of_an_async_run_follows_its_lockstep_schedule(compose_config):
-    from src.budget import plan_for_config
+    from src.study.budget import plan_for_config
 
     cfg = compose_config("runtime=async", "trainer.groups_per_step=2", "trainer.group_size=4", "trainer.steps=5",
                          "runtime.capacity=32", "runtime.groups_per_request=1")

@@ -160,7 +160,7 @@ def test_free_schedule_w1_with_two_groups_a_request_finishes(compose_config_modu
 
 
 def test_lockstep_resume_from_a_checkpoint_continues_exactly(lockstep_w2, compose_config_module, tmp_path):
-    from src.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
+    from src.runs.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
 
     recorder, events = lockstep_w2
     path = tmp_path / "checkpoint.pt"

@@ -20,11 +20,11 @@ import torch
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-import src.checkpoint
-from src.checkpoint import CheckpointError, payload_bytes, read_checkpoint, read_latest_checkpoint, save_checkpoint
-from src.diskspace import DiskFull, out_of_space, size_text
-from src.interrupt import Interrupted, StopOnSignal, StopRequested
-from src.lifecycle import RUN_END_FILE, read_run_end, remove_stale_temporaries, write_heartbeat
+import src.runs.checkpoint
+from src.runs.checkpoint import CheckpointError, payload_bytes, read_checkpoint, read_latest_checkpoint, save_checkpoint
+from src.runs.diskspace import DiskFull, out_of_space, size_text
+from src.runs.interrupt import Interrupted, StopOnSignal, StopRequested
+from src.runs.lifecycle import RUN_END_FILE, read_run_end, remove_stale_temporaries, write_heartbeat
 from src.paths import PROJECT_ROOT
 from src.state import TrainState
 from tests.test_lifecycle import a_dead_pid, assert_same_metrics_no_duplicates, fake_parts, make_run
@@ -71,7 +71,7 @@ def failing_torch_save(payload, handle):
 
 def test_a_checkpoint_that_does_not_fit_leaves_the_previous_one_loading_and_no_partial_file(tmp_path, monkeypatch):
     path = two_generations(tmp_path)
-    monkeypatch.setattr(src.checkpoint.torch, "save", failing_torch_save)
+    monkeypatch.setattr(src.runs.checkpoint.torch, "save", failing_torch_save)
     parts = fake_parts(3)
     with pytest.raises(DiskFull) as error:
         save_checkpoint(path, parts, TrainState(step=3), "run-1", "cell-1")
@@ -93,7 +93,7 @@ def test_a_rename_that_runs_out_of_space_still_leaves_a_checkpoint_that_loads(tm
             raise OSError(errno.ENOSPC, "No space left on device", str(target))
         real_replace(source, target)
 
-    monkeypatch.setattr(src.checkpoint.os, "replace", replace)
+    monkeypatch.setattr(src.runs.checkpoint.os, "replace", replace)
     with pytest.raises(DiskFull, match="checkpoint"):
         save_checkpoint(path, fake_parts(3), TrainState(step=3), "run-1", "cell-1")
     assert not list(tmp_path.glob("*.tmp"))
@@ -166,7 +166,7 @@ def test_the_fallback_warning_says_in_our_words_which_file_was_damaged_and_which
 # --------------------------------------------------------------------------- the signal handler
 HANDLER_SCRIPT = """
 import os, signal, time
-from src.interrupt import StopOnSignal, StopRequested
+from src.runs.interrupt import StopOnSignal, StopRequested
 with StopOnSignal() as stop:
     os.kill(os.getpid(), signal.SIGINT)  # during a step: recorded only
     time.sleep(0.2)
@@ -305,8 +305,8 @@ def test_ctrl_c_that_breaks_a_step_off_keeps_the_last_complete_checkpoint(tmp_pa
 
 
 def test_a_store_that_refuses_the_end_leaves_run_end_json_and_one_line(tmp_path, compose_config, monkeypatch):
-    from src import tracking
-    from src.labels import run_labels
+    from src.runs import tracking
+    from src.study.labels import run_labels
 
     cfg = compose_config(f"tracking.uri={store(tmp_path)}", f"tracking.artifact_location={tmp_path}/art")
     full = MlflowException("(sqlite3.OperationalError) database or disk is full")
@@ -324,8 +324,8 @@ def test_a_store_that_refuses_the_end_leaves_run_end_json_and_one_line(tmp_path,
 
 
 def test_a_crash_is_failed_with_its_reason_and_a_resume_clears_both(tmp_path, compose_config):
-    from src import tracking
-    from src.labels import run_labels
+    from src.runs import tracking
+    from src.study.labels import run_labels
 
     cfg = compose_config(f"tracking.uri={store(tmp_path)}", f"tracking.artifact_location={tmp_path}/art")
     folder = tmp_path / "run"
@@ -361,8 +361,8 @@ def test_a_final_policy_that_does_not_fit_leaves_no_half_policy(tmp_path):
 
 
 def test_a_dead_run_whose_checkpoints_are_all_damaged_is_marked_failed(tmp_path, compose_config):
-    from src.resume import choose_start
-    from src.sweep import cell_identity
+    from src.runs.resume import choose_start
+    from src.study.sweep import cell_identity
 
     cfg = hydra_job_config(compose_config, tmp_path, "trainer.steps=3")
     folder = tmp_path / "dead"
@@ -500,8 +500,8 @@ def test_ctrl_c_in_a_standalone_evaluation_is_one_line_and_130(monkeypatch, caps
 
 
 def test_an_artifact_that_does_not_fit_names_the_artifact_folder_and_its_size(tmp_path, compose_config, monkeypatch):
-    from src import tracking
-    from src.labels import run_labels
+    from src.runs import tracking
+    from src.study.labels import run_labels
 
     cfg = compose_config(f"tracking.uri={store(tmp_path)}", f"tracking.artifact_location={tmp_path}/art")
     policy = tmp_path / "policy"

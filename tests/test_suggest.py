@@ -76,7 +76,7 @@ def test_close_matches_rank_spelling_then_prefix():
 
 
 def test_the_budget_suggests_the_option_too(capsys):
-    from src.budget import main
+    from src.study.budget import main
 
     with pytest.raises(SystemExit):
         main(["clip=tigth"])

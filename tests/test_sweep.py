@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
 from src.paths import CONFIG_DIR, PROJECT_ROOT
-from src.sweep import CellRuns, cell_identity, plan_cells
+from src.study.sweep import CellRuns, cell_identity, plan_cells
 from tests.preemption import sigterm_after_first_checkpoint
 
 
@@ -163,7 +163,7 @@ def test_preempted_run_resumes_into_the_same_run_with_identical_metrics(tmp_path
 
 def test_a_rebuilt_local_policy_is_a_new_cell_and_a_hub_name_is_its_own_identity(compose_config, tmp_path):
     """Rebuilding the warm start under the same folder must not let the sweeper skip cells trained from the old one."""
-    from src.sweep import policy_fingerprint
+    from src.study.sweep import policy_fingerprint
 
     folder = tmp_path / "policy"
     folder.mkdir()
@@ -181,7 +181,7 @@ def test_a_rebuilt_local_policy_is_a_new_cell_and_a_hub_name_is_its_own_identity
 def test_seeds_of_a_cell_are_separate_jobs_with_one_cell_key():
     """trainer.seed=0,1,2: three jobs (three cell_ids) sharing everything else (one cell_key), each skipped or
     resumed on its own."""
-    from src.sweep import cell_key
+    from src.study.sweep import cell_key
 
     jobs = study_jobs("baseline", "trainer.seed=0,1,2")
     assert [cfg.trainer.seed for _, cfg in jobs] == [0, 1, 2]
@@ -201,7 +201,7 @@ def test_seeds_of_a_cell_are_separate_jobs_with_one_cell_key():
 
 
 def test_seed_keys_differ_between_cells(compose_config):
-    from src.sweep import cell_key
+    from src.study.sweep import cell_key
 
     assert cell_key(compose_config("buffer=age1", "clip=tight")) != cell_key(compose_config("buffer=age1", "clip=mid"))
     assert cell_key(compose_config("buffer=age1", "trainer.seed=4")) == cell_key(compose_config("buffer=age1"))

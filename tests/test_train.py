@@ -12,13 +12,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from src.batch import Batch, BatchGroup, Group
-from src.budget import plan_fresh_evaluations
+from src.study.budget import plan_fresh_evaluations
 from src.loss.base import Truncation
 from src.loss.rloo import RlooObjective
 from src.policy.forward import Forward, micro_batches
 from src.build import build_components
 from src.task import countdown
-from src.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
+from src.runs.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
 from src.components import Components
 from src.state import TrainState
 from src.train import train_step

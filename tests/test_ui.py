@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from src import tracking
+from src.runs import tracking
 from src.paths import PROJECT_ROOT
 
 BROWSER_PACKAGES = ("chromium", "chromium-driver")
@@ -72,9 +72,9 @@ def one_step_run(tmp_path, random_policy_dir, compose_config) -> tuple[str, str]
 
 
 def start_ui(store: str, artifacts: Path, port: int, wait: bool = True) -> subprocess.Popen:
-    """`make ui`'s command line (src.serve supervising src.ui_app), one worker; returns once it answers."""
-    command = [sys.executable, "-m", "src.serve", "--name", "MLflow UI", "--host", "127.0.0.1", "--port", str(port),
-               "--store", store, "--experiment", "replay-rloo", "--", sys.executable, "-m", "src.ui_app", "ui",
+    """`make ui`'s command line (src.runs.serve supervising src.runs.ui_app), one worker; returns once it answers."""
+    command = [sys.executable, "-m", "src.runs.serve", "--name", "MLflow UI", "--host", "127.0.0.1", "--port", str(port),
+               "--store", store, "--experiment", "replay-rloo", "--", sys.executable, "-m", "src.runs.ui_app", "ui",
                "--backend-store-uri", store, "--default-artifact-root", str(artifacts), "--host", "127.0.0.1",
                "--port", str(port), "--workers", "1"]
     with open(artifacts.parent / "server.log", "w") as log:  # a file: a pipe nobody reads would fill and block it
@@ -134,7 +134,7 @@ def shoot(page, tmp_path: Path, name: str) -> None:
 def test_the_landing_page_saves_training_mode_and_the_study_columns_where_the_browser_has_none():
     import json
 
-    from src.ui_app import VIEW_KEY, landing_page
+    from src.runs.ui_app import VIEW_KEY, landing_page
 
     page = landing_page("<!doctype html><html><head><title>MLflow</title></head><body></body></html>", "7")
     script = page[page.index("<head>") + len("<head>"):page.index("</script>")]

@@ -9,10 +9,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from src.budget import plan_fresh_evaluations, planning_max_age
+from src.study.budget import plan_fresh_evaluations, planning_max_age
 from src.config import ConfigError, validate
 from src.batch import is_effective
-from src.sweep import cell_identity, cell_name
+from src.study.sweep import cell_identity, cell_name
 from src.task import countdown
 from src.state import TrainState
 from src.train import train_step
@@ -310,7 +310,7 @@ def test_seed_002_aggressive_cell_truncates_replayed_tokens_at_rho_max_2(random_
 
 def test_seed_002_replay_cell_plans_table_1s_rollouts(compose_config):
     """Seed 002 Table 1 at its sizes (B = 32 prompts, K = 8, 60 steps): 15,360 rollouts for R = 2, as on-policy."""
-    from src.budget import plan_for_config
+    from src.study.budget import plan_for_config
 
     cfg = compose_config("buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=1", "loss=rloo-tis",
                   "trainer.groups_per_step=32", "trainer.group_size=8", "trainer.steps=60")
@@ -333,7 +333,7 @@ def test_resuming_a_fifo_run_from_a_checkpoint_continues_exactly(random_policy_d
 
 
 def test_the_variants_study_runs_every_variant_once_sharing_the_baseline_cells():
-    from src.sweep import CellRuns, plan_cells
+    from src.study.sweep import CellRuns, plan_cells
     from tests.test_sweep import study_jobs
 
     planned = plan_cells(study_jobs("variants"), CellRuns({}, {}))

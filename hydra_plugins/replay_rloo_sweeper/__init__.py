@@ -7,17 +7,17 @@ line) with these additions, selected for every multirun by `conf/config.yaml`:
   plus the fresh-only baseline; `paper` is every study), all sent as one launch, so on SLURM
   the whole sweep goes out as one job array.
 - Before launching anything it composes and validates every job's config, computes the
-  cell identity (`src.sweep.cell_identity`), and looks the cells up in MLflow: finished
+  cell identity (`src.study.sweep.cell_identity`), and looks the cells up in MLflow: finished
   cells are skipped, a job whose cell an earlier job of the sweep already has is "same cell
   as" that job and runs once, a cell whose newest run failed or was killed resumes from its
   checkpoint, and a cell trained by a live job elsewhere is skipped. The plan is printed with
   each cell's planned fresh-evaluation budget. Each launched job claims its cell again when it
-  starts (`src.claim`), so two sweeps started together still train a cell once.
+  starts (`src.runs.claim`), so two sweeps started together still train a cell once.
 - `dry_run=true` prints that plan and launches nothing; `skip_finished=false` launches finished
   cells again (their jobs get `trainer.rerun=true`).
 - With the SLURM launcher: no `sbatch`/`srun` on this machine stops a launch in one line (exit 2)
   before anything is read; the plan adds each job's request, warnings on an unset partition or
-  account, and the sweep's GPU-hours from the committed step benchmark (`src.slurm`).
+  account, and the sweep's GPU-hours from the committed step benchmark (`src.study.slurm`).
 
 While the cells run it reports progress: with the in-process launcher, a line before each cell
 ("cell 3 of 9", finished/skipped/failed so far, an ETA from the finished cells' mean time); with
@@ -90,8 +90,8 @@ class SkipFinishedSweeper(Sweeper):
         return jobs
 
     def sweep(self, arguments: List[str]) -> Any:
-        from src.slurm import missing_slurm, slurm_plan_lines, uses_slurm
-        from src.sweep import CellRuns, plan_cells, record_membership
+        from src.study.slurm import missing_slurm, slurm_plan_lines, uses_slurm
+        from src.study.sweep import CellRuns, plan_cells, record_membership
 
         started = time.perf_counter()
         if not self.dry_run and missing_slurm(self.config):  # before any config is composed or store read
@@ -129,8 +129,8 @@ class SkipFinishedSweeper(Sweeper):
 
     def known_runs(self):
         """What the store knows about the sweep's cells; an unreachable store stops a launch (exit 2), not a dry run."""
-        from src.sweep import CellRuns, cell_runs
-        from src.tracking import ensure_experiment, sqlite_store_lock
+        from src.study.sweep import CellRuns, cell_runs
+        from src.runs.tracking import ensure_experiment, sqlite_store_lock
 
         tracking = self.config.tracking
         try:
@@ -193,7 +193,7 @@ def stop(message: str, code: int) -> None:
     """End the sweep with one message and an exit status, no traceback (Hydra would print one for an exception)."""
     import sys
 
-    from src.progress import console
+    from src.runs.progress import console
 
     console.print(f"[bold red]error:[/bold red] {message}", soft_wrap=True, highlight=False)
     sys.exit(code)
@@ -201,7 +201,7 @@ def stop(message: str, code: int) -> None:
 
 def say(line: str) -> None:
     """A complete progress line on stderr (the training display's console)."""
-    from src.progress import console
+    from src.runs.progress import console
 
     console.print(line, soft_wrap=True, highlight=False, markup=False)
 
@@ -211,7 +211,7 @@ class SweepTally:
 
     `skipped`: finished before; `same`: the same cell as an earlier job of this sweep; `running`: trained by
     a job elsewhere. A launched job that found its cell finished or taken meanwhile (it returns
-    `src.sweep.Skipped`) moves to those counts instead of "finished".
+    `src.study.sweep.Skipped`) moves to those counts instead of "finished".
     """
 
     def __init__(self, total: int, skipped: int, clock=time.monotonic, same: int = 0, running: int = 0):
@@ -220,7 +220,7 @@ class SweepTally:
         self.started = clock()
 
     def finished(self, results: Sequence[JobReturn]) -> None:
-        from src.sweep import Skipped
+        from src.study.sweep import Skipped
 
         for result in results:
             self.done += 1
@@ -233,12 +233,12 @@ class SweepTally:
                 self.trained += 1
 
     def eta_s(self) -> Optional[float]:
-        from src.progress import eta_seconds
+        from src.runs.progress import eta_seconds
 
         return eta_seconds(self.done, self.total, self.clock() - self.started)
 
     def before(self, index: int, cell: str) -> str:
-        from src.progress import format_duration
+        from src.runs.progress import format_duration
 
         return (f"sweep: cell {index + 1} of {self.total} ({cell}); {self.counts()}; "
                 f"elapsed {format_duration(self.clock() - self.started)}, ETA {format_duration(self.eta_s())}")
@@ -249,7 +249,7 @@ class SweepTally:
         return f"{self.trained} finished, {self.skipped} skipped (done before), {extra}{self.failed} failed"
 
     def summary(self) -> str:
-        from src.progress import format_duration
+        from src.runs.progress import format_duration
 
         return f"sweep done: {self.total} cell(s) run: {self.counts()}; took {format_duration(self.clock() - self.started)}"
 

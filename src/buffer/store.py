@@ -14,7 +14,7 @@ built from its YAML by `hydra.utils.instantiate` with `groups_per_step` and `see
 store written anywhere plugs in with `buffer._target_=module.Class`.
 
 A store class also describes itself (`src.variant.Variant`): its cell and reader labels, its
-cross-group checks, its settings' ranges, and what the budget planner (`src.budget`) simulates: the
+cross-group checks, its settings' ranges, and what the budget planner (`src.study.budget`) simulates: the
 store itself, built from its group's settings and driven through `draw` and `store` with placeholder
 groups, plus the age window that decides when the simulated schedule repeats.
 """
@@ -52,7 +52,7 @@ class ReplayStore(Variant):
     @classmethod
     def fresh_only(cls, node) -> bool:
         """These settings replay nothing, so the cell is fresh-only: no buffer or clip enters its identity
-        or name (`src.sweep`). False by default: a store's settings then always name its cell."""
+        or name (`src.study.sweep`). False by default: a store's settings then always name its cell."""
         return False
 
     @classmethod

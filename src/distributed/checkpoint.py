@@ -5,7 +5,7 @@ T ranks loads on any other number of ranks, a single process with an unsharded m
 reader takes the slices its own parameters cover. Keys are the parameters' names without FSDP's or
 activation checkpointing's wrappers, so sharded and plain models read each other's checkpoints.
 The rest of a run's state (buffer, sampler, counters, RNGs) is small and the same on every rank: rank 0
-keeps it in the run's ordinary checkpoint (`src.checkpoint`).
+keeps it in the run's ordinary checkpoint (`src.runs.checkpoint`).
 """
 
 from __future__ import annotations

@@ -29,15 +29,15 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from src import progress
+from src.runs import progress
 from src.config import ConfigError, validate
 from src.eval.protocol import EvalResult, evaluate
 from src.rollout.interface import SamplingParams
 from src.rollout.engine import build_engine
 from src.task.base import Task, build_task
-from src.tracking import ensure_experiment, log_evaluation
+from src.runs.tracking import ensure_experiment, log_evaluation
 from src.task.prompts import PromptFormat
-from src.checkpoint import CheckpointError, read_checkpoint
+from src.runs.checkpoint import CheckpointError, read_checkpoint
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)

@@ -102,7 +102,7 @@ class Objective(Variant):
     """Shared settings and bookkeeping of every objective; subclasses implement `update`."""
 
     # Whether the objective weighs replayed rows with clip.ceiling (eq. 2): then the ceiling names the cell
-    # of a run that replays (`src.sweep.cell_name`), and enters its identity.
+    # of a run that replays (`src.study.sweep.cell_name`), and enters its identity.
     reads_clip: bool = False
 
     def __init__(self, forward: Forward, kl_coef: float = 0.0, entropy_coef: float = 0.0,

@@ -94,9 +94,9 @@ class _Placeholder:
 
 
 def async_budget_plan(cfg):
-    """`src.budget.BudgetPlan` of a runtime=async config: the groups that reach the trainer before each step,
+    """`src.study.budget.BudgetPlan` of a runtime=async config: the groups that reach the trainer before each step,
     from its lockstep schedule (the free schedule's count depends on the machine: this is its lockstep twin)."""
-    from src.budget import BudgetPlan
+    from src.study.budget import BudgetPlan
     from src.build import build_runtime
     from src.runtime.pipeline import LockstepPipeline
 

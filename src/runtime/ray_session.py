@@ -15,7 +15,7 @@ import os
 import signal
 from typing import Iterator
 
-from src.interrupt import STOP_SIGNALS
+from src.runs.interrupt import STOP_SIGNALS
 from src.paths import PROJECT_ROOT
 from src.runtime.pipeline import PipelineError
 
@@ -43,7 +43,7 @@ def ray_session(num_cpus: int, num_gpus: int = 0) -> Iterator[None]:
         # Workers import `src` from this checkout whatever folder they start in.
         path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
         # ray.init installs its own SIGTERM handler, which would kill the run mid-step: keep the run's
-        # (src.interrupt.StopOnSignal: finish the step, checkpoint, then stop).
+        # (src.runs.interrupt.StopOnSignal: finish the step, checkpoint, then stop).
         handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *STOP_SIGNALS)}
         try:
             ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,

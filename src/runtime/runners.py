@@ -12,7 +12,7 @@ the runtime with `runtime.train(loop)`:
 Under `runtime=async` the trainer's replay store is the pipeline's (`PipelineStore`, built by
 `src.build.build_store`): the checkpoint's "buffer" then holds the rollout queue with every
 rollout's metadata, the pipeline's counters, the lockstep clock and the groups in flight, next to
-the trainer and optimizer state, the prompt sampler's state and the RNGs `src.checkpoint` saves.
+the trainer and optimizer state, the prompt sampler's state and the RNGs `src.runs.checkpoint` saves.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from omegaconf import DictConfig
 
 from src.buffer.store import ReplayStore
 from src.checks import check_choice, check_int
-from src.interrupt import StopRequested
+from src.runs.interrupt import StopRequested
 from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
                                   PipelineError, PipelineSettings)
 from src.runtime.queues import QUEUES, build_queue
-from src.tracking import completion_rows
+from src.runs.tracking import completion_rows
 from src.variant import Variant, described, float_knob, int_knob
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,8 @@ class RunLoop:
     cfg: DictConfig
     parts: object                      # src.components.Components
     state: object                      # src.state.TrainState, advanced in place
-    tracker: object                    # src.tracking.Tracker
-    stop: object                       # src.interrupt.StopOnSignal
+    tracker: object                    # src.runs.tracking.Tracker
+    stop: object                       # src.runs.interrupt.StopOnSignal
     output_dir: Path
     save: Callable[[], None]           # write the run's checkpoint
     evaluate: Callable[[int], None]    # the evaluation protocol at a step ("during")

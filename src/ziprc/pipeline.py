@@ -30,7 +30,7 @@ from rich.console import Console
 
 from src.eval.passk import unbiased_pass_at_k
 from src.task import countdown
-from src.tracking import ensure_experiment, flat_params, finite
+from src.runs.tracking import ensure_experiment, flat_params, finite
 from src.ziprc import data, metrics
 from src.ziprc.decode import EARLY_STOP_ANSWERS, META_POLICIES, VALUE_SOURCES, MetaPolicy, decode_all
 from src.ziprc.head import ReservedSliceHead, make_spec, value_and_length

@@ -32,8 +32,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from src.diskspace import DiskFull, failed_path, out_of_space, writing
-from src.lifecycle import clear_run_end, write_run_end
+from src.runs.diskspace import DiskFull, failed_path, out_of_space, writing
+from src.runs.lifecycle import clear_run_end, write_run_end
 from src.task.base import task_class
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant
     """Tags that name the study and the cell, so runs can be filtered without parsing params.
 
     The cell's name, identity and variant label come from the caller (`src.run` computes them with
-    `src.sweep`): tracking only records what it is given.
+    `src.study.sweep`): tracking only records what it is given.
     """
     task = task_class(cfg.get("task"))
     return {
@@ -456,7 +456,7 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str
 # (server/js/build/static/js/main.*.js, module 7975), not from the experiment's kind tag.
 TRAINING_MODE = "workflowType=machine_learning"
 # The runs table's columns come from the browser's saved view of the experiment, else Source, Models and
-# Dataset: `make ui` (src/ui_app.py) saves the study's columns where a browser has no view of its own.
+# Dataset: `make ui` (src/runs/ui_app.py) saves the study's columns where a browser has no view of its own.
 # The cell's knobs are params (rho, L, c, the buffer, the loss, the runtime), the results `summary/*`.
 KNOB_COLUMNS = ("buffer.ratio", "buffer.max_age", "clip.ceiling", "buffer.name", "loss.name", "runtime.name")
 SUMMARY_COLUMNS = ("summary/final_reward", "summary/pass_at_1", "summary/pass_at_k", "summary/k",

@@ -1,12 +1,12 @@
 """`mlflow ui` / `mlflow server` serving a landing page that opens on the study (`make ui`, `make mlflow-server`).
 
-    python -m src.ui_app ui --backend-store-uri sqlite:///mlruns.db --port 5050 ...   # any `mlflow` arguments
+    python -m src.runs.ui_app ui --backend-store-uri sqlite:///mlruns.db --port 5050 ...   # any `mlflow` arguments
 
 The MLflow UI opens in its GenAI mode (traces, prompts) unless the URL or the browser's saved choice
 says otherwise, and its runs table shows no knob or result column. The project's links carry both (see
-`src.tracking.experiment_page`); this app makes the bare address do the same: the server's page gets a
+`src.runs.tracking.experiment_page`); this app makes the bare address do the same: the server's page gets a
 few lines of script that save, where the browser has no choice of its own, model-training mode and the
-study's columns for the project's experiment (`REPLAY_RLOO_EXPERIMENT`, set by `src.serve`), and send
+study's columns for the project's experiment (`REPLAY_RLOO_EXPERIMENT`, set by `src.runs.serve`), and send
 the home route to that experiment's runs table. Everything else is MLflow's own app, unchanged.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 EXPERIMENT_ENV = "REPLAY_RLOO_EXPERIMENT"  # the experiment whose study view the home route opens
 MLFLOW_APP = "mlflow.server.fastapi_app:app"
-THIS_APP = "src.ui_app:create_app"
+THIS_APP = "src.runs.ui_app:create_app"
 # Runs before MLflow's script on every page load (the UI routes after `#`): the UI reads its mode, and an
 # experiment's runs-table view, from local storage when the URL has none; a browser's own choices stay.
 OPENING = """<script>(function () {
@@ -44,7 +44,7 @@ VIEW = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc":
 def landing_page(index_html: str, experiment_id: str | None) -> str:
     """MLflow's index.html with the opening script first in its head: model-training mode, and for the
     project's experiment (when given) the study's columns and the home route sent to its runs table."""
-    from src.tracking import experiment_page, study_columns
+    from src.runs.tracking import experiment_page, study_columns
 
     saved = {"mlflow.workflowType_v1": json.dumps("machine_learning"), **ASSISTANT_CLOSED}
     if experiment_id is not None:

@@ -5,7 +5,7 @@ cannot run code).
 A write goes to a temporary file named after its writer, is fsynced, and only then renamed into place, so a
 kill or a full disk at any moment leaves the previous checkpoint the one that loads; a full disk deletes the
 partial file at once and raises DiskFull, and a killed writer's leftover is removed by the next start of the
-run folder (`src.lifecycle.remove_stale_temporaries`)."""
+run folder (`src.runs.lifecycle.remove_stale_temporaries`)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from src.diskspace import writing
-from src.lifecycle import LATEST_CHECKPOINT, PREVIOUS_CHECKPOINT, checkpoint_files, temporary_path
+from src.runs.diskspace import writing
+from src.runs.lifecycle import LATEST_CHECKPOINT, PREVIOUS_CHECKPOINT, checkpoint_files, temporary_path
 from src.components import Components
 from src.state import TrainState
 

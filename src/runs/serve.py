@@ -1,7 +1,7 @@
 """Start an MLflow server process (`make ui`, `make mlflow-server`) and stop it as a whole.
 
-    python -m src.serve --name "MLflow UI" --host 127.0.0.1 --port 5050 --knob PORT --target ui \
-        --store sqlite:///mlruns.db --experiment replay-rloo -- python -m src.ui_app ui ...
+    python -m src.runs.serve --name "MLflow UI" --host 127.0.0.1 --port 5050 --knob PORT --target ui \
+        --store sqlite:///mlruns.db --experiment replay-rloo -- python -m src.runs.ui_app ui ...
 
 Before anything starts, the port is tried: one taken by another program is refused with one line
 naming the port and the make variable that picks another (MLflow itself would log "Address already
@@ -157,7 +157,7 @@ def announce(name: str, host: str, port: int, store: str | None, experiment: str
     address = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}"
     if store and experiment:
         try:
-            from src.tracking import ui_url
+            from src.runs.tracking import ui_url
 
             address = ui_url(address, store, experiment)
         except Exception:  # noqa: BLE001  (the address without the experiment is still right)
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return 0
     announce(args.name, args.host, port, args.store, args.experiment)
-    if args.experiment:  # src/ui_app.py opens the home page on this experiment's runs table
+    if args.experiment:  # src/runs/ui_app.py opens the home page on this experiment's runs table
         os.environ["REPLAY_RLOO_EXPERIMENT"] = args.experiment
     code = supervise(command, args.grace)
     if code:

@@ -1,12 +1,12 @@
 """Claiming a cell before its model loads, so two jobs started at the same moment never train it twice.
 
 A job that will train a cell first creates the MLflow run it will train into (the claim: tags,
-params and config as `src.tracking.start_run` would log them) and writes its heartbeat; a job
+params and config as `src.runs.tracking.start_run` would log them) and writes its heartbeat; a job
 that resumes a dead run claims that run by its heartbeat. Any other job of the cell then finds a
 live RUNNING run and leaves the cell alone. Whether two claims can both succeed depends on the store:
 
 - SQLite (`sqlite:///...`, one machine): the lookup and the claim happen under the store's file
-  lock (`src.tracking.sqlite_store_lock`), so whoever takes the lock second sees the first claim.
+  lock (`src.runs.tracking.sqlite_store_lock`), so whoever takes the lock second sees the first claim.
   Exact.
 - A tracking server (or any store without that lock): there is no atomic check-and-create, so
   every job creates its claim, waits `CLAIM_SETTLE_S`, then lists the cell's live runs, and only
@@ -15,7 +15,7 @@ live RUNNING run and leaves the cell alone. Whether two claims can both succeed 
   Exact when the jobs' clocks agree to better than `CLAIM_SETTLE_S` and every job's claim reaches
   the server within `CLAIM_SETTLE_S` of its lookup.
 
-A claim is live while its heartbeat is (`src.lifecycle`): a job that dies holding one does not
+A claim is live while its heartbeat is (`src.runs.lifecycle`): a job that dies holding one does not
 block the cell; the next start of the cell marks it FAILED with a `failure_reason` tag.
 """
 
@@ -34,10 +34,10 @@ from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 from omegaconf import DictConfig, OmegaConf
 
-from src import tracking
-from src.labels import run_labels
-from src.lifecycle import write_heartbeat
-from src.sweep import cell_runs, slurm_job_key
+from src.runs import tracking
+from src.study.labels import run_labels
+from src.runs.lifecycle import write_heartbeat
+from src.study.sweep import cell_runs, slurm_job_key
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ _unopened: list[tuple[str, str]] = []  # (uri, run id) of this process's newest 
 
 
 def store_has_lock(uri: str) -> bool:
-    """True where `src.tracking.sqlite_store_lock` makes lookup-then-claim atomic (a SQLite file)."""
+    """True where `src.runs.tracking.sqlite_store_lock` makes lookup-then-claim atomic (a SQLite file)."""
     return uri.startswith("sqlite:///")
 
 

@@ -10,7 +10,7 @@ every run as the tag `cell_id`, and the newest run of a cell decides what happen
 (`cell_runs`): the sweeper (`hydra_plugins/replay_rloo_sweeper`) skips a cell whose newest run
 FINISHED and launches each remaining identity once; a job whose cell's newest run FAILED or was
 KILLED (or a requeued SLURM job) resumes from that run's checkpoint into the same MLflow run
-(`src.resume`, `trainer.auto_resume`); a cell with a live run elsewhere is left to it (`src.claim`).
+(`src.runs.resume`, `trainer.auto_resume`); a cell with a live run elsewhere is left to it (`src.runs.claim`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from src.budget import budget_is_floor, plan_for_config
+from src.study.budget import budget_is_floor, plan_for_config
 from src.buffer.store import store_class
 from src.task.base import task_class
-from src.lifecycle import Liveness, checkpoint_files, run_liveness
+from src.runs.lifecycle import Liveness, checkpoint_files, run_liveness
 from src.paths import resolve_policy_path
 from src.variant import described
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from src import tracking
-from src.sweep import cell_identity, cell_key, cell_name, variant_label
+from src.runs import tracking
+from src.study.sweep import cell_identity, cell_key, cell_name, variant_label
 
 
 def run_labels(cfg: DictConfig) -> tracking.RunLabels:

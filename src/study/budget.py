@@ -293,7 +293,7 @@ def compose_for_budget(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m src.budget [--ratios 0,1,2] [hydra overrides]`: the planned budget, no model loaded."""
+    """`python -m src.study.budget [--ratios 0,1,2] [hydra overrides]`: the planned budget, no model loaded."""
     from rich.console import Console
     from rich.table import Table
 

@@ -1,5 +1,5 @@
 """Where a training job starts: the checkpoint `trainer.resume_from` names, this cell's newest dead run, or a new
-run it claims (`src.claim`); or nowhere, when the cell is finished or another job trains it.
+run it claims (`src.runs.claim`); or nowhere, when the cell is finished or another job trains it.
 
 Decided before the model loads (`src.run` calls `choose_start` first), so a bad checkpoint, a
 finished cell or a run alive elsewhere costs seconds, not a model load.
@@ -14,10 +14,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from src import claim, tracking
-from src.checkpoint import CheckpointError, read_checkpoint, read_latest_checkpoint
-from src.lifecycle import LATEST_CHECKPOINT, write_heartbeat
-from src.sweep import CellRuns, cell_name, cell_runs
+from src.runs import claim
+
+from src.runs import tracking
+from src.runs.checkpoint import CheckpointError, read_checkpoint, read_latest_checkpoint
+from src.runs.lifecycle import LATEST_CHECKPOINT, write_heartbeat
+from src.study.sweep import CellRuns, cell_name, cell_runs
 
 log = logging.getLogger(__name__)
 

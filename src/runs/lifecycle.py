@@ -30,9 +30,9 @@ from pathlib import Path
 
 HEARTBEAT_FILE = "heartbeat.json"
 # The end a run's process meant to record (FAILED and why) when the tracking store refused to record it
-# (full, unreachable): the next start of the cell reads it (src.resume) instead of waiting for the heartbeat.
+# (full, unreachable): the next start of the cell reads it (src.runs.resume) instead of waiting for the heartbeat.
 RUN_END_FILE = "run_end.json"
-# A run folder keeps two checkpoint generations (src.checkpoint.save_checkpoint): a new checkpoint is
+# A run folder keeps two checkpoint generations (src.runs.checkpoint.save_checkpoint): a new checkpoint is
 # written whole under a unique temporary name, then the latest becomes the previous and the new one
 # the latest, so a kill at any moment leaves a complete checkpoint; a latest damaged anyway (disk
 # full, truncated copy) falls back to the previous one.
