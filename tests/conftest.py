@@ -49,3 +49,9 @@ def random_policy_dir(tmp_path_factory):
 
 
 from tests.slurm_cluster import slurm_cluster, slurm_env  # noqa: E402,F401  (the local SLURM fixtures)
+
+
+def wall_clock(key: str) -> bool:
+    """A metric that measures wall time (the step phases' `time/*`, the run's `summary/wall_time_s`): it differs
+    between any two runs, so a comparison of two runs' numbers leaves it out."""
+    return key.startswith("time/") or key == "summary/wall_time_s"

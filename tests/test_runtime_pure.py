@@ -6,6 +6,8 @@ import math
 from fractions import Fraction
 
 import pytest
+
+from tests.conftest import wall_clock
 import torch
 
 from src.batch import Group
@@ -187,7 +189,7 @@ class FakeWork:
 
 def machine_free(metrics: list[dict]) -> list[dict]:
     """Metrics without the wall-clock ones (`time/`), which no two runs share."""
-    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in metrics]
+    return [{k: v for k, v in m.items() if not wall_clock(k)} for m in metrics]
 
 
 def lockstep(queue="buffer", capacity=64, **settings):

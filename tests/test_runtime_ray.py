@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wall_clock
+
 ray = pytest.importorskip("ray")
 
 from src.build import build_components, build_runtime  # noqa: E402
@@ -86,7 +88,7 @@ def run(compose_config, tmp_path, *overrides, crash_after: int | None = None):
 
 def machine_free(recorder: Recorder) -> str:
     """The logged metrics without wall-clock ones (`time/`) or the restart count, as text (nan == nan)."""
-    return repr([(step, {k: v for k, v in m.items() if not k.startswith("time/") and k != "runtime/worker_restarts"})
+    return repr([(step, {k: v for k, v in m.items() if not wall_clock(k) and k != "runtime/worker_restarts"})
                  for step, m in recorder.steps])
 
 
