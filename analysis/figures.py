@@ -403,9 +403,9 @@ def plot_failure_shares(table: pd.DataFrame, labels: dict[str, str], path: Path)
         return _save(fig, path)
     y = np.arange(len(rows))[::-1]
     left = np.zeros(len(rows))
-    for category, label in labels.items():
+    for index, (category, label) in enumerate((c, l) for c, l in labels.items() if f"share_{c}" in rows):
         share = rows[f"share_{category}"].fillna(0.0).to_numpy()
-        ax.barh(y, share, left=left, color=FAILURE_COLORS[category], label=label)
+        ax.barh(y, share, left=left, color=FAILURE_COLORS.get(category, f"C{index}"), label=label)
         left += share
     ax.set_yticks(y, _failure_labels(rows), fontsize=8)
     ax.set_xlim(0, 1)

@@ -13,9 +13,8 @@ import pandas as pd
 
 from analysis import compute, seeds
 from analysis.runs import PROTOCOL_PREFERENCE
-from analysis.tables import (GRIDS, VARIANT_STUDY, ReportData, format_count, format_integer, format_ratio,
+from analysis.tables import (FAILURE_CATEGORIES, FAILURE_LABELS, GRIDS, VARIANT_STUDY, ReportData, format_count, format_integer, format_ratio,
                              format_seconds, format_value, missing_cells, results_cells, same_label_configs, top_k)
-from src.task.countdown_failures import CATEGORIES as FAILURE_CATEGORIES, LABELS as FAILURE_LABELS
 
 QUOTE_CHARS = 600  # a quoted response longer than this is cut (the run's table has it whole)
 PROMPT_CHARS = 200  # the end of the prompt: the task, after the shared instructions
@@ -325,18 +324,21 @@ def _count(value: float) -> str:
 def failures_section(data: ReportData, left_out: dict[str, str]) -> list[str]:
     failures = data.failures
     out = ["## Failure taxonomy (seed 004 Figures 3-4, appendix B.4)", "",
-           "Each failed rollout (score < 1.0) of an evaluation in one dominant category (`src/task/countdown_failures.py` "
-           "gives the order of checks): global instability first, then format, number use, arithmetic, target. "
+           "Each failed rollout (score < 1.0) of an evaluation in one dominant category, in its task's order of "
+           "checks (Countdown, `src/task/countdown_failures.py`: global instability first, then format, number use, "
+           "arithmetic, target; math, `src/task/math/failures.py`: no boxed answer, unparseable, wrong, truncated, "
+           "repetitive). "
            "Counts are failed rollouts per evaluation repeat; the percentage is the category's share of the "
            "failed rollouts. The warm start is the start evaluation of the runs. Full numbers: "
            "[failures.csv](failures.csv).", ""]
     if failures.empty:
         return out + ["_No evaluation of these runs logged a failure taxonomy (`<protocol>/<stage>/failures/*`)._", ""]
+    categories = [c for c in FAILURE_CATEGORIES if c in failures.columns]  # the ones these runs' tasks logged
     out.append(markdown_table(
-        ["method", "cell", "stage", "protocol", "failed / rollouts", *[FAILURE_LABELS[c] for c in FAILURE_CATEGORIES]],
+        ["method", "cell", "stage", "protocol", "failed / rollouts", *[FAILURE_LABELS[c] for c in categories]],
         [[row["method"], row["cell"], row["stage"], row["protocol"],
           f"{_count(row['failed'])} / {_count(row['rollouts'])}",
-          *[f"{_count(row[c])} ({row[f'share_{c}']:.0%})" if row["failed"] > 0 else "0" for c in FAILURE_CATEGORIES]]
+          *[f"{_count(row[c])} ({row[f'share_{c}']:.0%})" if row["failed"] > 0 else "0" for c in categories]]
          for _, row in failures.iterrows()]))
     return out + ["", *figure_lines("failure_shares", "failure categories", "Failed rollouts by dominant category, as "
                                     "shares of each method's failures (seed 004 Figure 3).",

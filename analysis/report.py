@@ -28,10 +28,9 @@ from analysis.completions import quote_table
 from analysis.latex import results_latex
 from analysis.markdown import probe_hint, report_markdown
 from analysis.runs import ReportError, load_runs, metric_histories, select_cells
-from analysis.tables import (GRIDS, HEATMAP_PANELS, MIN_HEATMAP_CELLS, ReportData, baseline_values,
+from analysis.tables import (FAILURE_LABELS, GRIDS, HEATMAP_PANELS, MIN_HEATMAP_CELLS, ReportData, baseline_values,
                              best_of_n_table, drawable_grid, failure_table, heatmap_grid, results_table,
                              variants_table)
-from src.task.countdown_failures import LABELS as FAILURE_LABELS
 
 DYNAMICS_KEYS = [key for key, _ in figures.DYNAMICS_PANELS]
 FIGURES = ["frontier", "compute_frontier", "heatmap_age", "heatmap_ratio", "best_of_n", "dynamics", "diversity",

@@ -13,7 +13,12 @@ import pandas as pd
 
 from analysis.runs import (PROTOCOL_PREFERENCE, grid_cell, is_plain, run_cell_key, run_fresh_evaluations, run_metric,
                            run_pass_ks, run_protocol, run_role, run_seed, run_tag, tag_column)
-from src.task.countdown_failures import CATEGORIES as FAILURE_CATEGORIES
+from src.task.countdown_failures import LABELS as COUNTDOWN_LABELS
+from src.task.math.failures import LABELS as MATH_LABELS
+
+# Every task's failure categories, each taxonomy in its order of checks; a report shows those its runs logged.
+FAILURE_LABELS = {**COUNTDOWN_LABELS, **MATH_LABELS}
+FAILURE_CATEGORIES = tuple(FAILURE_LABELS)
 
 PROBE_KS = [1, 4, 8, 16, 32, 64]
 SUMMARY_METRICS = {"mean_reward": "reward", "correction_rate": "correction_rate", "unique_rate": "unique_rate"}
@@ -240,8 +245,9 @@ def failure_table(used: pd.DataFrame) -> pd.DataFrame:
                 row[category] = run_metric(run, f"{prefix}/{category}")
                 row[f"share_{category}"] = run_metric(run, f"{protocol}/{stage}/failure_share/{category}")
             rows.append(row)
-    columns = ["method", "cell", "stage", "protocol", "run_id", "rollouts", "failed", *FAILURE_CATEGORIES,
-               *[f"share_{c}" for c in FAILURE_CATEGORIES]]
+    logged = [c for c in FAILURE_CATEGORIES if any(not pd.isna(row[c]) for row in rows)]
+    columns = ["method", "cell", "stage", "protocol", "run_id", "rollouts", "failed", *logged,
+               *[f"share_{c}" for c in logged]]
     table = pd.DataFrame(rows, columns=columns)
     # Warm starts first, then methods by label.
     return table.sort_values(["stage", "method", "cell"], key=lambda col: col.map({"start": 0, "final": 1})

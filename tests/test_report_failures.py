@@ -67,3 +67,23 @@ def test_report_draws_both_failure_figures_and_the_table(store):
     text = store["text"]
     assert "## Failure taxonomy (seed 004 Figures 3-4, appendix B.4)" in text
     assert "| Fresh-only (IPO loss) | rho0-ipo | final | quick | 320 / 400 | 0 (0%) | 300 (94%) |" in text
+
+
+def test_a_math_study_shows_the_math_categories_and_no_countdown_column(tmp_path_factory):
+    from src.task.math.failures import CATEGORIES as MATH, LABELS
+
+    folder, uri, client, experiment_id = _new_store(tmp_path_factory, "math-failures")
+    t0 = int(time.time() * 1000)
+    run = _log_run(client, experiment_id, started=t0, sweep="math", rho=0, L=0, c=1, cell="rho0-math",
+                   final={"quick": {"pass_at_1": 0.1, "mean_reward": 0.1}})
+    counts = {"no_boxed_answer": 10, "wrong_answer": 300, "truncated": 30}
+    values = [("quick/final/failures/rollouts", 400), ("quick/final/failures/failed", 340)]
+    values += [(f"quick/final/failures/{c}", counts.get(c, 0)) for c in MATH]
+    values += [(f"quick/final/failure_share/{c}", counts.get(c, 0) / 340) for c in MATH]
+    client.log_batch(run, metrics=[Metric(key, float(value), t0, 4) for key, value in values])
+    used, _, _ = select_cells(load_runs(uri, "report-test"))
+    table = tables.failure_table(used)
+    assert "wrong_answer" in table and "wrong_target" not in table  # Countdown's categories were never logged
+    text = report.write_report(load_runs(uri, "report-test"), folder / "report", client, sweeps=["math"]).read_text()
+    assert f"| {LABELS['wrong_answer']} |" in text and "wrong target" not in text
+    _assert_png(folder / "report" / "failure_shares.png")
