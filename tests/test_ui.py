@@ -124,6 +124,23 @@ def page_text_with(page, words: tuple[str, ...], timeout_s: float = 30) -> str:
     return text
 
 
+def chart_sections(page, timeout_s: float = 45) -> list[str]:
+    """The run page's chart sections in the order it shows them (MLflow keeps it in local storage), once the
+    page has put reward and evaluation first; [] if it never did."""
+    import json
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = page.execute_script("return Object.keys(window.localStorage).filter(function (k) {"
+                                     " return k.indexOf('-model-chartUIState') > 0; }).map(function (k) {"
+                                     " return window.localStorage.getItem(k); })")
+        for state in map(json.loads, states):
+            if state.get("isAccordionReordered") and state.get("compareRunSections"):
+                return [section["name"] for section in state["compareRunSections"]]
+        time.sleep(0.5)
+    return []
+
+
 def shoot(page, tmp_path: Path, name: str) -> None:
     page.save_screenshot(str(tmp_path / name))
     if os.environ.get("UI_SCREENSHOTS"):
@@ -146,7 +163,7 @@ def test_the_landing_page_saves_training_mode_and_the_study_columns_where_the_br
     assert '"experiments/7/runs?workflowType=machine_learning"' in script
     assert "getItem(key) === null" in script  # a browser's own choice stays
     bare = landing_page("<html><head></head></html>", None)  # no experiment yet: the mode only, no redirect
-    assert VIEW_KEY.split("[")[0] not in bare and ", page = null;" in bare
+    assert VIEW_KEY.split("[")[0] not in bare and ", page = null," in bare
 
 
 @pytest.mark.slow
@@ -178,6 +195,15 @@ def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path,
         shoot(page, tmp_path, "run.png")
         assert "summary/final_reward" in text and "Overview" in text
         assert TRAINING_ONLY in text.split("\n"), text[:2000]
+
+        metrics_page = tracking.run_page(experiment_id, run_id).replace("?", "/model-metrics?", 1)
+        page.get(f"http://127.0.0.1:{port}/#/{metrics_page}")
+        sections = chart_sections(page)
+        assert sections[:2] == ["train/reward", "train"] and sections.index("summary") < sections.index("batch"), \
+            sections
+        text = page_text_with(page, ("train/reward", "batch"))  # as drawn after the reload
+        shoot(page, tmp_path, "charts.png")
+        assert 0 <= text.find("train/reward") < text.find("batch"), text[:2000]
     finally:
         if page is not None:
             page.quit()

@@ -23,11 +23,34 @@ THIS_APP = "src.runs.ui_app:create_app"
 # Runs before MLflow's script on every page load (the UI routes after `#`): the UI reads its mode, and an
 # experiment's runs-table view, from local storage when the URL has none; a browser's own choices stay.
 OPENING = """<script>(function () {
-  var saved = %s, page = %s;
+  var saved = %s, page = %s, first = %s;
   for (var key in saved) if (window.localStorage.getItem(key) === null) window.localStorage.setItem(key, saved[key]);
   if (page && (window.location.hash === "" || window.location.hash === "#" || window.location.hash === "#/"))
     window.location.replace("#/" + page);
+  function rank(name) {
+    for (var i = 0; i < first.length; i++) if (name === first[i] || name.indexOf(first[i] + "/") === 0) return i;
+    return first.length;
+  }
+  function reorder() {
+    for (var i = 0; i < window.localStorage.length; i++) {
+      var key = window.localStorage.key(i);
+      if (!/^MLflowLocalStorage-1\\.1-RunPage-.*-model-chartUIState$/.test(key)) continue;
+      var state = JSON.parse(window.localStorage.getItem(key));
+      if (state.isAccordionReordered || !state.compareRunSections) continue;
+      state.compareRunSections = state.compareRunSections.map(function (section, index) {
+        return [rank(section.name), index, section];
+      }).sort(function (a, b) { return a[0] - b[0] || a[1] - b[1]; }).map(function (ranked) { return ranked[2]; });
+      state.isAccordionReordered = true;
+      window.localStorage.setItem(key, JSON.stringify(state));
+      window.location.reload();
+      return;
+    }
+  }
+  var tries = 0, timer = window.setInterval(function () { if (++tries > 100) window.clearInterval(timer); reorder(); }, 300);
 })();</script>"""
+# A run page's chart sections come in alphabetical order (batch, budget, buffer, ... train): once MLflow has laid
+# them out, the script moves these first, as if dragged there by hand (a reader's own order stays).
+FIRST_SECTIONS = ["train/reward", "train", "summary", "canonical", "quick", "seed001-pass1", "seed001-passk", "probe"]
 # The assistant panel opens by itself on a first visit, over a third of the page: closed, as if closed by hand.
 ASSISTANT_CLOSED = {"mlflow.assistant.panelOpen_v1": "false", "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": "true"}
 # The runs-table view MLflow 3.17 saves per experiment (what its Columns menu writes), with the study's columns.
@@ -51,7 +74,8 @@ def landing_page(index_html: str, experiment_id: str | None) -> str:
         saved[VIEW_KEY % experiment_id] = json.dumps({**VIEW, "selectedColumns": study_columns(),
                                                       "columnOrder": study_columns()})
     page = experiment_page(experiment_id) if experiment_id is not None else None
-    return index_html.replace("<head>", "<head>" + OPENING % (json.dumps(saved), json.dumps(page)), 1)
+    opening = OPENING % (json.dumps(saved), json.dumps(page), json.dumps(FIRST_SECTIONS))
+    return index_html.replace("<head>", "<head>" + opening, 1)
 
 
 def study_experiment() -> str | None:
