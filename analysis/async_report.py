@@ -43,6 +43,8 @@ def async_cells(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     done = runs[(runs["status"] == "FINISHED") & (runs["params.runtime.name"] == "async")]
     done = done.drop_duplicates("tags.cell")  # load_runs sorts newest first
+    if done.empty:  # a study of synchronous runs: no runtime.workers column to read
+        return pd.DataFrame()
     return pd.DataFrame({
         "cell": done["tags.cell"], "run_id": done["run_id"],
         "W": done["params.runtime.workers"].astype(int), "T": done["params.runtime.trainers"].astype(int),

@@ -74,3 +74,11 @@ def test_make_report_adds_the_async_section_for_a_study_with_async_runs(store):
     assert "## Asynchronous runs (seed 001)" in text and "[async/report.md](async/report.md)" in text
     assert (folder / "study" / "async" / "figure2.png").stat().st_size > 1000
     assert (folder / "study" / "async" / "gamma.csv").exists()
+
+
+def test_a_study_of_synchronous_runs_has_no_async_cells():
+    import pandas as pd
+
+    runs = pd.DataFrame({"status": ["FINISHED"], "params.runtime.name": ["sync"], "tags.cell": ["rho0"],
+                         "run_id": ["x"]})
+    assert async_report.async_cells(runs).empty
