@@ -189,10 +189,16 @@ def component_knobs(config_dir: Path = CONFIG_DIR) -> dict:
     return found
 
 
-def _range(key: str, components: dict) -> str:
+def _knob(key: str, components: dict):
     from src.schema import KNOBS, LIST_KNOBS
 
-    knob = KNOBS.get(key) or components.get(key) or (LIST_KNOBS[key][0] if key in LIST_KNOBS else None)
+    return KNOBS.get(key) or components.get(key) or (LIST_KNOBS[key][0] if key in LIST_KNOBS else None)
+
+
+def _range(key: str, components: dict) -> str:
+    from src.schema import LIST_KNOBS
+
+    knob = _knob(key, components)
     if knob is None:
         return ""
     low = "(-inf" if knob.low == -math.inf else ("(" if knob.low_open else "[") + f"{knob.low:g}"
@@ -219,7 +225,8 @@ def knob_reference(config_dir: Path = CONFIG_DIR) -> str:
                 values = {"the option's name"}
             shown = values.pop() if len(values) == 1 else ", ".join(
                 f"{option.split('/')[-1]}: {_value(value)}" for option, (value, _) in by_option.items())
-            what = next((comment for _, comment in by_option.values() if comment), "")
+            knob = _knob(key, components)
+            what = next((comment for _, comment in by_option.values() if comment), knob.why if knob else "")
             out.append(f"| `{key}` | {shown} | {_range(key, components)} | {what.replace('|', chr(92) + '|')} |")
         out.append("")
     return "\n".join(out)

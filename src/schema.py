@@ -32,9 +32,9 @@ TEMPERATURE = _float(0, 100, "1.0", low_open=True)
 # Numeric knobs of the groups without a component: type and the range the method can run (upper bounds
 # refuse sizes that would hang). A variant component's class lists its own (`Variant.knobs`).
 KNOBS: dict[str, Knob] = {
-    "trainer.steps": _int(1, 100_000, "60 (the paper trains 100 steps)"),
-    "trainer.groups_per_step": _int(1, 65_536, "32"),
-    "trainer.group_size": _int(2, 4_096, "16"),
+    "trainer.steps": _int(1, 100_000, "60 (the paper trains 100 steps)", why="train for at least one step"),
+    "trainer.groups_per_step": _int(1, 65_536, "32", why="B: at least one prompt group per step"),
+    "trainer.group_size": _int(2, 4_096, "16", why="K: the leave-one-out baseline (eq. 1) needs K >= 2"),
     "trainer.learning_rate": _float(0, 1, "5e-5", low_open=True),
     "trainer.weight_decay": _float(0, 10, "1e-4"),
     "trainer.kl_coef": _float(0, 1e6, "1e-3"),
@@ -49,7 +49,7 @@ KNOBS: dict[str, Knob] = {
     "trainer.checkpoint_every": _int(0, INF, "10 (0: only at the end)"),
     "trainer.heartbeat_every_s": _float(0, 3600, "10", low_open=True),
     "trainer.heartbeat_timeout_s": _float(0, INF, "120", low_open=True),
-    "clip.ceiling": _float(0, 1e6, "1, 3 or 10", low_open=True),
+    "clip.ceiling": _float(0, 1e6, "1, 3 or 10", low_open=True, why="the importance-weight ceiling c (clip=tight/mid/loose)"),
     "evaluation.prompts": _int(1, 1_000_000, "50"),
     "evaluation.samples_per_prompt": _int(1, 100_000, "8"),
     "evaluation.repeats": _int(1, 1_000, "5"),
@@ -60,7 +60,8 @@ KNOBS: dict[str, Knob] = {
     "evaluation.every": _int(0, INF, "10 (0: only at the start and end)"),
     "policy.generation_batch_size": _int(1, 10_000_000, "512"),
     "policy.max_new_tokens": _int(1, 1_000_000, "52"),
-    "policy.vllm.gpu_memory_utilization": _float(0, 1, "0.3", low_open=True, high_open=True),
+    "policy.vllm.gpu_memory_utilization": _float(0, 1, "0.3", low_open=True, high_open=True,
+                                                  why="vLLM's share of the GPU"),
     "policy.vllm.max_model_len": _int(1, INF, "4096 or null", nullable=True),
     "policy.vllm.max_num_seqs": _int(1, INF, "256 or null", nullable=True),
     "policy.vllm.seed": SEED,
@@ -162,8 +163,9 @@ def _searchpath_folders(overrides: list[str]) -> list[Path]:
     return []
 
 
-def check_types(cfg: DictConfig) -> None:
-    """Raise SchemaError for the first unknown key or value of the wrong type (a NaN or inf number included)."""
+def check_values(cfg: DictConfig) -> None:
+    """Raise SchemaError for the first unknown key, or value of the wrong type (NaN and inf included) or outside
+    its knob's range: each bound is declared once, on its knob, and checked here once."""
     values = _task_leaves(cfg)
     knobs = _knobs(cfg)
     declared = frozenset(_component_knobs(cfg))
@@ -171,19 +173,9 @@ def check_types(cfg: DictConfig) -> None:
         check_known(key, declared)
     for key, value in values.items():
         if key in LIST_KNOBS:
-            _check_list(key, value, ranges=False)
+            _check_list(key, value)
         else:
-            _check_value(key, value, knobs(key), ranges=False)
-
-
-def check_ranges(cfg: DictConfig) -> None:
-    """Raise SchemaError for the first value outside its knob's range (after `check_types`)."""
-    knobs = _knobs(cfg)
-    for key, value in _task_leaves(cfg).items():
-        if key in LIST_KNOBS:
-            _check_list(key, value, ranges=True)
-        else:
-            _check_value(key, value, knobs(key), ranges=True)
+            _check_value(key, value, knobs(key))
 
 
 def _knobs(cfg: DictConfig):
@@ -231,7 +223,7 @@ def _knob_from_default(key: str, default) -> Knob:
     return Knob("any", nullable=True)
 
 
-def _check_value(key: str, value, knob: Knob, ranges: bool) -> None:
+def _check_value(key: str, value, knob: Knob) -> None:
     shown = f"{key}={_show(value)}"
     fix = f" (e.g. {key}={knob.example})" if knob.example else ""
     if value is None:
@@ -256,17 +248,16 @@ def _check_value(key: str, value, knob: Knob, ranges: bool) -> None:
         raise SchemaError(f"{shown}: must be {'an integer' if knob.kind == 'int' else 'a number'}{fix}")
     if not math.isfinite(value):
         raise SchemaError(f"{shown}: must be a finite number{fix}")
+    if knob.kind == "int" and not isinstance(value, int):
+        raise SchemaError(f"{shown}: must be an integer, written without a decimal point{fix}")
     too_low = value < knob.low or (knob.low_open and value == knob.low)
     too_high = value > knob.high or (knob.high_open and value == knob.high)
-    # Upper bounds refuse sizes that would hang, so they hold from the first pass; a value below its
-    # range is left to src.config's method-specific message, then refused by the range pass.
-    if value > knob.high or ((too_low or too_high) and ranges):
-        raise SchemaError(f"{shown}: out of range, must be {_range(knob)}{fix}")
-    if knob.kind == "int" and not isinstance(value, int) and not ranges:
-        raise SchemaError(f"{shown}: must be an integer, written without a decimal point{fix}")
+    if too_low or too_high:
+        why = f": {knob.why}" if knob.why else ""
+        raise SchemaError(f"{shown}: out of range, must be {_range(knob)}{why}{fix}")
 
 
-def _check_list(key: str, value, ranges: bool) -> None:
+def _check_list(key: str, value) -> None:
     element, shortest, longest, example = LIST_KNOBS[key]
     if not isinstance(value, list):
         raise SchemaError(f"{key}={_show(value)}: must be a list (e.g. {key}={example})")
@@ -275,7 +266,7 @@ def _check_list(key: str, value, ranges: bool) -> None:
         raise SchemaError(f"{key}={_show(value)}: must hold {size} values (e.g. {key}={example})")
     for item in value:
         try:
-            _check_value(key, item, element, ranges)
+            _check_value(key, item, element)
         except SchemaError as error:
             raise SchemaError(f"{key}={_show(value)}: each value {str(error).split(': ', 1)[1]} "
                               f"(e.g. {key}={example})") from None

@@ -44,6 +44,7 @@ class Knob:
     high_open: bool = False
     nullable: bool = False
     example: str = ""  # a value that works, for the message
+    why: str = ""      # what the bound protects, for the message (e.g. "leave-one-out needs K >= 2")
 
 
 def int_knob(low=-INF, high=INF, example="", **kw) -> Knob:

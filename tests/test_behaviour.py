@@ -167,14 +167,14 @@ def test_resuming_an_off_policy_behaviour_run_continues_exactly(random_policy_di
 
 # --------------------------------------------------------------------------- config
 @pytest.mark.parametrize("overrides,words", [
-    (["behaviour=stale", "behaviour.lag=-1"], ["lag=-1", ">= 0"]),
+    (["behaviour=stale", "behaviour.lag=-1"], ["lag=-1", "0 <= value"]),
     (["behaviour=stale", "behaviour.lag=0"], ["lag=0", "behaviour=current"]),
     (["behaviour=diverse", "behaviour.temperature=1.0"], ["temperature 1.0", "behaviour=current"]),
-    (["behaviour=diverse", "behaviour.temperature=0"], ["temperature=0", "> 0"]),
+    (["behaviour=diverse", "behaviour.temperature=0"], ["temperature=0", "0 < value"]),
     (["behaviour=stale", "behaviour.is_level=group"], ["is_level='group'", "token"]),
-    (["behaviour=stale", "behaviour.is_max=0.5"], ["is_max=0.5", "is_min <= 1 <= is_max"]),
+    (["behaviour=stale", "behaviour.is_max=0.5"], ["is_max=0.5", "1 <= value"]),
     (["behaviour=stale", "behaviour.is_level=token", "behaviour.is_max_token=0.5"],
-     ["behaviour.is_max_token=0.5", "is_min <= 1 <= is_max_token"]),
+     ["behaviour.is_max_token=0.5", "1 <= value"]),
     (["behaviour=stale", "behaviour.is_min=1.5", "behaviour.is_max=3"], ["is_min=1.5"]),
 ])
 def test_invalid_behaviour_settings_are_refused_with_the_fix(compose_config, overrides, words):

@@ -197,7 +197,7 @@ def test_a_component_target_that_does_not_import_is_named_before_any_compute(com
 
 
 def test_validate_reports_the_constructors_own_check(compose_config):
-    """A group's setting is checked once, by its component: validate shows the constructor's message."""
+    """What spans a component's settings is checked once, by the component: validate shows its message."""
     from src.buffer.fifo import FifoReplayBuffer
     from src.rollout.behaviour import BehaviourPolicy
 
@@ -207,9 +207,9 @@ def test_validate_reports_the_constructors_own_check(compose_config):
         validate(compose_config("buffer=fifo", "buffer.mode=lifo"))
     assert str(validated.value) == str(built.value)
     with pytest.raises(ValueError) as built:
-        BehaviourPolicy(None, lag=-1)
+        BehaviourPolicy(None, lag=0)
     with pytest.raises(ConfigError) as validated:
-        validate(compose_config("behaviour=stale", "behaviour.lag=-1"))
+        validate(compose_config("behaviour=stale", "behaviour.lag=0"))
     assert str(validated.value) == str(built.value)
 
 

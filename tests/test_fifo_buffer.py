@@ -44,8 +44,6 @@ def prompts(draws) -> list[str]:
         (dict(capacity=0), "capacity"),
         (dict(capacity=2.5), "capacity"),
         (dict(capacity=4, mode="random"), "mode must be one of"),
-        (dict(capacity=4, positive_bias=1.5), "positive_bias"),
-        (dict(capacity=4, positive_bias=-0.1), "positive_bias"),
         (dict(capacity=4, correct_reward="yes"), "correct_reward"),
     ],
 )

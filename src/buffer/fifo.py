@@ -93,14 +93,6 @@ def extra_updates(replay_factor: int) -> int:
     return check_int("replay_factor (R)", replay_factor, 1, "R = 1 means no extra replay updates.") - 1
 
 
-def _check_delta(delta: float) -> float:
-    # delta = 1 would keep no fresh group whole: every incorrect rollout would leave at once.
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 <= delta < 1.0:
-        raise ValueError(f"buffer.positive_bias delta={delta!r}: use 0 <= delta < 1 (0 = plain FIFO; seed 001 "
-                         "uses 0.5)")
-    return float(delta)
-
-
 def keep_freshest(correct: list[bool], n_fresh: int, n_correct: int) -> list[int]:
     """Seed 001 D.4 on a rollout stream listed oldest first: positions kept (ascending), the freshest
     `n_fresh` whatever their reward plus the freshest `n_correct` correct ones older than those."""
@@ -219,7 +211,8 @@ class FifoReplayBuffer(ReplayStore):
 
     settings = ("capacity", "mode", "positive_bias", "correct_reward")
     counters = ("added", "dropped", "dropped_rollouts", "_next_uid", "updates")
-    knobs = {**ReplayStore.knobs, "positive_bias": float_knob(0, 1, "0.5", high_open=True),
+    knobs = {**ReplayStore.knobs, "positive_bias": float_knob(0, 1, "0.5 (seed 001)", high_open=True,
+                                                                        why="delta = 1 would keep no fresh group whole"),
              "extra_updates": int_knob(0, 100, "1")}
     queue_stands_in = True
 
@@ -270,7 +263,7 @@ class FifoReplayBuffer(ReplayStore):
                  allow_infeasible: bool = False) -> None:
         super().__init__(seed)
         self.mode = check_choice("buffer.mode", mode, SAMPLING_MODES)
-        self.positive_bias = _check_delta(positive_bias)
+        self.positive_bias = float(positive_bias)
         self.extra_updates = check_int("buffer.extra_updates", extra_updates, 0,
                                        "R - 1 extra updates per step (0 = none, seed 002: 1).")
         if max_age != 0:

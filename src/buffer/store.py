@@ -43,7 +43,8 @@ class ReplayStore(Variant):
     ratio: float = 0.0                 # rho: planned replayed groups per fresh group
     settings: tuple[str, ...] = ()     # attributes a checkpoint must agree on
     counters: tuple[str, ...] = ()     # attributes restored from a checkpoint as ints
-    knobs = {"ratio": float_knob(0, 64, "1"), "max_age": int_knob(0, 1_000, "2"),
+    knobs = {"ratio": float_knob(0, 64, "1", why="rho: replayed groups per fresh group; 0 is fresh-only"),
+             "max_age": int_knob(0, 1_000, "2", why="L: the oldest step a replayed group may come from"),
              "capacity": int_knob(1, 10_000_000, "4096")}
     # runtime=async: the pipeline's rollout queue (seed 001's FIFO of rollouts) can stand in for this store.
     queue_stands_in: bool = False

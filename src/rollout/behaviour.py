@@ -16,7 +16,6 @@ from collections import deque
 
 import torch
 
-from src.checks import check_int
 from src.loss.base import Truncation
 from src.policy.model import frozen_copy
 from src.variant import Variant, float_knob, int_knob
@@ -53,7 +52,7 @@ class CurrentBehaviour(Variant):
 class BehaviourPolicy(Variant):
     """`behaviour=stale|diverse`: keeps the last `lag` + 1 weight snapshots and says which weights sample step t."""
 
-    knobs = {"lag": int_knob(0, 100_000, "4"),
+    knobs = {"lag": int_knob(0, 100_000, "4 (seed 002: 1, 4, 16)", why="steps back of the sampling weights"),
              "temperature": float_knob(0, 100, "1.2 or null", low_open=True, nullable=True),
              "is_min": float_knob(0, 1, "0"), "is_max": float_knob(1, 1e6, "10"), "is_max_token": float_knob(1, 1e6, "2")}
 
@@ -73,10 +72,8 @@ class BehaviourPolicy(Variant):
     def __init__(self, policy: torch.nn.Module, lag: int, temperature: float | None = None,
                  training_temperature: float = 1.0, is_min: float = 0.0, is_max: float = 10.0,
                  is_level: str = "sequence", name: str = "stale", is_max_token: float = 2.0):
-        self.lag = check_int("behaviour.lag", lag, 0, "Steps back of the sampling weights (seed 002: 1, 4, 16).")
+        self.lag = int(lag)
         temperature = training_temperature if temperature is None else temperature
-        if not temperature > 0:
-            raise ValueError(f"behaviour.temperature={temperature}: must be > 0 (seed 002: 1.2)")
         if self.lag == 0 and temperature == training_temperature:
             raise ValueError(f"behaviour={name} with lag=0 and temperature {temperature} = the training temperature "
                              "samples from the current policy: use behaviour=current, a lag >= 1 or another temperature")
