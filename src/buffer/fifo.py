@@ -213,7 +213,7 @@ class FifoReplayBuffer(ReplayStore):
     counters = ("added", "dropped", "dropped_rollouts", "_next_uid", "updates")
     knobs = {**ReplayStore.knobs, "positive_bias": float_knob(0, 1, "0.5 (seed 001)", high_open=True,
                                                                         why="delta = 1 would keep no fresh group whole"),
-             "extra_updates": int_knob(0, 100, "1")}
+             "extra_updates": int_knob(0, 100, "1 (seed 002)", why="R - 1 extra updates per step")}
     queue_stands_in = True
 
     @classmethod
@@ -264,8 +264,7 @@ class FifoReplayBuffer(ReplayStore):
         super().__init__(seed)
         self.mode = check_choice("buffer.mode", mode, SAMPLING_MODES)
         self.positive_bias = float(positive_bias)
-        self.extra_updates = check_int("buffer.extra_updates", extra_updates, 0,
-                                       "R - 1 extra updates per step (0 = none, seed 002: 1).")
+        self.extra_updates = int(extra_updates)
         if max_age != 0:
             raise ValueError(f"buffer.max_age={max_age}: buffer=fifo has no age window (the capacity N bounds "
                              "staleness); leave max_age=0, or use buffer=age1/age2/age3 for an age window")
@@ -273,10 +272,10 @@ class FifoReplayBuffer(ReplayStore):
             raise ValueError(f"buffer=fifo with buffer.ratio rho={ratio} and buffer.extra_updates=0 never replays; "
                              "set rho > 0 or extra_updates >= 1, or use buffer=none")
         self.ratio = float(ratio)
-        self.groups_per_step = check_int("trainer.groups_per_step", groups_per_step, 1)
+        self.groups_per_step = int(groups_per_step)
         self._draws: list[FifoDraw] = []  # this step's, main and extra batches (seed 001's use statistics)
         self._extra_draws = 0
-        self.capacity = check_int("buffer.capacity", capacity, 1, "N counts groups: at least 1 (default 256).")
+        self.capacity = int(capacity)
         if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)):
             raise ValueError(f"correct_reward must be a number (Countdown: 1.0), got {correct_reward!r}.")
         self.correct_reward = float(correct_reward)

@@ -49,7 +49,7 @@ def _check_variant(variant: str) -> str:
 
 def _check_stale_factor(stale_factor: int, variant: str) -> int:
     """n of POPO-stale(n): an integer >= 1, above 1 only for the popo-stale variant."""
-    stale_factor = check_int("buffer.stale_factor", stale_factor, 1, "n of POPO-stale(n).")
+    stale_factor = int(stale_factor)
     if variant != "popo-stale" and stale_factor != 1:
         raise ValueError(f"buffer.stale_factor={stale_factor}: above 1 only with buffer.variant=popo-stale, "
                          f"not {variant!r}")
@@ -212,7 +212,7 @@ def compose_batch(online_groups: Sequence[Group], memory: EffectiveGroupMemory, 
 class PopoStore(EffectiveGroupMemory):
     """`buffer=popo`: the batch keeps the step's effective online groups and refills from the memory (seed 003)."""
 
-    knobs = {**ReplayStore.knobs, "stale_factor": int_knob(1, 1_000, "2")}
+    knobs = {**ReplayStore.knobs, "stale_factor": int_knob(1, 1_000, "2", why="n of POPO-stale(n)")}
     STALE = "popo-stale"
 
     @classmethod
@@ -247,7 +247,7 @@ class PopoStore(EffectiveGroupMemory):
         if ratio != 0 or max_age != 0:
             raise ValueError(f"buffer=popo with buffer.ratio={ratio}, buffer.max_age={max_age}: POPO samples all B "
                              "groups online and refills only what it drops; leave ratio=0 and max_age=0")
-        self.groups_per_step = check_int("trainer.groups_per_step", groups_per_step, 1)
+        self.groups_per_step = int(groups_per_step)
         super().__init__(capacity=self.groups_per_step * stale_factor, effective_only=self.variant != "popo-ineff",
                          seed=seed)
         self._composed: PopoBatch | None = None

@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 
 from src.batch import Group, is_effective
-from src.checks import check_int
 from src.policy.forward import Forward
 from src.rollout.interface import RolloutEngine, SamplingParams
 from src.task.base import Task
@@ -67,7 +66,7 @@ class FreshCollection(Variant):
                  seed: int = 0, name: str = "standard") -> None:
         self.engine, self.sampler, self.behaviour, self.prompts, self.forward = engine, sampler, behaviour, prompts, forward
         self.task = task
-        self.group_size = check_int("trainer.group_size", group_size, 2)
+        self.group_size = int(group_size)
         self.max_new_tokens, self.top_p, self.top_k, self.seed = max_new_tokens, top_p, top_k, int(seed)
 
     def collect(self, policy, count: int, step: int) -> Collected:
@@ -134,7 +133,8 @@ class FreshCollection(Variant):
 class DynamicCollection(FreshCollection):
     """`sampling=dynamic` (DAPO): rounds of ceil(missing x oversample) prompts, keeping effective groups only."""
 
-    knobs = {"oversample": float_knob(1, 100, "1.5"), "max_rounds": int_knob(1, 1_000, "8")}
+    knobs = {"oversample": float_knob(1, 100, "1.5", why="each round samples ceil(missing x oversample) prompts"),
+             "max_rounds": int_knob(1, 1_000, "8", why="generation rounds per step before giving up")}
 
     @classmethod
     def plain(cls, node) -> bool:
@@ -160,12 +160,8 @@ class DynamicCollection(FreshCollection):
                  **settings) -> None:
         # mechanism_only only lifts src/config.py's check that the loss and KL are DAPO's: sampling is the same.
         super().__init__(**settings)
-        if not oversample >= 1:
-            raise ValueError(f"sampling.oversample={oversample}: each round samples ceil(missing x oversample) "
-                             "prompts, so use oversample >= 1 (e.g. 1.5)")
         self.oversample = float(oversample)
-        self.max_rounds = check_int("sampling.max_rounds", max_rounds, 1,
-                                    "Generation rounds per step before giving up (e.g. 8).")
+        self.max_rounds = int(max_rounds)
 
     def rounds(self, count: int, step: int, sampling: SamplingParams, timings) -> tuple[list, list, int]:
         fresh, generated = [], []
