@@ -189,6 +189,9 @@ def _validate_ranks(cfg: DictConfig) -> None:
     _check(cfg.policy.engine == "hf",
            f"{key} with policy.engine={cfg.policy.engine}: the ranks generate with the sharded policy itself; set "
            "policy.engine=hf")
+    _check(cfg.hardware.device in ("cpu", "cuda"),
+           f"{key} with hardware.device={cfg.hardware.device}: each rank takes GPU LOCAL_RANK; set "
+           "hardware.device=cuda")
     _check(cfg.trainer.groups_per_step >= ranks,
            f"{key} with trainer.groups_per_step={cfg.trainer.groups_per_step}: every rank trains whole groups; "
            f"raise trainer.groups_per_step to at least {ranks}")

@@ -102,3 +102,21 @@ def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config,
     validate(compose_config("hardware.ranks=2"))
     with pytest.raises(ConfigError, match=named):
         validate(compose_config("hardware.ranks=2", *overrides), check_device=False)
+
+
+def test_a_slurm_job_of_several_tasks_joins_as_torchrun_ranks(monkeypatch, compose_config):
+    """submitit's tasks (hydra.launcher.tasks_per_node = hardware.ranks) get torchrun's variables from SLURM's."""
+    import os
+
+    from src.runs.ranks import export_slurm_tasks, mismatch
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "42", "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "1",
+             "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu-node7", "SLURM_PROCID": "3", "SLURM_LOCALID": "3"}
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    export_slurm_tasks()
+    assert (os.environ["WORLD_SIZE"], os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("4", "3", "3")
+    assert os.environ["MASTER_ADDR"] == "gpu-node7"
+    assert mismatch(compose_config("hardware=h100x4"), int(os.environ["WORLD_SIZE"])) is None

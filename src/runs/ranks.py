@@ -1,6 +1,7 @@
 """One run over torchrun's ranks (`hardware.ranks` > 1, `runtime=sync`): what each rank does beside the step.
 
     torchrun --standalone --nproc_per_node 2 -m src.run hardware.ranks=2 ...
+    python -m src.run -m hardware=h100x4 ...     # SLURM: one task a rank (submitit's tasks_per_node)
 
 Every rank runs the whole step: it samples the same prompts and generates the same rollouts (the
 generation seed comes from (seed, step), and the policy's forward passes are FSDP's, in lockstep), then
@@ -92,6 +93,7 @@ def mismatch(cfg: DictConfig, world: int) -> str | None:
 def join(cfg: DictConfig, error=ValueError) -> Ranks:
     """Join torchrun's process group (gloo on the CPU, NCCL on GPUs, each rank on GPU LOCAL_RANK); `error`
     with one line when `hardware.ranks` is not the number of processes torchrun started."""
+    export_slurm_tasks()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     problem = mismatch(cfg, world)
     if problem:
@@ -105,6 +107,18 @@ def join(cfg: DictConfig, error=ValueError) -> Ranks:
             torch.cuda.set_device(ranks.local)
         dist.init_process_group("nccl" if on_gpu else "gloo")
     return ranks
+
+
+def export_slurm_tasks() -> None:
+    """In a SLURM job submitit started with several tasks (hydra.launcher.tasks_per_node = hardware.ranks), the
+    variables torchrun would set (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK), from SLURM's."""
+    if "WORLD_SIZE" in os.environ or os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return
+    from submitit import JobEnvironment
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if JobEnvironment().num_tasks > 1:
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # each rank picks GPU LOCAL_RANK
 
 
 def leave(ranks: Ranks) -> None:
