@@ -39,7 +39,7 @@ from src.task.base import TaskDataError, build_task
 from src.build import build_components, build_runtime
 from src.runtime.runners import PipelineError, RunLoop
 from src.study.labels import hydra_job, run_labels
-from src.runs.checkpoint import CheckpointError, check_resume_from, payload_bytes, restore_checkpoint, save_checkpoint
+from src.runs.checkpoint import CheckpointError, check_resume_from, payload_bytes, save_checkpoint
 from src.components import Components
 from src.runs.claim import fail_unopened_claim, withdraw_unopened_claim
 from src.runs.resume import NothingToTrain, RunAlive, choose_start
@@ -245,7 +245,7 @@ def save_final_policy(parts: Components, folder: Path, ranks: Ranks = Ranks()) -
         return folder
     try:
         with writing("the final policy", folder, payload_bytes(whole or parts.policy.state_dict())):
-            parts.policy.save_pretrained(folder, state_dict=whole)
+            parts.policy.save_pretrained(folder, **({} if whole is None else {"state_dict": whole}))
             parts.tokenizer.save_pretrained(folder)
     except DiskFull:
         shutil.rmtree(folder, ignore_errors=True)
