@@ -56,6 +56,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
            f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
     _validate_components(cfg)
     _validate_across_groups(cfg)
+    _validate_ranks(cfg)
     if check_device and cfg.hardware.device.startswith("cuda"):
         import torch
 
@@ -145,6 +146,32 @@ def _validate_components(cfg: DictConfig) -> None:
     except TypeError as error:  # a `_target_` override naming a class that takes other settings
         raise ConfigError(f"{error}: a group's `_target_` must name a class that takes that group's settings "
                           "(see conf/<group>/*.yaml); fix the override or drop it") from None
+
+
+def _validate_ranks(cfg: DictConfig) -> None:
+    """What data-parallel training over `hardware.ranks` processes (src/runs/ranks.py) can run."""
+    ranks = int(cfg.hardware.ranks)
+    if ranks == 1:
+        return
+    key = f"hardware.ranks={ranks}"
+    _check(described(cfg.runtime).plain(cfg.runtime),
+           f"{key} with runtime={cfg.runtime.get('name')}: data-parallel ranks run runtime=sync; set hardware.ranks=1")
+    loss = load_target(cfg.loss._target_)
+    _check(getattr(loss, "splits_over_ranks", False),
+           f"{key} with loss={cfg.loss.name}: its totals do not split over ranks yet; use loss=rloo, rloo-tis or "
+           "asymre, or hardware.ranks=1")
+    _check(not cfg.trainer.fused_logprobs,
+           f"{key} with trainer.fused_logprobs=true: the fused head runs apart from the sharded model; set "
+           "trainer.fused_logprobs=false")
+    _check(cfg.policy.engine == "hf",
+           f"{key} with policy.engine={cfg.policy.engine}: the ranks generate with the sharded policy itself; set "
+           "policy.engine=hf")
+    _check(cfg.hardware.device in ("cpu", "cuda"),
+           f"{key} with hardware.device={cfg.hardware.device}: each rank takes GPU LOCAL_RANK; set "
+           "hardware.device=cuda")
+    _check(cfg.trainer.groups_per_step >= ranks,
+           f"{key} with trainer.groups_per_step={cfg.trainer.groups_per_step}: every rank trains whole groups; "
+           f"raise trainer.groups_per_step to at least {ranks}")
 
 
 def _validate_across_groups(cfg: DictConfig) -> None:

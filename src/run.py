@@ -39,10 +39,12 @@ from src.task.base import TaskDataError, build_task
 from src.build import build_components, build_runtime
 from src.runtime.runners import PipelineError, RunLoop
 from src.study.labels import hydra_job, run_labels
-from src.runs.checkpoint import CheckpointError, check_resume_from, payload_bytes, restore_checkpoint, save_checkpoint
+from src.runs.checkpoint import CheckpointError, check_resume_from, payload_bytes, save_checkpoint
 from src.components import Components
 from src.runs.claim import fail_unopened_claim, withdraw_unopened_claim
 from src.runs.resume import NothingToTrain, RunAlive, choose_start
+from src.runs import ranks as rank_run
+from src.runs.ranks import Ranks
 from src.state import TrainState
 from src.train import collect, learn
 
@@ -53,14 +55,22 @@ console = Console(stderr=True)
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one cell; returns the final evaluation summary."""
     validate(cfg)  # config mistakes fail here, before any model is loaded
+    ranks = rank_run.join(cfg, ConfigError)  # torchrun's ranks (hardware.ranks), or this process alone
+    try:
+        return train_ranks(cfg, ranks)
+    finally:
+        rank_run.leave(ranks)
+
+
+def train_ranks(cfg: DictConfig, ranks: Ranks) -> dict[str, float]:
     progress.silence_library_bars()
     quiet_log_files_when_full()
-    tracking.check_store(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+    ranks.lead_only(tracking.check_store, cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
     check_resume_from(cfg.trainer.resume_from)
     warn_short_replay_pool(cfg)
     with StopOnSignal() as stop:
         try:
-            summary = train_cell(cfg, cell_identity(cfg), stop)
+            summary = train_cell(cfg, cell_identity(cfg), stop, ranks)
         except StopRequested as request:  # before the MLflow run opened: nothing to save
             withdraw_unopened_claim()
             log.warning("%s before training began: nothing to save; %s", signal_name(request.signum),
@@ -81,24 +91,28 @@ def warn_short_replay_pool(cfg: DictConfig) -> None:
                     "logged (batch/gap_fill_groups)", cfg.trainer.groups_per_step, cfg.buffer.ratio, window)
 
 
-def train_cell(cfg: DictConfig, identity: str, stop: StopOnSignal) -> dict[str, float]:
-    """Find where the cell starts, load the model, and train it inside its MLflow run."""
+def train_cell(cfg: DictConfig, identity: str, stop: StopOnSignal, ranks: Ranks = Ranks()) -> dict[str, float]:
+    """Find where the cell starts, load the model, and train it inside its MLflow run.
+
+    Over several ranks, rank 0 decides where the cell starts and owns the MLflow run (src/runs/ranks.py)."""
     with stop.abandonable():  # until the run opens, a stop loses nothing: the next start redoes it
-        start = choose_start(cfg, identity, Path(HydraConfig.get().runtime.output_dir))
-    for path in remove_stale_temporaries(start.folder, cfg.trainer.heartbeat_timeout_s):
+        start = ranks.lead_only(choose_start, cfg, identity, Path(HydraConfig.get().runtime.output_dir))
+    for path in remove_stale_temporaries(start.folder, cfg.trainer.heartbeat_timeout_s) if ranks.lead else ():
         log.info("removed %s, left half-written by a process that was killed", path)
     # A resumed run was claimed by its heartbeat: keep it alive through model loading (a new run gets its
     # id, and the heartbeat with it, once MLflow opens it).
-    with Heartbeat(start.folder, start.run_id, cfg.trainer.heartbeat_every_s) as heartbeat:
+    with rank_run.lead_context(ranks, Heartbeat(start.folder, start.run_id, cfg.trainer.heartbeat_every_s)) as beat:
         with stop.abandonable():
             task = build_task(cfg.task)
             train_set, heldout = task.splits()
-            parts = build_components(cfg, train_set, task=task)
-            state = restore_checkpoint(start.checkpoint, parts) if start.checkpoint else TrainState()
+            parts = rank_run.shard(build_components(cfg, train_set, task=task), cfg, ranks)
+            state = rank_run.restore(start.checkpoint, parts, ranks) if start.checkpoint else TrainState()
         start.checkpoint = None  # the policy holds it now; free the copy
-        with tracking.start_run(cfg, run_labels(cfg), start.run_id, *hydra_job(), folder=start.folder) as tracker:
-            heartbeat.beat_for(tracker.run_id)
-            cell = CellRun(cfg, identity, parts, state, heldout, tracker, start.folder, stop)
+        opened = tracking.start_run(cfg, run_labels(cfg), start.run_id, *hydra_job(), folder=start.folder)
+        with rank_run.lead_context(ranks, opened) as tracker:
+            tracker = rank_run.RankTracker(tracker, ranks) if ranks.many else tracker
+            (beat or rank_run.NoHeartbeat()).beat_for(tracker.run_id)
+            cell = CellRun(cfg, identity, parts, state, heldout, tracker, start.folder, stop, ranks)
             try:
                 return cell.run()
             except StopRequested as request:
@@ -117,6 +131,7 @@ class CellRun:
     tracker: tracking.Tracker
     folder: Path
     stop: StopOnSignal
+    ranks: Ranks = Ranks()
     saved_at: int = -1  # the step of the checkpoint this process last wrote
 
     def run(self) -> dict[str, float]:
@@ -136,10 +151,12 @@ class CellRun:
             while state.step < cfg.trainer.steps:
                 self.train_one_step(bar)
         self.checkpoint()
-        final_dir = save_final_policy(self.parts, self.folder / "policy")
+        final_dir = save_final_policy(self.parts, self.folder / "policy", self.ranks)
         after = self.evaluate("final", step=state.step)
         tracker.set_tags({"fresh_evaluations": str(state.fresh_evaluations)})
         tracker.log_summary(after, state, cfg.evaluation.ks)
+        if not self.ranks.lead:
+            return after.summary
         tracking.log_final_policy(tracker.run_id, final_dir, cfg.tracking.policy_artifact_max_mb)
         if tracker.redone_mismatches:
             tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
@@ -169,8 +186,9 @@ class CellRun:
         if every and state.step % every == 0 and state.step < cfg.trainer.steps:
             self.checkpoint()
         self.evaluate_if_due()
-        if self.stop.requested and state.step < cfg.trainer.steps:  # keep this step, then go
-            raise StopRequested(self.stop.requested)
+        requested = self.ranks.most(self.stop.requested or 0)  # every rank stops after the same step
+        if requested and state.step < cfg.trainer.steps:  # keep this step, then go
+            raise StopRequested(requested)
 
     def evaluate_if_due(self) -> None:
         """The learning-curve evaluation of this step, unless it is logged already (not twice after a resume)."""
@@ -191,8 +209,12 @@ class CellRun:
 
     def checkpoint(self) -> None:
         if self.saved_at != self.state.step:
-            save_checkpoint(self.folder / LATEST_CHECKPOINT, self.parts, self.state, self.tracker.run_id,
-                            self.identity)
+            shards = rank_run.save_shards(self.folder, self.parts, self.state.step, self.ranks)
+            if self.ranks.lead:
+                save_checkpoint(self.folder / LATEST_CHECKPOINT, self.parts, self.state, self.tracker.run_id,
+                                self.identity, shards)
+                rank_run.prune_shards(self.folder, self.state.step)
+            self.ranks.barrier()
             self.saved_at = self.state.step
 
     def stop_here(self, request: StopRequested) -> None:
@@ -200,6 +222,9 @@ class CellRun:
         signal on (or exit 128 + signal)."""
         if not request.mid_step:
             self.checkpoint()
+        if not self.ranks.lead:  # rank 0 closes the run and says how to resume it
+            self.stop.requested = self.stop.requested or request.signum  # the signal may have reached rank 0 only
+            self.stop.hand_on()
         problem = tracking.close_active_run(self.tracker.run_id, "KILLED")
         if problem is not None:
             tracking.leave_run_end(self.tracker.run_id, "KILLED", signal_name(request.signum), problem, self.folder)
@@ -212,11 +237,15 @@ class CellRun:
         self.stop.hand_on()
 
 
-def save_final_policy(parts: Components, folder: Path) -> Path:
-    """The trained policy and tokenizer as a `from_pretrained` folder; a full disk leaves no half of it."""
+def save_final_policy(parts: Components, folder: Path, ranks: Ranks = Ranks()) -> Path:
+    """The trained policy and tokenizer as a `from_pretrained` folder; a full disk leaves no half of it.
+    Over several ranks their shards are gathered, and rank 0 writes the folder."""
+    whole = rank_run.gathered_state(parts.policy, ranks)
+    if not ranks.lead:
+        return folder
     try:
-        with writing("the final policy", folder, payload_bytes(parts.policy.state_dict())):
-            parts.policy.save_pretrained(folder)
+        with writing("the final policy", folder, payload_bytes(whole or parts.policy.state_dict())):
+            parts.policy.save_pretrained(folder, **({} if whole is None else {"state_dict": whole}))
             parts.tokenizer.save_pretrained(folder)
     except DiskFull:
         shutil.rmtree(folder, ignore_errors=True)

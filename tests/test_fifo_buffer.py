@@ -41,8 +41,6 @@ def prompts(draws) -> list[str]:
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(capacity=0), "capacity"),
-        (dict(capacity=2.5), "capacity"),
         (dict(capacity=4, mode="random"), "mode must be one of"),
         (dict(capacity=4, correct_reward="yes"), "correct_reward"),
     ],

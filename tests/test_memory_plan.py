@@ -64,11 +64,15 @@ def test_a_policy_without_a_written_architecture_is_named_with_the_fix():
         shape_file("org/unknown")
 
 
+EIGHT_RANKS = ("hardware.ranks=8", "hardware.device=cuda", "trainer.fused_logprobs=false", "policy.engine=hf")
+
+
 def test_the_slurm_dry_run_prints_the_memory_plan_of_the_job(compose_config):
     from src.study.slurm import slurm_plan_lines
 
-    seven = compose_config("hardware=h100x8", "policy=qwen2.5-7b", hydra=True)
+    seven = compose_config("hardware=h100x8", "policy=qwen2.5-7b", *EIGHT_RANKS, hydra=True)
     lines = slurm_plan_lines(seven, [seven])
+    assert "1 node x 8 task, 8 GPU" in lines[0]  # one SLURM task a rank
     planned = [line for line in lines if line.startswith("memory plan: Qwen/Qwen2.5-7B")]
     assert len(planned) == 1 and "over the job's 8 GPU(s): " in planned[0]
     assert "at micro-batch 8192 tokens, activation checkpointing on" in planned[0]
@@ -77,3 +81,42 @@ def test_the_slurm_dry_run_prints_the_memory_plan_of_the_job(compose_config):
                                "does not fit") for line in slurm_plan_lines(alone, [alone]))
     tiny = compose_config("hardware=h100", hydra=True)
     assert not any(line.startswith("memory plan") for line in slurm_plan_lines(tiny, [tiny]))
+
+
+def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_that_fits(compose_config):
+    from src.config import validate
+    from src.study.slurm import memory_refusal
+
+    def refusal(*overrides):
+        cfg = compose_config(*overrides, hydra=True)
+        job = compose_config(*overrides)
+        validate(job, check_device=False)
+        return memory_refusal(job, cfg.hydra.launcher, cfg.hydra.runtime.choices.hardware)
+
+    assert refusal("hardware=h100x4", "policy=qwen2.5-7b") is None
+    assert refusal("hardware=h100x8", "policy=qwen2.5-7b", *EIGHT_RANKS) is None
+    assert refusal("hardware=h100", "policy=qwen2.5-1.5b") is None
+    assert refusal("hardware=h100") is None  # the tiny policy: nothing to plan
+    one = refusal("hardware=h100", "policy=qwen2.5-7b")
+    assert one.startswith("policy.name_or_path=Qwen/Qwen2.5-7B on hardware=h100 (hardware.ranks=1): needs 168 GiB")
+    assert one.endswith("FSDP over 4 GPUs fits: use hardware=h100x4")
+    # hardware=h100x8 trains on one GPU unless told its ranks (runtime=async's trainer)
+    assert refusal("hardware=h100x8", "policy=qwen2.5-7b").endswith("use hardware=h100x4")
+    many = refusal("hardware=h100x4", "hardware.ranks=8")
+    assert many.startswith("hardware.ranks=8 on hardware=h100x4: the job asks for 4 GPU(s)")
+
+
+@pytest.mark.slow  # a Hydra sweep composes in a subprocess: ~10 s
+def test_the_dry_run_refuses_a_policy_the_job_cannot_hold_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from src.paths import PROJECT_ROOT
+
+    command = [sys.executable, "-m", "src.run", "-m", "hardware=h100", "policy=qwen2.5-7b", "hydra.sweeper.dry_run=true",
+               f"tracking.uri=sqlite:///{tmp_path}/mlruns.db", f"hydra.sweep.dir={tmp_path}/sweep"]
+    done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "Qwen2.5-7B on hardware=h100" in line]
+    assert len(said) == 1 and said[0].endswith("use hardware=h100x4") and "Traceback" not in done.stderr
+    assert "SLURM: " not in done.stdout  # refused before the job's request is planned

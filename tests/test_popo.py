@@ -174,8 +174,6 @@ def test_variant_and_memory_must_match():
         compose_batch([], make_memory("popo", 4), 4, variant="dapo", step=0)
     with pytest.raises(ValueError, match="stale_factor"):
         make_memory("popo", 4, stale_factor=10)
-    with pytest.raises(ValueError, match="stale_factor"):
-        make_memory("popo-stale", 4, stale_factor=0)
 
 
 def test_more_online_groups_than_the_batch_is_refused():

@@ -115,6 +115,7 @@ class SkipFinishedSweeper(Sweeper):
     def composed_jobs(self, arguments: List[str]) -> List[tuple]:
         """Every job's (overrides, validated task config); a bad cell stops the sweep in one line, exit 2."""
         from src.config import ConfigError, validate
+        from src.study.slurm import memory_refusal, uses_slurm
 
         jobs = []
         for overrides in self.job_overrides(arguments):
@@ -124,6 +125,11 @@ class SkipFinishedSweeper(Sweeper):
                 validate(task_cfg, check_device=False)  # a bad cell stops the sweep before anything runs
             except ConfigError as error:
                 stop(f"cell {' '.join(overrides)}: {error}", 2)
+            # A job whose GPUs cannot hold the cell's policy is refused before submission, not after its queue wait.
+            hardware = OmegaConf.select(cfg, "hydra.runtime.choices.hardware", default="cpu")
+            refusal = memory_refusal(task_cfg, cfg.hydra.launcher, hardware) if uses_slurm(cfg) else None
+            if refusal:
+                stop(f"cell {' '.join(overrides)}: {refusal}", 2)
             jobs.append((overrides, task_cfg))
         return jobs
 

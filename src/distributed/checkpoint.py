@@ -34,3 +34,15 @@ def load_sharded(folder: Path, policy, optimizer) -> None:
     state = {"policy": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(folder))
     set_state_dict(policy, optimizer, model_state_dict=state["policy"], optim_state_dict=state["optimizer"])
+
+
+def load_sharded_policy(folder: Path, policy) -> None:
+    """Read only the policy's weights from `folder` (an evaluation needs no optimizer state)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    if not (Path(folder) / ".metadata").is_file():
+        raise FileNotFoundError(f"{folder} holds no sharded checkpoint (no .metadata): name the folder "
+                                "save_sharded wrote")
+    state = {"policy": get_model_state_dict(policy)}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_model_state_dict(policy, state["policy"])

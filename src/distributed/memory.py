@@ -21,6 +21,7 @@ Usage: python -m src.distributed.memory Qwen/Qwen2.5-7B
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import dataclass
@@ -126,7 +127,8 @@ def plan_lines(name_or_path: str, gpu_gib: float = H100_GIB) -> list[str]:
 
 
 def job_plan_lines(names: list[str], gpus: int) -> list[str]:
-    """The memory plan of each distinct policy in `names` that has a written architecture, on a job's `gpus`."""
+    """The memory plan of each distinct policy in `names` that has a written architecture, trained data-parallel
+    over `gpus` GPUs (the job's trainer ranks)."""
     lines = []
     for name in sorted(set(names)):
         if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
@@ -138,6 +140,15 @@ def job_plan_lines(names: list[str], gpus: int) -> list[str]:
                      f"{where}: {fit.peak_gib:.1f} GiB per GPU at micro-batch {fit.micro_batch_tokens} tokens, "
                      f"activation checkpointing {'on' if fit.activation_checkpointing else 'off'}")
     return lines
+
+
+@functools.lru_cache(maxsize=16)  # a sweep asks once a cell
+def fewest_gpus(name: str, gpu_gib: float = H100_GIB) -> tuple[Fit, int | None]:
+    """The plan of `name` on each GPU count, smallest first, until one fits: (the 1-GPU plan's misfit or fit,
+    the fewest GPUs that fit; None if none of GPU_COUNTS does)."""
+    shape = Shape.of(meta_policy(name))
+    fits = {gpus: best_fit(shape, gpus, gpu_gib) for gpus in GPU_COUNTS}
+    return fits, next((gpus for gpus, fit in fits.items() if fit.micro_batch_tokens is not None), None)
 
 
 if __name__ == "__main__":

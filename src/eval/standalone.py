@@ -112,7 +112,12 @@ def load_for_evaluation(cfg: DictConfig, policy_path: str, checkpoint: Path | No
     policy, tokenizer = load_policy(policy_path, cfg.hardware.device, cfg.hardware.dtype)
     if checkpoint is not None:
         payload = read_checkpoint(checkpoint, map_location=cfg.hardware.device)  # weights_only: never runs code
-        policy.load_state_dict(payload["policy"])
+        if payload.get("shards"):  # a data-parallel run's checkpoint names its DCP shards
+            from src.distributed.checkpoint import load_sharded_policy
+
+            load_sharded_policy(Path(payload["shards"]), policy)
+        else:
+            policy.load_state_dict(payload["policy"])
     engine = build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
                          **cfg.policy.get("vllm", {}))
     return policy, tokenizer, engine

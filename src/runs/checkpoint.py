@@ -29,12 +29,18 @@ class CheckpointError(RuntimeError):
     """No checkpoint of a run folder loads, or the one found belongs to another run or cell."""
 
 
-def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: str, cell_id: str) -> None:
+def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: str, cell_id: str,
+                    shards: Path | None = None) -> None:
     """Model, optimizer, buffer, sampler and RNG states, step, MLflow run id and cell id; the previous generation
-    stays as `checkpoint.prev.pt` next to `path` until this one is complete."""
+    stays as `checkpoint.prev.pt` next to `path` until this one is complete.
+
+    `shards`: the DCP folder the ranks of a data-parallel run wrote the policy and optimizer to
+    (`src.runs.ranks.save_shards`); the file then names it, relative to its own folder, instead of holding them.
+    """
     payload = {
-        "policy": parts.policy.state_dict(),
-        "optimizer": parts.optimizer.state_dict(),
+        "policy": None if shards else parts.policy.state_dict(),
+        "optimizer": None if shards else parts.optimizer.state_dict(),
+        "shards": str(shards.relative_to(path.parent)) if shards else None,
         "buffer": parts.store.state_dict(),
         "sampler": parts.sampler.state_dict(),
         "behaviour": parts.behaviour.state_dict(),
@@ -84,6 +90,8 @@ def read_checkpoint(path: Path, map_location=None) -> dict:
         raise CheckpointError(f"{path} {damage(error)}") from None
     if not isinstance(payload, dict) or not {"policy", "state", "run_id"} <= payload.keys():
         raise CheckpointError(f"{path} is not a training checkpoint (no policy, state and run id in it)")
+    if payload.get("shards"):
+        payload["shards"] = str(Path(path).parent / payload["shards"])
     return payload
 
 
@@ -124,9 +132,18 @@ def read_latest_checkpoint(folder: Path, map_location=None) -> tuple[dict, Path]
 
 
 def restore_checkpoint(payload: dict, parts: Components) -> TrainState:
-    """Restore everything `save_checkpoint` wrote into the components; returns the training state."""
-    parts.policy.load_state_dict(payload["policy"])
-    parts.optimizer.load_state_dict(payload["optimizer"])
+    """Restore everything `save_checkpoint` wrote into the components; returns the training state.
+
+    Sharded weights load into a plain or a sharded policy alike (any number of ranks); whole ones into a plain
+    policy only, so a data-parallel run refuses a one-process checkpoint (`src.runs.ranks`) before sharding.
+    """
+    if payload.get("shards"):
+        from src.distributed.checkpoint import load_sharded  # torch.distributed.checkpoint: only when needed
+
+        load_sharded(Path(payload["shards"]), parts.policy, parts.optimizer)
+    else:
+        parts.policy.load_state_dict(payload["policy"])
+        parts.optimizer.load_state_dict(payload["optimizer"])
     parts.store.load_state_dict(payload["buffer"])
     parts.sampler.load_state_dict(payload["sampler"])
     parts.behaviour.load_state_dict(payload["behaviour"])

@@ -154,6 +154,33 @@ def _count(cfgs: list[DictConfig], key: tuple[int, int, int, str]) -> int:
     return sum(benchmark_key(cfg) == key for cfg in cfgs)
 
 
+# The hardware options with their trainer ranks, the fix a refused job is told about (conf/hardware).
+RANKED_HARDWARE = {1: "hardware=h100", 4: "hardware=h100x4",
+                   8: "hardware=h100x8 hardware.ranks=8 hardware.device=cuda trainer.fused_logprobs=false "
+                      "policy.engine=hf"}
+
+
+def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str | None:
+    """One line naming the policy, the hardware and the fix when the job cannot train the cell's policy: more
+    ranks than the job's GPUs, or a memory plan (src/distributed/memory.py) that does not fit its ranks' GPUs."""
+    from src.distributed.memory import H100_GIB, SHAPES, fewest_gpus  # meta-device models: transformers, lazily
+
+    ranks, gpus, name = int(cfg.hardware.get("ranks", 1) or 1), gpus_per_job(launcher), cfg.policy.name_or_path
+    if gpus and ranks > gpus:
+        return (f"hardware.ranks={ranks} on hardware={hardware}: the job asks for {gpus} GPU(s), one a rank; "
+                f"set hardware.ranks={gpus}, or use a hardware option with more GPUs")
+    if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
+        return None  # the tiny policy or a local folder: no plan
+    fits, fewest = fewest_gpus(name)
+    fit = fits.get(ranks)
+    if fit is None or fit.micro_batch_tokens is not None:
+        return None
+    fix = next((option for count, option in RANKED_HARDWARE.items() if fewest and count >= fewest), None)
+    return (f"policy.name_or_path={name} on hardware={hardware} (hardware.ranks={ranks}): needs {fit.peak_gib:.0f} "
+            f"GiB per GPU at the smallest micro-batch with activation checkpointing, an H100 holds {H100_GIB:g}; "
+            + (f"FSDP over {fewest} GPUs fits: use {fix}" if fix else "no plan of up to 8 GPUs fits"))
+
+
 def slurm_plan_lines(config: DictConfig, cfgs: list[DictConfig], results: Path = RESULTS_DIR) -> list[str]:
     """What a SLURM sweep will ask for: each job's request, warnings on unset site settings, the memory plan of
     the large policies (src/distributed/memory.py), the GPU-hours."""
@@ -163,5 +190,7 @@ def slurm_plan_lines(config: DictConfig, cfgs: list[DictConfig], results: Path =
     lines = [f"SLURM: {len(cfgs)} job(s) to launch, {launcher.get('array_parallelism', '?')} at a time; each "
              f"asks for {job_request(launcher)}"]
     lines += [f"warning: {warning}" for warning in request_warnings(launcher)]
-    lines += job_plan_lines([cfg.policy.name_or_path for cfg in cfgs], int(launcher.get("gpus_per_node") or 1))
+    for ranks in sorted({int(cfg.hardware.get("ranks", 1) or 1) for cfg in cfgs}):  # FSDP shards over the ranks
+        lines += job_plan_lines([cfg.policy.name_or_path for cfg in cfgs
+                                 if int(cfg.hardware.get("ranks", 1) or 1) == ranks], ranks)
     return lines + gpu_hour_lines(cfgs, launcher, results)

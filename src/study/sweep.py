@@ -38,6 +38,7 @@ LAUNCH_ONLY = (
     "tracking",
     "hardware.threads",
     "hardware.name",
+    "hardware.ranks",  # data-parallel ranks: the same numbers as one process (src/runs/ranks.py)
     "trainer.resume_from",
     "trainer.auto_resume",
     "trainer.rerun",  # train a finished cell again: a new run of the same cell

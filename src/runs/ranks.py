@@ -1,0 +1,207 @@
+"""One run over torchrun's ranks (`hardware.ranks` > 1, `runtime=sync`): what each rank does beside the step.
+
+    torchrun --standalone --nproc_per_node 2 -m src.run hardware.ranks=2 ...
+    python -m src.run -m hardware=h100x4 ...     # SLURM: one task a rank (submitit's tasks_per_node)
+
+Every rank runs the whole step: it samples the same prompts and generates the same rollouts (the
+generation seed comes from (seed, step), and the policy's forward passes are FSDP's, in lockstep), then
+trains its share of the batch (`src.distributed.data_parallel`), so every rank holds the step's numbers.
+Rank 0 alone talks to MLflow, claims the cell, writes the heartbeat, the run's small state and the final
+policy; what the others must know of its answers (which run, which checkpoint, whether a metric is
+logged already, whether a stop came) it broadcasts. The policy and optimizer are checkpointed by every
+rank as DCP shards (`src.distributed.checkpoint`), which any number of ranks, one included, reads back.
+One process (`hardware.ranks=1`, no torchrun) goes through the same calls, which then do nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+SHARDS = "shards"  # a run folder's DCP checkpoints, one folder a step: shards/step-000010
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the run's ranks (torchrun's WORLD_SIZE, RANK, LOCAL_RANK)."""
+
+    world: int = 1
+    rank: int = 0
+    local: int = 0
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def many(self) -> bool:
+        return self.world > 1
+
+    def share(self, value=None):
+        """Rank 0's `value` on every rank (pickled between the ranks of one job: trusted peers)."""
+        if not self.many:
+            return value
+        box = [value if self.lead else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def most(self, value: int) -> int:
+        """The largest of the ranks' `value`s (e.g. a stop signal that reached only some ranks yet)."""
+        if not self.many:
+            return value
+        reduced = torch.tensor(int(value), dtype=torch.int64)
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+        return int(reduced.item())
+
+    def barrier(self) -> None:
+        if self.many:
+            dist.barrier()
+
+    def lead_only(self, work, *args, **kwargs):
+        """`work(*args, **kwargs)` on rank 0, its result (or the exception it raised) on every rank."""
+        result, error = None, None
+        if self.lead:
+            try:
+                result = work(*args, **kwargs)
+            except Exception as raised:  # noqa: BLE001  (every rank raises it below)
+                error = raised
+        result, error = self.share((result, error))
+        if error is not None:
+            raise error
+        return result
+
+
+def mismatch(cfg: DictConfig, world: int) -> str | None:
+    """The one-line refusal when `hardware.ranks` is not the number of processes torchrun started; else None."""
+    want = int(cfg.hardware.get("ranks", 1) or 1)
+    if want == world:
+        return None
+    if world == 1:
+        return (f"hardware.ranks={want} but this process was not started by torchrun (WORLD_SIZE unset): launch "
+                f"`torchrun --standalone --nproc_per_node {want} -m src.run ...`, or set hardware.ranks=1")
+    return (f"hardware.ranks={want} but torchrun started {world} processes (WORLD_SIZE={world}): set "
+            f"hardware.ranks={world}, or start torchrun with --nproc_per_node {want}")
+
+
+def join(cfg: DictConfig, error=ValueError) -> Ranks:
+    """Join torchrun's process group (gloo on the CPU, NCCL on GPUs, each rank on GPU LOCAL_RANK); `error`
+    with one line when `hardware.ranks` is not the number of processes torchrun started."""
+    export_slurm_tasks()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    problem = mismatch(cfg, world)
+    if problem:
+        raise error(problem)
+    if world == 1:
+        return Ranks()
+    ranks = Ranks(world, int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        on_gpu = str(cfg.hardware.device).startswith("cuda")
+        if on_gpu:
+            torch.cuda.set_device(ranks.local)
+        dist.init_process_group("nccl" if on_gpu else "gloo")
+    return ranks
+
+
+def export_slurm_tasks() -> None:
+    """In a SLURM job submitit started with several tasks (hydra.launcher.tasks_per_node = hardware.ranks), the
+    variables torchrun would set (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK), from SLURM's."""
+    if "WORLD_SIZE" in os.environ or os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return
+    from submitit import JobEnvironment
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if JobEnvironment().num_tasks > 1:
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # each rank picks GPU LOCAL_RANK
+
+
+def leave(ranks: Ranks) -> None:
+    if ranks.many and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard(parts, cfg: DictConfig, ranks: Ranks):
+    """`parts` trained data-parallel over the ranks (FSDP2), or as they are in one process."""
+    if not ranks.many:
+        return parts
+    from src.build import data_parallel
+
+    return data_parallel(parts, cfg.trainer)
+
+
+class RankTracker:
+    """Rank 0's MLflow tracker on every rank: rank 0 writes, the others skip the writes and get rank 0's reads."""
+
+    def __init__(self, tracker, ranks: Ranks) -> None:
+        self.tracker, self.ranks = tracker, ranks
+        self.run_id = ranks.share(tracker.run_id if ranks.lead else None)
+
+    @property
+    def redone_mismatches(self) -> list[str]:
+        return self.tracker.redone_mismatches if self.ranks.lead else []
+
+    def has_metric_at(self, key: str, step: int) -> bool:
+        return self.ranks.share(self.tracker.has_metric_at(key, step) if self.ranks.lead else None)
+
+    def __getattr__(self, name):  # log_step, log_evaluation, log_completions, log_summary, set_tags
+        return getattr(self.tracker, name) if self.ranks.lead else (lambda *args, **kwargs: None)
+
+
+def lead_context(ranks: Ranks, context):
+    """`context` entered on rank 0 only (the MLflow run, the heartbeat); None elsewhere."""
+    return context if ranks.lead else contextlib.nullcontext()
+
+
+class NoHeartbeat:
+    """The heartbeat of a rank other than 0: rank 0 beats for the run."""
+
+    def beat_for(self, run_id: str) -> None:
+        return None
+
+
+def gathered_state(policy, ranks: Ranks) -> dict | None:
+    """The whole policy's weights (every rank calls it under FSDP); None where no one needs them."""
+    if not ranks.many:
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_shards(folder: Path, parts, step: int, ranks: Ranks) -> Path | None:
+    """This step's DCP shards of the policy and optimizer under `folder` (every rank writes its own); None in one
+    process, whose checkpoint file holds them whole."""
+    if not ranks.many:
+        return None
+    from src.distributed.checkpoint import save_sharded
+
+    target = folder / SHARDS / f"step-{step:06d}"
+    save_sharded(target, parts.policy, parts.optimizer)
+    ranks.barrier()  # every rank's shards are on disk before rank 0's checkpoint file points at them
+    return target
+
+
+def prune_shards(folder: Path, step: int) -> None:
+    """Keep the shards of the two newest checkpoints up to `step` (the file's two generations point at them);
+    remove older ones (rank 0, after a checkpoint). Newer ones, left by a run that died before its checkpoint
+    file pointed at them, are rewritten when the run gets there again."""
+    done = sorted(path for path in (folder / SHARDS).glob("step-*") if int(path.name.split("-")[1]) <= step)
+    for path in done[:-2]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def restore(payload: dict, parts, ranks: Ranks):
+    """`restore_checkpoint` into `parts`; a data-parallel run refuses a checkpoint holding whole weights."""
+    from src.runs.checkpoint import CheckpointError, restore_checkpoint
+
+    if ranks.many and not payload.get("shards"):
+        raise CheckpointError(f"hardware.ranks={ranks.world}: the checkpoint of run {payload['run_id']} was written "
+                              "by one process (whole weights, no DCP shards); resume it with hardware.ranks=1, "
+                              "without torchrun")
+    return restore_checkpoint(payload, parts)

@@ -1,0 +1,122 @@
+"""`python -m src.run` over torchrun's ranks (hardware.ranks, src/runs/ranks.py): the numbers one process logs."""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from src.paths import PROJECT_ROOT
+from tests.conftest import wall_clock
+
+# float64: the ranks sum the same terms in other orders, which float32 would round apart (~1e-5)
+SETTINGS = ("trainer.steps=5", "trainer.groups_per_step=4", "trainer.group_size=4", "policy.max_new_tokens=16",
+            "trainer.micro_batch_size=3", "trainer.learning_rate=1e-3", "trainer.kl_coef=0.05", "buffer=age1",
+            "hardware.dtype=float64", "hardware.threads=1", "trainer.checkpoint_every=1", "evaluation.prompts=4",
+            "evaluation.samples_per_prompt=2", "evaluation.ks=[1,2]")
+
+
+def launch(tmp_path, store: str, folder: str, *prefix: str, extra=()) -> subprocess.Popen:
+    command = [*prefix, "-m", "src.run", *SETTINGS, *extra, f"tracking.uri={store}",
+               f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/{folder}"]
+    return subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finished(process: subprocess.Popen, timeout: float = 300) -> str:
+    out, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, out[-3000:]
+    return out
+
+
+def histories(store: str) -> tuple[list, dict[str, list[tuple[int, float]]]]:
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("replay-rloo").experiment_id])
+    run = runs[0]
+    return runs, {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+                  for key in run.data.metrics}
+
+
+@pytest.mark.slow  # three launches of the tiny policy (one under torchrun): ~60 s on a quiet 2-core box
+def test_two_ranks_killed_and_resumed_on_one_log_the_one_process_run(tmp_path):
+    """A 2-rank torchrun run (gloo) is stopped by SIGTERM after some steps and resumed by one process: its MLflow run
+    holds every metric of an uninterrupted one-process run, each step once, to float64 rounding."""
+    one, two = f"sqlite:///{tmp_path}/one.db", f"sqlite:///{tmp_path}/two.db"
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+    ranks = launch(tmp_path, two, "two", *torchrun, extra=("hardware.ranks=2",))
+    first = tmp_path / "two" / "checkpoint.prev.pt"  # two checkpoints: the ranks trained at least two steps
+    while not first.exists() and ranks.poll() is None:
+        time.sleep(0.05)
+    ranks.send_signal(signal.SIGTERM)  # torchrun hands it to its ranks: they finish the step and checkpoint
+    out, _ = ranks.communicate(timeout=120)
+    assert ranks.returncode != 0 and "marked KILLED" in out, out[-3000:]
+    killed, logged = histories(two)
+    assert [run.info.status for run in killed] == ["KILLED"]
+    stopped_at = len(logged["train/reward"])
+    assert 2 <= stopped_at < 5 and (tmp_path / "two" / "shards").is_dir()
+
+    reference = launch(tmp_path, one, "one", sys.executable)
+    out = finished(launch(tmp_path, two, "resumed", sys.executable))  # one process resumes the ranks' shards
+    finished(reference)
+    assert f"resuming run {killed[0].info.run_id}" in out and "RESUME MISMATCH" not in out
+    (reference_run,), want = histories(one)
+    (resumed,), got = histories(two)
+    assert resumed.info.run_id == killed[0].info.run_id and resumed.info.status == "FINISHED"
+    assert got.keys() == want.keys()
+    compared = 0
+    for key, values in want.items():
+        if wall_clock(key):
+            continue
+        assert [step for step, _ in got[key]] == [step for step, _ in values], key  # each step once
+        for (_, value), (_, seen) in zip(values, got[key]):
+            assert (math.isnan(value) and math.isnan(seen)) or seen == pytest.approx(value, rel=1e-9, abs=1e-12), key
+            compared += 1
+    assert compared > 100 and len(want["train/loss"]) == 5 and len(set(v for _, v in want["train/loss"])) == 5
+
+
+def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_config):
+    from src.runs.ranks import join, mismatch
+
+    cfg = compose_config("hardware.ranks=2")
+    assert mismatch(compose_config(), 1) is None and mismatch(cfg, 2) is None
+    assert "hardware.ranks=2 but this process was not started by torchrun" in mismatch(cfg, 1)
+    assert "set hardware.ranks=3, or start torchrun with --nproc_per_node 2" in mismatch(cfg, 3)
+    with pytest.raises(ValueError, match="torchrun --standalone --nproc_per_node 2 -m src.run"):
+        join(cfg)  # this test's process has no WORLD_SIZE
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (("runtime=async",), "with runtime=async: data-parallel ranks run runtime=sync"),
+    (("loss=ipo",), "with loss=ipo: its totals do not split over ranks"),
+    (("trainer.fused_logprobs=true",), "trainer.fused_logprobs=false"),
+    (("policy.engine=vllm",), "set policy.engine=hf"),
+    (("trainer.groups_per_step=1",), "raise trainer.groups_per_step to at least 2"),
+])
+def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config, overrides, named):
+    from src.config import ConfigError, validate
+
+    validate(compose_config("hardware.ranks=2"))
+    with pytest.raises(ConfigError, match=named):
+        validate(compose_config("hardware.ranks=2", *overrides), check_device=False)
+
+
+def test_a_slurm_job_of_several_tasks_joins_as_torchrun_ranks(monkeypatch, compose_config):
+    """submitit's tasks (hydra.launcher.tasks_per_node = hardware.ranks) get torchrun's variables from SLURM's."""
+    import os
+
+    from src.runs.ranks import export_slurm_tasks, mismatch
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "42", "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "1",
+             "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu-node7", "SLURM_PROCID": "3", "SLURM_LOCALID": "3"}
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    export_slurm_tasks()
+    assert (os.environ["WORLD_SIZE"], os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("4", "3", "3")
+    assert os.environ["MASTER_ADDR"] == "gpu-node7"
+    assert mismatch(compose_config("hardware=h100x4"), int(os.environ["WORLD_SIZE"])) is None
