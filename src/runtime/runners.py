@@ -251,7 +251,7 @@ class AsyncSession:
 
         self.runtime, self.loop = runtime, loop
         settings = runtime.settings
-        cpus = runtime.num_cpus / (settings.workers + 1)  # a share for this process, the trainer
+        cpus = runtime.num_cpus / (settings.workers + 1)  # a share for each worker and the trainer actor
         self.work = RayWork(loop.cfg, loop.parts, loop.state, settings, runtime.max_restarts,
                             runtime.worker_threads, cpus, runtime.gpus_per_worker)
         self.pipeline = runtime.build_pipeline(self.work)
@@ -309,9 +309,11 @@ class AsyncSession:
                      int(metrics["queue/size"]))
             every = cfg.trainer.checkpoint_every
             if every and state.step % every == 0 and state.step < cfg.trainer.steps:
+                self.work.pull()  # the checkpoint's policy and optimizer are the trainer actor's
                 loop.save()
             evaluate_every = cfg.evaluation.every
             if evaluate_every and state.step % evaluate_every == 0 and state.step < cfg.trainer.steps:
+                self.work.pull(optimizer=False)
                 loop.evaluate(state.step)
             if loop.stop.requested and state.step < cfg.trainer.steps:  # src.run checkpoints and ends it KILLED
                 raise StopRequested(loop.stop.requested)
@@ -349,14 +351,24 @@ class AsyncSession:
             log_artifact(artifact)
 
     def close(self) -> None:
-        """Keep the last snapshot in the store (the run's final checkpoint is written after Ray stops)."""
+        """Bring the driver's policy, optimizer and RNG up to the trainer actor's and keep the last snapshot in
+        the store: the run's final (or stop) checkpoint and evaluation come after Ray stops.
+
+        A dead trainer leaves the driver's copy stale: its PipelineError ends the run without a checkpoint."""
         try:
-            self.store.saved = self.snapshot()
+            if self.work.trainer_dead:
+                self.store.saved = None
+            else:
+                self.work.pull()
+                self.store.saved = self.snapshot()
+        except PipelineError:
+            raise
         except Exception as error:  # noqa: BLE001  (a failed run still ends; its last checkpoint stands)
             log.warning("could not snapshot the pipeline at the end (%s); the last checkpoint stands", error)
             self.store.saved = None
-        self.store.snapshot = None
-        self.work.close()
+        finally:
+            self.store.snapshot = None
+            self.work.close()
 
 
 def _json_number(value):
