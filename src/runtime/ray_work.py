@@ -1,4 +1,4 @@
-"""The pipeline's real work on Ray (SPEC 11): rollout-worker actors, weight sync, and the trainer's update.
+"""The pipeline's real work on Ray (SPEC 11): rollout-worker actors, the trainer actor, and weight sync.
 
 * `RolloutWorker` (a Ray actor, one per worker): its own policy copy and rollout engine (HF
   generate on the CPU; `policy.engine=vllm` builds the vLLM engine instead), the run's
@@ -10,10 +10,19 @@
   them into its policy and hands them to its engine (`engine.sync_weights`: the vLLM engine's
   in-place `load_weights`). Another transfer (vLLM's NCCL weight transfer) is another class with
   the same two methods.
-* `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive. The trainer is this process: it
-  picks each request's prompt from the run's prompt sampler (in event order, so the lockstep
-  schedule is reproducible), tells the sampler each group's rewards, and trains with the step's
-  own `learn` half on a `Collection` made of the drawn rollouts.
+* `TrainerActor` (a Ray actor, T = 1): the policy, optimizer, reference and objective, built by
+  `src.build.build_components` from the same config as the driver's, updated with the step's own
+  `learn` half on a `Collection` made of the drawn rollouts; it publishes its weights itself.
+  On CUDA it sits at `hardware.device`, after the workers' GPUs.
+* `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
+  loop). It picks each request's prompt from the run's prompt sampler (in event order, so the
+  lockstep schedule is reproducible), tells the sampler each group's rewards, sends each batch to
+  the trainer actor and takes back the step's metrics and TrainState counters. The driver's policy,
+  optimizer and torch RNG are its copy for checkpoints and evaluation: `pull` brings them up to the
+  actor's on demand (before a checkpoint, an evaluation and the run's end), not every step; the
+  actor starts from the driver's (a resumed run: the checkpoint's), so the same seed gives the same
+  metrics as a trainer in the driver would. A dead trainer is not restarted (its updates since the
+  checkpoint are gone): the run stops with one line and resumes from its checkpoint when relaunched.
 
 A request's sampling seed derives from (run seed, request key), so a group does not depend on
 which worker generated it, and a retried request (a worker restarted by Ray's `max_restarts`)
