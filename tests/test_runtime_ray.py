@@ -214,13 +214,19 @@ def test_a_dead_trainer_stops_the_run_in_one_line_and_its_checkpoint_resumes_it(
     from src.runtime.pipeline import PipelineError
 
     recorder, _ = lockstep_w2
-    path = tmp_path / "checkpoint.pt"
+    path, seen = tmp_path / "checkpoint.pt", []
     with ray_session(2):
-        first, got = start(compose_config_module, tmp_path)
+        first, got = start(compose_config_module, tmp_path, "trainer.checkpoint_every=2", "evaluation.every=1")
+        loop = first.loop
+        trained = lambda: weights_equal(loop.parts.policy.state_dict(),  # noqa: E731
+                                        ray.get(first.work.trainer.weights.remote()))
+        # src.run's calls: the driver's copy must be the trainer's whenever it checkpoints or evaluates
+        loop.save = lambda: (seen.append(("save", loop.state.step, trained())),
+                             save_checkpoint(path, loop.parts, loop.state, "test", "cell"))
+        loop.evaluate = lambda step: seen.append(("evaluate", step, trained()))
         try:
             first.run(until=2)
-            first.work.pull()
-            save_checkpoint(path, first.loop.parts, first.loop.state, "test", "cell")
+            assert seen == [("evaluate", 1, True), ("save", 2, True), ("evaluate", 2, True)]
             first.work.crash_trainer()
             with pytest.raises(PipelineError, match="the trainer actor died") as stopped:
                 first.run()
