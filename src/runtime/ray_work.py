@@ -255,6 +255,7 @@ class RayWork:
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
         self.workers = [actor.remote(config, threads) for _ in range(settings.workers)]
         self.trainer = start_trainer(config, cpus_per_worker, self.board, parts, state)
+        log.info("trainer actor started at step %d (pid %d)", state.step, ray.get(self.trainer.pid.remote()))
         self.trainer_dead = False
         self.pulled = (state.step, True)  # (step, with the optimizer): what the driver's copy holds
         self.pending: list[Pending] = []
