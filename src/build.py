@@ -23,13 +23,14 @@ from src.task.prompts import PromptFormat
 
 
 def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, engine=None,
-                     task: Task | None = None) -> Components:
+                     task: Task | None = None, sampler=None) -> Components:
     """Every component of the step from its config group, with `instantiate` (`_target_` in the YAML).
 
     The one place that reads config for the step: components get their own group's settings plus the
     runtime objects they work with, and validate them in their constructors. A test or benchmark may
     hand in a policy with its tokenizer, or an engine, it built already; the runner hands in the task it
-    loaded the training set from.
+    loaded the training set from. A process that trains but picks no prompts (runtime=async's trainer
+    actor) hands in its prompt sampler and no training set.
     """
     trainer = cfg.trainer
     if cfg.hardware.threads:
@@ -49,7 +50,8 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
                                     **cfg.policy.get("vllm", {}))
     task = task or build_task(cfg.task)
     task.check_curriculum(cfg.curriculum.name)
-    sampler = build(cfg.curriculum, instances=train_set, seed=trainer.seed)
+    if sampler is None:
+        sampler = build(cfg.curriculum, instances=train_set, seed=trainer.seed)
     prompts = PromptFormat(task, tokenizer, cfg.policy.use_chat_template)
     behaviour, collection, objective = build_rollout_and_objective(cfg, policy, engine, sampler, prompts, forward,
                                                                    task)

@@ -7,6 +7,7 @@ the worker actors (each imports torch and loads the policy), so the runs are few
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from tests.conftest import wall_clock
 
 ray = pytest.importorskip("ray")
+import torch  # noqa: E402
 
 from src.build import build_components, build_runtime  # noqa: E402
 from src.runtime.ray_session import ray_session  # noqa: E402
@@ -161,20 +163,79 @@ def test_free_schedule_w1_with_two_groups_a_request_finishes(compose_config_modu
     assert all(max(e["versions"]) <= e["step"] for e in events if e["event"] == "sample")
 
 
-def test_lockstep_resume_from_a_checkpoint_continues_exactly(lockstep_w2, compose_config_module, tmp_path):
+def weights_equal(one: dict, other: dict) -> bool:
+    return one.keys() == other.keys() and all(torch.equal(one[name], other[name].to(one[name].device))
+                                              for name in one)
+
+
+def test_the_trainer_actor_updates_and_a_resumed_run_continues_exactly_from_its_state(
+        lockstep_w2, compose_config_module, tmp_path):
+    """The update runs in the trainer actor, not in the driver: the driver's policy moves only when it pulls
+    (before a checkpoint); a run resumed from that checkpoint starts its trainer actor from it, exactly."""
     from src.runs.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
 
     recorder, events = lockstep_w2
     path = tmp_path / "checkpoint.pt"
     with ray_session(2):
         first, got = start(compose_config_module, tmp_path)
+        driver = first.loop.parts
+        initial = {name: tensor.clone() for name, tensor in driver.policy.state_dict().items()}
         try:
             first.run(until=3)  # 3 updates, weights published at 2: the checkpoint keeps the workers' weights
+            assert ray.get(first.work.trainer.pid.remote()) != os.getpid()
+            trained = ray.get(first.work.trainer.weights.remote())
+            assert weights_equal(driver.policy.state_dict(), initial) and not weights_equal(trained, initial)
+            assert first.loop.state.step == 3 and first.loop.state.gradient_steps == 3  # the actor's counters
+            first.work.pull()  # as before src.run's checkpoint
+            assert weights_equal(driver.policy.state_dict(), trained) and driver.optimizer.state
             assert first.snapshot()["published_weights"] is not None
-            save_checkpoint(path, first.loop.parts, first.loop.state, "test", "cell")
+            save_checkpoint(path, driver, first.loop.state, "test", "cell")
         finally:
             first.close()
+        saved = read_checkpoint(path)
         loop = make_loop(compose_config_module, tmp_path, recorder=got)  # new components, as a restarted run
+        loop.state = restore_checkpoint(saved, loop.parts)
+        resumed = AsyncSession(build_runtime(loop.cfg), loop)
+        try:
+            actor = ray.get(resumed.work.trainer.state.remote())
+            assert weights_equal(actor["policy"], saved["policy"]) and actor["state"]["step"] == 3
+            assert torch.equal(actor["optimizer"]["state"][0]["exp_avg"], saved["optimizer"]["state"][0]["exp_avg"])
+            resumed.run()
+        finally:
+            resumed.close()
+    assert machine_free(got) == machine_free(recorder)
+    resumed_events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert resumed_events == events
+
+
+def test_a_dead_trainer_stops_the_run_in_one_line_and_its_checkpoint_resumes_it(lockstep_w2, compose_config_module,
+                                                                                  tmp_path):
+    from src.runs.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
+    from src.runtime.pipeline import PipelineError
+
+    recorder, _ = lockstep_w2
+    path, seen = tmp_path / "checkpoint.pt", []
+    with ray_session(2):
+        first, got = start(compose_config_module, tmp_path, "trainer.checkpoint_every=2", "evaluation.every=1")
+        loop = first.loop
+        trained = lambda: weights_equal(loop.parts.policy.state_dict(),  # noqa: E731
+                                        ray.get(first.work.trainer.weights.remote()))
+        # src.run's calls: the driver's copy must be the trainer's whenever it checkpoints or evaluates
+        loop.save = lambda: (seen.append(("save", loop.state.step, trained())),
+                             save_checkpoint(path, loop.parts, loop.state, "test", "cell"))
+        loop.evaluate = lambda step: seen.append(("evaluate", step, trained()))
+        try:
+            first.run(until=2)
+            assert seen == [("evaluate", 1, True), ("save", 2, True), ("evaluate", 2, True)]
+            first.work.crash_trainer()
+            with pytest.raises(PipelineError, match="the trainer actor died") as stopped:
+                first.run()
+        finally:
+            first.close()  # no snapshot of a run whose trainer is gone
+        assert "\n" not in str(stopped.value) and "resume from its last checkpoint" in str(stopped.value)
+        assert first.store.saved is None
+        assert [step for step, _ in got.steps] == [0, 1]  # the step the trainer died in was not logged
+        loop = make_loop(compose_config_module, tmp_path, recorder=got)
         loop.state = restore_checkpoint(read_checkpoint(path), loop.parts)
         resumed = AsyncSession(build_runtime(loop.cfg), loop)
         try:
@@ -182,8 +243,6 @@ def test_lockstep_resume_from_a_checkpoint_continues_exactly(lockstep_w2, compos
         finally:
             resumed.close()
     assert machine_free(got) == machine_free(recorder)
-    resumed_events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert resumed_events == events
 
 
 def test_sigterm_to_the_whole_process_group_checkpoints_and_resumes_into_the_same_run(tmp_path):

@@ -1,4 +1,4 @@
-"""The pipeline's real work on Ray (SPEC 11): rollout-worker actors, weight sync, and the trainer's update.
+"""The pipeline's real work on Ray (SPEC 11): rollout-worker actors, the trainer actor, and weight sync.
 
 * `RolloutWorker` (a Ray actor, one per worker): its own policy copy and rollout engine (HF
   generate on the CPU; `policy.engine=vllm` builds the vLLM engine instead), the run's
@@ -10,10 +10,19 @@
   them into its policy and hands them to its engine (`engine.sync_weights`: the vLLM engine's
   in-place `load_weights`). Another transfer (vLLM's NCCL weight transfer) is another class with
   the same two methods.
-* `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive. The trainer is this process: it
-  picks each request's prompt from the run's prompt sampler (in event order, so the lockstep
-  schedule is reproducible), tells the sampler each group's rewards, and trains with the step's
-  own `learn` half on a `Collection` made of the drawn rollouts.
+* `TrainerActor` (a Ray actor, T = 1): the policy, optimizer, reference and objective, built by
+  `src.build.build_components` from the same config as the driver's, updated with the step's own
+  `learn` half on a `Collection` made of the drawn rollouts; it publishes its weights itself.
+  On CUDA it sits at `hardware.device`, after the workers' GPUs.
+* `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
+  loop). It picks each request's prompt from the run's prompt sampler (in event order, so the
+  lockstep schedule is reproducible), tells the sampler each group's rewards, sends each batch to
+  the trainer actor and takes back the step's metrics and TrainState counters. The driver's policy,
+  optimizer and torch RNG are its copy for checkpoints and evaluation: `pull` brings them up to the
+  actor's on demand (before a checkpoint, an evaluation and the run's end), not every step; the
+  actor starts from the driver's (a resumed run: the checkpoint's), so the same seed gives the same
+  metrics as a trainer in the driver would. A dead trainer is not restarted (its updates since the
+  checkpoint are gone): the run stops with one line and resumes from its checkpoint when relaunched.
 
 A request's sampling seed derives from (run seed, request key), so a group does not depend on
 which worker generated it, and a retried request (a worker restarted by Ray's `max_restarts`)
@@ -23,17 +32,20 @@ generates the same group again.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import ray
 import torch
+from ray.exceptions import RayActorError
 from omegaconf import DictConfig, OmegaConf
 
 from src.batch import Batch, BatchGroup
 from src.components import Components
-from src.runtime.pipeline import Generated, PipelineSettings
+from src.runtime.pipeline import Generated, PipelineError, PipelineSettings
+from src.runtime.ray_session import first_line
 from src.runtime.queues import Sample
 from src.sampling.collection import Collected
 from src.state import TrainState
@@ -133,9 +145,93 @@ class RolloutWorker:
 
     def crash(self) -> None:
         """End this actor's process (tests: Ray restarts it under max_restarts)."""
-        import os
-
         os._exit(1)
+
+
+class _NoEngine:
+    """The trainer actor's rollout engine: the workers generate, so an update has no engine to sync."""
+
+    def sync_weights(self, policy: torch.nn.Module) -> None:
+        pass
+
+
+class _Reported:
+    """The trainer actor's prompt sampler: the driver picks the prompts and hears the rewards, and sends its
+    sampler's metrics with each batch, which the step's `learn` reports as its own."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, float] = {}
+
+    def metrics(self) -> dict[str, float]:
+        return self.latest
+
+
+class TrainerActor:
+    """The trainer (T = 1): the policy, its optimizer and the step's objective, built by `src.build` from the
+    run's config as the driver builds them, updated by the step's own `learn` half.
+
+    learn(collection, sampler_metrics) -> (metrics, counters, update)   one update on a drawn batch
+    publish(version) -> [object ref]     its weights on the object store and the WeightBoard
+    state() / load_state(state)          policy, optimizer, torch RNG and TrainState counters (checkpoints)
+    weights()                            the policy's weights (the driver's evaluation copy)
+    """
+
+    def __init__(self, config: dict, threads: int, board) -> None:
+        from src.build import build_components
+
+        cfg = OmegaConf.create(config)
+        self.sampler = _Reported()
+        # The driver's own build: same seed, dtype, device (hardware.device, after the workers' GPUs), loss.
+        self.parts = build_components(cfg, [], engine=_NoEngine(), sampler=self.sampler)
+        torch.set_num_threads(threads)  # the driver's count: the update's sums then add in the same order
+        self.train_state = TrainState()
+        self.board = board
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def learn(self, collection: Collection, sampler_metrics: dict) -> tuple[dict, dict, object]:
+        self.sampler.latest = sampler_metrics
+        metrics = learn(self.parts, self.train_state, collection)
+        return metrics, counters(self.train_state), collection.update
+
+    def publish(self, version: int) -> list:
+        ref = ObjectStoreSync.publish(self.parts.policy)
+        ray.get(self.board.set.remote(version, [ref]))
+        return [ref]  # in a list: Ray hands back the reference, not the weights
+
+    def weights(self) -> dict:
+        return on_cpu(self.parts.policy.state_dict())
+
+    def state(self) -> dict:
+        return {"policy": self.weights(), "optimizer": on_cpu(self.parts.optimizer.state_dict()),
+                "torch_rng": torch.get_rng_state(), "state": counters(self.train_state)}
+
+    def load_state(self, state: dict) -> None:
+        self.parts.policy.load_state_dict(state["policy"])
+        self.parts.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.train_state = TrainState(**state["state"])
+
+    def crash(self) -> None:
+        """End this actor's process (tests: the run must stop with one line)."""
+        os._exit(1)
+
+
+def counters(state: TrainState) -> dict:
+    """The TrainState fields `learn` advances (the driver keeps the per-step history itself)."""
+    return {name: value for name, value in state.__dict__.items() if name != "history"}
+
+
+def on_cpu(value):
+    """A (nested) state dict with every tensor detached on the CPU, to cross between processes."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {key: on_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_cpu(item) for item in value)
+    return value
 
 
 @dataclass
@@ -146,7 +242,8 @@ class Pending:
 
 
 class RayWork:
-    """Work for `src.runtime.pipeline`: W `RolloutWorker` actors and this process's trainer."""
+    """Work for `src.runtime.pipeline`: W `RolloutWorker` actors and one `TrainerActor`, driven from this
+    process, whose `parts` and `state` are the driver's copy (checkpoints, evaluation, the summary)."""
 
     def __init__(self, cfg: DictConfig, parts: Components, state: TrainState, settings: PipelineSettings,
                  max_restarts: int, threads: int, cpus_per_worker: float, gpus_per_worker: float = 0.0) -> None:
@@ -157,6 +254,10 @@ class RayWork:
         config = OmegaConf.to_container(cfg, resolve=True)
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
         self.workers = [actor.remote(config, threads) for _ in range(settings.workers)]
+        self.trainer = start_trainer(config, cpus_per_worker, self.board, parts, state)
+        log.info("trainer actor started at step %d (pid %d)", state.step, ray.get(self.trainer.pid.remote()))
+        self.trainer_dead = False
+        self.pulled = (state.step, True)  # (step, with the optimizer): what the driver's copy holds
         self.pending: list[Pending] = []
         self.preloaded: dict[int, list[Generated]] = {}
         self.published: tuple[int, ray.ObjectRef] | None = None
@@ -220,17 +321,52 @@ class RayWork:
 
     # ---- trainer ----
     def train(self, step: int, samples: list[Sample], arrived: list[Generated]) -> dict[str, float]:
-        """One update with the step's `learn` half on the drawn rollouts (a rollout drawn twice trains twice)."""
+        """One update in the trainer actor with the step's `learn` half on the drawn rollouts (a rollout drawn
+        twice trains twice); the driver's TrainState takes the counters `learn` advanced."""
         waited, self.wait_s = self.wait_s, 0.0
         collected = Collected(fresh=[], generated=[g.group for g in arrived], off_policy=False,
                               timings={"wait_for_rollouts": waited})
         self.last = Collection(step, batch_of(samples), collected, gap_fill=0)
-        return learn(self.parts, self.state, self.last)
+        metrics, advanced, self.last.update = self._trainer(
+            self.trainer.learn.remote(self.last, self.parts.sampler.metrics()))
+        for name, value in advanced.items():
+            setattr(self.state, name, value)
+        return metrics
 
     def publish(self, version: int) -> float:
+        """The trainer actor puts its weights on the object store and the board; returns the seconds it took."""
         started = time.perf_counter()
-        self._published(version, ObjectStoreSync.publish(self.parts.policy))
+        self.published = (version, self._trainer(self.trainer.publish.remote(version))[0])
         return time.perf_counter() - started
+
+    def pull(self, optimizer: bool = True) -> None:
+        """Bring the driver's policy (with `optimizer`: its optimizer and torch RNG too) up to the trainer
+        actor's, unless it holds them for this step already: before a checkpoint, an evaluation, the end."""
+        step, full = self.pulled
+        if step == self.state.step and (full or not optimizer):
+            return
+        if optimizer:
+            state = self._trainer(self.trainer.state.remote())
+            self.parts.optimizer.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["torch_rng"])
+        else:
+            state = {"policy": self._trainer(self.trainer.weights.remote())}
+        self.parts.policy.load_state_dict(state["policy"])
+        self.parts.engine.sync_weights(self.parts.policy)  # the driver's engine evaluates (vLLM: load_weights)
+        self.pulled = (self.state.step, optimizer)
+
+    def _trainer(self, ref):
+        try:
+            return ray.get(ref)
+        except RayActorError as error:
+            self.trainer_dead = True
+            cause = first_line(error).split(". ")[0]  # Ray's guesses at why follow the first sentence
+            raise PipelineError(f"the trainer actor died ({cause}); the run stops at step "
+                                f"{self.state.step}: run the same command again to resume from its last "
+                                "checkpoint") from None
+
+    def crash_trainer(self) -> None:
+        self.trainer.crash.remote()
 
     def publish_weights(self, version: int, weights: dict) -> None:
         """Publish saved weights (a resumed run whose workers lagged the trainer at the checkpoint)."""
@@ -250,8 +386,23 @@ class RayWork:
     def close(self) -> None:
         for pending in self.pending:  # the free schedule's queued requests: not retried on a killed actor
             ray.cancel(pending.ref)
-        for actor in (*self.workers, self.board):
+        for actor in (*self.workers, self.trainer, self.board):
             ray.kill(actor, no_restart=True)
+
+
+def start_trainer(config: dict, cpus: float, board, parts: Components, state: TrainState):
+    """The trainer actor, started from the driver's trainer state (a resumed run's: the checkpoint's).
+
+    Not restarted by Ray: a new trainer would have lost its updates since the checkpoint. On CUDA it
+    holds no Ray GPU slot: it sits at `hardware.device`, after the workers' slots (`worker_gpus`), where
+    it sees the driver's devices (Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for an actor without GPUs).
+    """
+    trainer = ray.remote(TrainerActor).options(max_restarts=0, num_cpus=cpus).remote(
+        config, torch.get_num_threads(), board)
+    ray.get(trainer.load_state.remote({"policy": on_cpu(parts.policy.state_dict()),
+                                       "optimizer": on_cpu(parts.optimizer.state_dict()),
+                                       "torch_rng": torch.get_rng_state(), "state": counters(state)}))
+    return trainer
 
 
 def batch_of(samples: list[Sample]) -> Batch:

@@ -4,10 +4,17 @@
 the runtime with `runtime.train(loop)`:
 
 * `SyncRuntime` returns at once: `src.run`'s own loop runs SPEC 3's steps, as it always has.
-* `AsyncRuntime` starts a Ray session, W rollout-worker actors and the pipeline of the configured
-  schedule, and runs every remaining trainer step with `src.run`'s pieces: the tracker logs each
-  step, `loop.save` writes the run's checkpoint, `loop.evaluate` runs the evaluation protocol,
-  a stop signal raises `StopRequested`, which `src.run` answers as for a synchronous step. The loop of `src.run` then finds no step left.
+* `AsyncRuntime` starts a Ray session, W rollout-worker actors, the trainer actor and the pipeline of
+  the configured schedule, and runs every remaining trainer step with `src.run`'s pieces: the
+  tracker logs each step, `loop.save` writes the run's checkpoint, `loop.evaluate` runs the
+  evaluation protocol, a stop signal raises `StopRequested`, which `src.run` answers as for a
+  synchronous step. The loop of `src.run` then finds no step left.
+
+The update runs in the trainer actor (`src.runtime.ray_work.TrainerActor`); this process keeps the
+driver's copy of the policy, optimizer and TrainState. The counters come back with every step; the
+weights, optimizer state and torch RNG are pulled before `loop.save`, before `loop.evaluate` (the
+weights) and when the session closes, so `src.run`'s final checkpoint, evaluation and saved policy
+are the trained ones. A dead trainer actor raises a PipelineError and leaves no checkpoint behind.
 
 Under `runtime=async` the trainer's replay store is the pipeline's (`PipelineStore`, built by
 `src.build.build_store`): the checkpoint's "buffer" then holds the rollout queue with every
@@ -77,7 +84,10 @@ def worker_gpus(workers: int, per_worker: float, device: str) -> int:
 
     `ray.init(num_gpus=n)` makes Ray's GPU slots the first n devices this process sees, and gives each
     worker actor its slot as CUDA_VISIBLE_DEVICES (ray/_private/worker.py:1158-1161 in Ray 2.60), so
-    the workers hold cuda:0..n-1 and the trainer (this process) must sit at cuda:n or above.
+    the workers hold cuda:0..n-1 and the trainer must sit at cuda:n or above: the trainer actor, which
+    holds no Ray GPU slot and so sees this process's devices (Ray 2.60 sets no CUDA_VISIBLE_DEVICES for
+    an actor without GPUs, ray/_private/utils.py set_visible_accelerator_ids), and this process's
+    evaluation copy of the policy.
     """
     if per_worker < 0 or per_worker > 8:
         raise ValueError(f"runtime.gpus_per_worker={per_worker:g}: a worker's GPU share must lie in [0, 8] "
@@ -251,7 +261,7 @@ class AsyncSession:
 
         self.runtime, self.loop = runtime, loop
         settings = runtime.settings
-        cpus = runtime.num_cpus / (settings.workers + 1)  # a share for this process, the trainer
+        cpus = runtime.num_cpus / (settings.workers + 1)  # a share for each worker and the trainer actor
         self.work = RayWork(loop.cfg, loop.parts, loop.state, settings, runtime.max_restarts,
                             runtime.worker_threads, cpus, runtime.gpus_per_worker)
         self.pipeline = runtime.build_pipeline(self.work)
@@ -309,9 +319,11 @@ class AsyncSession:
                      int(metrics["queue/size"]))
             every = cfg.trainer.checkpoint_every
             if every and state.step % every == 0 and state.step < cfg.trainer.steps:
+                self.work.pull()  # the checkpoint's policy and optimizer are the trainer actor's
                 loop.save()
             evaluate_every = cfg.evaluation.every
             if evaluate_every and state.step % evaluate_every == 0 and state.step < cfg.trainer.steps:
+                self.work.pull(optimizer=False)
                 loop.evaluate(state.step)
             if loop.stop.requested and state.step < cfg.trainer.steps:  # src.run checkpoints and ends it KILLED
                 raise StopRequested(loop.stop.requested)
@@ -349,14 +361,24 @@ class AsyncSession:
             log_artifact(artifact)
 
     def close(self) -> None:
-        """Keep the last snapshot in the store (the run's final checkpoint is written after Ray stops)."""
+        """Bring the driver's policy, optimizer and RNG up to the trainer actor's and keep the last snapshot in
+        the store: the run's final (or stop) checkpoint and evaluation come after Ray stops.
+
+        A dead trainer leaves the driver's copy stale: its PipelineError ends the run without a checkpoint."""
         try:
-            self.store.saved = self.snapshot()
+            if self.work.trainer_dead:
+                self.store.saved = None
+            else:
+                self.work.pull()
+                self.store.saved = self.snapshot()
+        except PipelineError:
+            raise
         except Exception as error:  # noqa: BLE001  (a failed run still ends; its last checkpoint stands)
             log.warning("could not snapshot the pipeline at the end (%s); the last checkpoint stands", error)
             self.store.saved = None
-        self.store.snapshot = None
-        self.work.close()
+        finally:
+            self.store.snapshot = None
+            self.work.close()
 
 
 def _json_number(value):
