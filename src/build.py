@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from src.buffer.store import ReplayStore
 from src.components import Components
@@ -109,12 +109,7 @@ def build_store(cfg: DictConfig) -> ReplayStore:
 
 
 def build_runtime(cfg: DictConfig):
-    """The runtime the runtime group names (`runtime._target_`): sync (SPEC 3's loop) or async (SPEC 11).
-
-    A run's config saved before the group existed has no `runtime`: it ran the synchronous loop.
-    """
-    if cfg.get("runtime") is None:
-        return build(OmegaConf.create({"_target_": "src.runtime.runners.SyncRuntime"}))
+    """The runtime the runtime group names (`runtime._target_`): sync (SPEC 3's loop) or async (SPEC 11)."""
     return build(cfg.runtime, cfg=cfg)
 
 

@@ -131,8 +131,6 @@ def _validate_components(cfg: DictConfig) -> None:
     keeps each check in one place, next to the code that relies on it. It imports torch (the loss
     modules need it; `_check_targets` has imported them already), and loads no model.
     """
-    if any(cfg[group].get("_target_") is None for group in BUILT_GROUPS):
-        return  # a run's config saved before components were named: nothing to build
     from hydra.errors import InstantiationException
 
     from src.build import check_settings
@@ -191,9 +189,7 @@ BUILT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum", "task")
 def _check_targets(cfg: DictConfig) -> None:
     """Every component group's `_target_` names an importable class or function (a store written outside src/ too)."""
     for group in COMPONENT_GROUPS:
-        target = (cfg.get(group) or {}).get("_target_")
-        if target is None:  # a run's config saved before components were named (standalone evaluation reads those)
-            continue
+        target = cfg[group].get("_target_")
         try:
             load_target(str(target))  # module.Class, or module.Class.method (a classmethod that builds it)
         except Exception as error:  # noqa: BLE001  (no module, no such name, or the module fails to import)

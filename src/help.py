@@ -201,6 +201,8 @@ def _range(key: str, components: dict) -> str:
     knob = _knob(key, components)
     if knob is None:
         return ""
+    if knob.kind not in ("int", "float"):
+        return knob.kind + (" or null" if knob.nullable else "")
     low = "(-inf" if knob.low == -math.inf else ("(" if knob.low_open else "[") + f"{knob.low:g}"
     high = "inf)" if knob.high == math.inf else f"{knob.high:g}" + (")" if knob.high_open else "]")
     kind = f"list of {knob.kind}" if key in LIST_KNOBS else knob.kind

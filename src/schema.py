@@ -46,6 +46,7 @@ KNOBS: dict[str, Knob] = {
     "trainer.rollout.top_p": PROBABILITY,
     "trainer.rollout.top_k": _int(0, INF, "20 or null", nullable=True),
     "trainer.seed": SEED,
+    "trainer.kl_estimator": Knob("text", example="k3 (k1, k2 or k3)", id_omitted_at=("k3",)),
     "trainer.checkpoint_every": _int(0, INF, "10 (0: only at the end)"),
     "trainer.heartbeat_every_s": _float(0, 3600, "10", low_open=True),
     "trainer.heartbeat_timeout_s": _float(0, INF, "120", low_open=True),
@@ -183,8 +184,13 @@ def _knobs(cfg: DictConfig):
     """key -> Knob for this config: `KNOBS`, then the knobs of the classes its variant groups name, then the
     type of the key's YAML default."""
     defaults = yaml_defaults()
-    found = {**KNOBS, **_component_knobs(cfg)}
+    found = knobs_for(cfg)
     return lambda key: found[key] if key in found else _knob_from_default(key, defaults.get(key))
+
+
+def knobs_for(cfg: DictConfig) -> dict[str, Knob]:
+    """Every declared knob of this config: `KNOBS` and those of the classes its variant groups name."""
+    return {**KNOBS, **_component_knobs(cfg)}
 
 
 def _component_knobs(cfg: DictConfig) -> dict[str, Knob]:

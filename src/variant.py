@@ -45,6 +45,9 @@ class Knob:
     nullable: bool = False
     example: str = ""  # a value that works, for the message
     why: str = ""      # what the bound protects, for the message (e.g. "leave-one-out needs K >= 2")
+    # A knob added after cell ids were fixed names the value every earlier cell computed: at it, the knob
+    # stays out of the cell id (`src.study.sweep.cell_identity`), so adding a knob keeps every existing id.
+    id_omitted_at: tuple = ()
 
 
 def int_knob(low=-INF, high=INF, example="", **kw) -> Knob:
@@ -91,12 +94,8 @@ class Variant:
 
 def described(node) -> type:
     """The class that describes a group's settings: the one its `_target_` names (a class, or a classmethod
-    that builds one); `Variant` itself for a group without `_target_` (a run's config saved before
-    components were named) or one whose target does not describe itself (e.g. a plain function)."""
-    target = node.get("_target_") if node is not None else None
-    if target is None:
-        return Variant
-    found = load_target(str(target))
+    that builds one); `Variant` itself for a target that does not describe itself (e.g. a plain function)."""
+    found = load_target(str(node["_target_"]))
     if inspect.ismethod(found) and isinstance(found.__self__, type):
         found = found.__self__  # `Class.from_config`: the class describes itself
     return found if isinstance(found, type) and issubclass(found, Variant) else Variant

@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 from src.build import build_runtime, build_store
 from src.config import ConfigError, validate
 from src.runtime.runners import AsyncRuntime, PipelineStore, SyncRuntime
+from src.eval.standalone import with_components_named
 from src.study.sweep import cell_identity, cell_name
 
 
@@ -16,8 +17,9 @@ def test_sync_is_the_default_and_keeps_the_step_store_and_cell_ids(compose_confi
     assert isinstance(build_runtime(cfg), SyncRuntime) and not isinstance(build_store(cfg), PipelineStore)
     assert cell_identity(cfg) == cell_identity(compose_config("runtime=sync"))
     without = OmegaConf.create(OmegaConf.to_container(cfg))
-    del without["runtime"]  # a run's config saved before the group existed
-    assert cell_identity(without) == cell_identity(cfg) and isinstance(build_runtime(without), SyncRuntime)
+    del without["runtime"]  # a run's config saved before the group existed, as standalone evaluation reads it
+    read_back = with_components_named(without, compose_config())
+    assert cell_identity(read_back) == cell_identity(cfg) and isinstance(build_runtime(read_back), SyncRuntime)
 
 
 def test_async_builds_the_pipeline_store_and_its_own_cells(compose_config):

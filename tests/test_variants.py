@@ -9,6 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from src.eval.standalone import with_components_named
 from src.study.budget import plan_fresh_evaluations, planning_max_age
 from src.config import ConfigError, validate
 from src.batch import is_effective
@@ -42,7 +43,7 @@ def test_the_default_loss_is_rloo_and_leaves_cell_ids_and_names_unchanged(compos
         assert cfg.loss.name == "rloo"
         as_before = OmegaConf.create(OmegaConf.to_container(cfg))  # the config before the loss group existed
         del as_before["loss"]
-        assert cell_identity(as_before) == cell_identity(cfg)
+        assert cell_identity(with_components_named(as_before, compose_config())) == cell_identity(cfg)
     assert cell_name(compose_config("buffer=age2", "clip=tight")) == "rho1-L2-c1" and cell_name(compose_config()) == "rho0"
 
 
@@ -538,7 +539,11 @@ def test_new_groups_at_their_defaults_leave_cell_ids_unchanged_and_variants_are_
         before = OmegaConf.create(OmegaConf.to_container(cfg))
         for new_group in ("sampling", "behaviour", "curriculum"):
             del before[new_group]  # the config before these groups existed
-        assert cell_identity(before) == cell_identity(cfg)
+        for group in ("buffer", "loss", "task"):
+            del before[group]["_target_"]  # ... and before components were named
+        read_back = with_components_named(before, compose_config())
+        assert cell_identity(read_back) == cell_identity(cfg)
+        assert read_back.buffer._target_ == cfg.buffer._target_ and read_back.loss._target_ == cfg.loss._target_
     cells = [compose_config(*o) for o in ([], ["sampling=dynamic"], ["curriculum=frontier"], ["curriculum=failure"],
                                           ["buffer=popo", "loss=grpo", "buffer.variant=popo-ineff"],
                                           ["buffer=popo", "loss=grpo"])]

@@ -206,7 +206,7 @@ def age_stand_in(node) -> ReplayStore:
 
 def store_class(node) -> type[ReplayStore]:
     """The store class the buffer group's `_target_` names, which describes what it replays and plans (the
-    interface's own defaults for a config saved before `_target_` existed)."""
+    interface's own defaults for a target that is not a store)."""
     found = described(node)
     return found if issubclass(found, ReplayStore) else ReplayStore
 

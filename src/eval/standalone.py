@@ -92,10 +92,42 @@ def runs_to_evaluate(client: MlflowClient, experiment: str, run_ids: list[str], 
 
 def merged_config(trained: DictConfig, composed: DictConfig) -> DictConfig:
     """The run's task and policy, with the evaluation, hardware and tracking chosen now."""
-    cfg = OmegaConf.create(OmegaConf.to_container(trained, resolve=True))
+    cfg = with_components_named(OmegaConf.create(OmegaConf.to_container(trained, resolve=True)), composed)
     for group in ("evaluation", "hardware", "tracking"):
         cfg[group] = composed[group]
     return cfg
+
+
+def with_components_named(trained: DictConfig, composed: DictConfig) -> DictConfig:
+    """A run config as the code reads configs today: every component group present and naming its class.
+
+    A run trained before a group existed ran that group's default (the composed config's); a group saved
+    without `_target_` names its option (`name`), whose YAML file gives the class. Reading old configs
+    is done here, where a saved config enters, so nothing else asks how old a config is.
+    """
+    from src.config import COMPONENT_GROUPS
+
+    for group in COMPONENT_GROUPS:
+        node = trained.get(group)
+        if node is None:
+            trained[group] = composed[group]
+        elif node.get("_target_") is None:
+            trained[group]["_target_"] = option_target(group, str(node.get("name") or ""), composed[group])
+    return trained
+
+
+def option_target(group: str, option: str, default: DictConfig) -> str:
+    """The `_target_` of conf/<group>/<option>.yaml, through its defaults list; the default option's otherwise."""
+    from src.paths import CONFIG_DIR
+
+    path = CONFIG_DIR / group / f"{option}.yaml"
+    if not option or not path.is_file():
+        return str(default._target_)
+    node = OmegaConf.load(path)
+    if node.get("_target_") is not None:
+        return str(node._target_)
+    parents = [entry for entry in node.get("defaults", []) if isinstance(entry, str) and entry != "_self_"]
+    return option_target(group, parents[0], default) if parents else str(default._target_)
 
 
 def stage_of(step: int, total_steps: int) -> str:

@@ -12,6 +12,7 @@ from src.loss.base import Objective, Truncation, UpdateResult, batch_sequences
 from src.loss.variant_math import truncated_importance_weights
 from src.loss.rloo_math import importance_weights, rloo_loss
 from src.policy.forward import place_tokens, row_values, upcast
+from src.variant import float_knob
 
 
 class RlooObjective(Objective):
@@ -152,6 +153,8 @@ class TruncatedIsRloo(RlooObjective):
     is not used. Seed 002 runs rho_max = 10 "for all experiments" and 2 with token-level IS."""
 
     reads_clip = False
+    # The truncation interval is checked by `Truncation.checked` (it follows the behaviour's by default).
+    knobs = {"is_max_token": float_knob(example="2", id_omitted_at=(2.0,))}
 
     @classmethod
     def plain(cls, node) -> bool:
@@ -184,6 +187,8 @@ class AsymRE(RlooObjective):
     responses."""
 
     reads_clip = False
+    # The truncation interval is checked by `Truncation.checked` (it follows the behaviour's by default).
+    knobs = {"is_max_token": float_knob(example="2", id_omitted_at=(2.0,))}
 
     @classmethod
     def plain(cls, node) -> bool:

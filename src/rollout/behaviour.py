@@ -54,7 +54,7 @@ class BehaviourPolicy(Variant):
 
     knobs = {"lag": int_knob(0, 100_000, "4 (seed 002: 1, 4, 16)", why="steps back of the sampling weights"),
              "temperature": float_knob(0, 100, "1.2 or null", low_open=True, nullable=True),
-             "is_min": float_knob(0, 1, "0"), "is_max": float_knob(1, 1e6, "10"), "is_max_token": float_knob(1, 1e6, "2")}
+             "is_min": float_knob(0, 1, "0"), "is_max": float_knob(1, 1e6, "10"), "is_max_token": float_knob(1, 1e6, "2", id_omitted_at=(2.0,))}
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:

@@ -30,6 +30,7 @@ from src.buffer.store import store_class
 from src.task.base import task_class
 from src.runs.lifecycle import Liveness, checkpoint_files, run_liveness
 from src.paths import resolve_policy_path
+from src.schema import knobs_for
 from src.variant import described
 
 # Keys that change how a cell is launched or logged, never what it computes.
@@ -55,8 +56,6 @@ LAUNCH_ONLY = (
 # Variant groups that suffix a cell's name, in this order; at a plain setting each leaves the identity (rule 3).
 SUFFIX_GROUPS = ("sampling", "behaviour", "curriculum", "runtime")
 
-# Knobs added after version 1, with the value that computes what version-1 cells computed (rule 5).
-LATER_KNOBS = {"trainer.kl_estimator": "k3", "behaviour.is_max_token": 2.0, "loss.is_max_token": 2.0}
 
 
 def cell_name(cfg: DictConfig) -> str:
@@ -103,8 +102,8 @@ def cell_identity(cfg: DictConfig) -> str:
        curriculum=none, runtime=sync) and the plain loss (rloo) are left out: they compute plain
        Replay-RLOO. Another loss enters with its settings, and clip leaves (only rloo reads clip.ceiling).
     4. A local policy folder adds the hash of its weights.
-    5. A knob added after version 1 (`LATER_KNOBS`) is left out at the value that computes what
-       version-1 cells computed, so adding a knob keeps every existing id.
+    5. A knob added after version 1 is left out at the value that computes what version-1 cells
+       computed, which its declaration names (`Knob.id_omitted_at`), so adding a knob keeps every id.
     """
     return _config_hash(cfg, LAUNCH_ONLY)
 
@@ -122,14 +121,14 @@ def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     resolved = _without_targets(OmegaConf.to_container(cfg, resolve=True))
     for key in dropped:
         _drop(resolved, key)
-    for key, unchanged in LATER_KNOBS.items():
-        if OmegaConf.select(cfg, key) == unchanged:
+    for key, knob in knobs_for(cfg).items():
+        if knob.id_omitted_at and OmegaConf.select(cfg, key) in knob.id_omitted_at:
             _drop(resolved, key)
     if store_class(cfg.buffer).fresh_only(cfg.buffer):
         resolved.pop("buffer")
         resolved.pop("clip")
-    for group in SUFFIX_GROUPS:  # a group a config saved before it existed ran its plain setting
-        if cfg.get(group) is None or described(cfg[group]).plain(cfg[group]):
+    for group in SUFFIX_GROUPS:
+        if described(cfg[group]).plain(cfg[group]):
             resolved.pop(group, None)
     loss = resolved.pop("loss", None)
     if loss is not None and not described(cfg.loss).plain(cfg.loss):

@@ -106,14 +106,12 @@ def settings_of(node: Mapping) -> dict[str, Any]:
 
 
 def task_class(node: Mapping | None) -> type[Task]:
-    """The task class a config node names with `_target_`; a saved run config from before the group had one
-    is Countdown's."""
+    """The task class a config node names with `_target_`."""
     from hydra.utils import get_class
 
-    target = node.get("_target_") if node is not None and hasattr(node, "get") else None
-    return get_class(str(target or "src.task.countdown.CountdownTask"))
+    return get_class(str(node["_target_"]))
 
 
 def build_task(node: Mapping) -> Task:
-    """The task a config node names with `_target_` (Countdown's for a config saved without one)."""
+    """The task a config node names with `_target_`."""
     return task_class(node)(**settings_of(node))
