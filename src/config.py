@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from src.eval.passk import ESTIMATORS
+from src.passk import ESTIMATORS
 from src.paths import register_root_resolver, resolve_policy_path
 from src.schema import SchemaError, check_values
 from src.policy import DTYPE_NAMES

@@ -32,13 +32,14 @@ from src.config import ConfigError, validate
 from src.runs.diskspace import DiskFull, quiet_log_files_when_full, writing
 from src.runs.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
 from src.eval.standalone import evaluate_policy
-from src.study.sweep import Skipped, cell_identity, cell_name, slurm_job_key
+from src.runs.cells import slurm_job_key
+from src.study.sweep import Skipped, cell_identity, cell_name
 from src.runs.interrupt import StopOnSignal, StopRequested, signal_name
 from src.paths import CONFIG_DIR
 from src.task.base import TaskDataError, build_task
 from src.build import build_components, build_runtime
 from src.runtime.runners import PipelineError, RunLoop
-from src.study.labels import hydra_job, run_labels
+from src.study.labels import cell_of, hydra_job
 from src.runs.checkpoint import CheckpointError, check_resume_from, payload_bytes, save_checkpoint
 from src.components import Components
 from src.runs.claim import fail_unopened_claim, withdraw_unopened_claim
@@ -95,8 +96,9 @@ def train_cell(cfg: DictConfig, identity: str, stop: StopOnSignal, ranks: Ranks 
     """Find where the cell starts, load the model, and train it inside its MLflow run.
 
     Over several ranks, rank 0 decides where the cell starts and owns the MLflow run (src/runs/ranks.py)."""
+    cell = cell_of(cfg, identity)
     with stop.abandonable():  # until the run opens, a stop loses nothing: the next start redoes it
-        start = ranks.lead_only(choose_start, cfg, identity, Path(HydraConfig.get().runtime.output_dir))
+        start = ranks.lead_only(choose_start, cfg, cell, Path(HydraConfig.get().runtime.output_dir))
     for path in remove_stale_temporaries(start.folder, cfg.trainer.heartbeat_timeout_s) if ranks.lead else ():
         log.info("removed %s, left half-written by a process that was killed", path)
     # A resumed run was claimed by its heartbeat: keep it alive through model loading (a new run gets its
@@ -108,7 +110,7 @@ def train_cell(cfg: DictConfig, identity: str, stop: StopOnSignal, ranks: Ranks 
             parts = rank_run.shard(build_components(cfg, train_set, task=task), cfg, ranks)
             state = rank_run.restore(start.checkpoint, parts, ranks) if start.checkpoint else TrainState()
         start.checkpoint = None  # the policy holds it now; free the copy
-        opened = tracking.start_run(cfg, run_labels(cfg), start.run_id, *hydra_job(), folder=start.folder)
+        opened = tracking.start_run(cfg, cell.labels, start.run_id, *hydra_job(), folder=start.folder)
         with rank_run.lead_context(ranks, opened) as tracker:
             tracker = rank_run.RankTracker(tracker, ranks) if ranks.many else tracker
             (beat or rank_run.NoHeartbeat()).beat_for(tracker.run_id)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from src.eval.passk import answer_unique_rate, first_k_pass_at_k, t_half_width, unbiased_pass_at_k
+from src.passk import answer_unique_rate, first_k_pass_at_k, t_half_width, unbiased_pass_at_k
 
 T, F = True, False
 

@@ -21,6 +21,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 import src.runs.checkpoint
+from src.study.labels import cell_of
 from src.runs.checkpoint import CheckpointError, payload_bytes, read_checkpoint, read_latest_checkpoint, save_checkpoint
 from src.runs.diskspace import DiskFull, out_of_space, size_text
 from src.runs.interrupt import Interrupted, StopOnSignal, StopRequested
@@ -372,7 +373,7 @@ def test_a_dead_run_whose_checkpoints_are_all_damaged_is_marked_failed(tmp_path,
         f'"pid": {os.getpid()}', f'"pid": {a_dead_pid()}'))
     for name in ("checkpoint.pt", "checkpoint.prev.pt"):
         (folder / name).write_bytes(b"truncated")
-    start = choose_start(cfg, cell_identity(cfg), tmp_path / "fresh")
+    start = choose_start(cfg, cell_of(cfg, cell_identity(cfg)), tmp_path / "fresh")
     assert start.run_id != run_id and start.checkpoint is None  # the cell starts afresh, in a new run
     run = MlflowClient(store(tmp_path)).get_run(run_id)
     assert run.info.status == "FAILED" and "not resumable" in run.data.tags["failure_reason"]

@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
 from src.paths import CONFIG_DIR, PROJECT_ROOT
-from src.study.sweep import CellRuns, cell_identity, plan_cells
+from src.runs.cells import CellRuns
+from src.study.sweep import cell_identity, plan_cells
 from tests.preemption import sigterm_after_first_checkpoint
 
 

@@ -334,7 +334,8 @@ def test_resuming_a_fifo_run_from_a_checkpoint_continues_exactly(random_policy_d
 
 
 def test_the_variants_study_runs_every_variant_once_sharing_the_baseline_cells():
-    from src.study.sweep import CellRuns, plan_cells
+    from src.runs.cells import CellRuns
+    from src.study.sweep import plan_cells
     from tests.test_sweep import study_jobs
 
     planned = plan_cells(study_jobs("variants"), CellRuns({}, {}))

@@ -91,7 +91,8 @@ class SkipFinishedSweeper(Sweeper):
 
     def sweep(self, arguments: List[str]) -> Any:
         from src.study.slurm import missing_slurm, slurm_plan_lines, uses_slurm
-        from src.study.sweep import CellRuns, plan_cells, record_membership
+        from src.runs.cells import CellRuns
+        from src.study.sweep import plan_cells, record_membership
 
         started = time.perf_counter()
         if not self.dry_run and missing_slurm(self.config):  # before any config is composed or store read
@@ -135,7 +136,7 @@ class SkipFinishedSweeper(Sweeper):
 
     def known_runs(self):
         """What the store knows about the sweep's cells; an unreachable store stops a launch (exit 2), not a dry run."""
-        from src.study.sweep import CellRuns, cell_runs
+        from src.runs.cells import CellRuns, cell_runs
         from src.runs.tracking import ensure_experiment, sqlite_store_lock
 
         tracking = self.config.tracking

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from src.batch import Batch
-from src.distributed.reducer import Reducer
+from src.loss.reducer import Reducer
 from src.loss.base import Objective, UpdateResult
 
 SUMMED = ("loss", "policy_loss", "kl", "entropy")  # each rank's value is its share of the batch's value

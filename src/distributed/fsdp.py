@@ -6,7 +6,7 @@ weights) and the optimizer state stay fp32 and gradients are reduced in fp32; on
 fp32, so a multi-rank run can be compared with a single-process one to fp32 rounding.
 
 Gradients are summed over ranks, not averaged: each rank's loss is its share of the batch's loss
-(normalised by batch-wide totals, see `src.distributed.reducer`), so the sum is the one-process gradient.
+(normalised by batch-wide totals, see `src.loss.reducer`), so the sum is the one-process gradient.
 """
 
 from __future__ import annotations

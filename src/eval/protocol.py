@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
-from src.eval.passk import ESTIMATORS, answer_unique_rate, first_k_pass_at_k, t_half_width, unbiased_pass_at_k
+from src.passk import ESTIMATORS, answer_unique_rate, first_k_pass_at_k, t_half_width, unbiased_pass_at_k
 from src.rollout.interface import RolloutEngine, SamplingParams
 from src.task.base import Task
 

@@ -17,7 +17,7 @@ from src.batch import Batch, Group
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.rloo_math import leave_one_out_advantages
 from src.checks import check_choice
-from src.distributed.reducer import Reducer
+from src.loss.reducer import Reducer
 from src.policy.forward import Forward
 from src.variant import Variant
 

@@ -25,11 +25,12 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-import src.config  # noqa: F401  (registers the ${root:} resolver)
-from src.paths import CONFIG_DIR, workspace_root
+from src.paths import CONFIG_DIR, register_root_resolver, workspace_root
 from src.policy.model import build_tiny_model
 from src.policy.tokenizer import build_countdown_tokenizer, corpus_symbols, template_pieces
 from src.task.base import build_task
+
+register_root_resolver()  # the YAML's ${root:}
 
 
 @dataclass

@@ -35,9 +35,8 @@ from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 from omegaconf import DictConfig, OmegaConf
 
 from src.runs import tracking
-from src.study.labels import run_labels
 from src.runs.lifecycle import write_heartbeat
-from src.study.sweep import cell_runs, slurm_job_key
+from src.runs.cells import cell_runs, slurm_job_key
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +51,9 @@ def store_has_lock(uri: str) -> bool:
     return uri.startswith("sqlite:///")
 
 
-def create_claim_run(cfg: DictConfig, folder: Path) -> str:
+def create_claim_run(cfg: DictConfig, folder: Path, labels: tracking.RunLabels) -> str:
     """The run this job will train into, created now with the tags, params and config a new run gets."""
     uri = cfg.tracking.uri
-    labels = run_labels(cfg)
     experiment_id = tracking.ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
     name = cfg.tracking.run_name or labels.name
     tags = resolve_tags({**labels.tags, tracking.DESCRIPTION_TAG: labels.description, MLFLOW_RUN_NAME: name,

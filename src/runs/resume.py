@@ -19,7 +19,7 @@ from src.runs import claim
 from src.runs import tracking
 from src.runs.checkpoint import CheckpointError, read_checkpoint, read_latest_checkpoint
 from src.runs.lifecycle import LATEST_CHECKPOINT, write_heartbeat
-from src.study.sweep import CellRuns, cell_name, cell_runs
+from src.runs.cells import Cell, CellRuns, cell_runs
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +45,11 @@ class CellFinished(NothingToTrain):
     """The cell has a FINISHED run and `trainer.rerun` is false."""
 
 
-def choose_start(cfg: DictConfig, identity: str, output_dir: Path) -> Start:
+def choose_start(cfg: DictConfig, cell: Cell, output_dir: Path) -> Start:
     """Resume what `trainer.resume_from` names, or this cell's newest run when it is dead and left a checkpoint;
     else refuse a finished cell (unless `trainer.rerun`), else claim a new run. Raises RunAlive when another
     job trains the cell. `trainer.auto_resume=false` skips the lookup: a separate run, not claimed."""
-    trainer, uri = cfg.trainer, cfg.tracking.uri
+    trainer, uri, identity = cfg.trainer, cfg.tracking.uri, cell.identity
     claim.forget_unopened_claim()
     if trainer.resume_from:
         path = Path(trainer.resume_from)
@@ -64,40 +64,41 @@ def choose_start(cfg: DictConfig, identity: str, output_dir: Path) -> Start:
         tracking.ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
         known = cell_runs(uri, cfg.tracking.experiment, identity, trainer.heartbeat_timeout_s)
         if known.busy(identity):
-            raise RunAlive(busy_message(cfg, identity, known.alive[identity]))
+            raise RunAlive(busy_message(cell, known.alive[identity]))
         for run_id, reason in known.unresumed_dead(identity):
-            retire(cfg, run_id, reason)
-        start = resume_newest(cfg, identity, known, locked)
+            retire(cfg, cell, run_id, reason)
+        start = resume_newest(cfg, cell, known, locked)
         if start is not None:
             return start
         if identity in known.finished and not trainer.rerun:
-            raise CellFinished(f"cell {cell_name(cfg)} (cell_id {identity}) already has FINISHED run "
+            raise CellFinished(f"cell {cell.name} (cell_id {identity}) already has FINISHED run "
                                f"{known.finished[identity]} in experiment '{cfg.tracking.experiment}': not "
                                "training it again. Set trainer.rerun=true to train it again into a new run")
         claimed_at = time.monotonic()
-        run_id = claim.create_claim_run(cfg, output_dir)
+        run_id = claim.create_claim_run(cfg, output_dir, cell.labels)
     if not locked:  # a store without a lock: the earliest of the claims made together trains
         rival = claim.earliest_claim(cfg, identity, run_id, claimed_at)
         if rival is not None:
             claim.withdraw_claim(uri, run_id)
-            raise RunAlive(busy_message(cfg, identity, rival[1]))
+            raise RunAlive(busy_message(cell, rival[1]))
     return Start(output_dir, run_id)
 
 
-def busy_message(cfg: DictConfig, identity: str, alive: str) -> str:
-    return (f"cell {cell_name(cfg)} (cell_id {identity}): {alive}. Not training it twice: relaunch after that, "
+def busy_message(cell: Cell, alive: str) -> str:
+    return (f"cell {cell.name} (cell_id {cell.identity}): {alive}. Not training it twice: relaunch after that, "
             "or set trainer.auto_resume=false to start a separate run of this cell")
 
 
-def retire(cfg: DictConfig, run_id: str, reason: str) -> None:
+def retire(cfg: DictConfig, cell: Cell, run_id: str, reason: str) -> None:
     """Mark a dead run that nobody will resume FAILED with the reason, in one log line."""
     tracking.mark_failed(cfg.tracking.uri, run_id, reason)
-    log.warning("run %s of cell %s marked FAILED: %s", run_id, cell_name(cfg), reason)
+    log.warning("run %s of cell %s marked FAILED: %s", run_id, cell.name, reason)
 
 
-def resume_newest(cfg: DictConfig, identity: str, known: CellRuns, locked: bool) -> Start | None:
+def resume_newest(cfg: DictConfig, cell: Cell, known: CellRuns, locked: bool) -> Start | None:
     """Claim and load the newest run of the cell when it is dead and left a checkpoint; None when there is none,
     or its checkpoints do not load (the run is then marked FAILED, and the cell starts afresh)."""
+    identity = cell.identity
     if identity not in known.resumable:
         return None
     uri, run_id = cfg.tracking.uri, known.resumable_runs[identity]
@@ -106,15 +107,15 @@ def resume_newest(cfg: DictConfig, identity: str, known: CellRuns, locked: bool)
     try:
         payload, path = read_latest_checkpoint(folder)
     except CheckpointError as error:
-        retire(cfg, run_id, f"dead, not resumable: {str(error).split('. Start the cell afresh')[0]}")
+        retire(cfg, cell, run_id, f"dead, not resumable: {str(error).split('. Start the cell afresh')[0]}")
         return None
     check_checkpoint_owner(payload, path, identity, run_id)
     if token is not None:
         holder = claim.resume_claim_holder(uri, run_id, token, claimed_at)
         if holder is not None:
-            raise RunAlive(busy_message(cfg, identity, f"run {run_id} is being resumed by {holder}"))
+            raise RunAlive(busy_message(cell, f"run {run_id} is being resumed by {holder}"))
     write_heartbeat(folder, run_id)  # claimed: a relaunch racing this one now sees the run alive
-    log.warning("resuming run %s of cell %s from %s at step %d", run_id, cell_name(cfg), path,
+    log.warning("resuming run %s of cell %s from %s at step %d", run_id, cell.name, path,
                 payload["state"]["step"])
     return Start(folder, run_id, payload)
 

@@ -8,7 +8,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from src.runs import tracking
+from src.runs.cells import Cell
 from src.study.sweep import cell_identity, cell_key, cell_name, variant_label
+
+
+def cell_of(cfg: DictConfig, identity: str) -> Cell:
+    """The cell a run of `cfg` trains for, as the runs wing needs it (its id, name and the run's labels)."""
+    return Cell(identity, cell_name(cfg), run_labels(cfg))
 
 
 def run_labels(cfg: DictConfig) -> tracking.RunLabels:

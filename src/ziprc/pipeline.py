@@ -28,7 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from src.eval.passk import unbiased_pass_at_k
+from src.passk import unbiased_pass_at_k
 from src.task import countdown
 from src.runs.tracking import ensure_experiment, flat_params, finite
 from src.ziprc import data, metrics
