@@ -35,6 +35,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -186,13 +187,42 @@ def perturb(model, relative: float, seed: int) -> None:
 
 
 # --------------------------------------------------------------------------- the check
+@dataclasses.dataclass
+class Session:
+    """What the checks share: the command line, the trainer model and tokenizer, the engine on them, the
+    prompts and rollout settings every generation uses, and the dtype's log-prob tolerance."""
+
+    args: argparse.Namespace
+    model: Any
+    tokenizer: Any
+    engine: Any
+    prompts: list[str]
+    rollout: SamplingParams
+    tolerance: Tolerance
+
+    def compare_logprobs(self, prompt_ids) -> tuple[list, list[str], tuple[float, float, float]]:
+        """Sample with vLLM's log-probs: (sequences, vLLM's texts, gap to the trainer's log-probs)."""
+        args = self.args
+        sequences, vllm_lp, texts = sample_with_logprobs(self.engine, prompt_ids, args.samples, self.rollout,
+                                                         args.seed)
+        return sequences, texts, logprob_gap(vllm_lp, trainer_logprobs(self.model, sequences,
+                                                                       self.tokenizer.pad_token_id))
+
+
 def run_checks(args, report: Report) -> None:
     """Every check after the preflight; raises on the first step that cannot go on."""
+    session = start_session(args, report)  # 1.
+    first = check_generation(session, report)  # 2. and 3.
+    check_logprobs(session, first.prompt_ids, report)  # 4.
+    check_weight_sync(session, first, report)  # 5.
+
+
+def start_session(args, report: Report) -> Session:
+    """1. The trainer policy loaded and the engine started on it (with its first weight sync)."""
     from src.policy.model import load_policy
     from src.rollout.engine import build_engine
 
     started = time.perf_counter()
-    tolerance = TOLERANCES[args.dtype]
     model, tokenizer = load_policy(str(args.model), args.device, args.dtype)
     report.add("trainer policy", "INFO", f"{args.model} ({sum(p.numel() for p in model.parameters()):,} "
                                          f"parameters, {args.dtype})", time.perf_counter() - started)
@@ -213,6 +243,13 @@ def run_checks(args, report: Report) -> None:
     # Rollouts as the trainer asks for them (SPEC 3: T=1, top-p 1, no top-k).
     rollout = SamplingParams(temperature=1.0, top_p=1.0, top_k=None, max_new_tokens=args.max_new_tokens)
     prompts = [countdown.format_prompt(i) for i in countdown.generate_instances(args.prompts, seed=args.seed)]
+    return Session(args, model, tokenizer, engine, prompts, rollout, TOLERANCES[args.dtype])
+
+
+def check_generation(session: Session, report: Report):
+    """2. Shapes, stops and texts of one generation; 3. the same seed gives the same samples. Returns the first."""
+    args, engine, tokenizer, prompts, rollout = (session.args, session.engine, session.tokenizer, session.prompts,
+                                                 session.rollout)
     started = time.perf_counter()
     first = engine.generate(prompts, args.samples, rollout, seed=args.seed)
     seconds = time.perf_counter() - started
@@ -237,23 +274,29 @@ def run_checks(args, report: Report) -> None:
     same = sum(a == b for ga, gb in zip(first.completions, again.completions) for a, b in zip(ga, gb)) / len(flat)
     report.add("same seed, same samples", "PASS" if same >= 0.9 else "WARN",
                f"{same:.0%} identical (logits may differ in the last bits with batching and prefix-cache hits)")
+    return first
 
-    # Log-probs at temperature 1: vLLM's sampled-token log-probs against the trainer's forward.
-    sequences, vllm_lp, vllm_texts = sample_with_logprobs(engine, first.prompt_ids, args.samples, rollout, args.seed)
+
+def check_logprobs(session: Session, prompt_ids, report: Report) -> None:
+    """4. vLLM's sampled-token log-probs at temperature 1 against the trainer's forward, and its texts."""
+    tokenizer, tolerance = session.tokenizer, session.tolerance
+    sequences, vllm_texts, (mean, p99, worst) = session.compare_logprobs(prompt_ids)
     texts_agree = all(text == tokenizer.decode(tokens, skip_special_tokens=True)
                       or (text.endswith(STOP_STRING) and tokenizer.decode(tokens, skip_special_tokens=True)
                           .startswith(text)) for (_, tokens), text in zip(sequences, vllm_texts))
     report.add("vLLM detokenizer", "PASS" if texts_agree else "WARN",
                "vLLM's texts " + ("agree" if texts_agree else "do NOT agree")
                + " with the trainer tokenizer (the engine returns the tokenizer's decode either way)")
-    mean, p99, worst = logprob_gap(vllm_lp, trainer_logprobs(model, sequences, tokenizer.pad_token_id))
     report.add("log-probs vs trainer (synced)", "PASS" if tolerance.holds(mean, p99, worst) else "FAIL",
-               f"|delta| mean {mean:.2e}, p99 {p99:.2e}, max {worst:.2e} ({args.dtype}: {tolerance})")
+               f"|delta| mean {mean:.2e}, p99 {p99:.2e}, max {worst:.2e} ({session.args.dtype}: {tolerance})")
 
-    # An 'optimizer step': the stale engine must disagree with the trainer, the synced one agree.
+
+def check_weight_sync(session: Session, first, report: Report) -> None:
+    """5. An 'optimizer step': the stale engine must disagree with the trainer, the synced one agree and
+    sample differently."""
+    args, model, engine, tolerance = session.args, session.model, session.engine, session.tolerance
     perturb(model, args.perturb, args.seed)
-    stale_lp = sample_with_logprobs(engine, first.prompt_ids, args.samples, rollout, args.seed)
-    stale = logprob_gap(stale_lp[1], trainer_logprobs(model, stale_lp[0], tokenizer.pad_token_id))
+    stale = session.compare_logprobs(first.prompt_ids)[2]
     seen = not tolerance.holds(*stale)
     report.add("log-probs vs trainer (stale)", "PASS" if seen else "FAIL",
                f"|delta| mean {stale[0]:.2e}, max {stale[2]:.2e} before sync_weights: the comparison "
@@ -271,12 +314,12 @@ def run_checks(args, report: Report) -> None:
                                        f"({'reload_weights, CPU' if engine.on_cpu else 'load_weights, GPU'}); "
                                        f"best of {args.sync_repeats}", min(timings))
 
-    after = engine.generate(prompts, args.samples, rollout, seed=args.seed)
-    changed = sum(a != b for ga, gb in zip(first.completions, after.completions) for a, b in zip(ga, gb)) / len(flat)
+    after = engine.generate(session.prompts, args.samples, session.rollout, seed=args.seed)
+    samples = sum(len(group) for group in first.completions)
+    changed = sum(a != b for ga, gb in zip(first.completions, after.completions) for a, b in zip(ga, gb)) / samples
     report.add("samples change after sync", "PASS" if changed > 0 else "FAIL",
                f"{changed:.0%} of the same-seed samples differ from before the weight change")
-    sequences, synced_lp, _ = sample_with_logprobs(engine, first.prompt_ids, args.samples, rollout, args.seed)
-    mean, p99, worst = logprob_gap(synced_lp, trainer_logprobs(model, sequences, tokenizer.pad_token_id))
+    mean, p99, worst = session.compare_logprobs(first.prompt_ids)[2]
     report.add("log-probs vs trainer (after sync)", "PASS" if tolerance.holds(mean, p99, worst) else "FAIL",
                f"|delta| mean {mean:.2e}, p99 {p99:.2e}, max {worst:.2e} ({tolerance}; same prompts: a stale "
                "prefix cache or LM head would show here)")

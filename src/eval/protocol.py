@@ -82,13 +82,7 @@ def evaluate(
     counts as truncated. `on_repeat(r)` is called after each repeat (a progress display). `samples` of the first
     repeat's completions (the first one of each prompt, prompts in order) are kept as `EvalResult.samples`.
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {estimator!r}; valid: {', '.join(ESTIMATORS)}")
-    if repeats < 1 or not instances:
-        raise ValueError("need repeats >= 1 and at least one instance")
-    bad_ks = [k for k in ks if not 1 <= k <= samples_per_prompt]
-    if bad_ks:  # checked up front so no generation is wasted
-        raise ValueError(f"every k must be in [1, samples_per_prompt={samples_per_prompt}], got {bad_ks}")
+    _check_settings(instances, samples_per_prompt, repeats, ks, estimator)
     prompts = [prompt(inst) for inst in instances]
     categories = tuple(task.failure_categories)
     pass_cols = [f"pass@{k}" for k in ks]
@@ -102,54 +96,80 @@ def evaluate(
             raise RuntimeError(f"engine returned the wrong number of completions in repeat {r}")
         rows = []
         for p, (inst, completions) in enumerate(zip(instances, generation.completions)):
-            texts = [c.text for c in completions]
-            verdicts = task.verify_all(texts, inst)
-            rewards = [v.reward for v in verdicts]
-            correct = [reward == task.correct_reward for reward in rewards]
-            truncated = [len(c.token_ids) >= sampling.max_new_tokens for c in completions]
-            labels = [None if ok else task.classify_failure(t, v, cut)
-                      for t, v, ok, cut in zip(texts, verdicts, correct, truncated)]
-            failures = category_counts(labels, categories)
+            row, sample = _score_prompt(task, inst, completions, categories, sampling.max_new_tokens, ks, estimator)
             if r == 0 and p < samples:
-                sample_rows.append({"prompt": prompts[p], "response": texts[0], "reward": rewards[0],
-                                    "reason": verdicts[0].reason, "category": labels[0] or ""})
-            row = {
-                "repeat": r,
-                "prompt_index": p,
-                **task.describe(inst),
-                "samples": len(texts),
-                "correct": sum(correct),
-                "mean_reward": sum(rewards) / len(rewards),
-                "unique_rate": answer_unique_rate(texts, task.extract),
-                "failed": len(texts) - sum(correct),
-                **{f"fail_{category}": count for category, count in failures.items()},
-            }
-            row.update({col: _pass_at_k(correct, k, estimator) for col, k in zip(pass_cols, ks)})
-            rows.append(row)
-        table = pd.DataFrame(rows)
-        # Every prompt has the same number of samples, so means over prompts equal means over samples.
-        repeat_rows.append(
-            {
-                "repeat": r,
-                "seed": seed + r,
-                **{col: table[col].mean() for col in pass_cols},
-                "mean_reward": table["mean_reward"].mean(),
-                "correction_rate": table["correct"].sum() / table["samples"].sum(),
-                "unique_rate": table["unique_rate"].mean(),
-                "rollouts": int(table["samples"].sum()),
-                "failed": int(table["failed"].sum()),
-                **{f"fail_{category}": int(table[f"fail_{category}"].sum()) for category in categories},
-            }
-        )
+                sample_rows.append({"prompt": prompts[p], **sample})
+            rows.append({"repeat": r, "prompt_index": p, **row})
+        repeat_rows.append(_repeat_row(r, seed + r, pd.DataFrame(rows), pass_cols, categories))
         prompt_rows += rows
         if on_repeat is not None:
             on_repeat(r)
 
     per_repeat = pd.DataFrame(repeat_rows)
+    return EvalResult(name=name, summary=_summary(per_repeat, pass_cols, categories), per_repeat=per_repeat,
+                      per_prompt=pd.DataFrame(prompt_rows),
+                      samples=pd.DataFrame(sample_rows, columns=["prompt", "response", "reward", "reason", "category"]))
+
+
+def _check_settings(instances: Sequence[Any], samples_per_prompt: int, repeats: int, ks: Sequence[int],
+                    estimator: str) -> None:
+    """The protocol's settings, checked up front so no generation is wasted."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; valid: {', '.join(ESTIMATORS)}")
+    if repeats < 1 or not instances:
+        raise ValueError("need repeats >= 1 and at least one instance")
+    bad_ks = [k for k in ks if not 1 <= k <= samples_per_prompt]
+    if bad_ks:
+        raise ValueError(f"every k must be in [1, samples_per_prompt={samples_per_prompt}], got {bad_ks}")
+
+
+def _score_prompt(task: Task, instance: Any, completions: Sequence[Any], categories: Sequence[str],
+                  max_new_tokens: int, ks: Sequence[int], estimator: str) -> tuple[dict, dict]:
+    """One prompt's completions verified: its per-prompt row and its first completion as a sample (no prompt)."""
+    texts = [c.text for c in completions]
+    verdicts = task.verify_all(texts, instance)
+    rewards = [v.reward for v in verdicts]
+    correct = [reward == task.correct_reward for reward in rewards]
+    truncated = [len(c.token_ids) >= max_new_tokens for c in completions]
+    labels = [None if ok else task.classify_failure(t, v, cut)
+              for t, v, ok, cut in zip(texts, verdicts, correct, truncated)]
+    failures = category_counts(labels, categories)
+    row = {
+        **task.describe(instance),
+        "samples": len(texts),
+        "correct": sum(correct),
+        "mean_reward": sum(rewards) / len(rewards),
+        "unique_rate": answer_unique_rate(texts, task.extract),
+        "failed": len(texts) - sum(correct),
+        **{f"fail_{category}": count for category, count in failures.items()},
+        **{f"pass@{k}": _pass_at_k(correct, k, estimator) for k in ks},
+    }
+    sample = {"response": texts[0], "reward": rewards[0], "reason": verdicts[0].reason, "category": labels[0] or ""}
+    return row, sample
+
+
+def _repeat_row(repeat: int, seed: int, table: pd.DataFrame, pass_cols: list[str],
+                categories: Sequence[str]) -> dict:
+    """One repeat's metrics from its per-prompt table."""
+    # Every prompt has the same number of samples, so means over prompts equal means over samples.
+    return {
+        "repeat": repeat,
+        "seed": seed,
+        **{col: table[col].mean() for col in pass_cols},
+        "mean_reward": table["mean_reward"].mean(),
+        "correction_rate": table["correct"].sum() / table["samples"].sum(),
+        "unique_rate": table["unique_rate"].mean(),
+        "rollouts": int(table["samples"].sum()),
+        "failed": int(table["failed"].sum()),
+        **{f"fail_{category}": int(table[f"fail_{category}"].sum()) for category in categories},
+    }
+
+
+def _summary(per_repeat: pd.DataFrame, pass_cols: list[str], categories: Sequence[str]) -> dict[str, float]:
+    """Mean over repeats and its 95% t half-width per metric, then the failure taxonomy."""
     summary: dict[str, float] = {}
     for metric in [*pass_cols, "mean_reward", "correction_rate", "unique_rate"]:
         summary[metric] = float(per_repeat[metric].mean())
         summary[f"{metric}_hw"] = t_half_width(per_repeat[metric].tolist())
     summary.update(failure_summary(per_repeat, categories))
-    return EvalResult(name=name, summary=summary, per_repeat=per_repeat, per_prompt=pd.DataFrame(prompt_rows),
-                      samples=pd.DataFrame(sample_rows, columns=["prompt", "response", "reward", "reason", "category"]))
+    return summary

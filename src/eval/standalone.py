@@ -187,11 +187,39 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def evaluate_command(argv: list[str] | None) -> int:
-    import src.config  # noqa: F401  (the ${root:} resolver)
-    from hydra import compose, initialize_config_dir
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    progress.silence_library_bars()
+    if not (args.run or args.sweep or args.checkpoint or args.policy):
+        parser.error("name what to evaluate: --run RUN_ID, --sweep NAME, --checkpoint PATH or --policy PATH")
+    composed = composed_config(args.overrides)
+    if composed is None:
+        return 2
 
-    from src.paths import CONFIG_DIR
+    if args.policy:
+        evaluate_folder(composed, args.policy, args.out)
+        if not (args.run or args.sweep or args.checkpoint):
+            return 0
 
+    ensure_experiment(composed.tracking.uri, composed.tracking.experiment, composed.tracking.artifact_location)
+    client = MlflowClient()
+    jobs: list[tuple[str, str, Path | None, int]] = []  # (run id, policy path, checkpoint, step)
+    if args.checkpoint:
+        job = checkpoint_job(args.checkpoint)
+        if job is None:
+            return 2
+        jobs.append(job)
+    jobs += finished_run_jobs(client, composed.tracking.experiment, args.run, args.sweep)
+    if args.sweep and not jobs:
+        console.print(f"[red]no finished runs[/red] in sweep(s) {', '.join(args.sweep)} of experiment "
+                      f"'{composed.tracking.experiment}' at {composed.tracking.uri}")
+        return 1
+    for run_id, policy_path, checkpoint, step in jobs:
+        evaluate_into_run(client, composed, run_id, policy_path, checkpoint, step, force=args.force)
+    return 0
+
+
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     target = parser.add_argument_group("what to evaluate (at least one)")
     target.add_argument("--run", action="append", default=[], help="MLflow run id (repeatable)")
@@ -202,53 +230,64 @@ def evaluate_command(argv: list[str] | None) -> int:
     parser.add_argument("--out", type=Path, default=Path("outputs/evaluations"),
                         help="where --policy writes its CSV tables")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. evaluation=probe evaluation.repeats=2")
-    args = parser.parse_args(argv)
-    progress.silence_library_bars()
-    if not (args.run or args.sweep or args.checkpoint or args.policy):
-        parser.error("name what to evaluate: --run RUN_ID, --sweep NAME, --checkpoint PATH or --policy PATH")
+    return parser
 
+
+def composed_config(overrides: list[str]) -> DictConfig | None:
+    """The evaluation, hardware and tracking settings composed and validated, or None after one config error
+    line (a bad evaluation setting fails before any model is loaded)."""
+    import src.config  # noqa: F401  (the ${root:} resolver)
+    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     from src.checks import composition_error
+    from src.paths import CONFIG_DIR
     from src.schema import SchemaError
     from src.suggest import check_command_line
 
     try:
-        check_command_line(args.overrides)  # a near miss (clip=tigth): one line with "did you mean"
+        check_command_line(overrides)  # a near miss (clip=tigth): one line with "did you mean"
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            composed = compose("config", overrides=args.overrides)
-        validate(composed)  # a bad evaluation setting fails before any model is loaded
+            composed = compose("config", overrides=overrides)
+        validate(composed)
     except (ConfigError, SchemaError, HydraException) as error:
-        message = composition_error(error, args.overrides) if isinstance(error, HydraException) else error
+        message = composition_error(error, overrides) if isinstance(error, HydraException) else error
         console.print(f"[red]config error:[/red] {message}", soft_wrap=True, highlight=False)
-        return 2
+        return None
+    return composed
+
+
+def evaluate_folder(composed: DictConfig, policy: str, out: Path) -> None:
+    """--policy: evaluate a saved folder, print the result and write its tables as CSV (no MLflow run)."""
     protocol = composed.evaluation.name
+    result = evaluate_with_progress(composed, Path(policy).name, policy, None)
+    print_result(policy, result)
+    out.mkdir(parents=True, exist_ok=True)
+    for table_name, table in (("per_prompt", result.per_prompt), ("per_repeat", result.per_repeat)):
+        table.to_csv(out / f"{Path(policy).name}_{protocol}_{table_name}.csv", index=False)
+    console.print(f"tables written to {out}")
 
-    if args.policy:
-        result = evaluate_with_progress(composed, Path(args.policy).name, args.policy, None)
-        print_result(args.policy, result)
-        args.out.mkdir(parents=True, exist_ok=True)
-        for table_name, table in (("per_prompt", result.per_prompt), ("per_repeat", result.per_repeat)):
-            table.to_csv(args.out / f"{Path(args.policy).name}_{protocol}_{table_name}.csv", index=False)
-        console.print(f"tables written to {args.out}")
-        if not (args.run or args.sweep or args.checkpoint):
-            return 0
 
-    ensure_experiment(composed.tracking.uri, composed.tracking.experiment, composed.tracking.artifact_location)
-    client = MlflowClient()
-    jobs: list[tuple[str, str, Path | None, int]] = []  # (run id, policy path, checkpoint, step)
-    if args.checkpoint:
-        if not args.checkpoint.is_file():
-            console.print(f"[red]no checkpoint at {args.checkpoint}[/red]: runs write checkpoint.pt into their "
-                          "output folder (the run's `output_dir` tag)")
-            return 2
-        try:
-            payload = read_checkpoint(args.checkpoint, map_location="cpu")
-        except CheckpointError as error:
-            console.print(f"[red]{error}[/red]")
-            return 2
-        jobs.append((payload["run_id"], None, args.checkpoint, payload["state"]["step"]))
-    for run in runs_to_evaluate(client, composed.tracking.experiment, args.run, args.sweep):
+def checkpoint_job(path: Path) -> tuple[str, None, Path, int] | None:
+    """(run id, no policy path, checkpoint, step) of a training checkpoint, or None after one error line."""
+    if not path.is_file():
+        console.print(f"[red]no checkpoint at {path}[/red]: runs write checkpoint.pt into their "
+                      "output folder (the run's `output_dir` tag)")
+        return None
+    try:
+        payload = read_checkpoint(path, map_location="cpu")
+    except CheckpointError as error:
+        console.print(f"[red]{error}[/red]")
+        return None
+    return payload["run_id"], None, path, payload["state"]["step"]
+
+
+def finished_run_jobs(client: MlflowClient, experiment: str, run_ids: list[str],
+                      sweeps: list[str]) -> list[tuple[str, str, None, int]]:
+    """(run id, saved policy, no checkpoint, final step) of each named run that finished with its policy saved;
+    the others are skipped with one line each."""
+    jobs = []
+    for run in runs_to_evaluate(client, experiment, run_ids, sweeps):
         policy_path = run.data.tags.get("final_policy")
         if run.info.status != "FINISHED" or not policy_path or not Path(policy_path).exists():
             console.print(f"[yellow]skip[/yellow] run {run.info.run_id[:8]} ({run.data.tags.get('cell', '?')}): "
@@ -256,27 +295,28 @@ def evaluate_command(argv: list[str] | None) -> int:
                           + ("" if not policy_path or Path(policy_path).exists() else " is missing"))
             continue
         jobs.append((run.info.run_id, policy_path, None, int(run.data.params.get("trainer.steps", 0))))
-    if args.sweep and not jobs:
-        console.print(f"[red]no finished runs[/red] in sweep(s) {', '.join(args.sweep)} of experiment "
-                      f"'{composed.tracking.experiment}' at {composed.tracking.uri}")
-        return 1
+    return jobs
 
-    for run_id, policy_path, checkpoint, step in jobs:
-        trained = run_config(client, run_id)
-        cfg = merged_config(trained, composed)
-        stage = stage_of(step, trained.trainer.steps)
-        label = f"{run_id[:8]} {client.get_run(run_id).data.tags.get('cell', '')}"
-        history = client.get_metric_history(run_id, f"{protocol}/{stage}/mean_reward")
-        if any(m.step == step for m in history) and not args.force:
-            console.print(f"[green]done already[/green] {label}: {protocol}/{stage} at step {step} (--force to redo)")
-            continue
-        if policy_path is None:  # a checkpoint: architecture and tokenizer from the run's starting policy
-            policy_path = trained.policy.name_or_path
-        result = evaluate_with_progress(cfg, label, policy_path, checkpoint)
-        log_evaluation(run_id, result, stage, step)
-        print_result(label, result)
-        console.print(f"logged to MLflow run {run_id} as {protocol}/{stage}/* at step {step}")
-    return 0
+
+def evaluate_into_run(client: MlflowClient, composed: DictConfig, run_id: str, policy_path: str | None,
+                      checkpoint: Path | None, step: int, force: bool) -> None:
+    """Evaluate one run's policy (or checkpoint) with its own task and policy settings and log the result into
+    it, unless the run holds this protocol's results at this step already (and not `force`)."""
+    protocol = composed.evaluation.name
+    trained = run_config(client, run_id)
+    cfg = merged_config(trained, composed)
+    stage = stage_of(step, trained.trainer.steps)
+    label = f"{run_id[:8]} {client.get_run(run_id).data.tags.get('cell', '')}"
+    history = client.get_metric_history(run_id, f"{protocol}/{stage}/mean_reward")
+    if any(m.step == step for m in history) and not force:
+        console.print(f"[green]done already[/green] {label}: {protocol}/{stage} at step {step} (--force to redo)")
+        return
+    if policy_path is None:  # a checkpoint: architecture and tokenizer from the run's starting policy
+        policy_path = trained.policy.name_or_path
+    result = evaluate_with_progress(cfg, label, policy_path, checkpoint)
+    log_evaluation(run_id, result, stage, step)
+    print_result(label, result)
+    console.print(f"logged to MLflow run {run_id} as {protocol}/{stage}/* at step {step}")
 
 
 if __name__ == "__main__":

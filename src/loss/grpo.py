@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import torch
 
@@ -62,16 +63,31 @@ class ClippedObjective(Objective):
         return group_normalised_advantages(rewards)
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
-        groups, rows = batch.groups, batch.rows
-        rewards = torch.tensor([g.rewards for g in groups])
-        advantages = self.advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
+        """Steps 1-4 of the class docstring, in order."""
+        rows = batch.rows
+        rewards = torch.tensor([g.rewards for g in batch.groups])
+        advantages = self.advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]  # 1.
         sequences, cached_reference, token_counts = batch_sequences(batch)
-        n = len(sequences)
-        minis = interleaved_mini_batches(n, self.updates_per_step)
+        minis = interleaved_mini_batches(len(sequences), self.updates_per_step)  # 4. rows to mini-batches
         plans = [[[mini[k] for k in chunk] for chunk in self.forward.batches([sequences[i] for i in mini])]
                  for mini in minis]
+        prox, reference_tokens = self._proximal_tokens(policy, reference, sequences, cached_reference, plans)  # 2.
+        fixed = _FixedTokens(prox, self._behaviour_tokens(batch, prox), reference_tokens)  # 3.
+        tally = _Tally(updates=len(plans), kl_sums=torch.zeros(len(sequences)))
+        for plan in plans:  # 4. one optimizer step per mini-batch
+            mini_tokens = sum(len(sequences[i][1]) for chunk in plan for i in chunk)
+            optimizer.zero_grad(set_to_none=True)
+            for index in plan:
+                loss, terms, kl_tokens, diag = self._micro_batch_loss(
+                    policy, [sequences[i] for i in index], index, advantages, fixed, mini_tokens)
+                loss.backward()
+                tally.add(index, loss, terms, kl_tokens, diag)
+            self.optimizer_step(policy, optimizer)
+        return self._result(fixed, tally, token_counts)
 
-        # 2. pi_prox and pi_ref per response token, before any optimizer step.
+    def _proximal_tokens(self, policy, reference, sequences, cached_reference, plans):
+        """2. pi_prox and pi_ref per response token, from a no-grad forward before any optimizer step."""
+        n = len(sequences)
         prox: list[torch.Tensor] = [torch.empty(0)] * n
         reference_tokens: list[tuple[float, ...]] = [()] * n
         policy.train()
@@ -85,10 +101,13 @@ class ClippedObjective(Objective):
                 for row, (i, tokens) in enumerate(zip(index, row_values(ref, mask))):
                     prox[i] = token_logprobs[row][mask[row]].clone()
                     reference_tokens[i] = tokens
+        return prox, reference_tokens
 
-        # 3. mu per token: stored for replayed groups (and a stale sampler's fresh ones), pi_prox for fresh ones.
-        behaviour: list[torch.Tensor] = []
-        for i, (g, j) in enumerate(rows):
+    @staticmethod
+    def _behaviour_tokens(batch: Batch, prox: list[torch.Tensor]) -> list[torch.Tensor]:
+        """3. mu per token: stored for replayed groups (and a stale sampler's fresh ones), pi_prox for fresh ones."""
+        groups, behaviour = batch.groups, []
+        for i, (g, j) in enumerate(batch.rows):
             group = groups[g]
             if group.behaviour_logprobs is None:
                 behaviour.append(prox[i])
@@ -98,55 +117,81 @@ class ClippedObjective(Objective):
                                  "under grpo)")
             else:
                 behaviour.append(torch.tensor(group.behaviour_token_logprobs[j]))
+        return behaviour
 
-        kl_sums = torch.zeros(n)
-        totals, diagnostics = defaultdict(float), defaultdict(float)
-        for plan in plans:  # 4. one optimizer step per mini-batch
-            mini_tokens = sum(len(sequences[i][1]) for chunk in plan for i in chunk)
-            optimizer.zero_grad(set_to_none=True)
-            for index in plan:
-                chunk = [sequences[i] for i in index]
-                token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
-                zeros = torch.zeros_like(upcast(token_logprobs))
-                behaviour_chunk = place_tokens(chunk, [behaviour[i] for i in index], zeros.clone())
-                prox_chunk = (behaviour_chunk if self.ratio_to == "behaviour"
-                              else place_tokens(chunk, [prox[i] for i in index], zeros.clone()))
-                ref_chunk = place_tokens(chunk, [reference_tokens[i] for i in index], zeros.clone())
-                mask = mask.float()
-                surrogate, diag = clipped_surrogate(token_logprobs, prox_chunk, behaviour_chunk,
-                                                    advantages[index].to(token_logprobs.device), mask,
-                                                    eps_low=self.eps_low, eps_high=self.eps_high,
-                                                    behaviour_cap=self.behaviour_cap)
-                kl_tokens = self.kl_tokens(token_logprobs, ref_chunk) * mask
-                policy_term = surrogate * (diag["n_tokens"] / mini_tokens)
-                kl_term = kl_tokens.sum() / mini_tokens
-                entropy_term = (entropy * mask).sum() / mini_tokens
-                loss = policy_term + self.kl_coef * kl_term - self.entropy_coef * entropy_term
-                loss.backward()
+    def _micro_batch_loss(self, policy, chunk, index, advantages, fixed: _FixedTokens, mini_tokens: int):
+        """4. L = surrogate + beta_KL * KL - beta_H * H on one micro-batch, each term its share of the mini-batch.
 
-                kl_sums[index] = kl_tokens.sum(-1).detach().cpu()
-                for key, value in (("loss", loss), ("policy_loss", policy_term), ("kl", kl_term),
-                                   ("entropy", entropy_term)):
-                    totals[key] += value.item() / len(plans)  # mean over the mini-batch updates
-                for key in ("clip_frac_low", "clip_frac_high", "ratio_mean", "behaviour_weight_mean",
-                            "behaviour_cap_frac"):
-                    diagnostics[key] += diag[key] * diag["n_tokens"]
-                diagnostics["ratio_max"] = max(diagnostics["ratio_max"], diag["ratio_max"])
-                diagnostics["n_tokens"] += diag["n_tokens"]
-            self.optimizer_step(policy, optimizer)
+        Returns (loss, its terms, the masked k3 KL per token, the surrogate's diagnostics).
+        """
+        token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
+        zeros = torch.zeros_like(upcast(token_logprobs))
+        behaviour_chunk = place_tokens(chunk, [fixed.behaviour[i] for i in index], zeros.clone())
+        prox_chunk = (behaviour_chunk if self.ratio_to == "behaviour"
+                      else place_tokens(chunk, [fixed.prox[i] for i in index], zeros.clone()))
+        ref_chunk = place_tokens(chunk, [fixed.reference[i] for i in index], zeros.clone())
+        mask = mask.float()
+        surrogate, diag = clipped_surrogate(token_logprobs, prox_chunk, behaviour_chunk,
+                                            advantages[index].to(token_logprobs.device), mask,
+                                            eps_low=self.eps_low, eps_high=self.eps_high,
+                                            behaviour_cap=self.behaviour_cap)
+        kl_tokens = self.kl_tokens(token_logprobs, ref_chunk) * mask
+        terms = {"policy_loss": surrogate * (diag["n_tokens"] / mini_tokens),
+                 "kl": kl_tokens.sum() / mini_tokens,
+                 "entropy": (entropy * mask).sum() / mini_tokens}
+        loss = terms["policy_loss"] + self.kl_coef * terms["kl"] - self.entropy_coef * terms["entropy"]
+        return loss, terms, kl_tokens, diag
 
-        # Per-response numbers: raw = sequence pi_prox/mu, weights = mean capped token weight used. The
-        # weight diagnostics are per token (`token_raw_weights`), where the cap acts.
+    def _result(self, fixed: _FixedTokens, tally: _Tally, token_counts: torch.Tensor) -> UpdateResult:
+        """Per-response numbers: raw = sequence pi_prox/mu, weights = mean capped token weight used. The
+        weight diagnostics are per token (`token_raw_weights`), where the cap acts."""
+        prox, behaviour = fixed.prox, fixed.behaviour
         logprobs = torch.stack([p.sum() for p in prox])
         raw_weights = torch.stack([(p - b).sum().exp() for p, b in zip(prox, behaviour)])
         token_raw = [(p - b).exp() for p, b in zip(prox, behaviour)]
         token_used = [tokens.clamp(max=self.behaviour_cap) for tokens in token_raw]
         weights = torch.stack([tokens.mean() if len(tokens) else torch.tensor(1.0) for tokens in token_used])
-        tokens = diagnostics.pop("n_tokens")
-        extras = {f"grpo/{key}": (value if key == "ratio_max" else value / tokens) for key, value in diagnostics.items()}
-        extras["grpo/updates"] = float(len(plans))
-        return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=kl_sums,
-                            token_counts=token_counts, reference_tokens=reference_tokens,
-                            behaviour_tokens=[tuple(p.tolist()) for p in prox], extras=extras,
+        return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=tally.kl_sums,
+                            token_counts=token_counts, reference_tokens=fixed.reference,
+                            behaviour_tokens=[tuple(p.tolist()) for p in prox], extras=tally.extras(),
                             token_raw_weights=token_raw, token_weights=token_used,
-                            optimizer_steps=len(plans), **totals)
+                            optimizer_steps=tally.updates, **tally.totals)
+
+
+@dataclass
+class _FixedTokens:
+    """Per trained response, the log-probs that stay fixed through the update: pi_prox, mu and pi_ref per token."""
+
+    prox: list[torch.Tensor]
+    behaviour: list[torch.Tensor]
+    reference: list[tuple[float, ...]]
+
+
+@dataclass
+class _Tally:
+    """The update's bookkeeping: KL per response, loss terms averaged over the mini-batch updates, and the
+    surrogate's diagnostics weighted by tokens (ratio_max: the largest)."""
+
+    updates: int
+    kl_sums: torch.Tensor
+    totals: defaultdict = field(default_factory=lambda: defaultdict(float))
+    diagnostics: defaultdict = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, index: list[int], loss: torch.Tensor, terms: dict, kl_tokens: torch.Tensor, diag: dict) -> None:
+        self.kl_sums[index] = kl_tokens.sum(-1).detach().cpu()
+        for key, value in (("loss", loss), ("policy_loss", terms["policy_loss"]), ("kl", terms["kl"]),
+                           ("entropy", terms["entropy"])):
+            self.totals[key] += value.item() / self.updates  # mean over the mini-batch updates
+        for key in ("clip_frac_low", "clip_frac_high", "ratio_mean", "behaviour_weight_mean", "behaviour_cap_frac"):
+            self.diagnostics[key] += diag[key] * diag["n_tokens"]
+        self.diagnostics["ratio_max"] = max(self.diagnostics["ratio_max"], diag["ratio_max"])
+        self.diagnostics["n_tokens"] += diag["n_tokens"]
+
+    def extras(self) -> dict[str, float]:
+        """The diagnostics as logged: token means (ratio_max as it is) and the number of updates."""
+        diagnostics = dict(self.diagnostics)
+        tokens = diagnostics.pop("n_tokens")
+        extras = {f"grpo/{key}": (value if key == "ratio_max" else value / tokens)
+                  for key, value in diagnostics.items()}
+        extras["grpo/updates"] = float(self.updates)
+        return extras
