@@ -17,8 +17,9 @@ MATH_CHECKPOINT = PROJECT_ROOT / "checkpoints" / "tiny-math"
 PROBLEMS, SAMPLES = 40, 4
 # The quick evaluation's sampling (conf/evaluation/quick.yaml) on the first 40 held-out problems.
 SAMPLING = SamplingParams(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=80)
-# Measured on the committed warm start: mean reward 0.38 and every answer boxed (docs/math.md); the floor
-# leaves room for another CPU's sampling draws (160 samples: about +-0.04 of noise).
+# Measured here: the committed warm start 0.46 with every answer boxed, a 300-step warm start on 4,000
+# demonstrations 0.04, an untrained policy 0.0 (docs/math.md); the floor leaves room for another CPU's
+# sampling draws (160 samples: about +-0.04 of noise).
 REWARD_FLOOR = 0.2
 BOXED_FLOOR = 0.9
 
