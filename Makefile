@@ -145,8 +145,8 @@ ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050] 
 budget: $(STAMP)  ## planned fresh verifier evaluations for the paper's settings (no model loaded)
 	$(PY) -m src.study.budget trainer=paper buffer=age2 --ratios 0,0.5,1,1.5,2
 
-sft-tiny: $(STAMP)  ## rebuild the tiny policy's warm start (checkpoints/tiny-countdown); ARGS="--steps 50 --output /tmp/x"
-	$(PY) -m src.policy.sft $(ARGS)
+sft-tiny: $(STAMP)  ## rebuild the tiny policy's warm start (checkpoints/tiny-countdown; TASK=math: tiny-math); ARGS="--steps 50 --output /tmp/x"
+	$(PY) -m src.policy.sft $(if $(TASK),task=$(TASK)) $(ARGS)
 
 bench: $(STAMP)  ## per-phase step time of the tiny policy; ARGS="--steps 8 buffer=age2" for other settings
 	$(PY) -m benchmarks.step_phases $(ARGS)

@@ -115,7 +115,7 @@ DOCUMENTED = {
     "python -m benchmarks.step_phases": "test_make_bench",
     "make bench-eval": "test_make_bench_eval",
     "make sft-tiny": "test_make_sft_tiny",
-    "python -m src.policy.sft": "test_sft_of_the_math_policy",
+    "python -m src.policy.sft": "test_make_sft_tiny_task_math_builds_the_math_policy",
     "python -m benchmarks.math_verifier": "test_math_verifier_benchmark_stays_within_its_bound",
     "make ziprc": "test_make_ziprc_runs_every_stage",
     "python -m src.ziprc": "test_make_ziprc_runs_every_stage",
@@ -566,10 +566,11 @@ def test_make_sft_tiny(tmp_path):
     assert (tmp_path / "tiny" / "config.json").is_file() and '"steps": 2' in (tmp_path / "tiny" / "sft_settings.json").read_text()
 
 
-def test_sft_of_the_math_policy(tmp_path):
-    out = ok(run([sys.executable, "-m", "src.policy.sft", "task=math", "--steps", "2", "--examples", "64",
-                  "--batch-size", "8", "--hidden-size", "16", "--layers", "1", "--output", str(tmp_path / "math")]))
+def test_make_sft_tiny_task_math_builds_the_math_policy(tmp_path):
+    out = make("sft-tiny", "TASK=math", args("--steps", "2", "--examples", "64", "--batch-size", "8", "--hidden-size",
+                                             "16", "--layers", "1", "--output", str(tmp_path / "math")))
     assert f"saved to {tmp_path / 'math'}" in out and (tmp_path / "math" / "tokenizer.json").is_file()
+    assert "\\boxed" in (tmp_path / "math" / "tokenizer.json").read_text()  # the math task's symbols, not Countdown's
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol
 
 
@@ -45,6 +46,9 @@ class Task(ABC):
     # the studies' cell names read as the paper's grid.
     cell_suffix: str = ""
     reader_name: str = ""
+    # The tiny policy's warm start (src/policy/sft.py) where this task's differs from the defaults there,
+    # e.g. {"steps": 1000}: what `python -m src.policy.sft task=<name>` trains with unless told otherwise.
+    warm_start: Mapping[str, int] = MappingProxyType({})
 
     @abstractmethod
     def splits(self, train_size: int | None = None) -> tuple[list, list]:

@@ -66,7 +66,11 @@ def percent(rng: random.Random, top: int) -> MathProblem:
     share = rng.choice((10, 20, 25, 50, 75))
     base = rng.randint(1, top) * (100 // math.gcd(share, 100))  # so that the share is a whole number
     value = share * base // 100
-    steps = f"{share}% of {base} is {base} * {share} / 100 = {value}."
+    # A share of 100 / n is a division by n, which the tiny policy learns; 75% is a quarter, three times.
+    if share == 75:
+        steps = f"{share}% of {base} is {base} / 4 * 3. {base} / 4 = {base // 4}. {base // 4} * 3 = {value}."
+    else:
+        steps = f"{share}% of {base} is {base} / {100 // share} = {value}."
     return _solved(f"What is {share}% of {base}?", steps, value)
 
 
