@@ -112,6 +112,45 @@ def compose_config_module():
     return _compose
 
 
+def queue_history(queue) -> list:
+    """Seeded draws, evictions and statistics of one sequence of calls, as plain data (a queue or its actor)."""
+    from tests.test_runtime_pure import group
+
+    seen = []
+    for key in range(6):
+        queue.put(key, group(key, correct=(key % 3,)), key // 2, [0.1 * key] * 4, float(key), float(key))
+        if queue.ready(8):
+            samples = queue.take(8, key)
+            seen.append([(s.rollout.uid, s.off_policiness, s.since_last_use, s.group.prompt) for s in samples])
+        queue.drop_stale(key, 2)
+        seen += [queue.age(key), queue.size(), queue.room(4, 4), queue.drain_events()]
+    return seen + [queue.replay_count_distribution(), queue.distributions(), queue.state_dict()]
+
+
+def test_the_buffer_actor_answers_as_the_queue_in_this_process_and_its_death_is_one_line(ray_cpus):
+    """The pipeline's queue is an actor under runtime=async: the same calls give the same draws, events, Figure 2
+    distributions and checkpoint state as the local queue; a dead buffer actor stops the run in one line."""
+    from src.runtime.pipeline import PipelineError
+    from src.runtime.queue_actor import QueueActor
+    from src.runtime.queues import build_queue
+
+    for options in ({"queue": "buffer", "independent": True, "positive_bias": 0.5},
+                    {"queue": "buffer", "shards": 2}, {"queue": "lifo"}):
+        local, remote = build_queue(capacity=16, seed=7, **options), QueueActor(capacity=16, seed=7, **options)
+        try:
+            assert (remote.name, remote.capacity) == (local.name, local.capacity)
+            assert repr(queue_history(remote)) == repr(queue_history(local))  # repr: nan == nan
+            restored = QueueActor(capacity=16, seed=0, **options)
+            restored.load_state_dict(local.state_dict())
+            assert restored.state_dict() == local.state_dict()
+            restored.close()
+        finally:
+            remote.close()
+    with pytest.raises(PipelineError, match="the buffer actor died") as died:
+        remote.size()
+    assert "\n" not in str(died.value) and "resume from its last checkpoint" in str(died.value)
+
+
 def test_lockstep_w2_consumes_no_sample_newer_than_the_trainer_and_meets_footnote5(lockstep_w2):
     recorder, events = lockstep_w2
     assert [step for step, _ in recorder.steps] == [0, 1, 2, 3, 4]

@@ -15,7 +15,9 @@
   `learn` half on a `Collection` made of the drawn rollouts; it publishes its weights itself.
   On CUDA it sits at `hardware.device`, after the workers' GPUs.
 * `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
-  loop). It picks each request's prompt from the run's prompt sampler (in event order, so the
+  loop), where the pipeline itself runs; the rollout queue it puts into and draws from is the
+  buffer actor (`src.runtime.queue_actor.QueueActor`), so groups go from a worker through the
+  driver to the buffer actor, and drawn rollouts from it through the driver to the trainer actor. It picks each request's prompt from the run's prompt sampler (in event order, so the
   lockstep schedule is reproducible), tells the sampler each group's rewards, sends each batch to
   the trainer actor and takes back the step's metrics and TrainState counters. The driver's policy,
   optimizer and torch RNG are its copy for checkpoints and evaluation: `pull` brings them up to the
