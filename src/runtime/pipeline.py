@@ -141,8 +141,9 @@ class Pipeline:
     def may_launch(self) -> bool:
         s, c = self.settings, self.counters
         eta = s.staleness if s.staleness_mode == "block" else None
-        return (self.queue.room(s.request_rollouts, len(c.in_flight) * s.request_rollouts)
-                and formulas.may_start(c.started_rollouts + s.request_rollouts, s.batch, c.version, eta))
+        # The local rule first: a blocked worker then costs no call to the queue (an actor under runtime=async).
+        return (formulas.may_start(c.started_rollouts + s.request_rollouts, s.batch, c.version, eta)
+                and self.queue.room(s.request_rollouts, len(c.in_flight) * s.request_rollouts))
 
     def launch(self, worker: int, latest: bool = False) -> None:
         """Start a request of g groups on `worker`: with the published weights now (lockstep), or (`latest`)

@@ -16,12 +16,14 @@ The update runs in the trainer actor (`src.runtime.ray_work.TrainerActor`); this
 driver's copy of the policy, optimizer and TrainState. The counters come back with every step; the
 weights, optimizer state and torch RNG are pulled before `loop.save`, before `loop.evaluate` (the
 weights) and when the session closes, so `src.run`'s final checkpoint, evaluation and saved policy
-are the trained ones. A dead trainer actor or buffer actor raises a PipelineError and leaves no checkpoint behind.
+are the trained ones. A dead trainer actor or buffer actor raises a PipelineError and leaves no
+checkpoint behind.
 
 Under `runtime=async` the trainer's replay store is the pipeline's (`PipelineStore`, built by
 `src.build.build_store`): the checkpoint's "buffer" then holds the rollout queue (its state, taken
-from the buffer actor) with every rollout's metadata, the pipeline's counters, the lockstep clock and the groups in flight, next to
-the trainer and optimizer state, the prompt sampler's state and the RNGs `src.runs.checkpoint` saves.
+from the buffer actor) with every rollout's metadata, the pipeline's counters, the lockstep clock
+and the groups in flight, next to the trainer and optimizer state, the prompt sampler's state and
+the RNGs `src.runs.checkpoint` saves.
 """
 
 from __future__ import annotations
@@ -273,9 +275,9 @@ class AsyncSession:
         self.runtime, self.loop = runtime, loop
         settings = runtime.settings
         cpus = runtime.num_cpus / (settings.workers + 1)  # a share for each worker and the trainer actor
-        self.queue = QueueActor(**runtime.queue_options())  # the shared buffer: an actor with no CPU slot
         self.work = RayWork(loop.cfg, loop.parts, loop.state, settings, runtime.max_restarts,
                             runtime.worker_threads, cpus, runtime.gpus_per_worker)
+        self.queue = QueueActor(**runtime.queue_options())  # the shared buffer: an actor with no CPU slot
         self.pipeline = runtime.build_pipeline(self.work, self.queue)
         self.store: PipelineStore = loop.parts.store
         self.events_path = loop.output_dir / EVENT_LOG
