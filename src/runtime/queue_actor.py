@@ -30,6 +30,7 @@ class QueueActor:
         kind, arguments = queue_spec(queue, capacity, seed, **options)
         self.name, self.capacity = kind.name, int(capacity)
         self.actor = ray.remote(kind).options(num_cpus=0, max_restarts=0).remote(**arguments)
+        self.size()  # wait for its process: its start belongs to the session's, not to the first step
 
     def _call(self, method: str, *args):
         try:
