@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,8 +148,13 @@ def test_the_buffer_actor_answers_as_the_queue_in_this_process_and_its_death_is_
             restored.close()
         finally:
             remote.close()
+    doomed = QueueActor("lifo", capacity=16, seed=0)
+    pid = ray.get(doomed.actor.__ray_call__.remote(lambda queue: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+    while os.path.exists(f"/proc/{pid}"):  # gone once Ray's raylet has reaped it
+        time.sleep(0.05)
     with pytest.raises(PipelineError, match="the buffer actor died") as died:
-        remote.size()
+        doomed.size()
     assert "\n" not in str(died.value) and "resume from its last checkpoint" in str(died.value)
 
 
@@ -287,10 +294,8 @@ def test_a_dead_trainer_stops_the_run_in_one_line_and_its_checkpoint_resumes_it(
 def test_sigterm_to_the_whole_process_group_checkpoints_and_resumes_into_the_same_run(tmp_path):
     """`timeout` and SLURM signal every process of the job: Ray's own processes must not die before the
     trainer has finished its step and checkpointed. The relaunch continues the same MLflow run."""
-    import signal
     import subprocess
     import sys
-    import time
 
     import mlflow
     from mlflow.tracking import MlflowClient
