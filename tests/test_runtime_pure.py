@@ -119,6 +119,19 @@ def test_lifo_takes_newest_first_and_uses_each_rollout_once():
         build_queue("lifo", 8, 0, positive_bias=0.5)
 
 
+def test_queue_reports_its_replay_counts_distributions_and_drains_its_events():
+    queue = LifoQueue(capacity=12)
+    for key in range(3):
+        queue.put(key, group(key), key, [0.0] * 4, 0.0)
+    queue.take(6, step=3)  # 6 retired after one use, 6 still queued and unused
+    assert queue.replay_count_distribution() == {0: 6, 1: 6} and queue.replay_counts == {1: 6}
+    assert queue.distributions() == {"off_policiness": {1: 4, 2: 2}, "replay_count": {0: 6, 1: 6},
+                                     "since_last_use": {}, "new_uses": 6}
+    events = queue.drain_events()
+    assert [e["event"] for e in events] == ["put", "put", "put", "sample", "consume"]
+    assert queue.drain_events() == [] and queue.size() == len(queue) == 6
+
+
 def test_queue_state_survives_a_weights_only_checkpoint(tmp_path):
     buffer = ReplayBuffer(capacity=6, seed=3)
     for key in range(3):

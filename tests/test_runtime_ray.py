@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +112,50 @@ def compose_config_module():
             return compose("config", overrides=list(overrides))
 
     return _compose
+
+
+def queue_history(queue) -> list:
+    """Seeded draws, evictions and statistics of one sequence of calls, as plain data (a queue or its actor)."""
+    from tests.test_runtime_pure import group
+
+    seen = []
+    for key in range(6):
+        queue.put(key, group(key, correct=(key % 3,)), key // 2, [0.1 * key] * 4, float(key), float(key))
+        if queue.ready(8):
+            samples = queue.take(8, key)
+            seen.append([(s.rollout.uid, s.off_policiness, s.since_last_use, s.group.prompt) for s in samples])
+        queue.drop_stale(key, 2)
+        seen += [queue.age(key), queue.size(), queue.room(4, 4), queue.drain_events()]
+    return seen + [queue.replay_count_distribution(), queue.distributions(), queue.state_dict()]
+
+
+def test_the_buffer_actor_answers_as_the_queue_in_this_process_and_its_death_is_one_line(ray_cpus):
+    """The pipeline's queue is an actor under runtime=async: the same calls give the same draws, events, Figure 2
+    distributions and checkpoint state as the local queue; a dead buffer actor stops the run in one line."""
+    from src.runtime.pipeline import PipelineError
+    from src.runtime.queue_actor import QueueActor
+    from src.runtime.queues import build_queue
+
+    for options in ({"queue": "buffer", "independent": True, "positive_bias": 0.5},
+                    {"queue": "buffer", "shards": 2}, {"queue": "lifo"}):
+        local, remote = build_queue(capacity=16, seed=7, **options), QueueActor(capacity=16, seed=7, **options)
+        try:
+            assert (remote.name, remote.capacity) == (local.name, local.capacity)
+            assert repr(queue_history(remote)) == repr(queue_history(local))  # repr: nan == nan
+            restored = QueueActor(capacity=16, seed=0, **options)
+            restored.load_state_dict(local.state_dict())
+            assert restored.state_dict() == local.state_dict()
+            restored.close()
+        finally:
+            remote.close()
+    doomed = QueueActor("lifo", capacity=16, seed=0)
+    pid = ray.get(doomed.actor.__ray_call__.remote(lambda queue: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+    while os.path.exists(f"/proc/{pid}"):  # gone once Ray's raylet has reaped it
+        time.sleep(0.05)
+    with pytest.raises(PipelineError, match="the buffer actor died") as died:
+        doomed.size()
+    assert "\n" not in str(died.value) and "resume from its last checkpoint" in str(died.value)
 
 
 def test_lockstep_w2_consumes_no_sample_newer_than_the_trainer_and_meets_footnote5(lockstep_w2):
@@ -248,10 +294,8 @@ def test_a_dead_trainer_stops_the_run_in_one_line_and_its_checkpoint_resumes_it(
 def test_sigterm_to_the_whole_process_group_checkpoints_and_resumes_into_the_same_run(tmp_path):
     """`timeout` and SLURM signal every process of the job: Ray's own processes must not die before the
     trainer has finished its step and checkpointed. The relaunch continues the same MLflow run."""
-    import signal
     import subprocess
     import sys
-    import time
 
     import mlflow
     from mlflow.tracking import MlflowClient

@@ -13,6 +13,10 @@ actors and the trainer's `learn` in `src.runtime.ray_work`, a stand-in in the te
     work.train(step, samples, arrived)  # one update on the batch; `arrived`: groups put since the last one
     work.publish(version) -> seconds    # make the trainer's weights the workers' next load
 
+The queue is any object with `src.runtime.queues.RolloutQueue`'s methods: the queue itself here and
+in the pure tests, `src.runtime.queue_actor.QueueActor` (the queue in a Ray actor, each call a
+`ray.get`) under `runtime=async`. The pipeline's calls are sequential, so both give the same run.
+
 `LockstepPipeline` runs the virtual clock of `src.runtime.schedule` (real work in event order,
 so the same seed gives the same event log and metrics); `FreePipeline` lets every role go as
 fast as it can. Both apply the optional staleness bound eta (`block`: AReaL's rule,
@@ -126,7 +130,7 @@ class Pipeline:
     """What both schedules share: starting workers, putting groups, training, publishing, measuring."""
 
     def __init__(self, settings: PipelineSettings, queue: RolloutQueue, work: Work) -> None:
-        self.settings, self.queue, self.work = settings, queue, work
+        self.settings, self.queue, self.work = settings, queue, work  # queue: or a QueueActor (same methods)
         self.counters = Counters()
         self.events: list[dict] = []
         self.arrived: list[Generated] = []
@@ -137,8 +141,9 @@ class Pipeline:
     def may_launch(self) -> bool:
         s, c = self.settings, self.counters
         eta = s.staleness if s.staleness_mode == "block" else None
-        return (self.queue.room(s.request_rollouts, len(c.in_flight) * s.request_rollouts)
-                and formulas.may_start(c.started_rollouts + s.request_rollouts, s.batch, c.version, eta))
+        # The local rule first: a blocked worker then costs no call to the queue (an actor under runtime=async).
+        return (formulas.may_start(c.started_rollouts + s.request_rollouts, s.batch, c.version, eta)
+                and self.queue.room(s.request_rollouts, len(c.in_flight) * s.request_rollouts))
 
     def launch(self, worker: int, latest: bool = False) -> None:
         """Start a request of g groups on `worker`: with the published weights now (lockstep), or (`latest`)
@@ -221,9 +226,7 @@ class Pipeline:
     def replay_measures(self) -> dict[str, float]:
         """Replay counts so far (retired rollouts final, queued ones so far) against footnote 5's B/R."""
         s, c = self.settings, self.counters
-        counts = dict(self.queue.replay_counts)
-        for rollout in self.queue.rollouts:
-            counts[rollout.uses] = counts.get(rollout.uses, 0) + 1
+        counts = self.queue.replay_count_distribution()
         total = sum(counts.values())
         steps_between = c.version  # trainer starts after the first, before this step's update is done
         measured_r = c.added_between_trains / steps_between if steps_between else math.nan
@@ -259,8 +262,7 @@ class Pipeline:
         self.events.append(event)
 
     def _drain_queue_events(self) -> None:
-        self.events += self.queue.events
-        self.queue.events = []
+        self.events += self.queue.drain_events()
 
     def state_dict(self) -> dict:
         counters = dataclasses.asdict(self.counters)
@@ -319,7 +321,7 @@ class LockstepPipeline(Pipeline):
     def stall_message(self) -> str:
         s = self.settings
         return (f"the lockstep pipeline stalled at virtual time {float(self.clock.now):g}: the trainer waits for "
-                f"{s.batch} rollouts, the {self.queue.name} queue holds {len(self.queue)} and no worker may start "
+                f"{s.batch} rollouts, the {self.queue.name} queue holds {self.queue.size()} and no worker may start "
                 f"(runtime.capacity={self.queue.capacity}, runtime.staleness={s.staleness}); raise runtime.capacity "
                 "or the staleness bound")
 
@@ -357,7 +359,7 @@ class FreePipeline(Pipeline):
                 return {**metrics, **self.wall_measures()}
             if not self.counters.in_flight:
                 raise PipelineError(f"the free pipeline stalled: the trainer waits for {s.batch} rollouts, the "
-                                    f"{self.queue.name} queue holds {len(self.queue)} and no worker may start; "
+                                    f"{self.queue.name} queue holds {self.queue.size()} and no worker may start; "
                                     "raise runtime.capacity or the staleness bound")
             waited = time.perf_counter()
             for generated in self.work.poll(None):

@@ -20,7 +20,13 @@ Both record seed 001's measures (section 3.2, Figure 2, D.3): off-policiness t -
 sample, steps since last use ("new" on first use, 0 for a repeat in the same batch), and each
 rollout's replay count when it leaves the queue (and, for those still queued, at the end).
 Every put, sample and eviction is appended to `events` (with rollout ids and versions) for the
-run's event log.
+run's event log, which the pipeline takes with `drain_events`.
+
+The pipeline talks to a queue only through its methods (put, ready, room, take, drop_stale, age,
+size, drain_events, replay_count_distribution, distributions, state_dict, load_state_dict) and
+its `name` and `capacity`, so the same queue runs in the driver (the pure tests) or in a Ray
+actor behind `src.runtime.queue_actor.QueueActor` (`runtime=async`): `queue_spec` names the
+class and its arguments that both build it from.
 """
 
 from __future__ import annotations
@@ -96,6 +102,15 @@ class RolloutQueue:
 
     def __len__(self) -> int:
         return len(self.rollouts)
+
+    def size(self) -> int:
+        """Rollouts queued (`len`, as a method a Ray actor can answer)."""
+        return len(self.rollouts)
+
+    def drain_events(self) -> list[dict]:
+        """The events since the last drain, for the run's event log, in the order they happened."""
+        events, self.events = self.events, []
+        return events
 
     def put(self, group_key: int, group: Group, version: int, advantages: list[float], wall: float,
             virtual: float | None = None) -> list[Rollout]:
@@ -185,6 +200,19 @@ class RolloutQueue:
             del self.groups[key]
         self.events.append({"event": event, "reason": reason, "ids": [r.uid for r in gone],
                             "versions": [r.version for r in gone]})
+
+    def replay_count_distribution(self) -> dict[int, int]:
+        """Rollouts per replay count so far: retired rollouts' final counts, queued ones' uses until now."""
+        counts = Counter(self.replay_counts)
+        for rollout in self.rollouts:
+            counts[rollout.uses] += 1
+        return dict(sorted(counts.items()))
+
+    def distributions(self) -> dict:
+        """Figure 2's distributions over the run so far (the run's `runtime_distributions.json`)."""
+        return {"off_policiness": dict(sorted(self.off_policiness.items())),
+                "replay_count": self.replay_count_distribution(),
+                "since_last_use": dict(sorted(self.since_last_use.items())), "new_uses": self.new_uses}
 
     def age(self, version: int) -> dict[str, float]:
         """Size of the queue and the age (versions behind `version`) of what it holds."""
@@ -286,15 +314,23 @@ class LifoQueue(RolloutQueue):
         self._retire(chosen, "consume", "used")
 
 
-def build_queue(queue: str, capacity: int, seed: int, independent: bool = False, positive_bias: float = 0.0,
-                correct_reward: float = 1.0, shards: int = 1) -> RolloutQueue:
-    """The queue `runtime.queue` names (`shards` > 1: one FIFO per trainer, D.4)."""
+def queue_spec(queue: str, capacity: int, seed: int, independent: bool = False, positive_bias: float = 0.0,
+               correct_reward: float = 1.0, shards: int = 1) -> tuple[type[RolloutQueue], dict]:
+    """The queue class `runtime.queue` names and its constructor's arguments (`shards` > 1: one FIFO per
+    trainer, D.4): `build_queue` builds it here, `QueueActor` in a Ray actor."""
     if queue == "buffer":
-        return ReplayBuffer(capacity, seed, independent, positive_bias, correct_reward, shards)
+        return ReplayBuffer, {"capacity": capacity, "seed": seed, "independent": independent,
+                              "positive_bias": positive_bias, "correct_reward": correct_reward, "shards": shards}
     if queue == "lifo":
         if positive_bias or independent or shards > 1:
             raise ValueError(f"runtime.queue=lifo uses each rollout once, newest first: positive_bias={positive_bias}, "
                              f"independent={independent} and sharding apply to runtime.queue=buffer only; leave them "
                              "at 0/false")
-        return LifoQueue(capacity, seed)
+        return LifoQueue, {"capacity": capacity, "seed": seed}
     raise ValueError(f"runtime.queue={queue!r}: queue must be one of {', '.join(QUEUES)}")
+
+
+def build_queue(queue: str, capacity: int, seed: int, **options) -> RolloutQueue:
+    """The queue `runtime.queue` names, in this process (`options`: those of `queue_spec`)."""
+    kind, arguments = queue_spec(queue, capacity, seed, **options)
+    return kind(**arguments)

@@ -15,14 +15,17 @@
   `learn` half on a `Collection` made of the drawn rollouts; it publishes its weights itself.
   On CUDA it sits at `hardware.device`, after the workers' GPUs.
 * `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
-  loop). It picks each request's prompt from the run's prompt sampler (in event order, so the
-  lockstep schedule is reproducible), tells the sampler each group's rewards, sends each batch to
-  the trainer actor and takes back the step's metrics and TrainState counters. The driver's policy,
-  optimizer and torch RNG are its copy for checkpoints and evaluation: `pull` brings them up to the
-  actor's on demand (before a checkpoint, an evaluation and the run's end), not every step; the
-  actor starts from the driver's (a resumed run: the checkpoint's), so the same seed gives the same
-  metrics as a trainer in the driver would. A dead trainer is not restarted (its updates since the
-  checkpoint are gone): the run stops with one line and resumes from its checkpoint when relaunched.
+  loop), where the pipeline itself runs; the rollout queue it puts into and draws from is the buffer
+  actor (`src.runtime.queue_actor.QueueActor`), so groups go from a worker through the driver to the
+  buffer actor, and drawn rollouts from it through the driver to the trainer actor. It picks each
+  request's prompt from the run's prompt sampler (in event order, so the lockstep schedule is
+  reproducible), tells the sampler each group's rewards, sends each batch to the trainer actor and
+  takes back the step's metrics and TrainState counters. The driver's policy, optimizer and torch
+  RNG are its copy for checkpoints and evaluation: `pull` brings them up to the actor's on demand
+  (before a checkpoint, an evaluation and the run's end), not every step; the actor starts from the
+  driver's (a resumed run: the checkpoint's), so the same seed gives the same metrics as a trainer
+  in the driver would. A dead trainer is not restarted (its updates since the checkpoint are gone):
+  the run stops with one line and resumes from its checkpoint when relaunched.
 
 A request's sampling seed derives from (run seed, request key), so a group does not depend on
 which worker generated it, and a retried request (a worker restarted by Ray's `max_restarts`)

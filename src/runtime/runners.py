@@ -4,22 +4,26 @@
 the runtime with `runtime.train(loop)`:
 
 * `SyncRuntime` returns at once: `src.run`'s own loop runs SPEC 3's steps, as it always has.
-* `AsyncRuntime` starts a Ray session, W rollout-worker actors, the trainer actor and the pipeline of
-  the configured schedule, and runs every remaining trainer step with `src.run`'s pieces: the
-  tracker logs each step, `loop.save` writes the run's checkpoint, `loop.evaluate` runs the
-  evaluation protocol, a stop signal raises `StopRequested`, which `src.run` answers as for a
-  synchronous step. The loop of `src.run` then finds no step left.
+* `AsyncRuntime` starts a Ray session, W rollout-worker actors, the trainer actor, the buffer actor
+  (the rollout queue, `src.runtime.queue_actor.QueueActor`) and the pipeline of the configured
+  schedule, which runs in this process and calls the queue through its actor. It runs every
+  remaining trainer step with `src.run`'s pieces: the tracker logs each step, `loop.save` writes
+  the run's checkpoint, `loop.evaluate` runs the evaluation protocol, a stop signal raises
+  `StopRequested`, which `src.run` answers as for a synchronous step. The loop of `src.run` then
+  finds no step left.
 
 The update runs in the trainer actor (`src.runtime.ray_work.TrainerActor`); this process keeps the
 driver's copy of the policy, optimizer and TrainState. The counters come back with every step; the
 weights, optimizer state and torch RNG are pulled before `loop.save`, before `loop.evaluate` (the
 weights) and when the session closes, so `src.run`'s final checkpoint, evaluation and saved policy
-are the trained ones. A dead trainer actor raises a PipelineError and leaves no checkpoint behind.
+are the trained ones. A dead trainer actor or buffer actor raises a PipelineError and leaves no
+checkpoint behind.
 
 Under `runtime=async` the trainer's replay store is the pipeline's (`PipelineStore`, built by
-`src.build.build_store`): the checkpoint's "buffer" then holds the rollout queue with every
-rollout's metadata, the pipeline's counters, the lockstep clock and the groups in flight, next to
-the trainer and optimizer state, the prompt sampler's state and the RNGs `src.runs.checkpoint` saves.
+`src.build.build_store`): the checkpoint's "buffer" then holds the rollout queue (its state, taken
+from the buffer actor) with every rollout's metadata, the pipeline's counters, the lockstep clock
+and the groups in flight, next to the trainer and optimizer state, the prompt sampler's state and
+the RNGs `src.runs.checkpoint` saves.
 """
 
 from __future__ import annotations
@@ -166,7 +170,7 @@ class AsyncRuntime(Variant):
         self.worker_gpus = worker_gpus(self.settings.workers, self.gpus_per_worker, str(cfg.hardware.device))
         self._check(cfg)
         # The queue checks its own settings; `ready` refuses a batch that does not split over the shards.
-        build_queue(queue, capacity, 0, independent, positive_bias, shards=self.shards).ready(self.settings.batch)
+        build_queue(**self.queue_options(seed=0)).ready(self.settings.batch)
 
     def _check(self, cfg: DictConfig) -> None:
         s = self.settings
@@ -203,9 +207,16 @@ class AsyncRuntime(Variant):
                 f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} eta={s.staleness} {s.staleness_mode} "
                 f"g={s.groups_per_request}")
 
-    def build_pipeline(self, work) -> Pipeline:
-        queue = build_queue(self.queue_name, self.capacity, int(self.cfg.trainer.seed), self.independent,
-                            self.positive_bias, shards=self.shards)
+    def queue_options(self, seed: int | None = None) -> dict:
+        """The arguments of `build_queue` and `QueueActor` for this run's queue (default seed: the run's)."""
+        return {"queue": self.queue_name, "capacity": self.capacity,
+                "seed": int(self.cfg.trainer.seed) if seed is None else seed, "independent": self.independent,
+                "positive_bias": self.positive_bias, "shards": self.shards}
+
+    def build_pipeline(self, work, queue=None) -> Pipeline:
+        """The pipeline of the configured schedule around `queue` (default: the run's queue in this process;
+        on Ray, `AsyncSession` hands it the queue's actor)."""
+        queue = build_queue(**self.queue_options()) if queue is None else queue
         kind = LockstepPipeline if self.schedule == "lockstep" else FreePipeline
         return kind(self.settings, queue, work)
 
@@ -254,9 +265,11 @@ class PipelineStore(ReplayStore):
 
 
 class AsyncSession:
-    """One run of the pipeline within a Ray session: workers, pipeline, event log, the loop's calls."""
+    """One run of the pipeline within a Ray session: workers, trainer, buffer actor, pipeline, event log, the
+    loop's calls."""
 
     def __init__(self, runtime: AsyncRuntime, loop: RunLoop) -> None:
+        from src.runtime.queue_actor import QueueActor
         from src.runtime.ray_work import RayWork
 
         self.runtime, self.loop = runtime, loop
@@ -264,7 +277,8 @@ class AsyncSession:
         cpus = runtime.num_cpus / (settings.workers + 1)  # a share for each worker and the trainer actor
         self.work = RayWork(loop.cfg, loop.parts, loop.state, settings, runtime.max_restarts,
                             runtime.worker_threads, cpus, runtime.gpus_per_worker)
-        self.pipeline = runtime.build_pipeline(self.work)
+        self.queue = QueueActor(**runtime.queue_options())  # the shared buffer: an actor with no CPU slot
+        self.pipeline = runtime.build_pipeline(self.work, self.queue)
         self.store: PipelineStore = loop.parts.store
         self.events_path = loop.output_dir / EVENT_LOG
         self._restore(self.store.saved)
@@ -341,15 +355,10 @@ class AsyncSession:
         """The event log and Figure 2's distributions over the whole run, as artifacts of the MLflow run."""
         from mlflow.tracking import MlflowClient
 
-        queue, counters = self.pipeline.queue, self.pipeline.counters
-        replay = dict(queue.replay_counts)
-        for rollout in queue.rollouts:  # still queued at the end: their uses so far are final
-            replay[rollout.uses] = replay.get(rollout.uses, 0) + 1
+        counters = self.pipeline.counters
+        # Rollouts still queued at the end count their uses so far as final.
         distributions = {
-            "settings": self.runtime.signature(),
-            "off_policiness": dict(sorted(queue.off_policiness.items())),
-            "replay_count": dict(sorted(replay.items())),
-            "since_last_use": dict(sorted(queue.since_last_use.items())), "new_uses": queue.new_uses,
+            "settings": self.runtime.signature(), **self.pipeline.queue.distributions(),
             "generated_rollouts": counters.generated_rollouts, "trained_samples": counters.trained_samples,
             "steps": counters.version}
         path = self.loop.output_dir / "runtime_distributions.json"
@@ -371,7 +380,8 @@ class AsyncSession:
             else:
                 self.work.pull()
                 self.store.saved = self.snapshot()
-        except PipelineError:
+        except PipelineError:  # the buffer actor died: no snapshot of a queue that is gone
+            self.store.saved = None
             raise
         except Exception as error:  # noqa: BLE001  (a failed run still ends; its last checkpoint stands)
             log.warning("could not snapshot the pipeline at the end (%s); the last checkpoint stands", error)
@@ -379,6 +389,7 @@ class AsyncSession:
         finally:
             self.store.snapshot = None
             self.work.close()
+            self.queue.close()
 
 
 def _json_number(value):
