@@ -349,3 +349,24 @@ def test_engine_vllm_of_another_release_is_refused_before_any_compute(compose_co
     validate(compose_config("policy.engine=vllm", "policy.vllm.allow_untested_version=true"))
     with pytest.raises(ConfigError, match="policy.vllm.kv_cache_gib=0"):
         validate(compose_config("policy.engine=vllm", "policy.vllm.kv_cache_gib=0"))
+
+
+def test_a_restored_checkpoint_reaches_the_engine_before_the_first_resumed_step():
+    """The engine was built from the policy's folder; a resume must hand it the checkpoint's weights, or the
+    first resumed step samples from the folder's (the vLLM engine holds its own copy of the weights)."""
+    from src.runs.checkpoint import restore_checkpoint
+
+    class Part:
+        def load_state_dict(self, state):
+            self.state = state
+
+    synced = []
+    policy = torch.nn.Linear(2, 2)
+    engine = types.SimpleNamespace(sync_weights=lambda model: synced.append(model.weight.detach().clone()))
+    parts = types.SimpleNamespace(policy=policy, optimizer=Part(), store=Part(), sampler=Part(), behaviour=Part(),
+                                  engine=engine)
+    saved = {"weight": torch.full((2, 2), 3.0), "bias": torch.zeros(2)}
+    payload = {"policy": saved, "optimizer": {}, "buffer": {}, "sampler": {}, "behaviour": {},
+               "torch_rng": torch.get_rng_state(), "state": {}}
+    restore_checkpoint(payload, parts)
+    assert len(synced) == 1 and torch.equal(synced[0], saved["weight"])
