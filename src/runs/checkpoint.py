@@ -147,6 +147,9 @@ def restore_checkpoint(payload: dict, parts: Components) -> TrainState:
     parts.store.load_state_dict(payload["buffer"])
     parts.sampler.load_state_dict(payload["sampler"])
     parts.behaviour.load_state_dict(payload["behaviour"])
+    # The engine was built from the policy's folder before these weights went in: without this the first
+    # resumed step would sample from the folder's weights (the vLLM engine keeps its own copy).
+    parts.engine.sync_weights(parts.policy)
     torch.set_rng_state(payload["torch_rng"])
     return TrainState(**payload["state"])
 
