@@ -33,6 +33,29 @@ def first_line(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
+def own_process_group() -> Iterator[None]:
+    """Start Ray's daemons in a process group of their own, then rejoin this process's group.
+
+    `timeout`, a terminal's Ctrl-C and `kill -- -PGID` signal a whole process group. Were the raylet in
+    ours, it would die with the signal and take the trainer and buffer actors with it before the run
+    has finished its step and pulled their state for the checkpoint. Outside our group only this
+    process gets the signal; `ray.shutdown()` then stops the daemons, and Ray's fate sharing still
+    ends them if this process is killed outright. A session leader cannot change group: Ray then
+    starts in ours, as before.
+    """
+    group = os.getpgrp()
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.setpgid(0, group)
+
+
+@contextlib.contextmanager
 def ray_session(num_cpus: int, num_gpus: int = 0) -> Iterator[None]:
     """A Ray session for the body; Ray's errors inside it are re-raised as one-line PipelineErrors."""
     import ray
@@ -46,8 +69,9 @@ def ray_session(num_cpus: int, num_gpus: int = 0) -> Iterator[None]:
         # (src.runs.interrupt.StopOnSignal: finish the step, checkpoint, then stop).
         handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *STOP_SIGNALS)}
         try:
-            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})
+            with own_process_group():
+                ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
+                         runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})
         except Exception as error:  # noqa: BLE001  (Ray raises many types when it cannot start)
             raise PipelineError(f"Ray could not start a session with runtime.num_cpus={num_cpus}, {num_gpus} GPUs "
                                 f"({first_line(error)}); check that this machine can run Ray "
