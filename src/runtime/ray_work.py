@@ -68,7 +68,7 @@ class ObjectStoreSync:
 
     @staticmethod
     def publish(policy: torch.nn.Module) -> ray.ObjectRef:
-        return ray.put({name: tensor.detach().cpu() for name, tensor in policy.state_dict().items()})
+        return ray.put(on_cpu(policy.state_dict()))
 
     @staticmethod
     def load(weights: dict, policy: torch.nn.Module, engine) -> None:
