@@ -195,9 +195,11 @@ check-engine: $(if $(filter cuda,$(DEVICE)),$(STAMP),$(VLLM_STAMP))  ## vLLM eng
 check-gpu:  ## the same check on this node's GPU (make check-engine DEVICE=cuda)
 	$(MAKE) check-engine DEVICE=cuda
 
-bench-gpu: $(STAMP)  ## one step at the paper's scale per phase, rho = 0/1/2 (GPU node; writes benchmarks/results/)
-	$(PY) -m benchmarks.gpu_step --save
-	$(PY) -m benchmarks.gpu_step --save --response-tokens 1024 --ratios 0
+bench-gpu: $(STAMP)  ## one step at the paper's scale per phase, 256 and 1024 tokens, rho = 0/1/2, vLLM colocated (GPU node)
+	$(PY) -m benchmarks.gpu_step --engine vllm --response-tokens 256,1024 --hf-baseline-tokens 256 --save
+
+test-gpu: $(STAMP)  ## the tests that need a CUDA GPU (pytest -m gpu; skipped everywhere else, CI included)
+	$(PY) -m pytest -q -m gpu tests/test_gpu.py
 
 sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)

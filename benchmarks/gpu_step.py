@@ -5,15 +5,19 @@
     python -m benchmarks.gpu_step --plain-logprobs --no-fused-adamw   # the trainer before the GPU optimisations
     python -m benchmarks.gpu_step --profile DIR        # torch profiler tables of one update and one generate call
     python -m benchmarks.gpu_step --tiny --device cpu  # a smoke run of the same code on a tiny model
+    python -m benchmarks.gpu_step --engine vllm --response-tokens 256,1024 --save   # vLLM colocated (make bench-gpu)
 
 No weights or data are downloaded: the model is Qwen2.5-0.5B's exact architecture from a config
 in code (random weights), the batch is synthetic token ids at the paper's shape (B=128 groups x
 K=8, 128-token prompts, fixed-length responses that ignore EOS). Phases:
 
-- generation: transformers `generate` (the HF engine; vLLM is not on the GPU machines this
-  was measured on) at each `--generation-rows` batch size, with the dynamic KV cache and, with
-  `--static-cache`, the static cache that transformers compiles (`torch.compile`) on CUDA;
-  the step's generate time uses the fastest rate measured, for the fresh part of the batch;
+- generation, `--engine hf`: transformers `generate` (the HF engine) at each `--generation-rows`
+  batch size, with the dynamic KV cache and, with `--static-cache`, the static cache that
+  transformers compiles (`torch.compile`) on CUDA; the step's generate time uses the fastest
+  rate measured, for the fresh part of the batch;
+- generation, `--engine vllm`: the trainer's own vLLM engine colocated on the same GPU
+  (benchmarks/vllm_phase.py), one `generate` call per replay ratio for exactly its fresh groups,
+  plus the engine's start and its weight sync (counted in the step);
 - the update, through the trainer's own `policy_update` and `build_optimizer` (bf16 autocast
   on fp32 weights, token-budget micro-batches, reference log-probs cached for replayed groups,
   `trainer.fused_logprobs`, fused AdamW on CUDA), split into reference forward, policy
@@ -51,7 +55,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                   rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
 
 
@@ -224,7 +228,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--groups", type=int, default=128)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=128)
-    parser.add_argument("--response-tokens", type=int, default=256)
+    parser.add_argument("--response-tokens", default=None, help="response lengths, comma-separated (e.g. 256,1024)")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="the generation phase's engine")
+    parser.add_argument("--vllm-memory", type=float, default=0.3, help="vLLM's share of the GPU (policy.vllm)")
+    parser.add_argument("--vllm-kv-gib", type=float, default=None,
+                        help="vLLM's KV cache in GiB instead of --vllm-memory (needed on CPU, where that is RAM)")
+    parser.add_argument("--vllm-max-num-seqs", type=int, default=512,
+                        help="vLLM's concurrent sequences (hardware=h100's policy.vllm.max_num_seqs)")
+    parser.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs")
+    parser.add_argument("--unseeded", action="store_true", help="vLLM: policy.vllm.per_request_seeds=false")
+    parser.add_argument("--hf-baseline-tokens", type=int, default=0,
+                        help="with --engine vllm, also time HF generate at response lengths up to this")
     parser.add_argument("--generation-rows", default="1024", help="generate batch sizes to time (comma-separated)")
     parser.add_argument("--static-cache", action="store_true",
                         help="also time generate from a bf16 copy, with the dynamic and the static (compiled) KV cache")
@@ -241,8 +255,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--label", default="", help="a word for the results file name (e.g. before)")
     args = parser.parse_args()
     if args.tiny:
-        args.groups, args.group_size, args.prompt_tokens, args.response_tokens = 4, 2, 8, 8
-        args.generation_rows = "2"
+        args.groups, args.group_size, args.prompt_tokens = 4, 2, 8
+        args.response_tokens, args.generation_rows = args.response_tokens or "8", "2"
+    args.response_tokens = args.response_tokens or "256"
+    args.response_token_list = [int(tokens) for tokens in str(args.response_tokens).split(",")]
     return args
 
 
@@ -303,30 +319,45 @@ def measure_generations(args, config, policy, device: str, autocast) -> list[dic
     return generation
 
 
-def results_text(args, device_name: str, peak_rate: float, generation: list[dict], rows: list[dict]) -> str:
+def generation_line(g: dict) -> str:
+    if g.get("engine") == "vllm":
+        setting = "per-request seeds" if g["seeded"] else "unseeded"
+        return f"| vLLM | {g['rows']} | {setting} | {g['seconds']:.1f} | {g['tokens_per_s']:,.0f} |"
+    setting = f"{g['weights']}, {g['cache']} KV cache, first call {g['first_call_s']:.1f} s"
+    return (f"| HF generate | {g['rows']} | {setting} | {g['seconds']:.1f} | {g['tokens_per_s']:,.0f} |"
+            + (f" {g['error']}" if "error" in g else ""))
+
+
+def results_text(args, device_name: str, peak_rate: float, generation: list[dict], rows: list[dict],
+                 engine_info: dict) -> str:
     """The results as markdown: settings, the generation table and the per-ratio step table."""
     settings = (f"micro-batches of <= {args.micro_batch_size} rows and {args.micro_batch_tokens} padded tokens, "
                 f"fused_logprobs={not args.plain_logprobs}, fused AdamW={not args.no_fused_adamw}, "
-                f"gradient checkpointing={args.gradient_checkpointing}")
+                f"gradient checkpointing={args.gradient_checkpointing}, generation engine {args.engine}")
     lines = [f"# One step at B={args.groups} x K={args.group_size}, prompt {args.prompt_tokens} + response "
              f"{args.response_tokens} tokens; {'tiny smoke model' if args.tiny else 'Qwen2.5-0.5B architecture'}",
              f"device {device_name}, torch {torch.__version__}, measured bf16 matmul rate "
-             f"{peak_rate / 1e12:.1f} TFLOP/s, {datetime.date.today()}", "", settings, "",
-             "| generate rows | weights | KV cache | first call s | tokens/s |", "|---|---|---|---|---|"]
-    lines += [f"| {g['rows']} | {g['weights']} | {g['cache']} | {g['first_call_s']:.1f} | {g['tokens_per_s']:,.0f} |"
-              + (f" {g['error']}" if "error" in g else "") for g in generation]
-    lines += ["", "| rho | fresh/replay groups | generate s | reference fwd s | policy fwd+bwd s | optimizer s | "
-              "update s | step s | update MFU | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"{peak_rate / 1e12:.1f} TFLOP/s, {datetime.date.today()}", "", settings, ""]
+    if engine_info:
+        lines += [f"vLLM {engine_info['vllm']} colocated (gpu_memory_utilization {args.vllm_memory}, "
+                  f"max_num_seqs {args.vllm_max_num_seqs}, CUDA graphs {not args.enforce_eager}): start "
+                  f"{engine_info['start_s']:.1f} s, weight sync {engine_info['sync_s']:.3f} s (median), "
+                  f"GPU memory in use {engine_info.get('device_used_gib', float('nan')):.1f} GiB at the end", ""]
+    lines += ["| engine | rows | setting | seconds | tokens/s |", "|---|---|---|---|---|"]
+    lines += [generation_line(g) for g in generation]
+    lines += ["", "| rho | fresh/replay groups | generate s | sync s | reference fwd s | policy fwd+bwd s | "
+              "optimizer s | update s | step s | update MFU | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['rho']:g} | {row['fresh_groups']}/{row['replay_groups']} | {row['generation_s']:.1f} | "
-                     f"{row['reference_forward_s']:.2f} | {row['policy_forward_backward_s']:.2f} | "
+                     f"{row['sync_s']:.2f} | {row['reference_forward_s']:.2f} | {row['policy_forward_backward_s']:.2f} | "
                      f"{row['optimizer_s']:.3f} | {row['update_s']:.2f} | {row['step_s']:.1f} | "
                      f"{row['update_mfu']:.1%} | {row['peak_memory_gib']:.1f} |")
     lines += ["", "Paper: ~126 s per step (210 min per 100 steps, one H100). Target: <= 12 s per step."]
     return "\n".join(lines)
 
 
-def save_results(args, device_name: str, text: str, generation: list[dict], rows: list[dict]) -> None:
+def save_results(args, device_name: str, text: str, generation: list[dict], rows: list[dict],
+                 engine_info: dict) -> None:
     """benchmarks/results/gpu_step_<device>_<tokens>[_label].md and .json, with the command that made them."""
     args.results.mkdir(parents=True, exist_ok=True)
     label = f"_{args.label}" if args.label else ""
@@ -334,12 +365,65 @@ def save_results(args, device_name: str, text: str, generation: list[dict], rows
     (args.results / f"{stem}.md").write_text(text + "\n")
     command = "python -m benchmarks.gpu_step " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
-        if v not in (False, None, "") and k not in ("save", "results"))
+        if v not in (False, None, "") and k not in ("save", "results", "response_token_list"))
     (args.results / f"{stem}.json").write_text(json.dumps(
         {"device": device_name, "torch": torch.__version__, "date": str(datetime.date.today()),
-         "command": command, "args": {k: str(v) for k, v in vars(args).items()}, "generation": generation,
-         "rows": rows}, indent=2))
+         "command": command, "args": {k: str(v) for k, v in vars(args).items()}, "engine": engine_info,
+         "generation": generation, "rows": rows}, indent=2))
     print(f"written to {args.results / stem}.md")
+
+
+def hf_step_times(args, config, policy, rows: list[dict], device: str, autocast) -> list[dict]:
+    """HF generate's rates; each ratio's generate time is its fresh tokens at the fastest of them."""
+    generation = measure_generations(args, config, policy, device, autocast)
+    rate = max(g["tokens_per_s"] for g in generation if g["weights"] == "fp32+autocast")
+    for row in rows:
+        row["generation_s"], row["sync_s"] = row["fresh_tokens"] / rate, 0.0
+    return generation
+
+
+def vllm_step_times(args, config, engine, rows: list[dict], sync_s: float) -> list[dict]:
+    """One vLLM `generate` call per ratio for exactly its fresh groups (a warm-up call first)."""
+    from benchmarks.vllm_phase import generate_rate
+
+    generate_rate(engine, 8, args.group_size, args.prompt_tokens, 32, config.vocab_size, seed=1)
+    generation = []
+    for row in rows:
+        generation.append(generate_rate(engine, row["fresh_groups"], args.group_size, args.prompt_tokens,
+                                        args.response_tokens, config.vocab_size, seed=2 + len(generation)))
+        row["generation_s"], row["sync_s"] = generation[-1]["seconds"], sync_s
+        print(f"generate {generation[-1]}", flush=True)
+    # The lever policy.vllm.per_request_seeds: the rho = 0 call again with the other setting (not in the step).
+    engine.per_request_seeds = not engine.per_request_seeds
+    generation.append(generate_rate(engine, rows[0]["fresh_groups"], args.group_size, args.prompt_tokens,
+                                    args.response_tokens, config.vocab_size, seed=99))
+    engine.per_request_seeds = not engine.per_request_seeds
+    print(f"generate {generation[-1]}", flush=True)
+    return generation
+
+
+def measure_length(args, config, policy, reference, device, autocast, peak_rate, engine, engine_info) -> None:
+    """Updates and generation at one response length; the step is generate + weight sync + update."""
+    rows = measure_updates(args, config, policy, reference, device, autocast, peak_rate)
+    if engine is None:
+        generation = hf_step_times(args, config, policy, rows, device, autocast)
+    else:
+        from benchmarks.vllm_phase import sync_seconds
+
+        engine_info["sync_s"] = sync_seconds(engine, policy)  # the updated weights into vLLM
+        generation = vllm_step_times(args, config, engine, rows, engine_info["sync_s"])
+        if args.response_tokens <= args.hf_baseline_tokens:
+            generation += measure_generations(args, config, policy, device, autocast)
+        if device.startswith("cuda"):
+            free, total = torch.cuda.mem_get_info()
+            engine_info["device_used_gib"] = (total - free) / 2**30
+    for row in rows:
+        row["step_s"] = row["generation_s"] + row["sync_s"] + row["update_s"]
+    device_name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    text = results_text(args, device_name, peak_rate, generation, rows, engine_info)
+    print(text, flush=True)
+    if args.save:
+        save_results(args, device_name, text, generation, rows, engine_info)
 
 
 def main() -> None:
@@ -349,18 +433,20 @@ def main() -> None:
     config, policy, reference = build_models(args, device)
     peak_rate = matmul_rate(device, torch.bfloat16 if device.startswith("cuda") else torch.float32,
                             256 if args.tiny else 8192)
-    rows = measure_updates(args, config, policy, reference, device, autocast, peak_rate)
-    generation = measure_generations(args, config, policy, device, autocast)
-    # The engine samples from the trainer's module (fp32 weights under autocast): its rate sets the step time.
-    generation_rate = max(g["tokens_per_s"] for g in generation if g["weights"] == "fp32+autocast")
-    for row in rows:
-        row["generation_s"] = row["fresh_tokens"] / generation_rate
-        row["step_s"] = row["generation_s"] + row["update_s"]
-    device_name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-    text = results_text(args, device_name, peak_rate, generation, rows)
-    print(text)
-    if args.save:
-        save_results(args, device_name, text, generation, rows)
+    engine, engine_info = None, {}
+    if args.engine == "vllm":
+        import tempfile
+
+        import vllm
+
+        from benchmarks.vllm_phase import start_engine
+
+        engine, start_s = start_engine(policy, Path(tempfile.mkdtemp(prefix="gpu-step-policy-")), args)
+        engine_info = {"vllm": vllm.__version__, "start_s": start_s}
+        print(f"vLLM {vllm.__version__} started in {start_s:.1f} s", flush=True)
+    for tokens in args.response_token_list:
+        one = argparse.Namespace(**{**vars(args), "response_tokens": tokens})
+        measure_length(one, config, policy, reference, device, autocast, peak_rate, engine, dict(engine_info))
 
 
 if __name__ == "__main__":

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import pytest
+
 from src.paths import PROJECT_ROOT
+
+
+@pytest.mark.vllm
+def test_gpu_step_times_the_vllm_engine_colocated_with_the_trainer(tmp_path):
+    """The vLLM phase of `make bench-gpu` on the CPU build: each ratio's generate call, the sync, the step sum."""
+    pytest.importorskip("vllm")
+    result = subprocess.run([sys.executable, "-m", "benchmarks.gpu_step", "--tiny", "--device", "cpu", "--engine",
+                             "vllm", "--vllm-kv-gib", "1", "--response-tokens", "8", "--save", "--results",
+                             str(tmp_path)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads(next(tmp_path.glob("gpu_step_cpu_8.json")).read_text())
+    assert saved["engine"]["start_s"] > 0 and saved["engine"]["sync_s"] > 0
+    assert [g["seeded"] for g in saved["generation"]] == [True, True, True, False]  # the last: the lever
+    for row, generated in zip(saved["rows"], saved["generation"]):
+        assert generated["rows"] == row["fresh_groups"] * 2 and 0 < generated["tokens"] <= generated["rows"] * 8
+        assert row["step_s"] == pytest.approx(row["generation_s"] + row["sync_s"] + row["update_s"])
 
 
 def test_gpu_step_benchmark_smoke_run_on_cpu():
@@ -17,4 +36,4 @@ def test_gpu_step_benchmark_smoke_run_on_cpu():
     rows = [line for line in step_table if line.startswith("| ") and line[2].isdigit()]
     assert [row.split("|")[1].strip() for row in rows] == ["0", "1", "2"]  # rho = 0, 1, 2
     assert "4/0" in rows[0] and "1/3" in rows[2]  # B_fresh / B_replay at B = 4
-    assert any(line.startswith("| 2 | fp32+autocast | dynamic |") for line in lines)  # generate at 2 rows
+    assert any(line.startswith("| HF generate | 2 | fp32+autocast, dynamic KV cache") for line in lines)  # 2 rows

