@@ -142,6 +142,7 @@ DOCUMENTED = {
     "make docker": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make bench-gpu": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make check-gpu": "test_targets_that_cannot_run_here_have_their_command_lines",
+    "make test-gpu": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make wheelhouse": "test_targets_that_cannot_run_here_have_their_command_lines",
 }
 DOC_FILES = [ROOT / "README.md", ROOT / "launch" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

