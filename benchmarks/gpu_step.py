@@ -49,6 +49,7 @@ from src.batch import plan_batch, Batch, BatchGroup, Group
 from src.build import build_optimizer
 from src.loss.rloo import RlooObjective
 from src.policy.forward import Forward, autocast_context, micro_batches, response_token_stats
+from src.rollout.vllm_engine import CUDA_MAX_NUM_SEQS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -233,8 +234,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vllm-memory", type=float, default=0.3, help="vLLM's share of the GPU (policy.vllm)")
     parser.add_argument("--vllm-kv-gib", type=float, default=None,
                         help="vLLM's KV cache in GiB instead of --vllm-memory (needed on CPU, where that is RAM)")
-    parser.add_argument("--vllm-max-num-seqs", type=int, default=512,
-                        help="vLLM's concurrent sequences (hardware=h100's policy.vllm.max_num_seqs)")
+    parser.add_argument("--vllm-max-num-seqs", type=int, default=CUDA_MAX_NUM_SEQS,
+                        help="vLLM's concurrent sequences (default: the engine's on a GPU, CUDA_MAX_NUM_SEQS)")
     parser.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs")
     parser.add_argument("--unseeded", action="store_true", help="vLLM: policy.vllm.per_request_seeds=false")
     parser.add_argument("--hf-baseline-tokens", type=int, default=0,

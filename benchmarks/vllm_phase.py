@@ -6,8 +6,9 @@ prefix caching on, prompts handed over as the trainer tokenizer's ids and each r
 decoded back by that tokenizer, per-prompt seeds (`policy.vllm.per_request_seeds`). No weights
 or data are downloaded: vLLM starts from a folder holding the random-weight policy (bf16) and a
 word-level tokenizer over the policy's whole vocabulary (`t0 ... t151935`), so every sampled id
-decodes. A random model almost never samples EOS (`t1`) or the closing tag, so responses run
-to `max_new_tokens`; the rate counts the tokens actually returned.
+decodes. Responses run to `max_new_tokens` unless the policy samples EOS (`t1`), which random
+weights rarely do and updated ones more often (up to 15 % of the tokens measured), so the rate
+counts the tokens actually returned.
 
 Measured: the engine's start (load, torch.compile, CUDA graphs), `sync_weights` (the trainer's
 fp32 parameters copied into vLLM's bf16 model in place, prefix cache reset), and the seconds
