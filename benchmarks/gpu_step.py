@@ -49,7 +49,7 @@ from src.batch import plan_batch, Batch, BatchGroup, Group
 from src.build import build_optimizer
 from src.loss.rloo import RlooObjective
 from src.policy.forward import Forward, autocast_context, micro_batches, response_token_stats
-from src.rollout.vllm_engine import CUDA_MAX_NUM_SEQS
+from src.rollout.vllm_engine import CUDA_MAX_NUM_SEQS, vllm_problem
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -259,7 +259,14 @@ def parse_args() -> argparse.Namespace:
         args.groups, args.group_size, args.prompt_tokens = 4, 2, 8
         args.response_tokens, args.generation_rows = args.response_tokens or "8", "2"
     args.response_tokens = args.response_tokens or "256"
-    args.response_token_list = [int(tokens) for tokens in str(args.response_tokens).split(",")]
+    try:
+        args.response_token_list = [int(tokens) for tokens in str(args.response_tokens).split(",")]
+    except ValueError:
+        parser.error(f"--response-tokens {args.response_tokens}: expected whole numbers, e.g. 256,1024")
+    if min(args.response_token_list) < 1:
+        parser.error(f"--response-tokens {args.response_tokens}: each length must be >= 1")
+    if args.engine == "vllm" and vllm_problem() is not None:
+        parser.error(f"--engine vllm: {vllm_problem()}")
     return args
 
 

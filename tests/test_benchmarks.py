@@ -37,3 +37,11 @@ def test_gpu_step_benchmark_smoke_run_on_cpu():
     assert [row.split("|")[1].strip() for row in rows] == ["0", "1", "2"]  # rho = 0, 1, 2
     assert "4/0" in rows[0] and "1/3" in rows[2]  # B_fresh / B_replay at B = 4
     assert any(line.startswith("| HF generate | 2 | fp32+autocast, dynamic KV cache") for line in lines)  # 2 rows
+
+
+def test_gpu_step_refuses_bad_response_lengths_in_one_line():
+    for value, why in (("abc", "expected whole numbers"), ("256,0", "must be >= 1")):
+        result = subprocess.run([sys.executable, "-m", "benchmarks.gpu_step", "--tiny", "--device", "cpu",
+                                 "--response-tokens", value], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 2 and why in result.stderr and "Traceback" not in result.stderr
