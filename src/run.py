@@ -58,9 +58,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     validate(cfg)  # config mistakes fail here, before any model is loaded
     ranks = rank_run.join(cfg, ConfigError)  # torchrun's ranks (hardware.ranks), or this process alone
     try:
-        return train_ranks(cfg, ranks)
-    finally:
-        rank_run.leave(ranks)
+        summary = train_ranks(cfg, ranks)
+    except BaseException:
+        rank_run.leave(ranks, finished=False)
+        raise
+    rank_run.leave(ranks, finished=True)
+    return summary
 
 
 def train_ranks(cfg: DictConfig, ranks: Ranks) -> dict[str, float]:

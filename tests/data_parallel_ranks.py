@@ -6,8 +6,10 @@ import torch
 import torch.distributed as dist
 
 from src.batch import Batch, BatchGroup, Group
-from src.distributed.data_parallel import DataParallelObjective, RankReducer
+from src.distributed.data_parallel import DataParallelObjective, RankReducer, leave_group
 from src.distributed.fsdp import shard_policy
+from src.loss.grpo import ClippedObjective
+from src.loss.ipo import IpoObjective
 from src.loss.rloo import RlooObjective
 from src.policy.forward import Forward
 from src.policy.model import frozen_copy, load_policy
@@ -40,9 +42,15 @@ def tiny_policy():
     return policy, tokenizer
 
 
-def objective(pad_id: int, micro_batch_size: int = 3) -> RlooObjective:
-    return RlooObjective(clip_ceiling=CLIP, forward=Forward(pad_id, micro_batch_size=micro_batch_size), kl_coef=0.05,
-                         entropy_coef=0.01)
+def objective(pad_id: int, micro_batch_size: int = 3, loss: str = "rloo"):
+    """loss=rloo (clip c = 1.5), grpo with 5 mini-batches (so rank 1's first row, batch row 12, opens
+    mini-batch 2) or ipo, with KL and entropy terms where the loss has them."""
+    forward = Forward(pad_id, micro_batch_size=micro_batch_size)
+    if loss == "grpo":
+        return ClippedObjective(0.2, 0.28, 2.0, 5, forward=forward, kl_coef=0.05, entropy_coef=0.01)
+    if loss == "ipo":
+        return IpoObjective(0.1, forward=forward)
+    return RlooObjective(clip_ceiling=CLIP, forward=forward, kl_coef=0.05, entropy_coef=0.01)
 
 
 def tiny_batch(policy, pad_id: int, groups: int = 7, k: int = 3) -> Batch:
@@ -60,29 +68,32 @@ def tiny_batch(policy, pad_id: int, groups: int = 7, k: int = 3) -> Batch:
     for age, entry in enumerate(entries[-2:], start=1):
         current = Forward(pad_id, 8).sampled_token_logprobs(policy, [(entry.group.prompt_ids, r)
                                                                      for r in entry.group.response_ids], 1.0)
-        mu = [sum(tokens) + offset for tokens, offset in zip(current, (-0.7, 0.7, 0.0))]
-        entries[-3 + age] = BatchGroup(entry.group.with_behaviour_logprobs(mu), "replay", age)
+        offsets = (-0.7, 0.7, 0.0)
+        mu = [sum(tokens) + offset for tokens, offset in zip(current, offsets)]
+        # the whole offset on the first token: pi/mu = e^0.7 > 2 there, so loss=grpo's behaviour cap (2) acts
+        mu_tokens = [[tokens[0] + offset, *tokens[1:]] for tokens, offset in zip(current, offsets)]
+        entries[-3 + age] = BatchGroup(entry.group.with_behaviour_logprobs(mu, tokens=mu_tokens), "replay", age)
     return Batch(entries)
 
 
-def plain_update() -> dict:
+def plain_update(loss: str = "rloo") -> dict:
     """One process, no FSDP: the numbers the ranks must reproduce."""
     policy, tokenizer = tiny_policy()
     batch = tiny_batch(policy, tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
-    result = objective(tokenizer.pad_token_id).update(policy, frozen_copy(policy), optimizer, batch)
+    result = objective(tokenizer.pad_token_id, loss=loss).update(policy, frozen_copy(policy), optimizer, batch)
     return {"result": result, "grads": {n: p.grad.clone() for n, p in policy.named_parameters()},
             "weights": {n: p.detach().clone() for n, p in policy.named_parameters()}}
 
 
 def sharded_update(policy, tokenizer, reducer=None, activation_checkpointing: bool = False,
-                   micro_batch_size: int = 3) -> dict:
+                   micro_batch_size: int = 3, loss: str = "rloo") -> dict:
     """One update of the sharded policy on this rank's shard: the whole-batch result, full gradients and weights."""
     batch = tiny_batch(policy, tokenizer.pad_token_id)
     reference = frozen_copy(policy)
     shard_policy(policy, activation_checkpointing=activation_checkpointing)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
-    wrapped = DataParallelObjective(objective(tokenizer.pad_token_id, micro_batch_size), reducer=reducer)
+    wrapped = DataParallelObjective(objective(tokenizer.pad_token_id, micro_batch_size, loss), reducer=reducer)
     result = wrapped.update(policy, reference, optimizer, batch)
     gathered = wrapped.objective.reducer.gathered
     grads = {n.replace(WRAPPED, ""): p.grad.full_tensor() for n, p in policy.named_parameters()}
@@ -100,7 +111,28 @@ def sharded_updates(rank: int, world_size: int, rendezvous: str, out: str) -> No
     local = sharded_update(*tiny_policy(), reducer=LocalTotals())
     if rank == 0:
         torch.save({"streaming": streaming, "gathered": gathered, "local_totals": local}, out)
-    dist.destroy_process_group()
+    leave_group()
+
+
+def other_losses(rank: int, world_size: int, rendezvous: str, out: str) -> None:
+    """loss=grpo streaming and gathered, loss=ipo streaming, and grpo with more mini-batches than rank 1 has
+    rows (refused on every rank). Rank 0 writes them to `out`."""
+    join(rank, world_size, rendezvous)
+    runs = {"grpo": sharded_update(*tiny_policy(), loss="grpo"),
+            "grpo-gathered": sharded_update(*tiny_policy(), micro_batch_size=1, loss="grpo"),
+            "ipo": sharded_update(*tiny_policy(), loss="ipo")}
+    policy, tokenizer = tiny_policy()
+    batch, reference = tiny_batch(policy, tokenizer.pad_token_id), frozen_copy(policy)
+    too_many = objective(tokenizer.pad_token_id, loss="grpo")
+    too_many.updates_per_step = 10  # rank 1 holds 3 groups of 3 = 9 rows
+    shard_policy(policy)
+    try:
+        DataParallelObjective(too_many).update(policy, reference, torch.optim.AdamW(policy.parameters()), batch)
+    except ValueError as refused:
+        runs["refused"] = str(refused)
+    if rank == 0:
+        torch.save(runs, out)
+    leave_group()
 
 
 def full_state(policy, optimizer) -> dict:
@@ -136,11 +168,12 @@ def fresh(shard: bool):
 
 
 def checkpoint_ranks(rank: int, world_size: int, rendezvous: str, folder: str) -> None:
-    """Save a trained sharded policy to folder/by-ranks; load folder/by-one (one process wrote it) into a
-    freshly sharded one. Rank 0 writes both as whole tensors to folder/ranks.pt."""
+    """Save a trained sharded policy to folder/by-ranks; load folder/by-one (one process wrote it as DCP shards)
+    and folder/whole.pt (one process's whole state dicts) into freshly sharded ones. Rank 0 writes the three
+    as whole tensors to folder/ranks.pt."""
     from pathlib import Path
 
-    from src.distributed.checkpoint import load_sharded, save_sharded
+    from src.distributed.checkpoint import load_sharded, load_whole, save_sharded
 
     join(rank, world_size, rendezvous)
     policy, optimizer = trained(shard=True)
@@ -149,6 +182,10 @@ def checkpoint_ranks(rank: int, world_size: int, rendezvous: str, folder: str) -
     policy, optimizer = fresh(shard=True)
     load_sharded(Path(folder) / "by-one", policy, optimizer)
     loaded = full_state(policy, optimizer)
+    policy, optimizer = fresh(shard=True)
+    whole = torch.load(Path(folder) / "whole.pt", weights_only=True)  # this test's own file
+    load_whole(policy, optimizer, whole["policy"], whole["optimizer"])
+    loaded_whole = full_state(policy, optimizer)
     if rank == 0:
-        torch.save({"saved": saved, "loaded": loaded}, Path(folder) / "ranks.pt")
-    dist.destroy_process_group()
+        torch.save({"saved": saved, "loaded": loaded, "loaded_whole": loaded_whole}, Path(folder) / "ranks.pt")
+    leave_group()

@@ -21,6 +21,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 import src.config  # noqa: E402,F401  (registers the ${root:} resolver)
 from src.build import build_components, data_parallel  # noqa: E402
+from src.distributed.data_parallel import leave_group  # noqa: E402
 from src.paths import CONFIG_DIR  # noqa: E402
 from src.state import TrainState  # noqa: E402
 from src.task import countdown  # noqa: E402
@@ -41,7 +42,7 @@ def main(out: str, steps: int, overrides: list[str]) -> None:
     if ranks == 1 or dist.get_rank() == 0:
         Path(out).write_text(json.dumps(history))
     if ranks > 1:
-        dist.destroy_process_group()
+        leave_group()
 
 
 if __name__ == "__main__":

@@ -41,31 +41,38 @@ def histories(store: str) -> tuple[list, dict[str, list[tuple[int, float]]]]:
                   for key in run.data.metrics}
 
 
-@pytest.mark.slow  # three launches of the tiny policy (one under torchrun): ~60 s on a quiet 2-core box
-def test_two_ranks_killed_and_resumed_on_one_log_the_one_process_run(tmp_path):
-    """A 2-rank torchrun run (gloo) is stopped by SIGTERM after some steps and resumed by one process: its MLflow run
-    holds every metric of an uninterrupted one-process run, each step once, to float64 rounding."""
-    one, two = f"sqlite:///{tmp_path}/one.db", f"sqlite:///{tmp_path}/two.db"
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
-    ranks = launch(tmp_path, two, "two", *torchrun, extra=("hardware.ranks=2",))
-    first = tmp_path / "two" / "checkpoint.prev.pt"  # two checkpoints: the ranks trained at least two steps
-    while not first.exists() and ranks.poll() is None:
-        time.sleep(0.05)
-    ranks.send_signal(signal.SIGTERM)  # torchrun hands it to its ranks: they finish the step and checkpoint
-    out, _ = ranks.communicate(timeout=120)
-    assert ranks.returncode != 0 and "marked KILLED" in out, out[-3000:]
-    killed, logged = histories(two)
-    assert [run.info.status for run in killed] == ["KILLED"]
-    stopped_at = len(logged["train/reward"])
-    assert 2 <= stopped_at < 5 and (tmp_path / "two" / "shards").is_dir()
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
 
-    reference = launch(tmp_path, one, "one", sys.executable)
-    out = finished(launch(tmp_path, two, "resumed", sys.executable))  # one process resumes the ranks' shards
-    finished(reference)
-    assert f"resuming run {killed[0].info.run_id}" in out and "RESUME MISMATCH" not in out
-    (reference_run,), want = histories(one)
-    (resumed,), got = histories(two)
-    assert resumed.info.run_id == killed[0].info.run_id and resumed.info.status == "FINISHED"
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, list[tuple[int, float]]]:
+    """The metrics of an uninterrupted one-process run, which every stopped-and-resumed run must log."""
+    tmp_path = tmp_path_factory.mktemp("uninterrupted")
+    store = f"sqlite:///{tmp_path}/one.db"
+    finished(launch(tmp_path, store, "one", sys.executable))
+    return histories(store)[1]
+
+
+def stopped(tmp_path, store: str, *prefix: str, extra=()) -> str:
+    """Launch a run, SIGTERM it once it has saved two checkpoints, and return its (KILLED) run's id."""
+    process = launch(tmp_path, store, "first", *prefix, extra=extra)
+    second = tmp_path / "first" / "checkpoint.prev.pt"  # two checkpoints: it trained at least two steps
+    while not second.exists() and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)  # torchrun hands it to its ranks: they finish the step and checkpoint
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode != 0 and "marked KILLED" in out, out[-3000:]
+    killed, logged = histories(store)
+    assert [run.info.status for run in killed] == ["KILLED"]
+    assert 2 <= len(logged["train/reward"]) < 5
+    return killed[0].info.run_id
+
+
+def assert_resumed_as_uninterrupted(store: str, run_id: str, out: str, want: dict) -> None:
+    """The resumed run is the stopped one, and holds every metric of the uninterrupted run, each step once."""
+    assert f"resuming run {run_id}" in out and "RESUME MISMATCH" not in out
+    (resumed,), got = histories(store)
+    assert resumed.info.run_id == run_id and resumed.info.status == "FINISHED"
     assert got.keys() == want.keys()
     compared = 0
     for key, values in want.items():
@@ -76,6 +83,28 @@ def test_two_ranks_killed_and_resumed_on_one_log_the_one_process_run(tmp_path):
             assert (math.isnan(value) and math.isnan(seen)) or seen == pytest.approx(value, rel=1e-9, abs=1e-12), key
             compared += 1
     assert compared > 100 and len(want["train/loss"]) == 5 and len(set(v for _, v in want["train/loss"])) == 5
+
+
+@pytest.mark.slow  # two launches of the tiny policy, one under torchrun (+ the shared one-process run): ~40 s
+def test_two_ranks_killed_and_resumed_on_one_log_the_one_process_run(tmp_path, uninterrupted):
+    """A 2-rank torchrun run (gloo) is stopped by SIGTERM after some steps and resumed by one process: its MLflow run
+    holds every metric of an uninterrupted one-process run, each step once, to float64 rounding."""
+    store = f"sqlite:///{tmp_path}/two.db"
+    run_id = stopped(tmp_path, store, *TORCHRUN, extra=("hardware.ranks=2",))
+    assert (tmp_path / "first" / "shards").is_dir()
+    out = finished(launch(tmp_path, store, "resumed", sys.executable))  # one process resumes the ranks' shards
+    assert_resumed_as_uninterrupted(store, run_id, out, uninterrupted)
+
+
+@pytest.mark.slow  # as above
+def test_one_process_killed_and_resumed_on_two_ranks_logs_the_one_process_run(tmp_path, uninterrupted):
+    """The reverse: a one-process run (whole weights in its checkpoint) resumed by 2 torchrun ranks, each keeping
+    its slices of the weights and AdamW's moments."""
+    store = f"sqlite:///{tmp_path}/one.db"
+    run_id = stopped(tmp_path, store, sys.executable)
+    assert not (tmp_path / "first" / "shards").exists()
+    out = finished(launch(tmp_path, store, "resumed", *TORCHRUN, extra=("hardware.ranks=2",)))
+    assert_resumed_as_uninterrupted(store, run_id, out, uninterrupted)
 
 
 def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_config):
@@ -91,7 +120,9 @@ def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_confi
 
 @pytest.mark.parametrize("overrides, named", [
     (("runtime=async",), "with runtime=async: data-parallel ranks run runtime=sync"),
-    (("loss=ipo",), "with loss=ipo: its totals do not split over ranks"),
+    (("loss=grpo", "loss.updates_per_step=9", "trainer.groups_per_step=4", "trainer.group_size=4"),
+     "a rank may hold only 8 responses .4 groups of 4 over 2 ranks., fewer than one per mini-batch; lower "
+     "loss.updates_per_step to 8"),
     (("trainer.fused_logprobs=true",), "trainer.fused_logprobs=false"),
     (("policy.engine=vllm",), "set policy.engine=hf"),
     (("trainer.groups_per_step=1",), "raise trainer.groups_per_step to at least 2"),
@@ -102,6 +133,17 @@ def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config,
     validate(compose_config("hardware.ranks=2"))
     with pytest.raises(ConfigError, match=named):
         validate(compose_config("hardware.ranks=2", *overrides), check_device=False)
+
+
+def test_every_loss_trains_over_ranks_and_a_loss_that_has_not_opted_in_is_refused(compose_config, monkeypatch):
+    from src.config import ConfigError, validate
+    from src.loss.ipo import IpoObjective
+
+    for loss in ("rloo", "rloo-tis", "asymre", "grpo", "grpo-coupled", "ipo"):
+        validate(compose_config("hardware.ranks=2", f"loss={loss}"), check_device=False)
+    monkeypatch.setattr(IpoObjective, "splits_over_ranks", False)  # as a researcher's new loss starts
+    with pytest.raises(ConfigError, match="with loss=ipo: its totals do not split over ranks .splits_over_ranks."):
+        validate(compose_config("hardware.ranks=2", "loss=ipo"), check_device=False)
 
 
 def test_a_slurm_job_of_several_tasks_joins_as_torchrun_ranks(monkeypatch, compose_config):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 
 def save_sharded(folder: Path, policy, optimizer) -> None:
@@ -34,6 +34,26 @@ def load_sharded(folder: Path, policy, optimizer) -> None:
     state = {"policy": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(folder))
     set_state_dict(policy, optimizer, model_state_dict=state["policy"], optim_state_dict=state["optimizer"])
+
+
+def load_whole(policy, optimizer, model_state: dict, optimizer_state: dict) -> None:
+    """Load one process's checkpoint (whole tensors; `optimizer.state_dict()`, keyed by parameter position) into
+    a sharded policy and its optimizer: every rank passes the whole tensors and keeps the slices it holds.
+
+    Both optimizers are built alike (`src.build.build_optimizer`), so position k of the one-process optimizer is
+    the k-th parameter of this one's groups, whose names `get_state_dict` lists in that order."""
+    _, keyed = get_state_dict(policy, optimizer)
+    names = [name for group in keyed["param_groups"] for name in group["params"]]
+    positions = [index for group in optimizer_state["param_groups"] for index in group["params"]]
+    if len(names) != len(positions):
+        raise ValueError(f"the checkpoint's optimizer holds {len(positions)} parameters and this policy has "
+                         f"{len(names)}: it was written for another model")
+    name_of = dict(zip(positions, names))
+    by_name = {"state": {name_of[index]: moments for index, moments in optimizer_state["state"].items()},
+               "param_groups": [{**group, "params": [name_of[index] for index in group["params"]]}
+                                for group in optimizer_state["param_groups"]]}
+    set_state_dict(policy, optimizer, model_state_dict=model_state, optim_state_dict=by_name,
+                   options=StateDictOptions(full_state_dict=True))
 
 
 def load_sharded_policy(folder: Path, policy) -> None:

@@ -26,6 +26,15 @@ SUMMED = ("loss", "policy_loss", "kl", "entropy")  # each rank's value is its sh
 PER_ROW = ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts")
 
 
+def leave_group(finished: bool = True) -> None:
+    """Leave the process group. A run that finished waits for every rank first: a gloo rank that destroys its
+    group while a peer is still inside its last collectives can abort the process ("terminate called without an
+    active exception"). A failed run leaves at once, since the other ranks may never reach the barrier."""
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
     """This rank's contiguous block of the batch's groups (whole groups; sizes differ by at most one).
 
@@ -70,6 +79,17 @@ class RankReducer(Reducer):
         summed = self.agree(value, dist.ReduceOp.SUM)
         return summed if isinstance(value, float) else int(summed)
 
+    def maximum(self, value: float) -> float:
+        return self.agree(value, dist.ReduceOp.MAX)
+
+    def every(self, flag: bool) -> bool:
+        return bool(self.agree(bool(flag), dist.ReduceOp.MIN))
+
+    def first_row(self, rows: int) -> int:
+        counts = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(counts, torch.tensor([rows]), group=self.group)
+        return int(sum(count.item() for count in counts[:dist.get_rank(self.group)]))
+
     def before_step(self, policy) -> None:
         if self.gathered:
             synchronise_gradients(policy)
@@ -86,9 +106,10 @@ class RankForward:
 
     def batches(self, sequences) -> list[list[int]]:
         local = self.inner.batches(sequences)
-        count = int(self.reducer.agree(len(local), dist.ReduceOp.MAX))
+        count = int(self.reducer.maximum(len(local)))
         split = split_to(local, count)
-        self.reducer.gathered = not self.reducer.agree(split is not None, dist.ReduceOp.MIN)
+        # Once any call of an update (loss=grpo plans one per mini-batch) cannot match, the whole update is gathered.
+        self.reducer.gathered = not self.reducer.every(split is not None) or self.reducer.gathered
         if self.reducer.gathered:
             hold_gradients(self.policy)
             return local
@@ -124,15 +145,14 @@ def release_parameters(policy) -> None:
 class DataParallelObjective:
     """An objective run over the ranks of `group`: same `update` signature, same whole-batch result.
 
-    Supports the objectives whose loss is one optimizer step normalised by batch-wide totals (the RLOO
-    family: rloo, rloo-tis, asymre); loss=grpo's interleaved mini-batches and loss=ipo's pairs are not
-    split yet and are refused.
+    Supports the objectives that take their batch-wide totals, maxima and row positions from their `Reducer`
+    (`Objective.splits_over_ranks`): rloo, rloo-tis, asymre, grpo and ipo.
     """
 
     def __init__(self, objective: Objective, group=None, reducer: Reducer | None = None) -> None:
         if not objective.splits_over_ranks:
             raise ValueError(f"loss {type(objective).__name__}: data-parallel training supports the losses whose "
-                             "totals split over ranks (loss=rloo, rloo-tis, asymre); run other losses on one rank")
+                             "totals split over ranks (splits_over_ranks); run other losses on one rank")
         if objective.forward.fused:
             raise ValueError("trainer.fused_logprobs=true: the fused head calls the decoder apart from the sharded "
                              "model; set trainer.fused_logprobs=false with data parallelism")
@@ -146,6 +166,7 @@ class DataParallelObjective:
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.objective.forward.policy = policy
+        self.objective.reducer.gathered = False
         try:
             local = self.objective.update(policy, reference, optimizer, shard_batch(batch, rank, world))
         finally:
@@ -165,6 +186,7 @@ def gather_results(results: list[UpdateResult]) -> UpdateResult:
     return UpdateResult(
         **rows, **sums, reference_tokens=[tokens for result in results for tokens in result.reference_tokens],
         behaviour_tokens=behaviour, optimizer_steps=first.optimizer_steps,
+        extras=first.extras,  # the objective reduced them over the ranks: every rank holds the batch's
         token_raw_weights=[w for r in results for w in token_weights(r, raw=True)] if token_level else None,
         token_weights=[w for r in results for w in token_weights(r, raw=False)] if token_level else None)
 

@@ -123,8 +123,9 @@ class Objective(Variant):
 
     # The weight ceiling metrics compare raw weights against (clip fraction).
     weight_ceiling: float = float("inf")
-    # True where the loss is one optimizer step normalised by batch-wide totals that `reducer` sums over
-    # ranks, so a batch split over data-parallel ranks trains as one (src/distributed/data_parallel.py).
+    # True where the objective takes every batch-wide number (totals, maxima, its first row) from `reducer`
+    # and takes as many optimizer steps and skipped micro-batches on every rank, so a batch split over
+    # data-parallel ranks trains as one (src/distributed/data_parallel.py). A new loss opts in once it does.
     splits_over_ranks: bool = False
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:

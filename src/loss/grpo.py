@@ -34,6 +34,8 @@ class ClippedObjective(Objective):
        terms are scaled by their share of the mini-batch's tokens, so gradient accumulation is exact.
     """
 
+    splits_over_ranks = True
+
     knobs = {"eps_low": float_knob(0, 1, "0.2 (POPO)", high_open=True, why="the ratio is clipped below at 1 - eps_low"),
              "eps_high": float_knob(0, 1e6, "0.28 (clip-higher)", why="the ratio is clipped above at 1 + eps_high"),
              "behaviour_cap": float_knob(0, 1e6, "2.0 (POPO)", low_open=True, why="the cap on pi_prox/mu"),
@@ -47,6 +49,16 @@ class ClippedObjective(Objective):
     @classmethod
     def reader_label(cls, node, cfg) -> str:
         return " (coupled GRPO loss)" if node.get("ratio_to", "proximal") == "behaviour" else " (GRPO loss)"
+
+    @classmethod
+    def check(cls, node, cfg) -> None:
+        """Over data-parallel ranks every rank takes each mini-batch's optimizer step, so needs a row in each."""
+        ranks, groups, k = int(cfg.hardware.ranks), int(cfg.trainer.groups_per_step), int(cfg.trainer.group_size)
+        rows = groups // ranks * k
+        if ranks > 1 and rows < min(int(node.updates_per_step), groups * k):
+            raise ValueError(f"loss.updates_per_step={node.updates_per_step} with hardware.ranks={ranks}: a rank may "
+                             f"hold only {rows} responses ({groups} groups of {k} over {ranks} ranks), fewer than one "
+                             f"per mini-batch; lower loss.updates_per_step to {rows} or raise trainer.groups_per_step")
 
     def __init__(self, eps_low: float, eps_high: float, behaviour_cap: float, updates_per_step: int,
                  ratio_to: str = "proximal", **settings) -> None:
@@ -68,14 +80,14 @@ class ClippedObjective(Objective):
         rewards = torch.tensor([g.rewards for g in batch.groups])
         advantages = self.advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]  # 1.
         sequences, cached_reference, token_counts = batch_sequences(batch)
-        minis = interleaved_mini_batches(len(sequences), self.updates_per_step)  # 4. rows to mini-batches
+        minis = self._mini_batches(len(sequences))  # 4. rows to mini-batches
         plans = [[[mini[k] for k in chunk] for chunk in self.forward.batches([sequences[i] for i in mini])]
                  for mini in minis]
         prox, reference_tokens = self._proximal_tokens(policy, reference, sequences, cached_reference, plans)  # 2.
         fixed = _FixedTokens(prox, self._behaviour_tokens(batch, prox), reference_tokens)  # 3.
         tally = _Tally(updates=len(plans), kl_sums=torch.zeros(len(sequences)))
         for plan in plans:  # 4. one optimizer step per mini-batch
-            mini_tokens = sum(len(sequences[i][1]) for chunk in plan for i in chunk)
+            mini_tokens = self.reducer.total(sum(len(sequences[i][1]) for chunk in plan for i in chunk))
             optimizer.zero_grad(set_to_none=True)
             for index in plan:
                 loss, terms, kl_tokens, diag = self._micro_batch_loss(
@@ -83,7 +95,21 @@ class ClippedObjective(Objective):
                 loss.backward()
                 tally.add(index, loss, terms, kl_tokens, diag)
             self.optimizer_step(policy, optimizer)
-        return self._result(fixed, tally, token_counts)
+        return self._result(fixed, tally.over(self.reducer), token_counts)
+
+    def _mini_batches(self, rows: int) -> list[list[int]]:
+        """4. The batch's row i in mini-batch i mod M (`interleaved_mini_batches`), as this shard's local rows.
+
+        A shard holds consecutive batch rows, so with at least M rows it has some in every mini-batch, and
+        every rank takes the same M optimizer steps."""
+        first, batch_rows = self.reducer.first_row(rows), self.reducer.total(rows)
+        count = min(self.updates_per_step, batch_rows)
+        if not self.reducer.every(rows >= count):
+            raise ValueError(f"loss.updates_per_step={self.updates_per_step}: every data-parallel rank needs at "
+                             f"least {count} responses (one for each mini-batch), and this batch leaves a rank "
+                             "fewer; lower loss.updates_per_step or raise trainer.groups_per_step")
+        minis = interleaved_mini_batches(batch_rows, self.updates_per_step)
+        return [[i - first for i in mini if first <= i < first + rows] for mini in minis]
 
     def _proximal_tokens(self, policy, reference, sequences, cached_reference, plans):
         """2. pi_prox and pi_ref per response token, from a no-grad forward before any optimizer step."""
@@ -186,6 +212,13 @@ class _Tally:
             self.diagnostics[key] += diag[key] * diag["n_tokens"]
         self.diagnostics["ratio_max"] = max(self.diagnostics["ratio_max"], diag["ratio_max"])
         self.diagnostics["n_tokens"] += diag["n_tokens"]
+
+    def over(self, reducer) -> "_Tally":
+        """The diagnostics summed over the ranks that share the batch (the loss terms are each rank's share)."""
+        for key in sorted(self.diagnostics):  # one order on every rank: each key is a collective
+            value = self.diagnostics[key]
+            self.diagnostics[key] = reducer.maximum(value) if key == "ratio_max" else reducer.total(value)
+        return self
 
     def extras(self) -> dict[str, float]:
         """The diagnostics as logged: token means (ratio_max as it is) and the number of updates."""

@@ -21,6 +21,8 @@ sum_i g_i log pi(y_i|x) micro-batch by micro-batch: the same gradient as one bat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from src.batch import Batch, Group
@@ -65,6 +67,8 @@ def batch_pairs(groups: list[Group]) -> list[tuple[int, int]]:
 class IpoObjective(Objective):
     """One optimizer step of IPO on the batch's within-group pairs (whole groups; KL and entropy only logged)."""
 
+    splits_over_ranks = True
+
     @classmethod
     def cell_label(cls, node, cfg) -> str:
         return "-ipo"
@@ -86,14 +90,40 @@ class IpoObjective(Objective):
                              "Use buffer.positive_bias=0 with loss=ipo")
         groups = batch.groups
         sequences, cached, token_counts = batch_sequences(batch)
-        count = len(sequences)
-        logprobs, reference_sums = torch.zeros(count), torch.zeros(count)
-        kl_sums = torch.zeros(count)
-        reference_tokens: list[tuple[float, ...]] = [()] * count
-        entropy_total = 0.0
         batches = self.forward.batches(sequences)
+        stats = self._sequence_stats(policy, reference, sequences, cached, batches)  # pass 1
 
-        # Pass 1 (no grad): log pi and log pi_ref per response, KL and entropy for the logs.
+        # L is the mean over the whole batch's pairs: a shard's pairs weigh by their share of them.
+        pairs = batch_pairs(groups)
+        all_pairs = self.reducer.total(len(pairs))
+        share = len(pairs) / all_pairs if all_pairs else 0.0
+        gradients, loss = ipo_response_gradients(stats.logprobs - stats.reference_sums, pairs, self.tau)
+        gradients, loss = gradients * share, loss * share
+
+        # Pass 2: backpropagate sum_i g_i log pi(y_i|x); log pi_ref is a constant, so this is dL/dtheta.
+        optimizer.zero_grad(set_to_none=True)
+        if all_pairs:
+            for index in batches:
+                weights = gradients[index]
+                if self.reducer.every(not weights.any()):
+                    continue  # responses in no pair (or with zero gradient) need no backward pass
+                token_logprobs, _, mask = self.forward.token_stats(policy, [sequences[i] for i in index],
+                                                                   with_entropy=False)
+                sequence = (upcast(token_logprobs) * mask.float()).sum(-1)
+                (weights.to(sequence.device) * sequence).sum().backward()
+            self.optimizer_step(policy, optimizer)
+        total_tokens = max(self.reducer.total(float(token_counts.sum())), 1.0)
+        ones = torch.ones(len(sequences))
+        return UpdateResult(
+            logprobs=stats.logprobs, raw_weights=ones, weights=ones, kl_sums=stats.kl_sums, token_counts=token_counts,
+            reference_tokens=stats.reference_tokens, loss=loss, policy_loss=loss,
+            kl=float(stats.kl_sums.sum()) / total_tokens, entropy=stats.entropy / total_tokens,
+            optimizer_steps=1 if all_pairs else 0, extras=self._extras(groups, pairs, all_pairs, stats))
+
+    def _sequence_stats(self, policy, reference, sequences, cached, batches) -> "_SequenceStats":
+        """Pass 1 (no grad): log pi and log pi_ref per response, KL and entropy for the logs."""
+        count = len(sequences)
+        stats = _SequenceStats(torch.zeros(count), torch.zeros(count), torch.zeros(count), [()] * count)
         policy.train()
         with torch.no_grad():
             for index in batches:
@@ -102,37 +132,30 @@ class IpoObjective(Objective):
                 ref = self.forward.reference_tokens(reference, chunk, [cached[i] for i in index], like=token_logprobs)
                 mask = mask.float()
                 token_logprobs, ref = upcast(token_logprobs), upcast(ref)
-                logprobs[index] = (token_logprobs * mask).sum(-1).cpu()
-                reference_sums[index] = (ref * mask).sum(-1).cpu()
-                kl_sums[index] = (self.kl_tokens(token_logprobs, ref) * mask).sum(-1).cpu()
-                entropy_total += (upcast(entropy) * mask).sum().item()
+                stats.logprobs[index] = (token_logprobs * mask).sum(-1).cpu()
+                stats.reference_sums[index] = (ref * mask).sum(-1).cpu()
+                stats.kl_sums[index] = (self.kl_tokens(token_logprobs, ref) * mask).sum(-1).cpu()
+                stats.entropy += (upcast(entropy) * mask).sum().item()
                 for i, tokens in zip(index, row_values(ref, mask)):
-                    reference_tokens[i] = tokens
+                    stats.reference_tokens[i] = tokens
+        return stats
 
-        pairs = batch_pairs(groups)
-        gradients, loss = ipo_response_gradients(logprobs - reference_sums, pairs, self.tau)
+    def _extras(self, groups: list[Group], pairs, all_pairs: int, stats: "_SequenceStats") -> dict[str, float]:
+        """The batch's pair counts and mean margin h, summed over the ranks that share it."""
+        ratios = stats.logprobs - stats.reference_sums
+        margin_sum = self.reducer.total(float(sum(ratios[w] - ratios[l] for w, l in pairs)))
+        return {"ipo/pairs": float(all_pairs),
+                "ipo/groups_with_pairs": float(self.reducer.total(sum(bool(ipo_pairs(list(g.rewards))) for g in groups))),
+                "ipo/margin_mean": margin_sum / all_pairs if all_pairs else float("nan"),
+                "ipo/target_margin": 1.0 / (2.0 * self.tau)}
 
-        # Pass 2: backpropagate sum_i g_i log pi(y_i|x); log pi_ref is a constant, so this is dL/dtheta.
-        optimizer.zero_grad(set_to_none=True)
-        if pairs:
-            for index in batches:
-                weights = gradients[index]
-                if not weights.any():
-                    continue  # responses in no pair (or with zero gradient) need no backward pass
-                token_logprobs, _, mask = self.forward.token_stats(policy, [sequences[i] for i in index],
-                                                                   with_entropy=False)
-                sequence = (upcast(token_logprobs) * mask.float()).sum(-1)
-                (weights.to(sequence.device) * sequence).sum().backward()
-            self.optimizer_step(policy, optimizer)
-        total_tokens = max(float(token_counts.sum()), 1.0)
-        margins = torch.tensor([(logprobs[w] - reference_sums[w]) - (logprobs[l] - reference_sums[l])
-                                for w, l in pairs])
-        ones = torch.ones(count)
-        return UpdateResult(
-            logprobs=logprobs, raw_weights=ones, weights=ones, kl_sums=kl_sums, token_counts=token_counts,
-            reference_tokens=reference_tokens, loss=loss, policy_loss=loss, kl=float(kl_sums.sum()) / total_tokens,
-            entropy=entropy_total / total_tokens, optimizer_steps=1 if pairs else 0,
-            extras={"ipo/pairs": float(len(pairs)),
-                    "ipo/groups_with_pairs": float(sum(bool(ipo_pairs(list(g.rewards))) for g in groups)),
-                    "ipo/margin_mean": margins.mean().item() if pairs else float("nan"),
-                    "ipo/target_margin": 1.0 / (2.0 * self.tau)})
+
+@dataclass
+class _SequenceStats:
+    """Pass 1's per-response numbers (no grad): log pi, log pi_ref and KL summed over tokens; entropy summed."""
+
+    logprobs: torch.Tensor
+    reference_sums: torch.Tensor
+    kl_sums: torch.Tensor
+    reference_tokens: list[tuple[float, ...]]
+    entropy: float = 0.0

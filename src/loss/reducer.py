@@ -16,5 +16,18 @@ class Reducer:
         """The batch-wide sum of `value` (this rank's share of a count)."""
         return value
 
+    def maximum(self, value: float) -> float:
+        """The batch-wide largest of `value`."""
+        return value
+
+    def every(self, flag: bool) -> bool:
+        """Whether `flag` holds on every rank (so every rank takes the same branch around a collective)."""
+        return bool(flag)
+
+    def first_row(self, rows: int) -> int:
+        """The batch row index of this rank's first row: the rows of the ranks before it (ranks hold
+        contiguous blocks of the batch in rank order)."""
+        return 0
+
     def before_step(self, policy) -> None:
         """Called before each optimizer step, once the step's gradients are accumulated."""

@@ -131,16 +131,19 @@ def read_latest_checkpoint(folder: Path, map_location=None) -> tuple[dict, Path]
                           "trainer.auto_resume=false, or move that folder's checkpoint files away")
 
 
-def restore_checkpoint(payload: dict, parts: Components) -> TrainState:
+def restore_checkpoint(payload: dict, parts: Components, sharded: bool = False) -> TrainState:
     """Restore everything `save_checkpoint` wrote into the components; returns the training state.
 
-    Sharded weights load into a plain or a sharded policy alike (any number of ranks); whole ones into a plain
-    policy only, so a data-parallel run refuses a one-process checkpoint (`src.runs.ranks`) before sharding.
+    Sharded weights (DCP) load into a plain or a sharded policy alike, so a run moves to any number of ranks;
+    whole ones load as they are into a plain policy, and slice by slice into a `sharded` one (FSDP2).
     """
-    if payload.get("shards"):
-        from src.distributed.checkpoint import load_sharded  # torch.distributed.checkpoint: only when needed
+    if payload.get("shards") or sharded:
+        from src.distributed import checkpoint as dcp  # torch.distributed.checkpoint: only when needed
 
-        load_sharded(Path(payload["shards"]), parts.policy, parts.optimizer)
+        if payload.get("shards"):
+            dcp.load_sharded(Path(payload["shards"]), parts.policy, parts.optimizer)
+        else:
+            dcp.load_whole(parts.policy, parts.optimizer, payload["policy"], payload["optimizer"])
     else:
         parts.policy.load_state_dict(payload["policy"])
         parts.optimizer.load_state_dict(payload["optimizer"])

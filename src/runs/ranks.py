@@ -121,9 +121,11 @@ def export_slurm_tasks() -> None:
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # each rank picks GPU LOCAL_RANK
 
 
-def leave(ranks: Ranks) -> None:
+def leave(ranks: Ranks, finished: bool) -> None:
     if ranks.many and dist.is_initialized():
-        dist.destroy_process_group()
+        from src.distributed.data_parallel import leave_group
+
+        leave_group(finished)
 
 
 def shard(parts, cfg: DictConfig, ranks: Ranks):
@@ -197,11 +199,8 @@ def prune_shards(folder: Path, step: int) -> None:
 
 
 def restore(payload: dict, parts, ranks: Ranks):
-    """`restore_checkpoint` into `parts`; a data-parallel run refuses a checkpoint holding whole weights."""
-    from src.runs.checkpoint import CheckpointError, restore_checkpoint
+    """`restore_checkpoint` into `parts`, whose policy is sharded over several ranks (a one-process checkpoint's
+    whole weights included: each rank keeps its slices)."""
+    from src.runs.checkpoint import restore_checkpoint
 
-    if ranks.many and not payload.get("shards"):
-        raise CheckpointError(f"hardware.ranks={ranks.world}: the checkpoint of run {payload['run_id']} was written "
-                              "by one process (whole weights, no DCP shards); resume it with hardware.ranks=1, "
-                              "without torchrun")
-    return restore_checkpoint(payload, parts)
+    return restore_checkpoint(payload, parts, sharded=ranks.many)
