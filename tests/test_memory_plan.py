@@ -75,7 +75,7 @@ def test_the_slurm_dry_run_prints_the_memory_plan_of_the_job(compose_config):
     assert "1 node x 8 task, 8 GPU" in lines[0]  # one SLURM task a rank
     planned = [line for line in lines if line.startswith("memory plan: Qwen/Qwen2.5-7B")]
     assert len(planned) == 1 and "over the job's 8 GPU(s): " in planned[0]
-    assert "at micro-batch 8192 tokens, activation checkpointing on" in planned[0]
+    assert "at micro-batch 8192 tokens, activation checkpointing on; host: 251 GiB while the ranks load it" in planned[0]
     alone = compose_config("hardware=h100", "policy=qwen2.5-7b", hydra=True)
     assert any(line.startswith("memory plan: Qwen/Qwen2.5-7B trained data-parallel (FSDP) over the job's 1 GPU(s): "
                                "does not fit") for line in slurm_plan_lines(alone, [alone]))
@@ -104,6 +104,12 @@ def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_th
     assert refusal("hardware=h100x8", "policy=qwen2.5-7b").endswith("use hardware=h100x4")
     many = refusal("hardware=h100x4", "hardware.ranks=8")
     assert many.startswith("hardware.ranks=8 on hardware=h100x4: the job asks for 4 GPU(s)")
+    # 4 ranks each load 7.6 B fp32 parameters (28 GiB) on the host beside 3 GiB of their own: 126 GiB
+    host = refusal("hardware=h100x4", "policy=qwen2.5-7b", "hydra.launcher.mem_gb=100")
+    assert host.startswith("policy.name_or_path=Qwen/Qwen2.5-7B on hardware=h100x4 (hardware.ranks=4): each rank "
+                           "loads the whole policy in fp32 on the host before sharding it, 126 GiB in all")
+    assert host.endswith("hydra.launcher.mem_gb=100; raise hydra.launcher.mem_gb to at least 126")
+    assert refusal("hardware=h100x4", "policy=qwen2.5-7b", "hydra.launcher.mem_gb=128") is None
 
 
 @pytest.mark.slow  # a Hydra sweep composes in a subprocess: ~10 s

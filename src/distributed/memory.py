@@ -16,6 +16,10 @@ GPU, in bytes, for P parameters, L layers, hidden size h, vocabulary V and n tok
   output head                14 n V: bf16 logits, fp32 upcast, log-softmax and softmax (entropy) kept
   headroom                   CUDA context and allocator: 2 GiB + 10 %
 
+On the host, each rank loads the whole policy in fp32 (`from_pretrained` on the CPU, 4P) before moving
+it to its GPU and sharding it, beside about 3 GiB of its own (Python, torch, the CUDA libraries): the
+node's ranks together need T (4P + 3 GiB), which the SLURM request (`mem_gb`) must cover.
+
 Usage: python -m src.distributed.memory Qwen/Qwen2.5-7B
 """
 
@@ -92,6 +96,14 @@ def gpu_bytes(shape: Shape, gpus: int, micro_batch_tokens: int, activation_check
     return parts
 
 
+PROCESS_GIB = 3.0  # one rank's process on the host beside the policy: Python, torch, CUDA libraries, tokenizer
+
+
+def host_gib(shape: Shape, ranks: int) -> float:
+    """GiB of host memory the node's `ranks` ranks hold at once while each loads the whole fp32 policy."""
+    return ranks * (4 * shape.parameters / GIB + PROCESS_GIB)
+
+
 @dataclass(frozen=True)
 class Fit:
     gpus: int
@@ -133,12 +145,14 @@ def job_plan_lines(names: list[str], gpus: int) -> list[str]:
     for name in sorted(set(names)):
         if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
             continue  # the tiny policy or a local folder: nothing to plan
-        fit = best_fit(Shape.of(meta_policy(name)), gpus)
+        shape = Shape.of(meta_policy(name))
+        fit = best_fit(shape, gpus)
         where = f"memory plan: {name} trained data-parallel (FSDP) over the job's {gpus} GPU(s)"
+        host = f"; host: {host_gib(shape, gpus):.0f} GiB while the ranks load it"
         lines.append(f"{where}: does not fit, {fit.peak_gib:.1f} GiB per GPU at the smallest micro-batch"
                      if fit.micro_batch_tokens is None else
                      f"{where}: {fit.peak_gib:.1f} GiB per GPU at micro-batch {fit.micro_batch_tokens} tokens, "
-                     f"activation checkpointing {'on' if fit.activation_checkpointing else 'off'}")
+                     f"activation checkpointing {'on' if fit.activation_checkpointing else 'off'}{host}")
     return lines
 
 

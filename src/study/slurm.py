@@ -7,6 +7,7 @@ Nothing here needs SLURM installed, so the dry run (`hydra.sweeper.dry_run=true`
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,8 +163,9 @@ RANKED_HARDWARE = {1: "hardware=h100", 4: "hardware=h100x4",
 
 def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str | None:
     """One line naming the policy, the hardware and the fix when the job cannot train the cell's policy: more
-    ranks than the job's GPUs, or a memory plan (src/distributed/memory.py) that does not fit its ranks' GPUs."""
-    from src.distributed.memory import H100_GIB, SHAPES, fewest_gpus  # meta-device models: transformers, lazily
+    ranks than the job's GPUs, or a memory plan (src/distributed/memory.py) that does not fit its ranks' GPUs
+    or the host memory the job asks for (`mem_gb`)."""
+    from src.distributed.memory import H100_GIB, SHAPES, Shape, fewest_gpus, host_gib, meta_policy  # lazily
 
     ranks, gpus, name = int(cfg.hardware.get("ranks", 1) or 1), gpus_per_job(launcher), cfg.policy.name_or_path
     if gpus and ranks > gpus:
@@ -174,6 +176,11 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
     fits, fewest = fewest_gpus(name)
     fit = fits.get(ranks)
     if fit is None or fit.micro_batch_tokens is not None:
+        host, asked = host_gib(Shape.of(meta_policy(name)), ranks), launcher.get("mem_gb")
+        if asked and host > float(asked):
+            return (f"policy.name_or_path={name} on hardware={hardware} (hardware.ranks={ranks}): each rank loads "
+                    f"the whole policy in fp32 on the host before sharding it, {math.ceil(host)} GiB in all, and the job asks "
+                    f"for hydra.launcher.mem_gb={asked}; raise hydra.launcher.mem_gb to at least {math.ceil(host)}")
         return None
     fix = next((option for count, option in RANKED_HARDWARE.items() if fewest and count >= fewest), None)
     return (f"policy.name_or_path={name} on hardware={hardware} (hardware.ranks={ranks}): needs {fit.peak_gib:.0f} "
