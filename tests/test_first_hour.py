@@ -133,6 +133,24 @@ def test_library_bars_are_silenced():
     assert are_progress_bars_disabled()
 
 
+def test_appending_to_a_completions_table_prints_no_download_bar(tmp_path, monkeypatch, capfd):
+    """MLflow's log_table downloads the table it appends to, with a tqdm bar each step unless silenced."""
+    from mlflow.tracking import MlflowClient
+
+    from src.runs.tracking import log_completions
+
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true")  # recorded, so the test's change is undone
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns.db")
+    experiment = client.create_experiment("bars", artifact_location=str(tmp_path / "artifacts"))
+    run_id = client.create_run(experiment).info.run_id
+    monkeypatch.setattr("src.runs.tracking.MlflowClient", lambda: client)
+    progress.silence_library_bars()
+    for step in range(2):
+        log_completions(run_id, [{"step": step, "response": "x"}], "completions/train.json")
+    assert "Downloading artifacts" not in capfd.readouterr().err
+
+
 def _job(status: JobStatus) -> JobReturn:
     job = JobReturn()
     job.status = status

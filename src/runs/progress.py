@@ -28,8 +28,10 @@ PLAIN_EVERY_PERCENT = 10
 
 
 def silence_library_bars() -> None:
-    """Turn off transformers' and huggingface_hub's own tqdm bars (they would cut through the display)."""
+    """Turn off transformers', huggingface_hub's and MLflow's own tqdm bars (they would cut through the display;
+    MLflow's shows each step, when `log_table` downloads the completions table it appends to)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read by processes started later, e.g. vLLM's
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # MLflow reads it at each transfer
     try:
         import transformers
 
