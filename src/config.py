@@ -147,13 +147,12 @@ def _validate_components(cfg: DictConfig) -> None:
 
 
 def _validate_ranks(cfg: DictConfig) -> None:
-    """What data-parallel training over `hardware.ranks` processes (src/runs/ranks.py) can run."""
+    """What data-parallel training over `hardware.ranks` ranks can run: torchrun's processes under runtime=sync
+    (src/runs/ranks.py), the trainer actors under runtime=async (src/runtime/ray_work.py)."""
     ranks = int(cfg.hardware.ranks)
     if ranks == 1:
         return
     key = f"hardware.ranks={ranks}"
-    _check(described(cfg.runtime).plain(cfg.runtime),
-           f"{key} with runtime={cfg.runtime.get('name')}: data-parallel ranks run runtime=sync; set hardware.ranks=1")
     loss = load_target(cfg.loss._target_)
     _check(getattr(loss, "splits_over_ranks", False),
            f"{key} with loss={cfg.loss.name}: its totals do not split over ranks (splits_over_ranks); use loss=rloo, "
@@ -161,12 +160,13 @@ def _validate_ranks(cfg: DictConfig) -> None:
     _check(not cfg.trainer.fused_logprobs,
            f"{key} with trainer.fused_logprobs=true: the fused head runs apart from the sharded model; set "
            "trainer.fused_logprobs=false")
-    _check(cfg.policy.engine == "hf",
-           f"{key} with policy.engine={cfg.policy.engine}: the ranks generate with the sharded policy itself; set "
-           "policy.engine=hf")
-    _check(cfg.hardware.device in ("cpu", "cuda"),
-           f"{key} with hardware.device={cfg.hardware.device}: each rank takes GPU LOCAL_RANK; set "
-           "hardware.device=cuda")
+    if described(cfg.runtime).plain(cfg.runtime):  # torchrun's ranks; async's trainer actors sit after its workers
+        _check(cfg.policy.engine == "hf",
+               f"{key} with policy.engine={cfg.policy.engine}: the ranks generate with the sharded policy itself; set "
+               "policy.engine=hf")
+        _check(cfg.hardware.device in ("cpu", "cuda"),
+               f"{key} with hardware.device={cfg.hardware.device}: each rank takes GPU LOCAL_RANK; set "
+               "hardware.device=cuda")
     _check(cfg.trainer.groups_per_step >= ranks,
            f"{key} with trainer.groups_per_step={cfg.trainer.groups_per_step}: every rank trains whole groups; "
            f"raise trainer.groups_per_step to at least {ranks}")

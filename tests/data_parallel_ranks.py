@@ -33,6 +33,9 @@ class LocalTotals(RankReducer):
 
 def join(rank: int, world_size: int, rendezvous: str) -> None:
     """Join the gloo process group of `world_size` ranks through the file `rendezvous`."""
+    import faulthandler
+
+    faulthandler.enable()  # a rank that aborts (SIGABRT) prints where, into the test's captured output
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size)
 

@@ -110,6 +110,13 @@ def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_th
                            "loads the whole policy in fp32 on the host before sharding it, 126 GiB in all")
     assert host.endswith("hydra.launcher.mem_gb=100; raise hydra.launcher.mem_gb to at least 126")
     assert refusal("hardware=h100x4", "policy=qwen2.5-7b", "hydra.launcher.mem_gb=128") is None
+    # runtime=async: one driver process; its 2 trainer ranks are Ray actors (on cuda:2 and 3), not SLURM tasks
+    actors = ("hardware=h100x4", "runtime=async", "runtime.workers=2", "runtime.gpus_per_worker=1",
+              "hardware.device=cuda:2", "hardware.ranks=2", "runtime.trainers=2", "buffer=none")
+    assert refusal(*actors) == ("hydra.launcher.tasks_per_node=2 with runtime=async and hardware.ranks=2: the cell "
+                                "runs 1 process(es) (runtime=async: one driver, its trainer ranks are Ray actors); "
+                                "set hydra.launcher.tasks_per_node=1")
+    assert refusal(*actors, "hydra.launcher.tasks_per_node=1") is None
 
 
 @pytest.mark.slow  # a Hydra sweep composes in a subprocess: ~10 s

@@ -119,7 +119,8 @@ def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_confi
 
 
 @pytest.mark.parametrize("overrides, named", [
-    (("runtime=async",), "with runtime=async: data-parallel ranks run runtime=sync"),
+    (("runtime=async", "buffer=none"), "hardware.ranks=2 with runtime.trainers=1: under runtime=async the ranks are "
+     "the T trainer actors; set runtime.trainers=2"),
     (("loss=grpo", "loss.updates_per_step=9", "trainer.groups_per_step=4", "trainer.group_size=4"),
      "a rank may hold only 8 responses .4 groups of 4 over 2 ranks., fewer than one per mini-batch; lower "
      "loss.updates_per_step to 8"),

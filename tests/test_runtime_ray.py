@@ -42,6 +42,7 @@ class Recorder:
     artifacts: list = field(default_factory=list)
     completions: list = field(default_factory=list)
     saves: int = 0
+    parts: object = None  # the driver's components once the session closed (policy, optimizer pulled)
 
     def log_step(self, metrics, step):
         self.steps.append((step, metrics))
@@ -86,6 +87,7 @@ def run(compose_config, tmp_path, *overrides, crash_after: int | None = None):
             session.run()
         finally:
             session.close()
+            recorder.parts = session.loop.parts
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     return recorder, events
 
@@ -228,7 +230,7 @@ def test_the_trainer_actor_updates_and_a_resumed_run_continues_exactly_from_its_
         initial = {name: tensor.clone() for name, tensor in driver.policy.state_dict().items()}
         try:
             first.run(until=3)  # 3 updates, weights published at 2: the checkpoint keeps the workers' weights
-            assert ray.get(first.work.trainer.pid.remote()) != os.getpid()
+            assert ray.get(first.work.trainers[0].pid.remote()) != os.getpid()
             trained = ray.get(first.work.trainer.weights.remote())
             assert weights_equal(driver.policy.state_dict(), initial) and not weights_equal(trained, initial)
             assert first.loop.state.step == 3 and first.loop.state.gradient_steps == 3  # the actor's counters
@@ -243,7 +245,7 @@ def test_the_trainer_actor_updates_and_a_resumed_run_continues_exactly_from_its_
         loop.state = restore_checkpoint(saved, loop.parts)
         resumed = AsyncSession(build_runtime(loop.cfg), loop)
         try:
-            actor = ray.get(resumed.work.trainer.state.remote())
+            actor = ray.get(resumed.work.trainers[0].state.remote())
             assert weights_equal(actor["policy"], saved["policy"]) and actor["state"]["step"] == 3
             assert torch.equal(actor["optimizer"]["state"][0]["exp_avg"], saved["optimizer"]["state"][0]["exp_avg"])
             resumed.run()
@@ -324,3 +326,31 @@ def test_sigterm_to_the_whole_process_group_checkpoints_and_resumes_into_the_sam
     assert list(runs["status"]) == ["FINISHED"]
     history = MlflowClient(store).get_metric_history(runs.run_id[0], "train/reward")
     assert sorted(m.step for m in history) == list(range(100))  # every step once: none lost, none twice
+
+
+def test_two_fsdp_trainer_actors_log_the_one_trainer_numbers(compose_config_module, tmp_path, ray_cpus):
+    """hardware.ranks=2 under runtime=async: the T = 2 trainer actors train data-parallel (FSDP2, gloo) and log,
+    step for step, the metrics and the event log of one trainer actor at T = 2's lockstep rates (float64)."""
+    overrides = ("runtime.trainers=2", "trainer.groups_per_step=4", "hardware.dtype=float64")
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one, one_events = run(compose_config_module, tmp_path / "one", *overrides)
+    two, two_events = run(compose_config_module, tmp_path / "two", *overrides, "hardware.ranks=2")
+    assert two_events == one_events and len(two.steps) == len(one.steps) == 5
+    compared = 0
+    for (step, want), (seen_step, got) in zip(one.steps, two.steps):
+        assert seen_step == step and got.keys() == want.keys()
+        for key, value in want.items():
+            if wall_clock(key) or key == "runtime/worker_restarts":
+                continue
+            assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12, nan_ok=True), (step, key)
+            compared += 1
+    assert compared > 100 and len({m["train/loss"] for _, m in one.steps}) == 5
+    # the driver's copy, pulled from the ranks' shards at the end (whole weights, AdamW's moments by position)
+    want, got = one.parts.optimizer.state_dict(), two.parts.optimizer.state_dict()
+    assert got["state"].keys() == want["state"].keys() and int(got["state"][0]["step"]) == 5
+    for position, moments in want["state"].items():
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(got["state"][position][key], moments[key], rtol=1e-9, atol=1e-12)
+    for name, tensor in one.parts.policy.state_dict().items():
+        torch.testing.assert_close(two.parts.policy.state_dict()[name], tensor, rtol=1e-9, atol=1e-12)

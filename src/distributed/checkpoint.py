@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 
 
 def save_sharded(folder: Path, policy, optimizer) -> None:
@@ -42,6 +43,9 @@ def load_whole(policy, optimizer, model_state: dict, optimizer_state: dict) -> N
 
     Both optimizers are built alike (`src.build.build_optimizer`), so position k of the one-process optimizer is
     the k-th parameter of this one's groups, whose names `get_state_dict` lists in that order."""
+    if not optimizer_state["state"]:  # an optimizer that has not stepped (see `whole_state`): the weights only
+        set_model_state_dict(policy, model_state, options=StateDictOptions(full_state_dict=True))
+        return
     _, keyed = get_state_dict(policy, optimizer)
     names = [name for group in keyed["param_groups"] for name in group["params"]]
     positions = [index for group in optimizer_state["param_groups"] for index in group["params"]]
@@ -56,9 +60,26 @@ def load_whole(policy, optimizer, model_state: dict, optimizer_state: dict) -> N
                    options=StateDictOptions(full_state_dict=True))
 
 
+def whole_state(policy, optimizer=None) -> tuple[dict, dict | None]:
+    """The sharded policy's (and `optimizer`'s) state as one process holds it, on rank 0's CPU: whole tensors,
+    the optimizer keyed by parameter position as `optimizer.state_dict()` keys it (`load_whole` reads it
+    back). Every rank calls it (it gathers); the other ranks get empty dicts."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if optimizer is None or not optimizer.state:
+        # DCP would give an optimizer that has not stepped a state by taking a step at lr 0 (torch's
+        # `_init_optim_state`): its AdamW would then count one step too many. Its positions need no gathering.
+        return get_model_state_dict(policy, options=options), None if optimizer is None else optimizer.state_dict()
+    model_state, keyed = get_state_dict(policy, optimizer, options=options)
+    if not keyed:
+        return model_state, {}
+    position = {name: k for k, name in enumerate(name for group in keyed["param_groups"] for name in group["params"])}
+    return model_state, {"state": {position[name]: moments for name, moments in keyed["state"].items()},
+                         "param_groups": [{**group, "params": [position[name] for name in group["params"]]}
+                                          for group in keyed["param_groups"]]}
+
+
 def load_sharded_policy(folder: Path, policy) -> None:
     """Read only the policy's weights from `folder` (an evaluation needs no optimizer state)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     if not (Path(folder) / ".metadata").is_file():
         raise FileNotFoundError(f"{folder} holds no sharded checkpoint (no .metadata): name the folder "

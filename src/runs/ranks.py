@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from src.variant import described
+
 SHARDS = "shards"  # a run folder's DCP checkpoints, one folder a step: shards/step-000010
 
 
@@ -78,9 +80,15 @@ class Ranks:
         return result
 
 
+def processes(cfg: DictConfig) -> int:
+    """How many processes run the cell: `hardware.ranks` under runtime=sync (torchrun's, or SLURM's tasks); one
+    under runtime=async, whose trainer ranks are Ray actors of its one driver (src/runtime/ray_work.py)."""
+    return int(cfg.hardware.get("ranks", 1) or 1) if described(cfg.runtime).plain(cfg.runtime) else 1
+
+
 def mismatch(cfg: DictConfig, world: int) -> str | None:
-    """The one-line refusal when `hardware.ranks` is not the number of processes torchrun started; else None."""
-    want = int(cfg.hardware.get("ranks", 1) or 1)
+    """The one-line refusal when the run's processes are not the ones torchrun started; else None."""
+    want = processes(cfg)
     if want == world:
         return None
     if world == 1:

@@ -10,10 +10,11 @@
   them into its policy and hands them to its engine (`engine.sync_weights`: the vLLM engine's
   in-place `load_weights`). Another transfer (vLLM's NCCL weight transfer) is another class with
   the same two methods.
-* `TrainerActor` (a Ray actor, T = 1): the policy, optimizer, reference and objective, built by
-  `src.build.build_components` from the same config as the driver's, updated with the step's own
-  `learn` half on a `Collection` made of the drawn rollouts; it publishes its weights itself.
-  On CUDA it sits at `hardware.device`, after the workers' GPUs.
+* `TrainerActor` (Ray actors, one a trainer rank): the policy, optimizer, reference and objective, built
+  by `src.build.build_components` from the same config as the driver's, updated with the step's own
+  `learn` half on a `Collection` made of the drawn rollouts; it publishes its weights itself. With
+  `hardware.ranks` = T > 1 the T actors train data-parallel (FSDP2) over their own process group.
+  On CUDA rank r sits at `hardware.device` + r, after the workers' GPUs.
 * `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
   loop), where the pipeline itself runs; the rollout queue it puts into and draws from is the buffer
   actor (`src.runtime.queue_actor.QueueActor`), so groups go from a worker through the driver to the
@@ -170,22 +171,30 @@ class _Reported:
 
 
 class TrainerActor:
-    """The trainer (T = 1): the policy, its optimizer and the step's objective, built by `src.build` from the
-    run's config as the driver builds them, updated by the step's own `learn` half.
+    """One of the T trainer ranks: the policy, its optimizer and the step's objective, built by `src.build` from
+    the run's config as the driver builds them, updated by the step's own `learn` half. With T > 1 ranks
+    (`hardware.ranks`) the actors form a process group and train data-parallel (`src.build.data_parallel`,
+    FSDP2): the driver calls every method on every rank, since the ranks' collectives must match, and reads
+    rank 0's answer.
 
     learn(collection, sampler_metrics) -> (metrics, counters, update)   one update on a drawn batch
-    publish(version) -> [object ref]     its weights on the object store and the WeightBoard
+    publish(version) -> [object ref]     its whole weights on the object store and the WeightBoard (rank 0)
     state() / load_state(state)          policy, optimizer, torch RNG and TrainState counters (checkpoints)
-    weights()                            the policy's weights (the driver's evaluation copy)
+    weights()                            the policy's whole weights (the driver's evaluation copy)
     """
 
-    def __init__(self, config: dict, threads: int, board) -> None:
-        from src.build import build_components
+    def __init__(self, config: dict, threads: int, board, rank: int = 0, world: int = 1,
+                 rendezvous: str | None = None) -> None:
+        from src.build import build_components, data_parallel
 
         cfg = OmegaConf.create(config)
+        self.rank, self.sharded = rank, world > 1
+        if self.sharded:
+            cfg.hardware.device = join_trainer_ranks(str(cfg.hardware.device), rank, world, rendezvous)
         self.sampler = _Reported()
         # The driver's own build: same seed, dtype, device (hardware.device, after the workers' GPUs), loss.
-        self.parts = build_components(cfg, [], engine=_NoEngine(), sampler=self.sampler)
+        parts = build_components(cfg, [], engine=_NoEngine(), sampler=self.sampler)
+        self.parts = data_parallel(parts, cfg.trainer) if self.sharded else parts
         torch.set_num_threads(threads)  # the driver's count: the update's sums then add in the same order
         self.train_state = TrainState()
         self.board = board
@@ -199,26 +208,57 @@ class TrainerActor:
         return metrics, counters(self.train_state), collection.update
 
     def publish(self, version: int) -> list:
-        ref = ObjectStoreSync.publish(self.parts.policy)
+        weights = self.weights()
+        if self.rank:
+            return []
+        ref = ray.put(weights)
         ray.get(self.board.set.remote(version, [ref]))
         return [ref]  # in a list: Ray hands back the reference, not the weights
 
     def weights(self) -> dict:
-        return on_cpu(self.parts.policy.state_dict())
+        return self._whole(optimizer=False)[0]
 
     def state(self) -> dict:
-        return {"policy": self.weights(), "optimizer": on_cpu(self.parts.optimizer.state_dict()),
-                "torch_rng": torch.get_rng_state(), "state": counters(self.train_state)}
+        policy, optimizer = self._whole(optimizer=True)
+        return {"policy": policy, "optimizer": optimizer, "torch_rng": torch.get_rng_state(),
+                "state": counters(self.train_state)}
+
+    def _whole(self, optimizer: bool) -> tuple[dict, dict | None]:
+        """The policy's (and the optimizer's) state as one process holds it; over ranks, gathered to rank 0."""
+        if self.sharded:
+            from src.distributed.checkpoint import whole_state
+
+            return whole_state(self.parts.policy, self.parts.optimizer if optimizer else None)
+        return (on_cpu(self.parts.policy.state_dict()),
+                on_cpu(self.parts.optimizer.state_dict()) if optimizer else None)
 
     def load_state(self, state: dict) -> None:
-        self.parts.policy.load_state_dict(state["policy"])
-        self.parts.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:  # each rank keeps its slices of the whole tensors
+            from src.distributed.checkpoint import load_whole
+
+            load_whole(self.parts.policy, self.parts.optimizer, state["policy"], state["optimizer"])
+        else:
+            self.parts.policy.load_state_dict(state["policy"])
+            self.parts.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         self.train_state = TrainState(**state["state"])
 
     def crash(self) -> None:
         """End this actor's process (tests: the run must stop with one line)."""
         os._exit(1)
+
+
+def join_trainer_ranks(device: str, rank: int, world: int, rendezvous: str) -> str:
+    """Join the trainer ranks' process group (gloo on the CPU, NCCL on GPUs) through `rendezvous`; returns this
+    rank's device: rank r sits r GPUs after `hardware.device`, and CPU ranks share the CPU."""
+    import torch.distributed as dist
+
+    on_gpu = device.startswith("cuda")
+    if on_gpu:
+        device = f"cuda:{(torch.device(device).index or 0) + rank}"
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=rendezvous, rank=rank, world_size=world)
+    return device
 
 
 def counters(state: TrainState) -> dict:
@@ -249,7 +289,8 @@ class RayWork:
     process, whose `parts` and `state` are the driver's copy (checkpoints, evaluation, the summary)."""
 
     def __init__(self, cfg: DictConfig, parts: Components, state: TrainState, settings: PipelineSettings,
-                 max_restarts: int, threads: int, cpus_per_worker: float, gpus_per_worker: float = 0.0) -> None:
+                 max_restarts: int, threads: int, cpus_per_worker: float, gpus_per_worker: float = 0.0,
+                 trainer_ranks: int = 1) -> None:
         self.parts, self.state, self.settings = parts, state, settings
         self.seed = int(cfg.trainer.seed)
         actor = ray.remote(RolloutWorker).options(max_restarts=max_restarts, max_task_retries=max_restarts,
@@ -257,8 +298,9 @@ class RayWork:
         config = OmegaConf.to_container(cfg, resolve=True)
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
         self.workers = [actor.remote(config, threads) for _ in range(settings.workers)]
-        self.trainer = start_trainer(config, cpus_per_worker, self.board, parts, state)
-        log.info("trainer actor started at step %d (pid %d)", state.step, ray.get(self.trainer.pid.remote()))
+        self.trainers = start_trainers(config, cpus_per_worker, self.board, parts, state, trainer_ranks)
+        log.info("trainer actor(s) started at step %d (pid %s)", state.step,
+                 ", ".join(str(pid) for pid in ray.get([trainer.pid.remote() for trainer in self.trainers])))
         self.trainer_dead = False
         self.pulled = (state.step, True)  # (step, with the optimizer): what the driver's copy holds
         self.pending: list[Pending] = []
@@ -330,8 +372,7 @@ class RayWork:
         collected = Collected(fresh=[], generated=[g.group for g in arrived], off_policy=False,
                               timings={"wait_for_rollouts": waited})
         self.last = Collection(step, batch_of(samples), collected, gap_fill=0)
-        metrics, advanced, self.last.update = self._trainer(
-            self.trainer.learn.remote(self.last, self.parts.sampler.metrics()))
+        metrics, advanced, self.last.update = self._trainer("learn", self.last, self.parts.sampler.metrics())
         for name, value in advanced.items():
             setattr(self.state, name, value)
         return metrics
@@ -339,7 +380,7 @@ class RayWork:
     def publish(self, version: int) -> float:
         """The trainer actor puts its weights on the object store and the board; returns the seconds it took."""
         started = time.perf_counter()
-        self.published = (version, self._trainer(self.trainer.publish.remote(version))[0])
+        self.published = (version, self._trainer("publish", version)[0])
         return time.perf_counter() - started
 
     def pull(self, optimizer: bool = True) -> None:
@@ -349,18 +390,24 @@ class RayWork:
         if step == self.state.step and (full or not optimizer):
             return
         if optimizer:
-            state = self._trainer(self.trainer.state.remote())
+            state = self._trainer("state")
             self.parts.optimizer.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["torch_rng"])
         else:
-            state = {"policy": self._trainer(self.trainer.weights.remote())}
+            state = {"policy": self._trainer("weights")}
         self.parts.policy.load_state_dict(state["policy"])
         self.parts.engine.sync_weights(self.parts.policy)  # the driver's engine evaluates (vLLM: load_weights)
         self.pulled = (self.state.step, optimizer)
 
-    def _trainer(self, ref):
+    def _trainer(self, method: str, *args):
+        """`method(*args)` on every trainer rank (their collectives must match); rank 0's answer."""
+        refs = [getattr(trainer, method).remote(*args) for trainer in self.trainers]
         try:
-            return ray.get(ref)
+            waiting = refs
+            while waiting:  # a dead rank is seen at once, not after the others give up on a collective
+                done, waiting = ray.wait(waiting, num_returns=1)
+                ray.get(done)
+            return ray.get(refs[0])
         except RayActorError as error:
             self.trainer_dead = True
             cause = first_line(error).split(". ")[0]  # Ray's guesses at why follow the first sentence
@@ -369,7 +416,7 @@ class RayWork:
                                 "checkpoint") from None
 
     def crash_trainer(self) -> None:
-        self.trainer.crash.remote()
+        self.trainers[0].crash.remote()
 
     def publish_weights(self, version: int, weights: dict) -> None:
         """Publish saved weights (a resumed run whose workers lagged the trainer at the checkpoint)."""
@@ -389,23 +436,34 @@ class RayWork:
     def close(self) -> None:
         for pending in self.pending:  # the free schedule's queued requests: not retried on a killed actor
             ray.cancel(pending.ref)
-        for actor in (*self.workers, self.trainer, self.board):
+        for actor in (*self.workers, *self.trainers, self.board):
             ray.kill(actor, no_restart=True)
 
 
-def start_trainer(config: dict, cpus: float, board, parts: Components, state: TrainState):
-    """The trainer actor, started from the driver's trainer state (a resumed run's: the checkpoint's).
+def start_trainers(config: dict, cpus: float, board, parts: Components, state: TrainState, ranks: int) -> list:
+    """The `ranks` trainer actors, started from the driver's trainer state (a resumed run's: the checkpoint's).
 
-    Not restarted by Ray: a new trainer would have lost its updates since the checkpoint. On CUDA it
-    holds no Ray GPU slot: it sits at `hardware.device`, after the workers' slots (`worker_gpus`), where
-    it sees the driver's devices (Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for an actor without GPUs).
+    Not restarted by Ray: a new trainer would have lost its updates since the checkpoint. On CUDA they hold
+    no Ray GPU slot: rank r sits at `hardware.device` + r, after the workers' slots (`worker_gpus`), where it
+    sees the driver's devices (Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for an actor without GPUs). The
+    ranks meet at a TCP port of this node: the Ray session is this machine's (`ray_session`).
     """
-    trainer = ray.remote(TrainerActor).options(max_restarts=0, num_cpus=cpus).remote(
-        config, torch.get_num_threads(), board)
-    ray.get(trainer.load_state.remote({"policy": on_cpu(parts.policy.state_dict()),
-                                       "optimizer": on_cpu(parts.optimizer.state_dict()),
-                                       "torch_rng": torch.get_rng_state(), "state": counters(state)}))
-    return trainer
+    rendezvous = f"tcp://127.0.0.1:{free_port()}" if ranks > 1 else None
+    actor = ray.remote(TrainerActor).options(max_restarts=0, num_cpus=cpus / ranks)
+    trainers = [actor.remote(config, torch.get_num_threads(), board, rank, ranks, rendezvous) for rank in range(ranks)]
+    whole = {"policy": on_cpu(parts.policy.state_dict()), "optimizer": on_cpu(parts.optimizer.state_dict()),
+             "torch_rng": torch.get_rng_state(), "state": counters(state)}
+    ray.get([trainer.load_state.remote(whole) for trainer in trainers])
+    return trainers
+
+
+def free_port() -> int:
+    """A TCP port no process on this machine listens on now."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def batch_of(samples: list[Sample]) -> Batch:

@@ -168,12 +168,17 @@ class AsyncRuntime(Variant):
         self.max_restarts = check_int("runtime.max_restarts", max_restarts, -1)
         self.gpus_per_worker = float(gpus_per_worker)
         self.worker_gpus = worker_gpus(self.settings.workers, self.gpus_per_worker, str(cfg.hardware.device))
+        self.trainer_ranks = int(cfg.hardware.ranks)  # T trainer actors training data-parallel, or one
         self._check(cfg)
         # The queue checks its own settings; `ready` refuses a batch that does not split over the shards.
         build_queue(**self.queue_options(seed=0)).ready(self.settings.batch)
 
     def _check(self, cfg: DictConfig) -> None:
         s = self.settings
+        if self.trainer_ranks > 1 and self.trainer_ranks != s.trainers:
+            raise ValueError(f"hardware.ranks={self.trainer_ranks} with runtime.trainers={s.trainers}: under "
+                             "runtime=async the ranks are the T trainer actors; set runtime.trainers="
+                             f"{self.trainer_ranks}, or hardware.ranks=1 for one trainer at T's lockstep rates")
         if s.trainers > 1 and self.schedule != "lockstep":
             raise ValueError(f"runtime.trainers={s.trainers} with runtime.schedule={self.schedule}: T > 1 trainers are "
                              "simulated by the lockstep clock's rates only; use runtime.schedule=lockstep or trainers=1")
@@ -227,10 +232,11 @@ class AsyncRuntime(Variant):
         if loop.state.step >= loop.cfg.trainer.steps:
             return
         device = torch.device(str(loop.cfg.hardware.device))
-        if self.worker_gpus and (device.index or 0) >= torch.cuda.device_count():
-            raise PipelineError(f"hardware.device={device} with {self.worker_gpus} GPU workers: this node shows "
-                                f"{torch.cuda.device_count()} GPUs; ask SLURM for {self.worker_gpus + 1} "
-                                "(hardware=h100x8) or run fewer workers")
+        last = (device.index or 0) + self.trainer_ranks - 1  # the last trainer rank's GPU
+        if self.worker_gpus and last >= torch.cuda.device_count():
+            raise PipelineError(f"hardware.device={device} with {self.worker_gpus} GPU workers and "
+                                f"{self.trainer_ranks} trainer rank(s): this node shows {torch.cuda.device_count()} "
+                                f"GPUs; ask SLURM for {last + 1} (hardware=h100x8) or run fewer workers")
         with ray_session(self.num_cpus, self.worker_gpus):
             session = AsyncSession(self, loop)
             try:
@@ -276,7 +282,7 @@ class AsyncSession:
         settings = runtime.settings
         cpus = runtime.num_cpus / (settings.workers + 1)  # a share for each worker and the trainer actor
         self.work = RayWork(loop.cfg, loop.parts, loop.state, settings, runtime.max_restarts,
-                            runtime.worker_threads, cpus, runtime.gpus_per_worker)
+                            runtime.worker_threads, cpus, runtime.gpus_per_worker, runtime.trainer_ranks)
         self.queue = QueueActor(**runtime.queue_options())  # the shared buffer: an actor with no CPU slot
         self.pipeline = runtime.build_pipeline(self.work, self.queue)
         self.store: PipelineStore = loop.parts.store

@@ -167,7 +167,14 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
     or the host memory the job asks for (`mem_gb`)."""
     from src.distributed.memory import H100_GIB, SHAPES, Shape, fewest_gpus, host_gib, meta_policy  # lazily
 
+    from src.runs.ranks import processes
+
     ranks, gpus, name = int(cfg.hardware.get("ranks", 1) or 1), gpus_per_job(launcher), cfg.policy.name_or_path
+    tasks = int(launcher.get("tasks_per_node", 1) or 1)
+    if tasks != processes(cfg):
+        return (f"hydra.launcher.tasks_per_node={tasks} with runtime={cfg.runtime.get('name')} and "
+                f"hardware.ranks={ranks}: the cell runs {processes(cfg)} process(es) (runtime=async: one driver, its "
+                f"trainer ranks are Ray actors); set hydra.launcher.tasks_per_node={processes(cfg)}")
     if gpus and ranks > gpus:
         return (f"hardware.ranks={ranks} on hardware={hardware}: the job asks for {gpus} GPU(s), one a rank; "
                 f"set hardware.ranks={gpus}, or use a hardware option with more GPUs")
