@@ -231,7 +231,7 @@ def test_the_trainer_actor_updates_and_a_resumed_run_continues_exactly_from_its_
         try:
             first.run(until=3)  # 3 updates, weights published at 2: the checkpoint keeps the workers' weights
             assert ray.get(first.work.trainers[0].pid.remote()) != os.getpid()
-            trained = ray.get(first.work.trainer.weights.remote())
+            trained = ray.get(first.work.trainers[0].weights.remote())
             assert weights_equal(driver.policy.state_dict(), initial) and not weights_equal(trained, initial)
             assert first.loop.state.step == 3 and first.loop.state.gradient_steps == 3  # the actor's counters
             first.work.pull()  # as before src.run's checkpoint
@@ -267,7 +267,7 @@ def test_a_dead_trainer_stops_the_run_in_one_line_and_its_checkpoint_resumes_it(
         first, got = start(compose_config_module, tmp_path, "trainer.checkpoint_every=2", "evaluation.every=1")
         loop = first.loop
         trained = lambda: weights_equal(loop.parts.policy.state_dict(),  # noqa: E731
-                                        ray.get(first.work.trainer.weights.remote()))
+                                        ray.get(first.work.trainers[0].weights.remote()))
         # src.run's calls: the driver's copy must be the trainer's whenever it checkpoints or evaluates
         loop.save = lambda: (seen.append(("save", loop.state.step, trained())),
                              save_checkpoint(path, loop.parts, loop.state, "test", "cell"))

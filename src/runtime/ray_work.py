@@ -68,8 +68,9 @@ class ObjectStoreSync:
     """Weight sync through Ray's object store: `ray.put` once, every worker loads the same object."""
 
     @staticmethod
-    def publish(policy: torch.nn.Module) -> ray.ObjectRef:
-        return ray.put(on_cpu(policy.state_dict()))
+    def publish(weights: dict) -> ray.ObjectRef:
+        """The trainer's whole weights (gathered from its ranks' shards first), put once."""
+        return ray.put(weights)
 
     @staticmethod
     def load(weights: dict, policy: torch.nn.Module, engine) -> None:
@@ -211,7 +212,7 @@ class TrainerActor:
         weights = self.weights()
         if self.rank:
             return []
-        ref = ray.put(weights)
+        ref = ObjectStoreSync.publish(weights)
         ray.get(self.board.set.remote(version, [ref]))
         return [ref]  # in a list: Ray hands back the reference, not the weights
 
