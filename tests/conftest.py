@@ -20,6 +20,20 @@ def through_checkpoint(store, empty, path):
     return empty
 
 
+@pytest.fixture(autouse=True)
+def default_dtype_kept():
+    """Torch's default dtype back as it was after each test: a test that builds a hardware.dtype=float64 run in
+    this process (`src.build` sets the default dtype, a process-wide setting) must not make later tests float64."""
+    import sys
+
+    torch = sys.modules.get("torch")  # not imported here: tests that never load torch stay light
+    before = torch.get_default_dtype() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_default_dtype(before or torch.float32)
+
+
 @pytest.fixture
 def compose_config():
     """compose_config(*overrides, hydra=False) -> the composed DictConfig."""
