@@ -104,6 +104,12 @@ def host_gib(shape: Shape, ranks: int) -> float:
     return ranks * (4 * shape.parameters / GIB + PROCESS_GIB)
 
 
+@functools.lru_cache(maxsize=16)  # a sweep asks once a cell; building a 7B on the meta device takes a while
+def policy_shape(name_or_path: str) -> Shape:
+    """The shape of a preset's policy (conf/policy/shapes), built once on the meta device."""
+    return Shape.of(meta_policy(name_or_path))
+
+
 @dataclass(frozen=True)
 class Fit:
     gpus: int
@@ -124,7 +130,7 @@ def best_fit(shape: Shape, gpus: int, gpu_gib: float = H100_GIB) -> Fit:
 
 
 def plan_lines(name_or_path: str, gpu_gib: float = H100_GIB) -> list[str]:
-    shape = Shape.of(meta_policy(name_or_path))
+    shape = policy_shape(name_or_path)
     lines = [f"{name_or_path}: {shape.parameters / 1e9:.2f} B parameters, {shape.layers} layers, hidden "
              f"{shape.hidden}, vocabulary {shape.vocab}; GPUs of {gpu_gib:g} GiB"]
     for gpus in GPU_COUNTS:
@@ -145,7 +151,7 @@ def job_plan_lines(names: list[str], gpus: int) -> list[str]:
     for name in sorted(set(names)):
         if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
             continue  # the tiny policy or a local folder: nothing to plan
-        shape = Shape.of(meta_policy(name))
+        shape = policy_shape(name)
         fit = best_fit(shape, gpus)
         where = f"memory plan: {name} trained data-parallel (FSDP) over the job's {gpus} GPU(s)"
         host = f"; host: {host_gib(shape, gpus):.0f} GiB while the ranks load it"
@@ -160,7 +166,7 @@ def job_plan_lines(names: list[str], gpus: int) -> list[str]:
 def fewest_gpus(name: str, gpu_gib: float = H100_GIB) -> tuple[Fit, int | None]:
     """The plan of `name` on each GPU count, smallest first, until one fits: (the 1-GPU plan's misfit or fit,
     the fewest GPUs that fit; None if none of GPU_COUNTS does)."""
-    shape = Shape.of(meta_policy(name))
+    shape = policy_shape(name)
     fits = {gpus: best_fit(shape, gpus, gpu_gib) for gpus in GPU_COUNTS}
     return fits, next((gpus for gpus, fit in fits.items() if fit.micro_batch_tokens is not None), None)
 

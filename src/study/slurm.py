@@ -165,8 +165,7 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
     """One line naming the policy, the hardware and the fix when the job cannot train the cell's policy: more
     ranks than the job's GPUs, or a memory plan (src/distributed/memory.py) that does not fit its ranks' GPUs
     or the host memory the job asks for (`mem_gb`)."""
-    from src.distributed.memory import H100_GIB, SHAPES, Shape, fewest_gpus, host_gib, meta_policy  # lazily
-
+    from src.distributed.memory import H100_GIB, SHAPES, fewest_gpus, host_gib, policy_shape  # transformers: lazily
     from src.runs.ranks import processes
 
     ranks, gpus, name = int(cfg.hardware.get("ranks", 1) or 1), gpus_per_job(launcher), cfg.policy.name_or_path
@@ -183,11 +182,12 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
     fits, fewest = fewest_gpus(name)
     fit = fits.get(ranks)
     if fit is None or fit.micro_batch_tokens is not None:
-        host, asked = host_gib(Shape.of(meta_policy(name)), ranks), launcher.get("mem_gb")
+        host, asked = host_gib(policy_shape(name), ranks), launcher.get("mem_gb")
         if asked and host > float(asked):
             return (f"policy.name_or_path={name} on hardware={hardware} (hardware.ranks={ranks}): each rank loads "
-                    f"the whole policy in fp32 on the host before sharding it, {math.ceil(host)} GiB in all, and the job asks "
-                    f"for hydra.launcher.mem_gb={asked}; raise hydra.launcher.mem_gb to at least {math.ceil(host)}")
+                    f"the whole policy in fp32 on the host before sharding it, {math.ceil(host)} GiB in all, and the "
+                    f"job asks for hydra.launcher.mem_gb={asked}; raise hydra.launcher.mem_gb to at least "
+                    f"{math.ceil(host)}")
         return None
     fix = next((option for count, option in RANKED_HARDWARE.items() if fewest and count >= fewest), None)
     return (f"policy.name_or_path={name} on hardware={hardware} (hardware.ranks={ranks}): needs {fit.peak_gib:.0f} "
