@@ -180,8 +180,9 @@ class AsyncRuntime(Variant):
                              "runtime=async the ranks are the T trainer actors; set runtime.trainers="
                              f"{self.trainer_ranks}, or hardware.ranks=1 for one trainer at T's lockstep rates")
         if s.trainers > 1 and self.schedule != "lockstep":
-            raise ValueError(f"runtime.trainers={s.trainers} with runtime.schedule={self.schedule}: T > 1 trainers are "
-                             "simulated by the lockstep clock's rates only; use runtime.schedule=lockstep or trainers=1")
+            raise ValueError(f"runtime.trainers={s.trainers} with runtime.schedule={self.schedule}: T > 1 runs on the "
+                             "lockstep clock only (its rates count T; T trainer actors are untested without it); use "
+                             "runtime.schedule=lockstep or trainers=1")
         if self.capacity < s.batch:
             raise ValueError(f"runtime.capacity N={self.capacity} < B = trainer.groups_per_step x trainer.group_size = "
                              f"{s.batch} rollouts: the trainer would wait forever; raise runtime.capacity to >= {s.batch}")
