@@ -187,8 +187,7 @@ class AsymRE(RlooObjective):
     responses."""
 
     reads_clip = False
-    # The truncation interval is checked by `Truncation.checked` (it follows the behaviour's by default).
-    knobs = {"is_max_token": float_knob(example="2", id_omitted_at=(2.0,))}
+    knobs = {"delta_v": float_knob(example="-0.1")}  # no importance ratio, so no truncation knob
 
     @classmethod
     def plain(cls, node) -> bool:

@@ -162,15 +162,6 @@ class RolloutQueue:
         keep = [i for i, r in enumerate(self.rollouts) if step - r.version <= eta]
         return self._evict(keep, reason="stale")
 
-    def retire_all(self) -> None:
-        """At the end of a run: record the replay counts of the rollouts still queued (they leave nothing)."""
-        for rollout in self.rollouts:
-            self.replay_counts[rollout.uses] += 1
-        self.rollouts, self.groups = [], {}
-
-    def group_of(self, rollout: Rollout) -> Group:
-        return self.groups[rollout.group_key]
-
     # ---- what the two queues do differently ----
     def _kept(self) -> list[int]:
         """Positions (ascending) of the rollouts to keep after a put."""
