@@ -51,6 +51,9 @@ class OutOfSpaceFilter(logging.Filter):
 
 
 logging.getLogger("mlflow.store.db.utils").addFilter(OutOfSpaceFilter())
+# Every new store would print "Creating initial MLflow database tables..." and "Updating database tables" at
+# INFO (mlflow/store/db/utils.py:88 and :295): routine, not news. Its warnings and errors still show.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 
 
 def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant: str) -> dict[str, str]:
