@@ -62,7 +62,7 @@ def known_sweeps(uri: str, experiment: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for run in runs:
         tags = run.data.tags
-        names = {name for name in tags.get("sweeps", "").split(",") if name} | ({tags["sweep"]} if "sweep" in tags else set())
+        names = {name for name in [tags.get("sweep", ""), *tags.get("sweeps", "").split(",")] if name}
         for name in names:
             counts[name] = counts.get(name, 0) + 1
     return dict(sorted(counts.items()))
