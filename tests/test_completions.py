@@ -1,4 +1,4 @@
-"""Sample completions as MLflow tables (`completions/train.json`, `completions/eval.json`), the `summary/*`
+"""Sample completions as MLflow tables (`completions/train.json`, `completions/eval.json`), the headline
 metrics a finished run carries, and its flat params."""
 
 from __future__ import annotations
@@ -86,11 +86,14 @@ def test_a_one_step_run_logs_a_completions_table_and_summary_metrics(tmp_path, r
     assert sorted(evaluation.step) == [0, 0, 0, 1, 1, 1]  # at the start (step 0) and after the one step
     params = client.get_run(run_id).data.params
     assert params["buffer.ratio"] == "0.0" and not [key for key in params if "_target_" in key]  # flat, readable
+    assert (params["rho"], params["L"], params["c"]) == ("0", "0", "10")  # the paper's names (fresh-only: L 0)
     with open(client.download_artifacts(run_id, "config.yaml", str(tmp_path))) as config:
         assert "_target_: src." in config.read()  # the class paths stay in the config artifact
     metrics = client.get_run(run_id).data.metrics
-    for key in ("summary/final_reward", "summary/pass_at_1", "summary/pass_at_k", "summary/fresh_evaluations",
-                "summary/wall_time_s"):
+    for key in tracking.SUMMARY_COLUMNS:
         assert key in metrics and math.isfinite(metrics[key]), key
-    assert metrics["summary/k"] == 2 and metrics["summary/fresh_evaluations"] == 4  # 2 groups x 2 responses
-    assert metrics["summary/final_reward"] == metrics["quick/final/mean_reward"]
+    assert metrics["k"] == 2 and metrics["fresh_evals"] == 4  # 2 groups x 2 responses
+    assert metrics["final_reward"] == metrics["quick/final/mean_reward"]
+    assert metrics["pass_at_1"] == metrics["quick/final/pass_at_1"] and metrics["pass_at_k"] == metrics[
+        "quick/final/pass_at_2"]
+    assert metrics["wall_time_min"] == round(metrics["wall_time_min"], 1)  # to a tenth of a minute

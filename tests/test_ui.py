@@ -159,7 +159,7 @@ def test_the_landing_page_saves_training_mode_and_the_study_columns_where_the_br
     saved = json.loads(script[script.index("var saved = ") + len("var saved = "):script.index(", page = ")])
     assert json.loads(saved["mlflow.workflowType_v1"]) == "machine_learning"
     view = json.loads(saved[VIEW_KEY % "7"])
-    assert view["selectedColumns"] == tracking.study_columns() and "params.`buffer.ratio`" in view["selectedColumns"]
+    assert view["selectedColumns"] == tracking.study_columns() and "params.`rho`" in view["selectedColumns"]
     assert '"experiments/7/runs?workflowType=machine_learning"' in script
     assert "getItem(key) === null" in script  # a browser's own choice stays
     bare = landing_page("<html><head></head></html>", None)  # no experiment yet: the mode only, no redirect
@@ -199,7 +199,7 @@ def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path,
         metrics_page = tracking.run_page(experiment_id, run_id).replace("?", "/model-metrics?", 1)
         page.get(f"http://127.0.0.1:{port}/#/{metrics_page}")
         sections = chart_sections(page)
-        assert sections[:2] == ["train/reward", "train"] and sections.index("summary") < sections.index("batch"), \
+        assert sections[:2] == ["train/reward", "train"] and sections.index("Model metrics") < sections.index("batch"), \
             sections
         text = page_text_with(page, ("train/reward", "batch"))  # as drawn after the reload
         shoot(page, tmp_path, "charts.png")

@@ -70,9 +70,7 @@ def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant
         "cell_id": cell_id,
         "cell_key": cell_key,  # the same for every training seed of the cell (analysis/seeds.py groups by it)
         "seed": str(cfg.trainer.seed),
-        "rho": f"{cfg.buffer.ratio:g}",
-        "L": str(cfg.buffer.max_age),
-        "c": f"{cfg.clip.ceiling:g}",
+        **paper_knobs(cfg),
         "buffer": str(cfg.buffer.name),
         "clip": str(cfg.clip.name),
         "loss": str(cfg.loss.name),
@@ -87,6 +85,12 @@ def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant
         "task": task.name,
         "task_suffix": task.cell_suffix,  # what the task adds to a grid cell's name ("-math"; Countdown: "")
     }
+
+
+def paper_knobs(cfg: DictConfig) -> dict[str, str]:
+    """The cell's knobs by the paper's names (rho, L, c), as tags and as params: the runs table's columns by
+    those names, beside the config's own `buffer.ratio`, `buffer.max_age`, `clip.ceiling`."""
+    return {"rho": f"{cfg.buffer.ratio:g}", "L": str(cfg.buffer.max_age), "c": f"{cfg.clip.ceiling:g}"}
 
 
 # The experiment tag the MLflow UI (3.x) reads to choose between its GenAI view (traces, token usage)
@@ -130,6 +134,13 @@ def flat_params(cfg: DictConfig) -> dict[str, str]:
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
     return flat
+
+
+def run_params(cfg: DictConfig) -> dict[str, str]:
+    """A new run's params: the flat config without the launch-only `tracking.*` settings (config.yaml has
+    them), and the paper's knobs by their short names."""
+    params = {key: value for key, value in flat_params(cfg).items() if not key.startswith("tracking.")}
+    return {**params, **paper_knobs(cfg)}
 
 
 def metric_key(name: str) -> str:
@@ -250,17 +261,18 @@ def eval_completion_rows(result, step: int) -> list[dict]:
 
 
 def summary_metrics(run_id: str, result, state, ks) -> dict[str, float]:
-    """The run's headline results as `summary/*` (the runs table's default columns): the final held-out
-    evaluation's mean reward, pass@1 and pass@k at its largest k (`summary/k`: one column for every
-    protocol), the fresh verifier evaluations spent, and the wall time since the run was first opened (a
-    resumed run's includes the time it was down)."""
+    """The run's headline results (SUMMARY_COLUMNS, the runs table's default columns): the final held-out
+    evaluation's mean reward, pass@1 and pass@k at its largest k (`k`: one column for every protocol), the
+    fresh verifier evaluations spent, and the wall time in minutes since the run was first opened (a resumed
+    run's includes the time it was down), to a tenth of a minute.
+
+    Short names, without a shared prefix: the runs table cuts a header to its column's width, and
+    `summary/pass_at_1` and `summary/pass_at_k` both read `summary/pass_…` there."""
     started = MlflowClient().get_run(run_id).info.start_time
     k = max(ks)
-    values = {"summary/final_reward": result.summary.get("mean_reward"),
-              "summary/pass_at_1": result.summary.get("pass@1"),
-              "summary/pass_at_k": result.summary.get(f"pass@{k}"), "summary/k": k,
-              "summary/fresh_evaluations": state.fresh_evaluations,
-              "summary/wall_time_s": time.time() - started / 1000}
+    values = {"pass_at_1": result.summary.get("pass@1"), "pass_at_k": result.summary.get(f"pass@{k}"), "k": k,
+              "final_reward": result.summary.get("mean_reward"), "fresh_evals": state.fresh_evaluations,
+              "wall_time_min": round((time.time() - started / 1000) / 60, 1)}
     return finite(values)
 
 
@@ -317,7 +329,7 @@ class Tracker:
             log_completions(self.run_id, rows, TRAIN_COMPLETIONS)
 
     def log_summary(self, result, state, ks) -> None:
-        """The `summary/*` metrics at the run's last step (see `summary_metrics`)."""
+        """The headline metrics at the run's last step (see `summary_metrics`)."""
         mlflow.log_metrics(summary_metrics(self.run_id, result, state, ks), step=state.step)
 
     def set_tags(self, tags: dict[str, str]) -> None:
@@ -460,16 +472,17 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str
 TRAINING_MODE = "workflowType=machine_learning"
 # The runs table's columns come from the browser's saved view of the experiment, else Source, Models and
 # Dataset: `make ui` (src/runs/ui_app.py) saves the study's columns where a browser has no view of its own.
-# The cell's knobs are params (rho, L, c, the buffer, the loss, the runtime), the results `summary/*`.
-KNOB_COLUMNS = ("buffer.ratio", "buffer.max_age", "clip.ceiling", "buffer.name", "loss.name", "runtime.name")
-SUMMARY_COLUMNS = ("summary/final_reward", "summary/pass_at_1", "summary/pass_at_k", "summary/k",
-                   "summary/fresh_evaluations", "summary/wall_time_s")
+# The cell's knobs are params (rho, L, c, then the buffer, the loss, the runtime), the results `summary_metrics`:
+# the paper's knobs, then the results, then the names, so a 1600 px window shows the knobs and the results.
+KNOB_COLUMNS = ("rho", "L", "c")
+NAME_COLUMNS = ("buffer.name", "loss.name", "runtime.name")
+SUMMARY_COLUMNS = ("pass_at_1", "pass_at_k", "k", "final_reward", "fresh_evals", "wall_time_min")
 
 
 def study_columns() -> list[str]:
     """The runs table's columns in the study view, as the UI names them (`<type>.\`<key>\``)."""
     return ["attributes.`Source`", *[f"params.`{key}`" for key in KNOB_COLUMNS],
-            *[f"metrics.`{key}`" for key in SUMMARY_COLUMNS]]
+            *[f"metrics.`{key}`" for key in SUMMARY_COLUMNS], *[f"params.`{key}`" for key in NAME_COLUMNS]]
 
 
 def experiment_page(experiment_id: str) -> str:
@@ -590,8 +603,8 @@ def start_run(cfg: DictConfig, labels: RunLabels, resume_run_id: str | None = No
             MlflowClient().delete_tag(run_id, FAILURE_TAG)
         if folder is not None:
             clear_run_end(folder, run_id)
-        if not resume_run_id:  # launch-only tracking.* settings stay out of the params table (config.yaml has them)
-            mlflow.log_params({key: value for key, value in flat_params(cfg).items() if not key.startswith("tracking.")})
+        if not resume_run_id:
+            mlflow.log_params(run_params(cfg))
             mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         if overrides is not None:
             mlflow.log_text(overrides_yaml(overrides), "overrides.yaml")

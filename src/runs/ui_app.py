@@ -49,8 +49,9 @@ OPENING = """<script>(function () {
   var tries = 0, timer = window.setInterval(function () { if (++tries > 100) window.clearInterval(timer); reorder(); }, 300);
 })();</script>"""
 # A run page's chart sections come in alphabetical order (batch, budget, buffer, ... train): once MLflow has laid
-# them out, the script moves these first, as if dragged there by hand (a reader's own order stays).
-FIRST_SECTIONS = ["train/reward", "train", "summary", "canonical", "quick", "seed001-pass1", "seed001-passk", "probe"]
+# them out, the script moves these first, as if dragged there by hand (a reader's own order stays). The run's
+# headline metrics (pass_at_1, ...: tracking.SUMMARY_COLUMNS) have no prefix: MLflow puts them in "Model metrics".
+FIRST_SECTIONS = ["train/reward", "train", "Model metrics", "canonical", "quick", "seed001-pass1", "seed001-passk", "probe"]
 # The assistant panel opens by itself on a first visit, over a third of the page: closed, as if closed by hand.
 ASSISTANT_CLOSED = {"mlflow.assistant.panelOpen_v1": "false", "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": "true"}
 # The runs-table view MLflow 3.17 saves per experiment (what its Columns menu writes), with the study's columns.
