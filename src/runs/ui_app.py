@@ -65,6 +65,13 @@ VIEW = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc":
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""}}
 
 
+# MLflow gives every column 100 px: the knobs and k (a number or two) get less, the longer headline names more,
+# so a 1600 px window shows the knobs and every result whole.
+COLUMN_WIDTHS = {**{column: 64 for column in ["params.`rho`", "params.`L`", "params.`c`", "metrics.`k`"]},
+                 **{column: 124 for column in ["metrics.`final_reward`", "metrics.`fresh_evals`",
+                                               "metrics.`wall_time_min`"]}}
+
+
 def landing_page(index_html: str, experiment_id: str | None) -> str:
     """MLflow's index.html with the opening script first in its head: model-training mode, and for the
     project's experiment (when given) the study's columns and the home route sent to its runs table."""
@@ -73,7 +80,7 @@ def landing_page(index_html: str, experiment_id: str | None) -> str:
     saved = {"mlflow.workflowType_v1": json.dumps("machine_learning"), **ASSISTANT_CLOSED}
     if experiment_id is not None:
         saved[VIEW_KEY % experiment_id] = json.dumps({**VIEW, "selectedColumns": study_columns(),
-                                                      "columnOrder": study_columns()})
+                                                      "columnOrder": study_columns(), "columnWidths": COLUMN_WIDTHS})
     page = experiment_page(experiment_id) if experiment_id is not None else None
     opening = OPENING % (json.dumps(saved), json.dumps(page), json.dumps(FIRST_SECTIONS))
     return index_html.replace("<head>", "<head>" + opening, 1)
