@@ -7,6 +7,7 @@ folder (and to $UI_SCREENSHOTS when set, to look at them)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -208,9 +209,19 @@ def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path,
 
         experiment_id = tracking.MlflowClient(store).get_run(run_id).info.experiment_id
         page.get(f"http://127.0.0.1:{port}/#/{tracking.run_page(experiment_id, run_id)}")
-        text = page_text_with(page, ("final_reward", "ui/"))
+        text = page_text_with(page, ("final_reward", "ui/", "Latest completions"))
         shoot(page, tmp_path, "run.png")
         assert "final_reward" in text and "Overview" in text
+        # The description, rendered: the latest step's completions as a table, each problem in the task's words.
+        cells = page.execute_script("""
+            var more = Array.from(document.querySelectorAll('button, a, span')).filter(function (element) {
+              return element.innerText === 'Show more'; })[0];
+            var fold = more ? more.getBoundingClientRect().top : window.innerHeight;
+            return Array.from(document.querySelectorAll('td')).filter(function (cell) {
+              return cell.getBoundingClientRect().bottom <= fold;  // above the fold of the description
+            }).map(function (cell) { return cell.innerText; });""")
+        assert "Latest completions (step 0;" in text and any(re.match(r"numbers \d+(, \d+)+; target \d+$", cell)
+                                                            for cell in cells), cells
         assert TRAINING_ONLY in text.split("\n"), text[:2000]
 
         metrics_page = tracking.run_page(experiment_id, run_id).replace("?", "/model-metrics?", 1)

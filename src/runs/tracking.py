@@ -183,20 +183,8 @@ def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
 # these names and columns.
 TRAIN_COMPLETIONS = "completions/train.json"
 EVAL_COMPLETIONS = "completions/eval.json"
-TRAIN_COLUMNS = ("step", "prompt", "response", "reward", "reason", "category", "source", "age", "weight")
-EVAL_COLUMNS = ("step", "prompt", "response", "reward", "reason", "category")
-
-
-def instance_of(group):
-    """The task instance a stored group answers, rebuilt from the ground truth it keeps (a group keeps no
-    instance): a text answer is a math problem's, else Countdown's numbers and target."""
-    if group.answer is not None:
-        from src.task.math.data import MathProblem
-
-        return MathProblem(question=group.prompt, answer=group.answer)
-    from src.task.countdown import Instance
-
-    return Instance(group.numbers, group.target)
+TRAIN_COLUMNS = ("step", "problem", "prompt", "response", "reward", "reason", "category", "source", "age", "weight")
+EVAL_COLUMNS = ("step", "problem", "prompt", "response", "reward", "reason", "category")
 
 
 def completion_rows(collection, task, count: int, max_new_tokens: int) -> list[dict]:
@@ -215,11 +203,12 @@ def completion_rows(collection, task, count: int, max_new_tokens: int) -> list[d
     for row in picked:
         entry, j = entries[row]
         group, response = entry.group, entry.group.responses[j]
-        verdict = task.verify(response, instance_of(group))
+        instance = task.instance_of(group)
+        verdict = task.verify(response, instance)
         correct = group.rewards[j] == task.correct_reward
         truncated = len(group.response_ids[j]) >= max_new_tokens
-        rows.append({"step": step, "prompt": group.prompt, "response": response, "reward": group.rewards[j],
-                     "reason": verdict.reason,
+        rows.append({"step": step, "problem": task.brief(instance), "prompt": group.prompt, "response": response,
+                     "reward": group.rewards[j], "reason": verdict.reason,
                      "category": "" if correct else task.classify_failure(response, verdict, truncated),
                      "source": entry.source, "age": entry.age, "weight": row_weight(update, row)})
     return rows
@@ -249,6 +238,37 @@ def log_completions(run_id: str, rows: list[dict], artifact_file: str) -> None:
         import pandas as pd
 
         MlflowClient().log_table(run_id, data=pd.DataFrame(rows), artifact_file=artifact_file)
+
+
+# The run page renders the description as markdown, folded to its first few lines: the latest step's completions
+# go first, so a researcher reads what the policy writes without opening the artifacts; a rule parts them from
+# the cell in words.
+LATEST_HEADING = "**Latest completions**"
+SECTION_END = "\n\n---\n\n"
+RESPONSE_CHARS = 240  # a response's end in the description: the answer is there
+# At most this many rows there: a row is up to about 500 characters, and MLflow keeps 8000 in a tag
+# (MAX_TAG_VAL_LENGTH, mlflow/utils/validation.py:73), the cell's own description included.
+DESCRIPTION_ROWS = 8
+
+
+def markdown_cell(text, limit: int, tail: bool = False) -> str:
+    """Text for one markdown table cell: one line, cut to `limit` characters (its end with `tail`), with the
+    characters markdown or the page's HTML would take (`|`, `<think>`) written as entities."""
+    text = " ".join(str(text).split())
+    if len(text) > limit:
+        text = "…" + text[-limit:] if tail else text[:limit] + "…"
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "&#124;")
+
+
+def completions_markdown(rows: list[dict]) -> str:
+    """A step's completion rows (`completion_rows`) as the description's markdown section."""
+    lines = [f"{LATEST_HEADING} (step {rows[0]['step']}; every step's are in `{TRAIN_COMPLETIONS}`)", "",
+             "| problem | reward | verifier | source | response (its end) |", "|---|---|---|---|---|"]
+    for row in rows[:DESCRIPTION_ROWS]:
+        source = row["source"] + (f", age {row['age']}" if row["source"] != "fresh" else "")
+        lines.append(f"| {markdown_cell(row['problem'], 120)} | {row['reward']:g} | {markdown_cell(row['reason'], 60)} "
+                     f"| {source} | {markdown_cell(row['response'], RESPONSE_CHARS, True)} |")
+    return "\n".join(lines)
 
 
 def eval_completion_rows(result, step: int) -> list[dict]:
@@ -294,6 +314,7 @@ class Tracker:
         self.logged_until = logged_until
         self.redone_mismatches: list[str] = []
         self._history: dict[str, dict[int, float]] = {}
+        self._description: str | None = None  # the run's description without its completions section
 
     def log_step(self, metrics: dict[str, float], step: int) -> None:
         values = finite(metrics)
@@ -324,9 +345,16 @@ class Tracker:
         log_evaluation(self.run_id, result, stage, step)
 
     def log_completions(self, rows: list[dict], step: int) -> None:
-        """A step's sample completions, after its metrics: a step a resumed run redoes is not logged again."""
-        if step > self.logged_until:
+        """A step's sample completions, after its metrics: a step a resumed run redoes is not logged again.
+        They go to the completions table and, in place of the previous step's, into the run's description."""
+        if step > self.logged_until and rows:
             log_completions(self.run_id, rows, TRAIN_COMPLETIONS)
+            if self._description is None:
+                described = MlflowClient().get_run(self.run_id).data.tags.get(DESCRIPTION_TAG, "")
+                self._description = described.split(SECTION_END, 1)[-1] if described.startswith(LATEST_HEADING) \
+                    else described
+            MlflowClient().set_tag(self.run_id, DESCRIPTION_TAG,
+                                   completions_markdown(rows) + SECTION_END + self._description)
 
     def log_summary(self, result, state, ks) -> None:
         """The headline metrics at the run's last step (see `summary_metrics`)."""
