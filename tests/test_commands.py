@@ -127,6 +127,7 @@ DOCUMENTED = {
     "make sweep-paper": "test_sweeps_dry_run",
     "make sweep-variants": "test_sweeps_dry_run",
     "make sweep-async": "test_sweeps_dry_run",
+    "make sweep-ratoi": "test_a_mistyped_make_target_names_the_nearest_ones",  # docs/runs.md: a mistyped target
     "python -m src.runtime.plan": "test_runtime_plan_prints_table_1",
     "python -m benchmarks.async_vs_sync": "test_async_vs_sync_benchmark_prints_both_runtimes",
     "make check-engine": "test_make_check_engine_on_cpu",
