@@ -234,3 +234,12 @@ docker:  ## the cluster image (Dockerfile: CUDA torch + the gpu extra); Apptaine
 
 clean:  ## remove outputs/, multirun/ and pytest's cache (runs stay in mlruns.db)
 	rm -rf outputs multirun .pytest_cache
+
+# A target no rule makes (`make sweep-ratoi`) stops with the nearest known targets instead of make's bare
+# "No rule to make target"; exit 2. The known targets are the ones `make help` lists. A file that exists
+# (the Makefile itself under `make -B`, pyproject.toml) is left as it is.
+KNOWN_TARGETS = $(shell awk 'BEGIN {FS = ":.*##"} /^[a-z][a-z0-9 %_-]*:.*## / {print $$1}' $(MAKEFILE_LIST))
+.DEFAULT:
+	$(if $(wildcard $@),,$(error $(shell $(PYTHON) -c "import difflib, sys; near = difflib.get_close_matches(sys.argv[1], sys.argv[2:], 3, 0.6); \
+		print(f'no target {sys.argv[1]!r}' + (f': did you mean {\" or \".join(near)}?' if near else '') + ' (make help lists every target)')" \
+		'$@' $(filter-out %\%,$(KNOWN_TARGETS)))))

@@ -1,7 +1,7 @@
 """What the policy wrote: a few completions per cell, quoted from the run's MLflow completions table.
 
 A run logs its sampled completions with `mlflow.log_table` as `completions/train.json` (rows: step,
-prompt, response, reward, reason, category, source, age, weight) and its evaluation samples as
+problem (the task's own words for the instance), prompt, response, reward, reason, category, source, age, weight) and its evaluation samples as
 `completions/eval.json` (the same columns where they apply). The report quotes, for each used run,
 the best, the median and the worst reward at the run's last logged step, from the training table when
 the run has one, else from the evaluation table. A run without either table is listed as such.
@@ -14,8 +14,8 @@ from mlflow.tracking import MlflowClient
 
 TABLES = [("train", "completions/train.json"), ("eval", "completions/eval.json")]  # the first a run has is quoted
 PICKS = ["best", "median", "worst"]
-COLUMNS = ["run_id", "table", "pick", "step", "prompt", "response", "reward", "reason", "category", "source",
-           "age", "weight"]
+COLUMNS = ["run_id", "table", "pick", "step", "problem", "prompt", "response", "reward", "reason", "category",
+           "source", "age", "weight"]
 
 
 def load_completions(client: MlflowClient, experiment_id: str, run_id: str) -> tuple[str, pd.DataFrame]:

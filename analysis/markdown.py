@@ -355,6 +355,15 @@ def _quote(text, limit: int, tail: bool = False) -> str:
     return "\n".join("    " + line for line in text.splitlines() or [""])
 
 
+def _problem_lines(row) -> list[str]:
+    """What the completion answers: the task's own words for the instance (the `problem` column), else (a table
+    logged without that column) the end of the prompt, where the task follows the shared instructions."""
+    problem = row.get("problem")
+    if isinstance(problem, str) and problem:
+        return ["    problem:", _quote(problem, PROMPT_CHARS)]
+    return ["    prompt (its end):", _quote(row["prompt"], PROMPT_CHARS, tail=True)]
+
+
 def completions_section(data: ReportData) -> list[str]:
     """A few completions per cell (best, median, worst reward at the last logged step), quoted verbatim."""
     out = ["## Sample completions", ""]
@@ -371,8 +380,8 @@ def completions_section(data: ReportData) -> list[str]:
         for _, row in rows.iterrows():
             facts = [f"reward {row['reward']:.3f}"] + [f"{name} {row[name]}" for name in ("source", "age", "category")
                                                        if not pd.isna(row[name]) and str(row[name]) != ""]
-            out += [f"**{row['pick']}** ({', '.join(facts)}):", "", "    prompt:", _quote(row["prompt"], PROMPT_CHARS,
-                    tail=True), "    response:", _quote(row["response"], QUOTE_CHARS), ""]
+            out += [f"**{row['pick']}** ({', '.join(facts)}):", "", *_problem_lines(row), "    response:",
+                    _quote(row["response"], QUOTE_CHARS), ""]
             if not pd.isna(row["reason"]) and str(row["reason"]):
                 out += [f"verifier: {row['reason']}", ""]
     return out

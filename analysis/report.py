@@ -14,6 +14,7 @@ cells or logs it needs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +28,7 @@ from analysis.async_report import async_cells, write_async
 from analysis.completions import quote_table
 from analysis.latex import results_latex
 from analysis.markdown import probe_hint, report_markdown
-from analysis.runs import ReportError, load_runs, metric_histories, select_cells
+from analysis.runs import ReportError, known_sweeps, load_runs, metric_histories, select_cells
 from analysis.tables import (FAILURE_LABELS, GRIDS, HEATMAP_PANELS, MIN_HEATMAP_CELLS, ReportData, baseline_values,
                              best_of_n_table, drawable_grid, failure_table, heatmap_grid, results_table,
                              variants_table)
@@ -177,6 +178,13 @@ measured mu beside Table 1, and reward against steps, compute and wall time of t
 """
 
 
+def sweeps_there(uri: str, experiment: str) -> str:
+    """What a mistyped --sweep could have meant: the studies the experiment holds, with their run counts."""
+    known = known_sweeps(uri, experiment)
+    listed = ", ".join(f"{name} ({count} run{'s' if count > 1 else ''})" for name, count in known.items())
+    return f"; the sweeps there: {listed}" if known else "; it holds no runs yet"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: compose the tracking settings, read the runs, write the report folder."""
     from hydra import compose, initialize_config_dir
@@ -190,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     # The ${root:} resolver from src.paths, not src.config: importing src.config would pull in torch
     # and transformers (seconds) for a command that only reads MLflow.
     register_root_resolver()
+    # MLflow draws a "Downloading artifacts" bar for each completions table the report reads; it reads this
+    # variable at each download (mlflow/environment_variables.py, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR).
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     args = parse_args(argv)
     err = Console(stderr=True)
     try:
@@ -206,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         check_store(tracking.uri, experiment, None)
         runs = load_runs(tracking.uri, experiment, args.sweep, args.since)
         if runs.empty:
-            raise ReportError(f"no runs found in {searched}")
+            raise ReportError(f"no runs found in {searched}" + (sweeps_there(tracking.uri, experiment)
+                                                                 if args.sweep else ""))
     except (ReportError, StoreUnreachable) as error:
         err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
         return 1

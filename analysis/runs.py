@@ -56,6 +56,18 @@ def load_runs(uri: str, experiment: str, sweeps: list[str] | None = None,
     return runs.sort_values("start_time", ascending=False, kind="stable").reset_index(drop=True)
 
 
+def known_sweeps(uri: str, experiment: str) -> dict[str, int]:
+    """Each study of the experiment with its number of runs (a run counts in every study its `sweeps` tag names)."""
+    runs = mlflow.search_runs(experiment_names=[experiment], output_format="list")
+    counts: dict[str, int] = {}
+    for run in runs:
+        tags = run.data.tags
+        names = {name for name in [tags.get("sweep", ""), *tags.get("sweeps", "").split(",")] if name}
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def tag_column(runs: pd.DataFrame, name: str, default="") -> pd.Series:
     """A column of the search_runs frame, or the default when no run logged it."""
     return runs[name].fillna(default) if name in runs else pd.Series(default, index=runs.index)

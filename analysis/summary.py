@@ -65,9 +65,9 @@ def main() -> None:
         tracking = compose("config", overrides=args.overrides).tracking
     runs = load_runs(tracking.uri, tracking.experiment, args.sweep, args.latest)
     console = Console(width=max(Console().width, 110))  # logs and pipes default to 80 columns
-    if runs.empty:
-        console.print(f"no runs found in experiment '{tracking.experiment}' at {tracking.uri}"
-                      + (f" with sweep '{args.sweep}'" if args.sweep else ""))
+    if runs.empty:  # a warning, not a result: stderr
+        Console(stderr=True).print(f"no runs found in experiment '{tracking.experiment}' at {tracking.uri}"
+                                   + (f" with sweep '{args.sweep}'" if args.sweep else ""))
         return
     console.print(summary_table(runs))
     console.print(f"MLflow store: {tracking.uri}  (browse with `make ui`)")

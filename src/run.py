@@ -51,6 +51,7 @@ from src.train import collect, learn
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
+results = Console()  # a run's result table and links: stdout, apart from the progress and the warnings on stderr
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -277,13 +278,13 @@ def _print_summary(cfg, plan, state: TrainState, before, after, run_id: str) -> 
     for metric in [f"pass@{k}" for k in cfg.evaluation.ks] + ["mean_reward", "correction_rate"]:
         row = [metric] + ([_fmt(before.summary.get(metric))] if before is not None else [])
         table.add_row(*row, _fmt(after.summary.get(metric)))
-    console.print(table)
+    results.print(table)
     # sampling=dynamic generates until its batch is full of effective groups: the plan is its floor.
     planned = ("at least " if budget_is_floor(cfg) else "") + str(plan.fresh_evaluations)
-    console.print(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {planned}); "
+    results.print(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {planned}); "
                   f"gradient steps: {state.gradient_steps}")
     where = "" if cfg.tracking.uri.startswith(("http://", "https://")) else " (after make ui)"
-    console.print(f"run page{where}: {tracking.run_link(cfg.tracking.uri, run_id)}", soft_wrap=True, highlight=False)
+    results.print(f"run page{where}: {tracking.run_link(cfg.tracking.uri, run_id)}", soft_wrap=True, highlight=False)
 
 
 def _fmt(value) -> str:

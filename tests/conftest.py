@@ -66,6 +66,6 @@ from tests.slurm_cluster import slurm_cluster, slurm_env  # noqa: E402,F401  (th
 
 
 def wall_clock(key: str) -> bool:
-    """A metric that measures wall time (the step phases' `time/*`, the run's `summary/wall_time_s`): it differs
+    """A metric that measures wall time (the step phases' `time/*`, the run's `wall_time_min`): it differs
     between any two runs, so a comparison of two runs' numbers leaves it out."""
-    return key.startswith("time/") or key == "summary/wall_time_s"
+    return key.startswith("time/") or key == "wall_time_min"

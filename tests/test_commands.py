@@ -127,6 +127,7 @@ DOCUMENTED = {
     "make sweep-paper": "test_sweeps_dry_run",
     "make sweep-variants": "test_sweeps_dry_run",
     "make sweep-async": "test_sweeps_dry_run",
+    "make sweep-ratoi": "test_a_mistyped_make_target_names_the_nearest_ones",  # docs/runs.md: a mistyped target
     "python -m src.runtime.plan": "test_runtime_plan_prints_table_1",
     "python -m benchmarks.async_vs_sync": "test_async_vs_sync_benchmark_prints_both_runtimes",
     "make check-engine": "test_make_check_engine_on_cpu",
@@ -331,8 +332,11 @@ def store(tmp_path_factory):
     folder = tmp_path_factory.mktemp("commands")
     store = {"folder": folder, "uri": f"sqlite:///{folder}/mlruns.db"}
     started = time.perf_counter()
-    store["demo_output"] = make("demo", args(*TINY_RUN, *store_args(store), f"hydra.sweep.dir={folder}/multirun"),
-                                f"DEMO_REPORT={folder}/report")
+    demo = run([*MAKE, "demo", args(*TINY_RUN, *store_args(store), f"hydra.sweep.dir={folder}/multirun"),
+                f"DEMO_REPORT={folder}/report"])
+    ok(demo)
+    store["demo_stdout"], store["demo_stderr"] = demo.stdout, demo.stderr
+    store["demo_output"] = demo.stdout + demo.stderr
     store["demo_seconds"] = time.perf_counter() - started
     return store
 
@@ -359,6 +363,39 @@ def test_make_demo_trains_and_summarises_two_runs(store):
     assert all(run.info.run_id[:8] in summary for run in demo.values())
     assert f"the demo's report: {store['folder']}/report/report.md" in store["demo_output"]
     assert (store["folder"] / "report" / "report.md").is_file()
+
+
+# What `make demo` once printed besides its results: MLflow's schema creation for a new store, Hydra's launcher
+# repeating every override of every cell, MLflow's download bars while the report reads completions tables.
+NOISE = ("Creating initial MLflow database tables", "Updating database tables", "[HYDRA]", "Launching 1 jobs",
+         "#0 : ", "Downloading artifacts")
+
+
+@pytest.mark.slow
+def test_make_demo_prints_results_on_stdout_progress_on_stderr_and_no_noise(store):
+    out, err = store["demo_stdout"], store["demo_stderr"]
+    assert [noise for noise in NOISE if noise in out + err] == []
+    for result in ("(MLflow run ", "fresh verifier evaluations: 16 (planned 16)", "run page (after make ui): ",
+                   "Runs (held-out evaluation before and after RL)", "the demo's report: "):
+        assert result in out and result not in err, result
+    assert "sweep: cell 1 of 2 (rho0)" in err and "sweep: cell 2 of 2 (rho1-L1-c1)" in err  # one line per cell
+    assert "train rho0: 2/2 steps" in err and "train rho0" not in out
+
+
+def test_a_mistyped_make_target_names_the_nearest_ones():
+    result = run([*MAKE, "sweep-ratoi"], timeout=60)
+    assert result.returncode == 2, result
+    assert "no target 'sweep-ratoi': did you mean sweep-ratio" in result.stderr, result.stderr
+    assert "make help lists every target" in result.stderr and "No rule" not in result.stderr
+
+
+@pytest.mark.slow
+def test_the_report_of_an_unknown_sweep_lists_the_sweeps_in_the_store(store, tmp_path):
+    result = run([sys.executable, "-m", "analysis.report", "--sweep", "nosuchsweep", "--out", str(tmp_path),
+                  *store_args(store)], timeout=120)
+    assert result.returncode == 1 and result.stdout == "", result
+    assert "no runs found" in result.stderr and "with sweep 'nosuchsweep'" in result.stderr
+    assert "the sweeps there: demo (2 runs)" in flat(result.stderr), result.stderr
 
 
 @pytest.mark.slow

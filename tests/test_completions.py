@@ -1,4 +1,4 @@
-"""Sample completions as MLflow tables (`completions/train.json`, `completions/eval.json`), the `summary/*`
+"""Sample completions as MLflow tables (`completions/train.json`, `completions/eval.json`), the headline
 metrics a finished run carries, and its flat params."""
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def test_completion_rows_carry_the_verifier_reason_the_failure_category_the_sour
     rows = pd.DataFrame(tracking.completion_rows(collection, CountdownTask(), 10, max_new_tokens=16))
     assert list(rows.columns) == list(tracking.TRAIN_COLUMNS)
     assert len(rows) == 4 and set(rows.step) == {4}
+    assert set(rows.problem) == {"numbers 3, 5; target 8"}  # the task's words, not the prompt's opening
     by_response = rows.set_index(["source", "response"])
     right = by_response.loc[("fresh", "<answer>3 + 5</answer>")]
     assert (right.reward, right.reason, right.category, right.age, right.weight) == (1.0, "correct", "", 0, 1.0)
@@ -53,6 +54,33 @@ def test_completion_rows_carry_the_verifier_reason_the_failure_category_the_sour
     assert (replayed.reward, replayed.category, replayed.age, replayed.weight) == (0.0, "format_error", 2, 0.5)
     assert len(tracking.completion_rows(collection, CountdownTask(), 2, 16)) == 2  # the configured count
     assert tracking.completion_rows(collection, CountdownTask(), 0, 16) == []  # 0 turns it off
+
+
+def test_a_math_group_is_briefed_by_its_problem_not_its_instructions():
+    from src.task.math.data import MathProblem
+    from src.task.math.task import MathTask
+
+    task = MathTask()
+    problem = MathProblem(question="What is 12 + 30?", answer="42")
+    group = Group(prompt=task.prompt(problem), prompt_ids=[1], numbers=(), target=0, answer="42",
+                  responses=["\\boxed{42}", "41"], response_ids=[[1], [2]], rewards=[1.0, 0.0], step=0)
+    assert task.instance_of(group) == problem and task.brief(task.instance_of(group)) == "What is 12 + 30?"
+    assert task.brief(MathProblem("x " * 400, "1")).endswith("…") and len(task.brief(MathProblem("x " * 400, "1"))) < 310
+    task.close()
+
+
+def test_the_latest_completions_are_a_markdown_table_of_the_problem_and_the_end_of_the_response():
+    rows = [{"step": 7, "problem": "numbers 3, 5; target 8", "response": "x" * 500 + " <answer>3 + 5</answer>",
+             "reward": 1.0, "reason": "correct", "source": "replay", "age": 2},
+            {"step": 7, "problem": "numbers 1, 2; target 3", "response": "a | b\nc", "reward": 0.1,
+             "reason": "wrong target", "source": "fresh", "age": 0}]
+    text = tracking.completions_markdown(rows)
+    lines = text.splitlines()
+    assert lines[0].startswith(tracking.LATEST_HEADING + " (step 7;")
+    assert lines[2] == "| problem | reward | verifier | source | response (its end) |"
+    assert lines[4].startswith("| numbers 3, 5; target 8 | 1 | correct | replay, age 2 | …xx")
+    assert lines[4].endswith(" &lt;answer&gt;3 + 5&lt;/answer&gt; |")
+    assert lines[5] == "| numbers 1, 2; target 3 | 0.1 | wrong target | fresh | a &#124; b c |"  # one line a row
 
 
 @pytest.mark.slow
@@ -81,16 +109,25 @@ def test_a_one_step_run_logs_a_completions_table_and_summary_metrics(tmp_path, r
     assert list(train.columns) == list(tracking.TRAIN_COLUMNS)
     assert len(train) == 3 and set(train.step) == {0} and set(train.source) == {"fresh"}
     assert train.reason.str.len().min() > 0 and train.prompt.str.contains("numbers").all()
+    assert train.problem.str.match(r"numbers \d+(, \d+)+; target \d+$").all()
     evaluation = read_table(client, run_id, tracking.EVAL_COMPLETIONS, tmp_path)
     assert list(evaluation.columns) == list(tracking.EVAL_COLUMNS)
+    assert evaluation.problem.str.match(r"numbers \d+(, \d+)+; target \d+$").all()
+    description = client.get_run(run_id).data.tags[tracking.DESCRIPTION_TAG]
+    assert description.startswith(tracking.LATEST_HEADING + " (step 0;")  # first: the run page folds the rest
+    assert description.split(tracking.SECTION_END)[1].startswith("**Fresh-only**, cell `rho0`")
+    assert all(f"| {problem} |" in description for problem in train.problem)  # the run page shows them
     assert sorted(evaluation.step) == [0, 0, 0, 1, 1, 1]  # at the start (step 0) and after the one step
     params = client.get_run(run_id).data.params
     assert params["buffer.ratio"] == "0.0" and not [key for key in params if "_target_" in key]  # flat, readable
+    assert (params["rho"], params["L"], params["c"]) == ("0", "0", "10")  # the paper's names (fresh-only: L 0)
     with open(client.download_artifacts(run_id, "config.yaml", str(tmp_path))) as config:
         assert "_target_: src." in config.read()  # the class paths stay in the config artifact
     metrics = client.get_run(run_id).data.metrics
-    for key in ("summary/final_reward", "summary/pass_at_1", "summary/pass_at_k", "summary/fresh_evaluations",
-                "summary/wall_time_s"):
+    for key in tracking.SUMMARY_COLUMNS:
         assert key in metrics and math.isfinite(metrics[key]), key
-    assert metrics["summary/k"] == 2 and metrics["summary/fresh_evaluations"] == 4  # 2 groups x 2 responses
-    assert metrics["summary/final_reward"] == metrics["quick/final/mean_reward"]
+    assert metrics["k"] == 2 and metrics["fresh_evals"] == 4  # 2 groups x 2 responses
+    assert metrics["final_reward"] == metrics["quick/final/mean_reward"]
+    assert metrics["pass_at_1"] == metrics["quick/final/pass_at_1"] and metrics["pass_at_k"] == metrics[
+        "quick/final/pass_at_2"]
+    assert metrics["wall_time_min"] == round(metrics["wall_time_min"], 1)  # to a tenth of a minute

@@ -123,6 +123,32 @@ def test_plain_evaluation_progress_prints_per_ten_percent(monkeypatch):
     assert [line.split(":")[1].split()[0] for line in lines[1:]] == [f"{40 * k}/400" for k in range(1, 11)]
 
 
+def test_ctrl_c_during_a_live_bar_is_a_line_of_its_own_above_the_bar():
+    """The stop warning goes through the log handler; while a bar is live it is printed above the bar, not
+    written after the bar's last character."""
+    import logging
+    import os
+    import signal
+
+    from src.runs.interrupt import StopOnSignal
+
+    buffer = io.StringIO()
+    terminal = Console(file=buffer, force_terminal=True, width=120)
+    handler = logging.StreamHandler(sys.stderr)  # as Hydra's console handler: the stream from before the bar
+    logging.getLogger().addHandler(handler)
+    try:
+        with StopOnSignal() as stop, progress.Bar("train rho0", 3, "steps", out=terminal) as bar:
+            bar.update(1, "reward 0.1")
+            os.kill(os.getpid(), signal.SIGINT)
+            bar.update(2, "reward 0.2")
+        assert stop.requested == signal.SIGINT
+        assert handler.stream is sys.stderr  # given back when the bar ends
+    finally:
+        logging.getLogger().removeHandler(handler)
+    lines = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buffer.getvalue()).replace("\r", "\n").splitlines()
+    assert "Ctrl-C: stopping after this step, with a checkpoint (Ctrl-C again stops at once)" in lines, lines
+
+
 def test_library_bars_are_silenced():
     import transformers
     from huggingface_hub.utils import are_progress_bars_disabled

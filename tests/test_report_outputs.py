@@ -61,7 +61,8 @@ def test_a_table_too_wide_for_a_column_spans_both():
     assert r"FIFO replay $\delta$=0.5" in text
 
 
-COMPLETIONS = {"step": [1, 1, 2, 2, 2, 2], "prompt": ["p"] * 6,
+COMPLETIONS = {"step": [1, 1, 2, 2, 2, 2], "problem": ["numbers 3, 5, 7; target 22"] * 6,
+               "prompt": ["A conversation between User and Assistant. ... numbers [3, 5, 7] ... 22"] * 6,
                "response": ["old", "old", "<answer> 3*5+7 </answer>", "<answer> 22 </answer>", "mid", "bad"],
                "reward": [1.0, 0.0, 1.0, 0.1, 0.5, 0.0], "reason": ["ok", "x", "ok", "format", "close", "wrong"],
                "category": ["", "", "", "format_error", "wrong_target", "arithmetic_error"],
@@ -105,6 +106,16 @@ def test_completions_are_quoted_best_median_worst_at_the_last_step(store):
     assert "### rho1-L1-c1 (Replay-RLOO), `train` table, step 2" in text
     assert "**best** (reward 1.000, source replay, age 1):" in text
     assert "    <answer> 3*5+7 </answer>" in text and "verifier: wrong" in text
+    assert "    problem:\n    numbers 3, 5, 7; target 22\n" in text and "A conversation" not in text  # the task's words
+
+
+def test_a_completions_table_without_the_problem_column_quotes_the_end_of_the_prompt():
+    from analysis import markdown
+
+    row = pd.Series({"problem": pd.NA, "prompt": "A conversation between User and Assistant. " * 10 +
+                     "Using the numbers [3, 5, 7], create an equation that equals 22."})
+    lines = markdown._problem_lines(row)
+    assert lines[0] == "    prompt (its end):" and lines[1].endswith("create an equation that equals 22.")
 
 
 def test_without_completions_tables_the_section_says_so(store):

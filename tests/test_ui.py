@@ -1,11 +1,13 @@
 """`make ui` in a real browser: headless Chromium (Debian's chromium + chromium-driver, installed with apt-get
 when missing) opens the landing page and a run's page of a store holding a 1-step run; the runs table shows
-the cell's knobs and the run's `summary/*` results, in model-training mode. Screenshots go to the test's
+the cell's knobs (rho, L, c) and the run's headline results, in model-training mode, each header whole in a
+1600 px window. Screenshots go to the test's
 folder (and to $UI_SCREENSHOTS when set, to look at them)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,7 +24,7 @@ from src.paths import PROJECT_ROOT
 BROWSER_PACKAGES = ("chromium", "chromium-driver")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=2600,900")  # wide: the runs table renders only the columns in view
+         "--window-size=1600,900")  # a laptop-wide window: the runs table renders only the columns in view
 TRAINING_ONLY = "Model registry"  # the side bar's entry in model-training mode (MLflow 3.17 hides it in GenAI mode)
 
 
@@ -124,6 +126,20 @@ def page_text_with(page, words: tuple[str, ...], timeout_s: float = 30) -> str:
     return text
 
 
+def shown_headers(page, names: tuple[str, ...]) -> list[str]:
+    """The runs table's column headers among `names` drawn whole inside the window: not cut to their column's
+    width (MLflow ends a cut header with an ellipsis) and not scrolled out of view."""
+    return page.execute_script("""
+        return arguments[0].filter(function (name) {
+          var label = document.querySelector('[data-testid="sort-header-' + name + '"]');
+          if (!label) return false;
+          var cell = label.closest('[role="columnheader"]'), box = label.getBoundingClientRect();
+          var holder = label.parentElement;  // the box MLflow cuts the label in
+          return holder.scrollWidth <= holder.clientWidth + 1 && box.right <= cell.getBoundingClientRect().right
+            && box.right <= window.innerWidth;
+        });""", list(names))
+
+
 def chart_sections(page, timeout_s: float = 45) -> list[str]:
     """The run page's chart sections in the order it shows them (MLflow keeps it in local storage), once the
     page has put reward and evaluation first; [] if it never did."""
@@ -159,7 +175,7 @@ def test_the_landing_page_saves_training_mode_and_the_study_columns_where_the_br
     saved = json.loads(script[script.index("var saved = ") + len("var saved = "):script.index(", page = ")])
     assert json.loads(saved["mlflow.workflowType_v1"]) == "machine_learning"
     view = json.loads(saved[VIEW_KEY % "7"])
-    assert view["selectedColumns"] == tracking.study_columns() and "params.`buffer.ratio`" in view["selectedColumns"]
+    assert view["selectedColumns"] == tracking.study_columns() and "params.`rho`" in view["selectedColumns"]
     assert '"experiments/7/runs?workflowType=machine_learning"' in script
     assert "getItem(key) === null" in script  # a browser's own choice stays
     bare = landing_page("<html><head></head></html>", None)  # no experiment yet: the mode only, no redirect
@@ -185,21 +201,33 @@ def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path,
         shoot(page, tmp_path, "landing.png")
         missing = [header for header in headers if header not in text]
         assert not missing, f"runs table without the columns {missing}:\n{text[:3000]}"
+        shown = shown_headers(page, headers)  # in the 1600 px window, each header whole
+        assert shown == list(headers), f"headers cut or out of view: {sorted(set(headers) - set(shown))}"
         assert page.execute_script("return window.localStorage.getItem('mlflow.workflowType_v1')") == \
             '"machine_learning"'
         assert TRAINING_ONLY in text.split("\n"), text[:2000]
 
         experiment_id = tracking.MlflowClient(store).get_run(run_id).info.experiment_id
         page.get(f"http://127.0.0.1:{port}/#/{tracking.run_page(experiment_id, run_id)}")
-        text = page_text_with(page, ("summary/final_reward", "ui/"))
+        text = page_text_with(page, ("final_reward", "ui/", "Latest completions"))
         shoot(page, tmp_path, "run.png")
-        assert "summary/final_reward" in text and "Overview" in text
+        assert "final_reward" in text and "Overview" in text
+        # The description, rendered: the latest step's completions as a table, each problem in the task's words.
+        cells = page.execute_script("""
+            var more = Array.from(document.querySelectorAll('button, a, span')).filter(function (element) {
+              return element.innerText === 'Show more'; })[0];
+            var fold = more ? more.getBoundingClientRect().top : window.innerHeight;
+            return Array.from(document.querySelectorAll('td')).filter(function (cell) {
+              return cell.getBoundingClientRect().bottom <= fold;  // above the fold of the description
+            }).map(function (cell) { return cell.innerText; });""")
+        assert "Latest completions (step 0;" in text and any(re.match(r"numbers \d+(, \d+)+; target \d+$", cell)
+                                                            for cell in cells), cells
         assert TRAINING_ONLY in text.split("\n"), text[:2000]
 
         metrics_page = tracking.run_page(experiment_id, run_id).replace("?", "/model-metrics?", 1)
         page.get(f"http://127.0.0.1:{port}/#/{metrics_page}")
         sections = chart_sections(page)
-        assert sections[:2] == ["train/reward", "train"] and sections.index("summary") < sections.index("batch"), \
+        assert sections[:2] == ["train/reward", "train"] and sections.index("Model metrics") < sections.index("batch"), \
             sections
         text = page_text_with(page, ("train/reward", "batch"))  # as drawn after the reload
         shoot(page, tmp_path, "charts.png")

@@ -175,7 +175,8 @@ class SkipFinishedSweeper(Sweeper):
             batch = to_run[start : start + size]
             if in_process:
                 say(tally.before(start, planned[to_launch[start]].cell))
-                results = self.launcher.launch(batch, initial_job_idx=start)
+                with without_launch_listing():
+                    results = self.launcher.launch(batch, initial_job_idx=start)
             else:
                 results = launch_watching_slurm(self.launcher, batch, start, sweep_dir)
             tally.finished(results)
@@ -187,6 +188,27 @@ class SkipFinishedSweeper(Sweeper):
             stop(f"{len(failed)} of {len(to_run)} cells failed. Relaunching the sweep resumes each from its last "
                  "checkpoint where it wrote one and starts the others afresh:\n" + "\n".join(lines), 1)
         return returns
+
+
+class _Drop(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+# Hydra's in-process launcher logs "Launching 1 jobs locally" and the job's whole override list at INFO for
+# every cell (hydra/_internal/core_plugins/basic_launcher.py:62-67); the line `say` prints names the cell.
+BASIC_LAUNCHER_LOGGER = "hydra._internal.core_plugins.basic_launcher"
+
+
+@contextmanager
+def without_launch_listing() -> Iterator[None]:
+    """Hydra's basic launcher, without its per-job listing of the overrides (a filter: it reconfigures levels)."""
+    logger, drop = logging.getLogger(BASIC_LAUNCHER_LOGGER), _Drop()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def launch_overrides(cell, rerun_all: bool) -> List[str]:

@@ -27,8 +27,12 @@ class EvalResult:
     summary: dict[str, float]  # mean over repeats per metric, plus "<metric>_hw" (95% t half-width)
     per_repeat: pd.DataFrame  # one row per repeat: repeat, seed, every metric
     per_prompt: pd.DataFrame  # one row per (repeat, prompt)
-    # sample completions: prompt, response, reward, reason, category ("" when correct); see `evaluate`'s `samples`
+    # sample completions (SAMPLE_COLUMNS; category "" when correct); see `evaluate`'s `samples`
     samples: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+# The problem in the task's own words (`Task.brief`), then the prompt as the policy saw it, and the verdict.
+SAMPLE_COLUMNS = ["problem", "prompt", "response", "reward", "reason", "category"]
 
 
 def category_counts(categories: Iterable[str | None], known: Sequence[str]) -> dict[str, int]:
@@ -98,7 +102,7 @@ def evaluate(
         for p, (inst, completions) in enumerate(zip(instances, generation.completions)):
             row, sample = _score_prompt(task, inst, completions, categories, sampling.max_new_tokens, ks, estimator)
             if r == 0 and p < samples:
-                sample_rows.append({"prompt": prompts[p], **sample})
+                sample_rows.append({"problem": task.brief(inst), "prompt": prompts[p], **sample})
             rows.append({"repeat": r, "prompt_index": p, **row})
         repeat_rows.append(_repeat_row(r, seed + r, pd.DataFrame(rows), pass_cols, categories))
         prompt_rows += rows
@@ -108,7 +112,7 @@ def evaluate(
     per_repeat = pd.DataFrame(repeat_rows)
     return EvalResult(name=name, summary=_summary(per_repeat, pass_cols, categories), per_repeat=per_repeat,
                       per_prompt=pd.DataFrame(prompt_rows),
-                      samples=pd.DataFrame(sample_rows, columns=["prompt", "response", "reward", "reason", "category"]))
+                      samples=pd.DataFrame(sample_rows, columns=SAMPLE_COLUMNS))
 
 
 def _check_settings(instances: Sequence[Any], samples_per_prompt: int, repeats: int, ks: Sequence[int],

@@ -62,9 +62,7 @@ def create_claim_run(cfg: DictConfig, folder: Path, labels: tracking.RunLabels) 
     run_id = client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
     write_heartbeat(folder, run_id)  # from now on the claim is live, and dead at once if this process dies
     _unopened[:] = [(uri, run_id)]
-    # Launch-only tracking.* settings stay out of the params table, as in tracking.start_run.
-    params = [Param(key, value) for key, value in tracking.flat_params(cfg).items() if not key.startswith("tracking.")]
-    client.log_batch(run_id, params=params)
+    client.log_batch(run_id, params=[Param(key, value) for key, value in tracking.run_params(cfg).items()])
     client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
     return run_id
 

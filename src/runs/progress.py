@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from contextlib import contextmanager
 from typing import Iterator
@@ -82,9 +83,11 @@ class Bar:
         self._next_line = done + self.plain_every
         self._progress: Progress | None = None
         self._task = None
+        self._rerouted: list[tuple[logging.StreamHandler, object]] = []
 
     def __enter__(self) -> "Bar":
         if self.live:
+            streams = (sys.stdout, sys.stderr)
             # rich estimates the speed from the updates of the last `speed_estimate_period` seconds (30 by
             # default): a Qwen step can take minutes, so the window is an hour.
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=24),
@@ -92,11 +95,18 @@ class Bar:
                                       TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
                                       console=self.out, transient=False, speed_estimate_period=3600)
             self._progress.start()
+            # rich routes sys.stdout/stderr above the bar while it is live; the log handlers (Hydra's, MLflow's)
+            # hold the streams from before, and a warning (Ctrl-C: stopping after this step) would be glued
+            # onto the end of the bar's line.
+            self._rerouted = reroute_log_handlers(dict(zip(streams, (sys.stdout, sys.stderr))))
             self._task = self._progress.add_task(self.description, total=self.total, completed=self.done,
                                                  unit=self.unit, info="")
         return self
 
     def __exit__(self, *exc) -> None:
+        for handler, stream in self._rerouted:
+            handler.setStream(stream)
+        self._rerouted = []
         if self._progress is not None:
             self._progress.stop()
 
@@ -114,6 +124,19 @@ class Bar:
         eta = eta_seconds(self.done - self._start_done, self.total - self._start_done, elapsed)
         return (f"{self.description}: {self.done}/{self.total} {self.unit}  elapsed {format_duration(elapsed)}  "
                 f"ETA {format_duration(eta)}" + (f"  {info}" if info else ""))
+
+
+def reroute_log_handlers(moves: dict) -> list[tuple[logging.StreamHandler, object]]:
+    """Point every log handler that writes to a stream in `moves` at its replacement; (handler, old stream) each."""
+    loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(logger, logging.Logger))]
+    moved = []
+    for handler in {handler for logger in loggers for handler in logger.handlers}:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            target = moves.get(handler.stream)
+            if target is not None and target is not handler.stream:
+                moved.append((handler, handler.setStream(target)))
+    return moved
 
 
 def evaluation_bar(description: str, prompts: int, samples_per_prompt: int, repeats: int) -> Bar:

@@ -51,6 +51,9 @@ class OutOfSpaceFilter(logging.Filter):
 
 
 logging.getLogger("mlflow.store.db.utils").addFilter(OutOfSpaceFilter())
+# Every new store would print "Creating initial MLflow database tables..." and "Updating database tables" at
+# INFO (mlflow/store/db/utils.py:88 and :295): routine, not news. Its warnings and errors still show.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 
 
 def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant: str) -> dict[str, str]:
@@ -67,9 +70,7 @@ def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant
         "cell_id": cell_id,
         "cell_key": cell_key,  # the same for every training seed of the cell (analysis/seeds.py groups by it)
         "seed": str(cfg.trainer.seed),
-        "rho": f"{cfg.buffer.ratio:g}",
-        "L": str(cfg.buffer.max_age),
-        "c": f"{cfg.clip.ceiling:g}",
+        **paper_knobs(cfg),
         "buffer": str(cfg.buffer.name),
         "clip": str(cfg.clip.name),
         "loss": str(cfg.loss.name),
@@ -84,6 +85,12 @@ def run_tags(cfg: DictConfig, *, cell: str, cell_id: str, cell_key: str, variant
         "task": task.name,
         "task_suffix": task.cell_suffix,  # what the task adds to a grid cell's name ("-math"; Countdown: "")
     }
+
+
+def paper_knobs(cfg: DictConfig) -> dict[str, str]:
+    """The cell's knobs by the paper's names (rho, L, c), as tags and as params: the runs table's columns by
+    those names, beside the config's own `buffer.ratio`, `buffer.max_age`, `clip.ceiling`."""
+    return {"rho": f"{cfg.buffer.ratio:g}", "L": str(cfg.buffer.max_age), "c": f"{cfg.clip.ceiling:g}"}
 
 
 # The experiment tag the MLflow UI (3.x) reads to choose between its GenAI view (traces, token usage)
@@ -129,6 +136,13 @@ def flat_params(cfg: DictConfig) -> dict[str, str]:
     return flat
 
 
+def run_params(cfg: DictConfig) -> dict[str, str]:
+    """A new run's params: the flat config without the launch-only `tracking.*` settings (config.yaml has
+    them), and the paper's knobs by their short names."""
+    params = {key: value for key, value in flat_params(cfg).items() if not key.startswith("tracking.")}
+    return {**params, **paper_knobs(cfg)}
+
+
 def metric_key(name: str) -> str:
     """MLflow metric names cannot hold '@': pass@16 is logged as pass_at_16."""
     return name.replace("@", "_at_")
@@ -169,20 +183,8 @@ def log_evaluation(run_id: str, result, stage: str, step: int) -> None:
 # these names and columns.
 TRAIN_COMPLETIONS = "completions/train.json"
 EVAL_COMPLETIONS = "completions/eval.json"
-TRAIN_COLUMNS = ("step", "prompt", "response", "reward", "reason", "category", "source", "age", "weight")
-EVAL_COLUMNS = ("step", "prompt", "response", "reward", "reason", "category")
-
-
-def instance_of(group):
-    """The task instance a stored group answers, rebuilt from the ground truth it keeps (a group keeps no
-    instance): a text answer is a math problem's, else Countdown's numbers and target."""
-    if group.answer is not None:
-        from src.task.math.data import MathProblem
-
-        return MathProblem(question=group.prompt, answer=group.answer)
-    from src.task.countdown import Instance
-
-    return Instance(group.numbers, group.target)
+TRAIN_COLUMNS = ("step", "problem", "prompt", "response", "reward", "reason", "category", "source", "age", "weight")
+EVAL_COLUMNS = ("step", "problem", "prompt", "response", "reward", "reason", "category")
 
 
 def completion_rows(collection, task, count: int, max_new_tokens: int) -> list[dict]:
@@ -201,11 +203,12 @@ def completion_rows(collection, task, count: int, max_new_tokens: int) -> list[d
     for row in picked:
         entry, j = entries[row]
         group, response = entry.group, entry.group.responses[j]
-        verdict = task.verify(response, instance_of(group))
+        instance = task.instance_of(group)
+        verdict = task.verify(response, instance)
         correct = group.rewards[j] == task.correct_reward
         truncated = len(group.response_ids[j]) >= max_new_tokens
-        rows.append({"step": step, "prompt": group.prompt, "response": response, "reward": group.rewards[j],
-                     "reason": verdict.reason,
+        rows.append({"step": step, "problem": task.brief(instance), "prompt": group.prompt, "response": response,
+                     "reward": group.rewards[j], "reason": verdict.reason,
                      "category": "" if correct else task.classify_failure(response, verdict, truncated),
                      "source": entry.source, "age": entry.age, "weight": row_weight(update, row)})
     return rows
@@ -237,6 +240,37 @@ def log_completions(run_id: str, rows: list[dict], artifact_file: str) -> None:
         MlflowClient().log_table(run_id, data=pd.DataFrame(rows), artifact_file=artifact_file)
 
 
+# The run page renders the description as markdown, folded to its first few lines: the latest step's completions
+# go first, so a researcher reads what the policy writes without opening the artifacts; a rule parts them from
+# the cell in words.
+LATEST_HEADING = "**Latest completions**"
+SECTION_END = "\n\n---\n\n"
+RESPONSE_CHARS = 240  # a response's end in the description: the answer is there
+# At most this many rows there: a row is up to about 500 characters, and MLflow keeps 8000 in a tag
+# (MAX_TAG_VAL_LENGTH, mlflow/utils/validation.py:73), the cell's own description included.
+DESCRIPTION_ROWS = 8
+
+
+def markdown_cell(text, limit: int, tail: bool = False) -> str:
+    """Text for one markdown table cell: one line, cut to `limit` characters (its end with `tail`), with the
+    characters markdown or the page's HTML would take (`|`, `<think>`) written as entities."""
+    text = " ".join(str(text).split())
+    if len(text) > limit:
+        text = "…" + text[-limit:] if tail else text[:limit] + "…"
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "&#124;")
+
+
+def completions_markdown(rows: list[dict]) -> str:
+    """A step's completion rows (`completion_rows`) as the description's markdown section."""
+    lines = [f"{LATEST_HEADING} (step {rows[0]['step']}; every step's are in `{TRAIN_COMPLETIONS}`)", "",
+             "| problem | reward | verifier | source | response (its end) |", "|---|---|---|---|---|"]
+    for row in rows[:DESCRIPTION_ROWS]:
+        source = row["source"] + (f", age {row['age']}" if row["source"] != "fresh" else "")
+        lines.append(f"| {markdown_cell(row['problem'], 120)} | {row['reward']:g} | {markdown_cell(row['reason'], 60)} "
+                     f"| {source} | {markdown_cell(row['response'], RESPONSE_CHARS, True)} |")
+    return "\n".join(lines)
+
+
 def eval_completion_rows(result, step: int) -> list[dict]:
     """The evaluation's sample completions (`EvalResult.samples`) as rows of the eval completions table."""
     samples = getattr(result, "samples", None)
@@ -247,17 +281,18 @@ def eval_completion_rows(result, step: int) -> list[dict]:
 
 
 def summary_metrics(run_id: str, result, state, ks) -> dict[str, float]:
-    """The run's headline results as `summary/*` (the runs table's default columns): the final held-out
-    evaluation's mean reward, pass@1 and pass@k at its largest k (`summary/k`: one column for every
-    protocol), the fresh verifier evaluations spent, and the wall time since the run was first opened (a
-    resumed run's includes the time it was down)."""
+    """The run's headline results (SUMMARY_COLUMNS, the runs table's default columns): the final held-out
+    evaluation's mean reward, pass@1 and pass@k at its largest k (`k`: one column for every protocol), the
+    fresh verifier evaluations spent, and the wall time in minutes since the run was first opened (a resumed
+    run's includes the time it was down), to a tenth of a minute.
+
+    Short names, without a shared prefix: the runs table cuts a header to its column's width, and
+    `summary/pass_at_1` and `summary/pass_at_k` both read `summary/pass_…` there."""
     started = MlflowClient().get_run(run_id).info.start_time
     k = max(ks)
-    values = {"summary/final_reward": result.summary.get("mean_reward"),
-              "summary/pass_at_1": result.summary.get("pass@1"),
-              "summary/pass_at_k": result.summary.get(f"pass@{k}"), "summary/k": k,
-              "summary/fresh_evaluations": state.fresh_evaluations,
-              "summary/wall_time_s": time.time() - started / 1000}
+    values = {"pass_at_1": result.summary.get("pass@1"), "pass_at_k": result.summary.get(f"pass@{k}"), "k": k,
+              "final_reward": result.summary.get("mean_reward"), "fresh_evals": state.fresh_evaluations,
+              "wall_time_min": round((time.time() - started / 1000) / 60, 1)}
     return finite(values)
 
 
@@ -279,6 +314,7 @@ class Tracker:
         self.logged_until = logged_until
         self.redone_mismatches: list[str] = []
         self._history: dict[str, dict[int, float]] = {}
+        self._description: str | None = None  # the run's description without its completions section
 
     def log_step(self, metrics: dict[str, float], step: int) -> None:
         values = finite(metrics)
@@ -309,12 +345,19 @@ class Tracker:
         log_evaluation(self.run_id, result, stage, step)
 
     def log_completions(self, rows: list[dict], step: int) -> None:
-        """A step's sample completions, after its metrics: a step a resumed run redoes is not logged again."""
-        if step > self.logged_until:
+        """A step's sample completions, after its metrics: a step a resumed run redoes is not logged again.
+        They go to the completions table and, in place of the previous step's, into the run's description."""
+        if step > self.logged_until and rows:
             log_completions(self.run_id, rows, TRAIN_COMPLETIONS)
+            if self._description is None:
+                described = MlflowClient().get_run(self.run_id).data.tags.get(DESCRIPTION_TAG, "")
+                self._description = described.split(SECTION_END, 1)[-1] if described.startswith(LATEST_HEADING) \
+                    else described
+            MlflowClient().set_tag(self.run_id, DESCRIPTION_TAG,
+                                   completions_markdown(rows) + SECTION_END + self._description)
 
     def log_summary(self, result, state, ks) -> None:
-        """The `summary/*` metrics at the run's last step (see `summary_metrics`)."""
+        """The headline metrics at the run's last step (see `summary_metrics`)."""
         mlflow.log_metrics(summary_metrics(self.run_id, result, state, ks), step=state.step)
 
     def set_tags(self, tags: dict[str, str]) -> None:
@@ -457,16 +500,17 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str
 TRAINING_MODE = "workflowType=machine_learning"
 # The runs table's columns come from the browser's saved view of the experiment, else Source, Models and
 # Dataset: `make ui` (src/runs/ui_app.py) saves the study's columns where a browser has no view of its own.
-# The cell's knobs are params (rho, L, c, the buffer, the loss, the runtime), the results `summary/*`.
-KNOB_COLUMNS = ("buffer.ratio", "buffer.max_age", "clip.ceiling", "buffer.name", "loss.name", "runtime.name")
-SUMMARY_COLUMNS = ("summary/final_reward", "summary/pass_at_1", "summary/pass_at_k", "summary/k",
-                   "summary/fresh_evaluations", "summary/wall_time_s")
+# The cell's knobs are params (rho, L, c, then the buffer, the loss, the runtime), the results `summary_metrics`:
+# the paper's knobs, then the results, then the names, so a 1600 px window shows the knobs and the results.
+KNOB_COLUMNS = ("rho", "L", "c")
+NAME_COLUMNS = ("buffer.name", "loss.name", "runtime.name")
+SUMMARY_COLUMNS = ("pass_at_1", "pass_at_k", "k", "final_reward", "fresh_evals", "wall_time_min")
 
 
 def study_columns() -> list[str]:
     """The runs table's columns in the study view, as the UI names them (`<type>.\`<key>\``)."""
     return ["attributes.`Source`", *[f"params.`{key}`" for key in KNOB_COLUMNS],
-            *[f"metrics.`{key}`" for key in SUMMARY_COLUMNS]]
+            *[f"metrics.`{key}`" for key in SUMMARY_COLUMNS], *[f"params.`{key}`" for key in NAME_COLUMNS]]
 
 
 def experiment_page(experiment_id: str) -> str:
@@ -587,8 +631,8 @@ def start_run(cfg: DictConfig, labels: RunLabels, resume_run_id: str | None = No
             MlflowClient().delete_tag(run_id, FAILURE_TAG)
         if folder is not None:
             clear_run_end(folder, run_id)
-        if not resume_run_id:  # launch-only tracking.* settings stay out of the params table (config.yaml has them)
-            mlflow.log_params({key: value for key, value in flat_params(cfg).items() if not key.startswith("tracking.")})
+        if not resume_run_id:
+            mlflow.log_params(run_params(cfg))
             mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         if overrides is not None:
             mlflow.log_text(overrides_yaml(overrides), "overrides.yaml")

@@ -49,8 +49,9 @@ OPENING = """<script>(function () {
   var tries = 0, timer = window.setInterval(function () { if (++tries > 100) window.clearInterval(timer); reorder(); }, 300);
 })();</script>"""
 # A run page's chart sections come in alphabetical order (batch, budget, buffer, ... train): once MLflow has laid
-# them out, the script moves these first, as if dragged there by hand (a reader's own order stays).
-FIRST_SECTIONS = ["train/reward", "train", "summary", "canonical", "quick", "seed001-pass1", "seed001-passk", "probe"]
+# them out, the script moves these first, as if dragged there by hand (a reader's own order stays). The run's
+# headline metrics (pass_at_1, ...: tracking.SUMMARY_COLUMNS) have no prefix: MLflow puts them in "Model metrics".
+FIRST_SECTIONS = ["train/reward", "train", "Model metrics", "canonical", "quick", "seed001-pass1", "seed001-passk", "probe"]
 # The assistant panel opens by itself on a first visit, over a third of the page: closed, as if closed by hand.
 ASSISTANT_CLOSED = {"mlflow.assistant.panelOpen_v1": "false", "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": "true"}
 # The runs-table view MLflow 3.17 saves per experiment (what its Columns menu writes), with the study's columns.
@@ -64,6 +65,13 @@ VIEW = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc":
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""}}
 
 
+# MLflow gives every column 100 px: the knobs and k (a number or two) get less, the longer headline names more,
+# so a 1600 px window shows the knobs and every result whole.
+COLUMN_WIDTHS = {**{column: 64 for column in ["params.`rho`", "params.`L`", "params.`c`", "metrics.`k`"]},
+                 **{column: 124 for column in ["metrics.`final_reward`", "metrics.`fresh_evals`",
+                                               "metrics.`wall_time_min`"]}}
+
+
 def landing_page(index_html: str, experiment_id: str | None) -> str:
     """MLflow's index.html with the opening script first in its head: model-training mode, and for the
     project's experiment (when given) the study's columns and the home route sent to its runs table."""
@@ -72,7 +80,7 @@ def landing_page(index_html: str, experiment_id: str | None) -> str:
     saved = {"mlflow.workflowType_v1": json.dumps("machine_learning"), **ASSISTANT_CLOSED}
     if experiment_id is not None:
         saved[VIEW_KEY % experiment_id] = json.dumps({**VIEW, "selectedColumns": study_columns(),
-                                                      "columnOrder": study_columns()})
+                                                      "columnOrder": study_columns(), "columnWidths": COLUMN_WIDTHS})
     page = experiment_page(experiment_id) if experiment_id is not None else None
     opening = OPENING % (json.dumps(saved), json.dumps(page), json.dumps(FIRST_SECTIONS))
     return index_html.replace("<head>", "<head>" + opening, 1)

@@ -4,7 +4,8 @@ start need from a task, and nothing else.
 A task supplies its data (training and held-out instances), the prompt text of an instance (the
 policy's chat template is applied by `src.task.prompts.PromptFormat`), answer extraction, the
 verifier (reward and reason), the failure categories of an evaluated response, the ground truth a
-stored group keeps, and whether the frontier curricula (seed 004) can embed its prompts. Its YAML
+stored group keeps (and the instance rebuilt from it), a one-line brief of an instance for the completions
+tables, and whether the frontier curricula (seed 004) can embed its prompts. Its YAML
 names the implementation with `_target_`, so adding a task is one module plus one YAML:
 
     conf/task/<name>.yaml:  _target_: src.task.<module>.<Class>, then the class's settings
@@ -85,6 +86,16 @@ class Task(ABC):
     @abstractmethod
     def describe(self, instance: Any) -> dict[str, Any]:
         """Columns that identify the instance in the evaluation's per-prompt table."""
+
+    @abstractmethod
+    def brief(self, instance: Any) -> str:
+        """The instance in the task's own words, in one short line (Countdown: the numbers and the target; math:
+        the problem): what a researcher reads beside a completion, where the prompt opens with instructions."""
+
+    @abstractmethod
+    def instance_of(self, group: Any) -> Any:
+        """The instance a stored `src.batch.Group` answers, rebuilt from what the group keeps (its prompt and
+        the ground truth `truth` gave it): a replayed group carries no instance."""
 
     def demonstrations(self, count: int, seed: int) -> list[tuple[str, str]]:
         """(prompt, response) pairs for a supervised warm start, outside the held-out set."""

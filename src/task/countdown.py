@@ -526,6 +526,12 @@ class CountdownTask(Task):
     def describe(self, instance: Instance) -> dict:
         return {"numbers": str(list(instance.numbers)), "target": instance.target}
 
+    def brief(self, instance: Instance) -> str:
+        return f"numbers {', '.join(map(str, instance.numbers))}; target {instance.target}"
+
+    def instance_of(self, group) -> Instance:
+        return Instance(group.numbers, group.target)
+
     def demonstrations(self, count: int, seed: int) -> list[tuple[str, str]]:
         settings = self.settings
         _, heldout = self.splits(train_size=0)

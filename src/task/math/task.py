@@ -27,6 +27,7 @@ DEFAULT_PROMPT_TEMPLATE = "{problem} Let's think step by step and output the fin
 VERIFIER_DEFAULTS = {"timeout_s": 1.0, "max_answer_chars": 1000, "memory_mb": 1024, "workers": 2,
                      "format_reward": 0.0}
 BUILTIN_DEFAULTS = {"kinds": list(KINDS), "max_operand": 20}
+BRIEF_CHARS = 300  # a problem's brief (the completions tables' `problem` column): its first characters
 
 
 class MathTask(Task):
@@ -119,6 +120,22 @@ class MathTask(Task):
 
     def describe(self, instance: MathProblem) -> dict:
         return {"problem": instance.question[:200], "answer": instance.answer}
+
+    def brief(self, instance: MathProblem) -> str:
+        text = " ".join(instance.question.split())
+        return text if len(text) <= BRIEF_CHARS else text[:BRIEF_CHARS] + "…"
+
+    def instance_of(self, group) -> MathProblem:
+        return MathProblem(question=self.problem_in(group.prompt), answer=group.answer)
+
+    def problem_in(self, prompt: str) -> str:
+        """The problem inside a prompt this task wrote: the text between the template's words before and after
+        `{problem}` (a chat template around it stays in front when the template has nothing before the slot)."""
+        before, after = self.template.format(problem="\0").split("\0")
+        end = prompt.rfind(after.strip()) if after.strip() else -1
+        end = end if end >= 0 else len(prompt)
+        start = prompt.rfind(before.strip(), 0, end) if before.strip() else -1
+        return prompt[start + len(before.strip()) if start >= 0 else 0:end].strip()
 
     def close(self) -> None:
         self.verifier.close()
