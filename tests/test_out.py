@@ -101,6 +101,13 @@ def test_outside_the_project_folder_make_is_pointed_at_it(tmp_path, monkeypatch)
         f"make -C {ROOT} ui OUT={tmp_path}"
 
 
+def test_an_installed_package_names_the_ui_command_itself(monkeypatch):
+    monkeypatch.setattr(tracking, "is_source_checkout", lambda root: False)  # no Makefile beside the code
+    assert tracking.ui_command("sqlite:////x/o/mlruns.db", "/x/o/mlartifacts", "/x/o") == \
+        "python -m src.runs.ui_app ui --backend-store-uri sqlite:////x/o/mlruns.db --default-artifact-root " \
+        "/x/o/mlartifacts --port 5050"
+
+
 def test_make_passes_out_to_every_target_that_writes_or_reads_the_store():
     def plan(*words: str) -> str:
         done = subprocess.run(["make", "-n", "-o", ".venv/.installed", *words], cwd=ROOT, capture_output=True,

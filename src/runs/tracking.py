@@ -480,7 +480,8 @@ def run_page(experiment_id: str, run_id: str) -> str:
     return f"experiments/{experiment_id}/runs/{run_id}?{TRAINING_MODE}"
 
 
-UI_ADDRESS = "http://127.0.0.1:5050"  # where `make ui` serves the embedded store (the Makefile's PORT)
+UI_PORT = 5050  # the Makefile's PORT
+UI_ADDRESS = f"http://127.0.0.1:{UI_PORT}"  # where `make ui` serves the embedded store
 
 
 def run_link(uri: str, run_id: str) -> str:
@@ -498,7 +499,7 @@ def ui_command(uri: str, artifact_location: str | None, out: str) -> str | None:
         return None
     if not is_source_checkout(PROJECT_ROOT):  # an installed package has no Makefile
         artifacts = f" --default-artifact-root {artifact_location}" if artifact_location else ""
-        return f"python -m src.runs.ui_app ui --backend-store-uri {uri}{artifacts} --port 5050"
+        return f"python -m src.runs.ui_app ui --backend-store-uri {uri}{artifacts} --port {UI_PORT}"
     if uri == f"sqlite:///{out}/mlruns.db" and artifact_location == f"{out}/mlartifacts":
         variables = "" if Path(out) == workspace_root() else f" OUT={out}"
     else:
