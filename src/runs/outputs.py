@@ -19,7 +19,7 @@ def folder_problem(key: str, folder: str) -> str | None:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
             pass
     except OSError as error:
-        return (f"{key}={folder}: cannot write there ({error.strerror or error}); point {key} at a folder you can "
+        return (f"{key}={folder}: cannot write there ({error.strerror or error}); give {key}= a folder you can "
                 "write to (out=DIR moves the store and outputs/ under DIR; the default is the project folder)")
     return None
 
