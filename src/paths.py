@@ -1,8 +1,8 @@
 """Fixed locations, so commands work from any working directory.
 
 Two roots. PROJECT_ROOT is where the code and its data sit (`conf/`, `checkpoints/`): the clone, or
-site-packages for a built package. `workspace_root()` is where commands write by default: the
-default MLflow store (`mlruns.db`, `mlartifacts/`), `outputs/` and `reports/`. In a clone (an
+site-packages for a built package. `workspace_root()` is where commands write by default (the config's `out` key,
+`out=DIR` moves it): the MLflow store (`mlruns.db`, `mlartifacts/`), `outputs/` and `reports/`. In a clone (an
 editable install, or commands run from the folder) it is the project folder, as docs/install.md
 describes; for a package installed with `pip install .` it is the working directory, since
 site-packages is no place for a user's runs (and is often read-only).
@@ -33,7 +33,7 @@ def workspace_root(root: Path = PROJECT_ROOT, cwd: Path | None = None) -> Path:
 
 
 def register_root_resolver() -> None:
-    """`${root:}` in the YAML (tracking.uri, artifact_location, ziprc folders): the workspace root."""
+    """`${root:}` in the YAML: the workspace root, the default of `out`, which the store and folders derive from."""
     if not OmegaConf.has_resolver("root"):
         OmegaConf.register_new_resolver("root", lambda: str(workspace_root()))
 

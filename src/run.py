@@ -283,7 +283,8 @@ def _print_summary(cfg, plan, state: TrainState, before, after, run_id: str) -> 
     planned = ("at least " if budget_is_floor(cfg) else "") + str(plan.fresh_evaluations)
     results.print(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {planned}); "
                   f"gradient steps: {state.gradient_steps}")
-    where = "" if cfg.tracking.uri.startswith(("http://", "https://")) else " (after make ui)"
+    opener = tracking.ui_command(cfg.tracking.uri, cfg.tracking.artifact_location, cfg.out)
+    where = f" (after {opener})" if opener else ""
     results.print(f"run page{where}: {tracking.run_link(cfg.tracking.uri, run_id)}", soft_wrap=True, highlight=False)
 
 

@@ -20,6 +20,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from src.paths import CONFIG_DIR
+from src.runs.outputs import out_problem
 from src.variant import INF, VARIANT_GROUPS, Knob, described
 from src.variant import float_knob as _float
 from src.variant import int_knob as _int
@@ -178,6 +179,9 @@ def check_values(cfg: DictConfig) -> None:
             _check_list(key, value)
         else:
             _check_value(key, value, knobs(key))
+    problem = out_problem(str(values["out"])) if "out" in values else None  # a folder, not a typed value
+    if problem:
+        raise SchemaError(problem)
 
 
 def _knobs(cfg: DictConfig):

@@ -409,6 +409,30 @@ def test_make_demo_task_math_trains_both_runs_on_the_math_set(tmp_path):
     assert f"the demo's report: {tmp_path}/report/report.md" in output
 
 
+SMOKE_LINE = re.compile(r"^(?P<words>\S*python -m src\.run trainer=smoke)\s+#", re.M)
+
+
+@pytest.mark.slow
+def test_the_readme_smoke_check_runs_as_written_from_another_folder(tmp_path):
+    """README.md's install check word for word, started in another folder; `out=` added so it writes under
+    tmp_path/o, not the project's store. Everything lands there, and the last line says how to open it."""
+    words = SMOKE_LINE.search(README.read_text())["words"].split()
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "o"
+    elsewhere.mkdir()
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, *words[1:], f"out={out}"], cwd=elsewhere, env=ENV, capture_output=True,
+                            text=True, timeout=300)
+    print(f"\n{' '.join(words)}: {time.perf_counter() - started:.1f} s")  # the figure README.md quotes
+    printed = ok(result) + result.stderr  # the run's console is stderr
+    assert "fresh verifier evaluations: 16 (planned 16); gradient steps: 2" in printed
+    assert f"run page (after make -C {ROOT} ui OUT={out}): http://127.0.0.1:5050/#/experiments/" in printed
+    assert (out / "mlruns.db").is_file() and (out / "mlartifacts").is_dir()
+    assert len(list((out / "outputs" / "runs").glob("*/*/checkpoint.pt"))) == 1
+    assert list(elsewhere.iterdir()) == []
+    [run] = _runs({"uri": f"sqlite:///{out}/mlruns.db"}, sweep="smoke")
+    assert (run.info.status, run.info.run_name, run.data.tags["evaluation"]) == ("FINISHED", "smoke/rho0", "smoke")
+
+
 @pytest.mark.slow
 def test_replay_rloo_trains_one_run_into_the_store(store, tmp_path):
     help_out, train = parallel([

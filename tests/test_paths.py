@@ -64,7 +64,7 @@ paths.register_root_resolver()
 with initialize_config_dir(str(paths.CONFIG_DIR), version_base="1.3"):
     cfg = compose("config")
     ziprc = compose("ziprc_main").ziprc
-print(json.dumps({"paths": paths.__file__, "uri": cfg.tracking.uri, "artifacts": cfg.tracking.artifact_location,
+print(json.dumps({"paths": paths.__file__, "out": cfg.out, "uri": cfg.tracking.uri, "artifacts": cfg.tracking.artifact_location,
                   "ziprc": ziprc.workdir,
                   "ziprc_report": ziprc.report_dir, "policy": paths.resolve_policy_path("checkpoints/tiny-countdown")}))
 """
@@ -85,11 +85,12 @@ def test_an_installed_package_keeps_its_store_and_outputs_in_the_working_directo
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout)
     assert found["paths"] == str(site / "src" / "paths.py")
+    assert found["out"] == str(work)
     assert found["uri"] == f"sqlite:///{work}/mlruns.db"
     assert found["artifacts"] == f"{work}/mlartifacts"
     assert found["ziprc"] == f"{work}/outputs/ziprc/tiny" and found["ziprc_report"] == f"{work}/reports/ziprc-tiny"
     assert found["policy"] == str(site / "checkpoints" / "tiny-countdown")  # the shipped warm start is read in place
     assert not list(site.glob("mlruns*")) and not (site / "outputs").exists()
-    # Hydra's run folders are relative, so they follow the working directory in both cases.
+    # Hydra's run and sweep folders derive from `out` too (tests/test_out.py resolves them).
     hydra = OmegaConf.to_container(OmegaConf.load(site / "conf" / "config.yaml").hydra, resolve=False)
-    assert hydra["run"]["dir"].startswith("outputs/") and hydra["sweep"]["dir"].startswith("outputs/")
+    assert hydra["run"]["dir"].startswith("${out}/outputs/") and hydra["sweep"]["dir"].startswith("${out}/outputs/")

@@ -442,6 +442,7 @@ def test_tuning_prompts_are_apart_from_the_reported_and_the_head_training_ones(c
     ("ziprc.decode.policies=[{kind:early_stop,tau:0.5,answer:last}]", ["answer must be one of committed"]),
     ("ziprc.decode.early_stop_answer=first", ["early_stop_answer=first", "best_finished"]),
     ("ziprc.decode.tune_prompts=-1", ["tune_prompts=-1"]),
+    ("out=o", ["out=o: give an absolute folder"]),
 ])
 def test_bad_decode_settings_are_refused_with_the_fix(compose_ziprc, override, words):
     from src.ziprc.pipeline import ZipRCConfigError, validate

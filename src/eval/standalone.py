@@ -197,7 +197,7 @@ def evaluate_command(argv: list[str] | None) -> int:
         return 2
 
     if args.policy:
-        evaluate_folder(composed, args.policy, args.out)
+        evaluate_folder(composed, args.policy, args.out or Path(composed.out) / "outputs" / "evaluations")
         if not (args.run or args.sweep or args.checkpoint):
             return 0
 
@@ -227,8 +227,8 @@ def argument_parser() -> argparse.ArgumentParser:
     target.add_argument("--checkpoint", type=Path, help="a training checkpoint.pt (logged into its own run)")
     target.add_argument("--policy", help="a saved policy folder or hub name (results printed and written as CSV)")
     parser.add_argument("--force", action="store_true", help="evaluate again even if the run has these results")
-    parser.add_argument("--out", type=Path, default=Path("outputs/evaluations"),
-                        help="where --policy writes its CSV tables")
+    parser.add_argument("--out", type=Path, help="where --policy writes its CSV tables (default: <out>/outputs/evaluations, "
+                                                 "the `out` key's folder)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. evaluation=probe evaluation.repeats=2")
     return parser
 

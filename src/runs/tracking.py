@@ -32,6 +32,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from src.paths import PROJECT_ROOT, is_source_checkout, workspace_root
 from src.runs.diskspace import DiskFull, failed_path, out_of_space, writing
 from src.runs.lifecycle import clear_run_end, write_run_end
 from src.task.base import task_class
@@ -523,7 +524,8 @@ def run_page(experiment_id: str, run_id: str) -> str:
     return f"experiments/{experiment_id}/runs/{run_id}?{TRAINING_MODE}"
 
 
-UI_ADDRESS = "http://127.0.0.1:5050"  # where `make ui` serves the embedded store (the Makefile's PORT)
+UI_PORT = 5050  # the Makefile's PORT
+UI_ADDRESS = f"http://127.0.0.1:{UI_PORT}"  # where `make ui` serves the embedded store
 
 
 def run_link(uri: str, run_id: str) -> str:
@@ -531,6 +533,23 @@ def run_link(uri: str, run_id: str) -> str:
     else where `make ui` serves the store."""
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_ADDRESS
     return f"{base}/#/{run_page(MlflowClient().get_run(run_id).info.experiment_id, run_id)}"
+
+
+def ui_command(uri: str, artifact_location: str | None, out: str) -> str | None:
+    """The command that serves this store at UI_ADDRESS, typed in the working directory; None for a tracking
+    server, which serves its own UI. A store laid out as `out` lays it out needs only OUT=; the project's own
+    store nothing. Outside the project folder make is pointed at its Makefile (-C)."""
+    if uri.startswith(("http://", "https://")):
+        return None
+    if not is_source_checkout(PROJECT_ROOT):  # an installed package has no Makefile
+        artifacts = f" --default-artifact-root {artifact_location}" if artifact_location else ""
+        return f"python -m src.runs.ui_app ui --backend-store-uri {uri}{artifacts} --port {UI_PORT}"
+    if uri == f"sqlite:///{out}/mlruns.db" and artifact_location == f"{out}/mlartifacts":
+        variables = "" if Path(out) == workspace_root() else f" OUT={out}"
+    else:
+        variables = f" UI_STORE={uri}" + (f" UI_ARTIFACTS={artifact_location}" if artifact_location else "")
+    make = "make" if Path.cwd().resolve() == PROJECT_ROOT else f"make -C {PROJECT_ROOT}"
+    return f"{make} ui{variables}"
 
 
 def ui_url(base: str, uri: str, experiment: str) -> str:

@@ -35,6 +35,7 @@ from src.variant import described
 # Keys that change how a cell is launched or logged, never what it computes.
 LAUNCH_ONLY = (
     "hydra",
+    "out",  # where the store and run folders are: the same numbers anywhere
     "tracking",
     "hardware.threads",
     "hardware.name",

@@ -30,6 +30,7 @@ from rich.console import Console
 
 from src.passk import unbiased_pass_at_k
 from src.task import countdown
+from src.runs.outputs import out_problem
 from src.runs.tracking import ensure_experiment, flat_params, finite
 from src.ziprc import data, metrics
 from src.ziprc.decode import EARLY_STOP_ANSWERS, META_POLICIES, VALUE_SOURCES, MetaPolicy, decode_all
@@ -44,7 +45,10 @@ class ZipRCConfigError(ValueError):
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check the ziprc keys before any model is loaded (the rest of the config is the runner's)."""
+    """Check the ziprc keys and `out` before any model is loaded (the rest of the config is the runner's)."""
+    problem = out_problem(str(cfg.out))
+    if problem:
+        raise ZipRCConfigError(problem)
     z = cfg.ziprc
     try:
         make_spec(0, z.reserved_start if z.reserved_start is not None else 0, z.verifier, z.length_edges)
