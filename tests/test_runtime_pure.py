@@ -314,3 +314,14 @@ def test_the_planner_prints_table1_and_the_expected_replay_count(capsys):
     main(["--mu", "5.28", "--workers", "6", "--trainers", "2", "--batch", "60", "--capacity", "252"])
     out = capsys.readouterr().out
     assert all(value in out for value in ("1.27", "0.64", "0.42", "0.21", "0.18", "1.760", "7.392"))
+    assert "Table 1, Qwen2.5-7B" in out                               # seed 001 line 170
+
+
+def test_the_planner_titles_mu_6_84_table_3(capsys):
+    from src.runtime.plan import main
+
+    main(["--mu", "6.84"])
+    out = capsys.readouterr().out
+    assert "Table 3, Qwen3-0.6B" in out and "Table 1" not in out      # seed 001 lines 2458-2463
+    main(["--mu", "4"])
+    assert "Table" not in capsys.readouterr().out                     # no paper table at mu = 4
