@@ -18,8 +18,9 @@ from omegaconf import OmegaConf
 from src.paths import CONFIG_DIR
 
 # Groups that are not choices of a training run: studies get their own section, `local` holds a
-# site's git-ignored cluster settings, `ziprc` belongs to `python -m src.ziprc`.
-NOT_RUN_GROUPS = ("sweep", "local", "ziprc")
+# site's git-ignored cluster settings, `ziprc` belongs to `python -m src.ziprc`, `experiment` holds the
+# papers' settings (a line under More: points at docs/reproductions.md).
+NOT_RUN_GROUPS = ("sweep", "local", "ziprc", "experiment")
 LINE_WIDTH = 120  # long descriptions are cut with an ellipsis
 
 FIRST_COMMANDS = [
@@ -115,8 +116,8 @@ def help_text(config_dir: Path = CONFIG_DIR) -> str:
     out += ["", "More:",
             "  KEY=VALUE sets any knob (trainer.steps=50, buffer.ratio=2); a mistyped key or option (clip=tigth)",
             "  is refused with the close matches. --cfg job prints the composed config, --hydra-help Hydra's own options,",
-            "  python -m src.eval --help evaluates saved policies. docs/configuration.md explains every group,",
-            "  docs/knobs.md every knob."]
+            "  +experiment=seed001-async (-tiny: on the CPU) sets a paper's experiment (docs/reproductions.md);",
+            "  python -m src.eval --help evaluates saved policies; docs/configuration.md and docs/knobs.md explain it all."]
     return "\n".join(out) + "\n"
 
 
@@ -157,8 +158,9 @@ def knob_sources(config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, tuple[obj
     sources: dict[str, dict[str, tuple[object, str]]] = {}
     for path in sorted(config_dir.rglob("*.yaml")):
         relative = path.relative_to(config_dir)
-        if relative.parts[0] in ("sweep", "local", "hydra") or relative.name == "ziprc_main.yaml":
-            continue  # studies, site settings and Hydra's own groups; ZIP-RC's entry config has its own page
+        if relative.parts[0] in ("sweep", "local", "hydra", "experiment") or relative.name == "ziprc_main.yaml":
+            continue  # studies, site settings, Hydra's own groups and the papers' experiments (docs/reproductions.md,
+            # which set the groups' keys); ZIP-RC's entry config has its own page
         text = path.read_text()
         top = len(relative.parts) == 1 or "@package _global_" in text.split("\n", 1)[0]
         prefix = "" if top else f"{relative.parts[0]}."

@@ -112,8 +112,8 @@ def yaml_defaults(root: Path = CONFIG_DIR) -> dict[str, object]:
 
     for path in sorted(Path(root).rglob("*.yaml")):
         relative = path.relative_to(root)
-        if relative.parts[0] in ("sweep", "local", "hydra"):  # sweeper grids, site and launcher settings: Hydra's
-            continue
+        if relative.parts[0] in ("sweep", "local", "hydra", "experiment"):  # sweeper grids, site and launcher
+            continue  # settings: Hydra's; a paper's experiment only sets keys the groups define
         text = path.read_text()
         node = yaml.safe_load(text) or {}
         is_global = "@package _global_" in text.split("\n", 1)[0] or len(relative.parts) == 1

@@ -45,6 +45,10 @@ def test_async_builds_the_pipeline_store_and_its_own_cells(compose_config):
     (("runtime.workers=0",), "runtime.workers"),
     (("runtime.staleness_mode=wait",), "runtime.staleness_mode='wait'"),
     (("runtime.mu=0",), "runtime.mu=0"),
+    (("runtime.batch_rollouts=0",), "runtime.batch_rollouts=0"),
+    (("runtime.batch_rollouts=2000",), "runtime.capacity N=1024 < B = 2000"),
+    (("runtime.batch_rollouts=60", "runtime.sharded=true", "runtime.trainers=7", "runtime.capacity=252"),
+     "cannot be split over 7 shards"),  # seed 001 D.2: 63 when T = 7
     (("runtime.sharded=true", "runtime.trainers=3", "runtime.capacity=1536"), "cannot be split over 3 shards"),
     (("runtime.gpus_per_worker=1",), "runtime.gpus_per_worker=1 with hardware.device=cpu"),
     (("hardware.device=cuda",), "each worker needs a GPU of its own"),
@@ -94,3 +98,21 @@ def test_the_budget_plan_of_an_async_run_follows_its_lockstep_schedule(compose_c
     plan = plan_for_config(cfg)
     # W = 2, mu = 4: each worker makes a group every 2 steps; step 0 waits for the first two (the Ray tests' run)
     assert plan.fresh_groups_per_step == (2, 0, 2, 0, 2) and plan.fresh_evaluations == 24
+
+
+def test_a_batch_of_rollouts_is_not_tied_to_whole_groups_and_the_plan_counts_it(compose_config):
+    # Seed 001 D.2 (001_c87e0ce01a0f00be.txt lines 2287-2288, 2332-2333): 60 rollouts an update with G = 16.
+    from src.build import build_runtime
+    from src.study.budget import plan_for_config
+
+    seed001 = compose_config("runtime=async", "trainer.group_size=16", "trainer.groups_per_step=4",
+                             "runtime.batch_rollouts=60")
+    assert build_runtime(seed001).settings.batch == 60 != 4 * 16
+    sizes = ("trainer.groups_per_step=2", "trainer.group_size=4", "trainer.steps=5", "runtime.capacity=32",
+             "runtime.groups_per_request=1")
+    whole = plan_for_config(compose_config("runtime=async", *sizes))
+    rollouts = plan_for_config(compose_config("runtime=async", *sizes, "runtime.batch_rollouts=6"))
+    # W = 2, mu = 4: a group of 4 takes mu T K / B = 8/3 steps at B = 6, so the workers add R = B W / mu = 3
+    # rollouts a step against 4 at B = 8; step 0 waits for the first two groups either way.
+    assert whole.fresh_groups_per_step == (2, 0, 2, 0, 2) and whole.fresh_evaluations == 24
+    assert rollouts.fresh_groups_per_step == (2, 0, 0, 2, 0) and rollouts.fresh_evaluations == 16

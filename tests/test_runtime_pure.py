@@ -271,6 +271,39 @@ def test_block_bound_holds_areal_rule_and_drop_evicts_stale_rollouts():
     assert max(dropped.next_step()["offpolicy/max"] for _ in range(20)) <= 1
 
 
+def max_off_policiness(queue: str, mode: str, eta: int | None, steps: int = 40) -> int:
+    # Four workers at mu = 1 make rollouts four times faster than the trainer uses them: a FIFO of 64 then
+    # keeps each rollout for several steps, and a LIFO of 32 keeps workers waiting on a full queue.
+    pipeline = lockstep(queue, capacity=64 if queue == "buffer" else 32, workers=4, mu=1.0, staleness=eta,
+                        staleness_mode=mode)
+    return int(max(pipeline.next_step()["offpolicy/max"] for _ in range(steps)))
+
+
+def test_block_bounds_generation_not_what_a_fifo_buffer_trains_on_and_drop_bounds_both_queues():
+    # SPEC 11's eta: `block` (AReaL's rule) keeps generation within eta versions of the trainer, which bounds a
+    # sample's off-policiness only when each rollout is trained once, soon after it is made. A FIFO buffer
+    # keeps a rollout for N/R steps whatever eta is, and blocking slows generation, so the buffer's
+    # rollouts get older, not younger. `drop` evicts what is more than eta versions old before each draw.
+    assert max_off_policiness("buffer", "block", None) == 2
+    assert [max_off_policiness("buffer", "block", eta) for eta in (0, 1, 2)] == [8, 8, 8]
+    assert [max_off_policiness("buffer", "drop", eta) for eta in (0, 1, 2)] == [0, 1, 2]
+    assert max_off_policiness("lifo", "block", None) == 1
+    assert [max_off_policiness("lifo", "block", eta) for eta in (0, 1, 2)] == [0, 1, 1]
+    assert [max_off_policiness("lifo", "drop", eta) for eta in (0, 1, 2)] == [0, 1, 1]
+
+
+def test_compute_per_update_and_mu_from_counts_follow_the_queue():
+    # Eq. 1 (seed 001 lines 136, 150): 1 + W/T with a buffer, 1 + mu without one. D.4's mu from counts
+    # (lines 2426-2442) needs the buffer: a LIFO trains each rollout once, so the counts give W/T and gamma 1.
+    buffered = lockstep(workers=3, mu=2.5, capacity=64).next_step()
+    assert buffered["runtime/compute_per_update"] == pytest.approx(1 + 3 / 1)
+    assert buffered["runtime/gamma_counts"] == pytest.approx(4 / (1 + buffered["runtime/mu_counts"]))
+    streaming = lockstep("lifo", workers=3, mu=2.5, capacity=32)
+    metrics = [streaming.next_step() for _ in range(6)][-1]
+    assert metrics["runtime/compute_per_update"] == pytest.approx(1 + 2.5)
+    assert "runtime/mu_counts" not in metrics and "runtime/gamma_counts" not in metrics
+
+
 def test_lockstep_resume_continues_exactly(tmp_path):
     whole = lockstep(workers=2, mu=3.0, capacity=24)
     expected = [whole.next_step() for _ in range(10)]
@@ -314,3 +347,14 @@ def test_the_planner_prints_table1_and_the_expected_replay_count(capsys):
     main(["--mu", "5.28", "--workers", "6", "--trainers", "2", "--batch", "60", "--capacity", "252"])
     out = capsys.readouterr().out
     assert all(value in out for value in ("1.27", "0.64", "0.42", "0.21", "0.18", "1.760", "7.392"))
+    assert "Table 1, Qwen2.5-7B" in out                               # seed 001 line 170
+
+
+def test_the_planner_titles_mu_6_84_table_3(capsys):
+    from src.runtime.plan import main
+
+    main(["--mu", "6.84"])
+    out = capsys.readouterr().out
+    assert "Table 3, Qwen3-0.6B" in out and "Table 1" not in out      # seed 001 lines 2458-2463
+    main(["--mu", "4"])
+    assert "Table" not in capsys.readouterr().out                     # no paper table at mu = 4

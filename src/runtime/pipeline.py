@@ -240,19 +240,28 @@ class Pipeline:
     def rate_measures(self) -> dict[str, float]:
         s, c = self.settings, self.counters
         wall = self.wall()
-        mu_counts = formulas.mu_from_counts(c.trained_samples, c.generated_rollouts, s.workers, s.trainers)
         per_batch_worker = c.worker_busy_s / c.generated_rollouts * s.batch if c.generated_rollouts else math.nan
         per_batch_trainer = c.trainer_busy_s / (c.version + 1)
         mu_busy = formulas.mu_from_busy_times(per_batch_worker, per_batch_trainer)
-        gamma = lambda mu: formulas.compute_ratio(s.workers, s.trainers, mu) if mu > 0 else math.nan  # noqa: E731
-        return {"time/rollouts_per_s": c.generated_rollouts / wall if wall else math.nan,
-                "time/updates_per_s": (c.version + 1) / wall if wall else math.nan,
-                "runtime/generated_rollouts": float(c.generated_rollouts),
-                "time/weight_sync": self._last_sync, "time/weight_sync_total": c.sync_seconds,
-                "runtime/worker_restarts": float(c.restarts),
-                "runtime/mu_counts": mu_counts, "time/mu_busy": mu_busy,
-                "runtime/gamma_counts": gamma(mu_counts), "time/gamma_busy": gamma(mu_busy),
-                "runtime/compute_per_update": formulas.compute_per_update(s.workers, s.trainers, s.mu)}
+        buffered = self.queue.name == "buffer"
+        out = {"time/rollouts_per_s": c.generated_rollouts / wall if wall else math.nan,
+               "time/updates_per_s": (c.version + 1) / wall if wall else math.nan,
+               "runtime/generated_rollouts": float(c.generated_rollouts),
+               "time/weight_sync": self._last_sync, "time/weight_sync_total": c.sync_seconds,
+               "runtime/worker_restarts": float(c.restarts),
+               "time/mu_busy": mu_busy, "time/gamma_busy": self._gamma(mu_busy),
+               # Eq. 1 (seed 001 lines 136 and 150): C(1 + W/T) with a buffer, C(1 + mu) without one.
+               "runtime/compute_per_update": formulas.compute_per_update(s.workers, s.trainers, s.mu, buffered)}
+        if buffered:
+            # D.4's estimate (seed 001 lines 2436-2442) holds because with a buffer neither side waits for the
+            # other. A LIFO trains each rollout once, so the same counts give W/T and gamma 1 by construction.
+            mu_counts = formulas.mu_from_counts(c.trained_samples, c.generated_rollouts, s.workers, s.trainers)
+            out.update({"runtime/mu_counts": mu_counts, "runtime/gamma_counts": self._gamma(mu_counts)})
+        return out
+
+    def _gamma(self, mu: float) -> float:
+        s = self.settings
+        return formulas.compute_ratio(s.workers, s.trainers, mu) if mu > 0 else math.nan
 
     # ---- bookkeeping ----
     def wall(self) -> float:

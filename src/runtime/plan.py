@@ -1,6 +1,7 @@
-"""Seed 001's planning numbers without a model (SPEC 11): Table 1 for any mu, the expected replay count.
+"""Seed 001's planning numbers without a model (SPEC 11): its table of gamma for any mu, the expected replay count.
 
     python -m src.runtime.plan --mu 5.28                               # Table 1 (eq. 2) at mu = 5.28
+    python -m src.runtime.plan --mu 6.84                               # Table 3 (Qwen3-0.6B)
     python -m src.runtime.plan --mu 5.28 --workers 6 --trainers 2 --batch 60 --capacity 252
 
 For a split (W, T) it prints the compute per update with and without a buffer (eq. 1), gamma
@@ -18,8 +19,14 @@ from rich.table import Table
 from src.runtime import formulas
 
 
+# The paper's tables of gamma and the mu each was printed for (seed 001 line 170: Table 1, Qwen2.5-7B;
+# lines 2458-2463: Table 3, Qwen3-0.6B). Any other mu is eq. 2 alone.
+PAPER_TABLES = {5.28: "Table 1, Qwen2.5-7B", 6.84: "Table 3, Qwen3-0.6B"}
+
+
 def table1(mu: float) -> Table:
-    table = Table(title=f"gamma = (1 + W/T) / (1 + mu) at mu = {mu:g} (seed 001 eq. 2, Table 1)")
+    source = f"seed 001 eq. 2, {PAPER_TABLES[mu]}" if mu in PAPER_TABLES else "seed 001 eq. 2"
+    table = Table(title=f"gamma = (1 + W/T) / (1 + mu) at mu = {mu:g} ({source})")
     table.add_column("(W, T)")
     table.add_column("gamma", justify="right")
     table.add_column("replay count mu T / W", justify="right")

@@ -118,6 +118,7 @@ class AsyncRuntime(Variant):
     """`runtime=async`: seed 001's pipeline of W workers, one queue and the trainer, on Ray."""
 
     knobs = {"workers": int_knob(1, 1_024, "2"), "trainers": int_knob(1, 1_024, "1"),
+             "batch_rollouts": int_knob(1, 100_000_000, "60 or null", nullable=True),
              "capacity": int_knob(1, 100_000_000, "1024"), "positive_bias": float_knob(0, 1, "0.5", high_open=True),
              "sync_every": int_knob(1, 100_000, "1"), "mu": float_knob(0, 1e6, "5.28", low_open=True),
              "worker_cost": float_knob(0, 1e6, "2.0 or null", low_open=True, nullable=True),
@@ -143,7 +144,7 @@ class AsyncRuntime(Variant):
         return async_budget_plan(cfg)
 
     def __init__(self, cfg: DictConfig, name: str = "async", workers: int = 2, trainers: int = 1,
-                 queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
+                 batch_rollouts: int | None = None, queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
                  sharded: bool = False, sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0,
                  worker_cost: float | None = None,
                  trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
@@ -152,10 +153,10 @@ class AsyncRuntime(Variant):
         self.cfg, self.name = cfg, name
         self.queue_name = check_choice("runtime.queue", queue, QUEUES)
         self.schedule = check_choice("runtime.schedule", schedule, SCHEDULES)
-        group_size, groups = int(cfg.trainer.group_size), int(cfg.trainer.groups_per_step)
+        group_size = int(cfg.trainer.group_size)
         self.settings = PipelineSettings(
             workers=check_int("runtime.workers", workers, 1), trainers=check_int("runtime.trainers", trainers, 1),
-            batch=groups * group_size, group_size=group_size, sync_every=check_int("runtime.sync_every", sync_every, 1),
+            batch=self.batch_size(cfg, batch_rollouts), group_size=group_size, sync_every=check_int("runtime.sync_every", sync_every, 1),
             staleness=None if staleness is None else check_int("runtime.staleness", staleness, 0),
             staleness_mode=check_choice("runtime.staleness_mode", staleness_mode, STALENESS_MODES),
             mu=float(mu), worker_cost=worker_cost, trainer_cost=float(trainer_cost),
@@ -173,6 +174,16 @@ class AsyncRuntime(Variant):
         # The queue checks its own settings; `ready` refuses a batch that does not split over the shards.
         build_queue(**self.queue_options(seed=0)).ready(self.settings.batch)
 
+    @staticmethod
+    def batch_size(cfg: DictConfig, batch_rollouts: int | None) -> int:
+        """B, the rollouts one update draws: `runtime.batch_rollouts` (seed 001 D.2 trains on 60 rollouts from
+        the buffer, each keeping the advantage its group gave it at generation), or by default the
+        synchronous step's work, trainer.groups_per_step x trainer.group_size."""
+        if batch_rollouts is None:
+            return int(cfg.trainer.groups_per_step) * int(cfg.trainer.group_size)
+        return check_int("runtime.batch_rollouts", batch_rollouts, 1, "60 (seed 001), or null for "
+                         "trainer.groups_per_step x trainer.group_size.")
+
     def _check(self, cfg: DictConfig) -> None:
         s = self.settings
         if self.trainer_ranks > 1 and self.trainer_ranks != s.trainers:
@@ -184,8 +195,9 @@ class AsyncRuntime(Variant):
                              "lockstep clock only (its rates count T; T trainer actors are untested without it); use "
                              "runtime.schedule=lockstep or trainers=1")
         if self.capacity < s.batch:
-            raise ValueError(f"runtime.capacity N={self.capacity} < B = trainer.groups_per_step x trainer.group_size = "
-                             f"{s.batch} rollouts: the trainer would wait forever; raise runtime.capacity to >= {s.batch}")
+            raise ValueError(f"runtime.capacity N={self.capacity} < B = {s.batch} rollouts a batch (runtime.batch_rollouts, "
+                             "or trainer.groups_per_step x trainer.group_size): the trainer would wait forever; raise "
+                             f"runtime.capacity to >= {s.batch}")
         if self.queue_name == "lifo" and self.capacity < s.batch + s.request_rollouts:
             raise ValueError(f"runtime.queue=lifo with runtime.capacity N={self.capacity}: workers wait while a full "
                              f"queue holds N, so N must fit a batch and a request in flight "
