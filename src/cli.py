@@ -3,8 +3,9 @@ then Hydra and the training in `src.run`.
 
 A mistake on the command line (a mistyped option or key, a value out of range, a setting the chosen option does not
 use, a policy folder that does not exist) is one line and exit 2 within a second or two: this module and what it
-imports load no torch, transformers or MLflow (`tests/test_cli.py` checks), and `python -m src.benchmarks`-style
-figures come from `python -m benchmarks.first_answer`. `src.run` imports them only after these checks pass.
+imports load no torch, transformers or MLflow (`tests/test_cli.py` checks; `python -m benchmarks.first_answer`
+times it). `src.run` imports them only after these checks pass, and `src.config.validate` checks the whole config
+again there, with every component class loaded.
 """
 
 from __future__ import annotations
@@ -56,9 +57,14 @@ def hydra_order(argv: list[str]) -> list[str]:
     return flags + overrides
 
 
+def is_multirun(argv: list[str]) -> bool:
+    """`-m`, `--multirun`, or Hydra's own `hydra.mode=MULTIRUN`."""
+    return any(word in MULTIRUN or word.replace(" ", "") == "hydra.mode=MULTIRUN" for word in argv)
+
+
 def check_multirun(argv: list[str]) -> None:
     """A study (`+sweep=ratio`) or sweeper setting without `-m` would train the default cell alone: refuse it."""
-    if any(word in MULTIRUN + NO_JOB for word in argv):
+    if is_multirun(argv) or any(word in NO_JOB for word in argv):
         return
     for word in argv:
         key = word.split("=", 1)[0].lstrip("+~")
@@ -69,7 +75,7 @@ def check_multirun(argv: list[str]) -> None:
 
 def single_run(argv: list[str]) -> bool:
     """Whether this command line trains one cell from conf/ (no -m, no flag that prints or reads another config)."""
-    return not any(word.split("=", 1)[0] in MULTIRUN + NO_JOB + OTHER_CONFIG for word in argv)
+    return not is_multirun(argv) and not any(word.split("=", 1)[0] in NO_JOB + OTHER_CONFIG for word in argv)
 
 
 def check_config(overrides: list[str]) -> None:
