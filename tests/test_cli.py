@@ -133,8 +133,13 @@ def refused(tmp_path_factory):
              f"hydra.run.dir={store}/run"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "400", "HF_HUB_CACHE": str(folder / "hub"),
                  **env})))
-    return [(store, subprocess.CompletedProcess(proc.args, proc.wait(timeout=300), *proc.communicate()))
-            for store, proc in runs]
+    try:
+        outputs = [proc.communicate(timeout=300) for _, proc in runs]
+        return [(store, subprocess.CompletedProcess(proc.args, proc.returncode, *output))
+                for (store, proc), output in zip(runs, outputs)]
+    finally:  # a command that trains instead of refusing stops with the test
+        for _, proc in runs:
+            proc.kill()
 
 
 @pytest.mark.parametrize("index", range(len(MISTAKES)), ids=[" ".join(argv) for argv, _, _ in MISTAKES])
