@@ -4,7 +4,7 @@
     python -m benchmarks.first_answer --repeats 1
 
 Each mistake runs as a fresh process from the project folder (Python start-up, the check, the one-line message),
-with its MLflow store and run folder in a temporary folder that must stay empty. The target (issue 40): under 2 s on an idle
+with its MLflow store and run folder in a temporary folder that must stay empty. The target: under 2 s on an idle
 2-core machine, because the checks run before torch, transformers and MLflow are imported (src/cli.py). A figure
 includes the machine's load: the load average is printed with the table.
 """
