@@ -29,6 +29,7 @@ MISTAKES = [
     ("a value out of range", ["trainer.steps=0"]),
     ("a component knob out of range", ["buffer=age2", "buffer.ratio=-1"]),
     ("a setting the option does not use", ["buffer=none", "buffer.max_age=2"]),
+    ("a setting only other options have", ["loss.eps_low=0.2"]),
     ("a policy folder that does not exist", ["policy.name_or_path=checkpoints/tiny-countdwn"]),
     ("a hub name the hub cannot serve", ["policy.name_or_path=Qwen/Qwen2.5-0.5X"]),
     ("a study without -m", ["+sweep=ratio", "hydra.sweeper.dry_run=true"]),

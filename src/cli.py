@@ -91,9 +91,36 @@ def check_config(overrides: list[str]) -> None:
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3", job_name="run"):
             cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException):
+    except (HydraException, OmegaConfBaseException) as error:
+        # Hydra raises ConfigCompositionException from OmegaConf's error, which names the key it could not set.
+        check_setting_of_other_options(getattr(error.__cause__, "full_key", None), overrides)
         return
     check_before_imports(cfg, overrides)
+
+
+def check_setting_of_other_options(key: str | None, overrides: list[str]) -> None:
+    """`loss.eps_low=0.2` under loss=rloo: a key the chosen option's YAML does not have, so the setting would
+    change nothing (Hydra's own answer suggests adding it with `+`). Raise CommandLineError naming the options
+    that have it; a key no option has is left to the unknown-key check and Hydra."""
+    import yaml
+
+    from src.paths import CONFIG_DIR, searchpath_folders
+    from src.schema import _leaves
+
+    word = next((word for word in overrides if key and word.split("=", 1)[0] == key), None)
+    if word is None or key.count(".") < 1:
+        return
+    group, name = key.split(".", 1)
+    having = sorted({path.stem for root in (CONFIG_DIR, *searchpath_folders(overrides))
+                     for path in (root / group).glob("*.yaml") if name in _leaves(yaml.safe_load(path.read_text()) or {})})
+    if having:
+        from src.help import group_defaults  # the default option (another option may pick a different one)
+
+        chosen = next((w.split("=", 1)[1] for w in overrides if w.split("=", 1)[0] == group), None)
+        chosen = chosen or group_defaults().get(group, "?")
+        raise CommandLineError(f"{word}: {group}={chosen} has no setting {name}, so it would change nothing; "
+                               f"pick a {group} that has it ({', '.join(f'{group}={stem}' for stem in having)}), "
+                               f"or drop {key}")
 
 
 def check(argv: list[str]) -> list[str]:

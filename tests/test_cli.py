@@ -110,6 +110,7 @@ MISTAKES = [
     (["buffer=age2", "buffer.ratio=-1"], {}, ["buffer.ratio=-1: out of range"]),
     (["buffer=none", "buffer.max_age=2"], {},
      ["buffer.max_age=2: buffer=none has no knob max_age (its knobs: ratio)", "e.g. buffer=age"]),
+    (["loss.eps_low=0.2"], {}, ["loss.eps_low=0.2: loss=rloo has no setting eps_low", "(loss=grpo, loss=grpo-coupled)"]),
     (["policy.name_or_path=checkpoints/tiny-countdwn"], {},
      ["policy.name_or_path='checkpoints/tiny-countdwn': no such folder", str(ROOT / "checkpoints" / "tiny-countdwn"),
       "(did you mean checkpoints/tiny-countdown?)"]),
