@@ -19,7 +19,6 @@ import os
 import uuid
 from pathlib import Path
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from src.passk import ESTIMATORS
@@ -48,8 +47,6 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     """
     _check_targets(cfg)  # first: the component classes give their settings' types (`Variant.knobs`)
     _schema(check_values, cfg)  # unknown keys, types and each knob's range: the checks below trust them
-    if HydraConfig.initialized():  # a job of `python -m src.run`: its command line's settings must take effect
-        _schema(lambda composed: check_unused_settings(composed, list(HydraConfig.get().overrides.task)), cfg)
     evaluation = cfg.evaluation
     _check_sizes(cfg)
     _validate_policy_files(cfg.policy.name_or_path, check_hub=check_device)
@@ -78,6 +75,15 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
            "drop them or raise evaluation.samples_per_prompt")
 
 
+def check_settings_take_effect(cfg: DictConfig, overrides: list[str], choices) -> None:
+    """A job's command-line settings that its chosen options do not use (`src.schema.check_unused_settings`), with
+    every component class loaded: `src.run` checks them for the groups `check_before_imports` could not."""
+    from src.paths import searchpath_folders
+
+    roots = tuple(searchpath_folders(overrides))
+    _schema(lambda composed: check_unused_settings(composed, overrides, choices, roots=roots), cfg)
+
+
 def check_before_imports(cfg: DictConfig, overrides: list[str]) -> None:
     """`validate`'s checks that need no model library, for `src.cli` to answer before torch, transformers and
     MLflow load: keys, types and ranges (of the groups whose class loads without them), command-line settings the
@@ -87,7 +93,8 @@ def check_before_imports(cfg: DictConfig, overrides: list[str]) -> None:
 
     _schema(lambda composed: check_values(composed, describe), cfg)
     roots = tuple(searchpath_folders(overrides))
-    _schema(lambda composed: check_unused_settings(composed, overrides, describe, roots), cfg)
+    _schema(lambda composed: check_unused_settings(composed, overrides, cfg.hydra.runtime.choices, describe, roots),
+            cfg)
     _check_sizes(cfg)
     _validate_policy_files(cfg.policy.name_or_path)
 

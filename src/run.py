@@ -39,7 +39,7 @@ from src.runs import tracking
 from src.study.budget import budget_is_floor, plan_for_config, replay_demand_met
 from src.buffer.store import store_class
 from src.cli import exit_with_message
-from src.config import ConfigError, validate
+from src.config import ConfigError, check_settings_take_effect, validate
 from src.runs.diskspace import DiskFull, quiet_log_files_when_full, writing
 from src.runs.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
 from src.eval.standalone import evaluate_policy
@@ -322,6 +322,8 @@ def nothing_to_train(reason: NothingToTrain) -> Skipped | float:
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")  # absolute: see __main__
 def main(cfg: DictConfig) -> float:
     try:
+        job = HydraConfig.get()
+        check_settings_take_effect(cfg, list(job.overrides.task), job.runtime.choices)  # this job's command line
         summary = train(cfg)
     except NothingToTrain as reason:
         return nothing_to_train(reason)
@@ -338,7 +340,7 @@ def main(cfg: DictConfig) -> float:
 
 
 def launch() -> None:
-    """Hydra's app on the command line in sys.argv, which `src.cli` has checked (and `cli` checks here)."""
+    """Hydra's app on the command line in sys.argv, which `src.cli` has checked."""
     # Outside a cell's training (composing the config, planning a sweep, between its cells) a Ctrl-C lets the
     # work in hand end rather than cut it anywhere: the next cell sees it and stops before loading a model.
     with StopOnSignal((signal.SIGINT,), until="before the next cell starts") as outside_cells:

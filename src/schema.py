@@ -184,12 +184,12 @@ def _component_knobs(classes: dict[str, type | None]) -> dict[str, Knob]:
             for name, knob in found.knobs.items()}
 
 
-def check_unused_settings(cfg: DictConfig, overrides: list[str], describe=described,
+def check_unused_settings(cfg: DictConfig, overrides: list[str], choices, describe=described,
                           roots: tuple[Path, ...] = ()) -> None:
     """Raise SchemaError for a command-line `group.key=value` that the group's chosen class does not declare
     among its knobs while another option's class of the group does (`buffer=none buffer.max_age=2`): the
     setting would change nothing. Keys no class declares (a label, a switch) are left alone; so is a group
-    whose class `describe` cannot give yet (None)."""
+    whose class `describe` cannot give yet (None). `choices`: each group's option (Hydra's runtime.choices)."""
     for word in overrides:
         key = word.split("=", 1)[0]
         if "=" not in word or word.startswith(("+", "~", "-")) or key.count(".") != 1:
@@ -200,8 +200,7 @@ def check_unused_settings(cfg: DictConfig, overrides: list[str], describe=descri
             continue
         users = _options_declaring(group, name, describe, (CONFIG_DIR, *roots))
         if users:
-            option = cfg.hydra.runtime.choices.get(group, "?") if "hydra" in cfg else cfg[group].get("name", "?")
-            raise SchemaError(f"{word}: {group}={option} has no knob {name} (its knobs: "
+            raise SchemaError(f"{word}: {group}={choices.get(group, '?')} has no knob {name} (its knobs: "
                               f"{', '.join(sorted(chosen.knobs)) or 'none'}), so the setting would change nothing; "
                               f"pick a {group} that uses it, e.g. {group}={users[0]}, or drop {key}")
 

@@ -155,3 +155,13 @@ def test_help_loads_no_model_library(tmp_path):
     done = src_run(["--help"], tmp_path, entry=AS_MAIN)
     assert done.returncode == 0 and "Config groups" in done.stdout
     assert done.stderr == f"{LOADED}\n", done.stderr
+
+
+def test_a_setting_a_torch_component_does_not_use_is_one_line_before_mlflow_opens(tmp_path):
+    """A loss class (its module needs torch) is asked once the run imported it, still before any MLflow run."""
+    (tmp_path / "conf" / "loss").mkdir(parents=True)
+    (tmp_path / "conf" / "loss" / "rlooeps.yaml").write_text(
+        "_target_: src.loss.rloo.RlooObjective\nname: rloo\neps_low: 0.2   # the YAML sets it; the class has no such knob\n")
+    done = src_run([f"hydra.searchpath=[file://{tmp_path}/conf]", "loss=rlooeps", "loss.eps_low=0.3"], tmp_path)
+    one_line(done, "loss.eps_low=0.3: loss=rlooeps has no knob eps_low", "e.g. loss=grpo")
+    assert not (tmp_path / "m.db").exists()
