@@ -350,7 +350,7 @@ def launch() -> None:
 
 
 def cli() -> None:
-    """`src.cli.cli` under the name an installed `replay-rloo` script may still call (pip writes the script at install)."""
+    """`src.cli.cli` under the name an installed `replay-rloo` script may still call (pip writes it at install)."""
     from src.cli import cli as checked_cli
 
     checked_cli()
