@@ -162,7 +162,7 @@ def test_a_setting_a_torch_component_does_not_use_is_one_line_before_mlflow_open
     """A loss class (its module needs torch) is asked once the run imported it, still before any MLflow run."""
     (tmp_path / "conf" / "loss").mkdir(parents=True)
     (tmp_path / "conf" / "loss" / "rlooeps.yaml").write_text(
-        "_target_: src.loss.rloo.RlooObjective\nname: rloo\neps_low: 0.2  # the YAML sets it, the class has no such knob\n")
+        "_target_: src.loss.rloo.RlooObjective\nname: rloo\neps_low: 0.2  # set here, not a knob of the class\n")
     done = src_run([f"hydra.searchpath=[file://{tmp_path}/conf]", "loss=rlooeps", "loss.eps_low=0.3"], tmp_path)
     one_line(done, "loss.eps_low=0.3: loss=rlooeps has no knob eps_low", "e.g. loss=grpo")
     assert not (tmp_path / "m.db").exists()
