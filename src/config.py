@@ -13,6 +13,7 @@ message naming the key, the value and the fix.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import uuid
@@ -21,8 +22,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from src.passk import ESTIMATORS
-from src.paths import register_root_resolver, resolve_policy_path
-from src.schema import SchemaError, check_values
+from src.paths import PROJECT_ROOT, register_root_resolver, resolve_policy_path, workspace_root
+from src.schema import SchemaError, check_unused_settings, check_values
 from src.policy import DTYPE_NAMES
 from src.variant import VARIANT_GROUPS, described, load_target
 
@@ -32,6 +33,7 @@ if not OmegaConf.has_resolver("unique"):
     OmegaConf.register_new_resolver("unique", lambda: f"{os.getpid()}-{uuid.uuid4().hex[:6]}", use_cache=True)
 
 ENGINES = ("hf", "vllm")
+HUB_TIMEOUT_S = 10  # the one request that asks the hub whether a policy name exists
 
 
 class ConfigError(ValueError):
@@ -45,15 +47,9 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     """
     _check_targets(cfg)  # first: the component classes give their settings' types (`Variant.knobs`)
     _schema(check_values, cfg)  # unknown keys, types and each knob's range: the checks below trust them
-    trainer, buffer, evaluation = cfg.trainer, cfg.buffer, cfg.evaluation
-    _check(trainer.heartbeat_timeout_s >= 2 * trainer.heartbeat_every_s,
-           f"trainer.heartbeat_timeout_s={trainer.heartbeat_timeout_s} < 2 x trainer.heartbeat_every_s="
-           f"{trainer.heartbeat_every_s}: a live run would look dead between two heartbeats; raise the timeout")
-    _validate_policy_files(cfg.policy.name_or_path)
-    fresh_groups = round(trainer.groups_per_step / (1 + buffer.ratio))  # B_fresh, as src.batch.plan_batch
-    _check(fresh_groups >= 1,
-           f"buffer.ratio rho={buffer.ratio} with trainer.groups_per_step B={trainer.groups_per_step} plans "
-           f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
+    evaluation = cfg.evaluation
+    _check_sizes(cfg)
+    _validate_policy_files(cfg.policy.name_or_path, check_hub=check_device)
     _validate_components(cfg)
     _validate_across_groups(cfg)
     _validate_ranks(cfg)
@@ -79,6 +75,41 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
            "drop them or raise evaluation.samples_per_prompt")
 
 
+def check_settings_take_effect(cfg: DictConfig, overrides: list[str], choices) -> None:
+    """A job's command-line settings that its chosen options do not use (`src.schema.check_unused_settings`), with
+    every component class loaded: `src.run` checks them for the groups `check_before_imports` could not."""
+    from src.paths import searchpath_folders
+
+    roots = tuple(searchpath_folders(overrides))
+    _schema(lambda composed: check_unused_settings(composed, overrides, choices, roots=roots), cfg)
+
+
+def check_before_imports(cfg: DictConfig, overrides: list[str]) -> None:
+    """`validate`'s checks that need no model library, for `src.cli` to answer before torch, transformers and
+    MLflow load: keys, types and ranges (of the groups whose class loads without them), command-line settings the
+    chosen option does not use, the trainer's sizes and the policy's files. `validate` runs them all again."""
+    from src.paths import searchpath_folders
+    from src.variant import described_without_heavy_modules as describe
+
+    _schema(lambda composed: check_values(composed, describe), cfg)
+    roots = tuple(searchpath_folders(overrides))
+    _schema(lambda composed: check_unused_settings(composed, overrides, cfg.hydra.runtime.choices, describe, roots),
+            cfg)
+    _check_sizes(cfg)
+    _validate_policy_files(cfg.policy.name_or_path)
+
+
+def _check_sizes(cfg: DictConfig) -> None:
+    trainer, buffer = cfg.trainer, cfg.buffer
+    _check(trainer.heartbeat_timeout_s >= 2 * trainer.heartbeat_every_s,
+           f"trainer.heartbeat_timeout_s={trainer.heartbeat_timeout_s} < 2 x trainer.heartbeat_every_s="
+           f"{trainer.heartbeat_every_s}: a live run would look dead between two heartbeats; raise the timeout")
+    fresh_groups = round(trainer.groups_per_step / (1 + buffer.ratio))  # B_fresh, as src.batch.plan_batch
+    _check(fresh_groups >= 1,
+           f"buffer.ratio rho={buffer.ratio} with trainer.groups_per_step B={trainer.groups_per_step} plans "
+           f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
+
+
 def _validate_vllm(options: DictConfig, check_installed: bool) -> None:
     kv_cache = options.get("kv_cache_gib")
     _check(kv_cache is None or kv_cache > 0,
@@ -94,15 +125,18 @@ POLICY_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "
                      "special_tokens_map.json")
 
 
-def _validate_policy_files(name_or_path: str) -> None:
-    """A local policy folder must hold readable files: a damaged one is named here, not by a library traceback."""
+def _validate_policy_files(name_or_path: str, check_hub: bool = True) -> None:
+    """A local policy folder must hold readable files: a damaged one is named here, not by a library traceback.
+    A name that is no folder here is a hub model, which must be in the hub cache or, with `check_hub`, on the
+    hub: one request answers that, where transformers would retry for a minute before its traceback."""
     folder = Path(resolve_policy_path(name_or_path))
     fix = ("rebuild it (`make sft-tiny` for the tiny policy), or point policy.name_or_path at an intact folder "
            "(default: checkpoints/tiny-countdown)")
     if not folder.is_dir():
-        _check(not str(name_or_path).startswith(("/", ".", "~")),
-               f"policy.name_or_path='{name_or_path}': no such folder; {fix}")
-        return  # a hub name: from_pretrained resolves it
+        _check_missing_folder(str(name_or_path), fix)
+        if check_hub:
+            _check_hub_model(str(name_or_path))
+        return
     _check((folder / "config.json").is_file(),
            f"policy.name_or_path='{name_or_path}': {folder} holds no config.json, so it is not a saved model; {fix}")
     for name in POLICY_JSON_FILES:
@@ -117,11 +151,64 @@ def _validate_policy_files(name_or_path: str) -> None:
 
     for path in sorted(folder.glob("*.safetensors")):
         try:
-            with safe_open(str(path), framework="pt") as weights:
+            with safe_open(str(path), framework="numpy") as weights:  # numpy: the header alone needs no torch
                 weights.keys()  # reads and checks the header against the file's size
         except Exception as error:  # noqa: BLE001  (safetensors raises its own error types)
             raise ConfigError(f"policy.name_or_path='{name_or_path}': {path} is damaged "
                               f"({error.__class__.__name__}: {error}); {fix}") from None
+
+
+def _check_missing_folder(name: str, fix: str) -> None:
+    """Refuse a name that means a folder here (a path, or one under an existing folder such as checkpoints/) but
+    names none: the message lists where it looked and the close names beside it."""
+    bases = list(dict.fromkeys((workspace_root(), PROJECT_ROOT)))
+    first = Path(name).parts[0] if name else ""
+    if not (name.startswith(("/", ".", "~")) or name.count("/") > 1 or any((base / first).is_dir() for base in bases)):
+        return  # `org/model` or `model`: a hub name
+    looked = [Path(name).expanduser()] if name.startswith(("/", "~")) else [base / name for base in bases]
+    siblings = sorted({path.name for where in looked if where.parent.is_dir() for path in where.parent.iterdir()
+                       if path.is_dir()})
+    close = difflib.get_close_matches(Path(name).name, siblings, n=1, cutoff=0.6)
+    hint = f" (did you mean {str(Path(name).parent / close[0])}?)" if close else ""
+    raise ConfigError(f"policy.name_or_path='{name}': no such folder, looked for {' and '.join(map(str, looked))}"
+                      f"{hint}; {fix}")
+
+
+def _check_hub_model(name: str) -> None:
+    """A hub name must be in the local hub cache, or (unless HF_HUB_OFFLINE is set) answer one request to the hub."""
+    from huggingface_hub import constants
+
+    if (Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "snapshots").is_dir():
+        return
+    start = (f"policy.name_or_path='{name}': not a folder here (looked in {workspace_root()}) nor in the hub cache "
+             f"({constants.HF_HUB_CACHE})")
+    fetch = f"download it where there is network (`hf download {name}`, same HF_HOME), or point the key at a folder"
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(f"{start}, and HF_HUB_OFFLINE is set; {fetch}")
+    problem = _hub_problem(name, constants.ENDPOINT)
+    if problem:
+        raise ConfigError(f"{start}, and {problem}; {fetch}, or fix the name")
+
+
+def _hub_problem(name: str, endpoint: str) -> str | None:
+    """Why the hub cannot serve model `name` (one HEAD request, no retries), or None when it can."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import get_token
+
+    token = get_token()
+    request = urllib.request.Request(f"{endpoint}/api/models/{name}", method="HEAD",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        urllib.request.urlopen(request, timeout=HUB_TIMEOUT_S).close()
+    except urllib.error.HTTPError as error:
+        if error.code in (401, 403, 404):
+            return f"{endpoint} has no model of that name that this machine may read (HTTP {error.code})"
+        return f"{endpoint} answered HTTP {error.code}"
+    except (urllib.error.URLError, OSError) as error:
+        return f"{endpoint} cannot be reached from here ({getattr(error, 'reason', error)})"
+    return None
 
 
 def _validate_components(cfg: DictConfig) -> None:

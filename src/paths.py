@@ -47,3 +47,32 @@ def resolve_policy_path(name_or_path: str) -> str:
         if (base / candidate).exists():
             return str(base / candidate)
     return name_or_path
+
+
+def searchpath_folders(overrides: list[str]) -> list[Path]:
+    """The folders a command line's `hydra.searchpath=[...]` adds to Hydra's config search path, wherever the
+    override stands: `file://` entries relative to the working directory (as Hydra's FileConfigSource joins them,
+    hydra/_internal/core_plugins/file_config_source.py:24), `pkg://` entries as the package's folder."""
+    import importlib.util
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    words = [word for word in overrides if word.startswith("hydra.searchpath=")]
+    try:
+        entries = [entry for override in OverridesParser.create().parse_overrides(words)
+                   for entry in override.value() if isinstance(entry, str)]
+    except (HydraException, TypeError):
+        return []  # a malformed value: Hydra's own message names it
+    folders = []
+    for entry in entries:
+        scheme, _, where = entry.partition("://")
+        if scheme == "file":
+            folders.append(Path(where).expanduser().resolve())
+        elif scheme == "pkg":
+            try:
+                spec = importlib.util.find_spec(where)
+            except ImportError:
+                spec = None
+            folders += [Path(folder) for folder in (spec.submodule_search_locations or [])] if spec else []
+    return [folder for folder in folders if folder.is_dir()]

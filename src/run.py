@@ -8,11 +8,21 @@
 
 from __future__ import annotations
 
-import logging
+import sys
+
+if __name__ == "__main__":
+    # `python -m src.run` runs this file as __main__: the command line is checked (src/cli.py) before the imports
+    # below load torch, transformers and MLflow. The task then runs through the importable module `src.run`, not
+    # __main__: submitit pickles it for SLURM jobs, and a __main__ function would be pickled with this module's globals.
+    from src.cli import cli
+
+    cli()
+    sys.exit()
+
+import logging  # noqa: E402  (the imports of the training itself)
 import math
 import shutil
 import signal
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +38,8 @@ from src.runs import progress
 from src.runs import tracking
 from src.study.budget import budget_is_floor, plan_for_config, replay_demand_met
 from src.buffer.store import store_class
-from src.config import ConfigError, validate
+from src.cli import exit_with_message
+from src.config import ConfigError, check_settings_take_effect, validate
 from src.runs.diskspace import DiskFull, quiet_log_files_when_full, writing
 from src.runs.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
 from src.eval.standalone import evaluate_policy
@@ -296,12 +307,6 @@ def _fmt(value) -> str:
 USER_ERRORS = (ConfigError, CheckpointError, tracking.StoreUnreachable, PipelineError, TaskDataError)
 
 
-def exit_with_message(error: Exception, status: int = 2) -> None:
-    """One line naming the problem and its fix, exit status 2 (1: the machine, not the command), no traceback."""
-    console.print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
-    sys.exit(status)
-
-
 def nothing_to_train(reason: NothingToTrain) -> Skipped | float:
     """A finished cell, or one another job trains: one line. In a sweep the job is a skip the sweeper counts;
     alone, a finished cell exits 0 and a cell trained elsewhere exits 2 (the command did not train)."""
@@ -319,6 +324,8 @@ def nothing_to_train(reason: NothingToTrain) -> Skipped | float:
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")  # absolute: see __main__
 def main(cfg: DictConfig) -> float:
     try:
+        job = HydraConfig.get()
+        check_settings_take_effect(cfg, list(job.overrides.task), job.runtime.choices)  # this job's command line
         summary = train(cfg)
     except NothingToTrain as reason:
         return nothing_to_train(reason)
@@ -334,19 +341,8 @@ def main(cfg: DictConfig) -> float:
     return summary.get("mean_reward", float("nan"))
 
 
-def cli() -> None:
-    """The command line (`python -m src.run`, console script `replay-rloo`): help, key check, then Hydra."""
-    from src.help import help_text, wants_help
-    from src.schema import SchemaError
-    from src.suggest import check_command_line
-
-    if wants_help(sys.argv[1:]):
-        sys.stdout.write(help_text())
-        return
-    try:
-        check_command_line(sys.argv[1:])  # near misses: one line with "did you mean", before Hydra composes
-    except SchemaError as error:
-        exit_with_message(error)
+def launch() -> None:
+    """Hydra's app on the command line in sys.argv, which `src.cli` has checked."""
     # Outside a cell's training (composing the config, planning a sweep, between its cells) a Ctrl-C lets the
     # work in hand end rather than cut it anywhere: the next cell sees it and stops before loading a model.
     with StopOnSignal((signal.SIGINT,), until="before the next cell starts") as outside_cells:
@@ -355,9 +351,8 @@ def cli() -> None:
         sys.exit(128 + signal.SIGINT)
 
 
-if __name__ == "__main__":
-    # Call the task through the importable module, not __main__: submitit pickles it for SLURM
-    # jobs, and a __main__ function would be pickled by value with this module's globals.
-    from src import run
+def cli() -> None:
+    """`src.cli.cli` under the name an installed `replay-rloo` script may still call (pip writes it at install)."""
+    from src.cli import cli as checked_cli
 
-    run.cli()
+    checked_cli()

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from src.paths import CONFIG_DIR
+from src.paths import CONFIG_DIR, searchpath_folders
 from src.runs.outputs import out_problem
 from src.variant import INF, VARIANT_GROUPS, Knob, described
 from src.variant import float_knob as _float
@@ -145,7 +145,7 @@ def check_override_keys(overrides: list[str]) -> None:
     (`+sweep=...`, checked after composition) and Hydra's own keys are left to Hydra.
     """
     # A variant's YAML in a folder the command line puts on Hydra's search path sets known keys too.
-    declared = frozenset(key for root in _searchpath_folders(overrides) for key in yaml_defaults(root))
+    declared = frozenset(key for root in searchpath_folders(overrides) for key in yaml_defaults(root))
     groups = {key.split(".", 1)[0] for key in known_keys() | declared}
     for override in overrides:
         key = override.split("=", 1)[0]
@@ -155,51 +155,73 @@ def check_override_keys(overrides: list[str]) -> None:
             check_known(key, declared)
 
 
-def _searchpath_folders(overrides: list[str]) -> list[Path]:
-    """The existing `file://` folders of a `hydra.searchpath=[...]` override."""
-    for override in overrides:
-        if override.startswith("hydra.searchpath="):
-            entries = override.split("=", 1)[1].strip("[]").split(",")
-            folders = [Path(entry.strip().strip("'\"")[len("file://"):]) for entry in entries
-                       if entry.strip().strip("'\"").startswith("file://")]
-            return [folder.resolve() for folder in folders if folder.is_dir()]
-    return []
-
-
-def check_values(cfg: DictConfig) -> None:
+def check_values(cfg: DictConfig, describe=described) -> None:
     """Raise SchemaError for the first unknown key, or value of the wrong type (NaN and inf included) or outside
-    its knob's range: each bound is declared once, on its knob, and checked here once."""
-    values = _task_leaves(cfg)
-    knobs = _knobs(cfg)
-    declared = frozenset(_component_knobs(cfg))
+    its knob's range: each bound is declared once, on its knob, and checked here once.
+
+    `describe` finds the class a variant group's node names; where it answers None (`src.cli` before torch
+    loads: `src.variant.described_without_heavy_modules`) that group's settings are left to a later check."""
+    classes = {group: describe(cfg.get(group)) for group in VARIANT_GROUPS}
+    later = {group for group, found in classes.items() if found is None}
+    values = {key: value for key, value in _task_leaves(cfg).items() if key.split(".", 1)[0] not in later}
+    defaults = yaml_defaults()
+    found = {**KNOBS, **_component_knobs(classes)}
     for key in values:
-        check_known(key, declared)
+        check_known(key, frozenset(found))
     for key, value in values.items():
         if key in LIST_KNOBS:
             _check_list(key, value)
         else:
-            _check_value(key, value, knobs(key))
+            _check_value(key, value, found[key] if key in found else _knob_from_default(key, defaults.get(key)))
     problem = out_problem(str(values["out"])) if "out" in values else None  # a folder, not a typed value
     if problem:
         raise SchemaError(problem)
 
 
-def _knobs(cfg: DictConfig):
-    """key -> Knob for this config: `KNOBS`, then the knobs of the classes its variant groups name, then the
-    type of the key's YAML default."""
-    defaults = yaml_defaults()
-    found = knobs_for(cfg)
-    return lambda key: found[key] if key in found else _knob_from_default(key, defaults.get(key))
-
-
 def knobs_for(cfg: DictConfig) -> dict[str, Knob]:
     """Every declared knob of this config: `KNOBS` and those of the classes its variant groups name."""
-    return {**KNOBS, **_component_knobs(cfg)}
+    return {**KNOBS, **_component_knobs({group: described(cfg.get(group)) for group in VARIANT_GROUPS})}
 
 
-def _component_knobs(cfg: DictConfig) -> dict[str, Knob]:
-    return {f"{group}.{name}": knob for group in VARIANT_GROUPS
-            for name, knob in described(cfg.get(group)).knobs.items()}
+def _component_knobs(classes: dict[str, type | None]) -> dict[str, Knob]:
+    return {f"{group}.{name}": knob for group, found in classes.items() if found is not None
+            for name, knob in found.knobs.items()}
+
+
+def check_unused_settings(cfg: DictConfig, overrides: list[str], choices, describe=described,
+                          roots: tuple[Path, ...] = ()) -> None:
+    """Raise SchemaError for a command-line `group.key=value` that the group's chosen class does not declare
+    among its knobs while another option's class of the group does (`buffer=none buffer.max_age=2`): the
+    setting would change nothing. Keys no class declares (a label, a switch) are left alone; so is a group
+    whose class `describe` cannot give yet (None). `choices`: each group's option (Hydra's runtime.choices)."""
+    for word in overrides:
+        key = word.split("=", 1)[0]
+        if "=" not in word or word.startswith(("+", "~", "-")) or key.count(".") != 1:
+            continue
+        group, name = key.split(".")
+        chosen = describe(cfg.get(group)) if group in VARIANT_GROUPS else None
+        if chosen is None or name in chosen.knobs:
+            continue
+        users = _options_declaring(group, name, describe, (CONFIG_DIR, *roots))
+        if users:
+            raise SchemaError(f"{word}: {group}={choices.get(group, '?')} has no knob {name} (its knobs: "
+                              f"{', '.join(sorted(chosen.knobs)) or 'none'}), so the setting would change nothing; "
+                              f"pick a {group} that uses it, e.g. {group}={users[0]}, or drop {key}")
+
+
+def _options_declaring(group: str, name: str, describe, roots) -> list[str]:
+    """The options of `group` (under each config root) whose class declares the knob `name`."""
+    found = []
+    for root in roots:
+        for path in sorted((Path(root) / group).glob("*.yaml")):
+            target = (yaml.safe_load(path.read_text()) or {}).get("_target_")
+            try:
+                described_class = describe({"_target_": target}) if target else None
+            except (ImportError, AttributeError):  # an option that cannot be picked: its own check names it
+                continue
+            if described_class is not None and name in described_class.knobs:
+                found.append(path.stem)
+    return found
 
 
 def _task_leaves(cfg: DictConfig) -> dict[str, object]:

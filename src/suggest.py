@@ -83,16 +83,23 @@ def group_choice_problem(override: Override, groups: list[str], options_of) -> s
 
 
 def check_group_choices(argv: list[str]) -> None:
-    """Raise SchemaError for the first override that picks an option (or a group) that does not exist."""
+    """Raise SchemaError for the first override that picks an option (or a group) that does not exist.
+
+    A `hydra.searchpath=[...]` override anywhere on the line adds its folders' options, as Hydra's config loader
+    reads them when it composes (hydra/_internal/config_loader_impl.py:152, `_process_config_searchpath`)."""
     overrides = overrides_of(argv)
     if not overrides:
         return
+    searchpath = [override.input_line for override in overrides if override.get_key_element() == "hydra.searchpath"]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
-        groups = loader.get_group_options("", ObjectType.GROUP)
+
+        def options_of(group: str, kind: ObjectType = ObjectType.CONFIG) -> list[str]:
+            return loader.get_group_options(group, kind, config_name="config", overrides=searchpath)
+
+        groups = options_of("", ObjectType.GROUP)
         for override in overrides:
-            problem = group_choice_problem(
-                override, groups, lambda group: loader.get_group_options(group, ObjectType.CONFIG))
+            problem = group_choice_problem(override, groups, options_of)
             if problem:
                 raise SchemaError(problem)
 

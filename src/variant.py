@@ -22,8 +22,10 @@ A new variant is then one class and one YAML: nothing else in `src/` lists it.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import inspect
 import math
+import sys
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -99,6 +101,36 @@ def described(node) -> type:
     if inspect.ismethod(found) and isinstance(found.__self__, type):
         found = found.__self__  # `Class.from_config`: the class describes itself
     return found if isinstance(found, type) and issubclass(found, Variant) else Variant
+
+
+# The libraries a command-line check waits for no longer than it must (`src.cli`): seconds to import each.
+HEAVY_MODULES = ("torch", "transformers", "mlflow", "vllm", "ray")
+
+
+class NeedsHeavyModule(Exception):
+    """Not an ImportError: a module that falls back when an optional import fails must not catch it."""
+
+
+class _RefuseHeavyModules(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in HEAVY_MODULES:
+            raise NeedsHeavyModule(name)
+        return None  # the other finders find it
+
+
+def described_without_heavy_modules(node) -> type | None:
+    """`described(node)` when its class's module imports without the HEAVY_MODULES (or they are loaded already),
+    else None: `src.cli` checks a command line with the classes that describe themselves within a second (the
+    replay stores), and `src.config.validate` checks the rest once the run has imported them. A module whose
+    import is cut short is dropped from sys.modules by the import system, so the run imports it afresh."""
+    refuse = _RefuseHeavyModules()
+    sys.meta_path.insert(0, refuse)
+    try:
+        return described(node)
+    except NeedsHeavyModule:
+        return None
+    finally:
+        sys.meta_path.remove(refuse)
 
 
 def load_target(target: str):

@@ -130,6 +130,7 @@ DOCUMENTED = {
     "make sweep-ratoi": "test_a_mistyped_make_target_names_the_nearest_ones",  # docs/runs.md: a mistyped target
     "python -m src.runtime.plan": "test_runtime_plan_prints_table_1",
     "python -m benchmarks.async_vs_sync": "test_async_vs_sync_benchmark_prints_both_runtimes",
+    "python -m benchmarks.first_answer": "test_first_answer_benchmark_times_each_refusal",
     "make check-engine": "test_make_check_engine_on_cpu",
     "make test-vllm-cpu": "test_make_test_vllm_cpu_builds_the_asked_vllm_then_runs_the_vllm_tests",
     "make bench-engines": "test_make_bench_engines_on_cpu",
@@ -739,3 +740,12 @@ def test_targets_that_cannot_run_here_have_their_command_lines():
         shown = ok(run(["make", "-n", "-B", "--no-print-directory", target, "TORCH_INDEX="]))
         for piece in expected:
             assert piece in shown, f"make {target} (needs {NOT_RUN_HERE[target][0]}): {piece!r} not in\n{shown}"
+
+
+def test_first_answer_benchmark_times_each_refusal():
+    from benchmarks.first_answer import MISTAKES
+
+    out = ok(run([sys.executable, "-m", "benchmarks.first_answer", "--repeats", "1"], timeout=600))
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "`python -m src.run" in line]
+    assert len(rows) == len(MISTAKES) and all(row.endswith("| 2 |") for row in rows), out  # each refused
+    assert all(float(row.split("|")[3]) > 0 for row in rows)

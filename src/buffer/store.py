@@ -163,6 +163,8 @@ class ReplayStore(Variant):
 class NoReplay(ReplayStore):
     """`buffer=none`: fresh-only training; nothing is drawn or kept, and the buffer metrics stay empty."""
 
+    # No age window and no capacity: `buffer=none buffer.max_age=2` is refused as a setting with no effect.
+    knobs = {"ratio": ReplayStore.knobs["ratio"]}
     queue_stands_in = True
 
     @classmethod
