@@ -1,8 +1,9 @@
 """The `experiment` group (conf/experiment/, `+experiment=seedNNN-...`): each paper's setting in one command.
 
 Every value a preset sets from its paper is pinned here against the paper's own number, with the line of
-`shared/seeds/` it comes from, so a preset cannot drift from its paper unnoticed. Tiny variants keep the
-paper's ratios at CPU scale; they validate, and (slow) each runs a step.
+the paper it comes from ("seed 001 line 2290"; docs/papers.md says what the cited passages fix), so a
+preset cannot drift from its paper unnoticed. Tiny variants keep the paper's ratios at CPU scale; they
+validate, and (slow) each runs a step.
 """
 
 from __future__ import annotations
@@ -17,141 +18,141 @@ from omegaconf import OmegaConf
 from src.config import validate
 from src.paths import CONFIG_DIR, PROJECT_ROOT
 
-S000, S001, S002, S003, S004 = ("000_130361721518be53.txt", "001_c87e0ce01a0f00be.txt", "002_5f3b34911f9cc9a3.txt",
-                                "003_5925ea7b638ef659.txt", "004_247f0f35d18eab10.txt")
+# "seed 001 line 2290": a line of the paper's plain text (docs/papers.md lists what each cited line says).
+S000, S001, S002, S003, S004 = ("seed 000 line", "seed 001 line", "seed 002 line", "seed 003 line", "seed 004 line")
 
 # preset -> {dotted key: (the paper's value, where it says so)}
 PAPERS = {
     "seed000-countdown": {
-        "policy.name_or_path": ("amulyaparthasarathy/qwen-sft-countdown", f"{S000}:304"),
-        "trainer.group_size": (8, f"{S000}:305"),
-        "trainer.groups_per_step": (128, f"{S000}:306"),
-        "trainer.steps": (100, f"{S000}:307"),
-        "trainer.learning_rate": (1e-5, f"{S000}:308"),
-        "trainer.weight_decay": (1e-4, f"{S000}:309"),
-        "trainer.kl_coef": (1e-3, f"{S000}:310"),
-        "trainer.entropy_coef": (1e-3, f"{S000}:311"),
-        "trainer.max_grad_norm": (None, f"{S000}:312"),
-        "trainer.rollout.temperature": (1.0, f"{S000}:313"),
-        "trainer.rollout.top_p": (1.0, f"{S000}:313"),
-        "trainer.rollout.top_k": (None, f"{S000}:313"),
-        "policy.max_new_tokens": (1024, f"{S000}:313"),
-        "loss.name": ("rloo", f"{S000}:90"),
-        "clip.ceiling": (10, f"{S000}:98"),
-        "buffer.capacity": (4096, f"{S000}:318"),
-        "evaluation.temperature": (0.6, f"{S000}:320"),
-        "evaluation.top_p": (0.95, f"{S000}:320"),
-        "evaluation.top_k": (20, f"{S000}:320"),
-        "evaluation.samples_per_prompt": (16, f"{S000}:321"),
-        "evaluation.prompts": (50, f"{S000}:100"),
-        "evaluation.repeats": (5, f"{S000}:100"),
-        "policy.vllm.max_model_len": (2048, f"{S000}:322"),
-        "hardware.name": ("h100", f"{S000}:106"),
+        "policy.name_or_path": ("amulyaparthasarathy/qwen-sft-countdown", f"{S000} 304"),
+        "trainer.group_size": (8, f"{S000} 305"),
+        "trainer.groups_per_step": (128, f"{S000} 306"),
+        "trainer.steps": (100, f"{S000} 307"),
+        "trainer.learning_rate": (1e-5, f"{S000} 308"),
+        "trainer.weight_decay": (1e-4, f"{S000} 309"),
+        "trainer.kl_coef": (1e-3, f"{S000} 310"),
+        "trainer.entropy_coef": (1e-3, f"{S000} 311"),
+        "trainer.max_grad_norm": (None, f"{S000} 312"),
+        "trainer.rollout.temperature": (1.0, f"{S000} 313"),
+        "trainer.rollout.top_p": (1.0, f"{S000} 313"),
+        "trainer.rollout.top_k": (None, f"{S000} 313"),
+        "policy.max_new_tokens": (1024, f"{S000} 313"),
+        "loss.name": ("rloo", f"{S000} 90"),
+        "clip.ceiling": (10, f"{S000} 98"),
+        "buffer.capacity": (4096, f"{S000} 318"),
+        "evaluation.temperature": (0.6, f"{S000} 320"),
+        "evaluation.top_p": (0.95, f"{S000} 320"),
+        "evaluation.top_k": (20, f"{S000} 320"),
+        "evaluation.samples_per_prompt": (16, f"{S000} 321"),
+        "evaluation.prompts": (50, f"{S000} 100"),
+        "evaluation.repeats": (5, f"{S000} 100"),
+        "policy.vllm.max_model_len": (2048, f"{S000} 322"),
+        "hardware.name": ("h100", f"{S000} 106"),
     },
     "seed001-async": {
-        "policy.name_or_path": ("Qwen/Qwen3-0.6B", f"{S001}:412-415"),
-        "task.preset": ("openr1", f"{S001}:413"),
-        "runtime.name": ("async", f"{S001}:86-124"),
-        "loss.name": ("grpo-coupled", f"{S001}:2292-2330"),
-        "loss.eps_low": (0.2, f"{S001}:2332"),
-        "loss.eps_high": (0.2, f"{S001}:2332"),
-        "trainer.kl_coef": (0.0, f"{S001}:2331-2332"),
-        "trainer.entropy_coef": (0.0, f"{S001}:2292-2330"),  # the objective has no entropy term
-        "trainer.group_size": (16, f"{S001}:2332-2333"),
-        "runtime.batch_rollouts": (60, f"{S001}:2287-2288"),
-        "trainer.learning_rate": (3.37e-7, f"{S001}:2290"),
-        "trainer.weight_decay": (0.0, f"{S001}:2287"),  # Adam
-        "trainer.rollout.temperature": (1.0, f"{S001}:2360"),
-        "evaluation.temperature": (0.1, f"{S001}:2360"),
-        "evaluation.top_p": (0.95, f"{S001}:2360"),
-        "runtime.capacity": (252, f"{S001}:111-112"),
-        "runtime.mu": (6.84, f"{S001}:2452"),
-        "runtime.sharded": (True, f"{S001}:2465-2470"),
-        "runtime.staleness": (None, f"{S001}:2286-2362"),  # no bound
-        "hardware.name": ("h100x8", f"{S001}:2264-2266"),
+        "policy.name_or_path": ("Qwen/Qwen3-0.6B", f"{S001} 412-415"),
+        "task.preset": ("openr1", f"{S001} 413"),
+        "runtime.name": ("async", f"{S001} 86-124"),
+        "loss.name": ("grpo-coupled", f"{S001} 2292-2330"),
+        "loss.eps_low": (0.2, f"{S001} 2332"),
+        "loss.eps_high": (0.2, f"{S001} 2332"),
+        "trainer.kl_coef": (0.0, f"{S001} 2331-2332"),
+        "trainer.entropy_coef": (0.0, f"{S001} 2292-2330"),  # the objective has no entropy term
+        "trainer.group_size": (16, f"{S001} 2332-2333"),
+        "runtime.batch_rollouts": (60, f"{S001} 2287-2288"),
+        "trainer.learning_rate": (3.37e-7, f"{S001} 2290"),
+        "trainer.weight_decay": (0.0, f"{S001} 2287"),  # Adam
+        "trainer.rollout.temperature": (1.0, f"{S001} 2360"),
+        "evaluation.temperature": (0.1, f"{S001} 2360"),
+        "evaluation.top_p": (0.95, f"{S001} 2360"),
+        "runtime.capacity": (252, f"{S001} 111-112"),
+        "runtime.mu": (6.84, f"{S001} 2452"),
+        "runtime.sharded": (True, f"{S001} 2465-2470"),
+        "runtime.staleness": (None, f"{S001} 2286-2362"),  # no bound
+        "hardware.name": ("h100x8", f"{S001} 2264-2266"),
     },
     "seed002-replay": {
-        "trainer.steps": (60, f"{S002}:121"),
-        "trainer.groups_per_step": (32, f"{S002}:121"),
-        "trainer.group_size": (8, f"{S002}:121"),
-        "trainer.micro_batch_size": (32 * 8 // 16, f"{S002}:121"),  # gradient accumulation 16
-        "trainer.learning_rate": (5e-6, f"{S002}:121"),
-        "trainer.entropy_coef": (1e-3, f"{S002}:121"),
-        "trainer.kl_coef": (0.02, f"{S002}:121"),
-        "trainer.checkpoint_every": (5, f"{S002}:121"),
-        "buffer.name": ("fifo", f"{S002}:83"),
-        "buffer.capacity": (1024, f"{S002}:121"),
-        "buffer.ratio": (0.0, f"{S002}:97-108"),
-        "buffer.extra_updates": (2 - 1, f"{S002}:142"),  # R = 2
-        "loss.name": ("rloo-tis", f"{S002}:85-89"),
-        "loss.is_max": (10.0, f"{S002}:121"),
-        "loss.is_level": ("sequence", f"{S002}:85"),
+        "trainer.steps": (60, f"{S002} 121"),
+        "trainer.groups_per_step": (32, f"{S002} 121"),
+        "trainer.group_size": (8, f"{S002} 121"),
+        "trainer.micro_batch_size": (32 * 8 // 16, f"{S002} 121"),  # gradient accumulation 16
+        "trainer.learning_rate": (5e-6, f"{S002} 121"),
+        "trainer.entropy_coef": (1e-3, f"{S002} 121"),
+        "trainer.kl_coef": (0.02, f"{S002} 121"),
+        "trainer.checkpoint_every": (5, f"{S002} 121"),
+        "buffer.name": ("fifo", f"{S002} 83"),
+        "buffer.capacity": (1024, f"{S002} 121"),
+        "buffer.ratio": (0.0, f"{S002} 97-108"),
+        "buffer.extra_updates": (2 - 1, f"{S002} 142"),  # R = 2
+        "loss.name": ("rloo-tis", f"{S002} 85-89"),
+        "loss.is_max": (10.0, f"{S002} 121"),
+        "loss.is_level": ("sequence", f"{S002} 85"),
     },
     "seed002-aggressive": {
-        "trainer.steps": (60, f"{S002}:121"),
-        "trainer.groups_per_step": (32, f"{S002}:121"),
-        "trainer.group_size": (8, f"{S002}:121"),
-        "trainer.learning_rate": (5e-6, f"{S002}:121"),
-        "trainer.kl_coef": (0.02, f"{S002}:121"),
-        "buffer.extra_updates": (4 - 1, f"{S002}:147"),  # R = 4
-        "behaviour.name": ("stale", f"{S002}:147"),
-        "behaviour.lag": (4, f"{S002}:147"),
-        "loss.is_level": ("token", f"{S002}:147"),
-        "loss.is_max_token": (2.0, f"{S002}:121"),
+        "trainer.steps": (60, f"{S002} 121"),
+        "trainer.groups_per_step": (32, f"{S002} 121"),
+        "trainer.group_size": (8, f"{S002} 121"),
+        "trainer.learning_rate": (5e-6, f"{S002} 121"),
+        "trainer.kl_coef": (0.02, f"{S002} 121"),
+        "buffer.extra_updates": (4 - 1, f"{S002} 147"),  # R = 4
+        "behaviour.name": ("stale", f"{S002} 147"),
+        "behaviour.lag": (4, f"{S002} 147"),
+        "loss.is_level": ("token", f"{S002} 147"),
+        "loss.is_max_token": (2.0, f"{S002} 121"),
     },
     "seed003-deepscaler": {
-        "policy.name_or_path": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", f"{S003}:66"),
-        "task.preset": ("deepscaler", f"{S003}:66"),
-        "task.verifier.format_reward": (0.0, f"{S003}:270"),  # binary reward
-        "policy.max_new_tokens": (8192, f"{S003}:270"),
-        "trainer.groups_per_step": (256, f"{S003}:270"),
-        "trainer.entropy_coef": (0.0, f"{S003}:270"),
-        "trainer.kl_coef": (0.0, f"{S003}:269"),
-        "buffer.name": ("popo", f"{S003}:269"),
-        "loss.name": ("grpo", f"{S003}:269"),
-        "hardware.name": ("h100x8", f"{S003}:270"),  # 8 A100s: the 8-GPU node preset
+        "policy.name_or_path": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", f"{S003} 66"),
+        "task.preset": ("deepscaler", f"{S003} 66"),
+        "task.verifier.format_reward": (0.0, f"{S003} 270"),  # binary reward
+        "policy.max_new_tokens": (8192, f"{S003} 270"),
+        "trainer.groups_per_step": (256, f"{S003} 270"),
+        "trainer.entropy_coef": (0.0, f"{S003} 270"),
+        "trainer.kl_coef": (0.0, f"{S003} 269"),
+        "buffer.name": ("popo", f"{S003} 269"),
+        "loss.name": ("grpo", f"{S003} 269"),
+        "hardware.name": ("h100x8", f"{S003} 270"),  # 8 A100s: the 8-GPU node preset
     },
     "seed003-countdown": {
-        "policy.name_or_path": ("Qwen/Qwen2.5-3B", f"{S003}:67"),
-        "task.dataset": ("Jiayi-Pan/Countdown-Tasks-3to4", f"{S003}:67"),
-        "task.train_size": (20000, f"{S003}:67"),
-        "policy.max_new_tokens": (1024, f"{S003}:270"),
-        "trainer.groups_per_step": (256, f"{S003}:270"),
-        "trainer.entropy_coef": (0.001, f"{S003}:270"),
-        "trainer.kl_coef": (0.0, f"{S003}:269"),
-        "buffer.name": ("popo", f"{S003}:269"),
-        "loss.name": ("grpo", f"{S003}:269"),
+        "policy.name_or_path": ("Qwen/Qwen2.5-3B", f"{S003} 67"),
+        "task.dataset": ("Jiayi-Pan/Countdown-Tasks-3to4", f"{S003} 67"),
+        "task.train_size": (20000, f"{S003} 67"),
+        "policy.max_new_tokens": (1024, f"{S003} 270"),
+        "trainer.groups_per_step": (256, f"{S003} 270"),
+        "trainer.entropy_coef": (0.001, f"{S003} 270"),
+        "trainer.kl_coef": (0.0, f"{S003} 269"),
+        "buffer.name": ("popo", f"{S003} 269"),
+        "loss.name": ("grpo", f"{S003} 269"),
     },
     "seed004-frontier": {
-        "task.dataset": ("asingh15/countdown_tasks_3to4", f"{S004}:131"),
-        "trainer.steps": (80, f"{S004}:135"),
-        "trainer.groups_per_step": (64, f"{S004}:135"),
-        "trainer.group_size": (8, f"{S004}:135"),
-        "trainer.learning_rate": (1e-5, f"{S004}:135"),
-        "trainer.kl_coef": (1e-3, f"{S004}:135"),
-        "trainer.entropy_coef": (1e-3, f"{S004}:135"),
-        "trainer.weight_decay": (1e-4, f"{S004}:135"),
-        "trainer.rollout.temperature": (1.0, f"{S004}:135"),
-        "trainer.rollout.top_p": (1.0, f"{S004}:135"),
-        "trainer.rollout.top_k": (None, f"{S004}:135"),  # -1: off
-        "curriculum.name": ("frontier", f"{S004}:90"),
-        "curriculum.fraction": (0.10, f"{S004}:135"),
-        "loss.name": ("rloo", f"{S004}:133"),
-        "evaluation.samples_per_prompt": (128, f"{S004}:137"),
-        "evaluation.ks": ([1, 16, 128], f"{S004}:137"),
-        "evaluation.estimator": ("first_k", f"{S004}:137"),
-        "evaluation.repeats": (1, f"{S004}:137"),
+        "task.dataset": ("asingh15/countdown_tasks_3to4", f"{S004} 131"),
+        "trainer.steps": (80, f"{S004} 135"),
+        "trainer.groups_per_step": (64, f"{S004} 135"),
+        "trainer.group_size": (8, f"{S004} 135"),
+        "trainer.learning_rate": (1e-5, f"{S004} 135"),
+        "trainer.kl_coef": (1e-3, f"{S004} 135"),
+        "trainer.entropy_coef": (1e-3, f"{S004} 135"),
+        "trainer.weight_decay": (1e-4, f"{S004} 135"),
+        "trainer.rollout.temperature": (1.0, f"{S004} 135"),
+        "trainer.rollout.top_p": (1.0, f"{S004} 135"),
+        "trainer.rollout.top_k": (None, f"{S004} 135"),  # -1: off
+        "curriculum.name": ("frontier", f"{S004} 90"),
+        "curriculum.fraction": (0.10, f"{S004} 135"),
+        "loss.name": ("rloo", f"{S004} 133"),
+        "evaluation.samples_per_prompt": (128, f"{S004} 137"),
+        "evaluation.ks": ([1, 16, 128], f"{S004} 137"),
+        "evaluation.estimator": ("first_k", f"{S004} 137"),
+        "evaluation.repeats": (1, f"{S004} 137"),
     },
 }
 
 # Mini-batch sizes (prompts) are the batch over loss.updates_per_step.
-MINI_BATCHES = {"seed003-deepscaler": (128, f"{S003}:270"), "seed003-countdown": (64, f"{S003}:270")}
+MINI_BATCHES = {"seed003-deepscaler": (128, f"{S003} 270"), "seed003-countdown": (64, f"{S003} 270")}
 
 # Each study's cells (hydra.sweeper.grids): the paper's grid.
 GRIDS = {
-    "seed001-async": 6 + 1,       # the (W, T) splits of Tables 1 and 3 (001:166-170, 2461) and the no-buffer baseline
+    "seed001-async": 6 + 1,       # the (W, T) splits of Tables 1 and 3 (seed 001 lines 166-170, 2461) and the no-buffer baseline
     "seed000-countdown": 1 + 9 + 12 + 1,  # rho0, L x c, rho x c (3 cells shared with L x c), the stress probe
-    "seed003-deepscaler": 3,      # POPO, GRPO, DAPO (003:69)
+    "seed003-deepscaler": 3,      # POPO, GRPO, DAPO (seed 003 line 69)
     "seed003-countdown": 3,
     "seed004-frontier": 6,        # frontier and vanilla RLOO, IPO, rho in {0.05, 0.12, 0.15} (004 Tables 1, 2)
 }
@@ -258,7 +259,7 @@ def test_a_tiny_preset_runs_a_step(tmp_path, preset):
 
 
 def test_seed001_study_is_table_1s_splits_with_63_rollouts_at_t_7(composed):
-    # 001_c87e0ce01a0f00be.txt lines 166-170 and 2461 (W + T = 8), lines 2287-2288 (60 rollouts, 63 when T = 7).
+    # seed 001 lines 166-170 and 2461 (W + T = 8), lines 2287-2288 (60 rollouts, 63 when T = 7).
     cells = {(int(grid["runtime.workers"]), int(grid["runtime.trainers"])): grid
              for grid in composed["seed001-async"].hydra.sweeper.grids if "runtime.queue" not in grid}
     assert sorted(cells, reverse=True) == [(7, 1), (6, 2), (5, 3), (4, 4), (2, 6), (1, 7)]
