@@ -1,14 +1,14 @@
 """FIFO experience replay of whole prompt groups (SPEC 9 "FIFO replay"; seeds 001 and 002).
 
-Sources (plain-text copies in ``shared/seeds/``):
+Sources (docs/papers.md summarises each cited part):
 
-* seed 001 (``001_c87e0ce01a0f00be.txt``), "Experience replay for LLM post-training":
+* seed 001, "Experience replay for LLM post-training":
   a first-in, first-out buffer holding the last N samples, sampled uniformly with replacement
   (section 3.1-3.2 and appendix B.5); the "No replacement" and "No replacement, at least once"
   variants (appendix E, Figure 18); positive-bias sampling with coefficient delta (section 5 and
   appendix D.4); the off-policiness, replay-ratio and steps-since-last-use statistics
   (section 3.2, Figure 2 and appendix D.3).
-* seed 002 (``002_5f3b34911f9cc9a3.txt``), "Off-policy sampling for RLOO", section 3.2 and
+* seed 002, "Off-policy sampling for RLOO", section 3.2 and
   Algorithm 1: one update on the fresh batch, then R - 1 extra updates on batches drawn from the
   FIFO buffer, and only then the fresh batch is appended to the buffer
   (:func:`extra_updates`, :meth:`FifoReplayBuffer.extra_update_batches`).

@@ -1,6 +1,6 @@
 """POPO batch composition: drop ineffective online groups, refill from recent effective ones (SPEC 9 "POPO").
 
-Source: seed 003 (``shared/seeds/003_5925ea7b638ef659.txt``), "RLVR without Ineffective Samples:
+Source: seed 003 (docs/papers.md), "RLVR without Ineffective Samples:
 Group Prioritized Off-Policy Optimization", section 4.1 (prioritized group replay) and
 section 5.3 (ablations). The equations did not survive the text conversion; the rules below are
 read from the prose.

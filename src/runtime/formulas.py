@@ -1,6 +1,6 @@
 """Seed 001's compute and replay arithmetic, and AReaL's staleness rule, as pure functions (SPEC 11).
 
-Sources (plain text in `shared/seeds/001_c87e0ce01a0f00be.txt`):
+Sources (seed 001; docs/papers.md quotes each):
 
 * eq. 1: compute per update, in units of one trainer step C: C(1 + mu) without a buffer
   (the workers must produce a fresh batch for every update), C(1 + W/T) with one (the W
