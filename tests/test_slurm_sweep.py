@@ -88,7 +88,8 @@ def test_requeued_slurm_job_resumes_into_the_same_run_with_identical_metrics(tmp
     mlflow.set_tracking_uri(store)
     runs = mlflow.search_runs(experiment_names=["replay-rloo"])
     assert list(runs["status"]) == ["FINISHED"]  # one run: the requeued job continued it
-    logs = "".join(path.read_text() for path in (tmp_path / "multirun").glob(".submitit/*/*_log.out"))
+    # The run's log lines go to the job's stderr (*_log.err), its results to stdout (*_log.out).
+    logs = "".join(path.read_text() for path in (tmp_path / "multirun").glob(".submitit/*/*_log.*"))
     assert "marked KILLED" in logs and "resuming run" in logs
     client = MlflowClient(store)
     expected_run = mlflow.search_runs(experiment_names=["reference"]).run_id[0]
