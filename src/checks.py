@@ -1,10 +1,13 @@
-"""Argument checks shared by components that validate their own settings.
+"""Argument checks shared by components that validate their own settings, and the one-line exit for a
+command line that fails them.
 
 A component names each setting by its config key (`buffer.capacity`), so the message `src.config`
 shows for a bad value is the constructor's own.
 """
 
 from __future__ import annotations
+
+import sys
 
 
 def check_int(name: str, value: object, minimum: int, hint: str = "") -> int:
@@ -33,3 +36,11 @@ def composition_error(error: Exception, overrides: list[str]) -> str:
         group, _, option = missing.rpartition("/")
         text += did_you_mean(group, close_matches(option, list(options)))
     return f"{' '.join(overrides)}: {text.strip()}"
+
+
+def exit_with_message(error: Exception, status: int = 2) -> None:
+    """One line naming the problem and its fix, exit status 2 (1: the machine, not the command), no traceback."""
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
+    sys.exit(status)

@@ -15,6 +15,8 @@ import io
 import shlex
 import sys
 
+from src.checks import exit_with_message
+
 MULTIRUN = ("-m", "--multirun")
 # Flags after which Hydra runs no job (it prints something, or hands over to another program).
 NO_JOB = ("--cfg", "-c", "--info", "-i", "--hydra-help", "--shell-completion", "-sc", "--experimental-rerun")
@@ -24,14 +26,6 @@ OTHER_CONFIG = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", 
 
 class CommandLineError(ValueError):
     """A command line that cannot mean what its user wants; the message says what to type instead."""
-
-
-def exit_with_message(error: Exception, status: int = 2) -> None:
-    """One line naming the problem and its fix, exit status 2 (1: the machine, not the command), no traceback."""
-    from rich.console import Console
-
-    Console(stderr=True).print(f"[bold red]error:[/bold red] {error}", soft_wrap=True, highlight=False)
-    sys.exit(status)
 
 
 def hydra_order(argv: list[str]) -> list[str]:

@@ -10,6 +10,7 @@ site-packages is no place for a user's runs (and is often read-only).
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -76,3 +77,26 @@ def searchpath_folders(overrides: list[str]) -> list[Path]:
                 spec = None
             folders += [Path(folder) for folder in (spec.submodule_search_locations or [])] if spec else []
     return [folder for folder in folders if folder.is_dir()]
+
+
+def folder_problem(key: str, folder: str) -> str | None:
+    """Why `folder` (the value of `key`) cannot hold a job's outputs, or None when it can (it is made here)."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass
+    except OSError as error:
+        return (f"{key}={folder}: cannot write there ({error.strerror or error}); give {key}= a folder you can "
+                "write to (out=DIR moves the store and outputs/ under DIR; the default is the project folder)")
+    return None
+
+
+def out_problem(folder: str) -> str | None:
+    """Why `out` cannot hold the store and outputs/, or None when it can (it is made here).
+
+    Absolute only: the store's artifact folder becomes a file:// URI, which a relative path has none of
+    (pathlib's as_uri raises), and every process would read a relative `out` from its own working directory."""
+    if not Path(folder).is_absolute():  # `~` too: Hydra passes it on as it is
+        return (f"out={folder}: give an absolute folder, e.g. out={Path.cwd() / Path(folder).expanduser()} "
+                "(the store and outputs/ go under it)")
+    return folder_problem("out", folder)

@@ -38,7 +38,7 @@ from src.runs import progress
 from src.runs import tracking
 from src.study.budget import budget_is_floor, plan_for_config, replay_demand_met
 from src.buffer.store import store_class
-from src.cli import exit_with_message
+from src.checks import exit_with_message
 from src.config import ConfigError, check_settings_take_effect, validate
 from src.runs.diskspace import DiskFull, quiet_log_files_when_full, writing
 from src.runs.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
@@ -349,10 +349,3 @@ def launch() -> None:
         main()
     if outside_cells.requested:
         sys.exit(128 + signal.SIGINT)
-
-
-def cli() -> None:
-    """`src.cli.cli` under the name an installed `replay-rloo` script may still call (pip writes it at install)."""
-    from src.cli import cli as checked_cli
-
-    checked_cli()

@@ -19,8 +19,7 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from src.paths import CONFIG_DIR, searchpath_folders
-from src.runs.outputs import out_problem
+from src.paths import CONFIG_DIR, out_problem, searchpath_folders
 from src.variant import INF, VARIANT_GROUPS, Knob, described
 from src.variant import float_knob as _float
 from src.variant import int_knob as _int

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from src.runs import tracking
-from src.runs.outputs import out_problem
+from src.paths import out_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", "COLUMNS": "200"}

@@ -30,7 +30,7 @@ from rich.console import Console
 
 from src.passk import unbiased_pass_at_k
 from src.task import countdown
-from src.runs.outputs import out_problem
+from src.paths import out_problem
 from src.runs.tracking import ensure_experiment, flat_params, finite
 from src.ziprc import data, metrics
 from src.ziprc.decode import EARLY_STOP_ANSWERS, META_POLICIES, VALUE_SOURCES, MetaPolicy, decode_all
