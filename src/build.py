@@ -9,8 +9,10 @@ stand-ins, so `src.config.validate` reports a bad setting before any model loads
 
 from __future__ import annotations
 
+import inspect
+
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig
 
 from src.buffer.store import ReplayStore
@@ -88,8 +90,17 @@ def check_settings(cfg: DictConfig) -> None:
     build_store(cfg)
     task = build_task(cfg.task)
     task.check_curriculum(cfg.curriculum.name)
+    check_takes(cfg.curriculum)
     build_rollout_and_objective(cfg, policy=torch.nn.Module(), engine=None, sampler=None, prompts=None, forward=None,
                                 task=task)
+
+
+def check_takes(node: DictConfig) -> None:
+    """Raise the TypeError a build would raise for a setting the node's `_target_` does not take: the prompt sampler
+    is built only once the training set is loaded, and a study that sets `curriculum.fraction` beside a
+    `curriculum: frontier,none` grid must be refused at planning, not in its none cell's job."""
+    settings = {key: value for key, value in node.items() if key != "_target_"}
+    inspect.signature(get_object(node._target_)).bind_partial(**settings)
 
 
 def build(node: DictConfig, **live):

@@ -71,6 +71,19 @@ PAPERS = {
         "runtime.staleness": (None, f"{S001} 2286-2362"),  # no bound
         "hardware.name": ("h100x8", f"{S001} 2264-2266"),
     },
+    "seed002-onpolicy": {
+        "trainer.steps": (60, f"{S002} 121"),
+        "trainer.groups_per_step": (32, f"{S002} 121"),
+        "trainer.group_size": (8, f"{S002} 121"),
+        "trainer.micro_batch_size": (32 * 8 // 16, f"{S002} 121"),  # gradient accumulation 16
+        "trainer.learning_rate": (5e-6, f"{S002} 121"),
+        "trainer.entropy_coef": (1e-3, f"{S002} 121"),
+        "trainer.kl_coef": (0.02, f"{S002} 121"),
+        "buffer.name": ("none", f"{S002} 140"),  # on-policy RLOO
+        "behaviour.name": ("current", f"{S002} 140"),
+        "loss.name": ("rloo-tis", f"{S002} 85-89"),
+        "loss.is_max": (10.0, f"{S002} 121"),
+    },
     "seed002-replay": {
         "trainer.steps": (60, f"{S002} 121"),
         "trainer.groups_per_step": (32, f"{S002} 121"),

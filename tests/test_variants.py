@@ -566,3 +566,13 @@ def patch_reward(monkeypatch, reward) -> None:
     real = countdown.verify
     monkeypatch.setattr(countdown, "verify", lambda text, numbers, target: dataclasses.replace(
         real(text, numbers, target), reward=float(reward(text, numbers, target))))
+
+
+def test_a_curriculum_setting_its_sampler_does_not_take_is_refused_before_anything_runs(compose_config):
+    # A study of `curriculum: frontier,none` whose preset sets curriculum.fraction gives the none cell a setting
+    # uniform sampling does not take: the sweep's plan (validate) must refuse it, not the cell's job.
+    cfg = compose_config("curriculum=none")
+    OmegaConf.set_struct(cfg, False)
+    cfg.curriculum.fraction = 0.1
+    with pytest.raises(ConfigError, match="fraction"):
+        validate(cfg)

@@ -1,0 +1,156 @@
+"""A paper's headline claim in miniature, read back from MLflow: `python -m analysis.reproduce seedNNN [overrides]`.
+
+`make reproduce-seedNNN` runs the study `+reproduce=seedNNN` (conf/reproduce/) over training seeds, then this:
+it reads the study's finished runs (tag `reproduce-seedNNN`), gives each the role it plays in the claim
+(`analysis/claims.py`), and writes `reports/reproduce-seedNNN/README.md` in the `out` folder: the paper's claim
+with its number, the miniature's numbers with their spread over training seeds, each comparison's paired
+difference and the verdict, and a figure (for seed 000: held-out reward against fresh verifier evaluations).
+The section is printed too. Overrides are Hydra's (`out=DIR`, `tracking.experiment=NAME`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+
+from analysis.claims import CLAIMS, Claim, Study, assign_roles, verdict
+
+console = Console()
+
+
+def curve_reader(client, protocol: str = "quick"):
+    """run_id -> its learning curve: (fresh evaluations, held-out mean reward) at the start, every evaluation
+    during training and the end. Training metrics are logged at step s - 1 for the s-th step, evaluations at s."""
+    def curve(run_id: str) -> pd.DataFrame:
+        fresh = {point.step + 1: point.value for point in client.get_metric_history(run_id, "budget/fresh_evaluations")}
+        fresh[0] = 0.0
+        points = {}
+        for stage in ("start", "during", "final"):
+            for point in client.get_metric_history(run_id, f"{protocol}/{stage}/mean_reward"):
+                points[point.step] = point.value  # the last value of a step: a resumed run may re-log one
+        rows = [{"step": step, "fresh": fresh.get(step, np.nan), "reward": value} for step, value in points.items()]
+        return pd.DataFrame(rows, columns=["step", "fresh", "reward"]).sort_values("step").reset_index(drop=True)
+    return curve
+
+
+def finished_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The newest FINISHED run of each (cell, seed): the reproduction's data points, with a numeric `seed`."""
+    done = runs[runs["status"] == "FINISHED"].drop_duplicates("tags.cell_id")
+    seeds = pd.to_numeric(done.get("tags.seed", pd.Series("0", index=done.index)), errors="coerce").fillna(0)
+    return done.assign(seed=seeds.astype(int)).reset_index(drop=True)
+
+
+def comparison_table(judged: list[dict]) -> list[str]:
+    lines = ["| comparison | paper | expected | difference (95 %, paired over seeds) | seeds | agrees |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for row in judged:
+        hw = f" ± {row['diff_hw']:.3f}" if not np.isnan(row["diff_hw"]) else ""
+        agrees = {True: "yes", False: "no", None: "open"}[row["agrees"]]
+        lines.append(f"| {row['label']} | {row['paper']} | {row['expect']} | {row['diff']:+.3f}{hw} "
+                     f"({row['verdict']}, p = {row['p_value']:.3g}) | {row['n_pairs']} | {agrees} |")
+    return lines
+
+
+def role_table(study: Study, metrics: list[str]) -> list[str]:
+    lines = ["| role | " + " | ".join(metrics) + " |", "| --- |" + " --- |" * len(metrics)]
+    for role in study.runs["role"].drop_duplicates():
+        lines.append(f"| {role} | " + " | ".join(study.spread(role, metric) for metric in metrics) + " |")
+    return lines
+
+
+def section(claim: Claim, study: Study, figure: Path | None, command: str) -> str:
+    """The report section: claim, our numbers, comparisons, verdict, figure, and the command that made it."""
+    judged = [{**vars(comparison), **comparison.judged()} for comparison in claim.compare(study)]
+    outcome, reason = verdict(judged)
+    metrics = [m for m in ("quick/final/mean_reward", "quick/final/pass_at_1", "budget/fresh_evaluations")
+               if "metrics." + m in study.runs]
+    lines = [f"## {claim.paper}: {outcome}", "", f"**The paper** ({claim.source}): {claim.statement}", "",
+             f"**The miniature** (`{command}`): {study.runs['seed'].nunique()} training seed(s), "
+             f"{len(study.runs)} finished run(s).", "", *role_table(study, metrics), "",
+             *comparison_table(judged), "", f"**Verdict: {outcome}.** {reason}.", ""]
+    lines += [f"- {note}" for note in claim.notes(study)]
+    if figure is not None:
+        lines += ["", f"![{claim.name}]({figure.name})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(study: Study, path: Path) -> Path | None:
+    """Held-out reward against fresh verifier evaluations, each role's mean over seeds (thin lines: each seed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    drawn = False
+    for index, role in enumerate(study.runs["role"].drop_duplicates()):
+        curves = [study.curve(run_id) for run_id in study.of(role)["run_id"]]
+        curves = [curve.dropna() for curve in curves if not curve.dropna().empty]
+        for curve in curves:
+            ax.plot(curve["fresh"], curve["reward"], color=f"C{index}", alpha=0.25, linewidth=0.8)
+        if curves:
+            mean = pd.concat(curves).groupby("step")[["fresh", "reward"]].mean()
+            ax.plot(mean["fresh"], mean["reward"], color=f"C{index}", marker="o", label=f"{role} ({len(curves)} seeds)")
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set(xlabel="fresh verifier evaluations", ylabel="held-out mean reward (quick)",
+           title="Seed 000 in miniature: reward against fresh evaluations")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    err = Console(stderr=True)
+    if not argv or argv[0] not in CLAIMS:
+        err.print(f"error: name a reproduction first: one of {', '.join(CLAIMS)} "
+                  f"(e.g. python -m analysis.reproduce seed000)", highlight=False)
+        return 2
+    claim, overrides = CLAIMS[argv[0]], argv[1:]
+    return report(claim, overrides, err)
+
+
+def report(claim: Claim, overrides: list[str], err: Console) -> int:
+    from hydra import compose, initialize_config_dir
+    from mlflow.tracking import MlflowClient
+
+    from analysis.runs import ReportError, load_runs
+    from src.paths import CONFIG_DIR, register_root_resolver
+
+    register_root_resolver()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+reproduce={claim.name}", *overrides])
+    sweep, uri = cfg.tracking.sweep, cfg.tracking.uri
+    try:
+        runs = load_runs(uri, cfg.tracking.experiment, [sweep])
+    except ReportError as error:
+        err.print(f"error: {error}", highlight=False)
+        return 1
+    runs = finished_runs(runs) if not runs.empty else runs
+    if runs.empty:
+        err.print(f"error: no finished runs of {sweep} in {uri}: run make reproduce-{claim.name} first", highlight=False)
+        return 1
+    study = Study(assign_roles(runs, claim), curve_reader(MlflowClient(uri)))
+    out_dir = Path(cfg.out) / "reports" / sweep
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figure = plot_curves(study, out_dir / f"{claim.name}-curves.png") if claim.name == "seed000" else None
+    text = section(claim, study, figure, f"make reproduce-{claim.name}")
+    (out_dir / "README.md").write_text(text)
+    console.print(text, markup=False, highlight=False)
+    console.print(f"report: {(out_dir / 'README.md').resolve()}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    sys.exit(main())
