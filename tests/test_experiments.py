@@ -277,3 +277,13 @@ def test_seed001_study_is_table_1s_splits_with_63_rollouts_at_t_7(composed):
              for grid in composed["seed001-async"].hydra.sweeper.grids if "runtime.queue" not in grid}
     assert sorted(cells, reverse=True) == [(7, 1), (6, 2), (5, 3), (4, 4), (2, 6), (1, 7)]
     assert [cell.get("runtime.batch_rollouts") for _, cell in sorted(cells.items())] == [63, None, None, None, None, None]
+
+
+def test_the_async_study_trains_seed_001s_loss_without_kl_or_entropy():
+    # make sweep-async is seed 001 section 3.2 at laptop scale: its loss is the paper's (D.2, lines 2292-2332).
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["+sweep=async"])
+    assert (cfg.loss.name, cfg.loss.eps_low, cfg.loss.eps_high) == ("grpo-coupled", 0.2, 0.2)
+    assert cfg.trainer.kl_coef == 0.0 and cfg.trainer.entropy_coef == 0.0
