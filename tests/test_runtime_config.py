@@ -40,6 +40,7 @@ def test_async_builds_the_pipeline_store_and_its_own_cells(compose_config):
     (("runtime.queue=fifo",), "runtime.queue='fifo'"),
     (("runtime.schedule=free", "runtime.trainers=2"), "runtime.trainers=2 with runtime.schedule=free"),
     (("buffer=age2",), "buffer=age2 with runtime=async"),
+    (("buffer=fifo",), "buffer=fifo with runtime=async"),  # the queue is the replay: its settings are unused
     (("sampling=dynamic",), "sampling=dynamic"),
     (("runtime.queue=lifo", "runtime.positive_bias=0.5"), "positive_bias=0.5"),
     (("runtime.workers=0",), "runtime.workers"),
@@ -80,7 +81,7 @@ def test_the_dry_run_of_an_8_gpu_async_job_prints_its_slurm_request(tmp_path):
     from src.paths import PROJECT_ROOT
 
     done = subprocess.run([sys.executable, "-m", "src.run", "-m", "hardware=h100x8", "runtime=async",
-                           "runtime.workers=7", "runtime.gpus_per_worker=1", "buffer=fifo",
+                           "runtime.workers=7", "runtime.gpus_per_worker=1",
                            "hydra.sweeper.dry_run=true", f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
                            f"hydra.sweep.dir={tmp_path}/multirun"],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)

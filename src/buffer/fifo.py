@@ -214,7 +214,6 @@ class FifoReplayBuffer(ReplayStore):
     knobs = {**ReplayStore.knobs, "positive_bias": float_knob(0, 1, "0.5 (seed 001)", high_open=True,
                                                                         why="delta = 1 would keep no fresh group whole"),
              "extra_updates": int_knob(0, 100, "1 (seed 002)", why="R - 1 extra updates per step")}
-    queue_stands_in = True
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:
