@@ -79,6 +79,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group
+from src.buffer.positive_bias import positive_bias_keep
 from src.buffer.store import ReplayStore, checked_for_storing
 from src.batch import plan_batch
 from src.checks import check_choice, check_int
@@ -91,19 +92,6 @@ SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
 def extra_updates(replay_factor: int) -> int:
     """Number of extra replay updates per fresh batch in seed 002's replay mode: R - 1."""
     return check_int("replay_factor (R)", replay_factor, 1, "R = 1 means no extra replay updates.") - 1
-
-
-def keep_freshest(correct: list[bool], n_fresh: int, n_correct: int) -> list[int]:
-    """Seed 001 D.4 on a rollout stream listed oldest first: positions kept (ascending), the freshest
-    `n_fresh` whatever their reward plus the freshest `n_correct` correct ones older than those."""
-    start = max(0, len(correct) - n_fresh)
-    older: list[int] = []
-    for i in range(start - 1, -1, -1):
-        if len(older) == n_correct:
-            break
-        if correct[i]:
-            older.append(i)
-    return older[::-1] + list(range(start, len(correct)))
 
 
 @dataclass(frozen=True)
@@ -349,11 +337,9 @@ class FifoReplayBuffer(ReplayStore):
 
     def _retain_positive_bias(self) -> None:
         # Seed 001 D.4 on the flattened rollout stream (oldest group first, response index order).
-        k = self.group_size
-        n_correct_groups = round(self.positive_bias * self.capacity)
         flat = [(slot, i) for slot in self._slots for i in slot.responses]
         correct = [slot.group.rewards[i] >= self.correct_reward for slot, i in flat]
-        keep = keep_freshest(correct, (self.capacity - n_correct_groups) * k, n_correct_groups * k)
+        keep = positive_bias_keep(correct, self.capacity, self.positive_bias, unit=self.group_size)
         kept_by_uid: dict[int, list[int]] = {}
         for j in keep:
             slot, i = flat[j]
