@@ -48,7 +48,7 @@ rollouts, so the rule is per rollout, and we follow it per rollout:
 * With group size K the buffer's rollout capacity is N * K. The freshest ``N - round(delta N)``
   groups are kept whole (the paper's (1 - delta) share, rounded to whole groups so that no
   fresh group is split); older groups keep only their correct responses (reward >=
-  ``correct_reward``), the freshest ``round(delta N) * K`` of them in total. Within one group
+  ``correct_reward``, the task's `Task.correct_reward`, which `src.build.build_store` passes), the freshest ``round(delta N) * K`` of them in total. Within one group
   all responses were generated at the same step; a higher response index counts as fresher.
   A positive-bias buffer therefore needs one K for all groups. ``round`` is Python's (halves to
   even). The rule holds at all times, also before the buffer is full: as in the paper, an
@@ -83,7 +83,6 @@ from src.buffer.positive_bias import positive_bias_keep
 from src.buffer.store import ReplayStore, checked_for_storing
 from src.batch import plan_batch
 from src.checks import check_choice, check_int
-from src.task.countdown import REWARD_CORRECT
 from src.variant import float_knob, int_knob
 
 SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
@@ -245,7 +244,7 @@ class FifoReplayBuffer(ReplayStore):
                 "buffer.allow_infeasible=true")
 
     def __init__(self, capacity: int, mode: str = "with_replacement", positive_bias: float = 0.0,
-                 correct_reward: float = REWARD_CORRECT, seed: int = 0, ratio: float = 1.0,
+                 correct_reward: float = 1.0, seed: int = 0, ratio: float = 1.0,
                  extra_updates: int = 0, groups_per_step: int = 1, name: str = "fifo", max_age: int = 0,
                  allow_infeasible: bool = False) -> None:
         super().__init__(seed)
@@ -264,7 +263,8 @@ class FifoReplayBuffer(ReplayStore):
         self._extra_draws = 0
         self.capacity = int(capacity)
         if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)):
-            raise ValueError(f"correct_reward must be a number (Countdown: 1.0), got {correct_reward!r}.")
+            raise ValueError(f"correct_reward must be a number (the task's Task.correct_reward, e.g. 1.0), "
+                             f"got {correct_reward!r}.")
         self.correct_reward = float(correct_reward)
         self._slots: list[_Slot] = []  # insertion order == step order
         self.group_size: int | None = None  # K, fixed by the first group when positive_bias > 0
