@@ -58,7 +58,7 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
     behaviour, collection, objective = build_rollout_and_objective(cfg, policy, engine, sampler, prompts, forward,
                                                                    task)
     return Components(policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=engine,
-                      optimizer=build_optimizer(policy, trainer), store=build_store(cfg), objective=objective,
+                      optimizer=build_optimizer(policy, trainer), store=build_store(cfg, task), objective=objective,
                       collection=collection, sampler=sampler, behaviour=behaviour, forward=forward,
                       groups_per_step=trainer.groups_per_step, task=task)
 
@@ -87,8 +87,8 @@ def check_settings(cfg: DictConfig) -> None:
     is checked by `src.curriculum.sampler.check_curriculum`, which also needs B and K; here only
     whether the task can serve it.
     """
-    build_store(cfg)
     task = build_task(cfg.task)
+    build_store(cfg, task)
     task.check_curriculum(cfg.curriculum.name)
     check_takes(cfg.curriculum)
     build_rollout_and_objective(cfg, policy=torch.nn.Module(), engine=None, sampler=None, prompts=None, forward=None,
@@ -112,10 +112,14 @@ def build(node: DictConfig, **live):
     return instantiate(node, _partial_=True)(**live)
 
 
-def build_store(cfg: DictConfig) -> ReplayStore:
-    """The replay store the buffer group names (`buffer._target_`), told B and the run's seed; the runtime
-    may put its own in its place (runtime=async: the pipeline's rollout queue, saved with the checkpoint)."""
-    store = build(cfg.buffer, groups_per_step=cfg.trainer.groups_per_step, seed=cfg.trainer.seed)
+def build_store(cfg: DictConfig, task: Task) -> ReplayStore:
+    """The replay store the buffer group names (`buffer._target_`), told B and the run's seed, and, where it takes
+    `correct_reward` (the FIFO's positive bias keeps correct rollouts), what the task counts as correct; the
+    runtime may put its own in its place (runtime=async: the pipeline's rollout queue, saved with the checkpoint)."""
+    live = {"groups_per_step": cfg.trainer.groups_per_step, "seed": cfg.trainer.seed}
+    if "correct_reward" in inspect.signature(get_object(cfg.buffer._target_)).parameters:
+        live["correct_reward"] = task.correct_reward
+    store = build(cfg.buffer, **live)
     return build_runtime(cfg).trainer_store(store, cfg)
 
 

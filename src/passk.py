@@ -13,8 +13,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from src.task.countdown import extract_answer
-
 ESTIMATORS = ("first_k", "unbiased")  # pass@k estimators (first_k_pass_at_k, unbiased_pass_at_k)
 
 # Every sample without an answer span maps to this one value (see `answer_unique_rate`).
@@ -55,7 +53,7 @@ def t_half_width(values: Sequence[float], confidence: float = 0.95) -> float:
     return float(t * x.std(ddof=1) / math.sqrt(n))
 
 
-def normalise_answer(response: str, extract: Callable[[str], str | None] = extract_answer) -> str:
+def normalise_answer(response: str, extract: Callable[[str], str | None]) -> str:
     """Diversity key of one response: its extracted answer with all whitespace removed, "" if none."""
     answer = extract(response)
     if answer is None:
@@ -63,10 +61,10 @@ def normalise_answer(response: str, extract: Callable[[str], str | None] = extra
     return _WHITESPACE.sub("", answer)
 
 
-def answer_unique_rate(responses: Sequence[str], extract: Callable[[str], str | None] = extract_answer) -> float:
+def answer_unique_rate(responses: Sequence[str], extract: Callable[[str], str | None]) -> float:
     """Distinct normalised answer expressions over the number of samples, for one prompt.
 
-    Normalisation: the task's `extract` (Countdown's default: the last complete <answer> span, stripped;
+    Normalisation: the task's `extract` (`Task.extract`; Countdown: the last complete <answer> span, stripped;
     task=math: the last boxed answer),
     then all whitespace removed, so "1+2" and " 1 + 2 " are the same answer while "2+1" is
     a different one (no algebraic canonicalisation). Samples with no answer span, and

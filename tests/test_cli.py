@@ -166,3 +166,10 @@ def test_a_setting_a_torch_component_does_not_use_is_one_line_before_mlflow_open
     done = src_run([f"hydra.searchpath=[file://{tmp_path}/conf]", "loss=rlooeps", "loss.eps_low=0.3"], tmp_path)
     one_line(done, "loss.eps_low=0.3: loss=rlooeps has no knob eps_low", "e.g. loss=grpo")
     assert not (tmp_path / "m.db").exists()
+
+
+def test_a_buffer_the_async_pipeline_ignores_is_one_line_before_mlflow_opens(tmp_path):
+    """Under runtime=async the pipeline's queue is the replay: buffer=fifo would change nothing yet name the cell."""
+    done = src_run(["runtime=async", "buffer=fifo"], tmp_path)
+    one_line(done, "buffer=fifo with runtime=async", "use buffer=none", "runtime.capacity", "runtime.positive_bias")
+    assert not (tmp_path / "m.db").exists()  # refused by src.config.validate, before any MLflow run opens

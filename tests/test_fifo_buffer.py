@@ -11,9 +11,9 @@ from src.batch import Group
 from src.buffer.fifo import (
     FifoReplayBuffer,
     extra_updates,
-    keep_freshest,
     use_statistics,
 )
+from src.buffer.positive_bias import positive_bias_keep
 
 
 def make_group(step: int, tag: str = "", rewards=(1.0, 0.0), logprobs: bool = True) -> Group:
@@ -192,12 +192,6 @@ def test_at_least_once_never_repeats_while_a_never_drawn_group_is_left_out():
 # z_{t-4}, z_{t-3}, z_{t-2} correct and z_{t-6} incorrect. z_{t-9} (beyond the six-correct budget)
 # and z_{t-1}, z_t (inside the freshest two) give the same buffer either way: both are tried.
 PAPER_KEPT = [1, 2, 4, 5, 6, 7, 8, 9]  # positions of z_{t-8}, z_{t-7}, z_{t-5}, ..., z_t in z_{t-9} .. z_t
-
-
-def positive_bias_keep(correct, capacity, delta):
-    """The rule with the paper's parameters: the freshest (1 - delta) N plus delta N older correct rollouts."""
-    n_correct = round(delta * capacity)
-    return keep_freshest(correct, capacity - n_correct, n_correct)
 
 
 @pytest.mark.parametrize("z9", [True, False])

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from src.passk import answer_unique_rate, first_k_pass_at_k, t_half_width, unbiased_pass_at_k
+from src.task.countdown import extract_answer
 
 T, F = True, False
 
@@ -106,16 +107,16 @@ def test_answer_unique_rate_constructed_set():
         "<answer>unclosed",  # no complete span: shares the no-answer value with the one above
     ]
     # distinct values {"1+2", "2+1", ""} over 5 samples
-    assert answer_unique_rate(responses) == pytest.approx(3 / 5)
+    assert answer_unique_rate(responses, extract_answer) == pytest.approx(3 / 5)
 
 
 def test_answer_unique_rate_never_answering_is_one_over_n():
-    assert answer_unique_rate(["nothing"] * 4) == pytest.approx(1 / 4)
+    assert answer_unique_rate(["nothing"] * 4, extract_answer) == pytest.approx(1 / 4)
     # An empty span counts as no answer.
-    assert answer_unique_rate(["nothing", "<answer>  </answer>"]) == pytest.approx(1 / 2)
+    assert answer_unique_rate(["nothing", "<answer>  </answer>"], extract_answer) == pytest.approx(1 / 2)
 
 
 def test_answer_unique_rate_all_distinct_and_empty_input():
-    assert answer_unique_rate([f"<answer>{i}</answer>" for i in range(3)]) == 1.0
+    assert answer_unique_rate([f"<answer>{i}</answer>" for i in range(3)], extract_answer) == 1.0
     with pytest.raises(ValueError):
-        answer_unique_rate([])
+        answer_unique_rate([], extract_answer)

@@ -6,6 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from src.build import build_runtime, build_store
+from src.task.base import build_task
 from src.config import ConfigError, validate
 from src.runtime.runners import AsyncRuntime, PipelineStore, SyncRuntime
 from src.eval.standalone import with_components_named
@@ -14,7 +15,8 @@ from src.study.sweep import cell_identity, cell_name
 
 def test_sync_is_the_default_and_keeps_the_step_store_and_cell_ids(compose_config):
     cfg = compose_config()
-    assert isinstance(build_runtime(cfg), SyncRuntime) and not isinstance(build_store(cfg), PipelineStore)
+    store = build_store(cfg, build_task(cfg.task))
+    assert isinstance(build_runtime(cfg), SyncRuntime) and not isinstance(store, PipelineStore)
     assert cell_identity(cfg) == cell_identity(compose_config("runtime=sync"))
     without = OmegaConf.create(OmegaConf.to_container(cfg))
     del without["runtime"]  # a run's config saved before the group existed, as standalone evaluation reads it
@@ -27,7 +29,7 @@ def test_async_builds_the_pipeline_store_and_its_own_cells(compose_config):
     validate(cfg, check_device=False)
     runtime = build_runtime(cfg)
     assert isinstance(runtime, AsyncRuntime) and runtime.settings.batch == 32 * 16
-    assert isinstance(build_store(cfg), PipelineStore)
+    assert isinstance(build_store(cfg, build_task(cfg.task)), PipelineStore)
     assert cell_name(cfg).endswith("-W6T2-N768")
     assert cell_name(compose_config("runtime=async", "runtime.queue=lifo")).endswith("-W2T1-lifo")
     launch_only = compose_config("runtime=async", "runtime.workers=6", "runtime.trainers=2", "runtime.capacity=768",
@@ -40,6 +42,7 @@ def test_async_builds_the_pipeline_store_and_its_own_cells(compose_config):
     (("runtime.queue=fifo",), "runtime.queue='fifo'"),
     (("runtime.schedule=free", "runtime.trainers=2"), "runtime.trainers=2 with runtime.schedule=free"),
     (("buffer=age2",), "buffer=age2 with runtime=async"),
+    (("buffer=fifo",), "buffer=fifo with runtime=async"),  # the queue is the replay: its settings are unused
     (("sampling=dynamic",), "sampling=dynamic"),
     (("runtime.queue=lifo", "runtime.positive_bias=0.5"), "positive_bias=0.5"),
     (("runtime.workers=0",), "runtime.workers"),
@@ -80,7 +83,7 @@ def test_the_dry_run_of_an_8_gpu_async_job_prints_its_slurm_request(tmp_path):
     from src.paths import PROJECT_ROOT
 
     done = subprocess.run([sys.executable, "-m", "src.run", "-m", "hardware=h100x8", "runtime=async",
-                           "runtime.workers=7", "runtime.gpus_per_worker=1", "buffer=fifo",
+                           "runtime.workers=7", "runtime.gpus_per_worker=1",
                            "hydra.sweeper.dry_run=true", f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
                            f"hydra.sweep.dir={tmp_path}/multirun"],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)

@@ -305,7 +305,7 @@ def test_sigterm_to_the_whole_process_group_checkpoints_and_resumes_into_the_sam
     from src.paths import PROJECT_ROOT
 
     store = f"sqlite:///{tmp_path}/mlruns.db"
-    command = [sys.executable, "-m", "src.run", *TINY, "runtime.workers=1", "buffer=fifo", "trainer.steps=100",
+    command = [sys.executable, "-m", "src.run", *TINY, "runtime.workers=1", "trainer.steps=100",
                "trainer.checkpoint_every=100", "evaluation.at_start=false", "evaluation.prompts=2",
                "evaluation.samples_per_prompt=2", "evaluation.ks=[1]", f"tracking.uri={store}",
                f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/run"]

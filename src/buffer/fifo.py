@@ -48,7 +48,7 @@ rollouts, so the rule is per rollout, and we follow it per rollout:
 * With group size K the buffer's rollout capacity is N * K. The freshest ``N - round(delta N)``
   groups are kept whole (the paper's (1 - delta) share, rounded to whole groups so that no
   fresh group is split); older groups keep only their correct responses (reward >=
-  ``correct_reward``), the freshest ``round(delta N) * K`` of them in total. Within one group
+  ``correct_reward``, the task's `Task.correct_reward`, which `src.build.build_store` passes), the freshest ``round(delta N) * K`` of them in total. Within one group
   all responses were generated at the same step; a higher response index counts as fresher.
   A positive-bias buffer therefore needs one K for all groups. ``round`` is Python's (halves to
   even). The rule holds at all times, also before the buffer is full: as in the paper, an
@@ -79,10 +79,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group
+from src.buffer.positive_bias import positive_bias_keep
 from src.buffer.store import ReplayStore, checked_for_storing
 from src.batch import plan_batch
 from src.checks import check_choice, check_int
-from src.task.countdown import REWARD_CORRECT
 from src.variant import float_knob, int_knob
 
 SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
@@ -91,19 +91,6 @@ SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
 def extra_updates(replay_factor: int) -> int:
     """Number of extra replay updates per fresh batch in seed 002's replay mode: R - 1."""
     return check_int("replay_factor (R)", replay_factor, 1, "R = 1 means no extra replay updates.") - 1
-
-
-def keep_freshest(correct: list[bool], n_fresh: int, n_correct: int) -> list[int]:
-    """Seed 001 D.4 on a rollout stream listed oldest first: positions kept (ascending), the freshest
-    `n_fresh` whatever their reward plus the freshest `n_correct` correct ones older than those."""
-    start = max(0, len(correct) - n_fresh)
-    older: list[int] = []
-    for i in range(start - 1, -1, -1):
-        if len(older) == n_correct:
-            break
-        if correct[i]:
-            older.append(i)
-    return older[::-1] + list(range(start, len(correct)))
 
 
 @dataclass(frozen=True)
@@ -214,7 +201,6 @@ class FifoReplayBuffer(ReplayStore):
     knobs = {**ReplayStore.knobs, "positive_bias": float_knob(0, 1, "0.5 (seed 001)", high_open=True,
                                                                         why="delta = 1 would keep no fresh group whole"),
              "extra_updates": int_knob(0, 100, "1 (seed 002)", why="R - 1 extra updates per step")}
-    queue_stands_in = True
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:
@@ -258,7 +244,7 @@ class FifoReplayBuffer(ReplayStore):
                 "buffer.allow_infeasible=true")
 
     def __init__(self, capacity: int, mode: str = "with_replacement", positive_bias: float = 0.0,
-                 correct_reward: float = REWARD_CORRECT, seed: int = 0, ratio: float = 1.0,
+                 correct_reward: float = 1.0, seed: int = 0, ratio: float = 1.0,
                  extra_updates: int = 0, groups_per_step: int = 1, name: str = "fifo", max_age: int = 0,
                  allow_infeasible: bool = False) -> None:
         super().__init__(seed)
@@ -277,7 +263,8 @@ class FifoReplayBuffer(ReplayStore):
         self._extra_draws = 0
         self.capacity = int(capacity)
         if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)):
-            raise ValueError(f"correct_reward must be a number (Countdown: 1.0), got {correct_reward!r}.")
+            raise ValueError(f"correct_reward must be a number (the task's Task.correct_reward, e.g. 1.0), "
+                             f"got {correct_reward!r}.")
         self.correct_reward = float(correct_reward)
         self._slots: list[_Slot] = []  # insertion order == step order
         self.group_size: int | None = None  # K, fixed by the first group when positive_bias > 0
@@ -350,11 +337,9 @@ class FifoReplayBuffer(ReplayStore):
 
     def _retain_positive_bias(self) -> None:
         # Seed 001 D.4 on the flattened rollout stream (oldest group first, response index order).
-        k = self.group_size
-        n_correct_groups = round(self.positive_bias * self.capacity)
         flat = [(slot, i) for slot in self._slots for i in slot.responses]
         correct = [slot.group.rewards[i] >= self.correct_reward for slot, i in flat]
-        keep = keep_freshest(correct, (self.capacity - n_correct_groups) * k, n_correct_groups * k)
+        keep = positive_bias_keep(correct, self.capacity, self.positive_bias, unit=self.group_size)
         kept_by_uid: dict[int, list[int]] = {}
         for j in keep:
             slot, i = flat[j]

@@ -46,7 +46,8 @@ class ReplayStore(Variant):
     knobs = {"ratio": float_knob(0, 64, "1", why="rho: replayed groups per fresh group; 0 is fresh-only"),
              "max_age": int_knob(0, 1_000, "2", why="L: the oldest step a replayed group may come from"),
              "capacity": int_knob(1, 10_000_000, "4096")}
-    # runtime=async: the pipeline's rollout queue (seed 001's FIFO of rollouts) can stand in for this store.
+    # runtime=async: the pipeline's rollout queue (seed 001's FIFO of rollouts) replaces the step's store, so only a
+    # store that keeps nothing (buffer=none) may be named; any other's settings would be ignored yet name the cell.
     queue_stands_in: bool = False
 
     # ---- what the store says about itself (class methods on the group's config node) ----

@@ -11,7 +11,7 @@ and shared by its rollouts, so a trainer rebuilds the update batch from it.
   default (Listing 5's `random.sample`); `independent=True` draws them independently, as the
   analysis of section 4 assumes. Positive bias delta keeps the freshest N - round(delta N)
   rollouts plus the freshest round(delta N) correct ones older than those (D.4;
-  `src.buffer.fifo.keep_freshest`). Trainers wait until it holds B rollouts.
+  `src.buffer.positive_bias`). Trainers wait until it holds B rollouts.
 * `LifoQueue` (`runtime.queue=lifo`, seed 001 B.1's on-policy streaming baseline): newest
   first, each rollout used exactly once; trainers wait for B queued rollouts, workers wait while
   the queue (with what is in flight) would exceed N.
@@ -38,7 +38,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from src.batch import Group
-from src.buffer.fifo import keep_freshest
+from src.buffer.positive_bias import positive_bias_keep
 from src.checks import check_int
 
 QUEUES = ("buffer", "lifo")
@@ -273,11 +273,10 @@ class ReplayBuffer(RolloutQueue):
 
     def _kept(self) -> list[int]:
         size = self.capacity // self.shards
-        n_correct = round(self.positive_bias * size)
         kept = []
         for pool in self._pools():
             correct = [self.rollouts[i].reward >= self.correct_reward for i in pool]
-            kept += [pool[i] for i in keep_freshest(correct, size - n_correct, n_correct)]
+            kept += [pool[i] for i in positive_bias_keep(correct, size, self.positive_bias)]
         return sorted(kept)
 
     def _choose(self, batch: int) -> list[Rollout]:

@@ -205,8 +205,9 @@ class AsyncRuntime(Variant):
         # The components say whether they fit the pipeline; their YAML names only label the message.
         if not getattr(described(cfg.buffer), "queue_stands_in", False):
             raise ValueError(f"buffer={cfg.buffer.get('name')} with runtime=async: the pipeline's rollout queue replaces "
-                             "the step's replay store (runtime.queue, runtime.capacity, runtime.positive_bias); use "
-                             "buffer=none or buffer=fifo")
+                             "the step's replay store, so the buffer's settings would change nothing; use buffer=none "
+                             "and set the pipeline's buffer with runtime.queue, runtime.capacity, runtime.independent, "
+                             "runtime.sharded and runtime.positive_bias")
         if not (described(cfg.sampling).plain(cfg.sampling) and described(cfg.behaviour).plain(cfg.behaviour)):
             raise ValueError(f"sampling={cfg.sampling.get('name')}, behaviour={cfg.behaviour.get('name')} with "
                              "runtime=async: workers generate each request's groups once, with the published weights; "
