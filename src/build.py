@@ -45,7 +45,7 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
     if trainer.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     forward = Forward(tokenizer.pad_token_id, trainer.micro_batch_size, trainer.micro_batch_tokens,
-                      cfg.hardware.autocast, trainer.fused_logprobs)
+                      cfg.hardware.autocast, trainer.fused_logprobs, trainer.pack_rows)
     engine = engine or build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
                                     **cfg.policy.get("vllm", {}))
     task = task or build_task(cfg.task)
