@@ -23,11 +23,14 @@ def test_packed_micro_batches_fill_a_real_token_budget_first_fit_by_decreasing_l
     assert micro_batches(FIVE, 10, 30) == [[0, 2, 3], [1], [4]]
 
 
-def test_packed_layout_restarts_positions_on_each_row_and_reads_response_positions_in_mask_order():
-    ids, positions, predicting, mask = packed_layout([((1, 2), (3,)), ((4,), (5, 6))])
-    assert ids.tolist() == [1, 2, 3, 4, 5, 6] and positions.tolist() == [0, 1, 2, 0, 1, 2]
-    assert predicting.tolist() == [1, 3, 4]  # position 1 predicts 3; positions 3 and 4 (row 2's 0, 1) predict 5, 6
-    assert mask.tolist() == [[False, True], [True, True]]
+def test_packed_layout_shares_lanes_restarts_positions_and_reads_response_positions_in_mask_order():
+    ids, positions, predicting, mask = packed_layout([((1, 2), (3, 4)), ((5,), (6,)), ((7,), (8,))])
+    assert ids.tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]  # lanes as long as the longest row: two short rows share one
+    assert positions.tolist() == [[0, 1, 2, 3], [0, 1, 0, 1]]
+    assert predicting.tolist() == [1, 2, 4, 6]  # flat positions: 1, 2 predict 3, 4; 4 predicts 6; 6 predicts 8
+    assert mask.tolist() == [[False, True, True], [True, False, False], [True, False, False]]
+    ids, positions, _, _ = packed_layout([((1, 2), (3,)), ((4,), (5,))], pad_id=9)
+    assert ids.tolist() == [[1, 2, 3], [4, 5, 9]] and positions.tolist() == [[0, 1, 2], [0, 1, 0]]  # a pad tail
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,8 @@ def test_packed_and_padded_token_stats_agree_and_no_row_sees_another(float64_pol
     model, tokenizer = float64_policy
     rows = mixed_rows(len(tokenizer))
     padded = response_token_stats(model, rows, tokenizer.pad_token_id, True, temperature, fused)
-    packed = packed_response_token_stats(model, rows, True, temperature, fused)
+    packed = packed_response_token_stats(model, rows, True, temperature, fused, tokenizer.pad_token_id)
+    assert packed_layout(rows)[0].shape[0] < len(rows)  # some rows share a lane
     assert torch.equal(padded[2], packed[2])
     mask = packed[2]
     for a, b in zip(padded[:2], packed[:2]):

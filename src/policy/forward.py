@@ -115,8 +115,8 @@ def row_values(values: torch.Tensor, mask: torch.Tensor) -> list[tuple[float, ..
 class Forward:
     """The forward-pass settings of a run (pad id, micro-batch sizes, autocast, fused head, packing) in one object.
 
-    `pack` (`trainer.pack_rows`): each micro-batch is one packed sequence of real tokens
-    (`src.policy.packing`), and `micro_batch_tokens` counts real tokens instead of rows x longest row.
+    `pack` (`trainer.pack_rows`): each micro-batch's rows are packed end to end (`src.policy.packing`),
+    and `micro_batch_tokens` counts real tokens instead of rows x longest row.
     """
 
     def __init__(self, pad_id: int, micro_batch_size: int, micro_batch_tokens: int | None = None,
@@ -135,7 +135,7 @@ class Forward:
     def stats(self, model, chunk, with_entropy: bool, temperature: float = 1.0):
         """(token log-probs, entropies or None, response mask) of a micro-batch, padded or packed (no autocast)."""
         if self.pack:
-            return packed_response_token_stats(model, chunk, with_entropy, temperature, self.fused)
+            return packed_response_token_stats(model, chunk, with_entropy, temperature, self.fused, self.pad_id)
         return response_token_stats(model, chunk, self.pad_id, with_entropy, temperature, self.fused)
 
     def token_stats(self, model, chunk, with_entropy: bool, temperature: float = 1.0):

@@ -1,17 +1,21 @@
-"""Packed micro-batches (`trainer.pack_rows`): rows laid end to end in one sequence, each attending only within itself.
+"""Packed micro-batches (`trainer.pack_rows`): rows laid end to end, each attending only within itself.
 
-A padded micro-batch costs rows x its longest row. At mixed response lengths (responses from a quarter
-to all of the maximum) a third or more of that is padding, and every padded position goes through the
-decoder. Packed, a micro-batch costs its real tokens: its rows sit end to end in one sequence of batch
-size 1, position ids restart at 0 on each row, and no attention mask is passed. From restarting
+A padded micro-batch costs rows x its longest row, and every padded position goes through the decoder.
+Packed, a micro-batch holds rows up to a budget of real tokens, laid end to end into lanes as long as
+its longest row (`lanes`): a lane holds one long row or several short ones, and only a lane's tail is
+padding. Position ids restart at 0 on each row and no attention mask is passed; from restarting
 position ids transformers builds block-diagonal causal attention itself (its packed-sequence format:
 SDPA with a document mask, flex_attention's block mask or flash-attention's varlen kernel, whichever
-the model was loaded with), so no row sees another. The values are the padded path's to float
-rounding (tests/test_packing.py), laid out the same way: [rows, longest row - 1], row-major, zeros
-off the response.
+the model was loaded with), so no row sees another. Lanes no longer than the longest row keep SDPA's
+dense-mask attention at the padded path's cost per token; one sequence of the whole budget would
+make it quadratic in the budget. The values are the padded path's to float rounding
+(tests/test_packing.py), laid out the same way: [rows, longest row - 1], row-major, zeros off the
+response.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -41,44 +45,65 @@ def packed_micro_batches(sequences, max_rows: int, max_tokens: int | None) -> li
     return batches
 
 
-def packed_layout(sequences) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(token ids [T], position ids [T], the packed positions that predict a response token, response mask).
+def lanes(lengths: list[int]) -> list[list[int]]:
+    """Rows (indices into `lengths`) laid into lanes as long as the longest row, first fit by decreasing length."""
+    width, placed, loads = max(lengths), [], []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        lane = next((n for n, load in enumerate(loads) if load + lengths[i] <= width), None)
+        if lane is None:
+            placed.append([])
+            loads.append(0)
+            lane = len(loads) - 1
+        placed[lane].append(i)
+        loads[lane] += lengths[i]
+    return placed
 
-    The predicting positions run row by row, in the order of the mask's true entries ([rows, width - 1],
+
+def packed_layout(sequences, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token ids [lanes, W], position ids [lanes, W], the flat positions that predict a response token, mask).
+
+    W is the longest row; shorter rows share a lane (`lanes`), and a lane's unused tail is pad tokens with
+    positions of their own from 0 (a document no row attends to). The predicting positions index the
+    flattened [lanes * W] ids and run row by row, in the order of the mask's true entries ([rows, W - 1],
     row-major), so values taken at them fill the mask with `masked_scatter`. A row's last position would
     predict the next row's first token; it predicts no response token, so it is never read.
     """
     lengths = [len(prompt) + len(response) for prompt, response in sequences]
-    ids = torch.tensor([token for prompt, response in sequences for token in (*prompt, *response)], dtype=torch.long)
-    positions = torch.cat([torch.arange(length) for length in lengths])
-    mask = torch.zeros((len(sequences), max(lengths) - 1), dtype=torch.bool)
-    predicting, start = [], 0
+    width = max(lengths)
+    ids, positions, start = [], [], [0] * len(sequences)
+    for lane, rows in enumerate(lanes(lengths)):
+        tokens = [token for i in rows for token in (*sequences[i][0], *sequences[i][1])]
+        used = len(tokens)
+        ids.append(tokens + [pad_id] * (width - used))
+        positions.append([p for i in rows for p in range(lengths[i])] + list(range(width - used)))
+        for i, offset in zip(rows, [0] + list(itertools.accumulate(lengths[i] for i in rows))):
+            start[i] = lane * width + offset
+    mask = torch.zeros((len(sequences), width - 1), dtype=torch.bool)
+    predicting = []
     for row, (prompt, response) in enumerate(sequences):
         # Position t predicts token t + 1: response tokens are predicted from len(prompt) - 1 on.
         mask[row, len(prompt) - 1 : len(prompt) + len(response) - 1] = True
-        predicting.append(torch.arange(start + len(prompt) - 1, start + len(prompt) + len(response) - 1))
-        start += lengths[row]
-    return ids, positions, torch.cat(predicting), mask
+        predicting.append(torch.arange(start[row] + len(prompt) - 1, start[row] + lengths[row] - 1))
+    return torch.tensor(ids), torch.tensor(positions), torch.cat(predicting), mask
 
 
 def packed_response_token_stats(model, sequences, with_entropy: bool, temperature: float = 1.0,
-                                fused: bool = False):
+                                fused: bool = False, pad_id: int = 0):
     """`response_token_stats` of a packed micro-batch: (token log-probs, entropies or None, response mask).
 
-    The output head runs on the predicting positions only, on both paths: `fused` as
-    `fused_response_token_stats` (no fp32 vocabulary tensor kept for backward), the plain path through
-    the model's own head (`logits_to_keep`) and a full-vocabulary log-softmax.
+    `fused` computes the output head on the predicting positions only, as `fused_response_token_stats`
+    (no fp32 vocabulary tensor kept for backward); the plain path takes the model's own logits.
     """
     device = next(model.parameters()).device
-    ids, positions, predicting, mask = (tensor.to(device) for tensor in packed_layout(sequences))
-    targets = ids[predicting + 1]
-    inputs = {"input_ids": ids[None], "position_ids": positions[None], "use_cache": False}
+    ids, positions, predicting, mask = (tensor.to(device) for tensor in packed_layout(sequences, pad_id))
+    targets = ids.flatten()[predicting + 1]
+    inputs = {"input_ids": ids, "position_ids": positions, "use_cache": False}
     if fused:
-        hidden = model.get_decoder()(**inputs).last_hidden_state[0, predicting]
+        hidden = model.get_decoder()(**inputs).last_hidden_state.flatten(0, 1)[predicting]
         chosen, entropy = token_logprobs_and_entropy(model.get_output_embeddings()(hidden), targets, temperature)
         entropy = entropy if with_entropy else None
     else:
-        logits = upcast(model(**inputs, logits_to_keep=predicting).logits[0])
+        logits = upcast(model(**inputs).logits.flatten(0, 1)[predicting])
         if temperature != 1.0:
             logits = logits / temperature
         chosen = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
