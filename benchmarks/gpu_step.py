@@ -4,12 +4,16 @@
     python -m benchmarks.gpu_step --response-tokens 1024 --ratios 0
     python -m benchmarks.gpu_step --plain-logprobs --no-fused-adamw   # the trainer before the GPU optimisations
     python -m benchmarks.gpu_step --profile DIR        # torch profiler tables of one update and one generate call
-    python -m benchmarks.gpu_step --tiny --device cpu  # a smoke run of the same code on a tiny model
+    python -m benchmarks.gpu_step --tiny --device cpu  # a smoke run of the same code on a tiny model (B=4, K=2)
+    python -m benchmarks.gpu_step --lengths uniform:0.25:1 --pack   # mixed response lengths, packed micro-batches
     python -m benchmarks.gpu_step --engine vllm --response-tokens 256,1024 --save   # vLLM colocated (make bench-gpu)
 
 No weights or data are downloaded: the model is Qwen2.5-0.5B's exact architecture from a config
 in code (random weights), the batch is synthetic token ids at the paper's shape (B=128 groups x
-K=8, 128-token prompts, fixed-length responses that ignore EOS). Phases:
+K=8, 128-token prompts, responses that ignore EOS: all `--response-tokens` long, or with
+`--lengths uniform:LO:HI` each drawn (seeded) uniformly between LO and HI x that, so the padding a
+padded micro-batch pays shows, and `--pack` (`trainer.pack_rows`) removes it; each update reports its
+real tokens beside the tokens its micro-batches compute). Phases:
 
 - generation, `--engine hf`: transformers `generate` (the HF engine) at each `--generation-rows`
   batch size, with the dynamic KV cache and, with `--static-cache`, the static cache that
@@ -48,7 +52,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from src.batch import plan_batch, Batch, BatchGroup, Group
 from src.build import build_optimizer
 from src.loss.rloo import RlooObjective
-from src.policy.forward import Forward, autocast_context, micro_batches, response_token_stats
+from src.policy.forward import Forward, autocast_context
+from src.policy.packing import lanes
 from src.rollout.vllm_engine import CUDA_MAX_NUM_SEQS, vllm_problem
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -99,22 +104,62 @@ def head_flops_per_token(config: Qwen2Config) -> float:
     return 2 * config.hidden_size * config.vocab_size
 
 
+def parse_lengths(text: str) -> tuple[float, float] | None:
+    """`--lengths`: None for "fixed", (LO, HI) for "uniform:LO:HI" with 0 < LO <= HI <= 1; ValueError otherwise."""
+    if text == "fixed":
+        return None
+    kind, *bounds = text.split(":")
+    try:
+        low, high = (float(bound) for bound in bounds)
+    except ValueError:
+        low = high = float("nan")
+    if kind != "uniform" or not 0 < low <= high <= 1:
+        raise ValueError(f"--lengths {text}: expected fixed or uniform:LO:HI with 0 < LO <= HI <= 1 "
+                         "(fractions of --response-tokens), e.g. uniform:0.25:1")
+    return low, high
+
+
+def response_lengths(count: int, response_tokens: int, spread: tuple[float, float] | None,
+                     generator: torch.Generator) -> list[int]:
+    """`count` response lengths: all `response_tokens`, or uniform in [LO, HI] x `response_tokens` (at least 1)."""
+    if spread is None:
+        return [response_tokens] * count
+    low, high = spread
+    fractions = low + (high - low) * torch.rand(count, generator=generator, dtype=torch.float64)
+    return [max(1, round(float(f) * response_tokens)) for f in fractions]
+
+
 def synthetic_groups(groups: int, group_size: int, prompt_tokens: int, response_tokens: int, vocab: int,
-                     step: int, replayed: bool, generator: torch.Generator) -> list[Group]:
+                     step: int, replayed: bool, generator: torch.Generator,
+                     spread: tuple[float, float] | None = None) -> list[Group]:
     """Groups of random token ids; replayed ones carry behaviour and per-token reference log-probs."""
     out = []
     for _ in range(groups):
         prompt = torch.randint(10, vocab, (prompt_tokens,), generator=generator).tolist()
-        responses = [torch.randint(10, vocab, (response_tokens,), generator=generator).tolist()
-                     for _ in range(group_size)]
+        lengths = response_lengths(group_size, response_tokens, spread, generator)
+        responses = [torch.randint(10, vocab, (length,), generator=generator).tolist() for length in lengths]
         rewards = (torch.rand(group_size, generator=generator) > 0.5).float().tolist()
         group = Group(prompt="", prompt_ids=prompt, numbers=(1, 2, 3), target=6, responses=[""] * group_size,
                       response_ids=responses, rewards=rewards, step=step - 1 if replayed else step)
         if replayed:
-            group = group.with_behaviour_logprobs([-float(response_tokens)] * group_size,
-                                                  [[-1.0] * response_tokens for _ in range(group_size)])
+            group = group.with_behaviour_logprobs([-float(length) for length in lengths],
+                                                  [[-1.0] * length for length in lengths])
         out.append(group)
     return out
+
+
+def forward_of(trainer_cfg, autocast) -> Forward:
+    return Forward(0, trainer_cfg.micro_batch_size, trainer_cfg.micro_batch_tokens, autocast,
+                   trainer_cfg.fused_logprobs, trainer_cfg.pack_rows)
+
+
+def token_counts(sequences, forward: Forward) -> dict[str, int]:
+    """Real tokens of `sequences` and the tokens their micro-batches compute: rows (packed: lanes) x longest row."""
+    lengths = [len(prompt) + len(response) for prompt, response in sequences]
+    batches = forward.batches(sequences)
+    computed = sum((len(lanes([lengths[i] for i in b])) if forward.pack else len(b)) * max(lengths[i] for i in b)
+                   for b in batches)
+    return {"real_tokens": sum(lengths), "computed_tokens": computed, "micro_batches": len(batches)}
 
 
 def make_optimizer(policy, fused: bool):
@@ -126,8 +171,7 @@ def make_optimizer(policy, fused: bool):
 
 def policy_update(policy, reference, optimizer, groups, trainer_cfg, autocast):
     """The trainer's own RLOO objective (c = 1) on `groups`; replayed ones carry mu and log pi_ref."""
-    forward = Forward(0, trainer_cfg.micro_batch_size, trainer_cfg.micro_batch_tokens, autocast,
-                      trainer_cfg.fused_logprobs)
+    forward = forward_of(trainer_cfg, autocast)
     objective = RlooObjective(1.0, forward=forward, kl_coef=trainer_cfg.kl_coef, entropy_coef=trainer_cfg.entropy_coef,
                               max_grad_norm=trainer_cfg.max_grad_norm)
     entries = [BatchGroup(g, "fresh") if g.behaviour_logprobs is None else BatchGroup(g, "replay", 1) for g in groups]
@@ -144,14 +188,16 @@ def measure_update(policy, reference, trainer_cfg, groups, device, autocast, fus
                                                    autocast))
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
     fresh_rows = [(g.prompt_ids, r) for g in groups if g.reference_logprobs is None for r in g.response_ids]
+    forward = forward_of(trainer_cfg, autocast)
 
     def reference_forward():
-        with torch.no_grad(), autocast_context(reference, autocast):
-            for index in micro_batches(fresh_rows, trainer_cfg.micro_batch_size, trainer_cfg.micro_batch_tokens):
-                response_token_stats(reference, [fresh_rows[i] for i in index], 0, with_entropy=False,
-                                     fused=trainer_cfg.fused_logprobs)
+        with torch.no_grad():
+            for index in forward.batches(fresh_rows):
+                forward.token_stats(reference, [fresh_rows[i] for i in index], with_entropy=False)
 
-    _, reference_seconds = timed(device, reference_forward) if fresh_rows else (None, 0.0)
+    # At kl_coef = 0 the update reads no pi_ref and runs no reference forward.
+    reads_reference = fresh_rows and trainer_cfg.kl_coef != 0
+    _, reference_seconds = timed(device, reference_forward) if reads_reference else (None, 0.0)
     _, optimizer_seconds = timed(device, optimizer.step)
     return {"update_s": total, "reference_forward_s": reference_seconds, "optimizer_s": optimizer_seconds,
             "policy_forward_backward_s": total - reference_seconds - optimizer_seconds, "peak_memory_gib": peak}
@@ -226,9 +272,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="a tiny model and batch (smoke run on any device)")
-    parser.add_argument("--groups", type=int, default=128)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--groups", type=int, default=None, help="B (default 128; --tiny: 4)")
+    parser.add_argument("--group-size", type=int, default=None, help="K (default 8; --tiny: 2)")
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="default 128; --tiny: 8")
     parser.add_argument("--response-tokens", default=None, help="response lengths, comma-separated (e.g. 256,1024)")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="the generation phase's engine")
     parser.add_argument("--vllm-memory", type=float, default=0.3, help="vLLM's share of the GPU (policy.vllm)")
@@ -246,6 +292,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--micro-batch-tokens", type=int, default=12288, help="as trainer=paper")
     parser.add_argument("--micro-batch-size", type=int, default=128, help="as trainer=paper")
     parser.add_argument("--ratios", default="0,1,2")
+    parser.add_argument("--lengths", default="fixed",
+                        help="the update's response lengths: fixed (all --response-tokens) or uniform:LO:HI (seeded, "
+                             "x that); generation stays at --response-tokens")
+    parser.add_argument("--pack", action="store_true",
+                        help="trainer.pack_rows=true: packed micro-batches of real tokens, no padding")
+    parser.add_argument("--kl-coef", type=float, default=1e-3, help="trainer.kl_coef (0: no reference forward)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--plain-logprobs", action="store_true",
                         help="trainer.fused_logprobs=false: full-vocabulary fp32 log_softmax on every position")
@@ -255,8 +307,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for --save")
     parser.add_argument("--label", default="", help="a word for the results file name (e.g. before)")
     args = parser.parse_args()
+    sizes = (4, 2, 8) if args.tiny else (128, 8, 128)  # B, K and prompt tokens, where not given
+    args.groups, args.group_size, args.prompt_tokens = (given if given is not None else size for given, size in
+                                                        zip((args.groups, args.group_size, args.prompt_tokens), sizes))
     if args.tiny:
-        args.groups, args.group_size, args.prompt_tokens = 4, 2, 8
         args.response_tokens, args.generation_rows = args.response_tokens or "8", "2"
     args.response_tokens = args.response_tokens or "256"
     try:
@@ -265,6 +319,10 @@ def parse_args() -> argparse.Namespace:
         parser.error(f"--response-tokens {args.response_tokens}: expected whole numbers, e.g. 256,1024")
     if min(args.response_token_list) < 1:
         parser.error(f"--response-tokens {args.response_tokens}: each length must be >= 1")
+    try:
+        args.spread = parse_lengths(args.lengths)
+    except ValueError as error:
+        parser.error(str(error))
     if args.engine == "vllm" and vllm_problem() is not None:
         parser.error(f"--engine vllm: {vllm_problem()}")
     return args
@@ -284,35 +342,52 @@ def build_models(args, device: str):
     return config, policy, reference
 
 
+def update_flops(config, groups: list[Group], fused: bool, reference_forward: bool) -> float:
+    """Model FLOPs of one update on `groups`: forward+backward (3 x forward) of every row, and a reference
+    forward of each fresh row where it runs. Per row: the decoder on its real tokens, the head where
+    log-probs are taken (every position on the plain path, response positions with `fused_logprobs`)."""
+    total = 0.0
+    for group in groups:
+        for response in group.response_ids:
+            tokens = len(group.prompt_ids) + len(response)
+            forward = (body_flops_per_token(config, tokens) * tokens
+                       + head_flops_per_token(config) * (len(response) if fused else tokens))
+            fresh = group.reference_logprobs is None
+            total += forward * (3 + (1 if fresh and reference_forward else 0))
+    return total
+
+
 def measure_updates(args, config, policy, reference, device: str, autocast, peak_rate: float) -> list[dict]:
-    """One update per replay ratio, on synthetic groups, with its model FLOP utilisation."""
+    """One update per replay ratio, on synthetic groups, with its model FLOP utilisation and token counts."""
     trainer_cfg = OmegaConf.create({"micro_batch_size": args.micro_batch_size,
-                                    "micro_batch_tokens": args.micro_batch_tokens, "kl_coef": 1e-3,
+                                    "micro_batch_tokens": args.micro_batch_tokens, "kl_coef": args.kl_coef,
                                     "entropy_coef": 1e-3, "max_grad_norm": None,
-                                    "fused_logprobs": not args.plain_logprobs})
-    tokens_per_sequence = args.prompt_tokens + args.response_tokens
-    head_tokens_per_sequence = args.response_tokens if not args.plain_logprobs else tokens_per_sequence
-    # per sequence: the decoder on every position, the output head where log-probs are taken
-    forward_flops = (body_flops_per_token(config, tokens_per_sequence) * tokens_per_sequence
-                     + head_flops_per_token(config) * head_tokens_per_sequence)
+                                    "fused_logprobs": not args.plain_logprobs, "pack_rows": args.pack})
     rows = []
     generator = torch.Generator().manual_seed(0)
     for ratio in (float(r) for r in args.ratios.split(",")):
         fresh_groups, replay_groups = plan_batch(args.groups, ratio)
         groups = (synthetic_groups(fresh_groups, args.group_size, args.prompt_tokens, args.response_tokens,
-                                   config.vocab_size, 5, False, generator)
+                                   config.vocab_size, 5, False, generator, args.spread)
                   + synthetic_groups(replay_groups, args.group_size, args.prompt_tokens, args.response_tokens,
-                                     config.vocab_size, 5, True, generator))
+                                     config.vocab_size, 5, True, generator, args.spread))
         if args.profile and ratio == 0:
             profile(policy, reference, trainer_cfg, groups, device, autocast, args, config, args.profile)
         update = measure_update(policy, reference, trainer_cfg, groups, device, autocast, not args.no_fused_adamw)
-        sequences, fresh_sequences = len(groups) * args.group_size, fresh_groups * args.group_size
-        update_flops = 3 * forward_flops * sequences + forward_flops * fresh_sequences  # fwd+bwd, reference fwd
+        flops = update_flops(config, groups, not args.plain_logprobs, args.kl_coef != 0)
+        counts = token_counts([(g.prompt_ids, r) for g in groups for r in g.response_ids],
+                              forward_of(trainer_cfg, autocast))
         rows.append({"rho": ratio, "fresh_groups": fresh_groups, "replay_groups": replay_groups,
-                     "fresh_tokens": fresh_groups * args.group_size * args.response_tokens, **update,
-                     "update_mfu": update_flops / update["update_s"] / peak_rate})
+                     "fresh_tokens": sum(len(r) for g in groups[:fresh_groups] for r in g.response_ids), **update,
+                     **counts, "update_mfu": flops / update["update_s"] / peak_rate})
         print(f"update {rows[-1]}", flush=True)
+        print(f"tokens: {counts['real_tokens']:,} real, {counts['computed_tokens']:,} computed in "
+              f"{counts['micro_batches']} micro-batches ({padding_share(counts):.1%} padding)", flush=True)
     return rows
+
+
+def padding_share(row: dict) -> float:
+    return 1 - row["real_tokens"] / row["computed_tokens"]
 
 
 def measure_generations(args, config, policy, device: str, autocast) -> list[dict]:
@@ -339,7 +414,9 @@ def generation_line(g: dict) -> str:
 def results_text(args, device_name: str, peak_rate: float, generation: list[dict], rows: list[dict],
                  engine_info: dict) -> str:
     """The results as markdown: settings, the generation table and the per-ratio step table."""
-    settings = (f"micro-batches of <= {args.micro_batch_size} rows and {args.micro_batch_tokens} padded tokens, "
+    budget = "real tokens, packed" if args.pack else "padded tokens"
+    settings = (f"micro-batches of <= {args.micro_batch_size} rows and {args.micro_batch_tokens} {budget}, "
+                f"response lengths {args.lengths}, kl_coef {args.kl_coef:g}, "
                 f"fused_logprobs={not args.plain_logprobs}, fused AdamW={not args.no_fused_adamw}, "
                 f"gradient checkpointing={args.gradient_checkpointing}, generation engine {args.engine}")
     lines = [f"# One step at B={args.groups} x K={args.group_size}, prompt {args.prompt_tokens} + response "
@@ -354,12 +431,14 @@ def results_text(args, device_name: str, peak_rate: float, generation: list[dict
     lines += ["| engine | rows | setting | seconds | tokens/s |", "|---|---|---|---|---|"]
     lines += [generation_line(g) for g in generation]
     lines += ["", "| rho | fresh/replay groups | generate s | sync s | reference fwd s | policy fwd+bwd s | "
-              "optimizer s | update s | step s | update MFU | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "optimizer s | update s | step s | update MFU | peak GiB | real / computed tokens |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['rho']:g} | {row['fresh_groups']}/{row['replay_groups']} | {row['generation_s']:.1f} | "
                      f"{row['sync_s']:.2f} | {row['reference_forward_s']:.2f} | {row['policy_forward_backward_s']:.2f} | "
                      f"{row['optimizer_s']:.3f} | {row['update_s']:.2f} | {row['step_s']:.1f} | "
-                     f"{row['update_mfu']:.1%} | {row['peak_memory_gib']:.1f} |")
+                     f"{row['update_mfu']:.1%} | {row['peak_memory_gib']:.1f} | {row['real_tokens']:,} / "
+                     f"{row['computed_tokens']:,} ({padding_share(row):.0%} padding) |")
     lines += ["", "Paper: ~126 s per step (210 min per 100 steps, one H100). Target: <= 12 s per step."]
     return "\n".join(lines)
 
@@ -373,7 +452,7 @@ def save_results(args, device_name: str, text: str, generation: list[dict], rows
     (args.results / f"{stem}.md").write_text(text + "\n")
     command = "python -m benchmarks.gpu_step " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
-        if v not in (False, None, "") and k not in ("save", "results", "response_token_list"))
+        if v not in (False, None, "") and k not in ("save", "results", "response_token_list", "spread"))
     (args.results / f"{stem}.json").write_text(json.dumps(
         {"device": device_name, "torch": torch.__version__, "date": str(datetime.date.today()),
          "command": command, "args": {k: str(v) for k, v in vars(args).items()}, "engine": engine_info,

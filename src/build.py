@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from src.buffer.store import ReplayStore
 from src.components import Components
 from src.policy.forward import Forward
-from src.policy.model import frozen_copy, load_policy
+from src.policy.model import compile_layers, frozen_copy, load_policy
 from src.rollout.engine import build_engine
 from src.task.base import Task, build_task
 from src.task.prompts import PromptFormat
@@ -47,7 +47,7 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
     if trainer.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     forward = Forward(tokenizer.pad_token_id, trainer.micro_batch_size, trainer.micro_batch_tokens,
-                      cfg.hardware.autocast, trainer.fused_logprobs)
+                      cfg.hardware.autocast, trainer.fused_logprobs, trainer.pack_rows)
     engine = engine or build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
                                     **cfg.policy.get("vllm", {}))
     task = task or build_task(cfg.task)
@@ -57,7 +57,11 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
     prompts = PromptFormat(task, tokenizer, cfg.policy.use_chat_template)
     behaviour, collection, objective = build_rollout_and_objective(cfg, policy, engine, sampler, prompts, forward,
                                                                    task)
-    return Components(policy=policy, reference=frozen_copy(policy), tokenizer=tokenizer, engine=engine,
+    reference = frozen_copy(policy)
+    if trainer.compile:  # after every copy of the policy (the reference, a stale behaviour's)
+        compile_layers(policy)
+        compile_layers(reference)
+    return Components(policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
                       optimizer=build_optimizer(policy, trainer), store=build_store(cfg, task), objective=objective,
                       collection=collection, sampler=sampler, behaviour=behaviour, forward=forward,
                       groups_per_step=trainer.groups_per_step, task=task)

@@ -247,6 +247,9 @@ def _validate_ranks(cfg: DictConfig) -> None:
     _check(not cfg.trainer.fused_logprobs,
            f"{key} with trainer.fused_logprobs=true: the fused head runs apart from the sharded model; set "
            "trainer.fused_logprobs=false")
+    _check(not cfg.trainer.compile,
+           f"{key} with trainer.compile=true: compiled layers under FSDP have not been tried here; set "
+           "trainer.compile=false")
     if described(cfg.runtime).plain(cfg.runtime):  # torchrun's ranks; async's trainer actors sit after its workers
         _check(cfg.policy.engine == "hf",
                f"{key} with policy.engine={cfg.policy.engine}: the ranks generate with the sharded policy itself; set "

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from src.paths import PROJECT_ROOT
 
@@ -40,8 +41,40 @@ def test_gpu_step_benchmark_smoke_run_on_cpu():
 
 
 def test_gpu_step_refuses_bad_response_lengths_in_one_line():
-    for value, why in (("abc", "expected whole numbers"), ("256,0", "must be >= 1")):
+    for option, value, why in (("--response-tokens", "abc", "expected whole numbers"),
+                               ("--response-tokens", "256,0", "must be >= 1"),
+                               ("--lengths", "uniform:0:1", "0 < LO <= HI <= 1"),
+                               ("--lengths", "normal:0.5:1", "fixed or uniform:LO:HI")):
         result = subprocess.run([sys.executable, "-m", "benchmarks.gpu_step", "--tiny", "--device", "cpu",
-                                 "--response-tokens", value], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                                timeout=120)
+                                 option, value], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and why in result.stderr and "Traceback" not in result.stderr
+
+
+SPREAD = ("--tiny", "--device", "cpu", "--group-size", "8", "--response-tokens", "32", "--lengths", "uniform:0.25:1",
+          "--ratios", "0", "--micro-batch-tokens", "1024")
+
+
+def test_gpu_step_draws_seeded_response_lengths_from_the_spread():
+    from benchmarks.gpu_step import response_lengths
+
+    lengths = response_lengths(1000, 32, (0.25, 1.0), torch.Generator().manual_seed(0))
+    assert min(lengths) == 8 and max(lengths) == 32 and 19 < sum(lengths) / 1000 < 21
+    assert lengths == response_lengths(1000, 32, (0.25, 1.0), torch.Generator().manual_seed(0))
+    assert response_lengths(3, 32, None, torch.Generator()) == [32, 32, 32]
+
+
+@pytest.mark.slow
+def test_gpu_step_spread_lengths_show_real_and_computed_tokens_padded_and_packed():
+    """Seeded response lengths between 0.25 and 1 x 32 tokens: the real tokens, and what the micro-batches compute
+    (two runs of the benchmark, 10-30 s each here, most of it HF generate)."""
+    counted = {}
+    for pack in ((), ("--pack",)):
+        result = subprocess.run([sys.executable, "-m", "benchmarks.gpu_step", *SPREAD, *pack], cwd=PROJECT_ROOT,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        line = next(line for line in result.stdout.splitlines() if line.startswith("tokens: "))
+        counted[bool(pack)] = line
+    # 4 groups of 8 rows, prompts of 8 tokens: padded, two length-sorted micro-batches of rows x longest row;
+    # packed, one micro-batch whose short rows share lanes as long as its longest row.
+    assert counted[False].startswith("tokens: 892 real, 1,228 computed in 2 micro-batches (27.4% padding)")
+    assert counted[True].startswith("tokens: 892 real, 1,040 computed in 1 micro-batches (14.2% padding)")

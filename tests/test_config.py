@@ -86,6 +86,8 @@ def test_h100_selects_the_submitit_slurm_launcher(compose_config):
     (["policy.engine=vllm", "policy.vllm.gpu_memory_utilization=1.5"], ["gpu_memory_utilization=1.5"]),
     (["hardware.autocast=int8"], ["int8", "bfloat16"]),
     (["trainer.micro_batch_tokens=0"], ["micro_batch_tokens=0"]),
+    (["trainer.pack_rows=3"], ["trainer.pack_rows=3", "true or false"]),
+    (["trainer.compile=yes"], ["trainer.compile='yes'", "true or false"]),
     (["evaluation.estimator=mean"], ["mean", "first_k"]),
     (["evaluation.ks=[1,16]"], ["[16]", "samples_per_prompt"]),
     (["evaluation.prompts=80"], ["80", "heldout_size"]),

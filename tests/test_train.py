@@ -142,6 +142,46 @@ def test_stored_reference_logprobs_replace_the_reference_forward(random_policy_d
     torch.testing.assert_close(cached.kl_sums, computed.kl_sums)
 
 
+class CountingReference(torch.nn.Module):
+    """The reference policy, counting its forward passes."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model, self.calls = model, 0
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.model(*args, **kwargs)
+
+
+@pytest.mark.parametrize("loss", ["rloo", "grpo", "ipo"])
+def test_the_reference_forward_runs_only_where_the_update_reads_it(random_policy_dir, compose_config, loss):
+    """At kl_coef = 0 RLOO and GRPO read no pi_ref: no reference forward, the KL logged as nan, the group stored
+    without reference log-probs, and the same loss and gradients as with the reference read. IPO's loss reads it."""
+    cfg = small_config(compose_config, f"loss={loss}", "trainer.kl_coef=0")
+    parts = make_parts(random_policy_dir, cfg)
+    groups = sample_groups(parts.tokenizer)[:1]
+    outcomes = []
+    for forced in (False, True):
+        settings = dict(forward=Forward(0, 3), kl_coef=0.0, entropy_coef=cfg.trainer.entropy_coef)
+        objective = RlooObjective(3.0, **settings) if loss == "rloo" else instantiate(cfg.loss, **settings)
+        objective.reads_reference = objective.reads_reference or forced
+        reference = CountingReference(parts.reference)
+        parts.policy.zero_grad(set_to_none=True)
+        result = objective.update(parts.policy, reference, torch.optim.SGD(parts.policy.parameters(), lr=0.0),
+                                  Batch([BatchGroup(groups[0], "fresh")]))
+        outcomes.append((reference.calls, result, [p.grad.clone() for p in parts.policy.parameters()]))
+    (calls, skipped, skipped_grads), (forced_calls, read, read_grads) = outcomes
+    assert forced_calls > 0 and not math.isnan(read.kl)
+    if loss == "ipo":
+        assert calls == forced_calls
+        return
+    assert calls == 0 and math.isnan(skipped.kl) and torch.isnan(skipped.kl_sums).all()
+    assert skipped.stored(groups[0], 0).reference_logprobs is None  # a later update that reads it computes it
+    assert skipped.loss == read.loss and skipped.policy_loss == read.policy_loss
+    assert all(torch.equal(a, b) for a, b in zip(skipped_grads, read_grads))
+
+
 def test_fresh_weights_are_one_and_replayed_weights_are_clipped(random_policy_dir, compose_config):
     result, _ = gradients_after_update(random_policy_dir, compose_config, sample_groups, 100)
     assert result.weights[:3].tolist() == [1.0, 1.0, 1.0]  # fresh group: mu = pi_theta

@@ -59,7 +59,8 @@ class UpdateResult:
     weights: torch.Tensor       # clipped, as used in the gradient
     kl_sums: torch.Tensor       # per-response sum of token KL estimates
     token_counts: torch.Tensor
-    reference_tokens: list[tuple[float, ...]]  # per-response log pi_ref per token, stored with new groups
+    # Per-response log pi_ref per token, stored with new groups; None where the update read no pi_ref (kl_coef = 0).
+    reference_tokens: list[tuple[float, ...] | None]
     loss: float
     policy_loss: float
     kl: float
@@ -92,6 +93,8 @@ class UpdateResult:
         """
         rows = slice(first_row, first_row + group.size)
         reference = self.reference_tokens[rows]
+        if any(tokens is None for tokens in reference):  # not read at kl_coef = 0: a later update computes it
+            reference = None
         if group.behaviour_logprobs is not None:
             return group.with_behaviour_logprobs(group.behaviour_logprobs, reference, group.behaviour_token_logprobs)
         tokens = self.behaviour_tokens[rows] if self.behaviour_tokens else None
@@ -120,6 +123,9 @@ class Objective(Variant):
         self.max_grad_norm = max_grad_norm
         self.truncation = truncation or Truncation()
         self.reducer = Reducer()  # batch-wide totals over the ranks that share the batch (one process: identity)
+        # Whether the update reads log pi_ref: for its KL term only, so not at kl_coef = 0 (seeds 001 and 003),
+        # where the reference forward is skipped and the KL is logged as nan (not measured). IPO always reads it.
+        self.reads_reference = self.kl_coef != 0
 
     # The weight ceiling metrics compare raw weights against (clip fraction).
     weight_ceiling: float = float("inf")
@@ -138,6 +144,10 @@ class Objective(Variant):
         generates a group (SPEC 11), with the same function.
         """
         return leave_one_out_advantages(rewards)
+
+    def reference_chunk(self, reference, chunk, cached, like: torch.Tensor) -> torch.Tensor | None:
+        """Per-token log pi_ref of a micro-batch (`Forward.reference_tokens`), or None where the update reads none."""
+        return self.forward.reference_tokens(reference, chunk, cached, like) if self.reads_reference else None
 
     def optimizer_step(self, policy, optimizer) -> None:
         self.reducer.before_step(policy)

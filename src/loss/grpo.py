@@ -115,16 +115,16 @@ class ClippedObjective(Objective):
         """2. pi_prox and pi_ref per response token, from a no-grad forward before any optimizer step."""
         n = len(sequences)
         prox: list[torch.Tensor] = [torch.empty(0)] * n
-        reference_tokens: list[tuple[float, ...]] = [()] * n
+        reference_tokens: list[tuple[float, ...] | None] = [None] * n
         policy.train()
         with torch.no_grad():
             for index in (chunk for plan in plans for chunk in plan):
                 chunk = [sequences[i] for i in index]
                 token_logprobs, _, mask = self.forward.token_stats(policy, chunk, with_entropy=False)
-                ref = self.forward.reference_tokens(reference, chunk, [cached_reference[i] for i in index],
-                                                    like=token_logprobs)
+                ref = self.reference_chunk(reference, chunk, [cached_reference[i] for i in index], like=token_logprobs)
                 token_logprobs, mask = upcast(token_logprobs).cpu(), mask.cpu()
-                for row, (i, tokens) in enumerate(zip(index, row_values(ref, mask))):
+                refs = row_values(ref, mask) if ref is not None else [None] * len(index)
+                for row, (i, tokens) in enumerate(zip(index, refs)):
                     prox[i] = token_logprobs[row][mask[row]].clone()
                     reference_tokens[i] = tokens
         return prox, reference_tokens
@@ -155,17 +155,21 @@ class ClippedObjective(Objective):
         behaviour_chunk = place_tokens(chunk, [fixed.behaviour[i] for i in index], zeros.clone())
         prox_chunk = (behaviour_chunk if self.ratio_to == "behaviour"
                       else place_tokens(chunk, [fixed.prox[i] for i in index], zeros.clone()))
-        ref_chunk = place_tokens(chunk, [fixed.reference[i] for i in index], zeros.clone())
         mask = mask.float()
         surrogate, diag = clipped_surrogate(token_logprobs, prox_chunk, behaviour_chunk,
                                             advantages[index].to(token_logprobs.device), mask,
                                             eps_low=self.eps_low, eps_high=self.eps_high,
                                             behaviour_cap=self.behaviour_cap)
-        kl_tokens = self.kl_tokens(token_logprobs, ref_chunk) * mask
+        if self.reads_reference:
+            ref_chunk = place_tokens(chunk, [fixed.reference[i] for i in index], zeros.clone())
+            kl_tokens = self.kl_tokens(token_logprobs, ref_chunk) * mask
+        else:  # no pi_ref read (kl_coef = 0): the KL is not measured, and not in the loss
+            kl_tokens = torch.full_like(zeros, float("nan"))
         terms = {"policy_loss": surrogate * (diag["n_tokens"] / mini_tokens),
                  "kl": kl_tokens.sum() / mini_tokens,
                  "entropy": (entropy * mask).sum() / mini_tokens}
-        loss = terms["policy_loss"] + self.kl_coef * terms["kl"] - self.entropy_coef * terms["entropy"]
+        kl_term = self.kl_coef * terms["kl"] if self.reads_reference else 0.0
+        loss = terms["policy_loss"] + kl_term - self.entropy_coef * terms["entropy"]
         return loss, terms, kl_tokens, diag
 
     def _result(self, fixed: _FixedTokens, tally: _Tally, token_counts: torch.Tensor) -> UpdateResult:
@@ -190,7 +194,7 @@ class _FixedTokens:
 
     prox: list[torch.Tensor]
     behaviour: list[torch.Tensor]
-    reference: list[tuple[float, ...]]
+    reference: list[tuple[float, ...] | None]  # None: not read (kl_coef = 0)
 
 
 @dataclass

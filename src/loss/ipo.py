@@ -83,6 +83,7 @@ class IpoObjective(Objective):
             raise ValueError(f"loss.tau={tau}: IPO's regularisation strength, a number > 0 (target margin "
                              "1/(2 tau); seed 004: 0.1)")
         self.tau = float(tau)
+        self.reads_reference = True  # its loss is a margin of log pi / pi_ref, whatever kl_coef is
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         if any(entry.responses is not None for entry in batch.entries):
@@ -129,7 +130,7 @@ class IpoObjective(Objective):
             for index in batches:
                 chunk = [sequences[i] for i in index]
                 token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
-                ref = self.forward.reference_tokens(reference, chunk, [cached[i] for i in index], like=token_logprobs)
+                ref = self.reference_chunk(reference, chunk, [cached[i] for i in index], like=token_logprobs)
                 mask = mask.float()
                 token_logprobs, ref = upcast(token_logprobs), upcast(ref)
                 stats.logprobs[index] = (token_logprobs * mask).sum(-1).cpu()

@@ -64,7 +64,7 @@ class RlooObjective(Objective):
         batch_rows, batch_tokens = self.reducer.total(size), self.reducer.total(total_tokens)  # over all ranks' shards
         logprobs, raw_weights, weights = torch.zeros(size), torch.ones(size), torch.ones(size)
         kl_sums = torch.zeros(size)
-        reference_tokens: list[tuple[float, ...]] = [()] * size
+        reference_tokens: list[tuple[float, ...] | None] = [None] * size
         current_tokens: list[tuple[float, ...]] = [()] * size
         token_raw: list[torch.Tensor] = [torch.empty(0)] * size
         token_used: list[torch.Tensor] = [torch.empty(0)] * size
@@ -75,8 +75,8 @@ class RlooObjective(Objective):
         for index in self.forward.batches(sequences):
             chunk = [sequences[i] for i in index]
             token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
-            reference_logprobs = self.forward.reference_tokens(reference, chunk, [cached_reference[i] for i in index],
-                                                               like=token_logprobs)
+            reference_logprobs = self.reference_chunk(reference, chunk, [cached_reference[i] for i in index],
+                                                      like=token_logprobs)
             mask = mask.float()
             current, clipped, raw, token_weights, raw_tokens = self._chunk_weights(
                 chunk, token_logprobs, mask, [behaviour[i] for i in index], [behaviour_tokens[i] for i in index],
@@ -88,8 +88,9 @@ class RlooObjective(Objective):
             terms.loss.backward()
 
             logprobs[index], raw_weights[index], weights[index] = current, raw, clipped
-            for i, tokens in zip(index, row_values(reference_logprobs, mask)):
-                reference_tokens[i] = tokens
+            if reference_logprobs is not None:
+                for i, tokens in zip(index, row_values(reference_logprobs, mask)):
+                    reference_tokens[i] = tokens
             if self.keep_token_logprobs:
                 for i, tokens in zip(index, row_values(token_logprobs, mask)):
                     current_tokens[i] = tokens

@@ -89,11 +89,15 @@ def rloo_loss(token_logprobs: Tensor, reference_logprobs: Tensor, entropy: Tenso
     number of response tokens of the whole batch, so a micro-batch passing the full batch's
     `batch_size` and `total_tokens` contributes exactly its share of the one-batch loss. A sequence
     weight w_i (eq. 2) is `token_weights` constant along its row; seed 002's token-level IS varies it.
+    `reference_logprobs` None (no pi_ref read, kl_coef = 0): no KL term, and its value is nan (not measured).
     """
     policy = -(advantages[:, None] * token_weights * token_logprobs * mask).sum() / batch_size
+    entropy_term = (entropy * mask).sum() / total_tokens
+    if reference_logprobs is None:
+        kl_tokens = torch.full_like(token_logprobs.detach(), math.nan)
+        return LossTerms(policy - entropy_coef * entropy_term, policy, kl_tokens.sum(), entropy_term, kl_tokens)
     kl_tokens = kl_estimator(token_logprobs, reference_logprobs) * mask
     kl = kl_tokens.sum() / total_tokens
-    entropy_term = (entropy * mask).sum() / total_tokens
     return LossTerms(policy + kl_coef * kl - entropy_coef * entropy_term, policy, kl, entropy_term, kl_tokens)
 
 

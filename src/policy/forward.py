@@ -1,6 +1,6 @@
 """Forward passes over (prompt, response) token sequences: per-token log-probs, entropies, log mu and
-log pi_ref, micro-batched by rows and padded tokens. Every objective and the rollout collection use
-these; nothing here knows which variant runs.
+log pi_ref, micro-batched by rows and padded tokens, or packed end to end (`src.policy.packing`). Every
+objective and the rollout collection use these; nothing here knows which variant runs.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import contextlib
 import torch
 
 from src.batch import Group
+from src.policy.packing import packed_micro_batches, packed_response_token_stats
 from src.policy.token_stats import token_entropy, token_logprobs_and_entropy, upcast
 
 Sequence = tuple[tuple[int, ...], tuple[int, ...]]  # (prompt ids, response ids)
@@ -112,23 +113,35 @@ def row_values(values: torch.Tensor, mask: torch.Tensor) -> list[tuple[float, ..
 
 
 class Forward:
-    """The forward-pass settings of a run (pad id, micro-batch sizes, autocast, fused head) in one object."""
+    """The forward-pass settings of a run (pad id, micro-batch sizes, autocast, fused head, packing) in one object.
+
+    `pack` (`trainer.pack_rows`): each micro-batch's rows are packed end to end (`src.policy.packing`),
+    and `micro_batch_tokens` counts real tokens instead of rows x longest row.
+    """
 
     def __init__(self, pad_id: int, micro_batch_size: int, micro_batch_tokens: int | None = None,
-                 autocast: str | None = None, fused: bool = False) -> None:
+                 autocast: str | None = None, fused: bool = False, pack: bool = False) -> None:
         self.pad_id = int(pad_id)
         self.micro_batch_size = int(micro_batch_size)
         self.micro_batch_tokens = micro_batch_tokens
         self.autocast = autocast
         self.fused = bool(fused)
+        self.pack = bool(pack)
 
     def batches(self, sequences) -> list[list[int]]:
-        return micro_batches(sequences, self.micro_batch_size, self.micro_batch_tokens)
+        split = packed_micro_batches if self.pack else micro_batches
+        return split(sequences, self.micro_batch_size, self.micro_batch_tokens)
+
+    def stats(self, model, chunk, with_entropy: bool, temperature: float = 1.0):
+        """(token log-probs, entropies or None, response mask) of a micro-batch, padded or packed (no autocast)."""
+        if self.pack:
+            return packed_response_token_stats(model, chunk, with_entropy, temperature, self.fused, self.pad_id)
+        return response_token_stats(model, chunk, self.pad_id, with_entropy, temperature, self.fused)
 
     def token_stats(self, model, chunk, with_entropy: bool, temperature: float = 1.0):
         """(token log-probs, entropies or None, response mask) of a micro-batch, under the run's autocast."""
         with autocast_context(model, self.autocast):
-            return response_token_stats(model, chunk, self.pad_id, with_entropy, temperature, self.fused)
+            return self.stats(model, chunk, with_entropy, temperature)
 
     def reference_tokens(self, reference, chunk, cached, like: torch.Tensor) -> torch.Tensor:
         """Per-token log pi_ref laid out like the policy's `like`; a forward pass only for rows not `cached`."""
@@ -136,9 +149,8 @@ class Forward:
         missing = [row for row, tokens in enumerate(cached) if tokens is None]
         if missing:
             with torch.no_grad(), autocast_context(reference, self.autocast):
-                computed, _, _ = response_token_stats(reference, [chunk[row] for row in missing], self.pad_id,
-                                                      with_entropy=False, fused=self.fused)
-            # Rows are right-padded from position 0, so a row's positions agree whatever the batch width.
+                computed, _, _ = self.stats(reference, [chunk[row] for row in missing], with_entropy=False)
+            # Both layouts start each row at position 0, so a row's positions agree whatever the batch width.
             out[missing, : computed.shape[1]] = computed.to(out.dtype)
         return place_tokens(chunk, cached, out)
 

@@ -54,6 +54,21 @@ def load_policy(name_or_path: str, device: str = "cpu", dtype: str = "float32"):
     return model.to(device), tokenizer
 
 
+def compile_layers(model: torch.nn.Module, **options) -> torch.nn.Module:
+    """`trainer.compile`: each decoder layer's forward through `torch.compile`, in place; returns `model`.
+
+    In place (`Module.compile`), so the parameters, state-dict keys, checkpoints and weight syncs are the
+    module's own; per layer (as torchtitan compiles), so the embedding, the output head and the log-prob
+    kernels stay as they are (`src.policy.token_stats` compiles its own on CUDA). Compiling happens at a
+    layer's first call; a new micro-batch shape recompiles once, with dynamic shapes. `options` go to
+    `torch.compile` (tests pick a quick backend). Call it after any `frozen_copy`: a deep copy of a
+    compiled layer would call the original's weights.
+    """
+    for layer in model.get_decoder().layers:
+        layer.compile(**options)
+    return model
+
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A frozen, eval-mode copy of the model: the reference policy pi_ref for the KL term."""
     import copy

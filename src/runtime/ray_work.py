@@ -121,7 +121,7 @@ class RolloutWorker:
                                    **cfg.policy.get("vllm", {}))
         trainer = cfg.trainer
         self.forward = Forward(tokenizer.pad_token_id, trainer.micro_batch_size, trainer.micro_batch_tokens,
-                               cfg.hardware.autocast, trainer.fused_logprobs)
+                               cfg.hardware.autocast, trainer.fused_logprobs, trainer.pack_rows)
         task = build_task(cfg.task)  # the verifier the worker scores with (no data is loaded)
         prompts = PromptFormat(task, tokenizer, cfg.policy.use_chat_template)
         self.behaviour, self.collection, self.objective = build_rollout_and_objective(

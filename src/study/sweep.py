@@ -45,6 +45,8 @@ LAUNCH_ONLY = (
     "trainer.rerun",  # train a finished cell again: a new run of the same cell
     "trainer.checkpoint_every",
     "trainer.fused_logprobs",  # the same log-probs to fp32 rounding, computed with less memory
+    "trainer.pack_rows",  # the same log-probs to float rounding, without padding
+    "trainer.compile",  # the same log-probs to float rounding, from compiled kernels
     "trainer.heartbeat_every_s",
     "trainer.heartbeat_timeout_s",
     "buffer.mechanism_only",  # lifts a config check only: the same computation
