@@ -224,3 +224,13 @@ def test_category_counts():
 
 def test_length_bound_is_the_verifiers():
     assert len("1+" * 200 + "1") > MAX_EXPRESSION_CHARS
+
+
+def test_every_task_shares_the_global_failure_and_the_catch_all_written_once():
+    import src.task.failures as shared
+    from src.task import countdown_failures
+    from src.task.math import failures as math_failures
+
+    for taxonomy in (countdown_failures, math_failures):
+        assert taxonomy.CATEGORIES[-2:] == (shared.REPETITIVE_OR_INCOHERENT, shared.OTHER)
+        assert {key: taxonomy.LABELS[key] for key in shared.SHARED_LABELS} == shared.SHARED_LABELS

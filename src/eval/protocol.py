@@ -8,15 +8,15 @@ seed namespaces never overlap and their results stay apart.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
 from src.passk import ESTIMATORS, answer_unique_rate, first_k_pass_at_k, t_half_width, unbiased_pass_at_k
 from src.rollout.interface import RolloutEngine, SamplingParams
 from src.task.base import Task
+from src.task.failures import category_counts
 
 
 @dataclass
@@ -34,14 +34,6 @@ class EvalResult:
 # The problem in the task's own words (`Task.brief`), then the prompt as the policy saw it, and the verdict.
 SAMPLE_COLUMNS = ["problem", "prompt", "response", "reward", "reason", "category"]
 
-
-def category_counts(categories: Iterable[str | None], known: Sequence[str]) -> dict[str, int]:
-    """Count per category of the task's taxonomy (every one present, 0 when absent); None (a success) skipped."""
-    counts = Counter(c for c in categories if c is not None)
-    unknown = set(counts) - set(known)
-    if unknown:
-        raise ValueError(f"unknown failure categories {sorted(unknown)}; valid: {', '.join(known)}")
-    return {category: counts.get(category, 0) for category in known}
 
 
 def failure_summary(per_repeat: pd.DataFrame, categories: Sequence[str]) -> dict[str, float]:

@@ -38,21 +38,18 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections import Counter
 from typing import Hashable, Iterable, Sequence
 
 from src.task import countdown_verdict as countdown
 from src.task.countdown_verdict import Verdict
+from src.task.failures import OTHER, REPETITIVE_OR_INCOHERENT, category_counts as _counts, taxonomy
 
 FORMAT_ERROR = "format_error"
 WRONG_TARGET = "wrong_target"
 INVALID_NUMBER_USE = "invalid_number_use"
 ARITHMETIC_ERROR = "arithmetic_error"
-REPETITIVE_OR_INCOHERENT = "repetitive_or_incoherent"
-OTHER = "other"
-CATEGORIES = (FORMAT_ERROR, WRONG_TARGET, INVALID_NUMBER_USE, ARITHMETIC_ERROR, REPETITIVE_OR_INCOHERENT, OTHER)
-LABELS = {FORMAT_ERROR: "format error", WRONG_TARGET: "wrong target", INVALID_NUMBER_USE: "invalid number use",
-          ARITHMETIC_ERROR: "arithmetic error", REPETITIVE_OR_INCOHERENT: "repetitive or incoherent", OTHER: "other"}
+CATEGORIES, LABELS = taxonomy({FORMAT_ERROR: "format error", WRONG_TARGET: "wrong target",
+                                INVALID_NUMBER_USE: "invalid number use", ARITHMETIC_ERROR: "arithmetic error"})
 
 # A loop repeats text without adding anything: some block (one or more clauses, or a run of words) occurs
 # LOOP_REPEATS times in a row. Trial and error repeats a lead phrase ("let me try") or a first step with
@@ -204,9 +201,5 @@ def classify_failure(response: str, verdict: Verdict) -> str:
 
 
 def category_counts(categories: Iterable[str | None]) -> dict[str, int]:
-    """Count per category (every category present, 0 when absent); None entries (successes) are skipped."""
-    counts = Counter(c for c in categories if c is not None)
-    unknown = set(counts) - set(CATEGORIES)
-    if unknown:
-        raise ValueError(f"unknown failure categories {sorted(unknown)}; valid: {', '.join(CATEGORIES)}")
-    return {category: counts.get(category, 0) for category in CATEGORIES}
+    """Count per Countdown category (every category present, 0 when absent); None entries (successes) are skipped."""
+    return _counts(categories, CATEGORIES)

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 from collections import Counter
 
+from src.task.failures import OTHER, REPETITIVE_OR_INCOHERENT, taxonomy
 from src.task.math import verify as v
 
 NO_BOXED = "no_boxed_answer"
 UNPARSEABLE = "unparseable_answer"
 WRONG = "wrong_answer"
 TRUNCATED = "truncated"
-REPETITIVE = "repetitive_or_incoherent"
-OTHER = "other"
-CATEGORIES = (NO_BOXED, UNPARSEABLE, WRONG, TRUNCATED, REPETITIVE, OTHER)
-LABELS = {NO_BOXED: "no boxed answer", UNPARSEABLE: "unparseable answer", WRONG: "wrong answer",
-          TRUNCATED: "truncated", REPETITIVE: "repetitive or incoherent", OTHER: "other"}
+REPETITIVE = REPETITIVE_OR_INCOHERENT
+CATEGORIES, LABELS = taxonomy({NO_BOXED: "no boxed answer", UNPARSEABLE: "unparseable answer", WRONG: "wrong answer",
+                               TRUNCATED: "truncated"})
 
 # A worked solution states each step once; the same eight words three times over is a loop.
 LOOP_WORDS = 8
