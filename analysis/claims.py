@@ -88,8 +88,9 @@ class Study:
         mean, half_width = t_interval(values)
         if values.empty:
             return "no runs"
-        hw = f" ± {half_width:.3f}" if not np.isnan(half_width) else ""
-        return f"{mean:.3f}{hw} ({values.size} seed{'s' if values.size != 1 else ''})"
+        digits = ",.0f" if abs(mean) >= 100 else ".3f"  # counts (rollouts, evaluations) as whole numbers
+        hw = f" ± {half_width:{digits}}" if not np.isnan(half_width) else ""
+        return f"{mean:{digits}}{hw} ({values.size} seed{'s' if values.size != 1 else ''})"
 
 
 def verdict(judged: list[dict]) -> tuple[str, str]:

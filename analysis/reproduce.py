@@ -67,7 +67,8 @@ def section(claim: Claim, study: Study, figure: Path | None, command: str) -> st
     """The report section: claim, our numbers, comparisons, verdict, figure, and the command that made it."""
     judged = [{**vars(comparison), **comparison.judged()} for comparison in claim.compare(study)]
     outcome, reason = verdict(judged)
-    metrics = [m for m in ("quick/final/mean_reward", "quick/final/pass_at_1", "budget/fresh_evaluations")
+    metrics = [m for m in ("quick/start/mean_reward", "quick/final/mean_reward", "quick/final/pass_at_1",
+                           "budget/fresh_evaluations")
                if "metrics." + m in study.runs]
     lines = [f"## {claim.paper}: {outcome}", "", f"**The paper** ({claim.source}): {claim.statement}", "",
              f"**The miniature** (`{command}`): {study.runs['seed'].nunique()} training seed(s), "
@@ -146,8 +147,8 @@ def report(claim: Claim, overrides: list[str], err: Console) -> int:
     figure = plot_curves(study, out_dir / f"{claim.name}-curves.png") if claim.name == "seed000" else None
     text = section(claim, study, figure, f"make reproduce-{claim.name}")
     (out_dir / "README.md").write_text(text)
-    console.print(text, markup=False, highlight=False)
-    console.print(f"report: {(out_dir / 'README.md').resolve()}")
+    sys.stdout.write(text)  # the markdown as written, not wrapped to the terminal's width
+    console.print(f"report: {(out_dir / 'README.md').resolve()}", soft_wrap=True, highlight=False)
     return 0
 
 
