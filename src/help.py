@@ -19,8 +19,8 @@ from src.paths import CONFIG_DIR
 
 # Groups that are not choices of a training run: studies get their own section, `local` holds a
 # site's git-ignored cluster settings, `ziprc` belongs to `python -m src.ziprc`, `experiment` holds the
-# papers' settings (a line under More: points at docs/reproductions.md).
-NOT_RUN_GROUPS = ("sweep", "local", "ziprc", "experiment")
+# papers' settings and `reproduce` their claims in miniature (a line under More: points at docs/reproductions.md).
+NOT_RUN_GROUPS = ("sweep", "local", "ziprc", "experiment", "reproduce")
 LINE_WIDTH = 120  # long descriptions are cut with an ellipsis
 
 FIRST_COMMANDS = [
@@ -117,6 +117,7 @@ def help_text(config_dir: Path = CONFIG_DIR) -> str:
             "  KEY=VALUE sets any knob (trainer.steps=50, buffer.ratio=2); a mistyped key or option (clip=tigth)",
             "  is refused with the close matches. --cfg job prints the composed config, --hydra-help Hydra's own options,",
             "  +experiment=seed001-async (-tiny: on the CPU) sets a paper's experiment (docs/reproductions.md);",
+            "  make reproduce-seed000 (... seed004) tests a paper's claim in miniature, over training seeds;",
             "  python -m src.eval --help evaluates saved policies; docs/configuration.md and docs/knobs.md explain it all."]
     return "\n".join(out) + "\n"
 
@@ -158,7 +159,7 @@ def knob_sources(config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, tuple[obj
     sources: dict[str, dict[str, tuple[object, str]]] = {}
     for path in sorted(config_dir.rglob("*.yaml")):
         relative = path.relative_to(config_dir)
-        if relative.parts[0] in ("sweep", "local", "hydra", "experiment") or relative.name == "ziprc_main.yaml":
+        if relative.parts[0] in ("sweep", "local", "hydra", "experiment", "reproduce") or relative.name == "ziprc_main.yaml":
             continue  # studies, site settings, Hydra's own groups and the papers' experiments (docs/reproductions.md,
             # which set the groups' keys); ZIP-RC's entry config has its own page
         text = path.read_text()
