@@ -21,6 +21,20 @@ from src.paths import CONFIG_DIR, PROJECT_ROOT
 # "seed 001 line 2290": a line of the paper's plain text (docs/papers.md lists what each cited line says).
 S000, S001, S002, S003, S004 = ("seed 000 line", "seed 001 line", "seed 002 line", "seed 003 line", "seed 004 line")
 
+ONPOLICY_002 = {  # seed 002 Table 1's on-policy RLOO (line 140) and what every row of it shares (line 121)
+    "trainer.steps": (60, f"{S002} 121"),
+    "trainer.groups_per_step": (32, f"{S002} 121"),
+    "trainer.group_size": (8, f"{S002} 121"),
+    "trainer.micro_batch_size": (32 * 8 // 16, f"{S002} 121"),  # gradient accumulation 16
+    "trainer.learning_rate": (5e-6, f"{S002} 121"),
+    "trainer.entropy_coef": (1e-3, f"{S002} 121"),
+    "trainer.kl_coef": (0.02, f"{S002} 121"),
+    "buffer.name": ("none", f"{S002} 140"),  # on-policy RLOO
+    "behaviour.name": ("current", f"{S002} 140"),
+    "loss.name": ("rloo-tis", f"{S002} 85-89"),
+    "loss.is_max": (10.0, f"{S002} 121"),
+}
+
 # preset -> {dotted key: (the paper's value, where it says so)}
 PAPERS = {
     "seed000-countdown": {
@@ -71,34 +85,14 @@ PAPERS = {
         "runtime.staleness": (None, f"{S001} 2286-2362"),  # no bound
         "hardware.name": ("h100x8", f"{S001} 2264-2266"),
     },
-    "seed002-onpolicy": {
-        "trainer.steps": (60, f"{S002} 121"),
-        "trainer.groups_per_step": (32, f"{S002} 121"),
-        "trainer.group_size": (8, f"{S002} 121"),
-        "trainer.micro_batch_size": (32 * 8 // 16, f"{S002} 121"),  # gradient accumulation 16
-        "trainer.learning_rate": (5e-6, f"{S002} 121"),
-        "trainer.entropy_coef": (1e-3, f"{S002} 121"),
-        "trainer.kl_coef": (0.02, f"{S002} 121"),
-        "buffer.name": ("none", f"{S002} 140"),  # on-policy RLOO
-        "behaviour.name": ("current", f"{S002} 140"),
-        "loss.name": ("rloo-tis", f"{S002} 85-89"),
-        "loss.is_max": (10.0, f"{S002} 121"),
-    },
-    "seed002-replay": {
-        "trainer.steps": (60, f"{S002} 121"),
-        "trainer.groups_per_step": (32, f"{S002} 121"),
-        "trainer.group_size": (8, f"{S002} 121"),
-        "trainer.micro_batch_size": (32 * 8 // 16, f"{S002} 121"),  # gradient accumulation 16
-        "trainer.learning_rate": (5e-6, f"{S002} 121"),
-        "trainer.entropy_coef": (1e-3, f"{S002} 121"),
-        "trainer.kl_coef": (0.02, f"{S002} 121"),
+    "seed002-onpolicy": ONPOLICY_002,
+    "seed002-replay": {  # the on-policy settings, and the buffer of Algorithm 1
+        **{key: value for key, value in ONPOLICY_002.items() if not key.startswith(("buffer.", "behaviour."))},
         "trainer.checkpoint_every": (5, f"{S002} 121"),
         "buffer.name": ("fifo", f"{S002} 83"),
         "buffer.capacity": (1024, f"{S002} 121"),
         "buffer.ratio": (0.0, f"{S002} 97-108"),
         "buffer.extra_updates": (2 - 1, f"{S002} 142"),  # R = 2
-        "loss.name": ("rloo-tis", f"{S002} 85-89"),
-        "loss.is_max": (10.0, f"{S002} 121"),
         "loss.is_level": ("sequence", f"{S002} 85"),
     },
     "seed002-aggressive": {

@@ -29,34 +29,30 @@ def packed_micro_batches(sequences, max_rows: int, max_tokens: int | None) -> li
     budget gets a micro-batch of its own. The loss does not depend on the grouping.
     """
     lengths = [len(prompt) + len(response) for prompt, response in sequences]
-    order = sorted(range(len(sequences)), key=lambda i: -lengths[i])  # stable: equal lengths keep their order
-    batches: list[list[int]] = []
-    loads: list[int] = []
-    for i in order:
-        fits = (b for b, batch in enumerate(batches)
-                if len(batch) < max_rows and (max_tokens is None or loads[b] + lengths[i] <= max_tokens))
-        b = next(fits, None)
-        if b is None:
-            batches.append([])
-            loads.append(0)
-            b = len(batches) - 1
-        batches[b].append(i)
-        loads[b] += lengths[i]
-    return batches
+    return first_fit_decreasing(lengths, lambda load, rows, length: rows < max_rows and (
+        max_tokens is None or load + length <= max_tokens))
 
 
 def lanes(lengths: list[int]) -> list[list[int]]:
     """Rows (indices into `lengths`) laid into lanes as long as the longest row, first fit by decreasing length."""
-    width, placed, loads = max(lengths), [], []
+    width = max(lengths)
+    return first_fit_decreasing(lengths, lambda load, rows, length: load + length <= width)
+
+
+def first_fit_decreasing(lengths: list[int], fits) -> list[list[int]]:
+    """Indices into `lengths`, longest first (equal lengths in their order), each into the first bin for which
+    `fits(load, rows, length)` holds, else into a new bin; a bin's load is the sum of its rows' lengths."""
+    bins: list[list[int]] = []
+    loads: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        lane = next((n for n, load in enumerate(loads) if load + lengths[i] <= width), None)
-        if lane is None:
-            placed.append([])
+        b = next((n for n, load in enumerate(loads) if fits(load, len(bins[n]), lengths[i])), None)
+        if b is None:
+            bins.append([])
             loads.append(0)
-            lane = len(loads) - 1
-        placed[lane].append(i)
-        loads[lane] += lengths[i]
-    return placed
+            b = len(bins) - 1
+        bins[b].append(i)
+        loads[b] += lengths[i]
+    return bins
 
 
 def packed_layout(sequences, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
