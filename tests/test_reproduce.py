@@ -128,3 +128,10 @@ def test_make_reproduce_runs_the_study_over_seeds_and_writes_the_verdict(tmp_pat
         assert again.returncode == 0, again.stderr[-2000:]
         assert "6 finished (skipped)" in again.stdout + again.stderr and "train " not in again.stderr
         assert (tmp_path / "reports" / "reproduce-seed000" / "README.md").read_text() == report
+
+
+def test_seed001s_roles_follow_the_queue_not_the_buffer_size():
+    # The tiny test's buffer holds 32 rollouts, the study's 252: the FIFO cells are whatever is not the LIFO pipe.
+    cells = ["rho0-grpo-coupled-W6T2-N32-math", "rho0-grpo-coupled-W6T2-lifo-math", "rho0-grpo-coupled-W4T4-N252-math"]
+    runs = assign_roles(fake_runs([{"tags.cell": cell} for cell in cells]), CLAIMS["seed001"])
+    assert list(runs["role"]) == ["fifo-W6T2", "lifo-W6T2", "fifo-W4T4"]
