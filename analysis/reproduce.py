@@ -112,10 +112,11 @@ def plot_curves(study: Study, path: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)  # each error is one line, however narrow the terminal
     if not argv or argv[0] not in CLAIMS:
-        err.print(f"error: name a reproduction first: one of {', '.join(CLAIMS)} "
-                  f"(e.g. python -m analysis.reproduce seed000)", highlight=False)
+        given = f"'{argv[0]}' is not a reproduction" if argv else "name a reproduction first"
+        err.print(f"error: {given}: choose one of {', '.join(CLAIMS)} (e.g. python -m analysis.reproduce seed000)",
+                  highlight=False, markup=False)
         return 2
     claim, overrides = CLAIMS[argv[0]], argv[1:]
     return report(claim, overrides, err)
@@ -128,18 +129,28 @@ def report(claim: Claim, overrides: list[str], err: Console) -> int:
     from analysis.runs import ReportError, load_runs
     from src.paths import CONFIG_DIR, register_root_resolver
 
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from src.checks import composition_error
+
     register_root_resolver()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"+reproduce={claim.name}", *overrides])
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=[f"+reproduce={claim.name}", *overrides])
+    except (HydraException, OmegaConfBaseException) as error:
+        err.print(f"error: {composition_error(error, overrides)}", highlight=False, markup=False)
+        return 2
     sweep, uri = cfg.tracking.sweep, cfg.tracking.uri
     try:
         runs = load_runs(uri, cfg.tracking.experiment, [sweep])
     except ReportError as error:
-        err.print(f"error: {error}", highlight=False)
+        err.print(f"error: {error}", highlight=False, markup=False)
         return 1
     runs = finished_runs(runs) if not runs.empty else runs
     if runs.empty:
-        err.print(f"error: no finished runs of {sweep} in {uri}: run make reproduce-{claim.name} first", highlight=False)
+        err.print(f"error: no finished runs of {sweep} in {uri}: run make reproduce-{claim.name} first",
+                  highlight=False, markup=False)
         return 1
     study = Study(assign_roles(runs, claim), curve_reader(MlflowClient(uri)))
     out_dir = Path(cfg.out) / "reports" / sweep

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -135,3 +136,15 @@ def test_seed001s_roles_follow_the_queue_not_the_buffer_size():
     cells = ["rho0-grpo-coupled-W6T2-N32-math", "rho0-grpo-coupled-W6T2-lifo-math", "rho0-grpo-coupled-W4T4-N252-math"]
     runs = assign_roles(fake_runs([{"tags.cell": cell} for cell in cells]), CLAIMS["seed001"])
     assert list(runs["role"]) == ["fifo-W6T2", "lifo-W6T2", "fifo-W4T4"]
+
+
+@pytest.mark.parametrize("words, said", [
+    (["seed999"], "'seed999' is not a reproduction: choose one of seed000"),
+    ([], "name a reproduction first"),
+    (["seed000", "trainer.stepz=3"], "trainer.stepz=3"),
+])
+def test_a_bad_reproduction_command_is_one_line(words, said, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "analysis.reproduce", *words], cwd=PROJECT_ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
