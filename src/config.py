@@ -1,4 +1,4 @@
-"""Config checks that run before any compute, and the `${root:}` resolver the YAML uses.
+"""Config checks that run before any compute, and the resolvers the YAML uses (`${root:}`, `${mini_batches:}`).
 
 Hydra refuses unknown option names (`buffer=age9`) with the list of what exists; `src.schema`
 checks every knob's type and range and refuses unknown keys (`+buffer.ratoi=2`) with the close
@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from src.passk import ESTIMATORS
 from src.paths import PROJECT_ROOT, register_root_resolver, resolve_policy_path, workspace_root
@@ -32,12 +33,26 @@ if not OmegaConf.has_resolver("unique"):
     # Cached like Hydra's ${now:}: one value per composed config, which Hydra copies to every job of a sweep.
     OmegaConf.register_new_resolver("unique", lambda: f"{os.getpid()}-{uuid.uuid4().hex[:6]}", use_cache=True)
 
-ENGINES = ("hf", "vllm")
-HUB_TIMEOUT_S = 10  # the one request that asks the hub whether a policy name exists
-
 
 class ConfigError(ValueError):
     """A configuration that composes but cannot run; the message says how to fix it."""
+
+
+def mini_batches(batch: int, mini_batch: int) -> int:
+    """`${mini_batches:${trainer.groups_per_step},128}`: optimizer steps per batch for a paper that states its
+    mini-batch in prompts (seed 003 line 270: batch 256, mini-batch 128, so 2), kept when the batch changes."""
+    if mini_batch < 1 or batch % mini_batch:
+        raise ConfigError(f"loss.updates_per_step=${{mini_batches:{batch},{mini_batch}}}: trainer.groups_per_step="
+                         f"{batch} is not a whole number of mini-batches of {mini_batch} prompts; set "
+                         f"trainer.groups_per_step to a multiple of {mini_batch} or loss.updates_per_step to a number")
+    return batch // mini_batch
+
+
+if not OmegaConf.has_resolver("mini_batches"):
+    OmegaConf.register_new_resolver("mini_batches", mini_batches)
+
+ENGINES = ("hf", "vllm")
+HUB_TIMEOUT_S = 10  # the one request that asks the hub whether a policy name exists
 
 
 def validate(cfg: DictConfig, check_device: bool = True) -> None:
@@ -289,10 +304,19 @@ def _check_targets(cfg: DictConfig) -> None:
 
 
 def _schema(check, cfg: DictConfig) -> None:
+    """The first check to resolve the whole config: a resolver's own ConfigError (`${mini_batches:}`), which
+    OmegaConf wraps in its InterpolationResolutionError, comes out as itself."""
     try:
         check(cfg)
     except SchemaError as error:
         raise ConfigError(str(error)) from None
+    except InterpolationResolutionError as error:
+        cause = error
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise ConfigError(str(cause)) from None
 
 
 def _check(condition: bool, message: str) -> None:

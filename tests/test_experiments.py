@@ -207,7 +207,7 @@ def test_a_preset_sets_every_value_its_paper_states(composed, preset):
 
 
 def _plain(value):
-    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def _matches(got, paper) -> bool:
@@ -281,3 +281,32 @@ def test_the_async_study_trains_seed_001s_loss_without_kl_or_entropy():
         cfg = compose("config", overrides=["+sweep=async"])
     assert (cfg.loss.name, cfg.loss.eps_low, cfg.loss.eps_high) == ("grpo-coupled", 0.2, 0.2)
     assert cfg.trainer.kl_coef == 0.0 and cfg.trainer.entropy_coef == 0.0
+
+
+# The words: `--cfg job` of each paper preset shows the settings the paper states, as a user reads them.
+CFG_JOB_SHOWS = {
+    "seed001-async": ("name: grpo-coupled", "eps_low: 0.2", "eps_high: 0.2", "kl_coef: 0.0", "entropy_coef: 0.0",
+                      "group_size: 16", "batch_rollouts: 60"),
+    "seed003-deepscaler": ("max_new_tokens: 8192", "entropy_coef: 0.0", "groups_per_step: 256",
+                           "updates_per_step: ${mini_batches:${trainer.groups_per_step},128}"),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(CFG_JOB_SHOWS))
+def test_cfg_job_shows_the_papers_settings(preset):
+    result = subprocess.run([sys.executable, "-m", "src.run", f"+experiment={preset}", "--cfg", "job"],
+                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    missing = [line for line in CFG_JOB_SHOWS[preset] if line not in result.stdout]
+    assert not missing, f"{preset}: --cfg job lacks {missing}"
+
+
+def test_a_batch_that_is_no_whole_number_of_mini_batches_is_one_line():
+    result = subprocess.run([sys.executable, "-m", "src.run", "+experiment=seed003-deepscaler-tiny",
+                             "trainer.groups_per_step=20"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "error: loss.updates_per_step=${mini_batches:20,16}: trainer.groups_per_step=20 is not a whole number of "
+        "mini-batches of 16 prompts; set trainer.groups_per_step to a multiple of 16 or loss.updates_per_step to "
+        "a number"]
