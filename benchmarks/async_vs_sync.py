@@ -57,43 +57,20 @@ def time_sync(cfg, threads: int, phases: dict[str, float] | None = None) -> tupl
     return time.perf_counter() - started, state.step - 1, state.fresh_evaluations - evaluations
 
 
-class _Recorder:
-    run_id = "benchmark"
-
-    def __init__(self):
-        self.steps = []
-
-    def log_step(self, metrics, step):
-        self.steps.append((time.perf_counter(), metrics))
-
-    def log_completions(self, rows, step):  # the benchmark times the pipeline, it keeps no sample
-        return None
-
-
 def time_async(cfg, tmp) -> tuple[float, int, int]:
     """Seconds for steps 1.. of the pipeline, updates and rollouts generated in them."""
-    from src.runtime.ray_session import ray_session
-    from src.runtime.runners import AsyncSession, RunLoop
+    from src.runtime.runners import RunContext
 
     torch.set_num_threads(1)
     train_set, _ = countdown.train_and_heldout(cfg.task)
-    recorder = _Recorder()
-
-    class NoStop:
-        requested = None
-
-    loop = RunLoop(cfg, build_components(cfg, train_set), TrainState(), recorder, NoStop(), tmp,
-                   save=lambda: None, evaluate=lambda step: None,
-                   log_artifact=lambda path: None)
-    with ray_session(cfg.runtime.num_cpus):
-        session = AsyncSession(build_runtime(cfg), loop)
-        try:
-            session.run()
-        finally:
-            session.close()
-    (first, m0), (last, m1) = recorder.steps[0], recorder.steps[-1]
+    state, times = TrainState(), []
+    context = RunContext(cfg, build_components(cfg, train_set), state, tmp, log_artifact=lambda path: None)
+    with build_runtime(cfg).session(context) as steps:
+        while state.step < cfg.trainer.steps:
+            times.append((time.perf_counter(), steps.next().metrics))
+    (first, m0), (last, m1) = times[0], times[-1]
     rollouts = m1["runtime/generated_rollouts"] - m0["runtime/generated_rollouts"]
-    return last - first, len(recorder.steps) - 1, int(rollouts)
+    return last - first, len(times) - 1, int(rollouts)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -82,7 +82,7 @@ def build_rollout_and_objective(cfg: DictConfig, policy, engine, sampler, prompt
 
 
 def check_settings(cfg: DictConfig) -> None:
-    """Build the replay store, behaviour, collection and objective from `cfg` as a run would, so each
+    """Build the runtime, replay store, behaviour, collection and objective from `cfg` as a run would, so each
     constructor checks its own settings; raises what a constructor raises.
 
     Their live objects are stand-ins: the collection and the objective only store the engine, prompt
@@ -91,6 +91,7 @@ def check_settings(cfg: DictConfig) -> None:
     is checked by `src.curriculum.sampler.check_curriculum`, which also needs B and K; here only
     whether the task can serve it.
     """
+    build_runtime(cfg)
     task = build_task(cfg.task)
     build_store(cfg, task)
     task.check_curriculum(cfg.curriculum.name)
@@ -118,13 +119,12 @@ def build(node: DictConfig, **live):
 
 def build_store(cfg: DictConfig, task: Task) -> ReplayStore:
     """The replay store the buffer group names (`buffer._target_`), told B and the run's seed, and, where it takes
-    `correct_reward` (the FIFO's positive bias keeps correct rollouts), what the task counts as correct; the
-    runtime may put its own in its place (runtime=async: the pipeline's rollout queue, saved with the checkpoint)."""
+    `correct_reward` (the FIFO's positive bias keeps correct rollouts), what the task counts as correct. Under
+    runtime=async it is buffer=none's: the pipeline's rollout queue is the runtime's (`src.runtime.runners`)."""
     live = {"groups_per_step": cfg.trainer.groups_per_step, "seed": cfg.trainer.seed}
     if "correct_reward" in inspect.signature(get_object(cfg.buffer._target_)).parameters:
         live["correct_reward"] = task.correct_reward
-    store = build(cfg.buffer, **live)
-    return build_runtime(cfg).trainer_store(store, cfg)
+    return build(cfg.buffer, **live)
 
 
 def build_runtime(cfg: DictConfig):

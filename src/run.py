@@ -49,7 +49,7 @@ from src.runs.interrupt import StopOnSignal, StopRequested, signal_name
 from src.paths import CONFIG_DIR
 from src.task.base import TaskDataError, build_task
 from src.build import build_components, build_runtime
-from src.runtime.runners import PipelineError, RunLoop
+from src.runtime.runners import PipelineError, RunContext
 from src.study.labels import cell_of, hydra_job
 from src.runs.checkpoint import CheckpointError, check_resume_from, payload_bytes, save_checkpoint
 from src.components import Components
@@ -58,7 +58,6 @@ from src.runs.resume import NothingToTrain, RunAlive, choose_start
 from src.runs import ranks as rank_run
 from src.runs.ranks import Ranks
 from src.state import TrainState
-from src.train import collect, learn
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -123,13 +122,17 @@ def train_cell(cfg: DictConfig, identity: str, stop: StopOnSignal, ranks: Ranks 
             task = build_task(cfg.task)
             train_set, heldout = task.splits()
             parts = rank_run.shard(build_components(cfg, train_set, task=task), cfg, ranks)
-            state = rank_run.restore(start.checkpoint, parts, ranks) if start.checkpoint else TrainState()
+            runtime = build_runtime(cfg)  # conf/runtime: what supplies the steps (SPEC 3 here, or SPEC 11's pipeline)
+            state = TrainState()
+            if start.checkpoint:
+                state = rank_run.restore(start.checkpoint, parts, ranks)
+                runtime.load_state_dict(start.checkpoint.get("runtime"))
         start.checkpoint = None  # the policy holds it now; free the copy
         opened = tracking.start_run(cfg, cell.labels, start.run_id, *hydra_job(), folder=start.folder)
         with rank_run.lead_context(ranks, opened) as tracker:
             tracker = rank_run.RankTracker(tracker, ranks) if ranks.many else tracker
             (beat or rank_run.NoHeartbeat()).beat_for(tracker.run_id)
-            cell = CellRun(cfg, identity, parts, state, heldout, tracker, start.folder, stop, ranks)
+            cell = CellRun(cfg, identity, parts, runtime, state, heldout, tracker, start.folder, stop, ranks)
             try:
                 return cell.run()
             except StopRequested as request:
@@ -143,6 +146,7 @@ class CellRun:
     cfg: DictConfig
     identity: str
     parts: Components
+    runtime: object                    # src.runtime.runners: SyncRuntime or AsyncRuntime
     state: TrainState
     heldout: list
     tracker: tracking.Tracker
@@ -150,6 +154,7 @@ class CellRun:
     stop: StopOnSignal
     ranks: Ranks = Ranks()
     saved_at: int = -1  # the step of the checkpoint this process last wrote
+    steps: object = None  # the runtime's open session (`next`, `before_checkpoint`, `before_evaluation`)
 
     def run(self) -> dict[str, float]:
         cfg, tracker, state = self.cfg, self.tracker, self.state
@@ -160,13 +165,7 @@ class CellRun:
         if cfg.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
                 f"{cfg.evaluation.name}/start/mean_reward", 0):
             before = self.evaluate("start", step=0)
-        # conf/runtime: sync leaves the steps to the loop below; async (SPEC 11) runs them all in its pipeline.
-        build_runtime(cfg).train(RunLoop(cfg, self.parts, state, tracker, self.stop, self.folder,
-                                         save=self.checkpoint, evaluate=lambda step: self.evaluate_if_due()))
-        with training_bar(cfg, state.step) as bar:
-            self.evaluate_if_due()  # a resumed run whose evaluation at this step was cut short
-            while state.step < cfg.trainer.steps:
-                self.train_one_step(bar)
+        self.train_steps()
         self.checkpoint()
         final_dir = save_final_policy(self.parts, self.folder / "policy", self.ranks)
         after = self.evaluate("final", step=state.step)
@@ -182,19 +181,39 @@ class CellRun:
         _print_summary(cfg, plan, state, before, after, tracker.run_id)
         return after.summary
 
+    def train_steps(self, until: int | None = None) -> None:
+        """The one loop, whatever supplies the steps (conf/runtime: this process, its ranks, or the Ray pipeline):
+        each step logged once, then a checkpoint and an evaluation when due, and a clean stop on a signal;
+        until step `until` (default: the run's last). The runtime's session closes on the way out, its state
+        kept for the checkpoint that follows."""
+        cfg, state = self.cfg, self.state
+        last = cfg.trainer.steps if until is None else min(until, cfg.trainer.steps)
+        context = RunContext(cfg, self.parts, state, self.folder, self.log_artifact)
+        try:
+            with self.runtime.session(context) as self.steps, training_bar(cfg, state.step) as bar:
+                self.evaluate_if_due()  # a resumed run whose evaluation at this step was cut short
+                while state.step < last:
+                    self.train_one_step(bar)
+        finally:
+            self.steps = None  # closed: the driver holds the trained policy, the runtime its state
+
+    def log_artifact(self, path: Path) -> None:
+        """A runtime's file for the run (the async pipeline's event log and distributions), under runtime/."""
+        tracking.log_run_artifact(self.tracker.run_id, path, "runtime")
+
     def train_one_step(self, bar: progress.Bar) -> None:
         """One step, logged; a checkpoint and an evaluation when due; StopRequested if a stop signal came."""
         cfg, state = self.cfg, self.state
         try:
-            collection = collect(self.parts, state.step)
-            metrics = learn(self.parts, state, collection)  # = train_step, with the step's rows kept for its sample
+            outcome = self.steps.next()  # one trained step, from this process, the ranks or the pipeline
         except Exception:
             if self.stop.requested != signal.SIGINT:
                 raise
             # Ctrl-C reaches the whole process group: a helper process (vLLM's engine) may have died of it.
             raise StopRequested(signal.SIGINT, mid_step=True) from None
+        metrics = outcome.metrics
         self.tracker.log_step(metrics, state.step - 1)
-        rows = tracking.completion_rows(collection, self.parts.task, cfg.tracking.completions_per_step,
+        rows = tracking.completion_rows(outcome.collection, self.parts.task, cfg.tracking.completions_per_step,
                                         cfg.policy.max_new_tokens)
         self.tracker.log_completions(rows, state.step - 1)
         state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
@@ -212,6 +231,8 @@ class CellRun:
         every, step = self.cfg.evaluation.every, self.state.step
         if every and 0 < step < self.cfg.trainer.steps and step % every == 0 and not self.tracker.has_metric_at(
                 f"{self.cfg.evaluation.name}/during/mean_reward", step):
+            if self.steps is not None:
+                self.steps.before_evaluation()
             self.evaluate("during", step=step)
 
     def evaluate(self, stage: str, step: int):
@@ -226,10 +247,12 @@ class CellRun:
 
     def checkpoint(self) -> None:
         if self.saved_at != self.state.step:
+            if self.steps is not None:
+                self.steps.before_checkpoint()
             shards = rank_run.save_shards(self.folder, self.parts, self.state.step, self.ranks)
             if self.ranks.lead:
                 save_checkpoint(self.folder / LATEST_CHECKPOINT, self.parts, self.state, self.tracker.run_id,
-                                self.identity, shards)
+                                self.identity, shards, runtime=self.runtime.state_dict())
                 rank_run.prune_shards(self.folder, self.state.step)
             self.ranks.barrier()
             self.saved_at = self.state.step
@@ -276,8 +299,11 @@ def training_bar(cfg: DictConfig, done: int) -> progress.Bar:
 
 
 def _progress_info(metrics: dict[str, float]) -> str:
-    return (f"reward {metrics['train/reward']:.3f}  correct {metrics['train/correct_fraction']:.2f}  "
-            f"fresh evals {int(metrics['budget/fresh_evaluations']):,}  {metrics['time/step']:.1f}s/step")
+    info = (f"reward {metrics['train/reward']:.3f}  correct {metrics.get('train/correct_fraction', math.nan):.2f}  "
+            f"fresh evals {int(metrics['budget/fresh_evaluations']):,}")
+    if "offpolicy/mean" in metrics:  # the asynchronous pipeline's (SPEC 11)
+        info += f"  off-policiness {metrics['offpolicy/mean']:.2f}  replay {metrics['replay/count_mean']:.2f}"
+    return info + (f"  {metrics['time/step']:.1f}s/step" if "time/step" in metrics else "")
 
 
 def _print_summary(cfg, plan, state: TrainState, before, after, run_id: str) -> None:

@@ -8,15 +8,17 @@ from omegaconf import OmegaConf
 from src.build import build_runtime, build_store
 from src.task.base import build_task
 from src.config import ConfigError, validate
-from src.runtime.runners import AsyncRuntime, PipelineStore, SyncRuntime
+from src.runtime.runners import AsyncRuntime, SyncRuntime
 from src.eval.standalone import with_components_named
 from src.study.sweep import cell_identity, cell_name
 
 
-def test_sync_is_the_default_and_keeps_the_step_store_and_cell_ids(compose_config):
+def test_sync_is_the_default_and_keeps_the_cell_ids_and_no_state_of_its_own(compose_config):
     cfg = compose_config()
-    store = build_store(cfg, build_task(cfg.task))
-    assert isinstance(build_runtime(cfg), SyncRuntime) and not isinstance(store, PipelineStore)
+    runtime = build_runtime(cfg)
+    assert isinstance(runtime, SyncRuntime) and runtime.state_dict() is None
+    with pytest.raises(ValueError, match="resume it with runtime=async"):
+        runtime.load_state_dict({"signature": "buffer N=32"})
     assert cell_identity(cfg) == cell_identity(compose_config("runtime=sync"))
     without = OmegaConf.create(OmegaConf.to_container(cfg))
     del without["runtime"]  # a run's config saved before the group existed, as standalone evaluation reads it
@@ -24,12 +26,21 @@ def test_sync_is_the_default_and_keeps_the_step_store_and_cell_ids(compose_confi
     assert cell_identity(read_back) == cell_identity(cfg) and isinstance(build_runtime(read_back), SyncRuntime)
 
 
-def test_async_builds_the_pipeline_store_and_its_own_cells(compose_config):
+def test_async_keeps_the_pipeline_state_under_its_own_name_and_names_its_own_cells(compose_config):
     cfg = compose_config("runtime=async", "runtime.workers=6", "runtime.trainers=2", "runtime.capacity=768")
     validate(cfg, check_device=False)
     runtime = build_runtime(cfg)
     assert isinstance(runtime, AsyncRuntime) and runtime.settings.batch == 32 * 16
-    assert isinstance(build_store(cfg, build_task(cfg.task)), PipelineStore)
+    assert build_store(cfg, build_task(cfg.task)).fresh_only(cfg.buffer)  # the pipeline's queue replays, not it
+    assert runtime.state_dict() is None  # no session yet, nothing restored
+    runtime.load_state_dict({"signature": runtime.signature(), "pipeline": {}, "events_written": 0})
+    assert runtime.state_dict() == {"signature": runtime.signature(), "pipeline": {}, "events_written": 0}
+    other = build_runtime(compose_config("runtime=async", "runtime.workers=4", "runtime.trainers=4",
+                                         "runtime.capacity=768"))
+    with pytest.raises(ValueError, match="resume with the same runtime settings"):
+        other.load_state_dict(runtime.state_dict())
+    with pytest.raises(ValueError, match="holds no pipeline state"):
+        other.load_state_dict(None)
     assert cell_name(cfg).endswith("-W6T2-N768")
     assert cell_name(compose_config("runtime=async", "runtime.queue=lifo")).endswith("-W2T1-lifo")
     launch_only = compose_config("runtime=async", "runtime.workers=6", "runtime.trainers=2", "runtime.capacity=768",

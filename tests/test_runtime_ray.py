@@ -21,8 +21,8 @@ ray = pytest.importorskip("ray")
 import torch  # noqa: E402
 
 from src.build import build_components, build_runtime  # noqa: E402
-from src.runtime.ray_session import ray_session  # noqa: E402
-from src.runtime.runners import AsyncSession, RunLoop  # noqa: E402
+from src.runs.tracking import completion_rows  # noqa: E402
+from src.runtime.runners import RunContext  # noqa: E402
 from src.state import TrainState  # noqa: E402
 from src.task import countdown  # noqa: E402
 
@@ -50,6 +50,9 @@ class Recorder:
     def log_completions(self, rows, step):
         self.completions.append((step, rows))
 
+    def has_metric_at(self, key, step):
+        return False
+
 
 class NoStop:
     requested = None
@@ -62,32 +65,36 @@ def ray_cpus():
     ray.shutdown()
 
 
-def make_loop(compose_config, tmp_path: Path, *overrides: str, recorder: Recorder | None = None) -> RunLoop:
-    """A run's components and loop calls, as `src.run` builds them (without MLflow)."""
+def make_run(compose_config, tmp_path: Path, *overrides: str, recorder: Recorder | None = None):
+    """A run's runtime and what its session gets, as `src.run` builds them (without MLflow)."""
     cfg = compose_config(*TINY, *overrides)
     train_set, _ = countdown.train_and_heldout(cfg.task)
     recorder = recorder or Recorder()
-    return RunLoop(cfg, build_components(cfg, train_set), TrainState(), recorder, NoStop(), tmp_path,
-                   save=lambda: None, evaluate=lambda step: None,
-                   log_artifact=recorder.artifacts.append)
+    recorder.parts = build_components(cfg, train_set)
+    context = RunContext(cfg, recorder.parts, TrainState(), tmp_path, log_artifact=recorder.artifacts.append)
+    return build_runtime(cfg), context, recorder
 
 
-def start(compose_config, tmp_path: Path, *overrides: str):
-    loop = make_loop(compose_config, tmp_path, *overrides)
-    return AsyncSession(build_runtime(loop.cfg), loop), loop.tracker
+def drive(session, recorder: Recorder, until: int | None = None) -> None:
+    """The runtime's steps until `until`, logged as `src.run`'s loop logs them (the loop itself, with its
+    checkpoints and evaluations, is tested through `CellRun` below)."""
+    context = session.context
+    cfg, state = context.cfg, context.state
+    while state.step < (cfg.trainer.steps if until is None else until):
+        outcome = session.next()
+        recorder.log_step(outcome.metrics, state.step - 1)
+        recorder.log_completions(completion_rows(outcome.collection, context.parts.task,
+                                                 cfg.tracking.completions_per_step, cfg.policy.max_new_tokens),
+                                 state.step - 1)
 
 
 def run(compose_config, tmp_path, *overrides, crash_after: int | None = None):
-    with ray_session(2):
-        session, recorder = start(compose_config, tmp_path, *overrides)
-        try:
-            if crash_after is not None:
-                session.run(until=crash_after)
-                session.work.crash_worker(0)
-            session.run()
-        finally:
-            session.close()
-            recorder.parts = session.loop.parts
+    runtime, context, recorder = make_run(compose_config, tmp_path, *overrides)
+    with runtime.session(context) as session:
+        if crash_after is not None:
+            drive(session, recorder, until=crash_after)
+            session.work.crash_worker(0)
+        drive(session, recorder)
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     return recorder, events
 
@@ -216,80 +223,86 @@ def weights_equal(one: dict, other: dict) -> bool:
                                               for name in one)
 
 
+def resume(compose_config, tmp_path: Path, saved: dict, recorder: Recorder, *overrides: str):
+    """New components from a checkpoint, as a restarted run builds them: the runtime and its session's context."""
+    from src.runs.checkpoint import restore_checkpoint
+
+    runtime, context, _ = make_run(compose_config, tmp_path, *overrides, recorder=recorder)
+    context.state = restore_checkpoint(saved, context.parts)
+    runtime.load_state_dict(saved["runtime"])
+    return runtime, context
+
+
 def test_the_trainer_actor_updates_and_a_resumed_run_continues_exactly_from_its_state(
         lockstep_w2, compose_config_module, tmp_path):
     """The update runs in the trainer actor, not in the driver: the driver's policy moves only when it pulls
     (before a checkpoint); a run resumed from that checkpoint starts its trainer actor from it, exactly."""
-    from src.runs.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
+    from src.runs.checkpoint import read_checkpoint, save_checkpoint
 
     recorder, events = lockstep_w2
     path = tmp_path / "checkpoint.pt"
-    with ray_session(2):
-        first, got = start(compose_config_module, tmp_path)
-        driver = first.loop.parts
-        initial = {name: tensor.clone() for name, tensor in driver.policy.state_dict().items()}
-        try:
-            first.run(until=3)  # 3 updates, weights published at 2: the checkpoint keeps the workers' weights
-            assert ray.get(first.work.trainers[0].pid.remote()) != os.getpid()
-            trained = ray.get(first.work.trainers[0].weights.remote())
-            assert weights_equal(driver.policy.state_dict(), initial) and not weights_equal(trained, initial)
-            assert first.loop.state.step == 3 and first.loop.state.gradient_steps == 3  # the actor's counters
-            first.work.pull()  # as before src.run's checkpoint
-            assert weights_equal(driver.policy.state_dict(), trained) and driver.optimizer.state
-            assert first.snapshot()["published_weights"] is not None
-            save_checkpoint(path, driver, first.loop.state, "test", "cell")
-        finally:
-            first.close()
-        saved = read_checkpoint(path)
-        loop = make_loop(compose_config_module, tmp_path, recorder=got)  # new components, as a restarted run
-        loop.state = restore_checkpoint(saved, loop.parts)
-        resumed = AsyncSession(build_runtime(loop.cfg), loop)
-        try:
-            actor = ray.get(resumed.work.trainers[0].state.remote())
-            assert weights_equal(actor["policy"], saved["policy"]) and actor["state"]["step"] == 3
-            assert torch.equal(actor["optimizer"]["state"][0]["exp_avg"], saved["optimizer"]["state"][0]["exp_avg"])
-            resumed.run()
-        finally:
-            resumed.close()
+    runtime, context, got = make_run(compose_config_module, tmp_path)
+    driver = context.parts
+    initial = {name: tensor.clone() for name, tensor in driver.policy.state_dict().items()}
+    with runtime.session(context) as first:
+        drive(first, got, until=3)  # 3 updates, weights published at 2: the checkpoint keeps the workers' weights
+        assert ray.get(first.work.trainers[0].pid.remote()) != os.getpid()
+        trained = ray.get(first.work.trainers[0].weights.remote())
+        assert weights_equal(driver.policy.state_dict(), initial) and not weights_equal(trained, initial)
+        assert context.state.step == 3 and context.state.gradient_steps == 3  # the actor's counters
+        first.before_checkpoint()  # as src.run's loop does
+        assert weights_equal(driver.policy.state_dict(), trained) and driver.optimizer.state
+        assert runtime.state_dict()["published_weights"] is not None
+        save_checkpoint(path, driver, context.state, "test", "cell", runtime=runtime.state_dict())
+    saved = read_checkpoint(path)
+    runtime, context = resume(compose_config_module, tmp_path, saved, got)
+    with runtime.session(context) as resumed:
+        actor = ray.get(resumed.work.trainers[0].state.remote())
+        assert weights_equal(actor["policy"], saved["policy"]) and actor["state"]["step"] == 3
+        assert torch.equal(actor["optimizer"]["state"][0]["exp_avg"], saved["optimizer"]["state"][0]["exp_avg"])
+        drive(resumed, got)
     assert machine_free(got) == machine_free(recorder)
     resumed_events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert resumed_events == events
 
 
-def test_a_dead_trainer_stops_the_run_in_one_line_and_its_checkpoint_resumes_it(lockstep_w2, compose_config_module,
-                                                                                  tmp_path):
-    from src.runs.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
+def test_the_one_loop_pulls_before_it_saves_or_evaluates_and_a_dead_trainer_stops_it_in_one_line(
+        lockstep_w2, compose_config_module, tmp_path):
+    """`src.run`'s loop (`CellRun.train_steps`) drives the pipeline: the driver's copy is the trainer actor's
+    whenever it checkpoints or evaluates; a trainer that dies mid-run stops the run in one line, with no
+    snapshot of the pipeline, and the last checkpoint resumes it to the numbers of an unbroken run."""
+    from src.run import CellRun
+    from src.runs.checkpoint import read_checkpoint
+    from src.runs.lifecycle import LATEST_CHECKPOINT
     from src.runtime.pipeline import PipelineError
 
     recorder, _ = lockstep_w2
-    path, seen = tmp_path / "checkpoint.pt", []
-    with ray_session(2):
-        first, got = start(compose_config_module, tmp_path, "trainer.checkpoint_every=2", "evaluation.every=1")
-        loop = first.loop
-        trained = lambda: weights_equal(loop.parts.policy.state_dict(),  # noqa: E731
-                                        ray.get(first.work.trainers[0].weights.remote()))
-        # src.run's calls: the driver's copy must be the trainer's whenever it checkpoints or evaluates
-        loop.save = lambda: (seen.append(("save", loop.state.step, trained())),
-                             save_checkpoint(path, loop.parts, loop.state, "test", "cell"))
-        loop.evaluate = lambda step: seen.append(("evaluate", step, trained()))
-        try:
-            first.run(until=2)
-            assert seen == [("evaluate", 1, True), ("save", 2, True), ("evaluate", 2, True)]
-            first.work.crash_trainer()
-            with pytest.raises(PipelineError, match="the trainer actor died") as stopped:
-                first.run()
-        finally:
-            first.close()  # no snapshot of a run whose trainer is gone
-        assert "\n" not in str(stopped.value) and "resume from its last checkpoint" in str(stopped.value)
-        assert first.store.saved is None
-        assert [step for step, _ in got.steps] == [0, 1]  # the step the trainer died in was not logged
-        loop = make_loop(compose_config_module, tmp_path, recorder=got)
-        loop.state = restore_checkpoint(read_checkpoint(path), loop.parts)
-        resumed = AsyncSession(build_runtime(loop.cfg), loop)
-        try:
-            resumed.run()
-        finally:
-            resumed.close()
+    overrides = ("trainer.checkpoint_every=2", "evaluation.every=1")
+    runtime, context, got = make_run(compose_config_module, tmp_path, *overrides)
+    cell = CellRun(context.cfg, "cell", context.parts, runtime, context.state, [], got, tmp_path, NoStop())
+    seen, checkpoint = [], cell.checkpoint
+    trained = lambda: weights_equal(context.parts.policy.state_dict(),  # noqa: E731
+                                    ray.get(cell.steps.work.trainers[0].weights.remote()))
+
+    def evaluate(stage, step):
+        seen.append(("evaluate", step, trained()))
+        if step == 2:
+            cell.steps.work.crash_trainer()
+
+    def save():
+        checkpoint()
+        seen.append(("save", context.state.step, trained()))
+
+    cell.evaluate, cell.checkpoint = evaluate, save
+    with pytest.raises(PipelineError, match="the trainer actor died") as stopped:
+        cell.train_steps()
+    assert seen == [("evaluate", 1, True), ("save", 2, True), ("evaluate", 2, True)]
+    assert "\n" not in str(stopped.value) and "resume from its last checkpoint" in str(stopped.value)
+    assert runtime.state_dict() is None and cell.steps is None  # no snapshot of a run whose trainer is gone
+    assert [step for step, _ in got.steps] == [0, 1]  # the step the trainer died in was not logged
+    runtime, context = resume(compose_config_module, tmp_path, read_checkpoint(tmp_path / LATEST_CHECKPOINT), got)
+    with runtime.session(context) as resumed:
+        drive(resumed, got)
     assert machine_free(got) == machine_free(recorder)
 
 
@@ -312,10 +325,10 @@ def test_sigterm_to_the_whole_process_group_checkpoints_and_resumes_into_the_sam
     # GNU timeout passes a SIGTERM it receives to its command and to the command's process group.
     first = subprocess.Popen(["timeout", "900", *command], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
-    log, deadline = tmp_path / "run" / "run.log", time.time() + 300
+    events, deadline = tmp_path / "run" / "events.jsonl", time.time() + 300
     while first.poll() is None and time.time() < deadline and \
-            not (log.exists() and "] - step 0 " in log.read_text(errors="replace")):
-        time.sleep(0.1)  # the pipeline runs: workers and the raylet are up
+            not (events.exists() and '"event": "sample"' in events.read_text(errors="replace")):
+        time.sleep(0.1)  # the pipeline trains: workers and the raylet are up
     first.send_signal(signal.SIGTERM)
     output, _ = first.communicate(timeout=300)
     assert "marked KILLED" in output, output[-3000:]

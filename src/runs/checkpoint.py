@@ -30,12 +30,13 @@ class CheckpointError(RuntimeError):
 
 
 def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: str, cell_id: str,
-                    shards: Path | None = None) -> None:
+                    shards: Path | None = None, runtime: dict | None = None) -> None:
     """Model, optimizer, buffer, sampler and RNG states, step, MLflow run id and cell id; the previous generation
     stays as `checkpoint.prev.pt` next to `path` until this one is complete.
 
     `shards`: the DCP folder the ranks of a data-parallel run wrote the policy and optimizer to
     (`src.runs.ranks.save_shards`); the file then names it, relative to its own folder, instead of holding them.
+    `runtime`: the runtime's own state (`src.runtime.runners`: the async pipeline's; None for the sync step).
     """
     payload = {
         "policy": None if shards else parts.policy.state_dict(),
@@ -44,6 +45,7 @@ def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: st
         "buffer": parts.store.state_dict(),
         "sampler": parts.sampler.state_dict(),
         "behaviour": parts.behaviour.state_dict(),
+        "runtime": runtime,
         "torch_rng": torch.get_rng_state(),
         "state": state.__dict__,
         "run_id": run_id,

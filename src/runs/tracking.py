@@ -683,6 +683,11 @@ def overrides_yaml(overrides: list[str]) -> str:
     return f"# rerun (or resume) with:\n#   {command}\n" + OmegaConf.to_yaml(OmegaConf.create(list(overrides)))
 
 
+def log_run_artifact(run_id: str, path: Path, folder: str) -> None:
+    """One file as an artifact of the run, under `folder` (the async pipeline's event log and distributions)."""
+    MlflowClient().log_artifact(run_id, str(path), artifact_path=folder)
+
+
 def log_final_policy(run_id: str, folder: Path, max_artifact_mb: float) -> dict[str, str]:
     """Make the trained policy findable from the run: upload it when small, else point at shared storage.
 

@@ -1,29 +1,25 @@
-"""The two runtimes of the `runtime` config group, as `src.run` calls them (SPEC 11).
+"""The two runtimes of the `runtime` config group: each supplies the steps of `src.run`'s one loop (SPEC 11).
 
-`src.run` builds the run (components, the MLflow run, signal handling), then hands its loop to
-the runtime with `runtime.train(loop)`:
+`src.run` owns the loop: progress, logging, history, checkpoints, evaluation, stop signals and the
+final save. A runtime opens a session for it (`runtime.session(context)`) and hands back `Steps`:
 
-* `SyncRuntime` returns at once: `src.run`'s own loop runs SPEC 3's steps, as it always has.
-* `AsyncRuntime` starts a Ray session, W rollout-worker actors, the trainer actor, the buffer actor
-  (the rollout queue, `src.runtime.queue_actor.QueueActor`) and the pipeline of the configured
-  schedule, which runs in this process and calls the queue through its actor. It runs every
-  remaining trainer step with `src.run`'s pieces: the tracker logs each step, `loop.save` writes
-  the run's checkpoint, `loop.evaluate` runs the evaluation protocol, a stop signal raises
-  `StopRequested`, which `src.run` answers as for a synchronous step. The loop of `src.run` then
-  finds no step left.
+* `SyncRuntime`: SPEC 3's step in this process (`src.train.collect` then `learn`), or in each rank's
+  process over data-parallel ranks, which run the same loop.
+* `AsyncRuntime`: a Ray session with W rollout-worker actors, the trainer actor, the buffer actor (the
+  rollout queue, `src.runtime.queue_actor.QueueActor`) and the pipeline of the configured schedule,
+  which runs in this process and calls the queue through its actor; each `next()` is one trainer step.
 
-The update runs in the trainer actor (`src.runtime.ray_work.TrainerActor`); this process keeps the
+The async update runs in the trainer actor (`src.runtime.ray_work.TrainerActor`); this process keeps the
 driver's copy of the policy, optimizer and TrainState. The counters come back with every step; the
-weights, optimizer state and torch RNG are pulled before `loop.save`, before `loop.evaluate` (the
-weights) and when the session closes, so `src.run`'s final checkpoint, evaluation and saved policy
-are the trained ones. A dead trainer actor or buffer actor raises a PipelineError and leaves no
-checkpoint behind.
+weights, optimizer state and torch RNG are pulled before a checkpoint (`before_checkpoint`), before an
+evaluation (the weights) and when the session closes, so the run's final checkpoint, evaluation and
+saved policy are the trained ones. A dead trainer actor or buffer actor raises a PipelineError and
+leaves no checkpoint behind.
 
-Under `runtime=async` the trainer's replay store is the pipeline's (`PipelineStore`, built by
-`src.build.build_store`): the checkpoint's "buffer" then holds the rollout queue (its state, taken
-from the buffer actor) with every rollout's metadata, the pipeline's counters, the lockstep clock
-and the groups in flight, next to the trainer and optimizer state, the prompt sampler's state and
-the RNGs `src.runs.checkpoint` saves.
+A runtime's own state rides in the checkpoint under "runtime" (`state_dict`, `load_state_dict`): for
+async, the rollout queue (its state, taken from the buffer actor) with every rollout's metadata, the
+pipeline's counters, the lockstep clock and the groups in flight, with the settings it must resume
+under; the trainer, optimizer, sampler and RNG states are the checkpoint's own (`src.runs.checkpoint`).
 """
 
 from __future__ import annotations
@@ -31,20 +27,18 @@ from __future__ import annotations
 import json
 import logging
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from omegaconf import DictConfig
 
-from src.buffer.store import ReplayStore
 from src.checks import check_choice, check_int
-from src.runs.interrupt import StopRequested
 from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
                                   PipelineError, PipelineSettings)
 from src.runtime.queues import QUEUES, build_queue
-from src.runs.tracking import completion_rows
 from src.variant import Variant, described, float_knob, int_knob
 
 log = logging.getLogger(__name__)
@@ -52,22 +46,45 @@ EVENT_LOG = "events.jsonl"
 
 
 @dataclass
-class RunLoop:
-    """What a runtime gets from `src.run`: the run's parts and the calls its loop makes after a step."""
+class RunContext:
+    """What a runtime's session gets from `src.run`: the run's parts, its state and where its files go."""
 
     cfg: DictConfig
     parts: object                      # src.components.Components
-    state: object                      # src.state.TrainState, advanced in place
-    tracker: object                    # src.runs.tracking.Tracker
-    stop: object                       # src.runs.interrupt.StopOnSignal
+    state: object                      # src.state.TrainState, advanced in place by each step
     output_dir: Path
-    save: Callable[[], None]           # write the run's checkpoint
-    evaluate: Callable[[int], None]    # the evaluation protocol at a step ("during")
-    log_artifact: Callable[[Path], None] | None = None  # default: to the tracker's MLflow run, under runtime/
+    log_artifact: Callable[[Path], None]  # a file for the MLflow run, under runtime/
+
+
+@dataclass
+class StepOutcome:
+    """One trained step: its metrics and its batch (the run logs a sample of the batch's rows)."""
+
+    metrics: dict[str, float]
+    collection: object                 # src.sampling.collection.Collection
+
+
+class SyncSteps:
+    """SPEC 3's steps in this process: collect, then learn (`src.train`)."""
+
+    def __init__(self, context: RunContext) -> None:
+        self.parts, self.state = context.parts, context.state
+
+    def next(self) -> StepOutcome:
+        from src.train import collect, learn
+
+        collection = collect(self.parts, self.state.step)
+        return StepOutcome(learn(self.parts, self.state, collection), collection)  # = train_step
+
+    def before_checkpoint(self) -> None:
+        """The policy and optimizer the checkpoint saves are this process's own."""
+
+    def before_evaluation(self) -> None:
+        """The policy the evaluation samples is this process's own."""
 
 
 class SyncRuntime(Variant):
-    """`runtime=sync`: SPEC 3's loop in `src.run`; nothing to do here."""
+    """`runtime=sync`: SPEC 3's step in the process of the loop (or of each rank); no state of its own."""
 
     @classmethod
     def plain(cls, node) -> bool:
@@ -76,11 +93,17 @@ class SyncRuntime(Variant):
     def __init__(self, name: str = "sync", cfg: DictConfig | None = None) -> None:
         self.name = name
 
-    def trainer_store(self, store: ReplayStore, cfg: DictConfig) -> ReplayStore:
-        return store
+    @contextmanager
+    def session(self, context: RunContext) -> Iterator[SyncSteps]:
+        yield SyncSteps(context)
 
-    def train(self, loop: RunLoop) -> None:
+    def state_dict(self) -> dict | None:
         return None
+
+    def load_state_dict(self, saved: dict | None) -> None:
+        if saved is not None:
+            raise ValueError("runtime=sync: this checkpoint holds an asynchronous pipeline's state; resume it with "
+                             f"runtime=async ({saved.get('signature', '?')})")
 
 
 def worker_gpus(workers: int, per_worker: float, device: str) -> int:
@@ -151,6 +174,8 @@ class AsyncRuntime(Variant):
                  depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
                  max_restarts: int = 3, gpus_per_worker: float = 0.0) -> None:
         self.cfg, self.name = cfg, name
+        self.saved: dict | None = None     # the pipeline's state from a checkpoint, or when its session closed
+        self.live: AsyncSession | None = None
         self.queue_name = check_choice("runtime.queue", queue, QUEUES)
         self.schedule = check_choice("runtime.schedule", schedule, SCHEDULES)
         group_size = int(cfg.trainer.group_size)
@@ -213,10 +238,6 @@ class AsyncRuntime(Variant):
                              "runtime=async: workers generate each request's groups once, with the published weights; "
                              "use sampling=standard and behaviour=current")
 
-    def trainer_store(self, store: ReplayStore, cfg: DictConfig) -> ReplayStore:
-        """The pipeline's queue in place of the step's replay store (it saves with the run's checkpoint)."""
-        return PipelineStore(self.signature(), seed=int(cfg.trainer.seed))
-
     def signature(self) -> str:
         """The settings a checkpoint must agree on to resume."""
         s = self.settings
@@ -239,73 +260,64 @@ class AsyncRuntime(Variant):
         kind = LockstepPipeline if self.schedule == "lockstep" else FreePipeline
         return kind(self.settings, queue, work)
 
-    def train(self, loop: RunLoop) -> None:
-        """Every remaining trainer step of the run, on a Ray session that lives as long as this call."""
+    def state_dict(self) -> dict | None:
+        """The pipeline's state for the checkpoint: the running session's, or the last one's."""
+        saved = self.live.snapshot() if self.live is not None else self.saved
+        return None if saved is None else {"signature": self.signature(), **saved}
+
+    def load_state_dict(self, saved: dict | None) -> None:
+        """A checkpoint's pipeline state, which the next session resumes; refused under other settings."""
+        if saved is None:
+            raise ValueError("runtime=async: this checkpoint holds no pipeline state (a synchronous run's, or one "
+                             "whose trainer died); resume it with the runtime it started with")
+        if saved["signature"] != self.signature():
+            raise ValueError(f"the checkpoint's pipeline ran with {saved['signature']!r}, this run's is "
+                             f"{self.signature()!r}; resume with the same runtime settings")
+        self.saved = {key: value for key, value in saved.items() if key != "signature"}
+
+    @contextmanager
+    def session(self, context: RunContext) -> Iterator["AsyncSession | SyncSteps"]:
+        """A Ray session for the run's remaining trainer steps; none is started when no step remains."""
         from src.runtime.ray_session import ray_session
 
-        if loop.state.step >= loop.cfg.trainer.steps:
+        if context.state.step >= context.cfg.trainer.steps:
+            yield SyncSteps(context)  # never asked for a step
             return
-        device = torch.device(str(loop.cfg.hardware.device))
+        device = torch.device(str(context.cfg.hardware.device))
         last = (device.index or 0) + self.trainer_ranks - 1  # the last trainer rank's GPU
         if self.worker_gpus and last >= torch.cuda.device_count():
             raise PipelineError(f"hardware.device={device} with {self.worker_gpus} GPU workers and "
                                 f"{self.trainer_ranks} trainer rank(s): this node shows {torch.cuda.device_count()} "
                                 f"GPUs; ask SLURM for {last + 1} (hardware=h100x8) or run fewer workers")
         with ray_session(self.num_cpus, self.worker_gpus):
-            session = AsyncSession(self, loop)
+            session = AsyncSession(self, context)
             try:
-                session.run()
+                yield session
             finally:
                 session.close()
 
 
-class PipelineStore(ReplayStore):
-    """The trainer's view of the async pipeline as a replay store: saved and restored with the checkpoint.
-
-    It replays nothing through the step's store calls (the pipeline draws the batch); its contents
-    are the pipeline's state, taken from the running pipeline when a checkpoint is written.
-    """
-
-    settings = ("signature",)
-
-    def __init__(self, signature: str, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.signature = signature
-        self.snapshot: Callable[[], dict] | None = None   # set while a pipeline runs
-        self.saved: dict | None = None                     # restored from a checkpoint, or the last snapshot
-
-    def metrics(self, step: int) -> dict[str, float]:
-        return {}  # the pipeline's measures (queue/, replay/, offpolicy/) come with the step's metrics
-
-    def _contents(self) -> dict | None:
-        return self.snapshot() if self.snapshot is not None else self.saved
-
-    def _restore(self, contents: dict | None) -> None:
-        self.saved = contents
-
-
 class AsyncSession:
-    """One run of the pipeline within a Ray session: workers, trainer, buffer actor, pipeline, event log, the
-    loop's calls."""
+    """One run of the pipeline within a Ray session: workers, trainer, buffer actor, pipeline and event log,
+    handing the loop one trainer step at a time."""
 
-    def __init__(self, runtime: AsyncRuntime, loop: RunLoop) -> None:
+    def __init__(self, runtime: AsyncRuntime, context: RunContext) -> None:
         from src.runtime.queue_actor import QueueActor
         from src.runtime.ray_work import RayWork
 
-        self.runtime, self.loop = runtime, loop
+        self.runtime, self.context = runtime, context
         settings = runtime.settings
         cpus = runtime.num_cpus / (settings.workers + 1)  # a share for each worker and the trainer actor
-        self.work = RayWork(loop.cfg, loop.parts, loop.state, settings, runtime.max_restarts,
+        self.work = RayWork(context.cfg, context.parts, context.state, settings, runtime.max_restarts,
                             runtime.worker_threads, cpus, runtime.gpus_per_worker, runtime.trainer_ranks)
         self.queue = QueueActor(**runtime.queue_options())  # the shared buffer: an actor with no CPU slot
         self.pipeline = runtime.build_pipeline(self.work, self.queue)
-        self.store: PipelineStore = loop.parts.store
-        self.events_path = loop.output_dir / EVENT_LOG
-        self._restore(self.store.saved)
-        self.store.snapshot = self.snapshot
+        self.events_path = context.output_dir / EVENT_LOG
+        self._restore(runtime.saved)
+        runtime.live = self
 
     def _restore(self, saved: dict | None) -> None:
-        state, counters = self.loop.state, self.pipeline.counters
+        state, counters = self.context.state, self.pipeline.counters
         if saved is None:  # a new run: the workers start from the trainer's weights as its current version
             counters.version = counters.published = state.step
             self.work.publish(state.step)
@@ -335,34 +347,19 @@ class AsyncSession:
         return {"pipeline": self.pipeline.state_dict(), "events_written": self.events_written,
                 "published_weights": self.work.published_state() if lagging else None}
 
-    def run(self, until: int | None = None) -> None:
-        """Trainer steps until `state.step` reaches `until` (default: the run's last step, then the artifacts)."""
-        loop, cfg, state = self.loop, self.loop.cfg, self.loop.state
-        last = cfg.trainer.steps if until is None else min(until, cfg.trainer.steps)
-        while state.step < last:
-            metrics = self.pipeline.next_step()
-            step = state.step - 1
-            loop.tracker.log_step(metrics, step)
-            rows = completion_rows(self.work.last, loop.parts.task, cfg.tracking.completions_per_step,
-                                   cfg.policy.max_new_tokens)
-            loop.tracker.log_completions(rows, step)
-            state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
-            self._write_events()
-            log.info("step %d  reward %.3f  off-policiness %.2f  replay %.2f  queue %d", step,
-                     metrics["train/reward"], metrics["offpolicy/mean"], metrics["replay/count_mean"],
-                     int(metrics["queue/size"]))
-            every = cfg.trainer.checkpoint_every
-            if every and state.step % every == 0 and state.step < cfg.trainer.steps:
-                self.work.pull()  # the checkpoint's policy and optimizer are the trainer actor's
-                loop.save()
-            evaluate_every = cfg.evaluation.every
-            if evaluate_every and state.step % evaluate_every == 0 and state.step < cfg.trainer.steps:
-                self.work.pull(optimizer=False)
-                loop.evaluate(state.step)
-            if loop.stop.requested and state.step < cfg.trainer.steps:  # src.run checkpoints and ends it KILLED
-                raise StopRequested(loop.stop.requested)
-        if state.step >= cfg.trainer.steps:
+    def next(self) -> StepOutcome:
+        """One trainer step of the pipeline; after the run's last one, the run's artifacts."""
+        metrics = self.pipeline.next_step()
+        self._write_events()
+        if self.context.state.step >= self.context.cfg.trainer.steps:
             self.log_artifacts()
+        return StepOutcome(metrics, self.work.last)
+
+    def before_checkpoint(self) -> None:
+        self.work.pull()  # the checkpoint's policy and optimizer are the trainer actor's
+
+    def before_evaluation(self) -> None:
+        self.work.pull(optimizer=False)
 
     def _write_events(self) -> None:
         events, self.pipeline.events = self.pipeline.events, []
@@ -373,41 +370,37 @@ class AsyncSession:
 
     def log_artifacts(self) -> None:
         """The event log and Figure 2's distributions over the whole run, as artifacts of the MLflow run."""
-        from mlflow.tracking import MlflowClient
-
         counters = self.pipeline.counters
         # Rollouts still queued at the end count their uses so far as final.
         distributions = {
             "settings": self.runtime.signature(), **self.pipeline.queue.distributions(),
             "generated_rollouts": counters.generated_rollouts, "trained_samples": counters.trained_samples,
             "steps": counters.version}
-        path = self.loop.output_dir / "runtime_distributions.json"
+        path = self.context.output_dir / "runtime_distributions.json"
         path.write_text(json.dumps(distributions, indent=1, default=_json_number))
-        run_id = self.loop.tracker.run_id
-        log_artifact = self.loop.log_artifact or (
-            lambda artifact: MlflowClient().log_artifact(run_id, str(artifact), artifact_path="runtime"))
         for artifact in (self.events_path, path):
-            log_artifact(artifact)
+            self.context.log_artifact(artifact)
 
     def close(self) -> None:
-        """Bring the driver's policy, optimizer and RNG up to the trainer actor's and keep the last snapshot in
-        the store: the run's final (or stop) checkpoint and evaluation come after Ray stops.
+        """Bring the driver's policy, optimizer and RNG up to the trainer actor's and keep the last snapshot: the
+        run's final (or stop) checkpoint and evaluation come after Ray stops.
 
         A dead trainer leaves the driver's copy stale: its PipelineError ends the run without a checkpoint."""
+        runtime = self.runtime
         try:
+            runtime.live = None
             if self.work.trainer_dead:
-                self.store.saved = None
+                runtime.saved = None
             else:
                 self.work.pull()
-                self.store.saved = self.snapshot()
+                runtime.saved = self.snapshot()
         except PipelineError:  # the buffer actor died: no snapshot of a queue that is gone
-            self.store.saved = None
+            runtime.saved = None
             raise
         except Exception as error:  # noqa: BLE001  (a failed run still ends; its last checkpoint stands)
             log.warning("could not snapshot the pipeline at the end (%s); the last checkpoint stands", error)
-            self.store.saved = None
+            runtime.saved = None
         finally:
-            self.store.snapshot = None
             self.work.close()
             self.queue.close()
 
@@ -416,4 +409,4 @@ def _json_number(value):
     return None if isinstance(value, float) and math.isnan(value) else str(value)
 
 
-__all__ = ["AsyncRuntime", "PipelineError", "PipelineStore", "RunLoop", "SyncRuntime"]
+__all__ = ["AsyncRuntime", "PipelineError", "RunContext", "StepOutcome", "SyncRuntime"]
