@@ -231,7 +231,7 @@ def test_state_dict_round_trip_continues_identically(mode):
     uninterrupted.sample(4)
     state = json.loads(json.dumps(interrupted.state_dict()))  # plain data (a JSON round trip loses tuples)
 
-    restored = build_prompt_sampler(cfg, instances, seed=999, task=TASK)  # a different seed: everything comes from state
+    restored = build_prompt_sampler(cfg, instances, seed=999, task=TASK)  # another seed: all comes from state
     restored.load_state_dict(state)
     assert restored.metrics() == uninterrupted.metrics()
     assert _run(restored, 4, start=3) == _run(uninterrupted, 4, start=3)
