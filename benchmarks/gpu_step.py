@@ -139,7 +139,8 @@ def synthetic_groups(groups: int, group_size: int, prompt_tokens: int, response_
         lengths = response_lengths(group_size, response_tokens, spread, generator)
         responses = [torch.randint(10, vocab, (length,), generator=generator).tolist() for length in lengths]
         rewards = (torch.rand(group_size, generator=generator) > 0.5).float().tolist()
-        group = Group(prompt="", prompt_ids=prompt, numbers=(1, 2, 3), target=6, responses=[""] * group_size,
+        group = Group(prompt="", prompt_ids=prompt, truth={"numbers": [1, 2, 3], "target": 6},
+                      responses=[""] * group_size,
                       response_ids=responses, rewards=rewards, step=step - 1 if replayed else step)
         if replayed:
             group = group.with_behaviour_logprobs([-float(length) for length in lengths],

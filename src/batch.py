@@ -5,6 +5,7 @@ typed `Batch` the update trains on (which groups, fresh or replayed, how old, wh
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -16,6 +17,12 @@ def _ints(values: Any) -> tuple[int, ...]:
     if hasattr(values, "tolist"):
         values = values.tolist()
     return tuple(int(v) for v in values)
+
+
+def _plain_json(value: Any) -> Any:
+    # The task's ground truth as plain JSON data (tuples become lists), so that a group read back from a
+    # checkpoint equals the group that was saved; a value JSON cannot hold is refused here, not at saving.
+    return json.loads(json.dumps(value, allow_nan=False))
 
 
 def _floats(values: Any) -> tuple[float, ...]:
@@ -30,8 +37,9 @@ class Group:
 
     prompt: str
     prompt_ids: tuple[int, ...]
-    numbers: tuple[int, ...]  # ground truth (Countdown; see `answer`)
-    target: int  # ground truth
+    # The task's ground truth, opaque here: one plain JSON value that only the task builds (`Task.truth`) and
+    # reads (`Task.instance_of`). Lists and dicts are no hash keys, and the rest of a group identifies it.
+    truth: Any = field(hash=False)
     responses: tuple[str, ...]
     response_ids: tuple[tuple[int, ...], ...]
     rewards: tuple[float, ...]
@@ -44,16 +52,12 @@ class Group:
     # log mu per response token (loss=grpo's token-level behaviour weight pi_prox/mu); None for loss=rloo,
     # which needs only the sequence log-prob above.
     behaviour_token_logprobs: tuple[tuple[float, ...], ...] | None = None
-    # Ground truth of a task whose answer is text (task=math: the reference answer); Countdown's is
-    # `numbers` and `target`, which a text-answer task leaves empty (() and 0).
-    answer: str | None = None
 
     def __post_init__(self) -> None:
         # Normalise to tuples of plain numbers so the group is immutable and serialisable.
         setter = object.__setattr__
         setter(self, "prompt_ids", _ints(self.prompt_ids))
-        setter(self, "numbers", _ints(self.numbers))
-        setter(self, "target", int(self.target))
+        setter(self, "truth", _plain_json(self.truth))
         setter(self, "responses", tuple(self.responses))
         setter(self, "response_ids", tuple(_ints(ids) for ids in self.response_ids))
         setter(self, "rewards", _floats(self.rewards))

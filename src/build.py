@@ -53,7 +53,7 @@ def build_components(cfg: DictConfig, train_set, policy=None, tokenizer=None, en
     task = task or build_task(cfg.task)
     task.check_curriculum(cfg.curriculum.name)
     if sampler is None:
-        sampler = build(cfg.curriculum, instances=train_set, seed=trainer.seed)
+        sampler = build(cfg.curriculum, instances=train_set, seed=trainer.seed, task=task)
     prompts = PromptFormat(task, tokenizer, cfg.policy.use_chat_template)
     behaviour, collection, objective = build_rollout_and_objective(cfg, policy, engine, sampler, prompts, forward,
                                                                    task)

@@ -66,7 +66,8 @@ def tiny_batch(policy, pad_id: int, groups: int = 7, k: int = 3) -> Batch:
         prompt = torch.randint(2, vocab, (5 + g % 3,), generator=generator).tolist()
         responses = [torch.randint(2, vocab, (2 + (g + j) % 6,), generator=generator).tolist() for j in range(k)]
         rewards = [[1.0, 0.1, 0.0][(g + j) % 3] for j in range(k)]
-        group = Group(f"p{g}", prompt, (1, 2), 3, [f"r{j}" for j in range(k)], responses, rewards, step=0)
+        group = Group(f"p{g}", prompt, {"numbers": [1, 2], "target": 3}, [f"r{j}" for j in range(k)], responses,
+                      rewards, step=0)
         entries.append(BatchGroup(group))
     for age, entry in enumerate(entries[-2:], start=1):
         current = Forward(pad_id, 8).sampled_token_logprobs(policy, [(entry.group.prompt_ids, r)

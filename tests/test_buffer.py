@@ -14,8 +14,7 @@ def make_group(step: int, tag: str = "", k: int = 2, logprobs: bool = True) -> G
     return Group(
         prompt=f"p{step}{tag}",
         prompt_ids=[1, 2, 3],
-        numbers=[3, 5, 7],
-        target=15,
+        truth={"numbers": [3, 5, 7], "target": 15},
         responses=[f"r{i}" for i in range(k)],
         response_ids=[[10 + i, 11] for i in range(k)],
         rewards=[1.0] + [0.0] * (k - 1),
@@ -46,7 +45,7 @@ def test_group_normalises_lists_to_tuples_and_reports_size_and_age():
 )
 def test_group_rejects_mismatched_lengths(field, value):
     kwargs = dict(
-        prompt="p", prompt_ids=[1], numbers=[1, 2, 3], target=6,
+        prompt="p", prompt_ids=[1], truth={"numbers": [1, 2, 3], "target": 6},
         responses=["a", "b"], response_ids=[[1], [2]], rewards=[1.0, 0.0],
         step=0, behaviour_logprobs=[-1.0, -2.0],
     )

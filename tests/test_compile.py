@@ -23,7 +23,7 @@ def one_update(policy_dir, pack: bool, **compile_options):
         compile_layers(policy, **compile_options)
         compile_layers(reference, **compile_options)
     rows = [(5, 6, 7, 8, 9), (5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16), (7, 8, 9, 10, 11, 12, 13)]
-    group = Group(prompt="", prompt_ids=(3, 4), numbers=(1, 2, 3), target=6, responses=[""] * 3,
+    group = Group(prompt="", prompt_ids=(3, 4), truth={"numbers": [1, 2, 3], "target": 6}, responses=[""] * 3,
                   response_ids=rows, rewards=[1.0, 0.0, 0.1], step=0)
     objective = RlooObjective(3.0, forward=Forward(0, 2, pack=pack), kl_coef=0.05, entropy_coef=0.01)
     result = objective.update(policy, reference, torch.optim.SGD(policy.parameters(), lr=0.0),

@@ -28,8 +28,8 @@ def read_table(client: MlflowClient, run_id: str, path: str, folder) -> pd.DataF
 
 
 def countdown_group(responses, rewards, step) -> Group:
-    return Group(prompt="Using [3, 5] make 8", prompt_ids=[1, 2], numbers=(3, 5), target=8, responses=responses,
-                 response_ids=[[7] * 3, [7] * 4], rewards=rewards, step=step)
+    return Group(prompt="Using [3, 5] make 8", prompt_ids=[1, 2], truth={"numbers": [3, 5], "target": 8},
+                 responses=responses, response_ids=[[7] * 3, [7] * 4], rewards=rewards, step=step)
 
 
 def test_completion_rows_carry_the_verifier_reason_the_failure_category_the_source_and_the_weight():
@@ -62,7 +62,7 @@ def test_a_math_group_is_briefed_by_its_problem_not_its_instructions():
 
     task = MathTask()
     problem = MathProblem(question="What is 12 + 30?", answer="42")
-    group = Group(prompt=task.prompt(problem), prompt_ids=[1], numbers=(), target=0, answer="42",
+    group = Group(prompt=task.prompt(problem), prompt_ids=[1], truth="42",
                   responses=["\\boxed{42}", "41"], response_ids=[[1], [2]], rewards=[1.0, 0.0], step=0)
     assert task.instance_of(group) == problem and task.brief(task.instance_of(group)) == "What is 12 + 30?"
     assert task.brief(MathProblem("x " * 400, "1")).endswith("…") and len(task.brief(MathProblem("x " * 400, "1"))) < 310

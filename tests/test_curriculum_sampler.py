@@ -18,7 +18,7 @@ from src.curriculum.sampler import (
 from src.paths import CONFIG_DIR
 from src.task.countdown import generate_instances, train_and_heldout
 from src.curriculum.uniform import PromptSampler
-from tests.test_frontier import I  # noqa: E402 - the short Instance constructor the fixtures share
+from tests.test_frontier import TASK, I  # noqa: E402 - the task and short Instance constructor the fixtures share
 
 
 def frontier_cfg(**overrides):
@@ -63,7 +63,7 @@ def test_none_is_the_plain_prompt_sampler_with_the_same_draws():
 
 
 def test_below_min_memory_the_replaced_slots_are_uniform():
-    sampler = CurriculumSampler(BANK, seed=0, fraction=0.5, min_memory=2, pool_factor=1)
+    sampler = CurriculumSampler(BANK, seed=0, task=TASK, fraction=0.5, min_memory=2, pool_factor=1)
     twin = PromptSampler(BANK, seed=0)
     batch = sampler.sample(4)
     # round(0.5 * 4) = 2 slots replaced; the first 2 are the inner sampler's own draws.
@@ -84,7 +84,7 @@ def test_below_min_memory_the_replaced_slots_are_uniform():
 
 
 def test_frontier_retrieves_the_nearest_neighbours_of_memory():
-    sampler = CurriculumSampler(BANK, seed=0, fraction=0.5, min_memory=2, pool_factor=1)
+    sampler = CurriculumSampler(BANK, seed=0, task=TASK, fraction=0.5, min_memory=2, pool_factor=1)
     sampler.observe([A, B], [rewards(3), rewards(3)], step=0)  # 3 of 8: frontier, u = 4 * 3/8 * 5/8 = 0.9375
     m = sampler.metrics()
     assert (m["curriculum/admitted"], m["curriculum/admitted_fraction"], m["curriculum/memory_size"]) == (2, 1.0, 2)
@@ -104,7 +104,7 @@ def test_frontier_retrieves_the_nearest_neighbours_of_memory():
 
 def test_retrieval_never_repeats_memory_batch_or_earlier_picks():
     instances = generate_instances(400, seed=5)
-    sampler = CurriculumSampler(instances, seed=1, fraction=0.25, min_memory=4, capacity=64, pool_factor=4)
+    sampler = CurriculumSampler(instances, seed=1, task=TASK, fraction=0.25, min_memory=4, capacity=64, pool_factor=4)
     for step in range(12):
         memory_keys = sampler.memory.keys()
         batch = sampler.sample(16)
@@ -119,7 +119,7 @@ def test_retrieval_never_repeats_memory_batch_or_earlier_picks():
 
 
 def test_several_sample_rounds_in_one_step_add_up_and_do_not_repeat():
-    sampler = CurriculumSampler(BANK, seed=0, fraction=0.5, min_memory=2, pool_factor=1)
+    sampler = CurriculumSampler(BANK, seed=0, task=TASK, fraction=0.5, min_memory=2, pool_factor=1)
     sampler.observe([A, B], [rewards(3), rewards(4)], step=0)
     first = sampler.sample(2)  # round(0.5 * 2) = 1 retrieved
     second = sampler.sample(2)  # same step (no observe in between): another 1, not the first's prompt
@@ -133,7 +133,7 @@ def test_several_sample_rounds_in_one_step_add_up_and_do_not_repeat():
 
 def test_rounds_observed_one_by_one_add_up_per_step():
     # The trainer's dynamic sampling observes after every round; metrics still cover the whole step.
-    sampler = CurriculumSampler(BANK, seed=0, fraction=0.5, min_memory=2, pool_factor=1)
+    sampler = CurriculumSampler(BANK, seed=0, task=TASK, fraction=0.5, min_memory=2, pool_factor=1)
     sampler.observe([A, B], [rewards(3), rewards(3)], step=0)
     twin = PromptSampler(BANK, seed=0)
     uniform = twin.sample(2) + twin.sample(2)
@@ -154,7 +154,7 @@ def test_rounds_observed_one_by_one_add_up_per_step():
 
 def test_uniform_part_follows_the_inner_sampler_stream():
     instances = generate_instances(200, seed=2)
-    sampler = CurriculumSampler(instances, seed=3, fraction=0.25, min_memory=1)
+    sampler = CurriculumSampler(instances, seed=3, task=TASK, fraction=0.25, min_memory=1)
     twin = PromptSampler(instances, seed=3)
     for step in range(5):
         batch = sampler.sample(8)
@@ -166,7 +166,7 @@ def test_uniform_part_follows_the_inner_sampler_stream():
 
 
 def test_frontier_counts_only_full_reward_as_correct():
-    sampler = CurriculumSampler(BANK, seed=0)
+    sampler = CurriculumSampler(BANK, seed=0, task=TASK)
     # 3 correct + 5 partial credit 0.1 -> s = 3: frontier. 8 partial credit -> s = 0: not. 8 correct: not.
     sampler.observe([A, B, A2], [rewards(3, wrong=0.1), rewards(0, wrong=0.1), rewards(8)], step=0)
     assert sampler.memory.keys() == {A.key}
@@ -175,7 +175,7 @@ def test_frontier_counts_only_full_reward_as_correct():
 
 
 def test_failure_admits_only_total_failures():
-    sampler = build_prompt_sampler(frontier_cfg(name="failure"), BANK, seed=0)
+    sampler = build_prompt_sampler(frontier_cfg(name="failure"), BANK, seed=0, task=TASK)
     sampler.observe([A, B, A2, B2], [rewards(0), rewards(0, wrong=0.1), rewards(1), rewards(8)], step=0)
     assert sampler.memory.keys() == {A.key, B.key}
     assert [e.priority for e in sampler.memory.entries] == [1.0, 1.0]
@@ -183,7 +183,7 @@ def test_failure_admits_only_total_failures():
 
 
 def test_goldilocks_admits_only_the_band_around_one_half():
-    sampler = build_prompt_sampler(frontier_cfg(name="goldilocks", goldilocks_band=0.25), BANK, seed=0)
+    sampler = build_prompt_sampler(frontier_cfg(name="goldilocks", goldilocks_band=0.25), BANK, seed=0, task=TASK)
     # K = 8, band 0.25: p in [0.25, 0.75] <=> s in 2..6. s = 0, 1, 7, 8 are rejected.
     batch = BANK[:9]
     sampler.observe(batch, [rewards(s) for s in range(9)], step=0)
@@ -192,7 +192,7 @@ def test_goldilocks_admits_only_the_band_around_one_half():
 
 
 def test_capacity_evictions_are_counted():
-    sampler = CurriculumSampler(BANK, seed=0, capacity=2, min_memory=1)
+    sampler = CurriculumSampler(BANK, seed=0, task=TASK, capacity=2, min_memory=1)
     sampler.observe([A, B, A2], [rewards(3)] * 3, step=0)
     m = sampler.metrics()
     assert (m["curriculum/memory_size"], m["curriculum/dropped"]) == (2, 1)
@@ -223,15 +223,15 @@ def _run(sampler, steps, start=0):
 def test_state_dict_round_trip_continues_identically(mode):
     instances = generate_instances(300, seed=4)
     cfg = frontier_cfg(name=mode, fraction=0.25, capacity=20, min_memory=3, pool_factor=3)
-    uninterrupted = build_prompt_sampler(cfg, instances, seed=11)
-    interrupted = build_prompt_sampler(cfg, instances, seed=11)
+    uninterrupted = build_prompt_sampler(cfg, instances, seed=11, task=TASK)
+    interrupted = build_prompt_sampler(cfg, instances, seed=11, task=TASK)
     _run(uninterrupted, 3)
     _run(interrupted, 3)
     interrupted.sample(4)  # mid-step too: the state carries this step's drawn prompts and counters
     uninterrupted.sample(4)
     state = json.loads(json.dumps(interrupted.state_dict()))  # plain data (a JSON round trip loses tuples)
 
-    restored = build_prompt_sampler(cfg, instances, seed=999)  # a different seed: everything comes from state
+    restored = build_prompt_sampler(cfg, instances, seed=999, task=TASK)  # another seed: all comes from state
     restored.load_state_dict(state)
     assert restored.metrics() == uninterrupted.metrics()
     assert _run(restored, 4, start=3) == _run(uninterrupted, 4, start=3)
@@ -240,10 +240,10 @@ def test_state_dict_round_trip_continues_identically(mode):
 
 def test_loading_a_mismatched_state_fails_clearly():
     instances = generate_instances(50, seed=4)
-    sampler = CurriculumSampler(instances, seed=0)
+    sampler = CurriculumSampler(instances, seed=0, task=TASK)
     with pytest.raises(ValueError, match="curriculum=none"):
         sampler.load_state_dict(PromptSampler(instances, seed=0).state_dict())
-    other = CurriculumSampler(instances, seed=0, capacity=5)
+    other = CurriculumSampler(instances, seed=0, task=TASK, capacity=5)
     with pytest.raises(ValueError, match="capacity"):
         other.load_state_dict(sampler.state_dict())
 
@@ -282,7 +282,7 @@ def test_check_curriculum_names_a_missing_key():
     with pytest.raises(ValueError, match="pool_factor"):
         check_curriculum(cfg, group_size=8, groups_per_step=32)
     with pytest.raises(ValueError, match="pool_factor"):
-        build_prompt_sampler(cfg, BANK, seed=0)
+        build_prompt_sampler(cfg, BANK, seed=0, task=TASK)
 
 
 # --------------------------------------------------------------------------- hydra
@@ -307,7 +307,7 @@ def test_every_option_composes_checks_and_builds(option):
         warnings.simplefilter("error")  # warn-free
         check_curriculum(curriculum, group_size=trainer.group_size, groups_per_step=trainer.groups_per_step)
         train, _ = train_and_heldout(cfg.task)
-        sampler = build_prompt_sampler(curriculum, train, seed=trainer.seed)
+        sampler = build_prompt_sampler(curriculum, train, seed=trainer.seed, task=TASK)
     if option == "none":
         assert type(sampler) is PromptSampler
         return

@@ -21,8 +21,7 @@ def make_group(step: int, tag: str = "", rewards=(1.0, 0.0), logprobs: bool = Tr
     return Group(
         prompt=f"p{step}{tag}",
         prompt_ids=[1, 2, 3],
-        numbers=[3, 5, 7],
-        target=15,
+        truth={"numbers": [3, 5, 7], "target": 15},
         responses=[f"r{i}" for i in range(k)],
         response_ids=[[10 + i, 11] for i in range(k)],
         rewards=rewards,

@@ -12,16 +12,23 @@ from src.curriculum.frontier import (
     PromptBank,
     frontier_priority,
     prompt_embedding,
-    prompt_features,
     replacement_count,
     retrieval_scores,
     select_replacements,
 )
-from src.task.countdown import Instance
+from src.task import countdown
+from src.task.countdown import CountdownTask, Instance
+
+TASK = CountdownTask()  # the curriculum asks the task for the features and truth of its prompts
 
 
 def I(numbers, target):  # noqa: E743 - short constructor for readable fixtures
     return Instance(numbers=tuple(numbers), target=target)
+
+
+def prompt_features(instance, max_numbers=4):
+    """Countdown's phi(x) (the task's, seed 004 app. B.2) as the tensor the curriculum builds from it."""
+    return torch.tensor(countdown.prompt_features(instance, max_numbers), dtype=torch.float64)
 
 
 # --------------------------------------------------------------------------- embedding
@@ -37,7 +44,7 @@ def test_features_hand_worked_four_numbers():
     torch.testing.assert_close(phi, torch.tensor(expected, dtype=torch.float64))
     # ||phi||^2 = 0.25 + 1 + 0.01 + 0.16 + 0.0625 + 0.0125 + 1/9 + 1/36 + 1/36 + 0 + 0.01 + 0.04 + 0.09 + 0.16
     #           = 1177/600 = 1.9616667 -> ||phi|| = 1.4005951.
-    e = prompt_embedding(I((40, 10, 30, 20), 50))
+    e = prompt_embedding(I((40, 10, 30, 20), 50), TASK)
     torch.testing.assert_close(e, phi / 1.4005951116102993)
     assert torch.linalg.vector_norm(e).item() == pytest.approx(1.0, abs=1e-12)
 
@@ -53,7 +60,7 @@ def test_features_hand_worked_three_numbers_padded():
 
 
 def test_embedding_is_order_free_and_signed_gap():
-    assert torch.equal(prompt_embedding(I((1, 2, 3, 4), 24)), prompt_embedding(I((4, 3, 2, 1), 24)))
+    assert torch.equal(prompt_embedding(I((1, 2, 3, 4), 24), TASK), prompt_embedding(I((4, 3, 2, 1), 24), TASK))
     # S - t keeps its sign: S = 10 < t = 24 -> (10 - 24)/300 = -0.0466667 while |S - t| = +0.0466667.
     phi = prompt_features(I((1, 2, 3, 4), 24))
     assert phi[7].item() == pytest.approx(-14 / 300) and phi[8].item() == pytest.approx(14 / 300)
@@ -61,10 +68,10 @@ def test_embedding_is_order_free_and_signed_gap():
 
 def test_embedding_validates():
     with pytest.raises(ValueError, match="max_numbers=4"):
-        prompt_embedding(I((1, 2, 3, 4, 5), 10))
+        prompt_embedding(I((1, 2, 3, 4, 5), 10), TASK)
     with pytest.raises(ValueError, match="max_numbers"):
-        prompt_embedding(I((1, 2, 3), 10), max_numbers=0)
-    assert prompt_embedding(I((1, 2, 3, 4, 5), 10), max_numbers=5).shape == (15,)
+        prompt_embedding(I((1, 2, 3), 10), TASK, max_numbers=0)
+    assert prompt_embedding(I((1, 2, 3, 4, 5), 10), TASK, max_numbers=5).shape == (15,)
 
 
 # --------------------------------------------------------------------------- priorities
@@ -98,20 +105,20 @@ def test_frontier_priority_validates():
 
 
 def test_memory_update_admits_frontier_with_priorities():
-    mem = FrontierMemory(capacity=10)
+    mem = FrontierMemory(capacity=10, task=TASK)
     prompts = [I((1, 2, 3), t) for t in (10, 11, 12, 13, 14)]
     admitted = mem.update(prompts, [0, 4, 8, 2, 1], K=8, step=3)
     assert admitted == 3
     assert [e.instance.target for e in mem.entries] == [11, 13, 14]
     assert [e.priority for e in mem.entries] == pytest.approx([1.0, 0.75, 0.4375])
     assert all(e.step == 3 and e.k == 8 for e in mem.entries)
-    fail = FrontierMemory(capacity=10, mode="failure")
+    fail = FrontierMemory(capacity=10, task=TASK, mode="failure")
     assert fail.update(prompts, [0, 4, 8, 2, 1], K=8, step=3) == 1
     assert fail.entries[0].instance.target == 10 and fail.entries[0].priority == 1.0
 
 
 def test_memory_is_bounded_and_keeps_the_most_recent():
-    mem = FrontierMemory(capacity=2)
+    mem = FrontierMemory(capacity=2, task=TASK)
     a, b, c = I((1, 2, 3), 10), I((1, 2, 3), 11), I((1, 2, 3), 12)
     mem.update([a, b], [4, 4], K=8, step=0)
     mem.update([a], [2], K=8, step=1)  # refresh a: new priority and step, now the newest
@@ -125,7 +132,7 @@ def test_memory_is_bounded_and_keeps_the_most_recent():
 
 
 def test_memory_update_validates_before_mutating():
-    mem = FrontierMemory(capacity=4)
+    mem = FrontierMemory(capacity=4, task=TASK)
     mem.update([I((1, 2, 3), 10)], [4], K=8, step=0)
     with pytest.raises(ValueError, match="correct count"):
         mem.update([I((1, 2, 3), 11), I((1, 2, 3), 10)], [4, 9], K=8, step=1)
@@ -133,16 +140,16 @@ def test_memory_update_validates_before_mutating():
     with pytest.raises(ValueError, match="one count per prompt"):
         mem.update([I((1, 2, 3), 11)], [4, 4], K=8, step=1)
     with pytest.raises(ValueError, match="capacity"):
-        FrontierMemory(capacity=0)
+        FrontierMemory(capacity=0, task=TASK)
     with pytest.raises(ValueError, match="mode"):
-        FrontierMemory(capacity=4, mode="hard")
+        FrontierMemory(capacity=4, task=TASK, mode="hard")
 
 
 def test_memory_state_dict_round_trip():
-    mem = FrontierMemory(capacity=3, mode="goldilocks")
+    mem = FrontierMemory(capacity=3, task=TASK, mode="goldilocks")
     mem.update([I((1, 2, 3), t) for t in range(10, 15)], [4, 3, 2, 5, 6], K=8, step=7)
     state = json.loads(json.dumps(mem.state_dict()))  # JSON-safe
-    restored = FrontierMemory(capacity=3, mode="goldilocks")
+    restored = FrontierMemory(capacity=3, task=TASK, mode="goldilocks")
     restored.load_state_dict(state)
     assert [(e.instance, e.priority, e.correct, e.k, e.step) for e in restored.entries] == [
         (e.instance, e.priority, e.correct, e.k, e.step) for e in mem.entries
@@ -150,9 +157,9 @@ def test_memory_state_dict_round_trip():
     assert restored.dropped == mem.dropped == 2
     torch.testing.assert_close(restored.matrices()[0], mem.matrices()[0])
     with pytest.raises(ValueError, match="mode"):
-        FrontierMemory(capacity=3, mode="frontier").load_state_dict(state)
+        FrontierMemory(capacity=3, task=TASK, mode="frontier").load_state_dict(state)
     with pytest.raises(ValueError, match="capacity"):
-        FrontierMemory(capacity=5, mode="goldilocks").load_state_dict(state)
+        FrontierMemory(capacity=5, task=TASK, mode="goldilocks").load_state_dict(state)
 
 
 # --------------------------------------------------------------------------- retrieval
@@ -186,7 +193,7 @@ BATCH = [I((10, 20, 30, 41), 50), I((12, 13, 14), 39), I((2, 9, 50, 60), 8), I((
 
 
 def _memory():
-    mem = FrontierMemory(capacity=8)
+    mem = FrontierMemory(capacity=8, task=TASK)
     mem.update([MEM_A, MEM_B], [4, 2], K=8, step=0)  # priorities 1.0 and 0.75
     return mem
 
@@ -226,14 +233,14 @@ def _forbidden():
 def test_retrieval_without_filter_would_pick_duplicates():
     # The duplicates of memory prompts are the most similar candidates (cosine 1, times priority 1):
     # only the key filter keeps them out.
-    mem, bank = _memory(), PromptBank(_candidates())
+    mem, bank = _memory(), PromptBank(_candidates(), TASK)
     scores = retrieval_scores(bank.embeddings, *mem.matrices())
     assert scores[0].item() == pytest.approx(1.0) and scores[1].item() == pytest.approx(1.0)
     assert int(scores.argmax()) in (0, 1)
 
 
 def test_retrieval_deterministic_top_n_skips_duplicates():
-    mem, bank = _memory(), PromptBank(_candidates())
+    mem, bank = _memory(), PromptBank(_candidates(), TASK)
     out = select_replacements(mem, bank, BATCH * 5, fraction=0.10, min_memory=1, rng=random.Random(0), pool_factor=1)
     # 20 * 0.1 = 2 picks: the two highest-scoring candidates whose keys are new, in score order.
     scores = retrieval_scores(bank.embeddings, *mem.matrices()).tolist()
@@ -301,7 +308,7 @@ def test_small_memory_falls_back_to_uniform():
 def test_retrieval_is_reproducible_and_resumable():
     mem = _memory()
     first = select_replacements(mem, _candidates(), BATCH * 5, fraction=0.5, min_memory=1, rng=random.Random(3))
-    restored = FrontierMemory(capacity=8)
+    restored = FrontierMemory(capacity=8, task=TASK)
     restored.load_state_dict(json.loads(json.dumps(mem.state_dict())))
     again = select_replacements(restored, _candidates(), BATCH * 5, fraction=0.5, min_memory=1, rng=random.Random(3))
     assert again == first
@@ -317,15 +324,15 @@ def test_select_replacements_validates():
         select_replacements(mem, _candidates(), BATCH, min_memory=1, rng=0)
     with pytest.raises(ValueError, match="max_numbers"):
         select_replacements(
-            mem, PromptBank(_candidates(), max_numbers=5), BATCH, min_memory=1, rng=random.Random(0)
+            mem, PromptBank(_candidates(), TASK, max_numbers=5), BATCH, min_memory=1, rng=random.Random(0)
         )
 
 
 def test_cosine_ranks_near_neighbours_first():
     # A sanity check of the embedding as a retriever: a one-unit change of the target is closer to the
     # memory prompt than an unrelated instance.
-    e = prompt_embedding(MEM_A)
-    near = prompt_embedding(I((10, 20, 30, 40), 51))
-    far = prompt_embedding(I((90, 80, 2), 600))
+    e = prompt_embedding(MEM_A, TASK)
+    near = prompt_embedding(I((10, 20, 30, 40), 51), TASK)
+    far = prompt_embedding(I((90, 80, 2), 600), TASK)
     assert (e @ near).item() > 0.999 > (e @ far).item()
     assert math.isclose((e @ e).item(), 1.0, abs_tol=1e-12)

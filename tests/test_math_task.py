@@ -139,7 +139,7 @@ def test_prompt_is_seed_003s_and_the_truth_is_the_answer():
     problem = MathProblem("What is 1 + 1?", "2")
     assert task.prompt(problem) == ("What is 1 + 1? Let's think step by step and output the final answer within "
                                     "\\boxed{}.\n")
-    assert task.truth(problem) == {"numbers": (), "target": 0, "answer": "2"}
+    assert task.truth(problem) == "2"
     assert task.extract("so \\boxed{2}.") == "2"
 
 

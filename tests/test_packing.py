@@ -69,7 +69,7 @@ def groups_of(rows, rewards) -> list[Group]:
     groups = []
     for g in range(0, len(rows), 3):
         responses = [response for _, response in rows[g : g + 3]]
-        group = Group(prompt="", prompt_ids=rows[g][0], numbers=(1, 2, 3), target=6, responses=[""] * 3,
+        group = Group(prompt="", prompt_ids=rows[g][0], truth={"numbers": [1, 2, 3], "target": 6}, responses=[""] * 3,
                       response_ids=responses, rewards=rewards[g : g + 3], step=0)
         groups.append(group if g == 0 else group.with_behaviour_logprobs([-0.5 * len(r) for r in responses]))
     return groups

@@ -25,8 +25,7 @@ def make_group(step: int, tag: str, rewards=MIXED, logprobs: bool = True) -> Gro
     return Group(
         prompt=f"s{step}{tag}",
         prompt_ids=[1, 2],
-        numbers=[3, 5, 7],
-        target=15,
+        truth={"numbers": [3, 5, 7], "target": 15},
         responses=[f"r{i}" for i in range(k)],
         response_ids=[[10 + i] for i in range(k)],
         rewards=rewards,

@@ -20,7 +20,7 @@ def test_both_buffers_call_the_one_rule():
 
 def a_group(step: int, rewards: list[float]) -> Group:
     k = len(rewards)
-    return Group(prompt=f"p{step}", prompt_ids=(1, 2), numbers=(1, 2, 3), target=6, responses=["x"] * k,
+    return Group(prompt=f"p{step}", prompt_ids=(1, 2), truth={"numbers": [1, 2, 3], "target": 6}, responses=["x"] * k,
                  response_ids=[(3, 4)] * k, rewards=rewards, step=step, behaviour_logprobs=[-1.0] * k)
 
 

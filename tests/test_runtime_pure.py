@@ -19,7 +19,7 @@ from src.runtime.schedule import LockstepClock
 
 def group(key: int, k: int = 4, correct=()) -> Group:
     rewards = [1.0 if i in correct else 0.1 for i in range(k)]
-    return Group(prompt=f"p{key}", prompt_ids=(1, 2), numbers=(1, 2, 3), target=6, responses=["x"] * k,
+    return Group(prompt=f"p{key}", prompt_ids=(1, 2), truth={"numbers": [1, 2, 3], "target": 6}, responses=["x"] * k,
                  response_ids=[(3, 4)] * k, rewards=rewards, step=0, behaviour_logprobs=[-1.0] * k)
 
 

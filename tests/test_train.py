@@ -61,8 +61,9 @@ def small_config(compose_config, *overrides):
 
 def group(tokenizer, responses, rewards, step=0, behaviour=None) -> Group:
     prompt = countdown.format_prompt(countdown.Instance((1, 2, 3), 6), countdown.DEFAULT_PROMPT_TEMPLATE)
-    return Group(prompt=prompt, prompt_ids=tuple(tokenizer(prompt)["input_ids"]), numbers=(1, 2, 3), target=6,
-                 responses=responses, response_ids=[tuple(tokenizer(r)["input_ids"]) for r in responses],
+    return Group(prompt=prompt, prompt_ids=tuple(tokenizer(prompt)["input_ids"]),
+                 truth={"numbers": [1, 2, 3], "target": 6}, responses=responses,
+                 response_ids=[tuple(tokenizer(r)["input_ids"]) for r in responses],
                  rewards=rewards, step=step, behaviour_logprobs=behaviour)
 
 

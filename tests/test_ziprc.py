@@ -113,16 +113,19 @@ def test_head_round_trips_through_safetensors_and_json(tiny, tmp_path):
 
 # --------------------------------------------------------------------------- labels and offline metrics
 def test_labels_and_per_position_targets():
-    rollout = label(Rollout("train", 0, (1, 2, 3), 6, (7, 8), tuple(range(20)), " </think> <answer> 1 + 2 + 3 </answer>"))
+    task = countdown.CountdownTask()
+    rollout = label(Rollout("train", 0, {"numbers": [1, 2, 3], "target": 6}, (7, 8), tuple(range(20)),
+                            " </think> <answer> 1 + 2 + 3 </answer>"), task)
     assert (rollout.reward, rollout.reason) == (1.0, "correct")
     spec = SliceSpec(300, (0.0, 1.0), (0, 16, 32))
     targets = position_targets(rollout, spec).tolist()
     # 20 response tokens: 21 positions with 20, 19, ..., 0 tokens left; >= 16 left is bin 1, state 1 -> 1 + 2 = 3.
     assert len(targets) == 21 and targets[:5] == [3] * 5 and targets[5:] == [2] * 16
-    wrong = label(Rollout("train", 0, (1, 2, 3), 6, (7,), (1, 2), "<answer> 1 + 2 </answer>"))
+    wrong = label(Rollout("train", 0, {"numbers": [1, 2, 3], "target": 6}, (7,), (1, 2), "<answer> 1 + 2 </answer>"),
+                  task)
     assert wrong.reward == 0.1 and position_targets(wrong, spec).tolist() == [0, 0, 0]
     with pytest.raises(ValueError, match="not labelled"):
-        position_targets(Rollout("train", 0, (1,), 1, (1,), (1,), ""), spec)
+        position_targets(Rollout("train", 0, {"numbers": [1], "target": 1}, (1,), (1,), ""), spec)
 
 
 def test_offline_metrics_hand_worked():
@@ -424,10 +427,11 @@ def test_settings_are_chosen_on_the_tuning_prompts_and_reported_on_the_others():
 
 
 def test_tuning_prompts_are_apart_from_the_reported_and_the_head_training_ones(compose_ziprc):
+    from src.task.base import build_task
     from src.ziprc.pipeline import decode_splits
 
     cfg = compose_ziprc("ziprc.collect.train_prompts=20", "ziprc.decode.prompts=10", "ziprc.decode.tune_prompts=15")
-    splits = decode_splits(cfg, lambda text: {"input_ids": [len(text)]})
+    splits = decode_splits(cfg, lambda text: {"input_ids": [len(text)]}, build_task(cfg.task))
     train, heldout = countdown.train_and_heldout(cfg.task, train_size=20)
     tune = {inst.key for inst in splits["tune"][0]}
     assert len(tune) == 15 and len(splits["report"][0]) == 10

@@ -1,48 +1,44 @@
-"""Frontier curriculum for Countdown (SPEC 9; seed 004, sec. 3.1 and app. B).
+"""Frontier curriculum (SPEC 9; seed 004, sec. 3.1 and app. B), for any task that embeds its prompts.
 
 Pieces, each pure or self-contained (no trainer integration here):
 
-* `prompt_features` / `prompt_embedding` / `embed_instances` -- the fixed 14-feature
-  numeric embedding of a Countdown prompt, L2-normalised (seed 004, app. B.2);
-  `PromptBank` caches it for the training prompts.
+* `prompt_embedding` / `embed_instances` -- the task's numeric features of a prompt
+  (`Task.features`: Countdown's fixed 14 of seed 004 app. B.2), L2-normalised;
+  `PromptBank` caches them for the training prompts.
 * `frontier_priority` -- the memory criterion and priority per variant: frontier
   0 < s < K with f = 4p(1 - p) (sec. 3.1, app. B.1); failure-based s = 0 and Goldilocks
   (app. A.2).
 * `FrontierMemory` -- a bounded memory of recent frontier prompts with priorities.
 * `retrieval_scores` / `select_replacements` -- best priority-weighted cosine match
-  c_m = max_j (e_m . e_j) u_j over memory (app. B.3), duplicate filtering by the key
-  (target, sorted numbers) against memory, the current batch and earlier picks, and
-  replacement of a fraction rho = 0.10 of each batch, falling back to uniform prompts
+  c_m = max_j (e_m . e_j) u_j over memory (app. B.3), duplicate filtering by the instance's
+  `key` (Countdown: target, sorted numbers) against memory, the current batch and earlier picks,
+  and replacement of a fraction rho = 0.10 of each batch, falling back to uniform prompts
   while memory is small or filtering leaves too few candidates.
 
-The priority only steers prompt sampling; it never enters the reward, the advantage or
-the loss (sec. 3.1).
+Instances are the task's and opaque here: the curriculum reads their `key` and asks the task for
+their features and, in checkpoints, their ground truth. The priority only steers prompt sampling;
+it never enters the reward, the advantage or the loss (sec. 3.1).
 """
 
 from __future__ import annotations
 
-import math
 import random
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from src.task.countdown import Instance
+from src.task.base import Task
 
 MODES = ("frontier", "failure", "goldilocks")
 
-# Scale normalisers from seed 004 app. B.2: values "on the order of 10^2" are divided by
-# 100, sum-based features by 300; the operand count by the maximum count (4 there).
-_VALUE_SCALE = 100.0
-_SUM_SCALE = 300.0
-_N_SCALAR_FEATURES = 10
+_STATE_VERSION = 2
 
-_STATE_VERSION = 1
-
-Key = tuple[int, tuple[int, ...]]
+Instance = Any  # a task's instance: its `key` is read here, the task says the rest
+Key = Hashable
 
 
 # --------------------------------------------------------------------------- embedding
@@ -55,78 +51,30 @@ def _check_max_numbers(max_numbers: int) -> int:
     return int(max_numbers)
 
 
-def prompt_features(instance: Instance, max_numbers: int = 4) -> Tensor:
-    """The raw (unnormalised) feature vector phi(x) of seed 004 app. B.2, float64 [10 + max_numbers].
-
-    In the paper's order: t/100, n/4, min/100, max/100, mean/100, std/100, S/300,
-    (S - t)/300, |S - t|/300, parity, then the numbers sorted ascending and padded to
-    `max_numbers`, each /100. The paper calls this "the 14-dimensional feature vector":
-    10 scalars + 4 padded numbers = 14, which agrees with max_numbers = 4 (Countdown
-    3to4 has at most four numbers). Choices the paper leaves open, taken here:
-    * std is the population std (divide by n), numpy's default;
-    * padding is 0.0 appended after the sorted numbers (a 3-number prompt keeps its
-      three numbers in the first three slots, aligned with a 4-number prompt's smallest three);
-    * the count is divided by `max_numbers` (= 4, the paper's constant, by default).
-    """
-    return torch.tensor(_feature_list(instance, _check_max_numbers(max_numbers)), dtype=torch.float64)
+def prompt_embedding(instance: Instance, task: Task, max_numbers: int = 4) -> Tensor:
+    """e(x) = phi(x) / ||phi(x)||_2 (seed 004 app. B.2), float64 [D]; dot product = cosine."""
+    return embed_instances([instance], task, max_numbers)[0]
 
 
-def _feature_list(instance: Instance, max_numbers: int) -> list[float]:
-    """phi(x) as a Python list: one torch.tensor call for a whole prompt bank beats stacking N tensors."""
-    numbers = [int(a) for a in instance.numbers]
-    n = len(numbers)
-    if n == 0:
-        raise ValueError(f"instance {instance!r} has no numbers; a Countdown prompt has 3 or 4.")
-    if n > max_numbers:
-        raise ValueError(
-            f"instance has {n} numbers but max_numbers={max_numbers}; raise max_numbers to at least {n} "
-            "(and use the same value for memory and prompt bank)."
-        )
-    t = int(instance.target)
-    s = sum(numbers)
-    mean = s / n
-    std = math.sqrt(sum((a - mean) ** 2 for a in numbers) / n)
-    parity = sum(a % 2 for a in numbers) / n  # share of odd numbers
-    padded = sorted(numbers) + [0] * (max_numbers - n)
-    phi = [
-        t / _VALUE_SCALE,
-        n / max_numbers,
-        min(numbers) / _VALUE_SCALE,
-        max(numbers) / _VALUE_SCALE,
-        mean / _VALUE_SCALE,
-        std / _VALUE_SCALE,
-        s / _SUM_SCALE,
-        (s - t) / _SUM_SCALE,
-        abs(s - t) / _SUM_SCALE,
-        parity,
-        *(a / _VALUE_SCALE for a in padded),
-    ]
-    return phi
-
-
-def prompt_embedding(instance: Instance, max_numbers: int = 4) -> Tensor:
-    """e(x) = phi(x) / ||phi(x)||_2 (seed 004 app. B.2), float64 [10 + max_numbers]; dot product = cosine."""
-    return embed_instances([instance], max_numbers)[0]
-
-
-def embed_instances(instances: Sequence[Instance], max_numbers: int = 4) -> Tensor:
-    """Row-wise e(x) for many prompts at once, float64 [N, 10 + max_numbers]."""
+def embed_instances(instances: Sequence[Instance], task: Task, max_numbers: int = 4) -> Tensor:
+    """Row-wise e(x) for many prompts at once, float64 [N, D] (D = 10 + max_numbers for Countdown)."""
     max_numbers = _check_max_numbers(max_numbers)
     if not instances:
-        return torch.zeros((0, _N_SCALAR_FEATURES + max_numbers), dtype=torch.float64)
-    phi = torch.tensor([_feature_list(x, max_numbers) for x in instances], dtype=torch.float64)
-    # ||phi|| > 0 always: the count feature n / max_numbers is positive.
+        return torch.zeros((0, 0), dtype=torch.float64)  # no prompt, no features to count
+    # One torch.tensor call for a whole prompt bank beats stacking N tensors.
+    phi = torch.tensor([task.features(x, max_numbers) for x in instances], dtype=torch.float64)
+    # ||phi|| > 0 for Countdown: the count feature n / max_numbers is positive.
     return phi / torch.linalg.vector_norm(phi, dim=-1, keepdim=True)
 
 
 class PromptBank:
     """Training prompts with their embeddings and keys, computed once (seed 004 app. B.3's bank B)."""
 
-    def __init__(self, instances: Sequence[Instance], max_numbers: int = 4) -> None:
+    def __init__(self, instances: Sequence[Instance], task: Task, max_numbers: int = 4) -> None:
         self.instances: tuple[Instance, ...] = tuple(instances)
         self.max_numbers = _check_max_numbers(max_numbers)
         self.keys: tuple[Key, ...] = tuple(x.key for x in self.instances)
-        self.embeddings = embed_instances(self.instances, self.max_numbers)  # [N, D]
+        self.embeddings = embed_instances(self.instances, task, self.max_numbers)  # [N, D]
 
     def __len__(self) -> int:
         return len(self.instances)
@@ -144,7 +92,8 @@ def frontier_priority(correct: int, k: int, mode: str = "frontier", goldilocks_b
     * "goldilocks" (app. A.2): the paper gives only "closer to p = 1/2" and "a stricter
       filter"; here: admitted iff 0 < s < K and |p - 1/2| <= goldilocks_band, with
       u = 1 - 2|p - 1/2| (1 at p = 1/2, falling linearly to 0 at p = 0 or 1).
-    s counts only fully correct responses (reward exactly 1.0, app. B.1), not 0.1 partial credit.
+    s counts only fully correct responses (the task's correct reward, app. B.1), not Countdown's 0.1 partial
+    credit.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
@@ -193,7 +142,8 @@ class FrontierMemory:
     """
 
     def __init__(
-        self, capacity: int, mode: str = "frontier", *, max_numbers: int = 4, goldilocks_band: float = 0.25
+        self, capacity: int, mode: str = "frontier", *, task: Task, max_numbers: int = 4,
+        goldilocks_band: float = 0.25,
     ) -> None:
         if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 1:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}.")
@@ -206,6 +156,7 @@ class FrontierMemory:
             )
         self.capacity = int(capacity)
         self.mode = mode
+        self.task = task  # embeds the prompts, and says their truth in a checkpoint
         self.max_numbers = _check_max_numbers(max_numbers)
         self.goldilocks_band = band
         self._entries: OrderedDict[Key, MemoryEntry] = OrderedDict()  # oldest first
@@ -224,7 +175,7 @@ class FrontierMemory:
         return tuple(self._entries.values())
 
     def keys(self) -> set[Key]:
-        """The duplicate-filter keys (target, sorted numbers) of all stored prompts."""
+        """The duplicate-filter keys (the instances' `key`s) of all stored prompts."""
         return set(self._entries)
 
     def update(self, instances: Sequence[Instance], correct_counts: Iterable[int], K: int, step: int) -> int:
@@ -237,7 +188,7 @@ class FrontierMemory:
         # Validate every count and embed every prompt before touching the memory, so a bad
         # call leaves it unchanged.
         priorities = [frontier_priority(s, K, self.mode, self.goldilocks_band) for s in counts]
-        embeddings = embed_instances(instances, self.max_numbers)
+        embeddings = embed_instances(instances, self.task, self.max_numbers)
         admitted = 0
         for instance, s, priority, embedding in zip(instances, counts, priorities, embeddings):
             key = instance.key
@@ -257,9 +208,8 @@ class FrontierMemory:
     def matrices(self) -> tuple[Tensor, Tensor]:
         """(embeddings [L, D], priorities [L]) of the stored prompts, oldest first."""
         if self._stacked is None:
-            dim = _N_SCALAR_FEATURES + self.max_numbers
             entries = list(self._entries.values())
-            emb = torch.stack([e.embedding for e in entries]) if entries else torch.zeros((0, dim), dtype=torch.float64)
+            emb = torch.stack([e.embedding for e in entries]) if entries else torch.zeros((0, 0), dtype=torch.float64)
             pri = torch.tensor([e.priority for e in entries], dtype=torch.float64)
             self._stacked = (emb, pri)
         return self._stacked
@@ -267,7 +217,8 @@ class FrontierMemory:
     # ---- persistence (checkpoints) ----
 
     def state_dict(self) -> dict:
-        """Plain-data snapshot (JSON-safe): config, counters and entries oldest first; embeddings are recomputed."""
+        """Plain-data snapshot (JSON-safe): config, counters and entries oldest first, each prompt as the task's
+        ground truth of it; embeddings are recomputed."""
         return {
             "version": _STATE_VERSION,
             "capacity": self.capacity,
@@ -277,8 +228,7 @@ class FrontierMemory:
             "dropped": self.dropped,
             "entries": [
                 {
-                    "numbers": list(e.instance.numbers),
-                    "target": e.instance.target,
+                    "truth": self.task.truth(e.instance),
                     "priority": e.priority,
                     "correct": e.correct,
                     "k": e.k,
@@ -302,14 +252,14 @@ class FrontierMemory:
                 )
         entries: OrderedDict[Key, MemoryEntry] = OrderedDict()
         for item in state["entries"]:
-            instance = Instance(numbers=tuple(int(a) for a in item["numbers"]), target=int(item["target"]))
+            instance = self.task.instance_from_truth(item["truth"])
             entries[instance.key] = MemoryEntry(
                 instance=instance,
                 priority=float(item["priority"]),
                 correct=int(item["correct"]),
                 k=int(item["k"]),
                 step=int(item["step"]),
-                embedding=prompt_embedding(instance, self.max_numbers),
+                embedding=prompt_embedding(instance, self.task, self.max_numbers),
             )
         self._entries = entries
         self.dropped = int(state["dropped"])
@@ -381,7 +331,7 @@ def select_replacements(
 ) -> Replacements:
     """Pick round(fraction * len(batch)) training prompts to replace part of `batch` (seed 004 app. B.3).
 
-    1. Exclude every candidate whose key (target, sorted numbers) is in memory or in
+    1. Exclude every candidate whose key (Countdown: target, sorted numbers) is in memory or in
        `batch`; each pick adds its key, so no key is returned twice. Duplicate keys
        inside `candidates` are therefore harmless.
     2. If memory holds at least `min_memory` prompts: score candidates by
@@ -400,7 +350,7 @@ def select_replacements(
         raise ValueError(f"pool_factor must be an integer >= 1, got {pool_factor!r}; 1 = deterministic top-n.")
     if not isinstance(rng, random.Random):
         raise ValueError(f"rng must be a random.Random (seeded, checkpointable), got {type(rng).__name__}.")
-    bank = candidates if isinstance(candidates, PromptBank) else PromptBank(candidates, memory.max_numbers)
+    bank = candidates if isinstance(candidates, PromptBank) else PromptBank(candidates, memory.task, memory.max_numbers)
     if bank.max_numbers != memory.max_numbers:
         raise ValueError(
             f"prompt bank max_numbers={bank.max_numbers} != memory max_numbers={memory.max_numbers}; "

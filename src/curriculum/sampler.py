@@ -20,9 +20,10 @@ from dataclasses import dataclass, field, fields
 from itertools import groupby
 from typing import NoReturn
 
-from src.curriculum.frontier import MODES, FrontierMemory, PromptBank, replacement_count, select_replacements
-from src.task.countdown import Instance
+from src.curriculum.frontier import (MODES, FrontierMemory, Instance, PromptBank, replacement_count,
+                                     select_replacements)
 from src.curriculum.uniform import PromptSampler
+from src.task.base import Task
 from src.variant import Variant, float_knob, int_knob
 
 NAMES = ("none", *MODES)
@@ -32,7 +33,7 @@ KEYS = ("_target_", "name", "fraction", "capacity", "min_memory", "pool_factor",
 # but never the inner uniform sampler's stream (which is random.Random(seed), as curriculum=none).
 RETRIEVAL_SEED_OFFSET = 4004
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 
 
 # --------------------------------------------------------------------------- config
@@ -116,14 +117,15 @@ def check_curriculum(curriculum: Mapping, *, group_size: int, groups_per_step: i
 
 
 def build_prompt_sampler(
-    curriculum: Mapping, instances: Sequence[Instance], seed: int
+    curriculum: Mapping, instances: Sequence[Instance], seed: int, task: Task | None = None
 ) -> PromptSampler | CurriculumSampler:
-    """The training-prompt sampler for a curriculum config: PromptSampler for none, else CurriculumSampler."""
+    """The training-prompt sampler for a curriculum config: PromptSampler for none, else CurriculumSampler
+    (which asks `task` about the prompts)."""
     settings = _settings(curriculum)
     name = settings.pop("name")
     if name == "none":
         return PromptSampler(instances, seed)
-    return CurriculumSampler(instances, seed, mode=name, **settings)
+    return CurriculumSampler(instances, seed, task=task, mode=name, **settings)
 
 
 # --------------------------------------------------------------------------- sampler
@@ -149,15 +151,15 @@ class _Tally:
         self.scores += other.scores
         self.drawn += other.drawn
 
-    def state(self) -> dict:
-        """Plain data (JSON-safe)."""
+    def state(self, task: Task) -> dict:
+        """Plain data (JSON-safe): the drawn prompts as the task's ground truth of each."""
         state = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**state, "scores": list(self.scores), "drawn": [[list(x.numbers), x.target] for x in self.drawn]}
+        return {**state, "scores": list(self.scores), "drawn": [task.truth(x) for x in self.drawn]}
 
     @classmethod
-    def from_state(cls, state: dict) -> _Tally:
+    def from_state(cls, state: dict, task: Task) -> _Tally:
         """Inverse of state()."""
-        drawn = [Instance(numbers=tuple(int(a) for a in numbers), target=int(target)) for numbers, target in state["drawn"]]
+        drawn = [task.instance_from_truth(truth) for truth in state["drawn"]]
         return cls(**{**state, "scores": [float(c) for c in state["scores"]], "drawn": drawn})
 
 
@@ -175,9 +177,10 @@ class CurriculumSampler(Variant):
              "goldilocks_band": float_knob(0, 1, "0.25"), "max_numbers": int_knob(1, 100, "4")}
 
     @classmethod
-    def from_config(cls, instances: Sequence[Instance], seed: int, **curriculum) -> PromptSampler | CurriculumSampler:
+    def from_config(cls, instances: Sequence[Instance], seed: int, task: Task | None = None,
+                    **curriculum) -> PromptSampler | CurriculumSampler:
         """The `curriculum` group's `_target_`: its keys arrive as keyword arguments and are checked by name."""
-        return build_prompt_sampler(curriculum, instances, seed)
+        return build_prompt_sampler(curriculum, instances, seed, task)
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:
@@ -196,6 +199,7 @@ class CurriculumSampler(Variant):
         instances: Sequence[Instance],
         seed: int,
         *,
+        task: Task,
         mode: str = "frontier",
         fraction: float = 0.10,
         capacity: int = 256,
@@ -205,8 +209,10 @@ class CurriculumSampler(Variant):
         max_numbers: int = 4,
     ) -> None:
         self.inner = PromptSampler(instances, seed)  # the same uniform stream as curriculum=none
-        self.bank = PromptBank(self.inner.instances, max_numbers)  # embedded once (app. B.3's bank B)
-        self.memory = FrontierMemory(capacity, mode, max_numbers=max_numbers, goldilocks_band=goldilocks_band)
+        self.task = task  # embeds the prompts, says which reward is correct and each prompt's truth
+        self.bank = PromptBank(self.inner.instances, task, max_numbers)  # embedded once (app. B.3's bank B)
+        self.memory = FrontierMemory(capacity, mode, task=task, max_numbers=max_numbers,
+                                     goldilocks_band=goldilocks_band)
         replacement_count(1, fraction)  # validates the fraction now rather than at the first sample()
         self.fraction = float(fraction)
         self.min_memory = int(min_memory)
@@ -237,13 +243,15 @@ class CurriculumSampler(Variant):
         return mixed
 
     def observe(self, instances: Sequence[Instance], rewards: Sequence[Sequence[float]], step: int) -> None:
-        """Record rollout outcomes: s = rewards equal to 1.0 of K = len(rewards[i]) per prompt (app. B.1)."""
+        """Record rollout outcomes: s = rewards equal to the task's correct reward of K = len(rewards[i]) per
+        prompt (app. B.1)."""
         if len(instances) != len(rewards):
             raise ValueError(
                 f"observe() got {len(instances)} instances but {len(rewards)} reward lists; pass one list per prompt."
             )
-        # Only fully correct responses count (reward exactly 1.0, not 0.1 partial credit, app. B.1).
-        outcomes = [(x, sum(r == 1.0 for r in group), len(group)) for x, group in zip(instances, rewards)]
+        # Only fully correct responses count (not Countdown's 0.1 partial credit, app. B.1).
+        correct = self.task.correct_reward
+        outcomes = [(x, sum(r == correct for r in group), len(group)) for x, group in zip(instances, rewards)]
         admitted = 0
         # FrontierMemory.update takes one K; consecutive groups with equal K (normally all) go together.
         for k, run in groupby(outcomes, key=lambda o: o[2]):
@@ -285,8 +293,8 @@ class CurriculumSampler(Variant):
             "retrieval_rng": self.rng.getstate(),
             "memory": self.memory.state_dict(),
             "step_index": self._step_index,
-            "step": self._step.state(),
-            "pending": self._pending.state(),
+            "step": self._step.state(self.task),
+            "pending": self._pending.state(self.task),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -301,5 +309,5 @@ class CurriculumSampler(Variant):
         version, internal, gauss = state["retrieval_rng"]
         self.rng.setstate((version, tuple(internal), gauss))  # tuple(): survives a JSON round trip too
         self._step_index = state["step_index"]
-        self._step = _Tally.from_state(state["step"])
-        self._pending = _Tally.from_state(state["pending"])
+        self._step = _Tally.from_state(state["step"], self.task)
+        self._pending = _Tally.from_state(state["pending"], self.task)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 
-from src.task.countdown import Instance
 from src.variant import Variant
+
+Instance = Any  # a task's training instance, opaque to the sampler
 
 
 class PromptSampler(Variant):
@@ -18,8 +20,9 @@ class PromptSampler(Variant):
     def plain(cls, node) -> bool:
         return True
 
-    def __init__(self, instances: Sequence[Instance], seed: int, name: str = "none"):
-        # `name` is the YAML's label for people (MLflow tags): uniform sampling has no setting.
+    def __init__(self, instances: Sequence[Instance], seed: int, name: str = "none", task=None):
+        # `name` is the YAML's label for people (MLflow tags): uniform sampling has no setting, and asks the
+        # `task` nothing about its prompts.
         if not instances:
             raise ValueError("the training set is empty: check task.train_size and task.source")
         self.instances = list(instances)

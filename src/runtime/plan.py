@@ -79,7 +79,7 @@ class _Placeholder:
     def __init__(self, group_size: int, groups_per_request: int) -> None:
         from src.batch import Group
 
-        self.group = Group(prompt="", prompt_ids=(0,), numbers=(1, 2), target=3, responses=[""] * group_size,
+        self.group = Group(prompt="", prompt_ids=(0,), truth=None, responses=[""] * group_size,
                            response_ids=[(0,)] * group_size, rewards=[0.0] * group_size, step=0)
         self.size, self.running, self.arrived = groups_per_request, {}, []
 

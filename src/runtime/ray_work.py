@@ -53,7 +53,6 @@ from src.runtime.ray_session import first_line
 from src.runtime.queues import Sample
 from src.sampling.collection import Collected
 from src.state import TrainState
-from src.task.countdown import Instance
 from src.train import Collection, learn
 
 log = logging.getLogger(__name__)
@@ -355,7 +354,7 @@ class RayWork:
             log.warning("rollout worker %d was restarted by Ray (max_restarts); its request %d was retried",
                         generated[0].worker, generated[0].request)
         groups = [g.group for g in generated]
-        self.parts.sampler.observe([Instance(g.numbers, g.target) for g in groups], [g.rewards for g in groups],
+        self.parts.sampler.observe([self.parts.task.instance_of(g) for g in groups], [g.rewards for g in groups],
                                    self.state.step)
         return generated
 

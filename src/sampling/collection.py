@@ -122,7 +122,7 @@ class FreshCollection(Variant):
         for instance, prompt, prompt_ids, completions in zip(instances, prompts, generated.prompt_ids,
                                                              generated.completions):
             rewards = [verdict.reward for verdict in self.task.verify_all([c.text for c in completions], instance)]
-            groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, **self.task.truth(instance),
+            groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, truth=self.task.truth(instance),
                                 responses=[c.text for c in completions],
                                 response_ids=[c.token_ids for c in completions], rewards=rewards, step=step))
         timings["generate"] += generate_done - started

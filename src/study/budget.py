@@ -215,8 +215,7 @@ def _placeholder(step: int) -> Group:
     return Group(
         prompt="",
         prompt_ids=(),
-        numbers=(),
-        target=0,
+        truth=None,
         responses=("", ""),
         response_ids=((), ()),
         rewards=(0.0, 0.0),

@@ -4,15 +4,16 @@ start need from a task, and nothing else.
 A task supplies its data (training and held-out instances), the prompt text of an instance (the
 policy's chat template is applied by `src.task.prompts.PromptFormat`), answer extraction, the
 verifier (reward and reason), the failure categories of an evaluated response, the ground truth a
-stored group keeps (and the instance rebuilt from it), a one-line brief of an instance for the completions
-tables, and whether the frontier curricula (seed 004) can embed its prompts. Its YAML
-names the implementation with `_target_`, so adding a task is one module plus one YAML:
+stored group keeps (one opaque JSON value, and the instance rebuilt from it), a one-line brief of an
+instance for the completions tables, and whether (and how) the frontier curricula (seed 004) can embed
+its prompts. Its YAML names the implementation with `_target_`, so adding a task is one module plus one YAML:
 
     conf/task/<name>.yaml:  _target_: src.task.<module>.<Class>, then the class's settings
 
 An implementation validates its settings in its constructor (one line naming the key, the value and
 the fix, raised as ValueError) and loads no data there: `src.config.validate` builds it before any
-compute. Instances are whatever the task needs (frozen dataclasses with a `key` for disjointness).
+compute. Instances are whatever the task needs (frozen dataclasses with a `key` for disjointness);
+outside the task they are opaque: code there reads only their `key`, and asks the task everything else.
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ class Task(ABC):
         """The dominant failure category (one of `failure_categories`) of a failed response."""
 
     @abstractmethod
-    def truth(self, instance: Any) -> dict[str, Any]:
-        """The ground-truth fields of a stored `src.batch.Group` for this instance."""
+    def truth(self, instance: Any) -> Any:
+        """The ground truth a stored `src.batch.Group` keeps for this instance: one plain JSON value (lists, dicts,
+        strings, numbers) that only this task reads back (`instance_of`); the rest of the code passes it on."""
 
     @abstractmethod
     def describe(self, instance: Any) -> dict[str, Any]:
@@ -96,6 +98,16 @@ class Task(ABC):
     def instance_of(self, group: Any) -> Any:
         """The instance a stored `src.batch.Group` answers, rebuilt from what the group keeps (its prompt and
         the ground truth `truth` gave it): a replayed group carries no instance."""
+
+    def features(self, instance: Any, width: int) -> list[float]:
+        """phi(x), the numbers a frontier curriculum embeds a prompt by (seed 004 app. B.2), their count fixed
+        by `width` (curriculum.max_numbers); only a task with `supports_curriculum` has them."""
+        raise NotImplementedError(f"task={self.name} has no prompt embedding for the frontier curricula")
+
+    def instance_from_truth(self, truth: Any) -> Any:
+        """The instance whose `truth` this is, where the truth alone says it: a curriculum's checkpoint and
+        ZIP-RC's rollout files keep their prompts as the truth of each."""
+        raise NotImplementedError(f"task={self.name} cannot rebuild an instance from its truth alone")
 
     def demonstrations(self, count: int, seed: int) -> list[tuple[str, str]]:
         """(prompt, response) pairs for a supervised warm start, outside the held-out set."""

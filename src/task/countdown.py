@@ -14,6 +14,7 @@ digit strings before converting anything to ``int``, and evaluates with exact
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from collections import Counter
@@ -407,6 +408,57 @@ def demonstration(instance: Instance) -> str:
     return f" {work} </think>\n<answer> {solution.expression} </answer>"
 
 
+# --------------------------------------------------------------------------- curriculum embedding
+
+# Scale normalisers from seed 004 app. B.2: values "on the order of 10^2" are divided by
+# 100, sum-based features by 300; the operand count by the maximum count (4 there).
+_VALUE_SCALE = 100.0
+_SUM_SCALE = 300.0
+
+
+def prompt_features(instance: Instance, max_numbers: int = 4) -> list[float]:
+    """The raw (unnormalised) feature vector phi(x) of seed 004 app. B.2: 10 + max_numbers floats.
+
+    In the paper's order: t/100, n/4, min/100, max/100, mean/100, std/100, S/300,
+    (S - t)/300, |S - t|/300, parity, then the numbers sorted ascending and padded to
+    `max_numbers`, each /100. The paper calls this "the 14-dimensional feature vector":
+    10 scalars + 4 padded numbers = 14, which agrees with max_numbers = 4 (Countdown
+    3to4 has at most four numbers). Choices the paper leaves open, taken here:
+    * std is the population std (divide by n), numpy's default;
+    * padding is 0.0 appended after the sorted numbers (a 3-number prompt keeps its
+      three numbers in the first three slots, aligned with a 4-number prompt's smallest three);
+    * the count is divided by `max_numbers` (= 4, the paper's constant, by default).
+    """
+    numbers = [int(a) for a in instance.numbers]
+    n = len(numbers)
+    if n == 0:
+        raise ValueError(f"instance {instance!r} has no numbers; a Countdown prompt has 3 or 4.")
+    if n > max_numbers:
+        raise ValueError(
+            f"instance has {n} numbers but max_numbers={max_numbers}; raise max_numbers to at least {n} "
+            "(and use the same value for memory and prompt bank)."
+        )
+    t = int(instance.target)
+    s = sum(numbers)
+    mean = s / n
+    std = math.sqrt(sum((a - mean) ** 2 for a in numbers) / n)
+    parity = sum(a % 2 for a in numbers) / n  # share of odd numbers
+    padded = sorted(numbers) + [0] * (max_numbers - n)
+    return [
+        t / _VALUE_SCALE,
+        n / max_numbers,
+        min(numbers) / _VALUE_SCALE,
+        max(numbers) / _VALUE_SCALE,
+        mean / _VALUE_SCALE,
+        std / _VALUE_SCALE,
+        s / _SUM_SCALE,
+        (s - t) / _SUM_SCALE,
+        abs(s - t) / _SUM_SCALE,
+        parity,
+        *(a / _VALUE_SCALE for a in padded),
+    ]
+
+
 # --------------------------------------------------------------------------- splits
 
 
@@ -480,7 +532,7 @@ class CountdownTask(Task):
 
     name = "countdown"
     correct_reward = REWARD_CORRECT
-    supports_curriculum = True  # src/curriculum/frontier.py embeds Countdown prompts (seed 004 app. B.2)
+    supports_curriculum = True  # `features`: seed 004 app. B.2's embedding of a Countdown prompt
 
     def __init__(self, source: str = "generator", dataset: str = "Jiayi-Pan/Countdown-Tasks-3to4",
                  split: str = "train", train_size: int = 20000, heldout_size: int = 50, seed: int = 0,
@@ -521,7 +573,7 @@ class CountdownTask(Task):
         return classify_failure(response, verdict)
 
     def truth(self, instance: Instance) -> dict:
-        return {"numbers": instance.numbers, "target": instance.target}
+        return {"numbers": list(instance.numbers), "target": instance.target}
 
     def describe(self, instance: Instance) -> dict:
         return {"numbers": str(list(instance.numbers)), "target": instance.target}
@@ -530,7 +582,14 @@ class CountdownTask(Task):
         return f"numbers {', '.join(map(str, instance.numbers))}; target {instance.target}"
 
     def instance_of(self, group) -> Instance:
-        return Instance(group.numbers, group.target)
+        return self.instance_from_truth(group.truth)
+
+    def features(self, instance: Instance, width: int) -> list[float]:
+        return prompt_features(instance, width)
+
+    def instance_from_truth(self, truth: dict) -> Instance:
+        # Read back from checkpoints and rollout files: every field converted, nothing evaluated.
+        return Instance(tuple(int(n) for n in truth["numbers"]), int(truth["target"]))
 
     def demonstrations(self, count: int, seed: int) -> list[tuple[str, str]]:
         settings = self.settings

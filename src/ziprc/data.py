@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
-from src.task import countdown
+from src.task.base import Task
 from src.ziprc.head import SliceSpec, joint_index, length_bin, reward_state
 
 
@@ -23,8 +23,7 @@ class Rollout:
 
     split: str                    # "train" (head training) or "calibration" (held-out, K = 64)
     prompt_index: int
-    numbers: tuple[int, ...]
-    target: int
+    truth: Any                    # the task's ground truth of the prompt (`Task.truth`), plain JSON
     prompt_ids: tuple[int, ...]
     response_ids: tuple[int, ...]
     text: str
@@ -38,7 +37,7 @@ class Rollout:
             raise ValueError("a rollout line must be a JSON object")
         reward = raw.get("reward")
         return cls(split=str(raw["split"]), prompt_index=int(raw["prompt_index"]),
-                   numbers=tuple(int(n) for n in raw["numbers"]), target=int(raw["target"]),
+                   truth=raw["truth"],  # parsed JSON, so plain data; the task checks it as it reads it
                    prompt_ids=tuple(int(i) for i in raw["prompt_ids"]),
                    response_ids=tuple(int(i) for i in raw["response_ids"]), text=str(raw["text"]),
                    reward=None if reward is None else float(reward),
@@ -63,9 +62,9 @@ def read_rollouts(path: Path) -> list[Rollout]:
         return [Rollout.from_json(line) for line in handle if line.strip()]
 
 
-def label(rollout: Rollout) -> Rollout:
-    """The rollout with the verifier's reward and reason (the only labeller: rule-based, no judge model)."""
-    verdict = countdown.verify(rollout.text, rollout.numbers, rollout.target)
+def label(rollout: Rollout, task: Task) -> Rollout:
+    """The rollout with the task verifier's reward and reason (the only labeller: rule-based, no judge model)."""
+    verdict = task.verify(rollout.text, task.instance_from_truth(rollout.truth))
     return Rollout(**{**asdict(rollout), "reward": verdict.reward, "reason": verdict.reason})
 
 

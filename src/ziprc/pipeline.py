@@ -29,9 +29,9 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from src.passk import unbiased_pass_at_k
-from src.task import countdown
 from src.paths import out_problem
 from src.runs.tracking import ensure_experiment, flat_params, finite
+from src.task.base import Task, build_task
 from src.ziprc import data, metrics
 from src.ziprc.decode import EARLY_STOP_ANSWERS, META_POLICIES, VALUE_SOURCES, MetaPolicy, decode_all
 from src.ziprc.head import ReservedSliceHead, make_spec, value_and_length
@@ -168,18 +168,19 @@ def collect(cfg: DictConfig) -> dict[str, float]:
     head, tokenizer = load_head(cfg, trained=False)
     engine = build_engine(cfg.policy.engine, head.policy, tokenizer, cfg.policy.generation_batch_size,
                           **cfg.policy.get("vllm", {}))
-    train_set, heldout = countdown.train_and_heldout(cfg.task, train_size=c.train_prompts)
+    task = build_task(cfg.task)
+    train_set, heldout = task.splits(train_size=c.train_prompts)
     sampling = SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                               max_new_tokens=cfg.policy.max_new_tokens)
     rollouts = []
     for split, instances, samples, seed in (("train", train_set[: c.train_prompts], c.train_samples, c.seed),
                                             ("calibration", heldout[: c.calibration_prompts], c.calibration_samples,
                                              c.seed + 1)):
-        prompts = [countdown.format_prompt(inst, cfg.task.prompt_template) for inst in instances]
+        prompts = [task.prompt(inst) for inst in instances]
         generation = engine.generate(prompts, samples, sampling, seed)
         for index, (inst, prompt_ids, completions) in enumerate(zip(instances, generation.prompt_ids,
                                                                       generation.completions)):
-            rollouts += [data.Rollout(split, index, inst.numbers, inst.target, tuple(prompt_ids),
+            rollouts += [data.Rollout(split, index, task.truth(inst), tuple(prompt_ids),
                                       tuple(completion.token_ids), completion.text) for completion in completions]
     count = data.write_rollouts(workdir(cfg) / "rollouts.jsonl", rollouts)
     return {"rollouts": count, "train_rollouts": sum(r.split == "train" for r in rollouts),
@@ -188,12 +189,13 @@ def collect(cfg: DictConfig) -> dict[str, float]:
 
 def label(cfg: DictConfig) -> dict[str, float]:
     """The verifier's reward and reason for every collected rollout."""
-    labelled = [data.label(r) for r in data.read_rollouts(workdir(cfg) / "rollouts.jsonl")]
+    task = build_task(cfg.task)
+    labelled = [data.label(r, task) for r in data.read_rollouts(workdir(cfg) / "rollouts.jsonl")]
     data.write_rollouts(workdir(cfg) / "labelled.jsonl", labelled)
     out = {}
     for split in ("train", "calibration"):
         rewards = [r.reward for r in labelled if r.split == split]
-        out[f"{split}/correct_rate"] = sum(r == countdown.REWARD_CORRECT for r in rewards) / max(len(rewards), 1)
+        out[f"{split}/correct_rate"] = sum(r == task.correct_reward for r in rewards) / max(len(rewards), 1)
         out[f"{split}/mean_reward"] = sum(rewards) / max(len(rewards), 1)
     return out
 
@@ -260,7 +262,8 @@ def score(cfg: DictConfig) -> dict[str, float]:
     head, tokenizer = load_head(cfg, trained=True)
     rollouts = [r for r in data.read_rollouts(workdir(cfg) / "labelled.jsonl") if r.split == "calibration"]
     values, joints = value_traces(head, tokenizer, rollouts)
-    correct = np.array([r.reward == countdown.REWARD_CORRECT for r in rollouts])
+    correct_reward = build_task(cfg.task).correct_reward
+    correct = np.array([r.reward == correct_reward for r in rollouts])
     ends = np.array([metrics.value_end(v, s.value_end_positions) for v in values])
     f1, accuracy = metrics.f1_and_accuracy(ends >= 0.5, correct)
     by_prompt: dict[int, list[int]] = {}
@@ -325,20 +328,21 @@ def calibration_figure(ends: np.ndarray, correct: np.ndarray, traces: list[np.nd
     return path
 
 
-def decode_splits(cfg: DictConfig, tokenizer) -> dict[str, tuple[list, list[list[int]]]]:
+def decode_splits(cfg: DictConfig, tokenizer, task: Task) -> dict[str, tuple[list, list[list[int]]]]:
     """(instances, prompt ids) per split: `report`, the first `decode.prompts` held-out prompts, and `tune`,
     the `decode.tune_prompts` training prompts after those the head trained on, for choosing tau, beta and
     the prune threshold apart from the prompts reported (disjoint from both by construction)."""
     d, c = cfg.ziprc.decode, cfg.ziprc.collect
-    train_set, heldout = countdown.train_and_heldout(cfg.task, train_size=c.train_prompts + d.tune_prompts)
+    train_set, heldout = task.splits(train_size=c.train_prompts + d.tune_prompts)
     splits = {"report": heldout[: d.prompts]}
     if d.tune_prompts:
         splits["tune"] = train_set[c.train_prompts : c.train_prompts + d.tune_prompts]
-    return {name: (instances, [list(tokenizer(countdown.format_prompt(inst, cfg.task.prompt_template))["input_ids"])
-                               for inst in instances]) for name, instances in splits.items()}
+    return {name: (instances, [list(tokenizer(task.prompt(inst))["input_ids"]) for inst in instances])
+            for name, instances in splits.items()}
 
 
-def decode_once(cfg: DictConfig, head, tokenizer, policy: MetaPolicy, instances, prompts, seed: int) -> dict:
+def decode_once(cfg: DictConfig, head, tokenizer, task: Task, policy: MetaPolicy, instances, prompts,
+                seed: int) -> dict:
     """One live decode of `prompts`: accuracy, cost, latency, and for best-of-N the curve over N = 1..K."""
     d = cfg.ziprc.decode
     started = time.perf_counter()
@@ -348,7 +352,7 @@ def decode_once(cfg: DictConfig, head, tokenizer, policy: MetaPolicy, instances,
     emitted = sum(token in reserved for item in decoded for ids in item.response_ids for token in ids)
     if emitted:  # the harness invariant of appendix B.5: masking works
         raise RuntimeError(f"the live decoder emitted {emitted} reserved token(s)")
-    outcomes = [[countdown.score(text, inst.numbers, inst.target) == countdown.REWARD_CORRECT for text in item.texts]
+    outcomes = [[task.verify(text, inst).reward == task.correct_reward for text in item.texts]
                 for item, inst in zip(decoded, instances)]
     correct = [item.result.selected is not None and right[item.result.selected]
                for item, right in zip(decoded, outcomes)]
@@ -369,13 +373,14 @@ def decode(cfg: DictConfig) -> dict[str, float]:
     """Live adaptive decoding: one MLflow run per meta-policy, split (tune, report) and seed."""
     d = cfg.ziprc.decode
     head, tokenizer = load_head(cfg, trained=True)
-    splits = decode_splits(cfg, tokenizer)
+    task = build_task(cfg.task)
+    splits = decode_splits(cfg, tokenizer, task)
     runs = 0
     for entry in d.policies:
         policy, label = meta_policy(cfg, entry), policy_label(entry, d.early_stop_answer)
         for split, (instances, prompts) in splits.items():
             for seed in d.seeds:
-                result = decode_once(cfg, head, tokenizer, policy, instances, prompts, int(seed))
+                result = decode_once(cfg, head, tokenizer, task, policy, instances, prompts, int(seed))
                 tags = {"ziprc.stage": "decode", "ziprc.name": cfg.ziprc.name, "ziprc.workdir": str(workdir(cfg)),
                         "ziprc.policy": label, "ziprc.kind": entry.kind, "ziprc.values": policy.values,
                         "ziprc.split": split, "ziprc.seed": str(seed), "policy": cfg.policy.name_or_path,

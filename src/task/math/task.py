@@ -115,8 +115,8 @@ class MathTask(Task):
     def classify_failure(self, response: str, verdict: MathVerdict, truncated: bool) -> str:
         return failures.classify_failure(response, verdict, truncated)
 
-    def truth(self, instance: MathProblem) -> dict:
-        return {"numbers": (), "target": 0, "answer": instance.answer}
+    def truth(self, instance: MathProblem) -> str:
+        return instance.answer  # the problem itself is in the group's prompt (`problem_in`)
 
     def describe(self, instance: MathProblem) -> dict:
         return {"problem": instance.question[:200], "answer": instance.answer}
@@ -126,7 +126,7 @@ class MathTask(Task):
         return text if len(text) <= BRIEF_CHARS else text[:BRIEF_CHARS] + "…"
 
     def instance_of(self, group) -> MathProblem:
-        return MathProblem(question=self.problem_in(group.prompt), answer=group.answer)
+        return MathProblem(question=self.problem_in(group.prompt), answer=str(group.truth))
 
     def problem_in(self, prompt: str) -> str:
         """The problem inside a prompt this task wrote: the text between the template's words before and after
