@@ -123,6 +123,16 @@ def test_a_crafted_checkpoint_is_never_executed(tmp_path):
     assert not marker.exists()
 
 
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path):
+    # Format 1 kept Countdown's numbers and target in every stored group and the async pipeline as a store.
+    torch.save({"policy": {}, "state": {}, "run_id": "x", "buffer": {}}, tmp_path / "checkpoint.pt")
+    with pytest.raises(CheckpointError) as error:
+        read_checkpoint(tmp_path / "checkpoint.pt")
+    assert str(error.value) == (f"{tmp_path / 'checkpoint.pt'} has checkpoint format 1, written by another version "
+                                "of this project (this one reads format 2); resume it with that version, or start "
+                                "the cell afresh")
+
+
 def make_run(uri: str, cfg, status: str, output_dir: Path, **tags) -> str:
     """An MLflow run of the cell `cfg`, as a job would have left it."""
     from src.runs.tracking import ensure_experiment

@@ -29,6 +29,11 @@ class CheckpointError(RuntimeError):
     """No checkpoint of a run folder loads, or the one found belongs to another run or cell."""
 
 
+# What a checkpoint's layout is: 2 keeps a group's ground truth as the task's one opaque value and a runtime's
+# state under "runtime". A file of another format is refused in one line rather than half restored.
+CHECKPOINT_FORMAT = 2
+
+
 def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: str, cell_id: str,
                     shards: Path | None = None, runtime: dict | None = None) -> None:
     """Model, optimizer, buffer, sampler and RNG states, step, MLflow run id and cell id; the previous generation
@@ -39,6 +44,7 @@ def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: st
     `runtime`: the runtime's own state (`src.runtime.runners`: the async pipeline's; None for the sync step).
     """
     payload = {
+        "format": CHECKPOINT_FORMAT,
         "policy": None if shards else parts.policy.state_dict(),
         "optimizer": None if shards else parts.optimizer.state_dict(),
         "shards": str(shards.relative_to(path.parent)) if shards else None,
@@ -92,6 +98,10 @@ def read_checkpoint(path: Path, map_location=None) -> dict:
         raise CheckpointError(f"{path} {damage(error)}") from None
     if not isinstance(payload, dict) or not {"policy", "state", "run_id"} <= payload.keys():
         raise CheckpointError(f"{path} is not a training checkpoint (no policy, state and run id in it)")
+    if payload.get("format", 1) != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} has checkpoint format {payload.get('format', 1)}, written by another version "
+                              f"of this project (this one reads format {CHECKPOINT_FORMAT}); resume it with that "
+                              "version, or start the cell afresh")
     if payload.get("shards"):
         payload["shards"] = str(Path(path).parent / payload["shards"])
     return payload
