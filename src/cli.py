@@ -131,13 +131,14 @@ def check(argv: list[str]) -> list[str]:
     return argv
 
 
-def cli() -> None:
-    """`python -m src.run ...`: `--help`, the checks above, then Hydra's app (`src.run.launch`)."""
+def cli() -> bool:
+    """`python -m src.run ...` before the model libraries load: `--help` answered (False), or the checks above
+    passed and `sys.argv` put in Hydra's order (True); a mistake exits here with its one line."""
     from src.help import help_text, wants_help
 
     if wants_help(sys.argv[1:]):
         sys.stdout.write(help_text())
-        return
+        return False
     from src.config import ConfigError
     from src.schema import SchemaError
 
@@ -145,6 +146,12 @@ def cli() -> None:
         sys.argv[1:] = check(sys.argv[1:])
     except (CommandLineError, SchemaError, ConfigError) as error:
         exit_with_message(error)
-    from src import run  # torch, transformers, MLflow: only now
+    return True
 
-    run.launch()
+
+def main() -> None:
+    """`replay-rloo ...`, the installed command: `python -m src.run ...` under its own name (Hydra's shell
+    completion names the command it completes)."""
+    import runpy
+
+    runpy.run_module("src.run", run_name="__main__")

@@ -12,11 +12,14 @@ import sys
 
 if __name__ == "__main__":
     # `python -m src.run` runs this file as __main__: the command line is checked (src/cli.py) before the imports
-    # below load torch, transformers and MLflow. The task then runs through the importable module `src.run`, not
+    # below load torch, transformers and MLflow. The run then goes through the importable module `src.run`, not
     # __main__: submitit pickles it for SLURM jobs, and a __main__ function would be pickled with this module's globals.
     from src.cli import cli
 
-    cli()
+    if cli():  # --help answered, or the command line checked before torch, transformers and MLflow load
+        from src import run
+
+        run.launch()
     sys.exit()
 
 import logging  # noqa: E402  (the imports of the training itself)

@@ -413,7 +413,7 @@ def test_console_scripts_point_at_callables():
     import importlib
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["replay-rloo"] == "src.cli:cli"  # the light entry: checks before torch loads
+    assert scripts["replay-rloo"] == "src.cli:main"  # the light entry: `python -m src.run`, checks before torch loads
     for target in scripts.values():
         module, name = target.split(":")
         assert callable(getattr(importlib.import_module(module), name))
