@@ -71,6 +71,7 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
     from omegaconf import open_dict
 
     import src.run
+    import src.train
 
     store = f"sqlite:///{tmp_path}/mlruns.db"
     cfg = compose_config(f"policy.name_or_path={random_policy_dir}", "trainer.steps=3", "trainer.groups_per_step=2",
@@ -82,7 +83,7 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]  # as under @hydra.main: the job sees its config without the hydra node
-    real_learn, calls = src.run.learn, []
+    real_learn, calls = src.train.learn, []
 
     def crash_on_second_step(*args):
         calls.append(1)
@@ -90,7 +91,7 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
             raise RuntimeError("simulated crash")
         return real_learn(*args)
 
-    monkeypatch.setattr(src.run, "learn", crash_on_second_step)
+    monkeypatch.setattr(src.train, "learn", crash_on_second_step)
     with pytest.raises(RuntimeError, match="simulated crash"):
         src.run.train(cfg)
     table = runs(store, "crash")
@@ -98,7 +99,7 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
     assert table["tags.failure_reason"][0] == "RuntimeError: simulated crash"
     assert (tmp_path / "run" / "checkpoint.pt").exists()  # written after step 2, ready to resume
 
-    monkeypatch.setattr(src.run, "learn", real_learn)
+    monkeypatch.setattr(src.train, "learn", real_learn)
     with open_dict(cfg):
         cfg.trainer.resume_from = str(tmp_path / "run" / "checkpoint.prev.pt")  # step 1: step 1 is redone
     with caplog.at_level(logging.WARNING):

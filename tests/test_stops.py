@@ -244,6 +244,7 @@ def sigint_then(function):
 def test_ctrl_c_while_the_model_loads_stops_before_any_run_exists(tmp_path, random_policy_dir, compose_config,
                                                                    monkeypatch, caplog):
     import src.run
+    import src.train
 
     cfg = hydra_job_config(compose_config, tmp_path, f"policy.name_or_path={random_policy_dir}", *TINY)
     monkeypatch.setattr(src.run, "build_components", sigint_then(src.run.build_components))
@@ -258,6 +259,7 @@ def test_ctrl_c_while_the_model_loads_stops_before_any_run_exists(tmp_path, rand
 def test_ctrl_c_during_an_evaluation_stops_with_a_checkpoint_and_the_next_start_continues(
         tmp_path, random_policy_dir, compose_config, monkeypatch, caplog):
     import src.run
+    import src.train
 
     cfg = hydra_job_config(compose_config, tmp_path, f"policy.name_or_path={random_policy_dir}", *TINY,
                            "evaluation.at_start=true")
@@ -285,10 +287,11 @@ def test_ctrl_c_that_breaks_a_step_off_keeps_the_last_complete_checkpoint(tmp_pa
                                                                          compose_config, monkeypatch, caplog):
     """A helper process (vLLM's engine) dies of the same Ctrl-C: the half step is dropped, not checkpointed."""
     import src.run
+    import src.train
 
     cfg = hydra_job_config(compose_config, tmp_path, f"policy.name_or_path={random_policy_dir}", *TINY,
                            "trainer.steps=3", "evaluation.at_start=false")
-    real_learn, calls = src.run.learn, []
+    real_learn, calls = src.train.learn, []
 
     def engine_dies_on_the_second_step(parts, state, collection):
         calls.append(1)
@@ -297,7 +300,7 @@ def test_ctrl_c_that_breaks_a_step_off_keeps_the_last_complete_checkpoint(tmp_pa
             raise RuntimeError("engine core died")
         return real_learn(parts, state, collection)
 
-    monkeypatch.setattr(src.run, "learn", engine_dies_on_the_second_step)
+    monkeypatch.setattr(src.train, "learn", engine_dies_on_the_second_step)
     with caplog.at_level(logging.WARNING), pytest.raises(Interrupted):
         src.run.train(cfg)
     assert list(all_runs(tmp_path).status) == ["KILLED"]
