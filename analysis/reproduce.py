@@ -51,8 +51,10 @@ def comparison_table(judged: list[dict]) -> list[str]:
     for row in judged:
         hw = f" ± {row['diff_hw']:.3f}" if not np.isnan(row["diff_hw"]) else ""
         agrees = {True: "yes", False: "no", None: "open"}[row["agrees"]]
+        # The paired test says better / worse as if higher were better; a claim may expect lower (compute).
+        test = {"better": "significantly higher", "worse": "significantly lower"}.get(row["verdict"], row["verdict"])
         lines.append(f"| {row['label']} | {row['paper']} | {row['expect']} | {row['diff']:+.3f}{hw} "
-                     f"({row['verdict']}, p = {row['p_value']:.3g}) | {row['n_pairs']} | {agrees} |")
+                     f"({test}, p = {row['p_value']:.3g}) | {row['n_pairs']} | {agrees} |")
     return lines
 
 

@@ -41,6 +41,14 @@ def test_a_comparison_agrees_with_its_claim_only_when_the_paired_test_says_so(ex
     assert compared(expect, differences)["agrees"] is agrees
 
 
+def test_the_table_says_which_way_a_difference_went_not_better_or_worse():
+    from analysis.reproduce import comparison_table
+
+    saving = {**compared("lower", [-300.0, -300.0, -300.0]), "label": "m vs b", "paper": "p", "expect": "lower"}
+    row = comparison_table([saving])[-1]
+    assert "(significantly lower, p = 0)" in row and row.endswith("| yes |") and "worse" not in row
+
+
 def test_one_seed_leaves_every_comparison_open():
     one = Comparison("m vs b", "higher", pd.Series([0.9], index=[0]), pd.Series([0.1], index=[0]), "p").judged()
     assert one["verdict"] == "one seed" and one["agrees"] is None
