@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from src.batch import Batch
 from src.loss.reducer import Reducer
-from src.loss.base import Objective, UpdateResult
+from src.loss.base import Objective
+from src.loss.trainer import UpdateResult
 
 SUMMED = ("loss", "policy_loss", "kl", "entropy")  # each rank's value is its share of the batch's value
 PER_ROW = ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts")
