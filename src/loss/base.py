@@ -88,11 +88,6 @@ class Objective(Variant):
     # The weight ceiling metrics compare raw weights against (clip fraction).
     weight_ceiling: float = float("inf")
 
-    # True where the objective takes every batch-wide number (totals, maxima, its first row) from `reducer`
-    # and takes as many optimizer steps and skipped micro-batches on every rank, so a batch split over
-    # data-parallel ranks trains as one (src/distributed/data_parallel.py). A new loss opts in once it does.
-    splits_over_ranks: bool = False
-
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         """One update of `policy` on `batch` with this loss, by the shared trainer."""
         return train(self, policy, reference, optimizer, batch)

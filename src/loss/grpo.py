@@ -35,8 +35,6 @@ class ClippedObjective(Objective):
        terms are scaled by their share of the mini-batch's tokens, so gradient accumulation is exact.
     """
 
-    splits_over_ranks = True
-
     knobs = {"eps_low": float_knob(0, 1, "0.2 (POPO)", high_open=True, why="the ratio is clipped below at 1 - eps_low"),
              "eps_high": float_knob(0, 1e6, "0.28 (clip-higher)", why="the ratio is clipped above at 1 + eps_high"),
              "behaviour_cap": float_knob(0, 1e6, "2.0 (POPO)", low_open=True, why="the cap on pi_prox/mu"),

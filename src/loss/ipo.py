@@ -69,8 +69,6 @@ def batch_pairs(groups: list[Group]) -> list[tuple[int, int]]:
 class IpoObjective(Objective):
     """One optimizer step of IPO on the batch's within-group pairs (whole groups; KL and entropy only logged)."""
 
-    splits_over_ranks = True
-
     @classmethod
     def cell_label(cls, node, cfg) -> str:
         return "-ipo"

@@ -91,8 +91,6 @@ class RlooObjective(Objective):
     weights would round lr-1e-5 updates away).
     """
 
-    splits_over_ranks = True
-
     reads_clip = True
 
     @classmethod
