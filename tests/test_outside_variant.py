@@ -35,6 +35,8 @@ def test_the_copies_train_with_the_originals_metrics(compose_config, behaviour):
     copies = run_steps(golden_config(compose_config, (*COPIES, *behaviour)), train_set, steps=2)
     originals = run_steps(golden_config(compose_config, (*ORIGINALS, *behaviour)), train_set, steps=2)
     assert [step["batch/replay_groups"] for step in copies] == [0, 2]  # the copy's store did replay
+    if behaviour:  # the copy's truncated IS weighed the sampler's fresh rows
+        assert any(step["weights/raw_mean/fresh"] != 1.0 for step in copies)
     assert [_comparable(step) for step in copies] == [_comparable(step) for step in originals]
 
 

@@ -130,7 +130,7 @@ class Objective(Variant):
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """Each response's advantage from its group's K rewards ([G, K]): leave-one-out (eq. 1) by default.
 
-        `update` computes them from the batch's groups; an asynchronous worker fixes them when it
+        `prepare` computes them from the batch's groups; an asynchronous worker fixes them when it
         generates a group (SPEC 11), with the same function.
         """
         return leave_one_out_advantages(rewards)

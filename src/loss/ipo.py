@@ -14,9 +14,9 @@ update with IPO on preference pairs built inside each group:
   No KL or entropy term: IPO's regression to 1/(2 tau) is its regulariser.
 
 Micro-batching: L is not a sum over responses, so accumulating per-micro-batch losses would not give
-its gradient. The update takes one no-grad pass for every response's log pi and log pi_ref, computes
-dL/d log pi(y_i|x) exactly (`ipo_response_gradients`), then a second pass backpropagates
-sum_i g_i log pi(y_i|x) micro-batch by micro-batch: the same gradient as one batch, at one extra forward.
+its gradient. The trainer's first, no-grad pass gives every response's log pi and log pi_ref; from them
+IPO computes dL/d log pi(y_i|x) exactly (`ipo_response_gradients`), and its loss on each micro-batch of the
+training pass is sum_i g_i log pi(y_i|x): the same gradient as one batch, at one extra forward.
 """
 
 from __future__ import annotations
