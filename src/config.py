@@ -255,10 +255,6 @@ def _validate_ranks(cfg: DictConfig) -> None:
     if ranks == 1:
         return
     key = f"hardware.ranks={ranks}"
-    loss = load_target(cfg.loss._target_)
-    _check(getattr(loss, "splits_over_ranks", False),
-           f"{key} with loss={cfg.loss.name}: its totals do not split over ranks (splits_over_ranks); use loss=rloo, "
-           "rloo-tis, asymre, grpo or ipo, or hardware.ranks=1")
     _check(not cfg.trainer.fused_logprobs,
            f"{key} with trainer.fused_logprobs=true: the fused head runs apart from the sharded model; set "
            "trainer.fused_logprobs=false")

@@ -22,7 +22,7 @@ import torch
 
 from src.batch import Batch, Group, fresh_entries, is_effective, whole_groups, plan_batch
 from src.components import Components
-from src.loss.base import UpdateResult
+from src.loss.trainer import UpdateResult
 from src.loss.rloo_math import clip_fraction, effective_sample_size
 from src.sampling.collection import Collected
 from src.state import TrainState

@@ -14,6 +14,7 @@ from src.loss.rloo import RlooObjective
 from src.policy.forward import Forward
 from src.policy.model import frozen_copy, load_policy
 from tests.conftest import TINY_CHECKPOINT
+from tests.outside_variants.variants import RlooCopy
 
 LEARNING_RATE = 1e-3  # large enough that one step moves every weight visibly
 # Adam's first step is lr * g / (|g| + eps): with eps 1e-8 a gradient near 0 turns fp32 noise into a +-lr
@@ -46,13 +47,15 @@ def tiny_policy():
 
 
 def objective(pad_id: int, micro_batch_size: int = 3, loss: str = "rloo"):
-    """loss=rloo (clip c = 1.5), grpo with 5 mini-batches (so rank 1's first row, batch row 12, opens
-    mini-batch 2) or ipo, with KL and entropy terms where the loss has them."""
+    """loss=rloo (clip c = 1.5) or its outside copy, grpo with 5 mini-batches (so rank 1's first row, batch row
+    12, opens mini-batch 2) or ipo, with KL and entropy terms where the loss has them."""
     forward = Forward(pad_id, micro_batch_size=micro_batch_size)
     if loss == "grpo":
         return ClippedObjective(0.2, 0.28, 2.0, 5, forward=forward, kl_coef=0.05, entropy_coef=0.01)
     if loss == "ipo":
         return IpoObjective(0.1, forward=forward)
+    if loss == "rloocopy":  # the outside copy of loss=rloo: a loss src/ does not know, split over ranks all the same
+        return RlooCopy(clip_ceiling=CLIP, forward=forward, kl_coef=0.05, entropy_coef=0.01)
     return RlooObjective(clip_ceiling=CLIP, forward=forward, kl_coef=0.05, entropy_coef=0.01)
 
 
@@ -119,12 +122,13 @@ def sharded_updates(rank: int, world_size: int, rendezvous: str, out: str) -> No
 
 
 def other_losses(rank: int, world_size: int, rendezvous: str, out: str) -> None:
-    """loss=grpo streaming and gathered, loss=ipo streaming, and grpo with more mini-batches than rank 1 has
-    rows (refused on every rank). Rank 0 writes them to `out`."""
+    """loss=grpo streaming and gathered, loss=ipo and the outside RLOO copy streaming, and grpo with more
+    mini-batches than rank 1 has rows (refused on every rank). Rank 0 writes them to `out`."""
     join(rank, world_size, rendezvous)
     runs = {"grpo": sharded_update(*tiny_policy(), loss="grpo"),
             "grpo-gathered": sharded_update(*tiny_policy(), micro_batch_size=1, loss="grpo"),
-            "ipo": sharded_update(*tiny_policy(), loss="ipo")}
+            "ipo": sharded_update(*tiny_policy(), loss="ipo"),
+            "rloocopy": sharded_update(*tiny_policy(), loss="rloocopy")}
     policy, tokenizer = tiny_policy()
     batch, reference = tiny_batch(policy, tokenizer.pad_token_id), frozen_copy(policy)
     too_many = objective(tokenizer.pad_token_id, loss="grpo")

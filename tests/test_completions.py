@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from src.runs import tracking
 from src.batch import Batch, BatchGroup, Group
-from src.loss.base import UpdateResult
+from src.loss.trainer import UpdateResult
 from src.sampling.collection import Collected
 from src.task.countdown import CountdownTask
 from src.train import Collection

@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 from src.batch import Batch
 from src.distributed.data_parallel import DataParallelObjective, shard_batch, split_to
 from src.loss.base import Objective
+from src.loss.reducer import Reducer
 from src.policy.forward import Forward
 from tests import data_parallel_ranks as ranks
 
@@ -36,12 +37,12 @@ def test_shards_keep_groups_whole_and_concatenate_back_in_row_order():
         shard_batch(batch, 0, 8)
 
 
-def test_unsupported_losses_are_refused_in_one_line():
-    class NewLoss(Objective):  # a researcher's loss that has not opted in (splits_over_ranks)
+def test_any_loss_is_wrapped_and_the_fused_head_is_refused_in_one_line():
+    class NewLoss(Objective):  # a researcher's loss: the shared trainer splits it over ranks as it is
         pass
 
-    with pytest.raises(ValueError, match="loss NewLoss: data-parallel training supports"):
-        DataParallelObjective(NewLoss(forward=Forward(0, 4)))
+    wrapped = DataParallelObjective(NewLoss(forward=Forward(0, 4)), reducer=Reducer())
+    assert wrapped.objective.reducer is not None and wrapped.forward.inner.micro_batch_size == 4
     fused = ranks.objective(0)
     fused.forward.fused = True
     with pytest.raises(ValueError, match="trainer.fused_logprobs=true"):
@@ -80,10 +81,10 @@ def test_two_ranks_give_one_process_loss_gradients_and_weights(tmp_path):
 
 
 @pytest.mark.slow  # two spawned ranks: ~20 s alone
-def test_two_ranks_train_grpo_and_ipo_as_one_process(tmp_path):
+def test_two_ranks_train_grpo_ipo_and_a_loss_outside_src_as_one_process(tmp_path):
     """loss=grpo (5 interleaved mini-batches, so each takes rows from both ranks' shards; streaming and
-    gathered) and loss=ipo (pairs within groups, the mean over the whole batch's pairs) on 2 ranks give one
-    process's losses, diagnostics, per-row numbers and updated weights."""
+    gathered), loss=ipo (pairs within groups, the mean over the whole batch's pairs) and the outside RLOO
+    copy on 2 ranks give one process's losses, diagnostics, per-row numbers and updated weights."""
     out = tmp_path / "ranks.pt"
     mp.spawn(ranks.other_losses, args=(2, str(tmp_path / "rendezvous"), str(out)), nprocs=2)
     runs = torch.load(out, weights_only=False)  # written by this test's own ranks
@@ -104,6 +105,14 @@ def test_two_ranks_train_grpo_and_ipo_as_one_process(tmp_path):
             torch.testing.assert_close(got["weights"][parameter], want["weights"][parameter], **STEPS)
     assert ranks.plain_update("grpo")["result"].extras["grpo/behaviour_cap_frac"] > 0  # the cap acted
     assert ranks.plain_update("ipo")["result"].extras["ipo/pairs"] > 0
+    # The outside RLOO copy, which no file in src/ names, on 2 ranks trains as the original in one process.
+    want, got = ranks.plain_update("rloo"), runs["rloocopy"]
+    for key in ("loss", "policy_loss", "kl", "entropy"):
+        assert getattr(got["result"], key) == pytest.approx(getattr(want["result"], key), rel=1e-5), key
+    for key in ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts"):
+        torch.testing.assert_close(getattr(got["result"], key), getattr(want["result"], key), **FP32)
+    for parameter in want["weights"]:
+        torch.testing.assert_close(got["weights"][parameter], want["weights"][parameter], **FP32)
 
 
 def assert_same_state(got: dict, want: dict) -> None:

@@ -26,11 +26,17 @@ def _comparable(step: dict[str, float]) -> dict[str, float]:
     return {key: value for key, value in step.items() if not wall_clock(key)}  # wall-clock timings differ
 
 
-def test_the_copies_train_with_the_originals_metrics(compose_config):
+@pytest.mark.parametrize("behaviour", [
+    [],                                                  # fresh rows on-policy: weight 1; replayed rows eq. 2
+    ["behaviour=diverse", "behaviour.is_level=token"],   # fresh rows of a tempered sampler: seed 002's token IS
+])
+def test_the_copies_train_with_the_originals_metrics(compose_config, behaviour):
     train_set = countdown.generate_instances(64, seed=1)
-    copies = run_steps(golden_config(compose_config, COPIES), train_set, steps=2)
-    originals = run_steps(golden_config(compose_config, ORIGINALS), train_set, steps=2)
+    copies = run_steps(golden_config(compose_config, (*COPIES, *behaviour)), train_set, steps=2)
+    originals = run_steps(golden_config(compose_config, (*ORIGINALS, *behaviour)), train_set, steps=2)
     assert [step["batch/replay_groups"] for step in copies] == [0, 2]  # the copy's store did replay
+    if behaviour:  # the copy's truncated IS weighed the sampler's fresh rows
+        assert any(step["weights/raw_mean/fresh"] != 1.0 for step in copies)
     assert [_comparable(step) for step in copies] == [_comparable(step) for step in originals]
 
 

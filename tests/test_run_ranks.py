@@ -137,15 +137,14 @@ def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config,
         validate(compose_config("hardware.ranks=2", *overrides), check_device=False)
 
 
-def test_every_loss_trains_over_ranks_and_a_loss_that_has_not_opted_in_is_refused(compose_config, monkeypatch):
-    from src.config import ConfigError, validate
-    from src.loss.ipo import IpoObjective
+def test_every_loss_trains_over_ranks_a_new_one_included(compose_config):
+    """The shared trainer splits every loss over ranks: no loss opts in, so a loss outside src/ runs too."""
+    from src.config import validate
+    from tests.test_outside_variant import OUTSIDE
 
     for loss in ("rloo", "rloo-tis", "asymre", "grpo", "grpo-coupled", "ipo"):
         validate(compose_config("hardware.ranks=2", f"loss={loss}"), check_device=False)
-    monkeypatch.setattr(IpoObjective, "splits_over_ranks", False)  # as a researcher's new loss starts
-    with pytest.raises(ConfigError, match="with loss=ipo: its totals do not split over ranks .splits_over_ranks."):
-        validate(compose_config("hardware.ranks=2", "loss=ipo"), check_device=False)
+    validate(compose_config(OUTSIDE, "hardware.ranks=2", "loss=rloocopy"), check_device=False)
 
 
 def test_a_slurm_job_of_several_tasks_joins_as_torchrun_ranks(monkeypatch, compose_config):

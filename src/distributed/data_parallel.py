@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from src.batch import Batch
 from src.loss.reducer import Reducer
-from src.loss.base import Objective, UpdateResult
+from src.loss.base import Objective
+from src.loss.trainer import UpdateResult
 
 SUMMED = ("loss", "policy_loss", "kl", "entropy")  # each rank's value is its share of the batch's value
 PER_ROW = ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts")
@@ -145,14 +146,12 @@ def release_parameters(policy) -> None:
 class DataParallelObjective:
     """An objective run over the ranks of `group`: same `update` signature, same whole-batch result.
 
-    Supports the objectives that take their batch-wide totals, maxima and row positions from their `Reducer`
-    (`Objective.splits_over_ranks`): rloo, rloo-tis, asymre, grpo and ipo.
+    Any objective: the shared trainer (`src.loss.trainer.train`) normalises every loss by totals from the
+    objective's `Reducer`, which this wrapper makes sum over the ranks, and takes as many optimizer steps
+    and skipped micro-batches on every rank.
     """
 
     def __init__(self, objective: Objective, group=None, reducer: Reducer | None = None) -> None:
-        if not objective.splits_over_ranks:
-            raise ValueError(f"loss {type(objective).__name__}: data-parallel training supports the losses whose "
-                             "totals split over ranks (splits_over_ranks); run other losses on one rank")
         if objective.forward.fused:
             raise ValueError("trainer.fused_logprobs=true: the fused head calls the decoder apart from the sharded "
                              "model; set trainer.fused_logprobs=false with data parallelism")

@@ -1,4 +1,6 @@
-"""The objective interface (`loss` config group): `update(policy, reference, optimizer, batch) -> UpdateResult`.
+"""The objective interface (`loss` config group): a loss as a function of one micro-batch, `objective(lp,
+prepared, totals) -> Loss`, which the shared trainer (`src.loss.trainer.train`) runs; `update(policy, reference,
+optimizer, batch) -> UpdateResult` is that trainer on this objective.
 
 An objective is built from its YAML by `hydra.utils.instantiate`, with the run's `Forward` settings
 and the trainer's regularisation (`kl_coef`, `entropy_coef`, `max_grad_norm`) added; the behaviour
@@ -9,15 +11,16 @@ its cell and reader labels, whether it is plain Replay-RLOO, and whether it read
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from src.batch import Batch, Group
+from src.batch import Batch
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.rloo_math import leave_one_out_advantages
 from src.checks import check_choice
 from src.loss.reducer import Reducer
+from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult, train
 from src.policy.forward import Forward
 from src.variant import Variant
 
@@ -50,59 +53,12 @@ class Truncation:
         return cls(float(is_min), float(cap), is_level)
 
 
-@dataclass
-class UpdateResult:
-    """Per-response numbers from the update, in the batch's row order (detached, on the CPU)."""
-
-    logprobs: torch.Tensor      # log pi_theta(y|x) before the update
-    raw_weights: torch.Tensor
-    weights: torch.Tensor       # clipped, as used in the gradient
-    kl_sums: torch.Tensor       # per-response sum of token KL estimates
-    token_counts: torch.Tensor
-    # Per-response log pi_ref per token, stored with new groups; None where the update read no pi_ref (kl_coef = 0).
-    reference_tokens: list[tuple[float, ...] | None]
-    loss: float
-    policy_loss: float
-    kl: float
-    entropy: float
-    # Per-response log mu per token to store with fresh groups (loss=grpo: pi_prox's); None: not kept.
-    behaviour_tokens: list[tuple[float, ...]] | None = None
-    extras: dict[str, float] = field(default_factory=dict)  # loss-specific diagnostics (grpo/*, ipo/*)
-    optimizer_steps: int = 1
-    # Where the objective weights tokens (loss=grpo's capped pi_prox/mu, token-level truncated IS): per
-    # row, the raw and the used weight of each response token. None: one weight per response.
-    token_raw_weights: list[torch.Tensor] | None = None
-    token_weights: list[torch.Tensor] | None = None
-
-    def weights_of(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Raw and used importance weights of the selected rows (a bool mask over the batch's rows): one
-        per response, or one per response token where the objective weights tokens, since that is where
-        its cap or truncation acts (a clip fraction then counts capped tokens, not responses)."""
-        if self.token_weights is None:
-            return self.raw_weights[rows], self.weights[rows]
-        picked = rows.nonzero().flatten().tolist()
-        if not picked:
-            return torch.empty(0), torch.empty(0)
-        return (torch.cat([self.token_raw_weights[i] for i in picked]),
-                torch.cat([self.token_weights[i] for i in picked]))
-
-    def stored(self, group: Group, first_row: int) -> Group:
-        """A trained fresh group as a store keeps it: with log mu and its per-token log pi_ref.
-
-        A group sampled by a stale or tempered behaviour already carries that behaviour's mu.
-        """
-        rows = slice(first_row, first_row + group.size)
-        reference = self.reference_tokens[rows]
-        if any(tokens is None for tokens in reference):  # not read at kl_coef = 0: a later update computes it
-            reference = None
-        if group.behaviour_logprobs is not None:
-            return group.with_behaviour_logprobs(group.behaviour_logprobs, reference, group.behaviour_token_logprobs)
-        tokens = self.behaviour_tokens[rows] if self.behaviour_tokens else None
-        return group.with_behaviour_logprobs(self.logprobs[rows].tolist(), reference, tokens)
-
-
 class Objective(Variant):
-    """Shared settings and bookkeeping of every objective; subclasses implement `update`."""
+    """Shared settings of every objective and what the trainer asks of it; subclasses implement `__call__`.
+
+    The trainer (`src.loss.trainer.train`) calls `prepare` once per batch, then the objective on each
+    micro-batch; the other hooks below have the defaults of a loss that takes one optimizer step per batch.
+    """
 
     # Whether the objective weighs replayed rows with clip.ceiling (eq. 2): then the ceiling names the cell
     # of a run that replays (`src.study.sweep.cell_name`), and enters its identity.
@@ -126,41 +82,55 @@ class Objective(Variant):
         # Whether the update reads log pi_ref: for its KL term only, so not at kl_coef = 0 (seeds 001 and 003),
         # where the reference forward is skipped and the KL is logged as nan (not measured). IPO always reads it.
         self.reads_reference = self.kl_coef != 0
+        # Keep log pi_theta per token of every row, for fresh rows' replay by a loss that weighs tokens.
+        self.keep_token_logprobs = False
 
     # The weight ceiling metrics compare raw weights against (clip fraction).
     weight_ceiling: float = float("inf")
-    # True where the objective takes every batch-wide number (totals, maxima, its first row) from `reducer`
-    # and takes as many optimizer steps and skipped micro-batches on every rank, so a batch split over
-    # data-parallel ranks trains as one (src/distributed/data_parallel.py). A new loss opts in once it does.
-    splits_over_ranks: bool = False
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
+        """One update of `policy` on `batch` with this loss, by the shared trainer."""
+        return train(self, policy, reference, optimizer, batch)
+
+    def prepare(self, batch: Batch):
+        """The loss's per-batch inputs (advantages, log mu...), handed to every micro-batch's call."""
+        return None
+
+    def __call__(self, lp: MicroBatch, prepared, totals: Totals) -> Loss:
+        """One micro-batch's loss, each term normalised by `totals` (its share of the mini-batch's loss)."""
         raise NotImplementedError
+
+    def mini_batches(self, rows: int) -> list[list[int]]:
+        """The batch's rows (0..rows-1 on this rank) per optimizer step: one step on all of them."""
+        return [list(range(rows))]
+
+    def first_pass_reads(self) -> tuple[bool, bool] | None:
+        """(entropy, pi_ref) of a no-grad pass before the first optimizer step (`observe`); None: no such pass."""
+        return None
+
+    def observe(self, prepared, lp: MicroBatch) -> None:
+        """Keep what the first pass gives of one micro-batch (numbers fixed through the update)."""
+
+    def train_reads(self) -> tuple[bool, bool]:
+        """(entropy, pi_ref) of each training micro-batch's forward pass."""
+        return True, self.reads_reference
+
+    def trains(self, prepared) -> bool:
+        """Whether the batch asks for any optimizer step (the same answer on every rank)."""
+        return True
+
+    def skips(self, prepared, index: list[int]) -> bool:
+        """Whether a training micro-batch contributes nothing (decided alike on every rank: a collective)."""
+        return False
+
+    def result(self, prepared, tally: Tally, token_counts: torch.Tensor, optimizer_steps: int) -> UpdateResult:
+        """The update's per-row numbers: by default those the micro-batches' `Loss`es left in `tally`."""
+        return tally.result(token_counts, optimizer_steps)
 
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """Each response's advantage from its group's K rewards ([G, K]): leave-one-out (eq. 1) by default.
 
-        `update` computes them from the batch's groups; an asynchronous worker fixes them when it
+        `prepare` computes them from the batch's groups; an asynchronous worker fixes them when it
         generates a group (SPEC 11), with the same function.
         """
         return leave_one_out_advantages(rewards)
-
-    def reference_chunk(self, reference, chunk, cached, like: torch.Tensor) -> torch.Tensor | None:
-        """Per-token log pi_ref of a micro-batch (`Forward.reference_tokens`), or None where the update reads none."""
-        return self.forward.reference_tokens(reference, chunk, cached, like) if self.reads_reference else None
-
-    def optimizer_step(self, policy, optimizer) -> None:
-        self.reducer.before_step(policy)
-        if self.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), self.max_grad_norm)
-        optimizer.step()
-
-
-def batch_sequences(batch: Batch) -> tuple[list, list, torch.Tensor]:
-    """The batch's trained rows as (prompt, response) id pairs, their stored log pi_ref (or None) and lengths."""
-    groups = batch.groups
-    sequences = [(groups[g].prompt_ids, groups[g].response_ids[j]) for g, j in batch.rows]
-    cached = [groups[g].reference_logprobs[j] if groups[g].reference_logprobs is not None else None
-              for g, j in batch.rows]
-    token_counts = torch.tensor([float(len(response)) for _, response in sequences])
-    return sequences, cached, token_counts

@@ -9,7 +9,8 @@ import torch
 
 from src.batch import Batch
 from src.checks import check_choice
-from src.loss.base import Objective, UpdateResult, batch_sequences
+from src.loss.base import Objective
+from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.loss.variant_math import clipped_surrogate, group_normalised_advantages
 from src.loss.rloo_math import interleaved_mini_batches
 from src.policy.forward import place_tokens, row_values, upcast
@@ -20,12 +21,12 @@ RATIO_TO = ("proximal", "behaviour")
 
 
 class ClippedObjective(Objective):
-    """`updates_per_step` mini-batch optimizer steps on the clipped surrogate.
+    """`updates_per_step` mini-batch optimizer steps on the clipped surrogate (the shared trainer takes them).
 
     1. Group-normalised advantages from each group's K rewards (`group_normalised_advantages`).
     2. pi_prox = the policy at the start of this update: its per-token log-probs (and pi_ref's,
-       or the stored ones) come from a no-grad forward over the same micro-batches the updates
-       use, before the first optimizer step (so the first mini-batch's ratio is exactly 1).
+       or the stored ones) come from the trainer's no-grad pass over the same micro-batches the
+       updates use, before the first optimizer step (so the first mini-batch's ratio is exactly 1).
     3. mu per token: a replayed group's stored `behaviour_token_logprobs`; a fresh group has
        mu = pi_prox (behaviour weight exactly 1), a fresh group of a stale sampler its own mu.
     4. Rows go to mini-batch i mod M (`interleaved_mini_batches`). Per mini-batch:
@@ -33,8 +34,6 @@ class ClippedObjective(Objective):
        - beta_H * H (k3 KL and exact entropy, token means over the mini-batch); micro-batch
        terms are scaled by their share of the mini-batch's tokens, so gradient accumulation is exact.
     """
-
-    splits_over_ranks = True
 
     knobs = {"eps_low": float_knob(0, 1, "0.2 (POPO)", high_open=True, why="the ratio is clipped below at 1 - eps_low"),
              "eps_high": float_knob(0, 1e6, "0.28 (clip-higher)", why="the ratio is clipped above at 1 + eps_high"),
@@ -74,30 +73,29 @@ class ClippedObjective(Objective):
         """GRPO's group-normalised advantages (POPO eq. 3; seed 001 eq. 6)."""
         return group_normalised_advantages(rewards)
 
-    def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
-        """Steps 1-4 of the class docstring, in order."""
+    def prepare(self, batch: Batch) -> "_FixedTokens":
+        """1. and 3.: advantages, and mu per token where it is stored (pi_prox, from the first pass, elsewhere)."""
         rows = batch.rows
         rewards = torch.tensor([g.rewards for g in batch.groups])
-        advantages = self.advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]  # 1.
-        sequences, cached_reference, token_counts = batch_sequences(batch)
-        minis = self._mini_batches(len(sequences))  # 4. rows to mini-batches
-        plans = [[[mini[k] for k in chunk] for chunk in self.forward.batches([sequences[i] for i in mini])]
-                 for mini in minis]
-        prox, reference_tokens = self._proximal_tokens(policy, reference, sequences, cached_reference, plans)  # 2.
-        fixed = _FixedTokens(prox, self._behaviour_tokens(batch, prox), reference_tokens)  # 3.
-        tally = _Tally(updates=len(plans), kl_sums=torch.zeros(len(sequences)))
-        for plan in plans:  # 4. one optimizer step per mini-batch
-            mini_tokens = self.reducer.total(sum(len(sequences[i][1]) for chunk in plan for i in chunk))
-            optimizer.zero_grad(set_to_none=True)
-            for index in plan:
-                loss, terms, kl_tokens, diag = self._micro_batch_loss(
-                    policy, [sequences[i] for i in index], index, advantages, fixed, mini_tokens)
-                loss.backward()
-                tally.add(index, loss, terms, kl_tokens, diag)
-            self.optimizer_step(policy, optimizer)
-        return self._result(fixed, tally.over(self.reducer), token_counts)
+        advantages = self.advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
+        return _FixedTokens(advantages, stored_behaviour_tokens(batch), [torch.empty(0)] * len(rows),
+                            [None] * len(rows), _Diagnostics())
 
-    def _mini_batches(self, rows: int) -> list[list[int]]:
+    def first_pass_reads(self) -> tuple[bool, bool]:
+        return False, self.reads_reference  # 2. pi_prox and pi_ref, before any optimizer step
+
+    def observe(self, fixed: "_FixedTokens", lp: MicroBatch) -> None:
+        """2. pi_prox and pi_ref per response token of one micro-batch."""
+        token_logprobs, mask = upcast(lp.policy).cpu(), lp.mask.bool().cpu()
+        refs = row_values(lp.reference, mask) if lp.reference is not None else [None] * len(lp.index)
+        for row, (i, tokens) in enumerate(zip(lp.index, refs)):
+            fixed.prox[i] = token_logprobs[row][mask[row]].clone()
+            fixed.reference[i] = tokens
+
+    def train_reads(self) -> tuple[bool, bool]:
+        return True, False  # pi_ref was read by the first pass
+
+    def mini_batches(self, rows: int) -> list[list[int]]:
         """4. The batch's row i in mini-batch i mod M (`interleaved_mini_batches`), as this shard's local rows.
 
         A shard holds consecutive batch rows, so with at least M rows it has some in every mini-batch, and
@@ -111,71 +109,33 @@ class ClippedObjective(Objective):
         minis = interleaved_mini_batches(batch_rows, self.updates_per_step)
         return [[i - first for i in mini if first <= i < first + rows] for mini in minis]
 
-    def _proximal_tokens(self, policy, reference, sequences, cached_reference, plans):
-        """2. pi_prox and pi_ref per response token, from a no-grad forward before any optimizer step."""
-        n = len(sequences)
-        prox: list[torch.Tensor] = [torch.empty(0)] * n
-        reference_tokens: list[tuple[float, ...] | None] = [None] * n
-        policy.train()
-        with torch.no_grad():
-            for index in (chunk for plan in plans for chunk in plan):
-                chunk = [sequences[i] for i in index]
-                token_logprobs, _, mask = self.forward.token_stats(policy, chunk, with_entropy=False)
-                ref = self.reference_chunk(reference, chunk, [cached_reference[i] for i in index], like=token_logprobs)
-                token_logprobs, mask = upcast(token_logprobs).cpu(), mask.cpu()
-                refs = row_values(ref, mask) if ref is not None else [None] * len(index)
-                for row, (i, tokens) in enumerate(zip(index, refs)):
-                    prox[i] = token_logprobs[row][mask[row]].clone()
-                    reference_tokens[i] = tokens
-        return prox, reference_tokens
-
-    @staticmethod
-    def _behaviour_tokens(batch: Batch, prox: list[torch.Tensor]) -> list[torch.Tensor]:
-        """3. mu per token: stored for replayed groups (and a stale sampler's fresh ones), pi_prox for fresh ones."""
-        groups, behaviour = batch.groups, []
-        for i, (g, j) in enumerate(batch.rows):
-            group = groups[g]
-            if group.behaviour_logprobs is None:
-                behaviour.append(prox[i])
-            elif group.behaviour_token_logprobs is None:
-                raise ValueError(f"a replayed group of step {group.step} has no per-token behaviour log-probs; "
-                                 "loss=grpo needs them (groups stored by a loss=rloo run cannot be replayed "
-                                 "under grpo)")
-            else:
-                behaviour.append(torch.tensor(group.behaviour_token_logprobs[j]))
-        return behaviour
-
-    def _micro_batch_loss(self, policy, chunk, index, advantages, fixed: _FixedTokens, mini_tokens: int):
-        """4. L = surrogate + beta_KL * KL - beta_H * H on one micro-batch, each term its share of the mini-batch.
-
-        Returns (loss, its terms, the masked k3 KL per token, the surrogate's diagnostics).
-        """
-        token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
-        zeros = torch.zeros_like(upcast(token_logprobs))
-        behaviour_chunk = place_tokens(chunk, [fixed.behaviour[i] for i in index], zeros.clone())
+    def __call__(self, lp: MicroBatch, fixed: "_FixedTokens", totals: Totals) -> Loss:
+        """4. L = surrogate + beta_KL * KL - beta_H * H on one micro-batch, each term its share of the mini-batch."""
+        chunk, index, mini_tokens = lp.chunk, lp.index, totals.tokens
+        zeros = torch.zeros_like(upcast(lp.policy))
+        behaviour_chunk = place_tokens(chunk, [fixed.behaviour(i) for i in index], zeros.clone())
         prox_chunk = (behaviour_chunk if self.ratio_to == "behaviour"
                       else place_tokens(chunk, [fixed.prox[i] for i in index], zeros.clone()))
-        mask = mask.float()
-        surrogate, diag = clipped_surrogate(token_logprobs, prox_chunk, behaviour_chunk,
-                                            advantages[index].to(token_logprobs.device), mask,
+        surrogate, diag = clipped_surrogate(lp.policy, prox_chunk, behaviour_chunk,
+                                            fixed.advantages[index].to(lp.policy.device), lp.mask,
                                             eps_low=self.eps_low, eps_high=self.eps_high,
                                             behaviour_cap=self.behaviour_cap)
         if self.reads_reference:
             ref_chunk = place_tokens(chunk, [fixed.reference[i] for i in index], zeros.clone())
-            kl_tokens = self.kl_tokens(token_logprobs, ref_chunk) * mask
+            kl_tokens = self.kl_tokens(lp.policy, ref_chunk) * lp.mask
         else:  # no pi_ref read (kl_coef = 0): the KL is not measured, and not in the loss
             kl_tokens = torch.full_like(zeros, float("nan"))
-        terms = {"policy_loss": surrogate * (diag["n_tokens"] / mini_tokens),
-                 "kl": kl_tokens.sum() / mini_tokens,
-                 "entropy": (entropy * mask).sum() / mini_tokens}
-        kl_term = self.kl_coef * terms["kl"] if self.reads_reference else 0.0
-        loss = terms["policy_loss"] + kl_term - self.entropy_coef * terms["entropy"]
-        return loss, terms, kl_tokens, diag
+        policy_loss = surrogate * (diag["n_tokens"] / mini_tokens)
+        kl, entropy = kl_tokens.sum() / mini_tokens, (lp.entropy * lp.mask).sum() / mini_tokens
+        kl_term = self.kl_coef * kl if self.reads_reference else 0.0
+        fixed.diagnostics.add(diag)
+        return Loss(policy_loss + kl_term - self.entropy_coef * entropy, policy_loss, kl, entropy, kl_tokens)
 
-    def _result(self, fixed: _FixedTokens, tally: _Tally, token_counts: torch.Tensor) -> UpdateResult:
+    def result(self, fixed: "_FixedTokens", tally: Tally, token_counts: torch.Tensor,
+               optimizer_steps: int) -> UpdateResult:
         """Per-response numbers: raw = sequence pi_prox/mu, weights = mean capped token weight used. The
         weight diagnostics are per token (`token_raw_weights`), where the cap acts."""
-        prox, behaviour = fixed.prox, fixed.behaviour
+        prox, behaviour = fixed.prox, [fixed.behaviour(i) for i in range(len(fixed.prox))]
         logprobs = torch.stack([p.sum() for p in prox])
         raw_weights = torch.stack([(p - b).sum().exp() for p, b in zip(prox, behaviour)])
         token_raw = [(p - b).exp() for p, b in zip(prox, behaviour)]
@@ -183,52 +143,69 @@ class ClippedObjective(Objective):
         weights = torch.stack([tokens.mean() if len(tokens) else torch.tensor(1.0) for tokens in token_used])
         return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=tally.kl_sums,
                             token_counts=token_counts, reference_tokens=fixed.reference,
-                            behaviour_tokens=[tuple(p.tolist()) for p in prox], extras=tally.extras(),
+                            behaviour_tokens=[tuple(p.tolist()) for p in prox],
+                            extras=fixed.diagnostics.over(self.reducer).extras(optimizer_steps),
                             token_raw_weights=token_raw, token_weights=token_used,
-                            optimizer_steps=tally.updates, **tally.totals)
+                            optimizer_steps=optimizer_steps, **tally.totals)
+
+
+def stored_behaviour_tokens(batch: Batch) -> list[torch.Tensor | None]:
+    """3. mu per token as stored: a replayed group's (and a stale sampler's fresh one's); None for fresh groups,
+    whose mu is pi_prox."""
+    groups, behaviour = batch.groups, []
+    for g, j in batch.rows:
+        group = groups[g]
+        if group.behaviour_logprobs is None:
+            behaviour.append(None)
+        elif group.behaviour_token_logprobs is None:
+            raise ValueError(f"a replayed group of step {group.step} has no per-token behaviour log-probs; "
+                             "loss=grpo needs them (groups stored by a loss=rloo run cannot be replayed "
+                             "under grpo)")
+        else:
+            behaviour.append(torch.tensor(group.behaviour_token_logprobs[j]))
+    return behaviour
 
 
 @dataclass
 class _FixedTokens:
-    """Per trained response, the log-probs that stay fixed through the update: pi_prox, mu and pi_ref per token."""
+    """Per trained response, what stays fixed through the update: its advantage, and pi_prox, mu and pi_ref per
+    token; plus the surrogate's diagnostics as the micro-batches add them."""
 
+    advantages: torch.Tensor
+    stored_behaviour: list[torch.Tensor | None]  # None: a fresh group's, mu = pi_prox
     prox: list[torch.Tensor]
-    behaviour: list[torch.Tensor]
     reference: list[tuple[float, ...] | None]  # None: not read (kl_coef = 0)
+    diagnostics: "_Diagnostics"
+
+    def behaviour(self, row: int) -> torch.Tensor:
+        stored = self.stored_behaviour[row]
+        return self.prox[row] if stored is None else stored
 
 
 @dataclass
-class _Tally:
-    """The update's bookkeeping: KL per response, loss terms averaged over the mini-batch updates, and the
-    surrogate's diagnostics weighted by tokens (ratio_max: the largest)."""
+class _Diagnostics:
+    """The surrogate's diagnostics weighted by tokens (ratio_max: the largest)."""
 
-    updates: int
-    kl_sums: torch.Tensor
-    totals: defaultdict = field(default_factory=lambda: defaultdict(float))
-    diagnostics: defaultdict = field(default_factory=lambda: defaultdict(float))
+    sums: defaultdict = field(default_factory=lambda: defaultdict(float))
 
-    def add(self, index: list[int], loss: torch.Tensor, terms: dict, kl_tokens: torch.Tensor, diag: dict) -> None:
-        self.kl_sums[index] = kl_tokens.sum(-1).detach().cpu()
-        for key, value in (("loss", loss), ("policy_loss", terms["policy_loss"]), ("kl", terms["kl"]),
-                           ("entropy", terms["entropy"])):
-            self.totals[key] += value.item() / self.updates  # mean over the mini-batch updates
+    def add(self, diag: dict) -> None:
         for key in ("clip_frac_low", "clip_frac_high", "ratio_mean", "behaviour_weight_mean", "behaviour_cap_frac"):
-            self.diagnostics[key] += diag[key] * diag["n_tokens"]
-        self.diagnostics["ratio_max"] = max(self.diagnostics["ratio_max"], diag["ratio_max"])
-        self.diagnostics["n_tokens"] += diag["n_tokens"]
+            self.sums[key] += diag[key] * diag["n_tokens"]
+        self.sums["ratio_max"] = max(self.sums["ratio_max"], diag["ratio_max"])
+        self.sums["n_tokens"] += diag["n_tokens"]
 
-    def over(self, reducer) -> "_Tally":
+    def over(self, reducer) -> "_Diagnostics":
         """The diagnostics summed over the ranks that share the batch (the loss terms are each rank's share)."""
-        for key in sorted(self.diagnostics):  # one order on every rank: each key is a collective
-            value = self.diagnostics[key]
-            self.diagnostics[key] = reducer.maximum(value) if key == "ratio_max" else reducer.total(value)
+        for key in sorted(self.sums):  # one order on every rank: each key is a collective
+            value = self.sums[key]
+            self.sums[key] = reducer.maximum(value) if key == "ratio_max" else reducer.total(value)
         return self
 
-    def extras(self) -> dict[str, float]:
+    def extras(self, updates: int) -> dict[str, float]:
         """The diagnostics as logged: token means (ratio_max as it is) and the number of updates."""
-        diagnostics = dict(self.diagnostics)
+        diagnostics = dict(self.sums)
         tokens = diagnostics.pop("n_tokens")
         extras = {f"grpo/{key}": (value if key == "ratio_max" else value / tokens)
                   for key, value in diagnostics.items()}
-        extras["grpo/updates"] = float(self.updates)
+        extras["grpo/updates"] = float(updates)
         return extras

@@ -14,19 +14,21 @@ update with IPO on preference pairs built inside each group:
   No KL or entropy term: IPO's regression to 1/(2 tau) is its regulariser.
 
 Micro-batching: L is not a sum over responses, so accumulating per-micro-batch losses would not give
-its gradient. The update takes one no-grad pass for every response's log pi and log pi_ref, computes
-dL/d log pi(y_i|x) exactly (`ipo_response_gradients`), then a second pass backpropagates
-sum_i g_i log pi(y_i|x) micro-batch by micro-batch: the same gradient as one batch, at one extra forward.
+its gradient. The trainer's first, no-grad pass gives every response's log pi and log pi_ref; from them
+IPO computes dL/d log pi(y_i|x) exactly (`ipo_response_gradients`), and its loss on each micro-batch of the
+training pass is sum_i g_i log pi(y_i|x): the same gradient as one batch, at one extra forward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 from src.batch import Batch, Group
-from src.loss.base import Objective, UpdateResult, batch_sequences
+from src.loss.base import Objective
+from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.policy.forward import row_values, upcast
 
 
@@ -67,8 +69,6 @@ def batch_pairs(groups: list[Group]) -> list[tuple[int, int]]:
 class IpoObjective(Objective):
     """One optimizer step of IPO on the batch's within-group pairs (whole groups; KL and entropy only logged)."""
 
-    splits_over_ranks = True
-
     @classmethod
     def cell_label(cls, node, cfg) -> str:
         return "-ipo"
@@ -85,61 +85,55 @@ class IpoObjective(Objective):
         self.tau = float(tau)
         self.reads_reference = True  # its loss is a margin of log pi / pi_ref, whatever kl_coef is
 
-    def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
+    def prepare(self, batch: Batch) -> "_IpoInputs":
         if any(entry.responses is not None for entry in batch.entries):
             raise ValueError("loss=ipo pairs whole groups; a FIFO positive-bias draw trains only some responses. "
                              "Use buffer.positive_bias=0 with loss=ipo")
-        groups = batch.groups
-        sequences, cached, token_counts = batch_sequences(batch)
-        batches = self.forward.batches(sequences)
-        stats = self._sequence_stats(policy, reference, sequences, cached, batches)  # pass 1
-
         # L is the mean over the whole batch's pairs: a shard's pairs weigh by their share of them.
-        pairs = batch_pairs(groups)
+        pairs, count = batch_pairs(batch.groups), len(batch.rows)
         all_pairs = self.reducer.total(len(pairs))
-        share = len(pairs) / all_pairs if all_pairs else 0.0
-        gradients, loss = ipo_response_gradients(stats.logprobs - stats.reference_sums, pairs, self.tau)
-        gradients, loss = gradients * share, loss * share
+        stats = _SequenceStats(torch.zeros(count), torch.zeros(count), torch.zeros(count), [()] * count)
+        return _IpoInputs(batch.groups, pairs, all_pairs, len(pairs) / all_pairs if all_pairs else 0.0, self.tau, stats)
 
-        # Pass 2: backpropagate sum_i g_i log pi(y_i|x); log pi_ref is a constant, so this is dL/dtheta.
-        optimizer.zero_grad(set_to_none=True)
-        if all_pairs:
-            for index in batches:
-                weights = gradients[index]
-                if self.reducer.every(not weights.any()):
-                    continue  # responses in no pair (or with zero gradient) need no backward pass
-                token_logprobs, _, mask = self.forward.token_stats(policy, [sequences[i] for i in index],
-                                                                   with_entropy=False)
-                sequence = (upcast(token_logprobs) * mask.float()).sum(-1)
-                (weights.to(sequence.device) * sequence).sum().backward()
-            self.optimizer_step(policy, optimizer)
+    def first_pass_reads(self) -> tuple[bool, bool]:
+        return True, self.reads_reference  # pass 1: log pi, log pi_ref, KL and entropy
+
+    def observe(self, inputs: "_IpoInputs", lp: MicroBatch) -> None:
+        """Pass 1 (no grad): log pi and log pi_ref per response, KL and entropy for the logs."""
+        stats, index, mask = inputs.stats, lp.index, lp.mask
+        token_logprobs, ref = upcast(lp.policy), upcast(lp.reference)
+        stats.logprobs[index] = (token_logprobs * mask).sum(-1).cpu()
+        stats.reference_sums[index] = (ref * mask).sum(-1).cpu()
+        stats.kl_sums[index] = (self.kl_tokens(token_logprobs, ref) * mask).sum(-1).cpu()
+        stats.entropy += (upcast(lp.entropy) * mask).sum().item()
+        for i, tokens in zip(index, row_values(ref, mask)):
+            stats.reference_tokens[i] = tokens
+
+    def train_reads(self) -> tuple[bool, bool]:
+        return False, False  # pass 2 needs log pi alone: log pi_ref is a constant of the gradient
+
+    def trains(self, inputs: "_IpoInputs") -> bool:
+        return inputs.all_pairs > 0  # a batch without preferences takes no optimizer step
+
+    def skips(self, inputs: "_IpoInputs", index: list[int]) -> bool:
+        # responses in no pair (or with zero gradient) need no backward pass
+        return self.reducer.every(not inputs.gradients[index].any())
+
+    def __call__(self, lp: MicroBatch, inputs: "_IpoInputs", totals: Totals) -> Loss:
+        """Pass 2: sum_i g_i log pi(y_i|x); log pi_ref is a constant, so its gradient is dL/dtheta."""
+        sequence = (upcast(lp.policy) * lp.mask).sum(-1)
+        return Loss((inputs.gradients[lp.index].to(sequence.device) * sequence).sum())
+
+    def result(self, inputs: "_IpoInputs", tally: Tally, token_counts: torch.Tensor,
+               optimizer_steps: int) -> UpdateResult:
+        stats, loss = inputs.stats, inputs.loss
         total_tokens = max(self.reducer.total(float(token_counts.sum())), 1.0)
-        ones = torch.ones(len(sequences))
+        ones = torch.ones(len(token_counts))
         return UpdateResult(
             logprobs=stats.logprobs, raw_weights=ones, weights=ones, kl_sums=stats.kl_sums, token_counts=token_counts,
             reference_tokens=stats.reference_tokens, loss=loss, policy_loss=loss,
             kl=float(stats.kl_sums.sum()) / total_tokens, entropy=stats.entropy / total_tokens,
-            optimizer_steps=1 if all_pairs else 0, extras=self._extras(groups, pairs, all_pairs, stats))
-
-    def _sequence_stats(self, policy, reference, sequences, cached, batches) -> "_SequenceStats":
-        """Pass 1 (no grad): log pi and log pi_ref per response, KL and entropy for the logs."""
-        count = len(sequences)
-        stats = _SequenceStats(torch.zeros(count), torch.zeros(count), torch.zeros(count), [()] * count)
-        policy.train()
-        with torch.no_grad():
-            for index in batches:
-                chunk = [sequences[i] for i in index]
-                token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
-                ref = self.reference_chunk(reference, chunk, [cached[i] for i in index], like=token_logprobs)
-                mask = mask.float()
-                token_logprobs, ref = upcast(token_logprobs), upcast(ref)
-                stats.logprobs[index] = (token_logprobs * mask).sum(-1).cpu()
-                stats.reference_sums[index] = (ref * mask).sum(-1).cpu()
-                stats.kl_sums[index] = (self.kl_tokens(token_logprobs, ref) * mask).sum(-1).cpu()
-                stats.entropy += (upcast(entropy) * mask).sum().item()
-                for i, tokens in zip(index, row_values(ref, mask)):
-                    stats.reference_tokens[i] = tokens
-        return stats
+            optimizer_steps=optimizer_steps, extras=self._extras(inputs.groups, inputs.pairs, inputs.all_pairs, stats))
 
     def _extras(self, groups: list[Group], pairs, all_pairs: int, stats: "_SequenceStats") -> dict[str, float]:
         """The batch's pair counts and mean margin h, summed over the ranks that share it."""
@@ -160,3 +154,29 @@ class _SequenceStats:
     kl_sums: torch.Tensor
     reference_tokens: list[tuple[float, ...]]
     entropy: float = 0.0
+
+
+@dataclass
+class _IpoInputs:
+    """The batch's pairs (this shard's, and how many the whole batch has) and pass 1's numbers."""
+
+    groups: list[Group]
+    pairs: list[tuple[int, int]]
+    all_pairs: int
+    share: float  # this shard's pairs' share of the batch's
+    tau: float
+    stats: _SequenceStats
+
+    @cached_property
+    def _gradients_and_loss(self) -> tuple[torch.Tensor, float]:
+        """dL/d log pi(y_i|x) for every response, exactly (`ipo_response_gradients`), and L: after pass 1."""
+        gradients, loss = ipo_response_gradients(self.stats.logprobs - self.stats.reference_sums, self.pairs, self.tau)
+        return gradients * self.share, loss * self.share
+
+    @property
+    def gradients(self) -> torch.Tensor:
+        return self._gradients_and_loss[0]
+
+    @property
+    def loss(self) -> float:
+        return self._gradients_and_loss[1]

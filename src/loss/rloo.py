@@ -3,16 +3,79 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 
-from src.batch import Batch
-from src.loss.base import Objective, Truncation, UpdateResult, batch_sequences
+from src.batch import Batch, Group
+from src.loss.base import Objective, Truncation
+from src.loss.trainer import Loss, MicroBatch, Totals
 from src.loss.variant_math import truncated_importance_weights
 from src.loss.rloo_math import importance_weights, rloo_loss
-from src.policy.forward import place_tokens, row_values, upcast
+from src.policy.forward import place_tokens, upcast
 from src.variant import float_knob
+
+
+@dataclass
+class RowInputs:
+    """Per trained row, what RLOO's loss reads besides the log-probs: its advantage and its behaviour's log mu."""
+
+    advantages: torch.Tensor
+    behaviour: list[float | None]               # log mu(y|x); None for fresh rows: mu = pi_theta now
+    behaviour_tokens: list[tuple[float, ...] | None]  # log mu per token, where token-level IS reads it
+    truncated: torch.Tensor                     # rows weighted by seed 002's truncated IS (eq. 3) instead of eq. 2
+    token_level: bool                           # truncated rows weighted per token
+
+    @classmethod
+    def of(cls, batch: Batch, advantages, truncated_rows: list[bool], is_level: str) -> "RowInputs":
+        """The batch's rows: advantages from each group's K rewards (`advantages`, eq. 1 by default)."""
+        groups, rows = batch.groups, batch.rows
+        per_group = advantages(torch.tensor([g.rewards for g in groups]))
+        truncated = torch.tensor(truncated_rows, dtype=torch.bool)
+        token_level = bool(truncated.any()) and is_level == "token"
+        return cls(advantages=per_group[[g for g, _ in rows], [j for _, j in rows]],
+                   behaviour=[groups[g].behaviour_logprobs[j] if groups[g].behaviour_logprobs is not None else None
+                              for g, j in rows],
+                   behaviour_tokens=[stored_token_logprobs(groups[g], j) if token_level and on else None
+                                     for (g, j), on in zip(rows, truncated.tolist())],
+                   truncated=truncated, token_level=token_level)
+
+
+def stored_token_logprobs(group: Group, response: int) -> tuple[float, ...]:
+    if group.behaviour_token_logprobs is None:
+        raise ValueError(f"a group of step {group.step} has no per-token behaviour log-probs, which token-level "
+                         "truncated IS needs; groups stored by a run with is_level=sequence cannot be replayed "
+                         "with is_level=token")
+    return group.behaviour_token_logprobs[response]
+
+
+def sequence_weights(lp: MicroBatch, rows: RowInputs, clip_ceiling: float, truncation: Truncation):
+    """(log pi per response, used and raw weight per response, used and raw weight per token) of a micro-batch.
+
+    Fresh rows of an on-policy sampler have no mu: mu = pi_theta now, weight exactly 1. Replayed rows get
+    eq. 2's min(c, pi/mu); the rows `rows.truncated` names get seed 002's truncated IS (its eq. 3), per
+    response or, at is_level=token, per token (the response's weight is then its mean token weight).
+    """
+    mask, truncated = lp.mask, rows.truncated[lp.index]
+    current = lp.sequence_logprobs()                                        # log pi_theta(y|x)
+    mu = torch.tensor([mu_i if mu_i is not None else current[n].item()
+                       for n, mu_i in enumerate(rows.behaviour[i] for i in lp.index)])
+    clipped, raw = importance_weights(current, mu, clip_ceiling)          # eq. 2
+    if truncated.any():  # seed 002 eq. 3
+        seq_weights, seq_raw = truncated_importance_weights(current, mu, truncation.is_min, truncation.is_max)
+        clipped, raw = torch.where(truncated, seq_weights, clipped), torch.where(truncated, seq_raw, raw)
+    token_weights = clipped.to(mask.device)[:, None].expand_as(mask)  # a sequence weight on each token
+    raw_tokens = raw.to(mask.device)[:, None].expand_as(mask)
+    if rows.token_level and truncated.any():
+        mu_tokens = place_tokens(lp.chunk, [rows.behaviour_tokens[i] for i in lp.index], torch.zeros_like(mask))
+        per_token, per_token_raw = truncated_importance_weights(
+            upcast(lp.policy.detach()), mu_tokens, truncation.is_min, truncation.is_max, level="token", mask=mask)
+        on_tokens = truncated.to(mask.device)[:, None]
+        token_weights = torch.where(on_tokens, per_token, token_weights)
+        raw_tokens = torch.where(on_tokens, per_token_raw, raw_tokens)
+        token_mean = (per_token * mask).sum(-1).cpu() / mask.sum(-1).clamp(min=1).cpu()
+        clipped = torch.where(truncated, token_mean, clipped)
+    return current, clipped, raw, token_weights, raw_tokens
 
 
 class RlooObjective(Objective):
@@ -28,8 +91,6 @@ class RlooObjective(Objective):
     weights would round lr-1e-5 updates away).
     """
 
-    splits_over_ranks = True
-
     reads_clip = True
 
     @classmethod
@@ -40,111 +101,25 @@ class RlooObjective(Objective):
         super().__init__(**settings)
         self.clip_ceiling = float(clip_ceiling)
         self.weight_ceiling = self.clip_ceiling
-        # Keep log mu per token of fresh rows for their replay: only a loss that truncates replayed rows per
-        # token reads it (eq. 2 weighs replayed rows per sequence), so the others skip the per-row copies.
-        self.keep_token_logprobs = False
 
     def truncated_rows(self, batch: Batch) -> list[bool]:
         """Rows weighted by seed 002's truncated IS instead of eq. 2: fresh rows of an off-policy sampler."""
         return batch.row_off_policy()
 
-    def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
-        groups, rows = batch.groups, batch.rows
-        loo = self.advantages(torch.tensor([g.rewards for g in groups]))
-        advantages = loo[[g for g, _ in rows], [j for _, j in rows]]
-        sequences, cached_reference, token_counts = batch_sequences(batch)
-        # Fresh groups have no behaviour log-probs yet: mu = pi_theta now, so their weight is exactly 1.
-        behaviour = [groups[g].behaviour_logprobs[j] if groups[g].behaviour_logprobs is not None else None
-                     for g, j in rows]
-        truncated_rows = torch.tensor(self.truncated_rows(batch), dtype=torch.bool)
-        token_level = bool(truncated_rows.any()) and self.truncation.is_level == "token"
-        behaviour_tokens = [self._stored_token_logprobs(groups[g], j) if token_level and truncated else None
-                            for (g, j), truncated in zip(rows, truncated_rows.tolist())]
-        size, total_tokens = len(sequences), int(token_counts.sum())
-        batch_rows, batch_tokens = self.reducer.total(size), self.reducer.total(total_tokens)  # over all ranks' shards
-        logprobs, raw_weights, weights = torch.zeros(size), torch.ones(size), torch.ones(size)
-        kl_sums = torch.zeros(size)
-        reference_tokens: list[tuple[float, ...] | None] = [None] * size
-        current_tokens: list[tuple[float, ...]] = [()] * size
-        token_raw: list[torch.Tensor] = [torch.empty(0)] * size
-        token_used: list[torch.Tensor] = [torch.empty(0)] * size
-        totals = defaultdict(float)
+    def prepare(self, batch: Batch) -> RowInputs:
+        return RowInputs.of(batch, self.advantages, self.truncated_rows(batch), self.truncation.is_level)
 
-        policy.train()
-        optimizer.zero_grad(set_to_none=True)
-        for index in self.forward.batches(sequences):
-            chunk = [sequences[i] for i in index]
-            token_logprobs, entropy, mask = self.forward.token_stats(policy, chunk, with_entropy=True)
-            reference_logprobs = self.reference_chunk(reference, chunk, [cached_reference[i] for i in index],
-                                                      like=token_logprobs)
-            mask = mask.float()
-            current, clipped, raw, token_weights, raw_tokens = self._chunk_weights(
-                chunk, token_logprobs, mask, [behaviour[i] for i in index], [behaviour_tokens[i] for i in index],
-                truncated_rows[index], token_level)
-            terms = rloo_loss(token_logprobs, reference_logprobs, entropy, mask,
-                              advantages[index].to(mask.device), token_weights, batch_size=batch_rows,
-                              total_tokens=batch_tokens, kl_coef=self.kl_coef, entropy_coef=self.entropy_coef,
-                              kl_estimator=self.kl_tokens)
-            terms.loss.backward()
+    def weights(self, lp: MicroBatch, rows: RowInputs):
+        """`sequence_weights` with this objective's ceiling (eq. 2) and truncation (seed 002 eq. 3)."""
+        return sequence_weights(lp, rows, self.clip_ceiling, self.truncation)
 
-            logprobs[index], raw_weights[index], weights[index] = current, raw, clipped
-            if reference_logprobs is not None:
-                for i, tokens in zip(index, row_values(reference_logprobs, mask)):
-                    reference_tokens[i] = tokens
-            if self.keep_token_logprobs:
-                for i, tokens in zip(index, row_values(token_logprobs, mask)):
-                    current_tokens[i] = tokens
-            if token_level:
-                on = mask.bool().cpu()
-                for row, i in enumerate(index):
-                    token_raw[i] = raw_tokens[row].detach().cpu()[on[row]]
-                    token_used[i] = token_weights[row].detach().cpu()[on[row]]
-            kl_sums[index] = terms.kl_tokens.sum(-1).detach().cpu()
-            for key, value in (("loss", terms.loss), ("policy_loss", terms.policy), ("kl", terms.kl),
-                               ("entropy", terms.entropy)):
-                totals[key] += value.item()
-        self.optimizer_step(policy, optimizer)
-        return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=kl_sums,
-                            token_counts=token_counts, reference_tokens=reference_tokens,
-                            behaviour_tokens=current_tokens if self.keep_token_logprobs else None,
-                            token_raw_weights=token_raw if token_level else None,
-                            token_weights=token_used if token_level else None, **totals)
-
-    def _chunk_weights(self, chunk, token_logprobs, mask, behaviour, behaviour_tokens, truncated, token_level: bool):
-        """(log pi per response, used and raw weight per response, used and raw weight per token) of a micro-batch.
-
-        Fresh rows of an on-policy sampler have no mu: mu = pi_theta now, weight exactly 1. Replayed rows get
-        eq. 2's min(c, pi/mu); the rows `truncated_rows` names get seed 002's truncated IS (its eq. 3), per
-        response or, at is_level=token, per token (the response's weight is then its mean token weight).
-        """
-        current = (token_logprobs * mask).sum(-1).detach().cpu()                # log pi_theta(y|x)
-        mu = torch.tensor([mu_i if mu_i is not None else current[n].item() for n, mu_i in enumerate(behaviour)])
-        clipped, raw = importance_weights(current, mu, self.clip_ceiling)     # eq. 2
-        if truncated.any():  # seed 002 eq. 3
-            seq_weights, seq_raw = truncated_importance_weights(current, mu, self.truncation.is_min,
-                                                                self.truncation.is_max)
-            clipped, raw = torch.where(truncated, seq_weights, clipped), torch.where(truncated, seq_raw, raw)
-        token_weights = clipped.to(mask.device)[:, None].expand_as(mask)  # a sequence weight on each token
-        raw_tokens = raw.to(mask.device)[:, None].expand_as(mask)
-        if token_level and truncated.any():
-            mu_tokens = place_tokens(chunk, behaviour_tokens, torch.zeros_like(mask))
-            per_token, per_token_raw = truncated_importance_weights(
-                upcast(token_logprobs.detach()), mu_tokens, self.truncation.is_min, self.truncation.is_max,
-                level="token", mask=mask)
-            on_tokens = truncated.to(mask.device)[:, None]
-            token_weights = torch.where(on_tokens, per_token, token_weights)
-            raw_tokens = torch.where(on_tokens, per_token_raw, raw_tokens)
-            token_mean = (per_token * mask).sum(-1).cpu() / mask.sum(-1).clamp(min=1).cpu()
-            clipped = torch.where(truncated, token_mean, clipped)
-        return current, clipped, raw, token_weights, raw_tokens
-
-    @staticmethod
-    def _stored_token_logprobs(group, response: int) -> tuple[float, ...]:
-        if group.behaviour_token_logprobs is None:
-            raise ValueError(f"a group of step {group.step} has no per-token behaviour log-probs, which token-level "
-                             "truncated IS needs; groups stored by a run with is_level=sequence cannot be replayed "
-                             "with is_level=token")
-        return group.behaviour_token_logprobs[response]
+    def __call__(self, lp: MicroBatch, rows: RowInputs, totals: Totals) -> Loss:
+        current, clipped, raw, token_weights, raw_tokens = self.weights(lp, rows)
+        terms = rloo_loss(lp.policy, lp.reference, lp.entropy, lp.mask, rows.advantages[lp.index].to(lp.mask.device),
+                          token_weights, batch_size=totals.rows, total_tokens=totals.tokens, kl_coef=self.kl_coef,
+                          entropy_coef=self.entropy_coef, kl_estimator=self.kl_tokens)
+        return Loss(terms.loss, terms.policy, terms.kl, terms.entropy, terms.kl_tokens, logprobs=current,
+                    weights=(raw, clipped), token_weights=(raw_tokens, token_weights) if rows.token_level else None)
 
 
 class TruncatedIsRloo(RlooObjective):
@@ -213,7 +188,7 @@ class AsymRE(RlooObjective):
     def truncated_rows(self, batch: Batch) -> list[bool]:
         return [False] * len(batch.rows)
 
-    def _chunk_weights(self, chunk, token_logprobs, mask, behaviour, behaviour_tokens, truncated, token_level: bool):
-        current = (token_logprobs * mask).sum(-1).detach().cpu()
+    def weights(self, lp: MicroBatch, rows: RowInputs):
+        current = lp.sequence_logprobs()
         ones = torch.ones_like(current)
-        return current, ones, ones, torch.ones_like(mask), torch.ones_like(mask)
+        return current, ones, ones, torch.ones_like(lp.mask), torch.ones_like(lp.mask)

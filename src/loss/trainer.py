@@ -1,0 +1,223 @@
+"""The trainer's half of an update, the same for every objective: micro-batches, forward passes, backward,
+gradient clipping and the optimizer step (`train`).
+
+An objective only turns one micro-batch's per-token log-probs into a loss (`MicroBatch` -> `Loss`), normalised
+by the batch-wide `Totals` its `Reducer` sums over the ranks that share the batch; it never calls backward or
+steps. Over data-parallel ranks (src/distributed/data_parallel.py) every rank runs this loop on its shard with
+rank-aware micro-batches and reducer, so any objective trains over ranks unchanged.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from src.batch import Batch, Group
+from src.policy.forward import row_values
+
+
+@dataclass
+class UpdateResult:
+    """Per-response numbers from the update, in the batch's row order (detached, on the CPU)."""
+
+    logprobs: torch.Tensor      # log pi_theta(y|x) before the update
+    raw_weights: torch.Tensor
+    weights: torch.Tensor       # clipped, as used in the gradient
+    kl_sums: torch.Tensor       # per-response sum of token KL estimates
+    token_counts: torch.Tensor
+    # Per-response log pi_ref per token, stored with new groups; None where the update read no pi_ref (kl_coef = 0).
+    reference_tokens: list[tuple[float, ...] | None]
+    loss: float
+    policy_loss: float
+    kl: float
+    entropy: float
+    # Per-response log mu per token to store with fresh groups (loss=grpo: pi_prox's); None: not kept.
+    behaviour_tokens: list[tuple[float, ...]] | None = None
+    extras: dict[str, float] = field(default_factory=dict)  # loss-specific diagnostics (grpo/*, ipo/*)
+    optimizer_steps: int = 1
+    # Where the objective weights tokens (loss=grpo's capped pi_prox/mu, token-level truncated IS): per
+    # row, the raw and the used weight of each response token. None: one weight per response.
+    token_raw_weights: list[torch.Tensor] | None = None
+    token_weights: list[torch.Tensor] | None = None
+
+    def weights_of(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw and used importance weights of the selected rows (a bool mask over the batch's rows): one
+        per response, or one per response token where the objective weights tokens, since that is where
+        its cap or truncation acts (a clip fraction then counts capped tokens, not responses)."""
+        if self.token_weights is None:
+            return self.raw_weights[rows], self.weights[rows]
+        picked = rows.nonzero().flatten().tolist()
+        if not picked:
+            return torch.empty(0), torch.empty(0)
+        return (torch.cat([self.token_raw_weights[i] for i in picked]),
+                torch.cat([self.token_weights[i] for i in picked]))
+
+    def stored(self, group: Group, first_row: int) -> Group:
+        """A trained fresh group as a store keeps it: with log mu and its per-token log pi_ref.
+
+        A group sampled by a stale or tempered behaviour already carries that behaviour's mu.
+        """
+        rows = slice(first_row, first_row + group.size)
+        reference = self.reference_tokens[rows]
+        if any(tokens is None for tokens in reference):  # not read at kl_coef = 0: a later update computes it
+            reference = None
+        if group.behaviour_logprobs is not None:
+            return group.with_behaviour_logprobs(group.behaviour_logprobs, reference, group.behaviour_token_logprobs)
+        tokens = self.behaviour_tokens[rows] if self.behaviour_tokens else None
+        return group.with_behaviour_logprobs(self.logprobs[rows].tolist(), reference, tokens)
+
+
+def batch_sequences(batch: Batch) -> tuple[list, list, torch.Tensor]:
+    """The batch's trained rows as (prompt, response) id pairs, their stored log pi_ref (or None) and lengths."""
+    groups = batch.groups
+    sequences = [(groups[g].prompt_ids, groups[g].response_ids[j]) for g, j in batch.rows]
+    cached = [groups[g].reference_logprobs[j] if groups[g].reference_logprobs is not None else None
+              for g, j in batch.rows]
+    token_counts = torch.tensor([float(len(response)) for _, response in sequences])
+    return sequences, cached, token_counts
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch as an objective sees it: its batch rows and their per-token numbers, [rows, positions]."""
+
+    index: list[int]              # the rows' positions in the batch
+    chunk: list                   # their (prompt ids, response ids)
+    policy: torch.Tensor          # log pi_theta per token (with grad in the training pass)
+    entropy: torch.Tensor | None  # None: not asked for
+    reference: torch.Tensor | None  # log pi_ref per token; None: not read
+    mask: torch.Tensor            # 1.0 on response tokens (float)
+
+    def sequence_logprobs(self) -> torch.Tensor:
+        """log pi_theta(y|x) per response, detached on the CPU."""
+        return (self.policy * self.mask).sum(-1).detach().cpu()
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What a micro-batch's terms are normalised by: the responses and response tokens of its mini-batch (the
+    whole batch where the objective takes one optimizer step), summed over the ranks that share it."""
+
+    rows: int
+    tokens: int
+
+
+@dataclass
+class Loss:
+    """One micro-batch's loss and the per-row numbers the trainer keeps of it (None: the objective keeps none)."""
+
+    loss: torch.Tensor
+    policy_loss: torch.Tensor | None = None   # the loss's terms, each its share of the batch's value
+    kl: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    kl_tokens: torch.Tensor | None = None     # masked per-token KL estimates
+    logprobs: torch.Tensor | None = None      # log pi_theta(y|x) per row
+    weights: tuple[torch.Tensor, torch.Tensor] | None = None        # (raw, used) per row
+    token_weights: tuple[torch.Tensor, torch.Tensor] | None = None  # (raw, used) per token
+
+
+class Tally:
+    """The update's per-row numbers and its loss terms (averaged over its optimizer steps), as micro-batches end."""
+
+    def __init__(self, rows: int, updates: int, keep_token_logprobs: bool) -> None:
+        self.updates, self.keep_token_logprobs = updates, keep_token_logprobs
+        self.logprobs, self.raw_weights, self.weights = torch.zeros(rows), torch.ones(rows), torch.ones(rows)
+        self.kl_sums = torch.zeros(rows)
+        self.reference_tokens: list[tuple[float, ...] | None] = [None] * rows
+        self.current_tokens: list[tuple[float, ...]] = [()] * rows
+        self.token_raw: list[torch.Tensor] = [torch.empty(0)] * rows
+        self.token_used: list[torch.Tensor] = [torch.empty(0)] * rows
+        self.token_level = False
+        self.totals = defaultdict(float)
+
+    def add(self, lp: MicroBatch, out: Loss) -> None:
+        index = lp.index
+        if out.logprobs is not None:
+            self.logprobs[index] = out.logprobs
+        if out.weights is not None:
+            self.raw_weights[index], self.weights[index] = out.weights
+        if lp.reference is not None:
+            for i, tokens in zip(index, row_values(lp.reference, lp.mask)):
+                self.reference_tokens[i] = tokens
+        if self.keep_token_logprobs:
+            for i, tokens in zip(index, row_values(lp.policy, lp.mask)):
+                self.current_tokens[i] = tokens
+        if out.token_weights is not None:
+            self.token_level, on = True, lp.mask.bool().cpu()
+            raw, used = out.token_weights
+            for row, i in enumerate(index):
+                self.token_raw[i] = raw[row].detach().cpu()[on[row]]
+                self.token_used[i] = used[row].detach().cpu()[on[row]]
+        if out.kl_tokens is not None:
+            self.kl_sums[index] = out.kl_tokens.sum(-1).detach().cpu()
+        for key in ("loss", "policy_loss", "kl", "entropy"):
+            value = getattr(out, key)
+            if value is not None:
+                self.totals[key] += value.item() / self.updates  # mean over the optimizer steps
+
+    def result(self, token_counts: torch.Tensor, optimizer_steps: int) -> UpdateResult:
+        """The update's `UpdateResult` from the per-row numbers the micro-batches left."""
+        return UpdateResult(logprobs=self.logprobs, raw_weights=self.raw_weights, weights=self.weights,
+                            kl_sums=self.kl_sums, token_counts=token_counts, reference_tokens=self.reference_tokens,
+                            behaviour_tokens=self.current_tokens if self.keep_token_logprobs else None,
+                            token_raw_weights=self.token_raw if self.token_level else None,
+                            token_weights=self.token_used if self.token_level else None,
+                            optimizer_steps=optimizer_steps, **self.totals)
+
+
+def micro_batch(objective, model, reference, sequences, cached, index, reads: tuple[bool, bool]) -> MicroBatch:
+    """The forward passes of one micro-batch: log pi_theta per token, with its entropy and log pi_ref as `reads`
+    (entropy, reference) asks (pi_ref's from the stored `cached` rows where it can)."""
+    chunk = [sequences[i] for i in index]
+    with_entropy, with_reference = reads
+    token_logprobs, entropy, mask = objective.forward.token_stats(model, chunk, with_entropy=with_entropy)
+    ref = (objective.forward.reference_tokens(reference, chunk, [cached[i] for i in index], like=token_logprobs)
+           if with_reference else None)
+    return MicroBatch(index, chunk, token_logprobs, entropy, ref, mask.float())
+
+
+def train(objective, policy, reference, optimizer, batch: Batch) -> UpdateResult:
+    """One update of `policy` on `batch` with `objective`'s loss: one optimizer step per mini-batch.
+
+    1. The objective's per-batch inputs (`prepare`: advantages, log mu...) and its mini-batches (one by default).
+    2. Where the objective fixes numbers for the whole update (pi_prox, IPO's log pi), a no-grad pass over
+       every micro-batch before the first optimizer step (`observe`).
+    3. Per mini-batch: zero the gradients, backpropagate each micro-batch's loss (normalised by the
+       mini-batch's totals, so accumulation gives the one-batch gradient exactly), clip, step.
+    """
+    sequences, cached, token_counts = batch_sequences(batch)
+    prepared = objective.prepare(batch)  # 1.
+    plans = [[[mini[k] for k in chunk] for chunk in objective.forward.batches([sequences[i] for i in mini])]
+             for mini in objective.mini_batches(len(sequences))]
+    policy.train()
+    first_pass = objective.first_pass_reads()
+    if first_pass is not None:  # 2.
+        with torch.no_grad():
+            for index in (chunk for plan in plans for chunk in plan):
+                objective.observe(prepared, micro_batch(objective, policy, reference, sequences, cached, index,
+                                                        first_pass))
+    steps = len(plans) if objective.trains(prepared) else 0
+    tally = Tally(len(sequences), max(steps, 1), objective.keep_token_logprobs)
+    for plan in plans[:steps]:  # 3.
+        totals = Totals(objective.reducer.total(sum(len(chunk) for chunk in plan)),
+                        objective.reducer.total(sum(len(sequences[i][1]) for chunk in plan for i in chunk)))
+        optimizer.zero_grad(set_to_none=True)
+        for index in plan:
+            if objective.skips(prepared, index):
+                continue
+            lp = micro_batch(objective, policy, reference, sequences, cached, index, objective.train_reads())
+            out = objective(lp, prepared, totals)
+            out.loss.backward()
+            tally.add(lp, out)
+        optimizer_step(objective, policy, optimizer)
+    return objective.result(prepared, tally, token_counts, steps)
+
+
+def optimizer_step(objective, policy, optimizer) -> None:
+    """Reduce the accumulated gradients over ranks (where the reducer must), clip them, step."""
+    objective.reducer.before_step(policy)
+    if objective.max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), objective.max_grad_norm)
+    optimizer.step()
