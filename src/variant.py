@@ -65,13 +65,17 @@ class Variant:
 
     knobs: ClassVar[dict[str, Knob]] = {}
 
+    # A variant whose settings never change its label names it here; one whose settings do overrides the methods.
+    cell_tag: ClassVar[str] = ""
+    reader_tag: ClassVar[str] = ""
+
     @classmethod
     def cell_label(cls, node, cfg) -> str:
-        return ""
+        return cls.cell_tag
 
     @classmethod
     def reader_label(cls, node, cfg) -> str:
-        return ""
+        return cls.reader_tag
 
     @classmethod
     def plain(cls, node) -> bool:

@@ -180,13 +180,9 @@ class NoReplay(ReplayStore):
     def fresh_only(cls, node) -> bool:
         return True
 
-    @classmethod
-    def cell_label(cls, node, cfg) -> str:
-        return "rho0"
+    cell_tag = "rho0"
 
-    @classmethod
-    def reader_label(cls, node, cfg) -> str:
-        return "Fresh-only"
+    reader_tag = "Fresh-only"
 
     def __init__(self, name: str = "none", ratio: float = 0.0, max_age: int = 0, capacity: int = 0,
                  allow_infeasible: bool = False, groups_per_step: int = 0, seed: int = 0) -> None:

@@ -69,13 +69,9 @@ def batch_pairs(groups: list[Group]) -> list[tuple[int, int]]:
 class IpoObjective(Objective):
     """One optimizer step of IPO on the batch's within-group pairs (whole groups; KL and entropy only logged)."""
 
-    @classmethod
-    def cell_label(cls, node, cfg) -> str:
-        return "-ipo"
+    cell_tag = "-ipo"
 
-    @classmethod
-    def reader_label(cls, node, cfg) -> str:
-        return " (IPO loss)"
+    reader_tag = " (IPO loss)"
 
     def __init__(self, tau: float, **settings) -> None:
         super().__init__(**settings)

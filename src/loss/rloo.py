@@ -136,13 +136,9 @@ class TruncatedIsRloo(RlooObjective):
     def plain(cls, node) -> bool:
         return False
 
-    @classmethod
-    def cell_label(cls, node, cfg) -> str:
-        return "-rloo-tis"
+    cell_tag = "-rloo-tis"
 
-    @classmethod
-    def reader_label(cls, node, cfg) -> str:
-        return " (RLOO, truncated IS)"
+    reader_tag = " (RLOO, truncated IS)"
 
     def __init__(self, is_min: float, is_max: float, is_level: str, is_max_token: float = 2.0, **settings) -> None:
         settings.pop("truncation", None)  # this loss's own is_* (by default the behaviour group's) apply
@@ -169,13 +165,9 @@ class AsymRE(RlooObjective):
     def plain(cls, node) -> bool:
         return False
 
-    @classmethod
-    def cell_label(cls, node, cfg) -> str:
-        return "-asymre"
+    cell_tag = "-asymre"
 
-    @classmethod
-    def reader_label(cls, node, cfg) -> str:
-        return " (AsymRE loss)"
+    reader_tag = " (AsymRE loss)"
 
     def __init__(self, delta_v: float = -0.1, **settings) -> None:
         settings.pop("truncation", None)

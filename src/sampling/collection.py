@@ -140,13 +140,9 @@ class DynamicCollection(FreshCollection):
     def plain(cls, node) -> bool:
         return False
 
-    @classmethod
-    def cell_label(cls, node, cfg) -> str:
-        return "-dapo"
+    cell_tag = "-dapo"
 
-    @classmethod
-    def reader_label(cls, node, cfg) -> str:
-        return "DAPO dynamic sampling"
+    reader_tag = "DAPO dynamic sampling"
 
     @classmethod
     def budget_is_floor(cls, node) -> bool:
