@@ -259,6 +259,8 @@ def test_a_tiny_preset_runs_a_step(tmp_path, preset):
                "trainer.groups_per_step=10", "evaluation.at_start=false", "evaluation.prompts=2",
                "evaluation.samples_per_prompt=2", "evaluation.ks=[1]", f"tracking.uri={store}",
                f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/run"]
+    if preset == "seed003-deepscaler-tiny":  # its mini-batch of 16 prompts does not divide 10: the count is set
+        command.append("loss.updates_per_step=2")
     result = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout + result.stderr  # the run's summary goes to stderr when it is not a terminal

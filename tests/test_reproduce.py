@@ -105,14 +105,15 @@ def test_runs_outside_every_role_are_left_out():
 
 TINY = "trainer.steps=2 trainer.group_size=4 evaluation.prompts=3 evaluation.samples_per_prompt=4 evaluation.ks=[1,4]"
 # What each target needs beyond TINY: seed 004's replay fraction of 0.10 replaces a prompt only from 10 groups,
-# and its claim reads pass@32; seed 003's 4 mini-batch updates need groups in fours; seed 001's batches are
+# and its claim reads pass@32; seed 003's 4 mini-batch updates need groups in fours (its mini-batch of 8 prompts
+# would not divide 4, so the count is set); seed 001's batches are
 # rollouts, so its groups must fill them (60 rollouts of G = 16 at paper scale; 8 of 4 here).
 # Only seed 000's curves need the warm start's evaluation.
 EXTRA = {
     "seed000": "trainer.groups_per_step=4 evaluation.every=1",
     "seed001": "trainer.group_size=4 runtime.batch_rollouts=8 runtime.capacity=32 evaluation.at_start=false",
     "seed002": "trainer.groups_per_step=4 trainer.micro_batch_size=16 evaluation.at_start=false",
-    "seed003": "trainer.groups_per_step=4 evaluation.at_start=false",
+    "seed003": "trainer.groups_per_step=4 loss.updates_per_step=4 evaluation.at_start=false",
     "seed004": "trainer.groups_per_step=10 evaluation.samples_per_prompt=32 evaluation.ks=[1,8,32] "
                "evaluation.at_start=false evaluation.prompts=2",
 }
