@@ -419,6 +419,16 @@ def test_console_scripts_point_at_callables():
         assert callable(getattr(importlib.import_module(module), name))
 
 
+def test_the_installed_command_is_python_m_src_run_checking_before_torch():
+    # pyproject's replay-rloo (src.cli:main) runs `python -m src.run` under its own name, as a user types it.
+    command = str(Path(sys.executable).parent / "replay-rloo")
+    helped = subprocess.run([command, "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and helped.stdout.startswith("replay-rloo: ")
+    refused = subprocess.run([command, "buffer=age9"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [refused.stderr.strip()] and "buffer=age9" in refused.stderr
+
+
 def _constraints() -> dict[str, str]:
     pins = {}
     for line in (ROOT / "constraints-cpu.txt").read_text().splitlines():
