@@ -132,7 +132,7 @@ def test_eq3_on_a_hand_worked_two_group_batch():
     (e^.5 - 1.5) + (e^-.5 - .5) + (e - 2) = 0.9735339, over 6 tokens 0.1622557. Entropy 8/6.
     Loss = -0.0625 + 0.1 * 0.1622557 - 0.01 * 8/6 = -0.0596078.
     """
-    from src.loss.rloo_math import leave_one_out_advantages, rloo_loss
+    from src.loss.rloo_math import leave_one_out_advantages
 
     advantages = leave_one_out_advantages(torch.tensor([[1.0, 0.0], [1.0, 0.5]])).flatten()
     assert advantages.tolist() == [1.0, -1.0, 0.5, -0.5]
@@ -141,33 +141,48 @@ def test_eq3_on_a_hand_worked_two_group_batch():
     reference = logprobs + torch.tensor([[0.0, 0.5], [-0.5, 0.0], [0.0, 0.0], [1.0, 0.0]])
     entropy = torch.tensor([[1.0, 2.0], [3.0, 9.0], [0.5, 0.5], [1.0, 9.0]])  # 9: padding, masked out
     weights = torch.tensor([1.0, 1.0, 2.0, 0.5])[:, None].expand(4, 2)
-    terms = rloo_loss(logprobs, reference, entropy, mask, advantages, weights, batch_size=4, total_tokens=6,
-                      kl_coef=0.1, entropy_coef=0.01)
-    assert terms.policy.item() == pytest.approx(-0.0625, abs=1e-7)
+    terms = eq3(logprobs, reference, entropy, mask, advantages, weights, rows=range(4))
+    assert terms.policy_loss.item() == pytest.approx(-0.0625, abs=1e-7)
     assert terms.kl.item() == pytest.approx(0.9735339 / 6, abs=1e-7)
     assert terms.entropy.item() == pytest.approx(8 / 6, abs=1e-7)
     assert terms.loss.item() == pytest.approx(-0.0625 + 0.1 * 0.9735339 / 6 - 0.01 * 8 / 6, abs=1e-7)
     # A micro-batch of the last two rows, normalised by the whole batch, is exactly its share.
-    half = rloo_loss(logprobs[2:], reference[2:], entropy[2:], mask[2:], advantages[2:], weights[2:],
-                     batch_size=4, total_tokens=6, kl_coef=0.1, entropy_coef=0.01)
-    first = rloo_loss(logprobs[:2], reference[:2], entropy[:2], mask[:2], advantages[:2], weights[:2],
-                      batch_size=4, total_tokens=6, kl_coef=0.1, entropy_coef=0.01)
+    half = eq3(logprobs, reference, entropy, mask, advantages, weights, rows=[2, 3])
+    first = eq3(logprobs, reference, entropy, mask, advantages, weights, rows=[0, 1])
     assert (half.loss + first.loss).item() == pytest.approx(terms.loss.item(), abs=1e-7)
+    # Without pi_ref (kl_coef = 0) the KL is not measured, and the loss holds the entropy term alone.
+    unread = eq3(logprobs, None, entropy, mask, advantages, weights, rows=range(4))
+    assert math.isnan(unread.kl.item())
+    assert unread.loss.item() == pytest.approx(-0.0625 - 0.01 * 8 / 6, abs=1e-7)
+
+
+def eq3(logprobs, reference, entropy, mask, advantages, weights, rows, kl_coef=0.1, entropy_coef=0.01,
+        estimator=None):
+    """Eq. 3 on the chosen rows of a batch of 4 responses and 6 tokens: RLOO's policy term
+    (`rloo_policy_loss`) plus the KL and entropy terms the trainer adds to every loss (`penalised`)."""
+    from src.loss.kl import kl_k3
+    from src.loss.rloo_math import rloo_policy_loss
+    from src.loss.trainer import Loss, MicroBatch, Totals, penalised
+
+    rows = list(rows)
+    lp = MicroBatch(rows, [], logprobs[rows], entropy[rows], None if reference is None else reference[rows],
+                    mask[rows])
+    policy = rloo_policy_loss(lp.policy, lp.mask, advantages[rows], weights[rows], batch_size=4)
+    return penalised(Loss(policy, policy), lp, Totals(rows=4, tokens=6), kl_coef, entropy_coef, estimator or kl_k3)
 
 
 def test_eq3_kl_term_uses_the_estimator_it_is_given():
     """The batch of the eq. 3 test with d = log ref - log pi per token (0, .5 | -.5 | 0, 0 | 1):
     k2 = d^2/2 sums to 0.125 + 0.125 + 0.5 = 0.75 and k1 = -d to -1, over 6 tokens."""
     from src.loss.kl import kl_k1, kl_k2
-    from src.loss.rloo_math import rloo_loss
 
     logprobs = torch.tensor([[-1.0, -0.5], [-2.0, 0.0], [-0.2, -0.3], [-1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
     reference = logprobs + torch.tensor([[0.0, 0.5], [-0.5, 0.0], [0.0, 0.0], [1.0, 0.0]])
     ones = torch.ones(4, 2)
     for estimator, expected in ((kl_k2, 0.75 / 6), (kl_k1, -1 / 6)):
-        terms = rloo_loss(logprobs, reference, ones, mask, torch.zeros(4), ones, batch_size=4, total_tokens=6,
-                          kl_coef=1.0, entropy_coef=0.0, kl_estimator=estimator)
+        terms = eq3(logprobs, reference, ones, mask, torch.zeros(4), ones, rows=range(4), kl_coef=1.0,
+                    entropy_coef=0.0, estimator=estimator)
         assert terms.kl.item() == pytest.approx(expected, abs=1e-7)
         assert terms.loss.item() == pytest.approx(expected, abs=1e-7)  # zero advantages: the KL term alone
 

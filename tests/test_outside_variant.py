@@ -26,6 +26,18 @@ def _comparable(step: dict[str, float]) -> dict[str, float]:
     return {key: value for key, value in step.items() if not wall_clock(key)}  # wall-clock timings differ
 
 
+def test_the_loss_copy_is_its_per_micro_batch_function_alone():
+    """The trainer owns micro-batches, backward, the KL and entropy terms, clipping and steps: what a new loss
+    writes is its settings, its per-batch inputs and its term, in at most 40 lines."""
+    import inspect
+
+    from tests.outside_variants.variants import RlooCopy
+
+    lines = inspect.getsource(RlooCopy).splitlines()
+    assert len(lines) <= 40, f"RlooCopy is {len(lines)} lines"
+    assert not re.search(r"backward|zero_grad|\.step\(|kl_coef|entropy_coef", inspect.getsource(RlooCopy))
+
+
 @pytest.mark.parametrize("behaviour", [
     [],                                                  # fresh rows on-policy: weight 1; replayed rows eq. 2
     ["behaviour=diverse", "behaviour.is_level=token"],   # fresh rows of a tempered sampler: seed 002's token IS

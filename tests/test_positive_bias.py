@@ -11,7 +11,7 @@ from src.batch import Group
 from src.buffer import fifo, positive_bias
 from src.buffer.fifo import FifoReplayBuffer
 from src.runtime import queues
-from src.runtime.queues import ReplayBuffer
+from src.runtime.queues import RolloutReplayBuffer
 
 
 def test_both_buffers_call_the_one_rule():
@@ -30,7 +30,7 @@ def test_the_group_store_and_the_rollout_buffer_keep_the_same_rollouts(k, groups
     budget: after every group of a random reward stream both buffers hold the same (group, response) pairs."""
     rng = random.Random(k * 100 + groups)
     store = FifoReplayBuffer(capacity=groups, positive_bias=delta, correct_reward=1.0)
-    rollouts = ReplayBuffer(capacity=groups * k, positive_bias=delta, correct_reward=1.0)
+    rollouts = RolloutReplayBuffer(capacity=groups * k, positive_bias=delta, correct_reward=1.0)
     for step in range(30):
         group = a_group(step, [rng.choice((0.0, 0.1, 1.0)) for _ in range(k)])
         store.add([group])

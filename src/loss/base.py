@@ -87,6 +87,9 @@ class Objective(Variant):
 
     # The weight ceiling metrics compare raw weights against (clip fraction).
     weight_ceiling: float = float("inf")
+    # Whether the trainer adds eq. 3's beta_KL KL - beta_H H to this loss (`src.loss.trainer.penalised`); an
+    # objective whose loss has a regulariser of its own (IPO's margin to pi_ref) reports KL and entropy itself.
+    penalised: bool = True
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         """One update of `policy` on `batch` with this loss, by the shared trainer."""

@@ -13,7 +13,7 @@ from src.loss.base import Objective
 from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.loss.variant_math import clipped_surrogate, group_normalised_advantages
 from src.loss.rloo_math import interleaved_mini_batches
-from src.policy.forward import place_tokens, row_values, upcast
+from src.policy.forward import place_tokens, upcast
 from src.variant import float_knob, int_knob
 
 
@@ -24,15 +24,15 @@ class ClippedObjective(Objective):
     """`updates_per_step` mini-batch optimizer steps on the clipped surrogate (the shared trainer takes them).
 
     1. Group-normalised advantages from each group's K rewards (`group_normalised_advantages`).
-    2. pi_prox = the policy at the start of this update: its per-token log-probs (and pi_ref's,
-       or the stored ones) come from the trainer's no-grad pass over the same micro-batches the
-       updates use, before the first optimizer step (so the first mini-batch's ratio is exactly 1).
+    2. pi_prox = the policy at the start of this update: its per-token log-probs come from the
+       trainer's no-grad pass over the same micro-batches the updates use, before the first
+       optimizer step (so the first mini-batch's ratio is exactly 1).
     3. mu per token: a replayed group's stored `behaviour_token_logprobs`; a fresh group has
        mu = pi_prox (behaviour weight exactly 1), a fresh group of a stale sampler its own mu.
     4. Rows go to mini-batch i mod M (`interleaved_mini_batches`). Per mini-batch:
-       L = surrogate (token-mean over the mini-batch, `clipped_surrogate`) + beta_KL * KL
-       - beta_H * H (k3 KL and exact entropy, token means over the mini-batch); micro-batch
-       terms are scaled by their share of the mini-batch's tokens, so gradient accumulation is exact.
+       L = surrogate (token-mean over the mini-batch, `clipped_surrogate`), to which the trainer adds
+       beta_KL * KL - beta_H * H (token means over the mini-batch); micro-batch terms are scaled by
+       their share of the mini-batch's tokens, so gradient accumulation is exact.
     """
 
     knobs = {"eps_low": float_knob(0, 1, "0.2 (POPO)", high_open=True, why="the ratio is clipped below at 1 - eps_low"),
@@ -78,22 +78,16 @@ class ClippedObjective(Objective):
         rows = batch.rows
         rewards = torch.tensor([g.rewards for g in batch.groups])
         advantages = self.advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
-        return _FixedTokens(advantages, stored_behaviour_tokens(batch), [torch.empty(0)] * len(rows),
-                            [None] * len(rows), _Diagnostics())
+        return _FixedTokens(advantages, stored_behaviour_tokens(batch), [torch.empty(0)] * len(rows), _Diagnostics())
 
     def first_pass_reads(self) -> tuple[bool, bool]:
-        return False, self.reads_reference  # 2. pi_prox and pi_ref, before any optimizer step
+        return False, False  # 2. pi_prox, before any optimizer step (pi_ref is frozen: the trainer reads it later)
 
     def observe(self, fixed: "_FixedTokens", lp: MicroBatch) -> None:
-        """2. pi_prox and pi_ref per response token of one micro-batch."""
+        """2. pi_prox per response token of one micro-batch."""
         token_logprobs, mask = upcast(lp.policy).cpu(), lp.mask.bool().cpu()
-        refs = row_values(lp.reference, mask) if lp.reference is not None else [None] * len(lp.index)
-        for row, (i, tokens) in enumerate(zip(lp.index, refs)):
+        for row, i in enumerate(lp.index):
             fixed.prox[i] = token_logprobs[row][mask[row]].clone()
-            fixed.reference[i] = tokens
-
-    def train_reads(self) -> tuple[bool, bool]:
-        return True, False  # pi_ref was read by the first pass
 
     def mini_batches(self, rows: int) -> list[list[int]]:
         """4. The batch's row i in mini-batch i mod M (`interleaved_mini_batches`), as this shard's local rows.
@@ -110,8 +104,8 @@ class ClippedObjective(Objective):
         return [[i - first for i in mini if first <= i < first + rows] for mini in minis]
 
     def __call__(self, lp: MicroBatch, fixed: "_FixedTokens", totals: Totals) -> Loss:
-        """4. L = surrogate + beta_KL * KL - beta_H * H on one micro-batch, each term its share of the mini-batch."""
-        chunk, index, mini_tokens = lp.chunk, lp.index, totals.tokens
+        """4. The surrogate on one micro-batch, its share of the mini-batch's."""
+        chunk, index = lp.chunk, lp.index
         zeros = torch.zeros_like(upcast(lp.policy))
         behaviour_chunk = place_tokens(chunk, [fixed.behaviour(i) for i in index], zeros.clone())
         prox_chunk = (behaviour_chunk if self.ratio_to == "behaviour"
@@ -120,16 +114,9 @@ class ClippedObjective(Objective):
                                             fixed.advantages[index].to(lp.policy.device), lp.mask,
                                             eps_low=self.eps_low, eps_high=self.eps_high,
                                             behaviour_cap=self.behaviour_cap)
-        if self.reads_reference:
-            ref_chunk = place_tokens(chunk, [fixed.reference[i] for i in index], zeros.clone())
-            kl_tokens = self.kl_tokens(lp.policy, ref_chunk) * lp.mask
-        else:  # no pi_ref read (kl_coef = 0): the KL is not measured, and not in the loss
-            kl_tokens = torch.full_like(zeros, float("nan"))
-        policy_loss = surrogate * (diag["n_tokens"] / mini_tokens)
-        kl, entropy = kl_tokens.sum() / mini_tokens, (lp.entropy * lp.mask).sum() / mini_tokens
-        kl_term = self.kl_coef * kl if self.reads_reference else 0.0
+        policy_loss = surrogate * (diag["n_tokens"] / totals.tokens)
         fixed.diagnostics.add(diag)
-        return Loss(policy_loss + kl_term - self.entropy_coef * entropy, policy_loss, kl, entropy, kl_tokens)
+        return Loss(policy_loss, policy_loss)
 
     def result(self, fixed: "_FixedTokens", tally: Tally, token_counts: torch.Tensor,
                optimizer_steps: int) -> UpdateResult:
@@ -142,7 +129,7 @@ class ClippedObjective(Objective):
         token_used = [tokens.clamp(max=self.behaviour_cap) for tokens in token_raw]
         weights = torch.stack([tokens.mean() if len(tokens) else torch.tensor(1.0) for tokens in token_used])
         return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=tally.kl_sums,
-                            token_counts=token_counts, reference_tokens=fixed.reference,
+                            token_counts=token_counts, reference_tokens=tally.reference_tokens,
                             behaviour_tokens=[tuple(p.tolist()) for p in prox],
                             extras=fixed.diagnostics.over(self.reducer).extras(optimizer_steps),
                             token_raw_weights=token_raw, token_weights=token_used,
@@ -168,13 +155,12 @@ def stored_behaviour_tokens(batch: Batch) -> list[torch.Tensor | None]:
 
 @dataclass
 class _FixedTokens:
-    """Per trained response, what stays fixed through the update: its advantage, and pi_prox, mu and pi_ref per
-    token; plus the surrogate's diagnostics as the micro-batches add them."""
+    """Per trained response, what stays fixed through the update: its advantage, and pi_prox and mu per token;
+    plus the surrogate's diagnostics as the micro-batches add them."""
 
     advantages: torch.Tensor
     stored_behaviour: list[torch.Tensor | None]  # None: a fresh group's, mu = pi_prox
     prox: list[torch.Tensor]
-    reference: list[tuple[float, ...] | None]  # None: not read (kl_coef = 0)
     diagnostics: "_Diagnostics"
 
     def behaviour(self, row: int) -> torch.Tensor:

@@ -70,6 +70,7 @@ class IpoObjective(Objective):
     """One optimizer step of IPO on the batch's within-group pairs (whole groups; KL and entropy only logged)."""
 
     cell_tag = "-ipo"
+    penalised = False  # the margin to pi_ref is IPO's regulariser; its first pass measures KL and entropy
 
     reader_tag = " (IPO loss)"
 

@@ -11,7 +11,7 @@ from src.batch import Batch, Group
 from src.loss.base import Objective, Truncation
 from src.loss.trainer import Loss, MicroBatch, Totals
 from src.loss.variant_math import truncated_importance_weights
-from src.loss.rloo_math import importance_weights, rloo_loss
+from src.loss.rloo_math import importance_weights, rloo_policy_loss
 from src.policy.forward import place_tokens, upcast
 from src.variant import float_knob
 
@@ -86,8 +86,8 @@ class RlooObjective(Objective):
     replayed rows (eq. 2), and for the rows `truncated_rows` names (fresh rows of a stale or
     tempered sampler) seed 002's truncated exp(clip(log pi - log mu, log rho_min, log rho_max)),
     per response or per token. Weights are constants in the gradient. Micro-batch terms are
-    normalised by the full batch (`rloo_loss`), so the accumulated gradient equals the one-batch
-    gradient exactly; `autocast="bfloat16"` runs the forward passes in bf16 on fp32 weights (bf16
+    normalised by the full batch (`rloo_policy_loss`; the trainer's KL and entropy terms alike), so the
+    accumulated gradient equals the one-batch gradient exactly; `autocast="bfloat16"` runs the forward passes in bf16 on fp32 weights (bf16
     weights would round lr-1e-5 updates away).
     """
 
@@ -115,11 +115,10 @@ class RlooObjective(Objective):
 
     def __call__(self, lp: MicroBatch, rows: RowInputs, totals: Totals) -> Loss:
         current, clipped, raw, token_weights, raw_tokens = self.weights(lp, rows)
-        terms = rloo_loss(lp.policy, lp.reference, lp.entropy, lp.mask, rows.advantages[lp.index].to(lp.mask.device),
-                          token_weights, batch_size=totals.rows, total_tokens=totals.tokens, kl_coef=self.kl_coef,
-                          entropy_coef=self.entropy_coef, kl_estimator=self.kl_tokens)
-        return Loss(terms.loss, terms.policy, terms.kl, terms.entropy, terms.kl_tokens, logprobs=current,
-                    weights=(raw, clipped), token_weights=(raw_tokens, token_weights) if rows.token_level else None)
+        policy = rloo_policy_loss(lp.policy, lp.mask, rows.advantages[lp.index].to(lp.mask.device), token_weights,
+                                  batch_size=totals.rows)
+        return Loss(policy, policy, logprobs=current, weights=(raw, clipped),
+                    token_weights=(raw_tokens, token_weights) if rows.token_level else None)
 
 
 class TruncatedIsRloo(RlooObjective):

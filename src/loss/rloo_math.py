@@ -1,24 +1,20 @@
 """Pure tensor pieces of the Replay-RLOO objective (SPEC 4; paper eqs. 1-3).
 
-The trainer composes the loss itself (eq. 3):
+The loss is eq. 3:
 
     L(theta) = -(1/B) sum_i w_i A_i log pi_theta(y_i|x_i) + beta_KL * KL[pi_theta || pi_ref] - beta_H * H[pi_theta]
 
 with A_i from `leave_one_out_advantages` (eq. 1), w_i from `importance_weights` (eq. 2, a
-constant in the gradient), the KL estimated per response token with one of the
-estimators (`src.loss.kl`, `trainer.kl_estimator`, default k3), and the entropy per response token
-(`src.policy.token_stats.token_entropy`).
+constant in the gradient), and its policy term from `rloo_policy_loss`. The trainer adds the KL, estimated
+per response token with one of the estimators (`src.loss.kl`, `trainer.kl_estimator`, default k3), and the
+entropy per response token (`src.policy.token_stats.token_entropy`), as it does for every loss
+(`src.loss.trainer.penalised`).
 """
 
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
-
-from src.loss.kl import KlEstimator, kl_k3
 
 
 def leave_one_out_advantages(rewards: Tensor) -> Tensor:
@@ -70,35 +66,16 @@ def effective_sample_size(weights: Tensor) -> float:
     return w.sum().item() ** 2 / denom
 
 
-class LossTerms(NamedTuple):
-    """Eq. 3's value and its three terms (each already normalised), plus the per-token KL estimates."""
+def rloo_policy_loss(token_logprobs: Tensor, mask: Tensor, advantages: Tensor, token_weights: Tensor, *,
+                     batch_size: int) -> Tensor:
+    """Eq. 3's policy term on [rows, positions] tensors: -(1/B) sum_i A_i sum_t w_it log pi(y_it).
 
-    loss: Tensor
-    policy: Tensor
-    kl: Tensor
-    entropy: Tensor
-    kl_tokens: Tensor
-
-
-def rloo_loss(token_logprobs: Tensor, reference_logprobs: Tensor, entropy: Tensor, mask: Tensor,
-              advantages: Tensor, token_weights: Tensor, *, batch_size: int, total_tokens: int,
-              kl_coef: float, entropy_coef: float, kl_estimator: KlEstimator = kl_k3) -> LossTerms:
-    """Eq. 3 on [rows, positions] tensors: -(1/B) sum_i A_i sum_t w_it log pi(y_it) + beta_KL KL - beta_H H.
-
-    The policy term is normalised by the number of responses B, the KL (by default k3) and entropy terms by the
-    number of response tokens of the whole batch, so a micro-batch passing the full batch's
-    `batch_size` and `total_tokens` contributes exactly its share of the one-batch loss. A sequence
-    weight w_i (eq. 2) is `token_weights` constant along its row; seed 002's token-level IS varies it.
-    `reference_logprobs` None (no pi_ref read, kl_coef = 0): no KL term, and its value is nan (not measured).
+    Normalised by the number of responses B, so a micro-batch passing the full batch's `batch_size`
+    contributes exactly its share of the one-batch loss. A sequence weight w_i (eq. 2) is `token_weights`
+    constant along its row; seed 002's token-level IS varies it. The trainer adds eq. 3's KL and entropy
+    terms (`src.loss.trainer.penalised`).
     """
-    policy = -(advantages[:, None] * token_weights * token_logprobs * mask).sum() / batch_size
-    entropy_term = (entropy * mask).sum() / total_tokens
-    if reference_logprobs is None:
-        kl_tokens = torch.full_like(token_logprobs.detach(), math.nan)
-        return LossTerms(policy - entropy_coef * entropy_term, policy, kl_tokens.sum(), entropy_term, kl_tokens)
-    kl_tokens = kl_estimator(token_logprobs, reference_logprobs) * mask
-    kl = kl_tokens.sum() / total_tokens
-    return LossTerms(policy + kl_coef * kl - entropy_coef * entropy_term, policy, kl, entropy_term, kl_tokens)
+    return -(advantages[:, None] * token_weights * token_logprobs * mask).sum() / batch_size
 
 
 def interleaved_mini_batches(rows: int, updates: int) -> list[list[int]]:

@@ -1,16 +1,18 @@
-"""The trainer's half of an update, the same for every objective: micro-batches, forward passes, backward,
-gradient clipping and the optimizer step (`train`).
+"""The trainer's half of an update, the same for every objective: micro-batches, forward passes, the KL and
+entropy terms of eq. 3, backward, gradient clipping and the optimizer step (`train`).
 
-An objective only turns one micro-batch's per-token log-probs into a loss (`MicroBatch` -> `Loss`), normalised
-by the batch-wide `Totals` its `Reducer` sums over the ranks that share the batch; it never calls backward or
-steps. Over data-parallel ranks (src/distributed/data_parallel.py) every rank runs this loop on its shard with
+An objective only turns one micro-batch's per-token log-probs into its own loss term (`MicroBatch` -> `Loss`),
+normalised by the batch-wide `Totals` its `Reducer` sums over the ranks that share the batch; the trainer adds
+beta_KL KL - beta_H H to it (`penalised`), once for every loss. The objective never calls backward or steps.
+
+Over data-parallel ranks (src/distributed/data_parallel.py) every rank runs this loop on its shard with
 rank-aware micro-batches and reducer, so any objective trains over ranks unchanged.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -108,9 +110,9 @@ class Totals:
 class Loss:
     """One micro-batch's loss and the per-row numbers the trainer keeps of it (None: the objective keeps none)."""
 
-    loss: torch.Tensor
+    loss: torch.Tensor                        # the objective's term; the trainer adds the KL and entropy terms
     policy_loss: torch.Tensor | None = None   # the loss's terms, each its share of the batch's value
-    kl: torch.Tensor | None = None
+    kl: torch.Tensor | None = None            # the trainer's (`penalised`)
     entropy: torch.Tensor | None = None
     kl_tokens: torch.Tensor | None = None     # masked per-token KL estimates
     logprobs: torch.Tensor | None = None      # log pi_theta(y|x) per row
@@ -209,10 +211,27 @@ def train(objective, policy, reference, optimizer, batch: Batch) -> UpdateResult
                 continue
             lp = micro_batch(objective, policy, reference, sequences, cached, index, objective.train_reads())
             out = objective(lp, prepared, totals)
+            if objective.penalised:
+                out = penalised(out, lp, totals, objective.kl_coef, objective.entropy_coef, objective.kl_tokens)
             out.loss.backward()
             tally.add(lp, out)
         optimizer_step(objective, policy, optimizer)
     return objective.result(prepared, tally, token_counts, steps)
+
+
+def penalised(out: Loss, lp: MicroBatch, totals: Totals, kl_coef: float, entropy_coef: float, estimator) -> Loss:
+    """The objective's term plus eq. 3's beta_KL KL - beta_H H, each a token mean over the mini-batch's `totals`
+    (so micro-batches add up to the mini-batch's value). KL: `estimator` per token (k3 by default) against
+    log pi_ref; where the micro-batch read no pi_ref (kl_coef = 0) it is not measured (nan) and not in the loss."""
+    entropy = (lp.entropy * lp.mask).sum() / totals.tokens
+    if lp.reference is None:
+        kl_tokens = torch.full_like(lp.policy.detach(), float("nan"))
+        return replace(out, loss=out.loss - entropy_coef * entropy, kl=kl_tokens.sum(), entropy=entropy,
+                       kl_tokens=kl_tokens)
+    kl_tokens = estimator(lp.policy, lp.reference) * lp.mask
+    kl = kl_tokens.sum() / totals.tokens
+    return replace(out, loss=out.loss + kl_coef * kl - entropy_coef * entropy, kl=kl, entropy=entropy,
+                   kl_tokens=kl_tokens)
 
 
 def optimizer_step(objective, policy, optimizer) -> None:

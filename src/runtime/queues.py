@@ -6,7 +6,7 @@ queue on its own, carrying the version of the weights that generated it, its cre
 fixed when its group was generated; the group itself (prompt, K rewards, log mu) is kept once
 and shared by its rollouts, so a trainer rebuilds the update batch from it.
 
-* `ReplayBuffer` (`runtime.queue=buffer`, seed 001 B.5 and D.4): the N most recent rollouts,
+* `RolloutReplayBuffer` (`runtime.queue=buffer`, seed 001 B.5 and D.4): the N most recent rollouts,
   oldest evicted first; a draw removes nothing. The B rollouts of one batch are distinct by
   default (Listing 5's `random.sample`); `independent=True` draws them independently, as the
   analysis of section 4 assumes. Positive bias delta keeps the freshest N - round(delta N)
@@ -236,7 +236,7 @@ class RolloutQueue:
         self.new_uses = int(state["new_uses"])
 
 
-class ReplayBuffer(RolloutQueue):
+class RolloutReplayBuffer(RolloutQueue):
     """`runtime.queue=buffer`: seed 001's FIFO of the N newest rollouts, sampled without removal.
 
     With `shards` = T (D.4's sharded buffer) rollout u belongs to trainer u mod T, each shard keeps its
@@ -309,7 +309,7 @@ def queue_spec(queue: str, capacity: int, seed: int, independent: bool = False, 
     """The queue class `runtime.queue` names and its constructor's arguments (`shards` > 1: one FIFO per
     trainer, D.4): `build_queue` builds it here, `QueueActor` in a Ray actor."""
     if queue == "buffer":
-        return ReplayBuffer, {"capacity": capacity, "seed": seed, "independent": independent,
+        return RolloutReplayBuffer, {"capacity": capacity, "seed": seed, "independent": independent,
                               "positive_bias": positive_bias, "correct_reward": correct_reward, "shards": shards}
     if queue == "lifo":
         if positive_bias or independent or shards > 1:

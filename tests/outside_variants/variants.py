@@ -17,7 +17,7 @@ from src.buffer.store import ReplayStore, checked_for_storing, replayed
 from src.checks import check_int
 from src.loss.base import Objective
 from src.loss.rloo import RowInputs, sequence_weights
-from src.loss.rloo_math import rloo_loss
+from src.loss.rloo_math import rloo_policy_loss
 from src.loss.trainer import Loss, MicroBatch, Totals
 
 
@@ -122,8 +122,8 @@ class RlooCopy(Objective):
 
     A_i: leave-one-out advantages from the group's K rewards (eq. 1). w_i: 1 for fresh rows (mu = pi_theta
     now), min(c, pi/mu) for replayed rows (eq. 2), and seed 002's truncated IS (its eq. 3) for fresh rows of
-    a stale or tempered sampler; constants in the gradient. The trainer calls it once per micro-batch; each
-    term is normalised by the whole batch's responses and tokens, so the accumulated gradient is exact.
+    a stale or tempered sampler; constants in the gradient. The trainer calls it once per micro-batch and adds
+    the KL and entropy terms; each is normalised by the whole batch, so the accumulated gradient is exact.
     """
 
     reads_clip = True
@@ -142,8 +142,7 @@ class RlooCopy(Objective):
 
     def __call__(self, lp: MicroBatch, rows: RowInputs, totals: Totals) -> Loss:
         current, used, raw, token_used, token_raw = sequence_weights(lp, rows, self.clip_ceiling, self.truncation)
-        terms = rloo_loss(lp.policy, lp.reference, lp.entropy, lp.mask, rows.advantages[lp.index].to(lp.mask.device),
-                          token_used, batch_size=totals.rows, total_tokens=totals.tokens, kl_coef=self.kl_coef,
-                          entropy_coef=self.entropy_coef, kl_estimator=self.kl_tokens)
-        return Loss(terms.loss, terms.policy, terms.kl, terms.entropy, terms.kl_tokens, logprobs=current,
-                    weights=(raw, used), token_weights=(token_raw, token_used) if rows.token_level else None)
+        policy = rloo_policy_loss(lp.policy, lp.mask, rows.advantages[lp.index].to(lp.mask.device), token_used,
+                                  batch_size=totals.rows)
+        return Loss(policy, policy, logprobs=current, weights=(raw, used),
+                    token_weights=(token_raw, token_used) if rows.token_level else None)
