@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -63,6 +67,25 @@ def random_policy_dir(tmp_path_factory):
 
 
 from tests.slurm_cluster import slurm_cluster, slurm_env  # noqa: E402,F401  (the local SLURM fixtures)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process below it at once, as a node failure would: no handler runs anywhere."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # ended while read
+            continue
+    tree, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        tree += frontier
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def wall_clock(key: str) -> bool:

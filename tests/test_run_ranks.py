@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from src.paths import PROJECT_ROOT
-from tests.conftest import wall_clock
+from tests.conftest import kill_tree, wall_clock
 
 # float64: the ranks sum the same terms in other orders, which float32 would round apart (~1e-5)
 SETTINGS = ("trainer.steps=5", "trainer.groups_per_step=4", "trainer.group_size=4", "policy.max_new_tokens=16",
@@ -21,10 +21,12 @@ SETTINGS = ("trainer.steps=5", "trainer.groups_per_step=4", "trainer.group_size=
             "evaluation.samples_per_prompt=2", "evaluation.ks=[1,2]")
 
 
-def launch(tmp_path, store: str, folder: str, *prefix: str, extra=()) -> subprocess.Popen:
+def launch(tmp_path, store: str, folder: str, *prefix: str, extra=(), group: bool = False) -> subprocess.Popen:
+    """`python -m src.run` (under `prefix`: torchrun); `group`: in a process group of its own, to kill it whole."""
     command = [*prefix, "-m", "src.run", *SETTINGS, *extra, f"tracking.uri={store}",
                f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/{folder}"]
-    return subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=group)
 
 
 def finished(process: subprocess.Popen, timeout: float = 300) -> str:
@@ -105,6 +107,27 @@ def test_one_process_killed_and_resumed_on_two_ranks_logs_the_one_process_run(tm
     assert not (tmp_path / "first" / "shards").exists()
     out = finished(launch(tmp_path, store, "resumed", *TORCHRUN, extra=("hardware.ranks=2",)))
     assert_resumed_as_uninterrupted(store, run_id, out, uninterrupted)
+
+
+@pytest.mark.slow  # as above
+def test_two_ranks_sigkilled_together_resume_on_two_ranks_into_the_one_process_run(tmp_path, uninterrupted):
+    """A node failure: torchrun and both ranks die at once by SIGKILL (no handler runs, no checkpoint is written
+    then), after the second checkpoint. The same command relaunched continues the run from its last checkpoint
+    into the same MLflow run, and logs every metric of the one-process run, each step once."""
+    store = f"sqlite:///{tmp_path}/two.db"
+    process = launch(tmp_path, store, "first", *TORCHRUN, extra=("hardware.ranks=2",), group=True)
+    second = tmp_path / "first" / "checkpoint.prev.pt"
+    deadline = time.time() + 300
+    while not second.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, "finished before it could be killed"
+    kill_tree(process.pid)  # torchrun starts each rank in a session of its own: a process group is not enough
+    process.communicate(timeout=60)
+    killed, logged = histories(store)
+    assert [run.info.status for run in killed] == ["RUNNING"]  # as SIGKILL leaves it
+    assert 1 <= len(logged["train/reward"]) < 5
+    out = finished(launch(tmp_path, store, "resumed", *TORCHRUN, extra=("hardware.ranks=2",)))
+    assert_resumed_as_uninterrupted(store, killed[0].info.run_id, out, uninterrupted)
 
 
 def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_config):

@@ -341,6 +341,51 @@ def test_sigterm_to_the_whole_process_group_checkpoints_and_resumes_into_the_sam
     assert sorted(m.step for m in history) == list(range(100))  # every step once: none lost, none twice
 
 
+def test_sigkill_to_the_driver_and_ray_then_relaunch_resumes_the_same_run(tmp_path):
+    """A node failure under runtime=async: the driver, the raylet, the workers and the trainer actor die by
+    SIGKILL at once, after a checkpoint. The same command continues the run from that checkpoint (pipeline
+    state included) into the same MLflow run: every step logged once, and each redone step's metrics equal
+    to those logged before the kill (the tracker compares them, else "RESUME MISMATCH")."""
+    import subprocess
+    import sys
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from src.paths import PROJECT_ROOT
+    from src.runs.lifecycle import LATEST_CHECKPOINT
+    from tests.conftest import kill_tree
+
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    command = [sys.executable, "-m", "src.run", *TINY, "runtime.workers=1", "trainer.steps=8",
+               "trainer.checkpoint_every=2", "evaluation.at_start=false", "evaluation.prompts=2",
+               "evaluation.samples_per_prompt=2", "evaluation.ks=[1]", f"tracking.uri={store}",
+               f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/run"]
+    first = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint, deadline = tmp_path / "run" / LATEST_CHECKPOINT, time.time() + 600
+
+    def logged() -> int:  # steps in the store: a third one is past the checkpoint of step 2, redone on resume
+        runs = mlflow.search_runs(experiment_names=["replay-rloo"]) if checkpoint.exists() else []
+        return len(MlflowClient(store).get_metric_history(runs.run_id[0], "train/reward")) if len(runs) else 0
+
+    mlflow.set_tracking_uri(store)
+    while first.poll() is None and time.time() < deadline and logged() < 3:
+        time.sleep(0.2)
+    assert first.poll() is None, "finished before it could be killed"
+    kill_tree(first.pid)
+    first.wait(timeout=60)
+    killed = mlflow.search_runs(experiment_names=["replay-rloo"])
+    assert list(killed["status"]) == ["RUNNING"]  # as SIGKILL leaves it
+    again = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
+    log = again.stdout + again.stderr
+    assert again.returncode == 0, log[-3000:]
+    assert f"resuming run {killed.run_id[0]}" in log and "RESUME MISMATCH" not in log, log[-3000:]
+    runs = mlflow.search_runs(experiment_names=["replay-rloo"])
+    assert list(runs["status"]) == ["FINISHED"] and runs.run_id[0] == killed.run_id[0]
+    history = MlflowClient(store).get_metric_history(runs.run_id[0], "train/reward")
+    assert sorted(m.step for m in history) == list(range(8))  # every step once: none lost, none twice
+
+
 def test_two_fsdp_trainer_actors_log_the_one_trainer_numbers(compose_config_module, tmp_path, ray_cpus):
     """hardware.ranks=2 under runtime=async: the T = 2 trainer actors train data-parallel (FSDP2, gloo) and log,
     step for step, the metrics and the event log of one trainer actor at T = 2's lockstep rates (float64)."""
