@@ -255,9 +255,6 @@ def _validate_ranks(cfg: DictConfig) -> None:
     if ranks == 1:
         return
     key = f"hardware.ranks={ranks}"
-    _check(not cfg.trainer.fused_logprobs,
-           f"{key} with trainer.fused_logprobs=true: the fused head runs apart from the sharded model; set "
-           "trainer.fused_logprobs=false")
     _check(not cfg.trainer.compile,
            f"{key} with trainer.compile=true: compiled layers under FSDP have not been tried here; set "
            "trainer.compile=false")

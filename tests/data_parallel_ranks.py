@@ -46,10 +46,11 @@ def tiny_policy():
     return policy, tokenizer
 
 
-def objective(pad_id: int, micro_batch_size: int = 3, loss: str = "rloo"):
+def objective(pad_id: int, micro_batch_size: int = 3, loss: str = "rloo", fused: bool = False):
     """loss=rloo (clip c = 1.5) or its outside copy, grpo with 5 mini-batches (so rank 1's first row, batch row
-    12, opens mini-batch 2) or ipo, with KL and entropy terms where the loss has them."""
-    forward = Forward(pad_id, micro_batch_size=micro_batch_size)
+    12, opens mini-batch 2) or ipo, with KL and entropy terms where the loss has them; `fused`: the output head
+    on response positions only (trainer.fused_logprobs)."""
+    forward = Forward(pad_id, micro_batch_size=micro_batch_size, fused=fused)
     if loss == "grpo":
         return ClippedObjective(0.2, 0.28, 2.0, 5, forward=forward, kl_coef=0.05, entropy_coef=0.01)
     if loss == "ipo":
@@ -83,24 +84,25 @@ def tiny_batch(policy, pad_id: int, groups: int = 7, k: int = 3) -> Batch:
     return Batch(entries)
 
 
-def plain_update(loss: str = "rloo") -> dict:
+def plain_update(loss: str = "rloo", fused: bool = False) -> dict:
     """One process, no FSDP: the numbers the ranks must reproduce."""
     policy, tokenizer = tiny_policy()
     batch = tiny_batch(policy, tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
-    result = objective(tokenizer.pad_token_id, loss=loss).update(policy, frozen_copy(policy), optimizer, batch)
+    chosen = objective(tokenizer.pad_token_id, loss=loss, fused=fused)
+    result = chosen.update(policy, frozen_copy(policy), optimizer, batch)
     return {"result": result, "grads": {n: p.grad.clone() for n, p in policy.named_parameters()},
             "weights": {n: p.detach().clone() for n, p in policy.named_parameters()}}
 
 
 def sharded_update(policy, tokenizer, reducer=None, activation_checkpointing: bool = False,
-                   micro_batch_size: int = 3, loss: str = "rloo") -> dict:
+                   micro_batch_size: int = 3, loss: str = "rloo", fused: bool = False) -> dict:
     """One update of the sharded policy on this rank's shard: the whole-batch result, full gradients and weights."""
     batch = tiny_batch(policy, tokenizer.pad_token_id)
     reference = frozen_copy(policy)
     shard_policy(policy, activation_checkpointing=activation_checkpointing)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
-    wrapped = DataParallelObjective(objective(tokenizer.pad_token_id, micro_batch_size, loss), reducer=reducer)
+    wrapped = DataParallelObjective(objective(tokenizer.pad_token_id, micro_batch_size, loss, fused), reducer=reducer)
     result = wrapped.update(policy, reference, optimizer, batch)
     gathered = wrapped.objective.reducer.gathered
     grads = {n.replace(WRAPPED, ""): p.grad.full_tensor() for n, p in policy.named_parameters()}
@@ -122,13 +124,15 @@ def sharded_updates(rank: int, world_size: int, rendezvous: str, out: str) -> No
 
 
 def other_losses(rank: int, world_size: int, rendezvous: str, out: str) -> None:
-    """loss=grpo streaming and gathered, loss=ipo and the outside RLOO copy streaming, and grpo with more
-    mini-batches than rank 1 has rows (refused on every rank). Rank 0 writes them to `out`."""
+    """loss=grpo streaming and gathered, loss=ipo, the outside RLOO copy and RLOO with the fused head (through
+    the sharded model's own forward) streaming, and grpo with more mini-batches than rank 1 has rows (refused
+    on every rank). Rank 0 writes them to `out`."""
     join(rank, world_size, rendezvous)
     runs = {"grpo": sharded_update(*tiny_policy(), loss="grpo"),
             "grpo-gathered": sharded_update(*tiny_policy(), micro_batch_size=1, loss="grpo"),
             "ipo": sharded_update(*tiny_policy(), loss="ipo"),
-            "rloocopy": sharded_update(*tiny_policy(), loss="rloocopy")}
+            "rloocopy": sharded_update(*tiny_policy(), loss="rloocopy"),
+            "rloo-fused": sharded_update(*tiny_policy(), fused=True)}
     policy, tokenizer = tiny_policy()
     batch, reference = tiny_batch(policy, tokenizer.pad_token_id), frozen_copy(policy)
     too_many = objective(tokenizer.pad_token_id, loss="grpo")

@@ -37,16 +37,13 @@ def test_shards_keep_groups_whole_and_concatenate_back_in_row_order():
         shard_batch(batch, 0, 8)
 
 
-def test_any_loss_is_wrapped_and_the_fused_head_is_refused_in_one_line():
+def test_any_loss_is_wrapped_with_rank_aware_micro_batches():
     class NewLoss(Objective):  # a researcher's loss: the shared trainer splits it over ranks as it is
         pass
 
-    wrapped = DataParallelObjective(NewLoss(forward=Forward(0, 4)), reducer=Reducer())
+    wrapped = DataParallelObjective(NewLoss(forward=Forward(0, 4, fused=True)), reducer=Reducer())
     assert wrapped.objective.reducer is not None and wrapped.forward.inner.micro_batch_size == 4
-    fused = ranks.objective(0)
-    fused.forward.fused = True
-    with pytest.raises(ValueError, match="trainer.fused_logprobs=true"):
-        DataParallelObjective(fused)
+    assert wrapped.forward.fused  # the fused head runs through the sharded model's own forward
 
 
 @pytest.mark.slow  # two spawned ranks load torch and transformers: ~20 s alone, ~50 s on a busy 2-core box
@@ -105,14 +102,19 @@ def test_two_ranks_train_grpo_ipo_and_a_loss_outside_src_as_one_process(tmp_path
             torch.testing.assert_close(got["weights"][parameter], want["weights"][parameter], **STEPS)
     assert ranks.plain_update("grpo")["result"].extras["grpo/behaviour_cap_frac"] > 0  # the cap acted
     assert ranks.plain_update("ipo")["result"].extras["ipo/pairs"] > 0
-    # The outside RLOO copy, which no file in src/ names, on 2 ranks trains as the original in one process.
-    want, got = ranks.plain_update("rloo"), runs["rloocopy"]
-    for key in ("loss", "policy_loss", "kl", "entropy"):
-        assert getattr(got["result"], key) == pytest.approx(getattr(want["result"], key), rel=1e-5), key
-    for key in ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts"):
-        torch.testing.assert_close(getattr(got["result"], key), getattr(want["result"], key), **FP32)
-    for parameter in want["weights"]:
-        torch.testing.assert_close(got["weights"][parameter], want["weights"][parameter], **FP32)
+    # The outside RLOO copy, which no file in src/ names, on 2 ranks trains as the original in one process; so
+    # does RLOO with the fused head (trainer.fused_logprobs), its gradients included.
+    for name, want in (("rloocopy", ranks.plain_update("rloo")), ("rloo-fused", ranks.plain_update(fused=True))):
+        got = runs[name]
+        for key in ("loss", "policy_loss", "kl", "entropy"):
+            assert getattr(got["result"], key) == pytest.approx(getattr(want["result"], key), rel=1e-5), (name, key)
+        for key in ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts"):
+            torch.testing.assert_close(getattr(got["result"], key), getattr(want["result"], key), **FP32)
+        for parameter in want["weights"]:
+            torch.testing.assert_close(got["grads"][parameter], want["grads"][parameter], **GRADIENTS)
+            torch.testing.assert_close(got["weights"][parameter], want["weights"][parameter], **FP32)
+    fused, plain = ranks.plain_update(fused=True), ranks.plain_update()
+    assert fused["result"].loss == pytest.approx(plain["result"].loss, rel=1e-5)  # the same loss, by another head
 
 
 def assert_same_state(got: dict, want: dict) -> None:
@@ -161,11 +163,12 @@ STEP_SETTINGS = ("trainer.groups_per_step=4", "trainer.group_size=4", "policy.ma
 
 
 @pytest.mark.slow  # torchrun starts two ranks: ~20 s a loss
-@pytest.mark.parametrize("loss, dtype, rel", [
-    ("rloo", "float32", 1e-5), ("ipo", "float32", 1e-5),
+@pytest.mark.parametrize("loss, dtype, rel, extra", [
+    ("rloo", "float32", 1e-5, ()), ("ipo", "float32", 1e-5, ()),
     # grpo's 4 optimizer steps a step carry fp32 rounding into the next (4e-5 by step 3): float64 shows the sums
-    ("grpo", "float64", 1e-9)])
-def test_torchrun_two_ranks_train_steps_with_the_one_process_numbers(tmp_path, loss, dtype, rel):
+    ("grpo", "float64", 1e-9, ()),
+    ("rloo", "float64", 1e-9, ("trainer.fused_logprobs=true",))])  # the fused head through the sharded forward
+def test_torchrun_two_ranks_train_steps_with_the_one_process_numbers(tmp_path, loss, dtype, rel, extra):
     """Three steps of `train_step` (generate, score, replay at rho=1, update) under torchrun with 2 ranks give
     every metric of one process's run (the loss's own diagnostics included), timings aside."""
     import json
@@ -179,7 +182,7 @@ def test_torchrun_two_ranks_train_steps_with_the_one_process_numbers(tmp_path, l
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     for name, launcher in (("one", [sys.executable]), ("two", torchrun)):
         done = subprocess.run([*launcher, script, str(tmp_path / f"{name}.json"), "3", *STEP_SETTINGS, f"loss={loss}",
-                               f"hardware.dtype={dtype}"],
+                               f"hardware.dtype={dtype}", *extra],
                               cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
     one, two = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "two"))

@@ -147,7 +147,6 @@ def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_confi
     (("loss=grpo", "loss.updates_per_step=9", "trainer.groups_per_step=4", "trainer.group_size=4"),
      "a rank may hold only 8 responses .4 groups of 4 over 2 ranks., fewer than one per mini-batch; lower "
      "loss.updates_per_step to 8"),
-    (("trainer.fused_logprobs=true",), "trainer.fused_logprobs=false"),
     (("trainer.compile=true",), "trainer.compile=false"),
     (("policy.engine=vllm",), "set policy.engine=hf"),
     (("trainer.groups_per_step=1",), "raise trainer.groups_per_step to at least 2"),

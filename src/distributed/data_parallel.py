@@ -152,9 +152,6 @@ class DataParallelObjective:
     """
 
     def __init__(self, objective: Objective, group=None, reducer: Reducer | None = None) -> None:
-        if objective.forward.fused:
-            raise ValueError("trainer.fused_logprobs=true: the fused head calls the decoder apart from the sharded "
-                             "model; set trainer.fused_logprobs=false with data parallelism")
         self.objective, self.group = objective, group
         objective.reducer = reducer if reducer is not None else RankReducer(group)
         objective.forward = RankForward(objective.forward, objective.reducer)

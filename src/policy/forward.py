@@ -11,7 +11,7 @@ import torch
 
 from src.batch import Group
 from src.policy.packing import packed_micro_batches, packed_response_token_stats
-from src.policy.token_stats import token_entropy, token_logprobs_and_entropy, upcast
+from src.policy.token_stats import final_hidden_states, token_entropy, token_logprobs_and_entropy, upcast
 
 Sequence = tuple[tuple[int, ...], tuple[int, ...]]  # (prompt ids, response ids)
 
@@ -57,7 +57,7 @@ def fused_response_token_stats(model, input_ids, attention, response_mask, with_
     [tokens, V] tensor for the backward pass. Values equal the plain path's to fp32 rounding;
     they are laid out in the same padded [rows, width - 1] form.
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state[:, :-1]
+    hidden = final_hidden_states(model, input_ids=input_ids, attention_mask=attention)[:, :-1]
     logits = model.get_output_embeddings()(hidden[response_mask])
     targets = input_ids[:, 1:][response_mask]
     chosen, entropy = token_logprobs_and_entropy(logits, targets, temperature)

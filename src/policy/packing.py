@@ -19,7 +19,7 @@ import itertools
 
 import torch
 
-from src.policy.token_stats import token_entropy, token_logprobs_and_entropy, upcast
+from src.policy.token_stats import final_hidden_states, token_entropy, token_logprobs_and_entropy, upcast
 
 
 def packed_micro_batches(sequences, max_rows: int, max_tokens: int | None) -> list[list[int]]:
@@ -95,7 +95,7 @@ def packed_response_token_stats(model, sequences, with_entropy: bool, temperatur
     targets = ids.flatten()[predicting + 1]
     inputs = {"input_ids": ids, "position_ids": positions, "use_cache": False}
     if fused:
-        hidden = model.get_decoder()(**inputs).last_hidden_state.flatten(0, 1)[predicting]
+        hidden = final_hidden_states(model, **inputs).flatten(0, 1)[predicting]
         chosen, entropy = token_logprobs_and_entropy(model.get_output_embeddings()(hidden), targets, temperature)
         entropy = entropy if with_entropy else None
     else:

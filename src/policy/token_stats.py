@@ -122,3 +122,12 @@ def token_logprobs_and_entropy(logits: Tensor, targets: Tensor, temperature: flo
         raise ValueError(f"logits must be [N, V] and targets [N]; got {tuple(logits.shape)} and "
                          f"{tuple(targets.shape)}")
     return _TokenLogprobEntropy.apply(logits, targets, float(temperature), int(chunk_rows))
+
+
+def final_hidden_states(model, **inputs) -> torch.Tensor:
+    """The decoder's last hidden states (after its final norm), by the model's own forward with the head on one
+    position only (`logits_to_keep=1`): a model sharded by FSDP2 gathers its root's parameters (embeddings,
+    final norm, head) in that forward, which calling the decoder apart from it would skip. transformers
+    returns `last_hidden_state` as hidden_states[-1] (transformers/utils/output_capturing.py,
+    `capture_outputs`' tie_last_hidden_states)."""
+    return model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
