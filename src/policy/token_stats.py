@@ -125,9 +125,14 @@ def token_logprobs_and_entropy(logits: Tensor, targets: Tensor, temperature: flo
 
 
 def final_hidden_states(model, **inputs) -> torch.Tensor:
-    """The decoder's last hidden states (after its final norm), by the model's own forward with the head on one
-    position only (`logits_to_keep=1`): a model sharded by FSDP2 gathers its root's parameters (embeddings,
-    final norm, head) in that forward, which calling the decoder apart from it would skip. transformers
-    returns `last_hidden_state` as hidden_states[-1] (transformers/utils/output_capturing.py,
-    `capture_outputs`' tie_last_hidden_states)."""
-    return model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+    """The decoder's last hidden states (after its final norm), taken by a hook during the model's own forward,
+    whose head runs on one position only (`logits_to_keep=1`): a model sharded by FSDP2 gathers its root's
+    parameters (embeddings, final norm, head) in that forward, which calling the decoder apart would skip.
+    A hook rather than output_hidden_states, which would keep every layer's output alive in no-grad passes."""
+    kept = []
+    hook = model.get_decoder().register_forward_hook(lambda module, args, output: kept.append(output.last_hidden_state))
+    try:
+        model(**inputs, logits_to_keep=1)
+    finally:
+        hook.remove()
+    return kept[-1]
