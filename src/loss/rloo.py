@@ -87,8 +87,8 @@ class RlooObjective(Objective):
     tempered sampler) seed 002's truncated exp(clip(log pi - log mu, log rho_min, log rho_max)),
     per response or per token. Weights are constants in the gradient. Micro-batch terms are
     normalised by the full batch (`rloo_policy_loss`; the trainer's KL and entropy terms alike), so the
-    accumulated gradient equals the one-batch gradient exactly; `autocast="bfloat16"` runs the forward passes in bf16 on fp32 weights (bf16
-    weights would round lr-1e-5 updates away).
+    accumulated gradient equals the one-batch gradient exactly; `autocast="bfloat16"` runs the forward
+    passes in bf16 on fp32 weights (bf16 weights would round lr-1e-5 updates away).
     """
 
     reads_clip = True
