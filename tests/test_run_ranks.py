@@ -130,6 +130,24 @@ def test_two_ranks_sigkilled_together_resume_on_two_ranks_into_the_one_process_r
     assert_resumed_as_uninterrupted(store, killed[0].info.run_id, out, uninterrupted)
 
 
+@pytest.mark.slow  # one launch of the tiny policy, one under torchrun
+def test_the_fused_head_over_two_ranks_logs_the_one_process_run(tmp_path):
+    """`torchrun ... -m src.run hardware.ranks=2 trainer.fused_logprobs=true`, as typed: every metric of the same
+    command in one process (the fused head reads the sharded model's own forward)."""
+    fused = ("trainer.fused_logprobs=true",)
+    one, two = f"sqlite:///{tmp_path}/one.db", f"sqlite:///{tmp_path}/two.db"
+    finished(launch(tmp_path, one, "one", sys.executable, extra=fused))
+    finished(launch(tmp_path, two, "two", *TORCHRUN, extra=("hardware.ranks=2", *fused)))
+    (want_run,), want = histories(one)
+    (got_run,), got = histories(two)
+    assert got_run.data.params["trainer.fused_logprobs"] == "True" and got.keys() == want.keys()
+    for key, values in want.items():
+        if not wall_clock(key):
+            assert [step for step, _ in got[key]] == [step for step, _ in values], key
+            assert [v for _, v in got[key]] == pytest.approx([v for _, v in values], rel=1e-9, abs=1e-12,
+                                                             nan_ok=True), key
+
+
 def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_config):
     from src.runs.ranks import join, mismatch
 
