@@ -29,6 +29,7 @@ from src.build import build_components, build_runtime
 from src.paths import CONFIG_DIR
 from src.state import TrainState
 from src.task import countdown
+from src.settings import RunSettings
 
 
 def config(groups: int, group_size: int, steps: int, *overrides: str):
@@ -46,7 +47,7 @@ def time_sync(cfg, threads: int, phases: dict[str, float] | None = None) -> tupl
 
     torch.set_num_threads(threads)
     train_set, _ = countdown.train_and_heldout(cfg.task)
-    parts, state = build_components(cfg, train_set), TrainState()
+    parts, state = build_components(RunSettings(cfg), train_set), TrainState()
     train_step(parts, state)  # warm-up
     started, evaluations = time.perf_counter(), state.fresh_evaluations
     while state.step < cfg.trainer.steps:
@@ -64,8 +65,9 @@ def time_async(cfg, tmp) -> tuple[float, int, int]:
     torch.set_num_threads(1)
     train_set, _ = countdown.train_and_heldout(cfg.task)
     state, times = TrainState(), []
-    context = RunContext(cfg, build_components(cfg, train_set), state, tmp, log_artifact=lambda path: None)
-    with build_runtime(cfg).session(context) as steps:
+    run = RunSettings(cfg)
+    context = RunContext(run, build_components(run, train_set), state, tmp, log_artifact=lambda path: None)
+    with build_runtime(run).session(context) as steps:
         while state.step < cfg.trainer.steps:
             times.append((time.perf_counter(), steps.next().metrics))
     (first, m0), (last, m1) = times[0], times[-1]

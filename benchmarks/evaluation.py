@@ -21,6 +21,7 @@ import src.config  # noqa: F401  (the ${root:} resolver)
 from src.eval.standalone import evaluate_policy, load_for_evaluation
 from src.paths import CONFIG_DIR
 from src.task.base import build_task
+from src.settings import RunSettings
 
 
 def main() -> None:
@@ -37,7 +38,7 @@ def main() -> None:
     policy, tokenizer, engine = load_for_evaluation(cfg, cfg.policy.name_or_path, None)
     loaded = time.perf_counter()
     repeat_ends: list[float] = []
-    result = evaluate_policy(cfg, policy, tokenizer, engine, heldout, task=task,
+    result = evaluate_policy(RunSettings(cfg), policy, tokenizer, engine, heldout, task=task,
                              on_repeat=lambda _: repeat_ends.append(time.perf_counter()))
     finished = time.perf_counter()
 

@@ -29,6 +29,7 @@ from src.study.sweep import cell_name
 from src.task.base import build_task
 from src.state import TrainState
 from src.train import train_step
+from src.settings import RunSettings
 
 MODEL_PHASES = ("generate", "train")
 OVERHEAD_PHASES = ("replay_draw", "score", "buffer_update", "bookkeeping", "logging")
@@ -43,9 +44,10 @@ def measure(overrides: list[str], steps: int, warmup: int) -> dict[str, list[flo
         src.config.validate(cfg)
         task = build_task(cfg.task)
         train_set, _ = task.splits()
-        parts = build_components(cfg, train_set, task=task)
+        run = RunSettings(cfg)
+        parts = build_components(run, train_set, task=task)
         state, phases = TrainState(), {name: [] for name in (*MODEL_PHASES, *OVERHEAD_PHASES, "step")}
-        with tracking.start_run(cfg, run_labels(cfg)) as tracker:
+        with tracking.start_run(run.tracking, run_labels(cfg)) as tracker:
             for _ in range(warmup + steps):
                 metrics = train_step(parts, state)
                 logged = time.perf_counter()

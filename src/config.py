@@ -27,6 +27,7 @@ from src.paths import PROJECT_ROOT, register_root_resolver, resolve_policy_path,
 from src.schema import SchemaError, check_unused_settings, check_values
 from src.policy import DTYPE_NAMES
 from src.variant import VARIANT_GROUPS, described, load_target
+from src.settings import COMPONENT_GROUPS, RunSettings
 
 register_root_resolver()
 if not OmegaConf.has_resolver("unique"):
@@ -65,8 +66,9 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     evaluation = cfg.evaluation
     _check_sizes(cfg)
     _validate_policy_files(cfg.policy.name_or_path, check_hub=check_device)
-    _validate_components(cfg)
-    _validate_across_groups(cfg)
+    run = RunSettings(cfg)  # each knob has its type now: the components check their settings from these
+    _validate_components(run)
+    _validate_across_groups(run)
     _validate_ranks(cfg)
     if check_device and cfg.hardware.device.startswith("cuda"):
         import torch
@@ -226,7 +228,7 @@ def _hub_problem(name: str, endpoint: str) -> str | None:
     return None
 
 
-def _validate_components(cfg: DictConfig) -> None:
+def _validate_components(run: RunSettings) -> None:
     """Each component checks its own settings in its constructor: build the cheap ones, as a run would.
 
     Building through `src.build` (the one path the runner uses) rather than re-stating the checks here
@@ -238,7 +240,7 @@ def _validate_components(cfg: DictConfig) -> None:
     from src.build import check_settings
 
     try:
-        check_settings(cfg)
+        check_settings(run)
     except InstantiationException as error:  # a nested `_target_` node, which Hydra builds and wraps
         raise ConfigError(str(error.__cause__ or error)) from None
     except ValueError as error:  # a bad setting, in the constructor's own words
@@ -270,17 +272,16 @@ def _validate_ranks(cfg: DictConfig) -> None:
            f"raise trainer.groups_per_step to at least {ranks}")
 
 
-def _validate_across_groups(cfg: DictConfig) -> None:
+def _validate_across_groups(run: RunSettings) -> None:
     """Each variant component's own checks across groups (`Variant.check`), in the words of its class."""
     for group in VARIANT_GROUPS:
-        node = cfg.get(group)
+        node = run.groups[group]
         try:
-            described(node).check(node, cfg)
+            described(node).check(node, run)
         except ValueError as error:
             raise ConfigError(str(error)) from None
 
 
-COMPONENT_GROUPS = (*VARIANT_GROUPS, "task")  # each names its class in `_target_`
 BUILT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum", "task")  # what `check_settings` builds
 
 

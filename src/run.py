@@ -39,15 +39,16 @@ from rich.table import Table
 from src.runs import progress
 
 from src.runs import tracking
-from src.study.budget import budget_is_floor, plan_for_config, replay_demand_met
-from src.buffer.store import store_class
+from src.study.budget import budget_is_floor, plan_for, replay_demand_met
+from src.buffer.store import ReplayStore
+from src.variant import described
 from src.checks import exit_with_message
 from src.config import ConfigError, check_settings_take_effect, validate
 from src.runs.diskspace import DiskFull, quiet_log_files_when_full, writing
 from src.runs.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
 from src.eval.standalone import evaluate_policy
-from src.runs.cells import slurm_job_key
-from src.study.sweep import Skipped, cell_identity, cell_name
+from src.runs.cells import Cell, slurm_job_key
+from src.study.sweep import Skipped, cell_identity
 from src.runs.interrupt import StopOnSignal, StopRequested, signal_name
 from src.paths import CONFIG_DIR
 from src.task.base import TaskDataError, build_task
@@ -60,6 +61,7 @@ from src.runs.claim import fail_unopened_claim, withdraw_unopened_claim
 from src.runs.resume import NothingToTrain, RunAlive, choose_start
 from src.runs import ranks as rank_run
 from src.runs.ranks import Ranks
+from src.settings import RunSettings
 from src.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -70,9 +72,13 @@ results = Console()  # a run's result table and links: stdout, apart from the pr
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train and evaluate one cell; returns the final evaluation summary."""
     validate(cfg)  # config mistakes fail here, before any model is loaded
-    ranks = rank_run.join(cfg, ConfigError)  # torchrun's ranks (hardware.ranks), or this process alone
+    cell = cell_of(cfg, cell_identity(cfg))  # what the run trains for, as MLflow names it
+    run = RunSettings(cfg)  # from here on the run's typed settings, not the config
+    warn_short_replay_pool(run)
+    wanted = rank_run.processes(run.hardware.ranks, run.groups["runtime"])
+    ranks = rank_run.join(wanted, run.hardware.device, ConfigError)  # torchrun's ranks, or this process alone
     try:
-        summary = train_ranks(cfg, ranks)
+        summary = train_ranks(run, cell, ranks)
     except BaseException:
         rank_run.leave(ranks, finished=False)
         raise
@@ -80,15 +86,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return summary
 
 
-def train_ranks(cfg: DictConfig, ranks: Ranks) -> dict[str, float]:
+def train_ranks(run: RunSettings, cell: Cell, ranks: Ranks) -> dict[str, float]:
     progress.silence_library_bars()
     quiet_log_files_when_full()
-    ranks.lead_only(tracking.check_store, cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
-    check_resume_from(cfg.trainer.resume_from)
-    warn_short_replay_pool(cfg)
+    ranks.lead_only(tracking.check_store, run.tracking.uri, run.tracking.experiment, run.tracking.artifact_location)
+    check_resume_from(run.trainer.resume_from)
     with StopOnSignal() as stop:
         try:
-            summary = train_cell(cfg, cell_identity(cfg), stop, ranks)
+            summary = train_cell(run, cell, stop, ranks)
         except StopRequested as request:  # before the MLflow run opened: nothing to save
             withdraw_unopened_claim()
             log.warning("%s before training began: nothing to save; %s", signal_name(request.signum),
@@ -100,54 +105,53 @@ def train_ranks(cfg: DictConfig, ranks: Ranks) -> dict[str, float]:
     return summary
 
 
-def warn_short_replay_pool(cfg: DictConfig) -> None:
+def warn_short_replay_pool(run: RunSettings) -> None:
     # A store without an age window (the FIFO) draws from every stored group of age >= 1: no L to fall short of.
-    window = store_class(cfg.buffer).plan_window(cfg.buffer, cfg.trainer.steps)
-    if window is not None and cfg.buffer.ratio > 0 and not replay_demand_met(cfg.trainer.groups_per_step,
-                                                                             cfg.buffer.ratio, window):
+    buffer, groups_per_step = run.groups["buffer"], run.trainer.groups_per_step
+    window = described(buffer, ReplayStore).plan_window(buffer, run.trainer.steps)
+    if window is not None and buffer.ratio > 0 and not replay_demand_met(groups_per_step, buffer.ratio, window):
         log.warning("B=%d, rho=%g, L=%d: rounding leaves the replay pool short of demand; gap fill will be "
-                    "logged (batch/gap_fill_groups)", cfg.trainer.groups_per_step, cfg.buffer.ratio, window)
+                    "logged (batch/gap_fill_groups)", groups_per_step, buffer.ratio, window)
 
 
-def train_cell(cfg: DictConfig, identity: str, stop: StopOnSignal, ranks: Ranks = Ranks()) -> dict[str, float]:
+def train_cell(run: RunSettings, cell: Cell, stop: StopOnSignal, ranks: Ranks = Ranks()) -> dict[str, float]:
     """Find where the cell starts, load the model, and train it inside its MLflow run.
 
     Over several ranks, rank 0 decides where the cell starts and owns the MLflow run (src/runs/ranks.py)."""
-    cell = cell_of(cfg, identity)
     with stop.abandonable():  # until the run opens, a stop loses nothing: the next start redoes it
-        start = ranks.lead_only(choose_start, cfg, cell, Path(HydraConfig.get().runtime.output_dir))
-    for path in remove_stale_temporaries(start.folder, cfg.trainer.heartbeat_timeout_s) if ranks.lead else ():
+        start = ranks.lead_only(choose_start, run, cell, Path(HydraConfig.get().runtime.output_dir))
+    for path in remove_stale_temporaries(start.folder, run.trainer.heartbeat_timeout_s) if ranks.lead else ():
         log.info("removed %s, left half-written by a process that was killed", path)
     # A resumed run was claimed by its heartbeat: keep it alive through model loading (a new run gets its
     # id, and the heartbeat with it, once MLflow opens it).
-    with rank_run.lead_context(ranks, Heartbeat(start.folder, start.run_id, cfg.trainer.heartbeat_every_s)) as beat:
+    with rank_run.lead_context(ranks, Heartbeat(start.folder, start.run_id, run.trainer.heartbeat_every_s)) as beat:
         with stop.abandonable():
-            task = build_task(cfg.task)
+            task = build_task(run.groups["task"])
             train_set, heldout = task.splits()
-            parts = rank_run.shard(build_components(cfg, train_set, task=task), cfg, ranks)
-            runtime = build_runtime(cfg)  # conf/runtime: what supplies the steps (SPEC 3 here, or SPEC 11's pipeline)
+            parts = rank_run.shard(build_components(run, train_set, task=task), ranks)
+            runtime = build_runtime(run)  # conf/runtime: what supplies the steps (SPEC 3 here, or SPEC 11's pipeline)
             state = TrainState()
             if start.checkpoint:
                 state = rank_run.restore(start.checkpoint, parts, ranks)
                 runtime.load_state_dict(start.checkpoint.get("runtime"))
         start.checkpoint = None  # the policy holds it now; free the copy
-        opened = tracking.start_run(cfg, cell.labels, start.run_id, *hydra_job(), folder=start.folder)
+        opened = tracking.start_run(run.tracking, cell.labels, start.run_id, *hydra_job(), folder=start.folder)
         with rank_run.lead_context(ranks, opened) as tracker:
             tracker = rank_run.RankTracker(tracker, ranks) if ranks.many else tracker
             (beat or rank_run.NoHeartbeat()).beat_for(tracker.run_id)
-            cell = CellRun(cfg, identity, parts, runtime, state, heldout, tracker, start.folder, stop, ranks)
+            cell_run = CellRun(run, cell, parts, runtime, state, heldout, tracker, start.folder, stop, ranks)
             try:
-                return cell.run()
+                return cell_run.run()
             except StopRequested as request:
-                cell.stop_here(request)
+                cell_run.stop_here(request)
 
 
 @dataclass
 class CellRun:
     """One cell's training inside its open MLflow run: steps, checkpoints, evaluations, and a clean stop."""
 
-    cfg: DictConfig
-    identity: str
+    settings: RunSettings
+    cell: Cell
     parts: Components
     runtime: object                    # src.runtime.runners: SyncRuntime or AsyncRuntime
     state: TrainState
@@ -160,28 +164,28 @@ class CellRun:
     steps: object = None  # the runtime's open session (`next`, `before_checkpoint`, `before_evaluation`)
 
     def run(self) -> dict[str, float]:
-        cfg, tracker, state = self.cfg, self.tracker, self.state
-        plan = plan_for_config(cfg)
+        run, tracker, state = self.settings, self.tracker, self.state
+        plan = plan_for(run)
         tracker.set_tags({"output_dir": str(self.folder), "planned_fresh_evaluations": str(plan.fresh_evaluations),
                           "slurm_job": slurm_job_key() or "-"})
         before = None
-        if cfg.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
-                f"{cfg.evaluation.name}/start/mean_reward", 0):
+        if run.evaluation.at_start and state.step == 0 and not tracker.has_metric_at(
+                f"{run.evaluation.name}/start/mean_reward", 0):
             before = self.evaluate("start", step=0)
         self.train_steps()
         self.checkpoint()
         final_dir = save_final_policy(self.parts, self.folder / "policy", self.ranks)
         after = self.evaluate("final", step=state.step)
         tracker.set_tags({"fresh_evaluations": str(state.fresh_evaluations)})
-        tracker.log_summary(after, state, cfg.evaluation.ks)
+        tracker.log_summary(after, state, run.evaluation.ks)
         if not self.ranks.lead:
             return after.summary
-        tracking.log_final_policy(tracker.run_id, final_dir, cfg.tracking.policy_artifact_max_mb)
+        tracking.log_final_policy(tracker.run_id, final_dir, run.tracking.policy_artifact_max_mb)
         if tracker.redone_mismatches:
             tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
             log.error("%d metric values of redone steps differ from the values logged before the restart "
                       "(first: %s)", len(tracker.redone_mismatches), tracker.redone_mismatches[0])
-        _print_summary(cfg, plan, state, before, after, tracker.run_id)
+        _print_summary(run, self.cell.name, plan, state, before, after, tracker.run_id)
         return after.summary
 
     def train_steps(self, until: int | None = None) -> None:
@@ -189,11 +193,12 @@ class CellRun:
         each step logged once, then a checkpoint and an evaluation when due, and a clean stop on a signal;
         until step `until` (default: the run's last). The runtime's session closes on the way out, its state
         kept for the checkpoint that follows."""
-        cfg, state = self.cfg, self.state
-        last = cfg.trainer.steps if until is None else min(until, cfg.trainer.steps)
-        context = RunContext(cfg, self.parts, state, self.folder, self.log_artifact)
+        steps, state = self.settings.trainer.steps, self.state
+        last = steps if until is None else min(until, steps)
+        context = RunContext(self.settings, self.parts, state, self.folder, self.log_artifact)
+        bar = progress.Bar(f"train {self.cell.name}", steps, "steps", done=state.step)
         try:
-            with self.runtime.session(context) as self.steps, training_bar(cfg, state.step) as bar:
+            with self.runtime.session(context) as self.steps, bar:
                 self.evaluate_if_due()  # a resumed run whose evaluation at this step was cut short
                 while state.step < last:
                     self.train_one_step(bar)
@@ -206,7 +211,7 @@ class CellRun:
 
     def train_one_step(self, bar: progress.Bar) -> None:
         """One step, logged; a checkpoint and an evaluation when due; StopRequested if a stop signal came."""
-        cfg, state = self.cfg, self.state
+        run, state = self.settings, self.state
         try:
             outcome = self.steps.next()  # one trained step, from this process, the ranks or the pipeline
         except Exception:
@@ -216,34 +221,34 @@ class CellRun:
             raise StopRequested(signal.SIGINT, mid_step=True) from None
         metrics = outcome.metrics
         self.tracker.log_step(metrics, state.step - 1)
-        rows = tracking.completion_rows(outcome.collection, self.parts.task, cfg.tracking.completions_per_step,
-                                        cfg.policy.max_new_tokens)
+        rows = tracking.completion_rows(outcome.collection, self.parts.task, run.tracking.completions_per_step,
+                                        run.policy.max_new_tokens)
         self.tracker.log_completions(rows, state.step - 1)
         state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
         bar.update(state.step, _progress_info(metrics))
-        every = cfg.trainer.checkpoint_every
-        if every and state.step % every == 0 and state.step < cfg.trainer.steps:
+        every = run.trainer.checkpoint_every
+        if every and state.step % every == 0 and state.step < run.trainer.steps:
             self.checkpoint()
         self.evaluate_if_due()
         requested = self.ranks.most(self.stop.requested or 0)  # every rank stops after the same step
-        if requested and state.step < cfg.trainer.steps:  # keep this step, then go
+        if requested and state.step < run.trainer.steps:  # keep this step, then go
             raise StopRequested(requested)
 
     def evaluate_if_due(self) -> None:
         """The learning-curve evaluation of this step, unless it is logged already (not twice after a resume)."""
-        every, step = self.cfg.evaluation.every, self.state.step
-        if every and 0 < step < self.cfg.trainer.steps and step % every == 0 and not self.tracker.has_metric_at(
-                f"{self.cfg.evaluation.name}/during/mean_reward", step):
+        every, step = self.settings.evaluation.every, self.state.step
+        if every and 0 < step < self.settings.trainer.steps and step % every == 0 and not self.tracker.has_metric_at(
+                f"{self.settings.evaluation.name}/during/mean_reward", step):
             if self.steps is not None:
                 self.steps.before_evaluation()
             self.evaluate("during", step=step)
 
     def evaluate(self, stage: str, step: int):
         """The configured evaluation protocol on the held-out prompts, logged to this run; a stop cuts it short."""
-        cfg, parts = self.cfg, self.parts
+        run, parts = self.settings, self.parts
         with self.stop.abandonable(), progress.evaluation_progress(
-                f"evaluate {stage} ({cfg.evaluation.name}, step {step})", cfg.evaluation) as on_repeat:
-            result = evaluate_policy(cfg, parts.policy, parts.tokenizer, parts.engine, self.heldout,
+                f"evaluate {stage} ({run.evaluation.name}, step {step})", run.evaluation) as on_repeat:
+            result = evaluate_policy(run, parts.policy, parts.tokenizer, parts.engine, self.heldout,
                                      on_repeat=on_repeat, task=parts.task)
         self.tracker.log_evaluation(result, stage, step)
         return result
@@ -255,7 +260,7 @@ class CellRun:
             shards = rank_run.save_shards(self.folder, self.parts, self.state.step, self.ranks)
             if self.ranks.lead:
                 save_checkpoint(self.folder / LATEST_CHECKPOINT, self.parts, self.state, self.tracker.run_id,
-                                self.identity, shards, runtime=self.runtime.state_dict())
+                                self.cell.identity, shards, runtime=self.runtime.state_dict())
                 rank_run.prune_shards(self.folder, self.state.step)
             self.ranks.barrier()
             self.saved_at = self.state.step
@@ -276,7 +281,7 @@ class CellRun:
                 else f"checkpoint {checkpoint}" if checkpoint.exists() else "no checkpoint yet (it starts afresh)")
         where = f"during step {self.state.step + 1}" if request.mid_step else f"after step {self.state.step}"
         log.warning("%s: stopped %s of %d, %s; MLflow run %s marked KILLED; %s", signal_name(request.signum),
-                    where, self.cfg.trainer.steps, kept, self.tracker.run_id, self.stop.finish_line())
+                    where, self.settings.trainer.steps, kept, self.tracker.run_id, self.stop.finish_line())
         self.stop.hand_on()
 
 
@@ -296,11 +301,6 @@ def save_final_policy(parts: Components, folder: Path, ranks: Ranks = Ranks()) -
     return folder
 
 
-def training_bar(cfg: DictConfig, done: int) -> progress.Bar:
-    """Steps done of the run, ETA from this session's step times; a plain line per step off a terminal."""
-    return progress.Bar(f"train {cell_name(cfg)}", cfg.trainer.steps, "steps", done=done)
-
-
 def _progress_info(metrics: dict[str, float]) -> str:
     info = (f"reward {metrics['train/reward']:.3f}  correct {metrics.get('train/correct_fraction', math.nan):.2f}  "
             f"fresh evals {int(metrics['budget/fresh_evaluations']):,}")
@@ -309,23 +309,23 @@ def _progress_info(metrics: dict[str, float]) -> str:
     return info + (f"  {metrics['time/step']:.1f}s/step" if "time/step" in metrics else "")
 
 
-def _print_summary(cfg, plan, state: TrainState, before, after, run_id: str) -> None:
-    table = Table(title=f"{cell_name(cfg)}  (MLflow run {run_id[:8]})")
-    table.add_column("held-out " + cfg.evaluation.name)
+def _print_summary(run: RunSettings, name: str, plan, state: TrainState, before, after, run_id: str) -> None:
+    table = Table(title=f"{name}  (MLflow run {run_id[:8]})")
+    table.add_column("held-out " + run.evaluation.name)
     if before is not None:
         table.add_column("warm start", justify="right")
     table.add_column("after RL", justify="right")
-    for metric in [f"pass@{k}" for k in cfg.evaluation.ks] + ["mean_reward", "correction_rate"]:
+    for metric in [f"pass@{k}" for k in run.evaluation.ks] + ["mean_reward", "correction_rate"]:
         row = [metric] + ([_fmt(before.summary.get(metric))] if before is not None else [])
         table.add_row(*row, _fmt(after.summary.get(metric)))
     results.print(table)
     # sampling=dynamic generates until its batch is full of effective groups: the plan is its floor.
-    planned = ("at least " if budget_is_floor(cfg) else "") + str(plan.fresh_evaluations)
+    planned = ("at least " if budget_is_floor(run.groups) else "") + str(plan.fresh_evaluations)
     results.print(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {planned}); "
                   f"gradient steps: {state.gradient_steps}")
-    opener = tracking.ui_command(cfg.tracking.uri, cfg.tracking.artifact_location, cfg.out)
+    opener = tracking.ui_command(run.tracking.uri, run.tracking.artifact_location, run.out)
     where = f" (after {opener})" if opener else ""
-    results.print(f"run page{where}: {tracking.run_link(cfg.tracking.uri, run_id)}", soft_wrap=True, highlight=False)
+    results.print(f"run page{where}: {tracking.run_link(run.tracking.uri, run_id)}", soft_wrap=True, highlight=False)
 
 
 def _fmt(value) -> str:

@@ -8,14 +8,15 @@ ask them:
   `reader_label(node, cfg)`: its part of the reader's name (`src.study.sweep.variant_label`).
 * `plain(node)`: whether these settings compute plain Replay-RLOO, so the cell identity leaves the
   group out (`src.study.sweep.cell_identity`, rule 3).
-* `check(node, cfg)`: feasibility across groups (e.g. a FIFO's capacity against B_replay), raising
+* `check(node, run)`: feasibility across groups (e.g. a FIFO's capacity against B_replay), raising
   ValueError with one line naming the key, the value and the fix (`src.config.validate`).
 * `knobs`: its settings' types and ranges, keyed by the setting's name in the group (`src.schema`).
-* `budget_plan(node, cfg)` / `budget_is_floor(node)`: a plan of its own (a runtime with its own schedule),
+* `budget_plan(node, run)` / `budget_is_floor(node)`: a plan of its own (a runtime with its own schedule),
   and whether a step may generate more fresh groups than the plan counts.
 
-A replay store also says what the budget planner simulates (`src.buffer.store.ReplayStore`). The
-whole config `cfg` comes along where a label or check needs another group (e.g. clip.ceiling).
+A replay store also says what the budget planner simulates (`src.buffer.store.ReplayStore`). A label
+gets the whole config `cfg` where it needs another group (e.g. clip.ceiling); a check and a plan get
+the run's typed settings `run` (`src.settings.RunSettings`: its trainer, hardware and component nodes).
 A new variant is then one class and one YAML: nothing else in `src/` lists it.
 """
 
@@ -83,12 +84,14 @@ class Variant:
         return False
 
     @classmethod
-    def check(cls, node, cfg) -> None:
+    def check(cls, node, run) -> None:
+        """Raise ValueError, in the class's words, when its settings `node` cannot run with the rest of the run
+        (`run`: the run's typed settings, `src.settings.RunSettings`)."""
         return None
 
     @classmethod
-    def budget_plan(cls, node, cfg):
-        """The run's `src.study.budget.BudgetPlan` when this component replaces SPEC 3's schedule (the asynchronous
+    def budget_plan(cls, node, run):
+        """The run's (`src.settings.RunSettings`) `src.study.budget.BudgetPlan` when this component replaces SPEC 3's schedule (the asynchronous
         runtime's lockstep clock); None: the replay store's simulation decides."""
         return None
 
@@ -98,13 +101,15 @@ class Variant:
         return False
 
 
-def described(node) -> type:
+def described(node, interface: type | None = None) -> type:
     """The class that describes a group's settings: the one its `_target_` names (a class, or a classmethod
-    that builds one); `Variant` itself for a target that does not describe itself (e.g. a plain function)."""
+    that builds one); the group's `interface` itself (default `Variant`) for a target that is not one of its
+    classes (e.g. a plain function), whose defaults then answer."""
+    interface = interface or Variant
     found = load_target(str(node["_target_"]))
     if inspect.ismethod(found) and isinstance(found.__self__, type):
         found = found.__self__  # `Class.from_config`: the class describes itself
-    return found if isinstance(found, type) and issubclass(found, Variant) else Variant
+    return found if isinstance(found, type) and issubclass(found, interface) else interface
 
 
 # The libraries a command-line check waits for no longer than it must (`src.cli`): seconds to import each.
@@ -154,17 +159,18 @@ def load_target(target: str):
         return getattr(holder, name)
 
 
-def check_recipe(group: str, method: str, mechanism: str, node, cfg, loss_label: str = "-grpo") -> None:
+def check_recipe(group: str, method: str, mechanism: str, node, run, loss_label: str = "-grpo") -> None:
     """An option that is one paper's whole recipe (seed 003 appendix D.2: POPO, DAPO) selects its loss (the one
     labelled `loss_label`) and trainer.kl_coef=0 itself, so a loss or KL term on top of it is a mistake unless
     `mechanism_only` asks for the mechanism alone (conf/sweep/variants.yaml's POPO-on-RLOO cell does)."""
     if node.get("mechanism_only", False):
         return
-    option, loss = node.get("name", group), cfg.loss.get("name", "?")  # the YAML names, for the message only
+    loss_node = run.groups.loss
+    option, loss = node.get("name", group), loss_node.get("name", "?")  # the YAML names, for the message only
     opt_out = f"or add {group}.mechanism_only=true to run the {mechanism} alone on the loss and KL you choose"
-    if described(cfg.loss).cell_label(cfg.loss, cfg) != loss_label:
+    if described(loss_node).cell_label(loss_node, run.groups) != loss_label:
         raise ValueError(f"{group}={option} with loss={loss}: {method} optimises the GRPO clipped surrogate (seed 003 "
                          f"D.2), which {group}={option} selects by itself; drop loss={loss}, {opt_out}")
-    if cfg.trainer.kl_coef != 0:
-        raise ValueError(f"{group}={option} with trainer.kl_coef={cfg.trainer.kl_coef}: {method} trains without a KL "
+    if run.trainer.kl_coef != 0:
+        raise ValueError(f"{group}={option} with trainer.kl_coef={run.trainer.kl_coef}: {method} trains without a KL "
                          f"penalty (seed 003 D.2), and {group}={option} sets 0 by itself; drop the override, {opt_out}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from src.settings import RunSettings
 import src.config  # noqa: F401  (registers the ${root:} resolver)
 from src.runs import claim
 from src.paths import CONFIG_DIR
@@ -39,7 +40,7 @@ def main(uri: str, folder: Path, name: str, contenders: int, mode: str) -> None:
     (folder / f"{name}.ready").touch()
     wait_for([folder / f"{other}.ready" for other in names])
     try:
-        answer = f"TRAINS {choose_start(cfg, cell_of(cfg, cell_identity(cfg)), folder / name).run_id}"
+        answer = f"TRAINS {choose_start(RunSettings(cfg), cell_of(cfg, cell_identity(cfg)), folder / name).run_id}"
     except RunAlive as busy:
         answer = f"SKIPS {busy}"
     (folder / f"{name}.tmp").write_text(answer)

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch.distributed as dist  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from src.settings import RunSettings
 import src.config  # noqa: E402,F401  (registers the ${root:} resolver)
 from src.build import build_components, data_parallel  # noqa: E402
 from src.distributed.data_parallel import leave_group  # noqa: E402
@@ -34,9 +35,9 @@ def main(out: str, steps: int, overrides: list[str]) -> None:
         dist.init_process_group("gloo")
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    parts = build_components(cfg, countdown.generate_instances(64, seed=1))
+    parts = build_components(RunSettings(cfg), countdown.generate_instances(64, seed=1))
     if ranks > 1:
-        parts = data_parallel(parts, cfg.trainer)
+        parts = data_parallel(parts)
     state = TrainState()
     history = [train_step(parts, state) for _ in range(steps)]
     if ranks == 1 or dist.get_rank() == 0:

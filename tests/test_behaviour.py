@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from src.settings import RunSettings
 from src.config import ConfigError, validate
 from src.rollout.behaviour import BehaviourPolicy
 from src.study.sweep import cell_identity, cell_name, variant_label
@@ -195,7 +196,7 @@ def test_seed_002_truncates_at_10_per_sequence_and_2_per_token(compose_config, o
 
     cfg = compose_config(*overrides)
     validate(cfg, check_device=False)
-    behaviour, _, objective = build_rollout_and_objective(cfg, torch.nn.Module(), None, None, None, None, None)
+    behaviour, _, objective = build_rollout_and_objective(RunSettings(cfg), torch.nn.Module(), None, None, None, None, None)
     for truncation in (behaviour.truncation, getattr(objective, "truncation", None)):
         if truncation is not None:
             assert (truncation.is_min, truncation.is_max) == (0.0, cap)

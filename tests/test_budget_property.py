@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from src.settings import RunSettings
 from src.study.budget import plan_for_config
 from src.config import ConfigError, validate
 from src.rollout.interface import Completion, Generation
@@ -28,7 +29,7 @@ def counted_fresh_groups_per_step(cfg, engine_for) -> list[int]:
     from src.train import train_step
 
     train_set = countdown.generate_instances(64, seed=cfg.task.seed)
-    parts = build_components(cfg, train_set)
+    parts = build_components(RunSettings(cfg), train_set)
     parts.engine = parts.collection.engine = engine_for(parts.tokenizer, train_set)  # the collection generates
     state, counted = TrainState(), []
     while state.step < cfg.trainer.steps:  # train_step advances state.step

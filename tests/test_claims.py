@@ -16,6 +16,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from mlflow.tracking import MlflowClient
 
+from src.settings import RunSettings
 from src.runs.checkpoint import save_checkpoint
 from src.runs.lifecycle import HEARTBEAT_FILE
 from src.paths import PROJECT_ROOT
@@ -64,11 +65,11 @@ def test_a_finished_cell_is_not_trained_again_unless_rerun_is_asked(tmp_path, co
     cfg = tiny_cfg(compose_config, tmp_path, "tracking.sweep=first")
     done = make_run(store(tmp_path), cfg, "FINISHED", tmp_path / "done")
     with pytest.raises(CellFinished) as finished:
-        choose_start(cfg, cell_of(cfg, cell_identity(cfg)), tmp_path / "again")
+        choose_start(RunSettings(cfg), cell_of(cfg, cell_identity(cfg)), tmp_path / "again")
     assert done in str(finished.value) and "trainer.rerun=true" in str(finished.value)
 
     rerun = tiny_cfg(compose_config, tmp_path, "trainer.rerun=true", "tracking.sweep=second")
-    start = choose_start(rerun, cell_of(rerun, cell_identity(rerun)), tmp_path / "again")
+    start = choose_start(RunSettings(rerun), cell_of(rerun, cell_identity(rerun)), tmp_path / "again")
     assert start.run_id not in (None, done) and start.checkpoint is None and start.folder == tmp_path / "again"
     claimed = MlflowClient(store(tmp_path)).get_run(start.run_id)  # the new run, as start_run would have made it
     assert claimed.info.status == "RUNNING" and claimed.data.tags["cell_id"] == cell_identity(cfg)
@@ -93,7 +94,7 @@ def test_a_killed_rerun_of_a_finished_cell_resumes(tmp_path, compose_config, cap
     known = cell_runs(uri, "replay-rloo", identity)
     assert known.resumable_runs == {identity: killed}  # not hidden behind the older FINISHED run
     with caplog.at_level(logging.WARNING):
-        start = choose_start(cfg, cell_of(cfg, identity), tmp_path / "new")
+        start = choose_start(RunSettings(cfg), cell_of(cfg, identity), tmp_path / "new")
     assert (start.run_id, start.folder, start.checkpoint["state"]["step"]) == (killed, tmp_path / "rerun", 2)
     assert f"resuming run {killed}" in caplog.text
 
@@ -115,7 +116,7 @@ def test_a_dead_running_run_without_a_loadable_checkpoint_is_marked_failed_once_
     beat = {"run_id": dead, "host": socket.gethostname(), "pid": a_dead_pid(), "time": time.time()}
     (folder / HEARTBEAT_FILE).write_text(json.dumps(beat))
     with caplog.at_level(logging.WARNING, logger="src.runs.resume"):
-        start = choose_start(cfg, cell_of(cfg, identity), tmp_path / "new")
+        start = choose_start(RunSettings(cfg), cell_of(cfg, identity), tmp_path / "new")
     assert start.run_id not in (None, dead) and start.checkpoint is None
     failed = MlflowClient(uri).get_run(dead)
     assert failed.info.status == "FAILED" and str(folder / "checkpoint.pt") in failed.data.tags["failure_reason"]
@@ -127,7 +128,7 @@ def test_a_claim_whose_job_fails_before_opening_it_ends_failed(tmp_path, compose
     from src.runs.claim import create_claim_run, fail_unopened_claim
 
     cfg = tiny_cfg(compose_config, tmp_path)
-    run_id = create_claim_run(cfg, tmp_path / "claimed", run_labels(cfg))
+    run_id = create_claim_run(RunSettings(cfg).tracking, tmp_path / "claimed", run_labels(cfg))
     fail_unopened_claim(OSError("policy folder missing"))
     failed = MlflowClient(store(tmp_path)).get_run(run_id)
     assert failed.info.status == "FAILED" and failed.data.tags["failure_reason"] == "OSError: policy folder missing"

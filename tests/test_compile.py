@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from src.settings import RunSettings
 from src.batch import Batch, BatchGroup, Group
 from src.loss.rloo import RlooObjective
 from src.policy.forward import Forward
@@ -80,7 +81,7 @@ def test_trainer_compile_compiles_the_layers_of_policy_and_reference_only(random
     cfg = compose_config("trainer.compile=true", "trainer.groups_per_step=2", "trainer.group_size=2",
                          "behaviour=stale", "behaviour.lag=1")
     cfg = OmegaConf.merge(cfg, {"policy": {"name_or_path": str(random_policy_dir)}})
-    parts = build_components(cfg, countdown.generate_instances(8, seed=1))
+    parts = build_components(RunSettings(cfg), countdown.generate_instances(8, seed=1))
     for model in (parts.policy, parts.reference):
         assert all(layer._compiled_call_impl is not None for layer in model.get_decoder().layers)
     assert parts.behaviour.stale_model.get_decoder().layers[0]._compiled_call_impl is None  # copied before

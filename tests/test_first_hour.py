@@ -25,6 +25,7 @@ from analysis import latex, markdown, report
 from analysis.runs import load_runs
 from hydra_plugins.replay_rloo_sweeper import SweepTally, summarize_states
 from src import help as cli_help
+from src.settings import RunSettings
 from src.runs import progress
 from src.runs import tracking
 from src.paths import CONFIG_DIR, PROJECT_ROOT
@@ -245,7 +246,7 @@ def test_run_is_named_described_and_logs_how_to_rerun_it(tmp_path):
     overrides = ["buffer=age2", "clip=tight", "tracking.sweep=ratio", "trainer.seed=3"]
     previous = mlflow.get_tracking_uri()
     try:
-        with tracking.start_run(cfg, run_labels(cfg), hydra_output_dir=tmp_path / "job",
+        with tracking.start_run(RunSettings(cfg).tracking, run_labels(cfg), hydra_output_dir=tmp_path / "job",
                                 overrides=overrides) as tracker:
             run_id = tracker.run_id
     finally:

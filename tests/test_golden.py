@@ -24,6 +24,7 @@ import sys
 
 import pytest
 
+from src.settings import RunSettings
 from src.paths import PROJECT_ROOT
 # Metrics pinned per step; rewards, weights and budgets are exact, losses to 1e-5 relative.
 PINNED = ("train/loss", "train/policy_loss", "train/kl", "train/entropy", "train/reward",
@@ -132,7 +133,7 @@ def run_steps(cfg, train_set, steps: int) -> list[dict[str, float]]:
     from src.state import TrainState
     from src.train import train_step
 
-    parts = build_components(cfg, train_set)
+    parts = build_components(RunSettings(cfg), train_set)
     state = TrainState()
     return [train_step(parts, state) for _ in range(steps)]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from src.settings import RunSettings
 from src.rollout.interface import SamplingParams
 from src.build import build_components
 from src.task import countdown
@@ -40,7 +41,7 @@ def test_a_few_rl_steps_raise_reward_on_an_easy_instance_set(compose_config, buf
                          "trainer.learning_rate=3e-4", "trainer.weight_decay=0", "policy.max_new_tokens=48",
                          f"policy.name_or_path={TINY_CHECKPOINT}")
     instances = easy_instances()
-    parts = build_components(cfg, instances)  # the prompt sampler draws from these instances only
+    parts = build_components(RunSettings(cfg), instances)  # the prompt sampler draws from these instances only
     before = mean_reward(parts, instances, cfg.task.prompt_template)
     state = TrainState()
     for _ in range(10):

@@ -21,6 +21,7 @@ from tests.conftest import wall_clock
 import torch
 from mlflow.tracking import MlflowClient
 
+from src.settings import RunSettings
 from src.study.labels import cell_of
 from src.runs.lifecycle import HEARTBEAT_FILE, Heartbeat, read_heartbeat, run_liveness, write_heartbeat
 from src.paths import PROJECT_ROOT
@@ -160,7 +161,7 @@ def test_a_checkpoint_path_from_a_shared_store_cannot_run_code(tmp_path, compose
     marker = tmp_path / "pwned"
     torch.save({"policy": RunsCode(marker), "state": {}, "run_id": "x"}, crafted / "checkpoint.pt")
     crafted_run = make_run(store(tmp_path), cfg, "KILLED", crafted)
-    start = choose_start(cfg, cell_of(cfg, cell_identity(cfg)), tmp_path / "new")  # not loadable: a new run, the cell afresh
+    start = choose_start(RunSettings(cfg), cell_of(cfg, cell_identity(cfg)), tmp_path / "new")  # not loadable: a new run, the cell afresh
     assert not marker.exists()
     assert start.checkpoint is None and start.folder == tmp_path / "new" and start.run_id != crafted_run
     refused = MlflowClient(store(tmp_path)).get_run(crafted_run)
@@ -175,14 +176,14 @@ def test_a_checkpoint_of_another_cell_or_run_is_refused_naming_both(tmp_path, co
     run_id = make_run(store(tmp_path), cfg, "FAILED", folder)
     save_checkpoint(folder / "checkpoint.pt", fake_parts(1), TrainState(step=2), "someone-else", cell_identity(cfg))
     with pytest.raises(CheckpointError) as error:
-        choose_start(cfg, cell_of(cfg, cell_identity(cfg)), tmp_path / "new")
+        choose_start(RunSettings(cfg), cell_of(cfg, cell_identity(cfg)), tmp_path / "new")
     assert run_id in str(error.value) and "someone-else" in str(error.value)
 
     other = tiny_cfg(compose_config, tmp_path, "trainer.seed=7")
     save_checkpoint(folder / "mine.pt", fake_parts(1), TrainState(step=2), run_id, cell_identity(other))
     hand = tiny_cfg(compose_config, tmp_path, f"trainer.resume_from={folder / 'mine.pt'}")
     with pytest.raises(CheckpointError) as error:
-        choose_start(hand, cell_of(hand, cell_identity(hand)), tmp_path / "new")
+        choose_start(RunSettings(hand), cell_of(hand, cell_identity(hand)), tmp_path / "new")
     assert cell_identity(other) in str(error.value) and cell_identity(hand) in str(error.value)
 
 
@@ -194,12 +195,12 @@ def test_a_live_run_is_never_resumed_and_a_dead_one_without_checkpoint_is_marked
     alive = make_run(store(tmp_path), cfg, "RUNNING", alive_folder)
     write_heartbeat(alive_folder, alive)  # this test process: alive
     with pytest.raises(RunAlive) as error:
-        choose_start(cfg, cell_of(cfg, cell_identity(cfg)), tmp_path / "new")
+        choose_start(RunSettings(cfg), cell_of(cfg, cell_identity(cfg)), tmp_path / "new")
     assert alive in str(error.value) and "wait" in str(error.value)
 
     beat = json.loads((alive_folder / HEARTBEAT_FILE).read_text())
     (alive_folder / HEARTBEAT_FILE).write_text(json.dumps({**beat, "pid": a_dead_pid()}))  # it died, no checkpoint
-    start = choose_start(cfg, cell_of(cfg, cell_identity(cfg)), tmp_path / "new")
+    start = choose_start(RunSettings(cfg), cell_of(cfg, cell_identity(cfg)), tmp_path / "new")
     assert start.checkpoint is None and start.folder == tmp_path / "new"  # afresh, into a new (claimed) run
     assert start.run_id not in (None, alive)
     dead = MlflowClient(store(tmp_path)).get_run(alive)

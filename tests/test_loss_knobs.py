@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from src.settings import RunSettings
 from src.build import check_settings
 from src.paths import CONFIG_DIR
 from src.variant import described
@@ -28,7 +29,7 @@ def _settable(loss: str, compose_config) -> dict[str, str]:
 def test_each_loss_accepts_every_knob_it_declares(loss, compose_config):
     settable = _settable(loss, compose_config)
     cfg = compose_config(f"loss={loss}", *(f"loss.{key}={value}" for key, value in settable.items()))
-    check_settings(cfg)  # builds the objective from the composed group, as a run does
+    check_settings(RunSettings(cfg))  # builds the objective from the composed group, as a run does
 
 
 def test_asymre_declares_no_truncation_knob(compose_config):

@@ -149,14 +149,16 @@ def test_the_fused_head_over_two_ranks_logs_the_one_process_run(tmp_path):
 
 
 def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_config):
-    from src.runs.ranks import join, mismatch
+    from src.runs.ranks import join, mismatch, processes
 
     cfg = compose_config("hardware.ranks=2")
-    assert mismatch(compose_config(), 1) is None and mismatch(cfg, 2) is None
-    assert "hardware.ranks=2 but this process was not started by torchrun" in mismatch(cfg, 1)
-    assert "set hardware.ranks=3, or start torchrun with --nproc_per_node 2" in mismatch(cfg, 3)
+    want = processes(cfg.hardware.ranks, cfg.runtime)
+    assert processes(2, compose_config("runtime=async").runtime) == 1  # async's trainer ranks are Ray actors
+    assert mismatch(processes(1, cfg.runtime), 1) is None and mismatch(want, 2) is None
+    assert "hardware.ranks=2 but this process was not started by torchrun" in mismatch(want, 1)
+    assert "set hardware.ranks=3, or start torchrun with --nproc_per_node 2" in mismatch(want, 3)
     with pytest.raises(ValueError, match="torchrun --standalone --nproc_per_node 2 -m src.run"):
-        join(cfg)  # this test's process has no WORLD_SIZE
+        join(want, cfg.hardware.device)  # this test's process has no WORLD_SIZE
 
 
 @pytest.mark.parametrize("overrides, named", [
@@ -191,7 +193,7 @@ def test_a_slurm_job_of_several_tasks_joins_as_torchrun_ranks(monkeypatch, compo
     """submitit's tasks (hydra.launcher.tasks_per_node = hardware.ranks) get torchrun's variables from SLURM's."""
     import os
 
-    from src.runs.ranks import export_slurm_tasks, mismatch
+    from src.runs.ranks import export_slurm_tasks, mismatch, processes
 
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
         monkeypatch.setenv(name, "")  # recorded, so the undo removes what export_slurm_tasks sets
@@ -203,4 +205,5 @@ def test_a_slurm_job_of_several_tasks_joins_as_torchrun_ranks(monkeypatch, compo
     export_slurm_tasks()
     assert (os.environ["WORLD_SIZE"], os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("4", "3", "3")
     assert os.environ["MASTER_ADDR"] == "gpu-node7"
-    assert mismatch(compose_config("hardware=h100x4"), int(os.environ["WORLD_SIZE"])) is None
+    h100x4 = compose_config("hardware=h100x4")
+    assert mismatch(processes(h100x4.hardware.ranks, h100x4.runtime), int(os.environ["WORLD_SIZE"])) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
+from src.settings import RunSettings
 from src.build import build_runtime, build_store
 from src.task.base import build_task
 from src.config import ConfigError, validate
@@ -15,7 +16,7 @@ from src.study.sweep import cell_identity, cell_name
 
 def test_sync_is_the_default_and_keeps_the_cell_ids_and_no_state_of_its_own(compose_config):
     cfg = compose_config()
-    runtime = build_runtime(cfg)
+    runtime = build_runtime(RunSettings(cfg))
     assert isinstance(runtime, SyncRuntime) and runtime.state_dict() is None
     with pytest.raises(ValueError, match="resume it with runtime=async"):
         runtime.load_state_dict({"signature": "buffer N=32"})
@@ -23,20 +24,20 @@ def test_sync_is_the_default_and_keeps_the_cell_ids_and_no_state_of_its_own(comp
     without = OmegaConf.create(OmegaConf.to_container(cfg))
     del without["runtime"]  # a run's config saved before the group existed, as standalone evaluation reads it
     read_back = with_components_named(without, compose_config())
-    assert cell_identity(read_back) == cell_identity(cfg) and isinstance(build_runtime(read_back), SyncRuntime)
+    assert cell_identity(read_back) == cell_identity(cfg) and isinstance(build_runtime(RunSettings(read_back)), SyncRuntime)
 
 
 def test_async_keeps_the_pipeline_state_under_its_own_name_and_names_its_own_cells(compose_config):
     cfg = compose_config("runtime=async", "runtime.workers=6", "runtime.trainers=2", "runtime.capacity=768")
     validate(cfg, check_device=False)
-    runtime = build_runtime(cfg)
+    runtime = build_runtime(RunSettings(cfg))
     assert isinstance(runtime, AsyncRuntime) and runtime.settings.batch == 32 * 16
-    assert build_store(cfg, build_task(cfg.task)).fresh_only(cfg.buffer)  # the pipeline's queue replays, not it
+    assert build_store(RunSettings(cfg), build_task(cfg.task)).fresh_only(cfg.buffer)  # the pipeline's queue replays, not it
     assert runtime.state_dict() is None  # no session yet, nothing restored
     runtime.load_state_dict({"signature": runtime.signature(), "pipeline": {}, "events_written": 0})
     assert runtime.state_dict() == {"signature": runtime.signature(), "pipeline": {}, "events_written": 0}
-    other = build_runtime(compose_config("runtime=async", "runtime.workers=4", "runtime.trainers=4",
-                                         "runtime.capacity=768"))
+    other = build_runtime(RunSettings(compose_config("runtime=async", "runtime.workers=4", "runtime.trainers=4",
+                                                     "runtime.capacity=768")))
     with pytest.raises(ValueError, match="resume with the same runtime settings"):
         other.load_state_dict(runtime.state_dict())
     with pytest.raises(ValueError, match="holds no pipeline state"):
@@ -79,11 +80,11 @@ def test_bad_async_settings_are_one_line_naming_the_key(compose_config, override
 def test_gpu_workers_take_the_first_gpus_and_leave_the_trainer_its_own(compose_config):
     full = compose_config("runtime=async", "hardware=h100x8", "runtime.workers=7", "runtime.gpus_per_worker=1")
     validate(full, check_device=False)
-    assert build_runtime(full).worker_gpus == 7 and full.hardware.device == "cuda:7"
+    assert build_runtime(RunSettings(full)).worker_gpus == 7 and full.hardware.device == "cuda:7"
     halves = compose_config("runtime=async", "hardware=h100x8", "runtime.workers=7", "runtime.gpus_per_worker=0.5")
-    assert build_runtime(halves).worker_gpus == 4  # ceil(7 x 0.5): Ray packs two workers on a GPU
+    assert build_runtime(RunSettings(halves)).worker_gpus == 4  # ceil(7 x 0.5): Ray packs two workers on a GPU
     assert cell_identity(halves) == cell_identity(full)  # placement is launch-only: the same cell
-    assert build_runtime(compose_config("runtime=async")).worker_gpus == 0  # CPU workers: no GPU asked of Ray
+    assert build_runtime(RunSettings(compose_config("runtime=async"))).worker_gpus == 0  # CPU workers: no GPU asked of Ray
 
 
 @pytest.mark.slow
@@ -121,7 +122,7 @@ def test_a_batch_of_rollouts_is_not_tied_to_whole_groups_and_the_plan_counts_it(
 
     seed001 = compose_config("runtime=async", "trainer.group_size=16", "trainer.groups_per_step=4",
                              "runtime.batch_rollouts=60")
-    assert build_runtime(seed001).settings.batch == 60 != 4 * 16
+    assert build_runtime(RunSettings(seed001)).settings.batch == 60 != 4 * 16
     sizes = ("trainer.groups_per_step=2", "trainer.group_size=4", "trainer.steps=5", "runtime.capacity=32",
              "runtime.groups_per_request=1")
     whole = plan_for_config(compose_config("runtime=async", *sizes))

@@ -20,6 +20,7 @@ from tests.conftest import wall_clock
 ray = pytest.importorskip("ray")
 import torch  # noqa: E402
 
+from src.settings import RunSettings  # noqa: E402
 from src.build import build_components, build_runtime  # noqa: E402
 from src.runs.tracking import completion_rows  # noqa: E402
 from src.runtime.runners import RunContext  # noqa: E402
@@ -70,21 +71,22 @@ def make_run(compose_config, tmp_path: Path, *overrides: str, recorder: Recorder
     cfg = compose_config(*TINY, *overrides)
     train_set, _ = countdown.train_and_heldout(cfg.task)
     recorder = recorder or Recorder()
-    recorder.parts = build_components(cfg, train_set)
-    context = RunContext(cfg, recorder.parts, TrainState(), tmp_path, log_artifact=recorder.artifacts.append)
-    return build_runtime(cfg), context, recorder
+    recorder.parts = build_components(RunSettings(cfg), train_set)
+    run = RunSettings(cfg)
+    context = RunContext(run, recorder.parts, TrainState(), tmp_path, log_artifact=recorder.artifacts.append)
+    return build_runtime(run), context, recorder
 
 
 def drive(session, recorder: Recorder, until: int | None = None) -> None:
     """The runtime's steps until `until`, logged as `src.run`'s loop logs them (the loop itself, with its
     checkpoints and evaluations, is tested through `CellRun` below)."""
     context = session.context
-    cfg, state = context.cfg, context.state
-    while state.step < (cfg.trainer.steps if until is None else until):
+    run, state = context.run, context.state
+    while state.step < (run.trainer.steps if until is None else until):
         outcome = session.next()
         recorder.log_step(outcome.metrics, state.step - 1)
         recorder.log_completions(completion_rows(outcome.collection, context.parts.task,
-                                                 cfg.tracking.completions_per_step, cfg.policy.max_new_tokens),
+                                                 run.tracking.completions_per_step, run.policy.max_new_tokens),
                                  state.step - 1)
 
 
@@ -272,6 +274,7 @@ def test_the_one_loop_pulls_before_it_saves_or_evaluates_and_a_dead_trainer_stop
     whenever it checkpoints or evaluates; a trainer that dies mid-run stops the run in one line, with no
     snapshot of the pipeline, and the last checkpoint resumes it to the numbers of an unbroken run."""
     from src.run import CellRun
+    from src.runs.cells import Cell
     from src.runs.checkpoint import read_checkpoint
     from src.runs.lifecycle import LATEST_CHECKPOINT
     from src.runtime.pipeline import PipelineError
@@ -279,7 +282,8 @@ def test_the_one_loop_pulls_before_it_saves_or_evaluates_and_a_dead_trainer_stop
     recorder, _ = lockstep_w2
     overrides = ("trainer.checkpoint_every=2", "evaluation.every=1")
     runtime, context, got = make_run(compose_config_module, tmp_path, *overrides)
-    cell = CellRun(context.cfg, "cell", context.parts, runtime, context.state, [], got, tmp_path, NoStop())
+    cell = CellRun(context.run, Cell("cell", "cell", None), context.parts, runtime, context.state, [], got, tmp_path,
+                   NoStop())
     seen, checkpoint = [], cell.checkpoint
     trained = lambda: weights_equal(context.parts.policy.state_dict(),  # noqa: E731
                                     ray.get(cell.steps.work.trainers[0].weights.remote()))

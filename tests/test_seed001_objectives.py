@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from src.settings import RunSettings
 from src.batch import Batch, BatchGroup
 from src.build import build_components
 from src.task import countdown
@@ -19,7 +20,7 @@ SMALL = ("trainer.groups_per_step=2", "trainer.group_size=4", "policy.max_new_to
 def test_ratio_is_taken_against_mu_only_in_the_coupled_form(compose_config, loss, ratio):
     cfg = compose_config(f"loss={loss}", "loss.updates_per_step=1", *SMALL)
     train_set, _ = countdown.train_and_heldout(cfg.task)
-    parts = build_components(cfg, train_set)
+    parts = build_components(RunSettings(cfg), train_set)
     fresh = collect(parts, 0).batch.groups
     measured = parts.forward.with_sampled_logprobs(fresh, parts.policy, 1.0)
     # mu 0.5 nats above the current policy on every token: pi_theta / mu = exp(-0.5) per token
@@ -36,7 +37,7 @@ def test_asymre_shifts_the_group_mean_baseline_and_ignores_importance_ratios(com
 
     cfg = compose_config("loss=asymre", *SMALL)
     train_set, _ = countdown.train_and_heldout(cfg.task)
-    parts = build_components(cfg, train_set)
+    parts = build_components(RunSettings(cfg), train_set)
     rewards = torch.tensor([[1.0, 0.0, 0.1, 0.1]])
     assert parts.objective.advantages(rewards)[0].tolist() == pytest.approx([0.8, -0.2, -0.1, -0.1])
     fresh = collect(parts, 0).batch.groups

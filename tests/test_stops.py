@@ -20,6 +20,7 @@ import torch
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from src.settings import RunSettings
 import src.runs.checkpoint
 from src.study.labels import cell_of
 from src.runs.checkpoint import CheckpointError, payload_bytes, read_checkpoint, read_latest_checkpoint, save_checkpoint
@@ -316,7 +317,7 @@ def test_a_store_that_refuses_the_end_leaves_run_end_json_and_one_line(tmp_path,
     full = MlflowException("(sqlite3.OperationalError) database or disk is full")
     folder = tmp_path / "run"
     with pytest.raises(DiskFull) as error:
-        with tracking.start_run(cfg, run_labels(cfg), folder=folder) as tracker:
+        with tracking.start_run(RunSettings(cfg).tracking, run_labels(cfg), folder=folder) as tracker:
             monkeypatch.setattr(mlflow, "set_tag", lambda *args: (_ for _ in ()).throw(full))
             monkeypatch.setattr(MlflowClient, "set_terminated", lambda *args, **kwargs: (_ for _ in ()).throw(full))
             raise full  # a metric write into the full store
@@ -334,14 +335,14 @@ def test_a_crash_is_failed_with_its_reason_and_a_resume_clears_both(tmp_path, co
     cfg = compose_config(f"tracking.uri={store(tmp_path)}", f"tracking.artifact_location={tmp_path}/art")
     folder = tmp_path / "run"
     with pytest.raises(ZeroDivisionError):
-        with tracking.start_run(cfg, run_labels(cfg), folder=folder) as tracker:
+        with tracking.start_run(RunSettings(cfg).tracking, run_labels(cfg), folder=folder) as tracker:
             1 / 0
     run = MlflowClient(store(tmp_path)).get_run(tracker.run_id)
     assert run.info.status == "FAILED" and run.data.tags["failure_reason"] == "ZeroDivisionError: division by zero"
 
     folder.mkdir()
     (folder / RUN_END_FILE).write_text(f'{{"run_id": "{tracker.run_id}", "status": "FAILED"}}')
-    with tracking.start_run(cfg, run_labels(cfg), tracker.run_id, folder=folder):
+    with tracking.start_run(RunSettings(cfg).tracking, run_labels(cfg), tracker.run_id, folder=folder):
         pass
     run = MlflowClient(store(tmp_path)).get_run(tracker.run_id)
     assert run.info.status == "FINISHED" and "failure_reason" not in run.data.tags
@@ -376,7 +377,7 @@ def test_a_dead_run_whose_checkpoints_are_all_damaged_is_marked_failed(tmp_path,
         f'"pid": {os.getpid()}', f'"pid": {a_dead_pid()}'))
     for name in ("checkpoint.pt", "checkpoint.prev.pt"):
         (folder / name).write_bytes(b"truncated")
-    start = choose_start(cfg, cell_of(cfg, cell_identity(cfg)), tmp_path / "fresh")
+    start = choose_start(RunSettings(cfg), cell_of(cfg, cell_identity(cfg)), tmp_path / "fresh")
     assert start.run_id != run_id and start.checkpoint is None  # the cell starts afresh, in a new run
     run = MlflowClient(store(tmp_path)).get_run(run_id)
     assert run.info.status == "FAILED" and "not resumable" in run.data.tags["failure_reason"]
@@ -516,7 +517,7 @@ def test_an_artifact_that_does_not_fit_names_the_artifact_folder_and_its_size(tm
         raise OSError(errno.ENOSPC, "No space left on device", f"{tmp_path}/art/x/model.safetensors")
 
     with pytest.raises(DiskFull) as error:
-        with tracking.start_run(cfg, run_labels(cfg)) as tracker:
+        with tracking.start_run(RunSettings(cfg).tracking, run_labels(cfg)) as tracker:
             monkeypatch.setattr(MlflowClient, "log_artifacts", full)
             tracking.log_final_policy(tracker.run_id, policy, max_artifact_mb=1)
     assert f"{tmp_path}/art/" in str(error.value) and "needs about 4.9 KB free" in str(error.value)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from src.settings import RunSettings
 from src.paths import PROJECT_ROOT
 
 AGNOSTIC = ("src.buffer.fifo", "src.buffer.positive_bias", "src.passk")
@@ -30,5 +31,5 @@ def test_the_fifo_store_is_told_what_the_task_counts_as_correct(compose_config):
     cfg = compose_config("buffer=fifo", "buffer.positive_bias=0.5")
     task = build_task(cfg.task)
     task.correct_reward = 0.75  # a task whose correct answers earn 0.75: the store keeps rollouts by it
-    assert build_store(cfg, task).correct_reward == 0.75
-    assert build_store(compose_config("buffer=age2"), task).ratio > 0  # a store without the knob is built as before
+    assert build_store(RunSettings(cfg), task).correct_reward == 0.75
+    assert build_store(RunSettings(compose_config("buffer=age2")), task).ratio > 0  # a store without the knob is built as before

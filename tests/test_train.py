@@ -11,6 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from src.settings import RunSettings
 from src.batch import Batch, BatchGroup, Group
 from src.study.budget import plan_fresh_evaluations
 from src.loss.base import Truncation
@@ -28,7 +29,7 @@ def make_parts(policy_dir, cfg, learning_rate=None) -> Components:
     """The step's components as src.build builds them for `cfg`, on a local policy folder."""
     cfg = OmegaConf.merge(cfg, {"policy": {"name_or_path": str(policy_dir)},
                                 "trainer": {"learning_rate": learning_rate or cfg.trainer.learning_rate}})
-    return build_components(cfg, countdown.generate_instances(64, seed=1))
+    return build_components(RunSettings(cfg), countdown.generate_instances(64, seed=1))
 
 
 def policy_update(policy, reference, optimizer, groups, trainer_cfg, clip_ceiling=1.0, pad_id=0, autocast=None,

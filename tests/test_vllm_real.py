@@ -24,6 +24,7 @@ import mlflow  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from benchmarks.check_engine import TOLERANCES, logprob_gap, perturb, sample_with_logprobs, trainer_logprobs  # noqa: E402
+from src.settings import RunSettings
 from src.paths import PROJECT_ROOT  # noqa: E402
 from src.policy.model import load_policy  # noqa: E402
 from src.rollout import vllm_engine  # noqa: E402
@@ -161,7 +162,7 @@ def test_after_a_real_train_step_the_synced_engine_matches_the_trainer_exactly(t
     train_set, _ = countdown.train_and_heldout(cfg.task)
     probe = ProbedEngine(engine, tokenizer, [tuple(tokenizer(p, add_special_tokens=False)["input_ids"])
                                               for p in prompts(8, seed=9)])
-    parts = build_components(cfg, train_set, policy=model, tokenizer=tokenizer, engine=probe)
+    parts = build_components(RunSettings(cfg), train_set, policy=model, tokenizer=tokenizer, engine=probe)
     train_step(parts, TrainState())
 
     [(stale_mean, _, stale_max)] = probe.before

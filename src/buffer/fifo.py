@@ -232,11 +232,11 @@ class FifoReplayBuffer(ReplayStore):
                 f"distinct draws ({node.mode}): {gap_fill}")
 
     @classmethod
-    def check(cls, node, cfg) -> None:
+    def check(cls, node, run) -> None:
         """Distinct draws: N must cover B_replay, or every step would need gap fill."""
         if node.mode == "with_replacement" or node.get("allow_infeasible", False):
             return
-        replay_groups = plan_batch(cfg.trainer.groups_per_step, node.ratio)[1]
+        replay_groups = plan_batch(run.trainer.groups_per_step, node.ratio)[1]
         if node.capacity < replay_groups:
             raise ValueError(
                 f"buffer.capacity N={node.capacity} < B_replay={replay_groups}: mode={node.mode} draws distinct "

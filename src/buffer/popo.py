@@ -227,8 +227,8 @@ class PopoStore(EffectiveGroupMemory):
         return base + (" (RLOO loss)" if described(cfg.loss).plain(cfg.loss) else "")
 
     @classmethod
-    def check(cls, node, cfg) -> None:
-        check_recipe("buffer", "POPO", "drop-and-refill", node, cfg)
+    def check(cls, node, run) -> None:
+        check_recipe("buffer", "POPO", "drop-and-refill", node, run)
 
     @classmethod
     def plan_window(cls, node, steps: int) -> int | None:

@@ -29,7 +29,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from src.batch import Batch, BatchGroup, Group
-from src.variant import Variant, described, float_knob, int_knob
+from src.variant import Variant, float_knob, int_knob
 
 _STATE_VERSION = 2
 
@@ -201,13 +201,6 @@ def age_stand_in(node) -> ReplayStore:
     # Named, not imported: the age store builds on this module.
     return instantiate({"_target_": "src.buffer.age.ReplayBuffer", "max_age": 1,
                         "capacity": int(node.get("capacity", 4096))})
-
-
-def store_class(node) -> type[ReplayStore]:
-    """The store class the buffer group's `_target_` names, which describes what it replays and plans (the
-    interface's own defaults for a target that is not a store)."""
-    found = described(node)
-    return found if issubclass(found, ReplayStore) else ReplayStore
 
 
 def checked_for_storing(groups: Iterable[Group], store: str) -> list[Group]:

@@ -191,8 +191,8 @@ class CurriculumSampler(Variant):
         return f"{node.name} curriculum"
 
     @classmethod
-    def check(cls, node, cfg) -> None:
-        check_curriculum(node, group_size=cfg.trainer.group_size, groups_per_step=cfg.trainer.groups_per_step)
+    def check(cls, node, run) -> None:
+        check_curriculum(node, group_size=run.trainer.group_size, groups_per_step=run.trainer.groups_per_step)
 
     def __init__(
         self,

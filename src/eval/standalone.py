@@ -37,26 +37,27 @@ from src.rollout.engine import build_engine
 from src.task.base import Task, build_task
 from src.runs.tracking import ensure_experiment, log_evaluation
 from src.task.prompts import PromptFormat
+from src.settings import RunSettings
 from src.runs.checkpoint import CheckpointError, read_checkpoint
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
 
 
-def evaluate_policy(cfg: DictConfig, policy, tokenizer, engine, heldout, on_repeat=None,
+def evaluate_policy(run: RunSettings, policy, tokenizer, engine, heldout, on_repeat=None,
                     task: Task | None = None) -> EvalResult:
-    """The configured evaluation protocol (cfg.evaluation) of one policy on the held-out prompts (of `task`,
-    by default the one cfg.task names)."""
-    evaluation = cfg.evaluation
-    task = task or build_task(cfg.task)
-    prompts = PromptFormat(task, tokenizer, cfg.policy.use_chat_template)
+    """The run's evaluation protocol (its evaluation group) of one policy on the held-out prompts (of `task`,
+    by default the one its task group names)."""
+    evaluation = run.evaluation
+    task = task or build_task(run.groups["task"])
+    prompts = PromptFormat(task, tokenizer, run.policy.use_chat_template)
     return evaluate(
         engine, heldout[: evaluation.prompts], prompts.format, task=task, name=evaluation.name,
         samples_per_prompt=evaluation.samples_per_prompt, repeats=evaluation.repeats, ks=list(evaluation.ks),
         estimator=evaluation.estimator,
         sampling=SamplingParams(temperature=evaluation.temperature, top_p=evaluation.top_p,
-                                top_k=evaluation.top_k, max_new_tokens=cfg.policy.max_new_tokens),
-        seed=evaluation.seed, on_repeat=on_repeat, samples=int(cfg.tracking.get("completions_per_step", 0)),
+                                top_k=evaluation.top_k, max_new_tokens=run.policy.max_new_tokens),
+        seed=evaluation.seed, on_repeat=on_repeat, samples=run.tracking.completions_per_step,
     )
 
 
@@ -161,7 +162,7 @@ def evaluate_with_progress(cfg: DictConfig, label: str, policy_path: str, checkp
     heldout = task.heldout()
     policy, tokenizer, engine = load_for_evaluation(cfg, policy_path, checkpoint)
     with progress.evaluation_progress(f"evaluate {label} ({cfg.evaluation.name})", cfg.evaluation) as on_repeat:
-        return evaluate_policy(cfg, policy, tokenizer, engine, heldout, on_repeat=on_repeat, task=task)
+        return evaluate_policy(RunSettings(cfg), policy, tokenizer, engine, heldout, on_repeat=on_repeat, task=task)
 
 
 def print_result(label: str, result: EvalResult) -> None:

@@ -50,9 +50,9 @@ class ClippedObjective(Objective):
         return " (coupled GRPO loss)" if node.get("ratio_to", "proximal") == "behaviour" else " (GRPO loss)"
 
     @classmethod
-    def check(cls, node, cfg) -> None:
+    def check(cls, node, run) -> None:
         """Over data-parallel ranks every rank takes each mini-batch's optimizer step, so needs a row in each."""
-        ranks, groups, k = int(cfg.hardware.ranks), int(cfg.trainer.groups_per_step), int(cfg.trainer.group_size)
+        ranks, groups, k = run.hardware.ranks, run.trainer.groups_per_step, run.trainer.group_size
         rows = groups // ranks * k
         if ranks > 1 and rows < min(int(node.updates_per_step), groups * k):
             raise ValueError(f"loss.updates_per_step={node.updates_per_step} with hardware.ranks={ranks}: a rank may "

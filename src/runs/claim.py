@@ -32,11 +32,11 @@ from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
-from omegaconf import DictConfig, OmegaConf
 
 from src.runs import tracking
 from src.runs.lifecycle import write_heartbeat
 from src.runs.cells import cell_runs, slurm_job_key
+from src.settings import TrackingSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,26 +51,28 @@ def store_has_lock(uri: str) -> bool:
     return uri.startswith("sqlite:///")
 
 
-def create_claim_run(cfg: DictConfig, folder: Path, labels: tracking.RunLabels) -> str:
+def create_claim_run(where: TrackingSettings, folder: Path, labels: tracking.RunLabels) -> str:
     """The run this job will train into, created now with the tags, params and config a new run gets."""
-    uri = cfg.tracking.uri
-    experiment_id = tracking.ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
-    name = cfg.tracking.run_name or labels.name
+    uri = where.uri
+    experiment_id = tracking.ensure_experiment(uri, where.experiment, where.artifact_location)
+    name = where.run_name or labels.name
     tags = resolve_tags({**labels.tags, tracking.DESCRIPTION_TAG: labels.description, MLFLOW_RUN_NAME: name,
                          "output_dir": str(folder), "slurm_job": slurm_job_key() or "-"})
     client = MlflowClient(uri)
     run_id = client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
     write_heartbeat(folder, run_id)  # from now on the claim is live, and dead at once if this process dies
     _unopened[:] = [(uri, run_id)]
-    client.log_batch(run_id, params=[Param(key, value) for key, value in tracking.run_params(cfg).items()])
-    client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+    client.log_batch(run_id, params=[Param(key, value) for key, value in labels.params.items()])
+    client.log_text(run_id, labels.config, "config.yaml")
     return run_id
 
 
-def earliest_claim(cfg: DictConfig, identity: str, run_id: str, since: float) -> tuple[str, str] | None:
-    """After the settle time, the live run that came first, (run id, where it runs), when it is not `run_id`."""
+def earliest_claim(where: TrackingSettings, timeout_s: float, identity: str, run_id: str,
+                   since: float) -> tuple[str, str] | None:
+    """After the settle time, the live run that came first, (run id, where it runs), when it is not `run_id`
+    (a run silent for `timeout_s` is dead)."""
     time.sleep(max(0.0, CLAIM_SETTLE_S - (time.monotonic() - since)))
-    known = cell_runs(cfg.tracking.uri, cfg.tracking.experiment, identity, cfg.trainer.heartbeat_timeout_s)
+    known = cell_runs(where.uri, where.experiment, identity, timeout_s)
     live = sorted(known.alive_runs.get(identity, []))
     if not live or live[0][1] == run_id:
         return None

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 
 from src.variant import described
 
@@ -80,15 +79,15 @@ class Ranks:
         return result
 
 
-def processes(cfg: DictConfig) -> int:
+def processes(ranks: int | None, runtime) -> int:
     """How many processes run the cell: `hardware.ranks` under runtime=sync (torchrun's, or SLURM's tasks); one
-    under runtime=async, whose trainer ranks are Ray actors of its one driver (src/runtime/ray_work.py)."""
-    return int(cfg.hardware.get("ranks", 1) or 1) if described(cfg.runtime).plain(cfg.runtime) else 1
+    under runtime=async (the runtime group's node), whose trainer ranks are Ray actors of its one driver
+    (src/runtime/ray_work.py)."""
+    return int(ranks or 1) if described(runtime).plain(runtime) else 1
 
 
-def mismatch(cfg: DictConfig, world: int) -> str | None:
-    """The one-line refusal when the run's processes are not the ones torchrun started; else None."""
-    want = processes(cfg)
+def mismatch(want: int, world: int) -> str | None:
+    """The one-line refusal when the run's `want` processes are not the ones torchrun started; else None."""
     if want == world:
         return None
     if world == 1:
@@ -98,19 +97,19 @@ def mismatch(cfg: DictConfig, world: int) -> str | None:
             f"hardware.ranks={world}, or start torchrun with --nproc_per_node {want}")
 
 
-def join(cfg: DictConfig, error=ValueError) -> Ranks:
+def join(want: int, device: str, error=ValueError) -> Ranks:
     """Join torchrun's process group (gloo on the CPU, NCCL on GPUs, each rank on GPU LOCAL_RANK); `error`
-    with one line when `hardware.ranks` is not the number of processes torchrun started."""
+    with one line when the run's `want` processes (`processes`) are not the ones torchrun started."""
     export_slurm_tasks()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    problem = mismatch(cfg, world)
+    problem = mismatch(want, world)
     if problem:
         raise error(problem)
     if world == 1:
         return Ranks()
     ranks = Ranks(world, int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        on_gpu = str(cfg.hardware.device).startswith("cuda")
+        on_gpu = str(device).startswith("cuda")
         if on_gpu:
             torch.cuda.set_device(ranks.local)
         dist.init_process_group("nccl" if on_gpu else "gloo")
@@ -136,13 +135,13 @@ def leave(ranks: Ranks, finished: bool) -> None:
         leave_group(finished)
 
 
-def shard(parts, cfg: DictConfig, ranks: Ranks):
+def shard(parts, ranks: Ranks):
     """`parts` trained data-parallel over the ranks (FSDP2), or as they are in one process."""
     if not ranks.many:
         return parts
     from src.build import data_parallel
 
-    return data_parallel(parts, cfg.trainer)
+    return data_parallel(parts)
 
 
 class RankTracker:

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
 
 from src.runs import claim
 
@@ -20,6 +19,7 @@ from src.runs import tracking
 from src.runs.checkpoint import CheckpointError, read_checkpoint, read_latest_checkpoint
 from src.runs.lifecycle import LATEST_CHECKPOINT, write_heartbeat
 from src.runs.cells import Cell, CellRuns, cell_runs
+from src.settings import RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +45,12 @@ class CellFinished(NothingToTrain):
     """The cell has a FINISHED run and `trainer.rerun` is false."""
 
 
-def choose_start(cfg: DictConfig, cell: Cell, output_dir: Path) -> Start:
+def choose_start(run: RunSettings, cell: Cell, output_dir: Path) -> Start:
     """Resume what `trainer.resume_from` names, or this cell's newest run when it is dead and left a checkpoint;
     else refuse a finished cell (unless `trainer.rerun`), else claim a new run. Raises RunAlive when another
     job trains the cell. `trainer.auto_resume=false` skips the lookup: a separate run, not claimed."""
-    trainer, uri, identity = cfg.trainer, cfg.tracking.uri, cell.identity
+    trainer, where, identity = run.trainer, run.tracking, cell.identity
+    uri = where.uri
     claim.forget_unopened_claim()
     if trainer.resume_from:
         path = Path(trainer.resume_from)
@@ -61,23 +62,23 @@ def choose_start(cfg: DictConfig, cell: Cell, output_dir: Path) -> Start:
         return Start(output_dir)
     locked = claim.store_has_lock(uri)
     with tracking.sqlite_store_lock(uri):  # lookup and claim at once: jobs started together train a cell once
-        tracking.ensure_experiment(uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
-        known = cell_runs(uri, cfg.tracking.experiment, identity, trainer.heartbeat_timeout_s)
+        tracking.ensure_experiment(uri, where.experiment, where.artifact_location)
+        known = cell_runs(uri, where.experiment, identity, trainer.heartbeat_timeout_s)
         if known.busy(identity):
             raise RunAlive(busy_message(cell, known.alive[identity]))
         for run_id, reason in known.unresumed_dead(identity):
-            retire(cfg, cell, run_id, reason)
-        start = resume_newest(cfg, cell, known, locked)
+            retire(uri, cell, run_id, reason)
+        start = resume_newest(uri, cell, known, locked)
         if start is not None:
             return start
         if identity in known.finished and not trainer.rerun:
             raise CellFinished(f"cell {cell.name} (cell_id {identity}) already has FINISHED run "
-                               f"{known.finished[identity]} in experiment '{cfg.tracking.experiment}': not "
+                               f"{known.finished[identity]} in experiment '{where.experiment}': not "
                                "training it again. Set trainer.rerun=true to train it again into a new run")
         claimed_at = time.monotonic()
-        run_id = claim.create_claim_run(cfg, output_dir, cell.labels)
+        run_id = claim.create_claim_run(where, output_dir, cell.labels)
     if not locked:  # a store without a lock: the earliest of the claims made together trains
-        rival = claim.earliest_claim(cfg, identity, run_id, claimed_at)
+        rival = claim.earliest_claim(where, trainer.heartbeat_timeout_s, identity, run_id, claimed_at)
         if rival is not None:
             claim.withdraw_claim(uri, run_id)
             raise RunAlive(busy_message(cell, rival[1]))
@@ -89,25 +90,25 @@ def busy_message(cell: Cell, alive: str) -> str:
             "or set trainer.auto_resume=false to start a separate run of this cell")
 
 
-def retire(cfg: DictConfig, cell: Cell, run_id: str, reason: str) -> None:
+def retire(uri: str, cell: Cell, run_id: str, reason: str) -> None:
     """Mark a dead run that nobody will resume FAILED with the reason, in one log line."""
-    tracking.mark_failed(cfg.tracking.uri, run_id, reason)
+    tracking.mark_failed(uri, run_id, reason)
     log.warning("run %s of cell %s marked FAILED: %s", run_id, cell.name, reason)
 
 
-def resume_newest(cfg: DictConfig, cell: Cell, known: CellRuns, locked: bool) -> Start | None:
+def resume_newest(uri: str, cell: Cell, known: CellRuns, locked: bool) -> Start | None:
     """Claim and load the newest run of the cell when it is dead and left a checkpoint; None when there is none,
     or its checkpoints do not load (the run is then marked FAILED, and the cell starts afresh)."""
     identity = cell.identity
     if identity not in known.resumable:
         return None
-    uri, run_id = cfg.tracking.uri, known.resumable_runs[identity]
+    run_id = known.resumable_runs[identity]
     folder = Path(known.resumable[identity]).parent
     claimed_at, token = time.monotonic(), None if locked else claim.tag_resume_claim(uri, run_id)
     try:
         payload, path = read_latest_checkpoint(folder)
     except CheckpointError as error:
-        retire(cfg, cell, run_id, f"dead, not resumable: {str(error).split('. Start the cell afresh')[0]}")
+        retire(uri, cell, run_id, f"dead, not resumable: {str(error).split('. Start the cell afresh')[0]}")
         return None
     check_checkpoint_owner(payload, path, identity, run_id)
     if token is not None:

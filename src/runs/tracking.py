@@ -36,6 +36,7 @@ from src.paths import PROJECT_ROOT, is_source_checkout, workspace_root
 from src.runs.diskspace import DiskFull, failed_path, out_of_space, writing
 from src.runs.lifecycle import clear_run_end, write_run_end
 from src.task.base import task_class
+from src.settings import TrackingSettings
 
 log = logging.getLogger(__name__)
 FAILURE_TAG = "failure_reason"  # why a FAILED run could not continue (one line)
@@ -618,15 +619,18 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
 
 @dataclass
 class RunLabels:
-    """What names a run in MLflow, computed by the caller: tags, the run name and the description."""
+    """What names a run in MLflow, computed by the caller: tags, the run name and the description, and what a new
+    run logs once: its params and its resolved config (config.yaml)."""
 
     tags: dict[str, str]
     name: str
     description: str
+    params: dict[str, str]
+    config: str
 
 
 @contextmanager
-def start_run(cfg: DictConfig, labels: RunLabels, resume_run_id: str | None = None,
+def start_run(where: TrackingSettings, labels: RunLabels, resume_run_id: str | None = None,
               hydra_output_dir: Path | None = None, overrides: list[str] | None = None,
               folder: Path | None = None) -> Iterator[Tracker]:
     """Open (or reopen, when resuming) the MLflow run for this job; FAILED with its reason if the body raises,
@@ -637,12 +641,12 @@ def start_run(cfg: DictConfig, labels: RunLabels, resume_run_id: str | None = No
     run's own folder (checkpoints, heartbeat): where `run_end.json` goes if the store refuses the end.
     A full disk (store, artifacts, checkpoint) is raised as DiskFull naming the path and the space needed.
     """
-    experiment_id = ensure_experiment(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+    experiment_id = ensure_experiment(where.uri, where.experiment, where.artifact_location)
     logged_until = last_logged_step(resume_run_id) if resume_run_id else -1
     if resume_run_id:
         run = mlflow.start_run(run_id=resume_run_id)
     else:
-        run = mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name or labels.name,
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=where.run_name or labels.name,
                                tags={**labels.tags, DESCRIPTION_TAG: labels.description})
     run_id = run.info.run_id
     try:
@@ -651,22 +655,22 @@ def start_run(cfg: DictConfig, labels: RunLabels, resume_run_id: str | None = No
         if folder is not None:
             clear_run_end(folder, run_id)
         if not resume_run_id:
-            mlflow.log_params(run_params(cfg))
-            mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+            mlflow.log_params(labels.params)
+            mlflow.log_text(labels.config, "config.yaml")
         if overrides is not None:
             mlflow.log_text(overrides_yaml(overrides), "overrides.yaml")
         if hydra_output_dir is not None and (hydra_output_dir / ".hydra").is_dir():
             mlflow.log_artifacts(str(hydra_output_dir / ".hydra"), artifact_path="hydra")
         yield Tracker(run_id, logged_until)
     except BaseException as error:
-        full = disk_full_error(error, cfg.tracking.uri) if isinstance(error, Exception) else None
+        full = disk_full_error(error, where.uri) if isinstance(error, Exception) else None
         record_end(full or error, run_id, folder)
         if full is not None and full is not error:
             raise full from None
         raise
     problem = close_active_run(run_id, "FINISHED")
     if problem is not None:  # done but not recorded: the next start redoes the end from the final checkpoint
-        problem = disk_full_error(problem, cfg.tracking.uri) or problem
+        problem = disk_full_error(problem, where.uri) or problem
         leave_run_end(run_id, "FAILED", f"the store refused FINISHED: {failure_reason(problem)}", problem, folder)
         raise problem
 

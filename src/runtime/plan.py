@@ -100,14 +100,14 @@ class _Placeholder:
         return 0.0
 
 
-def async_budget_plan(cfg):
+def async_budget_plan(run):
     """`src.study.budget.BudgetPlan` of a runtime=async config: the groups that reach the trainer before each step,
     from its lockstep schedule (the free schedule's count depends on the machine: this is its lockstep twin)."""
     from src.study.budget import BudgetPlan
     from src.build import build_runtime
     from src.runtime.pipeline import LockstepPipeline
 
-    runtime, trainer = build_runtime(cfg), cfg.trainer
+    runtime, trainer = build_runtime(run), run.trainer
     work = _Placeholder(int(trainer.group_size), runtime.settings.groups_per_request)
     pipeline = LockstepPipeline(runtime.settings, runtime.build_pipeline(work).queue, work)
     for _ in range(int(trainer.steps)):

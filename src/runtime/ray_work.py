@@ -44,7 +44,6 @@ import numpy as np
 import ray
 import torch
 from ray.exceptions import RayActorError
-from omegaconf import DictConfig, OmegaConf
 
 from src.batch import Batch, BatchGroup
 from src.components import Components
@@ -52,6 +51,7 @@ from src.runtime.pipeline import Generated, PipelineError, PipelineSettings
 from src.runtime.ray_session import first_line
 from src.runtime.queues import Sample
 from src.sampling.collection import Collected
+from src.settings import RunSettings
 from src.state import TrainState
 from src.train import Collection, learn
 
@@ -101,30 +101,26 @@ class _Unobserved:
 class RolloutWorker:
     """One rollout worker: a policy copy, its engine, and the step's collection, forward and objective."""
 
-    def __init__(self, config: dict, threads: int) -> None:
-        from src.build import build_rollout_and_objective
-        from src.policy.forward import Forward
+    def __init__(self, run: RunSettings, threads: int) -> None:
+        from src.build import build_forward, build_rollout_and_objective
         from src.policy.model import load_policy
         from src.rollout.engine import build_engine
         from src.task.base import build_task
         from src.task.prompts import PromptFormat
 
-        cfg = OmegaConf.create(config)
         torch.set_num_threads(threads)
-        if cfg.hardware.dtype == "float64":
+        hardware, policy = run.hardware, run.policy
+        if hardware.dtype == "float64":
             torch.set_default_dtype(torch.float64)
         # A GPU worker sees only the GPU Ray gave it, as cuda:0; the trainer's index is the driver's.
-        device = "cuda" if str(cfg.hardware.device).startswith("cuda") else cfg.hardware.device
-        self.policy, tokenizer = load_policy(cfg.policy.name_or_path, device, cfg.hardware.dtype)
-        self.engine = build_engine(cfg.policy.engine, self.policy, tokenizer, cfg.policy.generation_batch_size,
-                                   **cfg.policy.get("vllm", {}))
-        trainer = cfg.trainer
-        self.forward = Forward(tokenizer.pad_token_id, trainer.micro_batch_size, trainer.micro_batch_tokens,
-                               cfg.hardware.autocast, trainer.fused_logprobs, trainer.pack_rows)
-        task = build_task(cfg.task)  # the verifier the worker scores with (no data is loaded)
-        prompts = PromptFormat(task, tokenizer, cfg.policy.use_chat_template)
+        device = "cuda" if hardware.device.startswith("cuda") else hardware.device
+        self.policy, tokenizer = load_policy(policy.name_or_path, device, hardware.dtype)
+        self.engine = build_engine(policy.engine, self.policy, tokenizer, policy.generation_batch_size, **policy.vllm)
+        self.forward = build_forward(run, tokenizer)
+        task = build_task(run.groups["task"])  # the verifier the worker scores with (no data is loaded)
+        prompts = PromptFormat(task, tokenizer, policy.use_chat_template)
         self.behaviour, self.collection, self.objective = build_rollout_and_objective(
-            cfg, self.policy, self.engine, _Unobserved(), prompts, self.forward, task)
+            run, self.policy, self.engine, _Unobserved(), prompts, self.forward, task)
         self.version = None  # the initial weights are the start checkpoint's, not a published version
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
@@ -183,18 +179,17 @@ class TrainerActor:
     weights()                            the policy's whole weights (the driver's evaluation copy)
     """
 
-    def __init__(self, config: dict, threads: int, board, rank: int = 0, world: int = 1,
+    def __init__(self, run: RunSettings, threads: int, board, rank: int = 0, world: int = 1,
                  rendezvous: str | None = None) -> None:
         from src.build import build_components, data_parallel
 
-        cfg = OmegaConf.create(config)
         self.rank, self.sharded = rank, world > 1
         if self.sharded:
-            cfg.hardware.device = join_trainer_ranks(str(cfg.hardware.device), rank, world, rendezvous)
+            run = run.on_device(join_trainer_ranks(run.hardware.device, rank, world, rendezvous))
         self.sampler = _Reported()
         # The driver's own build: same seed, dtype, device (hardware.device, after the workers' GPUs), loss.
-        parts = build_components(cfg, [], engine=_NoEngine(), sampler=self.sampler)
-        self.parts = data_parallel(parts, cfg.trainer) if self.sharded else parts
+        parts = build_components(run, [], engine=_NoEngine(), sampler=self.sampler)
+        self.parts = data_parallel(parts) if self.sharded else parts
         torch.set_num_threads(threads)  # the driver's count: the update's sums then add in the same order
         self.train_state = TrainState()
         self.board = board
@@ -288,17 +283,16 @@ class RayWork:
     """Work for `src.runtime.pipeline`: W `RolloutWorker` actors and one `TrainerActor`, driven from this
     process, whose `parts` and `state` are the driver's copy (checkpoints, evaluation, the summary)."""
 
-    def __init__(self, cfg: DictConfig, parts: Components, state: TrainState, settings: PipelineSettings,
+    def __init__(self, run: RunSettings, parts: Components, state: TrainState, settings: PipelineSettings,
                  max_restarts: int, threads: int, cpus_per_worker: float, gpus_per_worker: float = 0.0,
                  trainer_ranks: int = 1) -> None:
         self.parts, self.state, self.settings = parts, state, settings
-        self.seed = int(cfg.trainer.seed)
+        self.seed = run.trainer.seed
         actor = ray.remote(RolloutWorker).options(max_restarts=max_restarts, max_task_retries=max_restarts,
                                                   num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)
-        config = OmegaConf.to_container(cfg, resolve=True)
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
-        self.workers = [actor.remote(config, threads) for _ in range(settings.workers)]
-        self.trainers = start_trainers(config, cpus_per_worker, self.board, parts, state, trainer_ranks)
+        self.workers = [actor.remote(run, threads) for _ in range(settings.workers)]
+        self.trainers = start_trainers(run, cpus_per_worker, self.board, parts, state, trainer_ranks)
         log.info("trainer actor(s) started at step %d (pid %s)", state.step,
                  ", ".join(str(pid) for pid in ray.get([trainer.pid.remote() for trainer in self.trainers])))
         self.trainer_dead = False
@@ -440,7 +434,7 @@ class RayWork:
             ray.kill(actor, no_restart=True)
 
 
-def start_trainers(config: dict, cpus: float, board, parts: Components, state: TrainState, ranks: int) -> list:
+def start_trainers(run: RunSettings, cpus: float, board, parts: Components, state: TrainState, ranks: int) -> list:
     """The `ranks` trainer actors, started from the driver's trainer state (a resumed run's: the checkpoint's).
 
     Not restarted by Ray: a new trainer would have lost its updates since the checkpoint. On CUDA they hold
@@ -450,7 +444,7 @@ def start_trainers(config: dict, cpus: float, board, parts: Components, state: T
     """
     rendezvous = f"tcp://127.0.0.1:{free_port()}" if ranks > 1 else None
     actor = ray.remote(TrainerActor).options(max_restarts=0, num_cpus=cpus / ranks)
-    trainers = [actor.remote(config, torch.get_num_threads(), board, rank, ranks, rendezvous) for rank in range(ranks)]
+    trainers = [actor.remote(run, torch.get_num_threads(), board, rank, ranks, rendezvous) for rank in range(ranks)]
     whole = {"policy": on_cpu(parts.policy.state_dict()), "optimizer": on_cpu(parts.optimizer.state_dict()),
              "torch_rng": torch.get_rng_state(), "state": counters(state)}
     ray.get([trainer.load_state.remote(whole) for trainer in trainers])

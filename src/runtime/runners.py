@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-from omegaconf import DictConfig
 
 from src.checks import check_choice, check_int
 from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
                                   PipelineError, PipelineSettings)
 from src.runtime.queues import QUEUES, build_queue
+from src.settings import RunSettings, TrainerSettings
 from src.variant import Variant, described, float_knob, int_knob
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ EVENT_LOG = "events.jsonl"
 class RunContext:
     """What a runtime's session gets from `src.run`: the run's parts, its state and where its files go."""
 
-    cfg: DictConfig
+    run: RunSettings
     parts: object                      # src.components.Components
     state: object                      # src.state.TrainState, advanced in place by each step
     output_dir: Path
@@ -90,7 +90,7 @@ class SyncRuntime(Variant):
     def plain(cls, node) -> bool:
         return True
 
-    def __init__(self, name: str = "sync", cfg: DictConfig | None = None) -> None:
+    def __init__(self, name: str = "sync", run: RunSettings | None = None) -> None:
         self.name = name
 
     @contextmanager
@@ -161,27 +161,27 @@ class AsyncRuntime(Variant):
         return f"async {node.queue} W={node.workers} T={node.trainers}"
 
     @classmethod
-    def budget_plan(cls, node, cfg):
+    def budget_plan(cls, node, run: RunSettings):
         from src.runtime.plan import async_budget_plan  # its lockstep schedule decides the fresh budget
 
-        return async_budget_plan(cfg)
+        return async_budget_plan(run)
 
-    def __init__(self, cfg: DictConfig, name: str = "async", workers: int = 2, trainers: int = 1,
+    def __init__(self, run: RunSettings, name: str = "async", workers: int = 2, trainers: int = 1,
                  batch_rollouts: int | None = None, queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
                  sharded: bool = False, sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0,
                  worker_cost: float | None = None,
                  trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
                  depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
                  max_restarts: int = 3, gpus_per_worker: float = 0.0) -> None:
-        self.cfg, self.name = cfg, name
+        self.run, self.name = run, name
         self.saved: dict | None = None     # the pipeline's state from a checkpoint, or when its session closed
         self.live: AsyncSession | None = None
         self.queue_name = check_choice("runtime.queue", queue, QUEUES)
         self.schedule = check_choice("runtime.schedule", schedule, SCHEDULES)
-        group_size = int(cfg.trainer.group_size)
+        group_size = run.trainer.group_size
         self.settings = PipelineSettings(
             workers=check_int("runtime.workers", workers, 1), trainers=check_int("runtime.trainers", trainers, 1),
-            batch=self.batch_size(cfg, batch_rollouts), group_size=group_size, sync_every=check_int("runtime.sync_every", sync_every, 1),
+            batch=self.batch_size(run.trainer, batch_rollouts), group_size=group_size, sync_every=check_int("runtime.sync_every", sync_every, 1),
             staleness=None if staleness is None else check_int("runtime.staleness", staleness, 0),
             staleness_mode=check_choice("runtime.staleness_mode", staleness_mode, STALENESS_MODES),
             mu=float(mu), worker_cost=worker_cost, trainer_cost=float(trainer_cost),
@@ -193,23 +193,23 @@ class AsyncRuntime(Variant):
         self.worker_threads = check_int("runtime.worker_threads", worker_threads, 1)
         self.max_restarts = check_int("runtime.max_restarts", max_restarts, -1)
         self.gpus_per_worker = float(gpus_per_worker)
-        self.worker_gpus = worker_gpus(self.settings.workers, self.gpus_per_worker, str(cfg.hardware.device))
-        self.trainer_ranks = int(cfg.hardware.ranks)  # T trainer actors training data-parallel, or one
-        self._check(cfg)
+        self.worker_gpus = worker_gpus(self.settings.workers, self.gpus_per_worker, run.hardware.device)
+        self.trainer_ranks = run.hardware.ranks  # T trainer actors training data-parallel, or one
+        self._check(run.groups)
         # The queue checks its own settings; `ready` refuses a batch that does not split over the shards.
         build_queue(**self.queue_options(seed=0)).ready(self.settings.batch)
 
     @staticmethod
-    def batch_size(cfg: DictConfig, batch_rollouts: int | None) -> int:
+    def batch_size(trainer: TrainerSettings, batch_rollouts: int | None) -> int:
         """B, the rollouts one update draws: `runtime.batch_rollouts` (seed 001 D.2 trains on 60 rollouts from
         the buffer, each keeping the advantage its group gave it at generation), or by default the
         synchronous step's work, trainer.groups_per_step x trainer.group_size."""
         if batch_rollouts is None:
-            return int(cfg.trainer.groups_per_step) * int(cfg.trainer.group_size)
+            return trainer.groups_per_step * trainer.group_size
         return check_int("runtime.batch_rollouts", batch_rollouts, 1, "60 (seed 001), or null for "
                          "trainer.groups_per_step x trainer.group_size.")
 
-    def _check(self, cfg: DictConfig) -> None:
+    def _check(self, groups: dict) -> None:
         s = self.settings
         if self.trainer_ranks > 1 and self.trainer_ranks != s.trainers:
             raise ValueError(f"hardware.ranks={self.trainer_ranks} with runtime.trainers={s.trainers}: under "
@@ -228,13 +228,14 @@ class AsyncRuntime(Variant):
                              f"queue holds N, so N must fit a batch and a request in flight "
                              f"(>= {s.batch + s.request_rollouts})")
         # The components say whether they fit the pipeline; their YAML names only label the message.
-        if not getattr(described(cfg.buffer), "queue_stands_in", False):
-            raise ValueError(f"buffer={cfg.buffer.get('name')} with runtime=async: the pipeline's rollout queue replaces "
+        buffer, sampling, behaviour = groups["buffer"], groups["sampling"], groups["behaviour"]
+        if not getattr(described(buffer), "queue_stands_in", False):
+            raise ValueError(f"buffer={buffer.get('name')} with runtime=async: the pipeline's rollout queue replaces "
                              "the step's replay store, so the buffer's settings would change nothing; use buffer=none "
                              "and set the pipeline's buffer with runtime.queue, runtime.capacity, runtime.independent, "
                              "runtime.sharded and runtime.positive_bias")
-        if not (described(cfg.sampling).plain(cfg.sampling) and described(cfg.behaviour).plain(cfg.behaviour)):
-            raise ValueError(f"sampling={cfg.sampling.get('name')}, behaviour={cfg.behaviour.get('name')} with "
+        if not (described(sampling).plain(sampling) and described(behaviour).plain(behaviour)):
+            raise ValueError(f"sampling={sampling.get('name')}, behaviour={behaviour.get('name')} with "
                              "runtime=async: workers generate each request's groups once, with the published weights; "
                              "use sampling=standard and behaviour=current")
 
@@ -250,7 +251,7 @@ class AsyncRuntime(Variant):
     def queue_options(self, seed: int | None = None) -> dict:
         """The arguments of `build_queue` and `QueueActor` for this run's queue (default seed: the run's)."""
         return {"queue": self.queue_name, "capacity": self.capacity,
-                "seed": int(self.cfg.trainer.seed) if seed is None else seed, "independent": self.independent,
+                "seed": self.run.trainer.seed if seed is None else seed, "independent": self.independent,
                 "positive_bias": self.positive_bias, "shards": self.shards}
 
     def build_pipeline(self, work, queue=None) -> Pipeline:
@@ -280,10 +281,10 @@ class AsyncRuntime(Variant):
         """A Ray session for the run's remaining trainer steps; none is started when no step remains."""
         from src.runtime.ray_session import ray_session
 
-        if context.state.step >= context.cfg.trainer.steps:
+        if context.state.step >= context.run.trainer.steps:
             yield SyncSteps(context)  # never asked for a step
             return
-        device = torch.device(str(context.cfg.hardware.device))
+        device = torch.device(context.run.hardware.device)
         last = (device.index or 0) + self.trainer_ranks - 1  # the last trainer rank's GPU
         if self.worker_gpus and last >= torch.cuda.device_count():
             raise PipelineError(f"hardware.device={device} with {self.worker_gpus} GPU workers and "
@@ -308,7 +309,7 @@ class AsyncSession:
         self.runtime, self.context = runtime, context
         settings = runtime.settings
         cpus = runtime.num_cpus / (settings.workers + 1)  # a share for each worker and the trainer actor
-        self.work = RayWork(context.cfg, context.parts, context.state, settings, runtime.max_restarts,
+        self.work = RayWork(context.run, context.parts, context.state, settings, runtime.max_restarts,
                             runtime.worker_threads, cpus, runtime.gpus_per_worker, runtime.trainer_ranks)
         self.queue = QueueActor(**runtime.queue_options())  # the shared buffer: an actor with no CPU slot
         self.pipeline = runtime.build_pipeline(self.work, self.queue)
@@ -351,7 +352,7 @@ class AsyncSession:
         """One trainer step of the pipeline; after the run's last one, the run's artifacts."""
         metrics = self.pipeline.next_step()
         self._write_events()
-        if self.context.state.step >= self.context.cfg.trainer.steps:
+        if self.context.state.step >= self.context.run.trainer.steps:
             self.log_artifacts()
         return StepOutcome(metrics, self.work.last)
 

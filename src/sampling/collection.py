@@ -149,8 +149,8 @@ class DynamicCollection(FreshCollection):
         return True  # it generates until its batch is full of effective groups: the plan is its floor
 
     @classmethod
-    def check(cls, node, cfg) -> None:
-        check_recipe("sampling", "DAPO", "dynamic sampling", node, cfg)
+    def check(cls, node, run) -> None:
+        check_recipe("sampling", "DAPO", "dynamic sampling", node, run)
 
     def __init__(self, oversample: float = 1.5, max_rounds: int = 8, mechanism_only: bool = False,
                  **settings) -> None:

@@ -25,8 +25,9 @@ from omegaconf import OmegaConf
 
 from src.batch import Group, plan_batch, whole_groups
 from src.buffer.age import ReplayBuffer
-from src.buffer.store import store_class
+from src.buffer.store import ReplayStore
 from src.checks import composition_error
+from src.settings import RunSettings
 from src.variant import VARIANT_GROUPS, described
 
 AGE_BUFFER_CAPACITY = 4096  # ReplayBuffer's default (conf/buffer/age*.yaml: a safety net)
@@ -78,7 +79,7 @@ def planning_max_age(buffer, steps: int) -> int:
     least 1, for the age buffer); a store without one (the FIFO: every stored group of age >= 1 is
     eligible) has the run's length as its L.
     """
-    window = store_class(buffer).plan_window(buffer, steps)
+    window = described(buffer, ReplayStore).plan_window(buffer, steps)
     return int(steps) if window is None else int(window)
 
 
@@ -166,22 +167,28 @@ def simulate_plan(groups_per_step: int, group_size: int, steps: int, ratio: floa
 
 
 def plan_for_config(cfg) -> BudgetPlan:
-    """The plan of a composed config: its sizes, and the store the trainer builds (`src.build.build_store`),
-    as its class says to simulate it; or the plan of a runtime with its own schedule (runtime=async)."""
-    runtime = cfg.get("runtime")
-    own = described(runtime).budget_plan(runtime, cfg)
+    """The plan of a composed config (`plan_for` its typed settings)."""
+    return plan_for(RunSettings(cfg))
+
+
+def plan_for(run: RunSettings) -> BudgetPlan:
+    """The plan of a run: its sizes, and the store the trainer builds (`src.build.build_store`), as its class
+    says to simulate it; or the plan of a runtime with its own schedule (runtime=async)."""
+    runtime = run.groups["runtime"]
+    own = described(runtime).budget_plan(runtime, run)
     if own is not None:
         return own
-    trainer, buffer = cfg.trainer, cfg.buffer
-    store = store_class(buffer)
+    trainer, buffer = run.trainer, run.groups["buffer"]
+    store = described(buffer, ReplayStore)
     return simulate_plan(trainer.groups_per_step, trainer.group_size, trainer.steps, buffer.ratio,
                          lambda: store.plan_store(buffer, buffer.ratio, trainer.groups_per_step),
                          store.plan_window(buffer, trainer.steps), store.reward_dependent(buffer))
 
 
-def budget_is_floor(cfg) -> bool:
-    """True when some component may generate more than the plan counts (sampling=dynamic): the plan is a minimum."""
-    return any(described(cfg.get(group)).budget_is_floor(cfg.get(group)) for group in VARIANT_GROUPS)
+def budget_is_floor(groups) -> bool:
+    """True when some component may generate more than the plan counts (sampling=dynamic): the plan is a minimum.
+    `groups`: a composed config, or a run's component nodes (`RunSettings.groups`)."""
+    return any(described(groups.get(group)).budget_is_floor(groups.get(group)) for group in VARIANT_GROUPS)
 
 
 def formula_break(cfg) -> str | None:
@@ -197,7 +204,7 @@ def formula_break(cfg) -> str | None:
     trainer, buffer = cfg.trainer, cfg.buffer
     b_fresh, b_replay = plan_batch(trainer.groups_per_step, buffer.ratio)
     per_step = f"{plan.gap_fill_groups} fresh gap-fill groups over the run"
-    store = store_class(buffer)
+    store = described(buffer, ReplayStore)
     if store.plan_window(buffer, trainer.steps) is None:  # no age window: the store keeps too few groups
         return store.short_pool(buffer, b_replay, per_step)
     max_age = planning_max_age(buffer, trainer.steps)
@@ -229,7 +236,7 @@ def _placeholder(step: int) -> Group:
 def budget_table(cfg, ratios: list[float] | None = None):
     """Rows of the planning table for a composed config, over `ratios` (default: the config's own rho)."""
     trainer, buffer = cfg.trainer, cfg.buffer
-    has_window = store_class(buffer).plan_window(buffer, trainer.steps) is not None
+    has_window = described(buffer, ReplayStore).plan_window(buffer, trainer.steps) is not None
     rows = []
     for ratio in ratios if ratios is not None else [float(buffer.ratio)]:
         max_age = planning_max_age(buffer, trainer.steps)

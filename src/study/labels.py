@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from src.runs import tracking
 from src.runs.cells import Cell
@@ -22,7 +22,8 @@ def run_labels(cfg: DictConfig) -> tracking.RunLabels:
     cell, variant = cell_name(cfg), variant_label(cfg)
     tags = tracking.run_tags(cfg, cell=cell, cell_id=cell_identity(cfg), cell_key=cell_key(cfg), variant=variant)
     return tracking.RunLabels(tags=tags, name=tracking.run_name(cfg.tracking.sweep, cell, cfg.trainer.seed),
-                              description=tracking.run_description(cell, variant, cfg, launch_command()))
+                              description=tracking.run_description(cell, variant, cfg, launch_command()),
+                              params=tracking.run_params(cfg), config=OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def launch_command() -> str:

@@ -169,11 +169,11 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
     from src.runs.ranks import processes
 
     ranks, gpus, name = int(cfg.hardware.get("ranks", 1) or 1), gpus_per_job(launcher), cfg.policy.name_or_path
-    tasks = int(launcher.get("tasks_per_node", 1) or 1)
-    if tasks != processes(cfg):
+    tasks, wanted = int(launcher.get("tasks_per_node", 1) or 1), processes(ranks, cfg.runtime)
+    if tasks != wanted:
         return (f"hydra.launcher.tasks_per_node={tasks} with runtime={cfg.runtime.get('name')} and "
-                f"hardware.ranks={ranks}: the cell runs {processes(cfg)} process(es) (runtime=async: one driver, its "
-                f"trainer ranks are Ray actors); set hydra.launcher.tasks_per_node={processes(cfg)}")
+                f"hardware.ranks={ranks}: the cell runs {wanted} process(es) (runtime=async: one driver, its "
+                f"trainer ranks are Ray actors); set hydra.launcher.tasks_per_node={wanted}")
     if gpus and ranks > gpus:
         return (f"hardware.ranks={ranks} on hardware={hardware}: the job asks for {gpus} GPU(s), one a rank; "
                 f"set hardware.ranks={gpus}, or use a hardware option with more GPUs")

@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from src.study.budget import budget_is_floor, plan_for_config
-from src.buffer.store import store_class
+from src.buffer.store import ReplayStore
 from src.task.base import task_class
 from src.runs.cells import CellRuns
 from src.paths import resolve_policy_path
@@ -66,7 +66,7 @@ def cell_name(cfg: DictConfig) -> str:
     Each component names its own part (`src.variant.Variant.cell_label`): the store, then the loss, or
     the clip ceiling where the loss reads it and something is replayed, then '-dapo', '-stale4', ...
     """
-    store, objective = store_class(cfg.buffer), described(cfg.loss)
+    store, objective = described(cfg.buffer, ReplayStore), described(cfg.loss)
     loss = objective.cell_label(cfg.loss, cfg)
     clip = f"-c{cfg.clip.ceiling:g}" if _reads_clip(objective) and not store.fresh_only(cfg.buffer) else ""
     suffixes = "".join(described(cfg.get(group)).cell_label(cfg.get(group), cfg) for group in SUFFIX_GROUPS)
@@ -75,7 +75,8 @@ def cell_name(cfg: DictConfig) -> str:
 
 def variant_label(cfg: DictConfig) -> str:
     """A reader's name for what the cell runs, e.g. 'Replay-RLOO', 'POPO (GRPO loss)', 'Fresh-only + DAPO dynamic sampling'."""
-    parts = [store_class(cfg.buffer).reader_label(cfg.buffer, cfg) + described(cfg.loss).reader_label(cfg.loss, cfg)]
+    store = described(cfg.buffer, ReplayStore)
+    parts = [store.reader_label(cfg.buffer, cfg) + described(cfg.loss).reader_label(cfg.loss, cfg)]
     for group in SUFFIX_GROUPS:
         parts.append(described(cfg.get(group)).reader_label(cfg.get(group), cfg))
     parts.append(task_class(cfg.get("task")).reader_name)
@@ -126,7 +127,7 @@ def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     for key, knob in knobs_for(cfg).items():
         if knob.id_omitted_at and OmegaConf.select(cfg, key) in knob.id_omitted_at:
             _drop(resolved, key)
-    if store_class(cfg.buffer).fresh_only(cfg.buffer):
+    if described(cfg.buffer, ReplayStore).fresh_only(cfg.buffer):
         resolved.pop("buffer")
         resolved.pop("clip")
     for group in SUFFIX_GROUPS:

@@ -44,7 +44,7 @@ class AgeCopyStore(ReplayStore):
         return max(int(node.max_age), 1)
 
     @classmethod
-    def check(cls, node, cfg) -> None:
+    def check(cls, node, run) -> None:
         """rho <= L: otherwise the pool of reusable groups (about L * B_fresh) cannot meet the demand."""
         if node.ratio <= node.max_age or node.ratio == 0 or node.get("allow_infeasible", False):
             return
