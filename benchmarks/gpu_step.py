@@ -52,6 +52,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from src.batch import plan_batch, Batch, BatchGroup, Group
 from src.build import build_optimizer
 from src.loss.rloo import RlooObjective
+from src.loss.trainer import Trainer
 from src.policy.forward import Forward, autocast_context
 from src.policy.packing import lanes
 from src.rollout.vllm_engine import CUDA_MAX_NUM_SEQS, vllm_problem
@@ -173,10 +174,10 @@ def make_optimizer(policy, fused: bool):
 def policy_update(policy, reference, optimizer, groups, trainer_cfg, autocast):
     """The trainer's own RLOO objective (c = 1) on `groups`; replayed ones carry mu and log pi_ref."""
     forward = forward_of(trainer_cfg, autocast)
-    objective = RlooObjective(1.0, forward=forward, kl_coef=trainer_cfg.kl_coef, entropy_coef=trainer_cfg.entropy_coef,
-                              max_grad_norm=trainer_cfg.max_grad_norm)
+    trainer = Trainer(RlooObjective(1.0), forward, kl_coef=trainer_cfg.kl_coef, entropy_coef=trainer_cfg.entropy_coef,
+                      max_grad_norm=trainer_cfg.max_grad_norm)
     entries = [BatchGroup(g, "fresh") if g.behaviour_logprobs is None else BatchGroup(g, "replay", 1) for g in groups]
-    return objective.update(policy, reference, optimizer, Batch(entries))
+    return trainer.update(policy, reference, optimizer, Batch(entries))
 
 
 def measure_update(policy, reference, trainer_cfg, groups, device, autocast, fused_adamw: bool) -> dict[str, float]:

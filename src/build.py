@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from src.buffer.store import ReplayStore
 from src.components import Components
+from src.loss.trainer import Trainer
 from src.policy.forward import Forward
 from src.policy.model import compile_layers, frozen_copy, load_policy
 from src.rollout.engine import build_engine
@@ -56,16 +57,15 @@ def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, e
     if sampler is None:
         sampler = build(run.groups["curriculum"], instances=train_set, seed=trainer.seed, task=task)
     prompts = PromptFormat(task, tokenizer, run.policy.use_chat_template)
-    behaviour, collection, objective = build_rollout_and_objective(run, policy, engine, sampler, prompts, forward,
-                                                                   task)
+    behaviour, collection, learner = build_rollout_and_trainer(run, policy, engine, sampler, prompts, forward, task)
     reference = frozen_copy(policy)
     if trainer.compile:  # after every copy of the policy (the reference, a stale behaviour's)
         compile_layers(policy)
         compile_layers(reference)
     return Components(policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
-                      optimizer=build_optimizer(policy, trainer), store=build_store(run, task), objective=objective,
-                      collection=collection, sampler=sampler, behaviour=behaviour, forward=forward,
-                      groups_per_step=trainer.groups_per_step, task=task)
+                      optimizer=build_optimizer(policy, trainer), store=build_store(run, task),
+                      objective=learner.objective, trainer=learner, collection=collection, sampler=sampler,
+                      behaviour=behaviour, forward=forward, groups_per_step=trainer.groups_per_step, task=task)
 
 
 def build_forward(run: RunSettings, tokenizer) -> Forward:
@@ -75,19 +75,20 @@ def build_forward(run: RunSettings, tokenizer) -> Forward:
                    run.hardware.autocast, trainer.fused_logprobs, trainer.pack_rows)
 
 
-def build_rollout_and_objective(run: RunSettings, policy, engine, sampler, prompts, forward, task):
-    """The behaviour policy, the fresh-rollout collection it samples for, and the objective (which takes
-    the behaviour's truncation settings), each from its group with the live objects it works with."""
-    trainer, groups = run.trainer, run.groups
-    behaviour = build(groups["behaviour"], policy=policy, training_temperature=trainer.rollout.temperature)
+def build_rollout_and_trainer(run: RunSettings, policy, engine, sampler, prompts, forward, task):
+    """The behaviour policy, the fresh-rollout collection it samples for, and the trainer that learner the policy
+    with the objective's loss (which takes the behaviour's truncation settings), each from its group with the
+    live objects it works with."""
+    settings, groups = run.trainer, run.groups
+    behaviour = build(groups["behaviour"], policy=policy, training_temperature=settings.rollout.temperature)
     collection = build(groups["sampling"], engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
-                       prompts=prompts, task=task, group_size=trainer.group_size,
-                       max_new_tokens=run.policy.max_new_tokens, top_p=trainer.rollout.top_p,
-                       top_k=trainer.rollout.top_k, seed=trainer.seed)
-    objective = build(groups["loss"], forward=forward, kl_coef=trainer.kl_coef, entropy_coef=trainer.entropy_coef,
-                      max_grad_norm=trainer.max_grad_norm, truncation=behaviour.truncation,
-                      kl_estimator=trainer.kl_estimator)
-    return behaviour, collection, objective
+                       prompts=prompts, task=task, group_size=settings.group_size,
+                       max_new_tokens=run.policy.max_new_tokens, top_p=settings.rollout.top_p,
+                       top_k=settings.rollout.top_k, seed=settings.seed)
+    objective = build(groups["loss"], truncation=behaviour.truncation)
+    trainer = Trainer(objective, forward, kl_coef=settings.kl_coef, entropy_coef=settings.entropy_coef,
+                      kl_estimator=settings.kl_estimator, max_grad_norm=settings.max_grad_norm)
+    return behaviour, collection, trainer
 
 
 def check_settings(run: RunSettings) -> None:
@@ -105,8 +106,8 @@ def check_settings(run: RunSettings) -> None:
     build_store(run, task)
     task.check_curriculum(run.groups["curriculum"].name)
     check_takes(run.groups["curriculum"])
-    build_rollout_and_objective(run, policy=torch.nn.Module(), engine=None, sampler=None, prompts=None, forward=None,
-                                task=task)
+    build_rollout_and_trainer(run, policy=torch.nn.Module(), engine=None, sampler=None, prompts=None, forward=None,
+                              task=task)
 
 
 def check_takes(node: DictConfig) -> None:
@@ -155,12 +156,11 @@ def data_parallel(parts: Components, activation_checkpointing: bool = False) -> 
     share of the batch. The reference policy, built before sharding, stays whole on every rank."""
     from dataclasses import replace
 
-    from src.distributed.data_parallel import DataParallelObjective
+    from src.distributed.data_parallel import DataParallelTrainer
     from src.distributed.fsdp import shard_policy
 
     shard_policy(parts.policy, activation_checkpointing)
     settings = parts.optimizer.defaults  # build_optimizer's, for the sharded parameters
     optimizer = torch.optim.AdamW(parts.policy.parameters(), lr=settings["lr"], betas=settings["betas"],
                                   weight_decay=settings["weight_decay"], fused=settings["fused"])
-    return replace(parts, optimizer=optimizer,
-                   objective=DataParallelObjective(parts.objective))
+    return replace(parts, optimizer=optimizer, trainer=DataParallelTrainer(parts.trainer))

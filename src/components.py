@@ -9,6 +9,7 @@ import torch
 from src.batch import Group
 from src.buffer.store import ReplayStore
 from src.loss.base import Objective
+from src.loss.trainer import Trainer
 from src.policy.forward import Forward
 from src.rollout.interface import RolloutEngine
 from src.sampling.collection import FreshCollection
@@ -25,7 +26,8 @@ class Components:
     engine: RolloutEngine
     optimizer: torch.optim.Optimizer
     store: ReplayStore                     # buffer group
-    objective: Objective                   # loss group
+    objective: Objective                   # loss group: the loss of a micro-batch
+    trainer: Trainer                       # trainer group: the update that runs it (over ranks: its data-parallel twin)
     collection: FreshCollection            # sampling group, with the behaviour policy
     sampler: object                        # curriculum group: PromptSampler or CurriculumSampler
     behaviour: object                      # behaviour group: CurrentBehaviour or BehaviourPolicy

@@ -86,10 +86,10 @@ def learn(parts: Components, state: TrainState, collection: Collection) -> dict[
 
     # 5. Update on the batch; then any further updates the store asks for (seed 002's R - 1), all
     #    before this step's fresh groups are stored.
-    update = parts.objective.update(parts.policy, parts.reference, parts.optimizer, batch) if batch else None
+    update = parts.trainer.update(parts.policy, parts.reference, parts.optimizer, batch) if batch else None
     updates = [update] if update else []
     collection.update = update
-    updates += [parts.objective.update(parts.policy, parts.reference, parts.optimizer, extra)
+    updates += [parts.trainer.update(parts.policy, parts.reference, parts.optimizer, extra)
                 for extra in parts.store.extra_batches(step)]
     parts.engine.sync_weights(parts.policy)
     clock.lap("train")

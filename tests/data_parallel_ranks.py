@@ -6,11 +6,12 @@ import torch
 import torch.distributed as dist
 
 from src.batch import Batch, BatchGroup, Group
-from src.distributed.data_parallel import DataParallelObjective, RankReducer, leave_group
+from src.distributed.data_parallel import DataParallelTrainer, RankReducer, leave_group
 from src.distributed.fsdp import shard_policy
 from src.loss.grpo import ClippedObjective
 from src.loss.ipo import IpoObjective
 from src.loss.rloo import RlooObjective
+from src.loss.trainer import Trainer
 from src.policy.forward import Forward
 from src.policy.model import frozen_copy, load_policy
 from tests.conftest import TINY_CHECKPOINT
@@ -46,18 +47,20 @@ def tiny_policy():
     return policy, tokenizer
 
 
-def objective(pad_id: int, micro_batch_size: int = 3, loss: str = "rloo", fused: bool = False):
-    """loss=rloo (clip c = 1.5) or its outside copy, grpo with 5 mini-batches (so rank 1's first row, batch row
-    12, opens mini-batch 2) or ipo, with KL and entropy terms where the loss has them; `fused`: the output head
-    on response positions only (trainer.fused_logprobs)."""
+def trainer(pad_id: int, micro_batch_size: int = 3, loss: str = "rloo", fused: bool = False) -> Trainer:
+    """The trainer of loss=rloo (clip c = 1.5) or its outside copy, grpo with 5 mini-batches (so rank 1's first
+    row, batch row 12, opens mini-batch 2) or ipo, with KL and entropy terms where the loss has them; `fused`:
+    the output head on response positions only (trainer.fused_logprobs)."""
     forward = Forward(pad_id, micro_batch_size=micro_batch_size, fused=fused)
-    if loss == "grpo":
-        return ClippedObjective(0.2, 0.28, 2.0, 5, forward=forward, kl_coef=0.05, entropy_coef=0.01)
     if loss == "ipo":
-        return IpoObjective(0.1, forward=forward)
-    if loss == "rloocopy":  # the outside copy of loss=rloo: a loss src/ does not know, split over ranks all the same
-        return RlooCopy(clip_ceiling=CLIP, forward=forward, kl_coef=0.05, entropy_coef=0.01)
-    return RlooObjective(clip_ceiling=CLIP, forward=forward, kl_coef=0.05, entropy_coef=0.01)
+        return Trainer(IpoObjective(0.1), forward)
+    if loss == "grpo":
+        chosen = ClippedObjective(0.2, 0.28, 2.0, 5)
+    elif loss == "rloocopy":  # the outside copy of loss=rloo: a loss src/ does not know, split over ranks all the same
+        chosen = RlooCopy(clip_ceiling=CLIP)
+    else:
+        chosen = RlooObjective(clip_ceiling=CLIP)
+    return Trainer(chosen, forward, kl_coef=0.05, entropy_coef=0.01)
 
 
 def tiny_batch(policy, pad_id: int, groups: int = 7, k: int = 3) -> Batch:
@@ -89,7 +92,7 @@ def plain_update(loss: str = "rloo", fused: bool = False) -> dict:
     policy, tokenizer = tiny_policy()
     batch = tiny_batch(policy, tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
-    chosen = objective(tokenizer.pad_token_id, loss=loss, fused=fused)
+    chosen = trainer(tokenizer.pad_token_id, loss=loss, fused=fused)
     result = chosen.update(policy, frozen_copy(policy), optimizer, batch)
     return {"result": result, "grads": {n: p.grad.clone() for n, p in policy.named_parameters()},
             "weights": {n: p.detach().clone() for n, p in policy.named_parameters()}}
@@ -102,9 +105,9 @@ def sharded_update(policy, tokenizer, reducer=None, activation_checkpointing: bo
     reference = frozen_copy(policy)
     shard_policy(policy, activation_checkpointing=activation_checkpointing)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
-    wrapped = DataParallelObjective(objective(tokenizer.pad_token_id, micro_batch_size, loss, fused), reducer=reducer)
+    wrapped = DataParallelTrainer(trainer(tokenizer.pad_token_id, micro_batch_size, loss, fused), reducer=reducer)
     result = wrapped.update(policy, reference, optimizer, batch)
-    gathered = wrapped.objective.reducer.gathered
+    gathered = wrapped.reducer.gathered
     grads = {n.replace(WRAPPED, ""): p.grad.full_tensor() for n, p in policy.named_parameters()}
     weights = {n.replace(WRAPPED, ""): p.detach().full_tensor() for n, p in policy.named_parameters()}
     return {"result": result, "grads": grads, "weights": weights, "gathered": gathered}
@@ -135,11 +138,11 @@ def other_losses(rank: int, world_size: int, rendezvous: str, out: str) -> None:
             "rloo-fused": sharded_update(*tiny_policy(), fused=True)}
     policy, tokenizer = tiny_policy()
     batch, reference = tiny_batch(policy, tokenizer.pad_token_id), frozen_copy(policy)
-    too_many = objective(tokenizer.pad_token_id, loss="grpo")
-    too_many.updates_per_step = 10  # rank 1 holds 3 groups of 3 = 9 rows
+    too_many = trainer(tokenizer.pad_token_id, loss="grpo")
+    too_many.objective.updates_per_step = 10  # rank 1 holds 3 groups of 3 = 9 rows
     shard_policy(policy)
     try:
-        DataParallelObjective(too_many).update(policy, reference, torch.optim.AdamW(policy.parameters()), batch)
+        DataParallelTrainer(too_many).update(policy, reference, torch.optim.AdamW(policy.parameters()), batch)
     except ValueError as refused:
         runs["refused"] = str(refused)
     if rank == 0:
@@ -162,10 +165,10 @@ def trained(shard: bool):
     policy, tokenizer = tiny_policy()
     batch = tiny_batch(policy, tokenizer.pad_token_id)
     reference = frozen_copy(policy)
-    chosen = objective(tokenizer.pad_token_id)
+    chosen = trainer(tokenizer.pad_token_id)
     if shard:
         shard_policy(policy)
-        chosen = DataParallelObjective(chosen)
+        chosen = DataParallelTrainer(chosen)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
     chosen.update(policy, reference, optimizer, batch)
     return policy, optimizer

@@ -192,12 +192,12 @@ def test_invalid_behaviour_settings_are_refused_with_the_fix(compose_config, ove
 ])
 def test_seed_002_truncates_at_10_per_sequence_and_2_per_token(compose_config, overrides, cap):
     """Seed 002 l.121: "rho_max = 10 ... for all experiments", "rho_max = 2 ... with token importance sampling"."""
-    from src.build import build_rollout_and_objective
+    from src.build import build_rollout_and_trainer
 
     cfg = compose_config(*overrides)
     validate(cfg, check_device=False)
-    behaviour, _, objective = build_rollout_and_objective(RunSettings(cfg), torch.nn.Module(), None, None, None, None, None)
-    for truncation in (behaviour.truncation, getattr(objective, "truncation", None)):
+    behaviour, _, trainer = build_rollout_and_trainer(RunSettings(cfg), torch.nn.Module(), None, None, None, None, None)
+    for truncation in (behaviour.truncation, getattr(trainer.objective, "truncation", None)):
         if truncation is not None:
             assert (truncation.is_min, truncation.is_max) == (0.0, cap)
 

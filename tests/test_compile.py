@@ -8,6 +8,7 @@ import torch
 from src.settings import RunSettings
 from src.batch import Batch, BatchGroup, Group
 from src.loss.rloo import RlooObjective
+from src.loss.trainer import Trainer
 from src.policy.forward import Forward
 from src.policy.model import compile_layers, frozen_copy, load_policy
 
@@ -26,9 +27,9 @@ def one_update(policy_dir, pack: bool, **compile_options):
     rows = [(5, 6, 7, 8, 9), (5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16), (7, 8, 9, 10, 11, 12, 13)]
     group = Group(prompt="", prompt_ids=(3, 4), truth={"numbers": [1, 2, 3], "target": 6}, responses=[""] * 3,
                   response_ids=rows, rewards=[1.0, 0.0, 0.1], step=0)
-    objective = RlooObjective(3.0, forward=Forward(0, 2, pack=pack), kl_coef=0.05, entropy_coef=0.01)
-    result = objective.update(policy, reference, torch.optim.SGD(policy.parameters(), lr=0.0),
-                              Batch([BatchGroup(group, "fresh")]))
+    trainer = Trainer(RlooObjective(3.0), Forward(0, 2, pack=pack), kl_coef=0.05, entropy_coef=0.01)
+    result = trainer.update(policy, reference, torch.optim.SGD(policy.parameters(), lr=0.0),
+                            Batch([BatchGroup(group, "fresh")]))
     return result, [p.grad.clone() for p in policy.parameters()]
 
 

@@ -9,9 +9,10 @@ import torch
 import torch.multiprocessing as mp
 
 from src.batch import Batch
-from src.distributed.data_parallel import DataParallelObjective, shard_batch, split_to
+from src.distributed.data_parallel import DataParallelTrainer, shard_batch, split_to
 from src.loss.base import Objective
 from src.loss.reducer import Reducer
+from src.loss.trainer import Trainer
 from src.policy.forward import Forward
 from tests import data_parallel_ranks as ranks
 
@@ -41,8 +42,9 @@ def test_any_loss_is_wrapped_with_rank_aware_micro_batches():
     class NewLoss(Objective):  # a researcher's loss: the shared trainer splits it over ranks as it is
         pass
 
-    wrapped = DataParallelObjective(NewLoss(forward=Forward(0, 4, fused=True)), reducer=Reducer())
-    assert wrapped.objective.reducer is not None and wrapped.forward.inner.micro_batch_size == 4
+    loss = NewLoss()
+    wrapped = DataParallelTrainer(Trainer(loss, Forward(0, 4, fused=True)), reducer=Reducer())
+    assert loss.reducer is wrapped.reducer and wrapped.forward.inner.micro_batch_size == 4
     assert wrapped.forward.fused  # the fused head runs through the sharded model's own forward
 
 

@@ -191,9 +191,11 @@ def test_eq3_kl_term_uses_the_estimator_it_is_given():
 def test_trainer_kl_estimator_reaches_every_objective(compose_config, loss):
     from src.build import build
     from src.loss.kl import kl_k2
+    from src.loss.trainer import Trainer
 
     cfg = compose_config(f"loss={loss}", "trainer.kl_estimator=k2")
-    objective = build(cfg.loss, forward=None, kl_estimator=cfg.trainer.kl_estimator)
-    assert objective.kl_tokens is kl_k2
+    objective = build(cfg.loss)
+    trainer = Trainer(objective, forward=None, kl_estimator=cfg.trainer.kl_estimator)
+    assert trainer.kl_tokens is kl_k2 and objective.kl_tokens is kl_k2  # IPO reports its KL with it
     with pytest.raises(ValueError, match="trainer.kl_estimator='k4': choose one of k1, k2, k3"):
-        build(cfg.loss, forward=None, kl_estimator="k4")
+        Trainer(build(cfg.loss), forward=None, kl_estimator="k4")

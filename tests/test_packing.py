@@ -7,6 +7,7 @@ import torch
 
 from src.batch import Batch, BatchGroup, Group
 from src.loss.rloo import RlooObjective
+from src.loss.trainer import Trainer
 from src.policy.forward import Forward, micro_batches, response_token_stats
 from src.policy.model import frozen_copy, load_policy
 from src.policy.packing import packed_layout, packed_micro_batches, packed_response_token_stats
@@ -77,10 +78,10 @@ def groups_of(rows, rewards) -> list[Group]:
 
 def update_with(policy, reference, groups, pack: bool, micro_batch_tokens: int | None):
     forward = Forward(0, micro_batch_size=4, micro_batch_tokens=micro_batch_tokens, pack=pack)
-    objective = RlooObjective(3.0, forward=forward, kl_coef=0.05, entropy_coef=0.01)
+    trainer = Trainer(RlooObjective(3.0), forward, kl_coef=0.05, entropy_coef=0.01)
     policy.zero_grad(set_to_none=True)
     batch = Batch([BatchGroup(groups[0], "fresh"), BatchGroup(groups[1], "replay", 1)])
-    result = objective.update(policy, reference, torch.optim.SGD(policy.parameters(), lr=0.0), batch)
+    result = trainer.update(policy, reference, torch.optim.SGD(policy.parameters(), lr=0.0), batch)
     return result, [p.grad.clone() for p in policy.parameters()]
 
 

@@ -27,7 +27,7 @@ def test_ratio_is_taken_against_mu_only_in_the_coupled_form(compose_config, loss
     shifted = [g.with_behaviour_logprobs([v + 0.5 * len(ids) for v, ids in zip(g.behaviour_logprobs, g.response_ids)],
                                          None, [[t + 0.5 for t in tokens] for tokens in g.behaviour_token_logprobs])
                for g in measured]
-    update = parts.objective.update(parts.policy, parts.reference, parts.optimizer,
+    update = parts.trainer.update(parts.policy, parts.reference, parts.optimizer,
                                     Batch([BatchGroup(g, "replay", 1) for g in shifted]))
     assert update.extras["grpo/ratio_mean"] == pytest.approx(ratio, rel=1e-4)
 
@@ -43,6 +43,6 @@ def test_asymre_shifts_the_group_mean_baseline_and_ignores_importance_ratios(com
     fresh = collect(parts, 0).batch.groups
     stale = [g.with_behaviour_logprobs([v + 3.0 for v in g.behaviour_logprobs], None, g.behaviour_token_logprobs)
              for g in parts.forward.with_sampled_logprobs(fresh, parts.policy, 1.0)]
-    update = parts.objective.update(parts.policy, parts.reference, parts.optimizer,
+    update = parts.trainer.update(parts.policy, parts.reference, parts.optimizer,
                                     Batch([BatchGroup(g, "replay", 2) for g in stale]))
     assert torch.all(update.weights == 1.0) and torch.all(update.raw_weights == 1.0)

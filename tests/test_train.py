@@ -16,6 +16,7 @@ from src.batch import Batch, BatchGroup, Group
 from src.study.budget import plan_fresh_evaluations
 from src.loss.base import Truncation
 from src.loss.rloo import RlooObjective
+from src.loss.trainer import Trainer
 from src.policy.forward import Forward, micro_batches
 from src.build import build_components
 from src.task import countdown
@@ -41,18 +42,17 @@ def policy_update(policy, reference, optimizer, groups, trainer_cfg, clip_ceilin
     """
     forward = Forward(pad_id, trainer_cfg.micro_batch_size, trainer_cfg.micro_batch_tokens, autocast,
                       trainer_cfg.fused_logprobs)
-    settings = dict(forward=forward, kl_coef=trainer_cfg.kl_coef, entropy_coef=trainer_cfg.entropy_coef,
-                    max_grad_norm=trainer_cfg.max_grad_norm,
-                    truncation=None if truncation is None else Truncation.checked(
-                        "behaviour", truncation.is_min, truncation.is_max, truncation.is_level,
-                        truncation.get("is_max_token")))
+    settings = dict(truncation=None if truncation is None else Truncation.checked(
+        "behaviour", truncation.is_min, truncation.is_max, truncation.is_level, truncation.get("is_max_token")))
     if loss_cfg is None or loss_cfg.name == "rloo":
         objective = RlooObjective(clip_ceiling, **settings)
     else:
         objective = instantiate(loss_cfg, **settings)
+    trainer = Trainer(objective, forward, kl_coef=trainer_cfg.kl_coef, entropy_coef=trainer_cfg.entropy_coef,
+                      max_grad_norm=trainer_cfg.max_grad_norm)
     entries = [BatchGroup(g, "fresh", 0, None if responses is None else responses[i], i < off_policy_groups)
                for i, g in enumerate(groups)]
-    return objective.update(policy, reference, optimizer, Batch(entries))
+    return trainer.update(policy, reference, optimizer, Batch(entries))
 
 
 def small_config(compose_config, *overrides):
@@ -165,13 +165,14 @@ def test_the_reference_forward_runs_only_where_the_update_reads_it(random_policy
     groups = sample_groups(parts.tokenizer)[:1]
     outcomes = []
     for forced in (False, True):
-        settings = dict(forward=Forward(0, 3), kl_coef=0.0, entropy_coef=cfg.trainer.entropy_coef)
-        objective = RlooObjective(3.0, **settings) if loss == "rloo" else instantiate(cfg.loss, **settings)
-        objective.reads_reference = objective.reads_reference or forced
+        objective = RlooObjective(3.0) if loss == "rloo" else instantiate(cfg.loss)
+        if forced and objective.penalised:  # pi_ref read in the training pass, as at kl_coef != 0
+            objective.train_reads = lambda: (False, True)
+        trainer = Trainer(objective, Forward(0, 3), kl_coef=0.0, entropy_coef=cfg.trainer.entropy_coef)
         reference = CountingReference(parts.reference)
         parts.policy.zero_grad(set_to_none=True)
-        result = objective.update(parts.policy, reference, torch.optim.SGD(parts.policy.parameters(), lr=0.0),
-                                  Batch([BatchGroup(groups[0], "fresh")]))
+        result = trainer.update(parts.policy, reference, torch.optim.SGD(parts.policy.parameters(), lr=0.0),
+                                Batch([BatchGroup(groups[0], "fresh")]))
         outcomes.append((reference.calls, result, [p.grad.clone() for p in parts.policy.parameters()]))
     (calls, skipped, skipped_grads), (forced_calls, read, read_grads) = outcomes
     assert forced_calls > 0 and not math.isnan(read.kl)
@@ -261,7 +262,7 @@ def test_token_budget_counts_every_generated_and_every_trained_token(random_poli
     cfg = small_config(compose_config, "buffer=fifo", "buffer.extra_updates=1", "trainer.steps=3")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     collected, trained = [], []
-    collect, update = parts.collection.collect, parts.objective.update
+    collect, update = parts.collection.collect, parts.trainer.update
 
     def counting_collect(*args, **kwargs):
         collected.append(collect(*args, **kwargs))
@@ -271,7 +272,7 @@ def test_token_budget_counts_every_generated_and_every_trained_token(random_poli
         trained.append(sum(len(batch.groups[g].response_ids[j]) for g, j in batch.rows))
         return update(policy, reference, optimizer, batch)
 
-    parts.collection.collect, parts.objective.update = counting_collect, counting_update
+    parts.collection.collect, parts.trainer.update = counting_collect, counting_update
     for _ in range(3):
         metrics = train_step(parts, state)
     assert len(trained) > 3  # the extra replay updates (R = 2) train tokens too

@@ -161,7 +161,7 @@ def test_grpo_weight_diagnostics_are_per_token_where_the_cap_acts(random_policy_
         mu = [tuple(t - math.log(ratio) for t in row) for row in prox]
         stored = replay.with_behaviour_logprobs([sum(row) for row in mu], tokens=mu)
         batch = Batch([BatchGroup(fresh), BatchGroup(stored, "replay", 1)])
-        update = parts.objective.update(parts.policy, parts.reference, parts.optimizer, batch)
+        update = parts.trainer.update(parts.policy, parts.reference, parts.optimizer, batch)
         metrics = step_metrics(batch, update, parts.objective.weight_ceiling, [])
         assert metrics["weights/clip_fraction"] == capped
         assert metrics["weights/raw_mean/replay"] == pytest.approx(ratio, rel=1e-4)
@@ -231,8 +231,8 @@ def test_train_step_trains_the_rollouts_a_positive_bias_fifo_draws(random_policy
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     train_step(parts, state)
     seen = []
-    real = parts.objective.update
-    monkeypatch.setattr(parts.objective, "update", lambda policy, reference, optimizer, batch: seen.append(batch)
+    real = parts.trainer.update
+    monkeypatch.setattr(parts.trainer, "update", lambda policy, reference, optimizer, batch: seen.append(batch)
                         or real(policy, reference, optimizer, batch))
     metrics = train_step(parts, state)
     batch, = seen
@@ -259,14 +259,14 @@ def test_fifo_extra_updates_add_gradient_steps(random_policy_dir, compose_config
 
 
 def updates_of(parts):
-    """Wrap the objective so every update's batch and result are kept, in order."""
-    seen, update = [], parts.objective.update
+    """Wrap the trainer so every update's batch and result are kept, in order."""
+    seen, update = [], parts.trainer.update
 
     def keep(policy, reference, optimizer, batch):
         seen.append((batch, update(policy, reference, optimizer, batch)))
         return seen[-1][1]
 
-    parts.objective.update = keep
+    parts.trainer.update = keep
     return seen
 
 

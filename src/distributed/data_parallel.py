@@ -20,8 +20,7 @@ import torch.distributed as dist
 
 from src.batch import Batch
 from src.loss.reducer import Reducer
-from src.loss.base import Objective
-from src.loss.trainer import UpdateResult
+from src.loss.trainer import Trainer, UpdateResult
 
 SUMMED = ("loss", "policy_loss", "kl", "entropy")  # each rank's value is its share of the batch's value
 PER_ROW = ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts")
@@ -143,28 +142,28 @@ def release_parameters(policy) -> None:
     policy.set_reshard_after_backward(True)
 
 
-class DataParallelObjective:
-    """An objective run over the ranks of `group`: same `update` signature, same whole-batch result.
+class DataParallelTrainer:
+    """The trainer run over the ranks of `group`: same `update` signature, same whole-batch result.
 
-    Any objective: the shared trainer (`src.loss.trainer.train`) normalises every loss by totals from the
-    objective's `Reducer`, which this wrapper makes sum over the ranks, and takes as many optimizer steps
-    and skipped micro-batches on every rank.
+    Any objective: the shared trainer (`src.loss.trainer.Trainer`) normalises every loss by totals from its
+    `Reducer`, which this wrapper makes sum over the ranks, and takes as many optimizer steps and skipped
+    micro-batches on every rank; each rank trains its share of the batch's groups.
     """
 
-    def __init__(self, objective: Objective, group=None, reducer: Reducer | None = None) -> None:
-        self.objective, self.group = objective, group
-        objective.reducer = reducer if reducer is not None else RankReducer(group)
-        objective.forward = RankForward(objective.forward, objective.reducer)
+    def __init__(self, trainer: Trainer, group=None, reducer: Reducer | None = None) -> None:
+        self.trainer, self.group = trainer, group
+        trainer.use_reducer(reducer if reducer is not None else RankReducer(group))
+        trainer.forward = RankForward(trainer.forward, trainer.reducer)
 
-    def __getattr__(self, name):  # weight_ceiling, advantages, name...: the wrapped objective's
-        return getattr(self.objective, name)
+    def __getattr__(self, name):  # objective, forward, reducer...: the wrapped trainer's
+        return getattr(self.trainer, name)
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
-        self.objective.forward.policy = policy
-        self.objective.reducer.gathered = False
+        self.trainer.forward.policy = policy
+        self.trainer.reducer.gathered = False
         try:
-            local = self.objective.update(policy, reference, optimizer, shard_batch(batch, rank, world))
+            local = self.trainer.update(policy, reference, optimizer, shard_batch(batch, rank, world))
         finally:
             release_parameters(policy)
         results: list = [None] * world

@@ -1,10 +1,9 @@
 """The objective interface (`loss` config group): a loss as a function of one micro-batch, `objective(lp,
-prepared, totals) -> Loss`, which the shared trainer (`src.loss.trainer.train`) runs; `update(policy, reference,
-optimizer, batch) -> UpdateResult` is that trainer on this objective.
+prepared, totals) -> Loss`, which the shared trainer (`src.loss.trainer.Trainer`) runs: the trainer owns the
+forward passes, eq. 3's KL and entropy terms, clipping and the optimizer steps.
 
-An objective is built from its YAML by `hydra.utils.instantiate`, with the run's `Forward` settings
-and the trainer's regularisation (`kl_coef`, `entropy_coef`, `max_grad_norm`) added; the behaviour
-group's truncation settings come along for objectives that correct off-policy fresh rows. A new
+An objective is built from its YAML by `hydra.utils.instantiate`, with the behaviour group's truncation
+settings added for objectives that correct off-policy fresh rows. A new
 loss is a new subclass and a YAML file naming it; the subclass describes itself (`src.variant.Variant`):
 its cell and reader labels, whether it is plain Replay-RLOO, and whether it reads clip.ceiling.
 """
@@ -20,8 +19,7 @@ from src.loss.kl import KL_ESTIMATORS
 from src.loss.rloo_math import leave_one_out_advantages
 from src.checks import check_choice
 from src.loss.reducer import Reducer
-from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult, train
-from src.policy.forward import Forward
+from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.variant import Variant
 
 IS_LEVELS = ("sequence", "token")  # truncated importance weights per response or per token (seed 002 eq. 3)
@@ -54,9 +52,9 @@ class Truncation:
 
 
 class Objective(Variant):
-    """Shared settings of every objective and what the trainer asks of it; subclasses implement `__call__`.
+    """What the trainer asks of every objective; subclasses implement `__call__`.
 
-    The trainer (`src.loss.trainer.train`) calls `prepare` once per batch, then the objective on each
+    The trainer (`src.loss.trainer.Trainer`) calls `prepare` once per batch, then the objective on each
     micro-batch; the other hooks below have the defaults of a loss that takes one optimizer step per batch.
     """
 
@@ -64,24 +62,13 @@ class Objective(Variant):
     # of a run that replays (`src.study.sweep.cell_name`), and enters its identity.
     reads_clip: bool = False
 
-    def __init__(self, forward: Forward, kl_coef: float = 0.0, entropy_coef: float = 0.0,
-                 max_grad_norm: float | None = None, truncation: Truncation | None = None,
-                 kl_estimator: str = "k3", name: str = "") -> None:
+    def __init__(self, truncation: Truncation | None = None, name: str = "") -> None:
         # `name` is the YAML's label for people (MLflow tags); the objective describes itself by its class.
-        if kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"trainer.kl_estimator={kl_estimator!r}: choose one of {', '.join(KL_ESTIMATORS)} "
-                             "(README: which KL each one's gradient gives; default k3)")
-        self.forward = forward
-        self.kl_coef = float(kl_coef)
-        self.kl_estimator = kl_estimator
-        self.kl_tokens = KL_ESTIMATORS[kl_estimator]  # per-token KL estimate, (log pi, log pi_ref) -> [rows, T]
-        self.entropy_coef = float(entropy_coef)
-        self.max_grad_norm = max_grad_norm
         self.truncation = truncation or Truncation()
-        self.reducer = Reducer()  # batch-wide totals over the ranks that share the batch (one process: identity)
-        # Whether the update reads log pi_ref: for its KL term only, so not at kl_coef = 0 (seeds 001 and 003),
-        # where the reference forward is skipped and the KL is logged as nan (not measured). IPO always reads it.
-        self.reads_reference = self.kl_coef != 0
+        # Batch-wide totals over the ranks that share the batch, and the per-token KL estimate for a loss that
+        # reports its KL itself: the trainer's (`Trainer.use_reducer`); one process and k3 until one runs it.
+        self.reducer = Reducer()
+        self.kl_tokens = KL_ESTIMATORS["k3"]
         # Keep log pi_theta per token of every row, for fresh rows' replay by a loss that weighs tokens.
         self.keep_token_logprobs = False
 
@@ -90,10 +77,6 @@ class Objective(Variant):
     # Whether the trainer adds eq. 3's beta_KL KL - beta_H H to this loss (`src.loss.trainer.penalised`); an
     # objective whose loss has a regulariser of its own (IPO's margin to pi_ref) reports KL and entropy itself.
     penalised: bool = True
-
-    def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
-        """One update of `policy` on `batch` with this loss, by the shared trainer."""
-        return train(self, policy, reference, optimizer, batch)
 
     def prepare(self, batch: Batch):
         """The loss's per-batch inputs (advantages, log mu...), handed to every micro-batch's call."""
@@ -115,8 +98,9 @@ class Objective(Variant):
         """Keep what the first pass gives of one micro-batch (numbers fixed through the update)."""
 
     def train_reads(self) -> tuple[bool, bool]:
-        """(entropy, pi_ref) of each training micro-batch's forward pass."""
-        return True, self.reads_reference
+        """(entropy, pi_ref) the loss itself reads in each training micro-batch's forward pass (the trainer adds
+        what eq. 3's terms read, `Trainer.train_reads`)."""
+        return False, False
 
     def trains(self, prepared) -> bool:
         """Whether the batch asks for any optimizer step (the same answer on every rank)."""

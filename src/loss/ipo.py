@@ -80,7 +80,6 @@ class IpoObjective(Objective):
             raise ValueError(f"loss.tau={tau}: IPO's regularisation strength, a number > 0 (target margin "
                              "1/(2 tau); seed 004: 0.1)")
         self.tau = float(tau)
-        self.reads_reference = True  # its loss is a margin of log pi / pi_ref, whatever kl_coef is
 
     def prepare(self, batch: Batch) -> "_IpoInputs":
         if any(entry.responses is not None for entry in batch.entries):
@@ -93,7 +92,7 @@ class IpoObjective(Objective):
         return _IpoInputs(batch.groups, pairs, all_pairs, len(pairs) / all_pairs if all_pairs else 0.0, self.tau, stats)
 
     def first_pass_reads(self) -> tuple[bool, bool]:
-        return True, self.reads_reference  # pass 1: log pi, log pi_ref, KL and entropy
+        return True, True  # pass 1: log pi, log pi_ref (its loss is a margin to pi_ref, whatever kl_coef is), KL, entropy
 
     def observe(self, inputs: "_IpoInputs", lp: MicroBatch) -> None:
         """Pass 1 (no grad): log pi and log pi_ref per response, KL and entropy for the logs."""

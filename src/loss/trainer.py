@@ -1,5 +1,5 @@
 """The trainer's half of an update, the same for every objective: micro-batches, forward passes, the KL and
-entropy terms of eq. 3, backward, gradient clipping and the optimizer step (`train`).
+entropy terms of eq. 3, backward, gradient clipping and the optimizer step (`Trainer.update`).
 
 An objective only turns one micro-batch's per-token log-probs into its own loss term (`MicroBatch` -> `Loss`),
 normalised by the batch-wide `Totals` its `Reducer` sums over the ranks that share the batch; the trainer adds
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from src.batch import Batch, Group
+from src.loss.kl import KL_ESTIMATORS
+from src.loss.reducer import Reducer
 from src.policy.forward import row_values
 
 
@@ -169,54 +171,96 @@ class Tally:
                             optimizer_steps=optimizer_steps, **self.totals)
 
 
-def micro_batch(objective, model, reference, sequences, cached, index, reads: tuple[bool, bool]) -> MicroBatch:
-    """The forward passes of one micro-batch: log pi_theta per token, with its entropy and log pi_ref as `reads`
-    (entropy, reference) asks (pi_ref's from the stored `cached` rows where it can)."""
-    chunk = [sequences[i] for i in index]
-    with_entropy, with_reference = reads
-    token_logprobs, entropy, mask = objective.forward.token_stats(model, chunk, with_entropy=with_entropy)
-    ref = (objective.forward.reference_tokens(reference, chunk, [cached[i] for i in index], like=token_logprobs)
-           if with_reference else None)
-    return MicroBatch(index, chunk, token_logprobs, entropy, ref, mask.float())
+class Trainer:
+    """The update every loss runs through (SPEC 4), with the trainer group's settings: the forward passes
+    (`forward`: micro-batches, autocast, the fused head), eq. 3's beta_KL KL - beta_H H (`penalised`), gradient
+    clipping at `max_grad_norm` and the optimizer steps; `objective` gives the loss of each micro-batch.
 
-
-def train(objective, policy, reference, optimizer, batch: Batch) -> UpdateResult:
-    """One update of `policy` on `batch` with `objective`'s loss: one optimizer step per mini-batch.
-
-    1. The objective's per-batch inputs (`prepare`: advantages, log mu...) and its mini-batches (one by default).
-    2. Where the objective fixes numbers for the whole update (pi_prox, IPO's log pi), a no-grad pass over
-       every micro-batch before the first optimizer step (`observe`).
-    3. Per mini-batch: zero the gradients, backpropagate each micro-batch's loss (normalised by the
-       mini-batch's totals, so accumulation gives the one-batch gradient exactly), clip, step.
+    The objective's batch-wide totals go through the trainer's `Reducer` (over data-parallel ranks,
+    `src.distributed.data_parallel.DataParallelTrainer` swaps in one that sums over them), and a loss that
+    reports its KL itself (IPO) measures it with the trainer's `kl_estimator`.
     """
-    sequences, cached, token_counts = batch_sequences(batch)
-    prepared = objective.prepare(batch)  # 1.
-    plans = [[[mini[k] for k in chunk] for chunk in objective.forward.batches([sequences[i] for i in mini])]
-             for mini in objective.mini_batches(len(sequences))]
-    policy.train()
-    first_pass = objective.first_pass_reads()
-    if first_pass is not None:  # 2.
-        with torch.no_grad():
-            for index in (chunk for plan in plans for chunk in plan):
-                objective.observe(prepared, micro_batch(objective, policy, reference, sequences, cached, index,
-                                                        first_pass))
-    steps = len(plans) if objective.trains(prepared) else 0
-    tally = Tally(len(sequences), max(steps, 1), objective.keep_token_logprobs)
-    for plan in plans[:steps]:  # 3.
-        totals = Totals(objective.reducer.total(sum(len(chunk) for chunk in plan)),
-                        objective.reducer.total(sum(len(sequences[i][1]) for chunk in plan for i in chunk)))
-        optimizer.zero_grad(set_to_none=True)
-        for index in plan:
-            if objective.skips(prepared, index):
-                continue
-            lp = micro_batch(objective, policy, reference, sequences, cached, index, objective.train_reads())
-            out = objective(lp, prepared, totals)
-            if objective.penalised:
-                out = penalised(out, lp, totals, objective.kl_coef, objective.entropy_coef, objective.kl_tokens)
-            out.loss.backward()
-            tally.add(lp, out)
-        optimizer_step(objective, policy, optimizer)
-    return objective.result(prepared, tally, token_counts, steps)
+
+    def __init__(self, objective, forward, kl_coef: float = 0.0, entropy_coef: float = 0.0,
+                 kl_estimator: str = "k3", max_grad_norm: float | None = None) -> None:
+        if kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"trainer.kl_estimator={kl_estimator!r}: choose one of {', '.join(KL_ESTIMATORS)} "
+                             "(README: which KL each one's gradient gives; default k3)")
+        self.objective, self.forward = objective, forward
+        self.kl_coef, self.entropy_coef = float(kl_coef), float(entropy_coef)
+        self.kl_tokens = KL_ESTIMATORS[kl_estimator]  # per-token KL estimate, (log pi, log pi_ref) -> [rows, T]
+        self.max_grad_norm = max_grad_norm
+        self.use_reducer(Reducer())  # one process: the totals are this process's
+
+    def use_reducer(self, reducer: Reducer) -> None:
+        """Batch-wide totals from `reducer`, for the trainer and its objective alike."""
+        self.reducer = self.objective.reducer = reducer
+        self.objective.kl_tokens = self.kl_tokens
+
+    def train_reads(self) -> tuple[bool, bool]:
+        """(entropy, pi_ref) of each training micro-batch's forward pass: the objective's own, and what eq. 3's
+        terms read where the trainer adds them: the entropy, and pi_ref only at kl_coef != 0 (seeds 001 and 003
+        train without it: the reference forward is skipped and the KL is logged as nan, not measured)."""
+        entropy, reference = self.objective.train_reads()
+        if self.objective.penalised:
+            return True, reference or self.kl_coef != 0
+        return entropy, reference
+
+    def micro_batch(self, model, reference, sequences, cached, index, reads: tuple[bool, bool]) -> MicroBatch:
+        """The forward passes of one micro-batch: log pi_theta per token, with its entropy and log pi_ref as
+        `reads` (entropy, reference) asks (pi_ref's from the stored `cached` rows where it can)."""
+        chunk = [sequences[i] for i in index]
+        with_entropy, with_reference = reads
+        token_logprobs, entropy, mask = self.forward.token_stats(model, chunk, with_entropy=with_entropy)
+        ref = (self.forward.reference_tokens(reference, chunk, [cached[i] for i in index], like=token_logprobs)
+               if with_reference else None)
+        return MicroBatch(index, chunk, token_logprobs, entropy, ref, mask.float())
+
+    def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
+        """One update of `policy` on `batch` with the objective's loss: one optimizer step per mini-batch.
+
+        1. The objective's per-batch inputs (`prepare`: advantages, log mu...) and its mini-batches (one by default).
+        2. Where the objective fixes numbers for the whole update (pi_prox, IPO's log pi), a no-grad pass over
+           every micro-batch before the first optimizer step (`observe`).
+        3. Per mini-batch: zero the gradients, backpropagate each micro-batch's loss (normalised by the
+           mini-batch's totals, so accumulation gives the one-batch gradient exactly), clip, step.
+        """
+        objective, reducer = self.objective, self.reducer
+        sequences, cached, token_counts = batch_sequences(batch)
+        prepared = objective.prepare(batch)  # 1.
+        plans = [[[mini[k] for k in chunk] for chunk in self.forward.batches([sequences[i] for i in mini])]
+                 for mini in objective.mini_batches(len(sequences))]
+        policy.train()
+        first_pass = objective.first_pass_reads()
+        if first_pass is not None:  # 2.
+            with torch.no_grad():
+                for index in (chunk for plan in plans for chunk in plan):
+                    objective.observe(prepared, self.micro_batch(policy, reference, sequences, cached, index,
+                                                                 first_pass))
+        steps = len(plans) if objective.trains(prepared) else 0
+        tally = Tally(len(sequences), max(steps, 1), objective.keep_token_logprobs)
+        for plan in plans[:steps]:  # 3.
+            totals = Totals(reducer.total(sum(len(chunk) for chunk in plan)),
+                            reducer.total(sum(len(sequences[i][1]) for chunk in plan for i in chunk)))
+            optimizer.zero_grad(set_to_none=True)
+            for index in plan:
+                if objective.skips(prepared, index):
+                    continue
+                lp = self.micro_batch(policy, reference, sequences, cached, index, self.train_reads())
+                out = objective(lp, prepared, totals)
+                if objective.penalised:
+                    out = penalised(out, lp, totals, self.kl_coef, self.entropy_coef, self.kl_tokens)
+                out.loss.backward()
+                tally.add(lp, out)
+            self.optimizer_step(policy, optimizer)
+        return objective.result(prepared, tally, token_counts, steps)
+
+    def optimizer_step(self, policy, optimizer) -> None:
+        """Reduce the accumulated gradients over ranks (where the reducer must), clip them, step."""
+        self.reducer.before_step(policy)
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), self.max_grad_norm)
+        optimizer.step()
 
 
 def penalised(out: Loss, lp: MicroBatch, totals: Totals, kl_coef: float, entropy_coef: float, estimator) -> Loss:
@@ -232,11 +276,3 @@ def penalised(out: Loss, lp: MicroBatch, totals: Totals, kl_coef: float, entropy
     kl = kl_tokens.sum() / totals.tokens
     return replace(out, loss=out.loss + kl_coef * kl - entropy_coef * entropy, kl=kl, entropy=entropy,
                    kl_tokens=kl_tokens)
-
-
-def optimizer_step(objective, policy, optimizer) -> None:
-    """Reduce the accumulated gradients over ranks (where the reducer must), clip them, step."""
-    objective.reducer.before_step(policy)
-    if objective.max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), objective.max_grad_norm)
-    optimizer.step()

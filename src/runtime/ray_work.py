@@ -102,7 +102,7 @@ class RolloutWorker:
     """One rollout worker: a policy copy, its engine, and the step's collection, forward and objective."""
 
     def __init__(self, run: RunSettings, threads: int) -> None:
-        from src.build import build_forward, build_rollout_and_objective
+        from src.build import build_forward, build_rollout_and_trainer
         from src.policy.model import load_policy
         from src.rollout.engine import build_engine
         from src.task.base import build_task
@@ -119,8 +119,9 @@ class RolloutWorker:
         self.forward = build_forward(run, tokenizer)
         task = build_task(run.groups["task"])  # the verifier the worker scores with (no data is loaded)
         prompts = PromptFormat(task, tokenizer, policy.use_chat_template)
-        self.behaviour, self.collection, self.objective = build_rollout_and_objective(
+        self.behaviour, self.collection, trainer = build_rollout_and_trainer(
             run, self.policy, self.engine, _Unobserved(), prompts, self.forward, task)
+        self.objective = trainer.objective  # the worker fixes each group's advantages with the run's loss
         self.version = None  # the initial weights are the start checkpoint's, not a published version
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
