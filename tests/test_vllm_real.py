@@ -24,7 +24,7 @@ import mlflow  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from benchmarks.check_engine import TOLERANCES, logprob_gap, perturb, sample_with_logprobs, trainer_logprobs  # noqa: E402
-from src.settings import RunSettings
+from src.settings import RunSettings  # noqa: E402
 from src.paths import PROJECT_ROOT  # noqa: E402
 from src.policy.model import load_policy  # noqa: E402
 from src.rollout import vllm_engine  # noqa: E402
