@@ -153,14 +153,20 @@ def build_optimizer(policy, trainer: TrainerSettings) -> torch.optim.AdamW:
 def data_parallel(parts: Components, activation_checkpointing: bool = False) -> Components:
     """`parts` trained data-parallel over the default process group (torchrun's ranks): the policy sharded
     with FSDP2, the optimizer rebuilt over its shards with its own settings, the objective run on each rank's
-    share of the batch. The reference policy, built before sharding, stays whole on every rank."""
+    share of the batch, and an engine with its own weights (vLLM) sampling each rank's share of a step. The
+    reference policy, built before sharding, stays whole on every rank."""
     from dataclasses import replace
 
     from src.distributed.data_parallel import DataParallelTrainer
     from src.distributed.fsdp import shard_policy
 
     shard_policy(parts.policy, activation_checkpointing)
+    engine = parts.engine
+    if getattr(engine, "own_weights", False):  # vLLM: each rank's engine samples its share of every call
+        from src.distributed.generation import RankShare
+
+        engine = parts.collection.engine = RankShare(engine)
     settings = parts.optimizer.defaults  # build_optimizer's, for the sharded parameters
     optimizer = torch.optim.AdamW(parts.policy.parameters(), lr=settings["lr"], betas=settings["betas"],
                                   weight_decay=settings["weight_decay"], fused=settings["fused"])
-    return replace(parts, optimizer=optimizer, trainer=DataParallelTrainer(parts.trainer))
+    return replace(parts, optimizer=optimizer, trainer=DataParallelTrainer(parts.trainer), engine=engine)

@@ -261,9 +261,6 @@ def _validate_ranks(cfg: DictConfig) -> None:
            f"{key} with trainer.compile=true: compiled layers under FSDP have not been tried here; set "
            "trainer.compile=false")
     if described(cfg.runtime).plain(cfg.runtime):  # torchrun's ranks; async's trainer actors sit after its workers
-        _check(cfg.policy.engine == "hf",
-               f"{key} with policy.engine={cfg.policy.engine}: the ranks generate with the sharded policy itself; set "
-               "policy.engine=hf")
         _check(cfg.hardware.device in ("cpu", "cuda"),
                f"{key} with hardware.device={cfg.hardware.device}: each rank takes GPU LOCAL_RANK; set "
                "hardware.device=cuda")

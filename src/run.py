@@ -176,7 +176,9 @@ class CellRun:
         self.checkpoint()
         final_dir = save_final_policy(self.parts, self.folder / "policy", self.ranks)
         after = self.evaluate("final", step=state.step)
-        tracker.set_tags({"fresh_evaluations": str(state.fresh_evaluations)})
+        # The generation work of this process's engine: over ranks with vLLM, rank 0's share of every call.
+        tracker.set_tags({"fresh_evaluations": str(state.fresh_evaluations),
+                          "engine_sequences": str(getattr(self.parts.engine, "generated", "-"))})
         tracker.log_summary(after, state, run.evaluation.ks)
         if not self.ranks.lead:
             return after.summary

@@ -204,3 +204,47 @@ def checkpoint_ranks(rank: int, world_size: int, rendezvous: str, folder: str) -
     if rank == 0:
         torch.save({"saved": saved, "loaded": loaded, "loaded_whole": loaded_whole}, Path(folder) / "ranks.pt")
     leave_group()
+
+
+class CountingEngine:
+    """An engine with its own weights, as vLLM: each completion a function of (seed, the prompt's place in the
+    whole call), and a count of the sequences it sampled; `sync_weights` keeps what it was handed."""
+
+    own_weights = True
+
+    def __init__(self) -> None:
+        self.generated, self.synced = 0, None
+
+    def generate(self, prompts, samples_per_prompt, sampling, seed, first_index=0):
+        from src.rollout.interface import Completion, Generation
+
+        self.generated += len(prompts) * samples_per_prompt
+        return Generation(prompt_ids=[(len(prompt),) for prompt in prompts],
+                          completions=[[Completion(token_ids=(seed, first_index + i, j), text=f"{prompt}/{j}")
+                                        for j in range(samples_per_prompt)] for i, prompt in enumerate(prompts)])
+
+    def sync_weights(self, model) -> None:
+        from src.rollout.vllm_engine import trainer_weights
+
+        self.synced = {name: tensor.clone() for name, tensor in trainer_weights(model)}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def shared_generation(rank: int, world_size: int, rendezvous: str, out: str) -> None:
+    """7 prompts over the ranks with `RankShare`, and the sharded tiny policy synced into the engine. Rank 0
+    writes the gathered generation, each rank's count and the synced weights to `out`."""
+    from src.distributed.generation import RankShare
+
+    join(rank, world_size, rendezvous)
+    shared = RankShare(CountingEngine())
+    generation = shared.generate([f"prompt {i}" for i in range(7)], 2, None, seed=5)
+    policy, _ = tiny_policy()
+    shard_policy(policy)
+    shared.sync_weights(policy)
+    counts = [None] * world_size
+    dist.all_gather_object(counts, shared.generated)
+    if rank == 0:
+        torch.save({"generation": generation, "counts": counts, "synced": shared.synced}, out)
+    leave_group()

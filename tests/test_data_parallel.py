@@ -48,6 +48,24 @@ def test_any_loss_is_wrapped_with_rank_aware_micro_batches():
     assert wrapped.forward.fused  # the fused head runs through the sharded model's own forward
 
 
+@pytest.mark.slow  # two spawned ranks load torch and transformers
+def test_each_rank_samples_its_share_and_every_rank_holds_the_whole_call_in_order(tmp_path):
+    """`RankShare`: rank r samples its block of the prompts with their places in the whole call, the blocks come
+    back in prompt order on every rank, and a weight sync hands the engine whole tensors of the sharded policy."""
+    from tests import data_parallel_ranks as ranks
+
+    out = tmp_path / "shared.pt"
+    mp.spawn(ranks.shared_generation, args=(2, str(tmp_path / "rendezvous"), str(out)), nprocs=2)
+    got = torch.load(out, weights_only=False)  # this test's own file
+    whole = ranks.CountingEngine().generate([f"prompt {i}" for i in range(7)], 2, None, seed=5)
+    assert got["generation"] == whole  # sample for sample, as one process would have sampled them
+    assert got["counts"] == [8, 6]  # prompts 0-3 and 4-6, two samples each: each rank its share
+    policy, _ = ranks.tiny_policy()
+    assert got["synced"].keys() == dict(policy.named_parameters()).keys()
+    for name, tensor in policy.named_parameters():
+        assert torch.equal(got["synced"][name], tensor.detach()), name  # gathered whole, not a shard
+
+
 @pytest.mark.slow  # two spawned ranks load torch and transformers: ~20 s alone, ~50 s on a busy 2-core box
 def test_two_ranks_give_one_process_loss_gradients_and_weights(tmp_path):
     """7 groups on 2 ranks (4 + 3 groups), replayed rows clipped and unclipped; FSDP streaming (micro-batches

@@ -168,7 +168,7 @@ def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_confi
      "a rank may hold only 8 responses .4 groups of 4 over 2 ranks., fewer than one per mini-batch; lower "
      "loss.updates_per_step to 8"),
     (("trainer.compile=true",), "trainer.compile=false"),
-    (("policy.engine=vllm",), "set policy.engine=hf"),
+    (("hardware.device=cuda:1",), "each rank takes GPU LOCAL_RANK; set hardware.device=cuda"),
     (("trainer.groups_per_step=1",), "raise trainer.groups_per_step to at least 2"),
 ])
 def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config, overrides, named):

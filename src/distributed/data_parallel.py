@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from src.batch import Batch
+from src.distributed.generation import block, close_engines
 from src.loss.reducer import Reducer
 from src.loss.trainer import Trainer, UpdateResult
 
@@ -32,7 +33,9 @@ def leave_group(finished: bool = True) -> None:
     active exception"). A failed run leaves at once, since the other ranks may never reach the barrier."""
     if finished:
         dist.barrier()
-    dist.destroy_process_group()
+    close_engines()  # vLLM's own teardown destroys its groups, and the default one with them
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
@@ -43,9 +46,7 @@ def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
     if len(batch) < world_size:
         raise ValueError(f"a batch of {len(batch)} groups cannot give each of {world_size} ranks a whole group; "
                          f"raise trainer.groups_per_step to at least {world_size}")
-    share, extra = divmod(len(batch), world_size)
-    start = rank * share + min(rank, extra)
-    stop = start + share + (1 if rank < extra else 0)
+    start, stop = block(len(batch), rank, world_size)
     return Batch(entries=batch.entries[start:stop], dropped=batch.dropped)
 
 

@@ -37,6 +37,7 @@ class HFGenerateEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size  # sequences per generate call, bounds memory
+        self.generated = 0  # sequences this engine sampled: the generation work it did
         self.stop_ids = {tokenizer.eos_token_id}
         if tokenizer.pad_token_id is not None:
             self.stop_ids.add(tokenizer.pad_token_id)
@@ -59,6 +60,7 @@ class HFGenerateEngine:
                 completions += self._generate_chunk(chunk, samples_per_prompt, sampling)
         finally:
             self.model.train(was_training)
+        self.generated += len(prompts) * samples_per_prompt
         return Generation(prompt_ids=prompt_ids, completions=completions)
 
     def _generate_chunk(self, prompt_ids, samples_per_prompt, sampling) -> list[list[Completion]]:

@@ -58,7 +58,7 @@ import logging
 import os
 import sys
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from packaging.specifiers import SpecifierSet
@@ -149,18 +149,19 @@ def request_seed(seed: int, prompt_index: int) -> int:
     return int.from_bytes(digest, "big") >> 2  # 62 bits: seed + n stays a valid int64 and torch seed
 
 
-def trainer_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+def trainer_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The trainer's parameters under their checkpoint names, which is what vLLM's `load_weights` expects.
 
     `named_parameters()` lists a tied embedding once (as the input embedding), and vLLM ties its
     LM head to that same tensor. Buffers are left out: vLLM computes its own (e.g. rotary tables).
+    A parameter sharded over data-parallel ranks (FSDP2's DTensor) is gathered whole when its turn
+    comes, one at a time, so no rank holds the whole model twice; every rank must then sync together.
     """
-    weights = []
     for name, parameter in model.named_parameters():
         while name.startswith(WRAPPER_PREFIXES):
             name = name.split(".", 1)[1]
-        weights.append((name, parameter.detach()))
-    return weights
+        tensor = parameter.detach()
+        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _model_path(model: PreTrainedModel) -> str:
@@ -196,6 +197,11 @@ def refresh_shared_weight_kernels(vllm_model: torch.nn.Module) -> int:
 class VLLMEngine:
     """Sampling with an in-process `vllm.LLM` beside the trainer (its GPU, or the CPU); weights synced in place."""
 
+    # It samples from its own copy of the weights: over data-parallel ranks each rank's engine can generate
+    # its share of a step (`src.distributed.generation.RankShare`), where an engine that samples the
+    # sharded trainer itself (transformers `generate`) must run the whole step in lockstep on every rank.
+    own_weights = True
+
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
                  gpu_memory_utilization: float = 0.3, enforce_eager: bool = False, dtype: str = "bfloat16",
                  max_model_len: int | None = None, max_num_seqs: int | None = None, seed: int = 0,
@@ -206,6 +212,7 @@ class VLLMEngine:
         self.on_cpu = on_cpu_platform()
         self.tokenizer = tokenizer
         self.per_request_seeds = per_request_seeds
+        self.generated = 0  # sequences this engine sampled: the generation work it did
         # Stop where HFGenerateEngine stops: the trainer's EOS and pad ids (vLLM adds its own EOS too).
         self.stop_token_ids = sorted({tokenizer.eos_token_id, tokenizer.pad_token_id} - {None})
         # Weight sync hands the trainer's CUDA tensors to the vLLM worker by reference, which needs
@@ -264,6 +271,11 @@ class VLLMEngine:
         finally:
             SET_TORCH_THREADS(self._trainer_threads)
 
+    def close(self) -> None:
+        """Shut the engine down: its KV cache and worker, and the torch.distributed groups vLLM set up (its
+        teardown destroys the default process group too, `cleanup_dist_env_and_memory` in vLLM 0.26-0.32)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def _check_in_process(self) -> None:
         """Refuse an engine core in another process (vLLM caches its settings once an engine has started)."""
         client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
@@ -286,7 +298,7 @@ class VLLMEngine:
             raise RuntimeError("vLLM could not reset its prefix cache after a weight sync (requests still running?); "
                                "cached KV blocks from the old weights would be reused")
 
-    def _load_weights_in_place(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    def _load_weights_in_place(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """CUDA: the model's own `load_weights`, run inside the vLLM worker through `LLM.apply_model`.
 
         The loader maps checkpoint names onto vLLM's fused layout (qkv_proj, gate_up_proj) and
@@ -300,9 +312,9 @@ class VLLMEngine:
 
         loaded = self.llm.apply_model(load)
         if not any(loaded):
-            raise RuntimeError(f"vLLM's load_weights took none of the trainer's {len(weights)} tensors")
+            raise RuntimeError("vLLM's load_weights took none of the trainer's tensors")
 
-    def _reload_weights_cpu(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    def _reload_weights_cpu(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """CPU: vLLM's `reload_weights`, then the kernels of tied weights rebuilt.
 
         The CPU build repacks each linear layer's weight for oneDNN once loaded and replaces the
@@ -315,7 +327,7 @@ class VLLMEngine:
         """
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         refreshed = self.llm.apply_model(refresh_shared_weight_kernels)
-        log.debug("vLLM weight sync on CPU: %d tensors, %s layers with shared weights repacked", len(weights), refreshed)
+        log.debug("vLLM weight sync on CPU: %s layers with shared weights repacked", refreshed)
 
     def sampling_params(self, sampling: SamplingParams, samples_per_prompt: int, seed: int | None, **extra):
         """vLLM's SamplingParams for one prompt's request (project fields mapped onto vLLM's names).
@@ -335,14 +347,16 @@ class VLLMEngine:
             **extra,
         )
 
-    def generate(self, prompts: list[str], samples_per_prompt: int, sampling: SamplingParams, seed: int) -> Generation:
-        """Sample `samples_per_prompt` responses per prompt in one vLLM call; seeded per prompt from `seed`."""
+    def generate(self, prompts: list[str], samples_per_prompt: int, sampling: SamplingParams, seed: int,
+                 first_index: int = 0) -> Generation:
+        """Sample `samples_per_prompt` responses per prompt in one vLLM call; seeded per prompt from `seed` and the
+        prompt's place in the whole call (`first_index`: where `prompts` start in it, for a rank's share)."""
         prompt_ids = [tuple(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]) for prompt in prompts]
         if not prompts:
             return Generation(prompt_ids=[], completions=[])
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         params = [self.sampling_params(sampling, samples_per_prompt,
-                                       request_seed(seed, index) if self.per_request_seeds else None)
+                                       request_seed(seed, first_index + index) if self.per_request_seeds else None)
                   for index in range(len(prompts))]
         with self.serving():
             outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -360,4 +374,5 @@ class VLLMEngine:
             # so the verifier sees the same string whichever engine sampled.
             texts = self.tokenizer.batch_decode([list(ids) for ids in token_ids], skip_special_tokens=True)
             completions.append([Completion(token_ids=t, text=text) for t, text in zip(token_ids, texts)])
+        self.generated += len(prompts) * samples_per_prompt
         return Generation(prompt_ids=prompt_ids, completions=completions)

