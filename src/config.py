@@ -51,6 +51,9 @@ def mini_batches(batch: int, mini_batch: int) -> int:
 
 if not OmegaConf.has_resolver("mini_batches"):
     OmegaConf.register_new_resolver("mini_batches", mini_batches)
+if not OmegaConf.has_resolver("per_task"):
+    # `${per_task:64,${.tasks_per_node}}`: a node's CPUs split over its SLURM tasks (one task a rank).
+    OmegaConf.register_new_resolver("per_task", lambda total, tasks: max(1, int(total) // max(1, int(tasks))))
 
 ENGINES = ("hf", "vllm")
 HUB_TIMEOUT_S = 10  # the one request that asks the hub whether a policy name exists
@@ -78,7 +81,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
                "or launch on a GPU node (hardware=h100 -m sends the run through SLURM)")
     _check(cfg.policy.engine in ENGINES, f"policy.engine='{cfg.policy.engine}': choose one of {ENGINES}")
     if cfg.policy.engine == "vllm":
-        _validate_vllm(cfg.policy.vllm, check_device)
+        _validate_vllm(cfg.policy.vllm, cfg.hardware.device, check_device)
     _check(cfg.hardware.dtype in DTYPE_NAMES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {DTYPE_NAMES}")
     _check(cfg.hardware.autocast in (None, "bfloat16", "float16"),
            f"hardware.autocast='{cfg.hardware.autocast}': choose null, bfloat16 or float16")
@@ -127,10 +130,13 @@ def _check_sizes(cfg: DictConfig) -> None:
            f"B_fresh = round(B / (1 + rho)) = {fresh_groups} fresh groups per step; lower rho or raise B")
 
 
-def _validate_vllm(options: DictConfig, check_installed: bool) -> None:
+def _validate_vllm(options: DictConfig, device: str, check_installed: bool) -> None:
     kv_cache = options.get("kv_cache_gib")
     _check(kv_cache is None or kv_cache > 0,
            f"policy.vllm.kv_cache_gib={kv_cache}: the KV cache size in GiB, > 0 (e.g. 1 on CPU), or null")
+    _check(not (options.get("sleep") and device == "cpu"),
+           "policy.vllm.sleep=true with hardware.device=cpu: vLLM's sleep mode frees GPU memory and runs on CUDA "
+           "only; set policy.vllm.sleep=false")
     if check_installed:  # a login node planning a GPU sweep need not have vLLM
         from src.rollout.vllm_engine import vllm_problem
 

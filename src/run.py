@@ -74,6 +74,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     validate(cfg)  # config mistakes fail here, before any model is loaded
     cell = cell_of(cfg, cell_identity(cfg))  # what the run trains for, as MLflow names it
     run = RunSettings(cfg)  # from here on the run's typed settings, not the config
+    run = run.on_device(described(run.groups["runtime"]).trainer_device(run.groups["runtime"], run))
     warn_short_replay_pool(run)
     wanted = rank_run.processes(run.hardware.ranks, run.groups["runtime"])
     ranks = rank_run.join(wanted, run.hardware.device, ConfigError)  # torchrun's ranks, or this process alone

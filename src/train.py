@@ -91,8 +91,9 @@ def learn(parts: Components, state: TrainState, collection: Collection) -> dict[
     collection.update = update
     updates += [parts.trainer.update(parts.policy, parts.reference, parts.optimizer, extra)
                 for extra in parts.store.extra_batches(step)]
-    parts.engine.sync_weights(parts.policy)
     clock.lap("train")
+    parts.engine.sync_weights(parts.policy)  # vLLM: the updated weights into its own copy (HF: nothing to do)
+    clock.lap("weight_sync")
 
     # 6. Store the fresh groups with log mu and log pi_ref from this step's forward pass (so they
     #    cannot be replayed at the step that sampled them); the store drops what it can no longer draw.

@@ -64,7 +64,7 @@ def test_a_policy_without_a_written_architecture_is_named_with_the_fix():
         shape_file("org/unknown")
 
 
-EIGHT_RANKS = ("hardware.ranks=8", "hardware.device=cuda", "trainer.fused_logprobs=false", "policy.engine=hf")
+EIGHT_RANKS = ("hardware.ranks=8",)  # hardware=h100x8's runtime=sync over the node, as docs/distributed.md types it
 
 
 def test_the_slurm_dry_run_prints_the_memory_plan_of_the_job(compose_config):
@@ -75,7 +75,14 @@ def test_the_slurm_dry_run_prints_the_memory_plan_of_the_job(compose_config):
     assert "1 node x 8 task, 8 GPU" in lines[0]  # one SLURM task a rank
     planned = [line for line in lines if line.startswith("memory plan: Qwen/Qwen2.5-7B")]
     assert len(planned) == 1 and "over the job's 8 GPU(s): " in planned[0]
-    assert "at micro-batch 8192 tokens, activation checkpointing on; host: 251 GiB while the ranks load it" in planned[0]
+    assert "training 66.8 GiB per GPU at micro-batch 4096 tokens, activation checkpointing on; host: 251 GiB" \
+        in planned[0]  # the update's share: the whole GPU less the sleeping vLLM engine's context (2 GiB)
+    generation = [line for line in lines if line.startswith("generation plan: Qwen/Qwen2.5-7B")]
+    assert len(generation) == 1 and "a vLLM engine on each of the 8 GPU(s), each sampling 1/8" in generation[0]
+    assert "23.7 GiB per GPU (bf16 weights 14.2, KV cache 9.5)" in generation[0]  # 0.3 x 79; 2 x 7.6 B bytes
+    assert "weight sync per step: 28.4 GiB gathered on each rank" in generation[0] and "does not fit" not in generation[0]
+    hf = compose_config("hardware=h100x8", "policy=qwen2.5-7b", *EIGHT_RANKS, "policy.engine=hf", hydra=True)
+    assert not any(line.startswith("generation plan") for line in slurm_plan_lines(hf, [hf]))
     alone = compose_config("hardware=h100", "policy=qwen2.5-7b", hydra=True)
     assert any(line.startswith("memory plan: Qwen/Qwen2.5-7B trained data-parallel (FSDP) over the job's 1 GPU(s): "
                                "does not fit") for line in slurm_plan_lines(alone, [alone]))
@@ -102,6 +109,22 @@ def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_th
     assert one.endswith("FSDP over 4 GPUs fits: use hardware=h100x4")
     # hardware=h100x8 trains on one GPU unless told its ranks (runtime=async's trainer)
     assert refusal("hardware=h100x8", "policy=qwen2.5-7b").endswith("use hardware=h100x4")
+    # an engine awake beside the update leaves it 70 % of each GPU; its share must hold the bf16 weights
+    awake = refusal("hardware=h100x4", "policy=qwen2.5-7b", "policy.vllm.sleep=false")
+    assert "beside vLLM's share (policy.vllm.gpu_memory_utilization=0.3)" in awake
+    small = refusal("hardware=h100x8", "policy=qwen2.5-7b", *EIGHT_RANKS, "policy.vllm.gpu_memory_utilization=0.15")
+    assert small == ("policy.name_or_path=Qwen/Qwen2.5-7B on hardware=h100x8 (hardware.ranks=8): vLLM's bf16 weights "
+                     "take 14.2 GiB of its 11.8 GiB share: no room for a KV cache; raise "
+                     "policy.vllm.gpu_memory_utilization")
+    crowded = refusal("hardware=h100x8", "policy=qwen2.5-7b", "hardware.ranks=4", "hydra.launcher.tasks_per_node=4",
+                      "policy.vllm.gpu_memory_utilization=0.5")
+    assert "generating, the trainer keeps 51.6 GiB beside the engine's 39.5 GiB" in crowded
+    # runtime=async on the 8-GPU node: W workers' GPUs, then the trainer's
+    assert refusal("hardware=h100x8", "runtime=async", "runtime.workers=7", "runtime.gpus_per_worker=1",
+                   "buffer=none") is None
+    assert refusal("hardware=h100x8", "runtime=async", "runtime.workers=8", "runtime.gpus_per_worker=1",
+                   "buffer=none").startswith("runtime.workers=8 x runtime.gpus_per_worker=1 and 1 trainer rank(s) "
+                                             "after them on hardware=h100x8: 9 GPUs, the job asks for 8")
     many = refusal("hardware=h100x4", "hardware.ranks=8")
     assert many.startswith("hardware.ranks=8 on hardware=h100x4: the job asks for 4 GPU(s)")
     # 4 ranks each load 7.6 B fp32 parameters (28 GiB) on the host beside 3 GiB of their own: 126 GiB
@@ -133,3 +156,23 @@ def test_the_dry_run_refuses_a_policy_the_job_cannot_hold_in_one_line(tmp_path):
     said = [line for line in (done.stdout + done.stderr).splitlines() if "Qwen2.5-7B on hardware=h100" in line]
     assert len(said) == 1 and said[0].endswith("use hardware=h100x4") and "Traceback" not in done.stderr
     assert "SLURM: " not in done.stdout  # refused before the job's request is planned
+
+
+@pytest.mark.slow  # a Hydra sweep composes in a subprocess: ~10 s
+def test_the_dry_run_of_8_ranks_plans_each_ranks_vllm_share_and_the_weight_sync(tmp_path):
+    """docs/distributed.md's command, as typed there: 8 ranks, each with its vLLM engine, no further overrides."""
+    import subprocess
+    import sys
+
+    from src.paths import PROJECT_ROOT
+
+    command = [sys.executable, "-m", "src.run", "-m", "hardware=h100x8", "hardware.ranks=8", "policy=qwen2.5-7b",
+               "hydra.sweeper.dry_run=true", f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
+               f"hydra.sweep.dir={tmp_path}/sweep"]
+    done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = " ".join(done.stdout.split())
+    assert "each asks for 1 node x 8 task, 8 GPU, 64 CPUs, 512 GB" in said  # 8 CPUs a rank
+    assert "over the job's 8 GPU(s): training 66.8 GiB per GPU" in said
+    assert "a vLLM engine on each of the 8 GPU(s), each sampling 1/8 of every step's groups: 23.7 GiB per GPU" in said
+    assert "weight sync per step: 28.4 GiB gathered on each rank" in said and "nothing launched" in said

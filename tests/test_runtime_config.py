@@ -67,7 +67,7 @@ def test_async_keeps_the_pipeline_state_under_its_own_name_and_names_its_own_cel
     (("runtime.sharded=true", "runtime.trainers=3", "runtime.capacity=1536"), "cannot be split over 3 shards"),
     (("runtime.gpus_per_worker=1",), "runtime.gpus_per_worker=1 with hardware.device=cpu"),
     (("hardware.device=cuda",), "each worker needs a GPU of its own"),
-    (("hardware=h100x8", "runtime.workers=8", "runtime.gpus_per_worker=1"), "hardware.device=cuda:8"),
+    (("hardware.device=cuda:7", "runtime.workers=8", "runtime.gpus_per_worker=1"), "hardware.device=cuda:8"),
     (("hardware.device=cuda:1", "runtime.workers=3", "runtime.gpus_per_worker=0.5"), "hold cuda:0..1"),
 ])
 def test_bad_async_settings_are_one_line_naming_the_key(compose_config, overrides, words):
@@ -80,7 +80,13 @@ def test_bad_async_settings_are_one_line_naming_the_key(compose_config, override
 def test_gpu_workers_take_the_first_gpus_and_leave_the_trainer_its_own(compose_config):
     full = compose_config("runtime=async", "hardware=h100x8", "runtime.workers=7", "runtime.gpus_per_worker=1")
     validate(full, check_device=False)
-    assert build_runtime(RunSettings(full)).worker_gpus == 7 and full.hardware.device == "cuda:7"
+    assert build_runtime(RunSettings(full)).worker_gpus == 7 and full.hardware.device == "cuda"
+    # The node preset's bare `cuda` puts the trainer after the workers; an explicit GPU stays where it is told.
+    assert AsyncRuntime.trainer_device(full.runtime, RunSettings(full)) == "cuda:7"
+    pinned = compose_config("runtime=async", "hardware=h100x8", "runtime.workers=3", "runtime.gpus_per_worker=1",
+                            "hardware.device=cuda:5")
+    assert AsyncRuntime.trainer_device(pinned.runtime, RunSettings(pinned)) == "cuda:5"
+    assert SyncRuntime.trainer_device(None, RunSettings(compose_config("hardware=h100x8"))) == "cuda"
     halves = compose_config("runtime=async", "hardware=h100x8", "runtime.workers=7", "runtime.gpus_per_worker=0.5")
     assert build_runtime(RunSettings(halves)).worker_gpus == 4  # ceil(7 x 0.5): Ray packs two workers on a GPU
     assert cell_identity(halves) == cell_identity(full)  # placement is launch-only: the same cell

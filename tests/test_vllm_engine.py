@@ -90,6 +90,7 @@ class FakeLLM:
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True):
         assert not use_tqdm, "the engine must not draw progress bars inside the trainer's"
         self.requests.append((prompts, sampling_params))
+        self.events.append("generate")
         outputs = []
         for prompt, params in zip(prompts, sampling_params):
             samples = []
@@ -100,6 +101,13 @@ class FakeLLM:
             random.Random(len(outputs)).shuffle(samples)  # vLLM may list samples in finishing order
             outputs.append(FakeRequestOutput(prompt_token_ids=list(prompt["prompt_token_ids"]), outputs=samples))
         return outputs
+
+    def sleep(self, level=1):
+        self.events.append(f"sleep {level}")
+
+    def wake_up(self, tags=None):
+        self.events.append(f"wake_up {','.join(tags)}")
+        return True
 
     def apply_model(self, func):
         self.events.append("apply_model")
@@ -279,6 +287,37 @@ def test_sync_refuses_a_prefix_cache_that_would_not_reset(fake_vllm, policy, mon
     monkeypatch.setattr(FakeLLM, "reset_prefix_cache", lambda self: False)
     with pytest.raises(RuntimeError, match="prefix cache"):
         engine.sync_weights(model)
+
+
+def test_a_sleeping_engine_frees_its_gpu_between_generations_and_wakes_what_each_call_needs(fake_vllm, policy):
+    """policy.vllm.sleep=true (CUDA): asleep after each generation; the weight sync wakes the weights alone, the
+    next generation the KV cache; a generation with no sync between wakes both."""
+    model, tokenizer = policy
+    engine = build_engine("vllm", model, tokenizer, batch_size=8, sleep=True)
+    llm = engine.llm
+    assert llm.kwargs["enable_sleep_mode"] is True
+    del llm.events[:]  # the construction's sync, awake
+    engine.generate(prompts(2), 2, SAMPLING, seed=1)
+    engine.sync_weights(model)
+    engine.generate(prompts(2), 2, SAMPLING, seed=2)
+    engine.generate(prompts(2), 2, SAMPLING, seed=3)
+    assert llm.events == ["generate", "sleep 1",
+                          "wake_up weights", "apply_model", "load_weights", "reset_prefix_cache",
+                          "wake_up kv_cache", "generate", "sleep 1",
+                          "wake_up kv_cache,weights", "generate", "sleep 1"]
+    awake = build_engine("vllm", model, tokenizer, batch_size=8)
+    awake.generate(prompts(2), 2, SAMPLING, seed=1)
+    assert "enable_sleep_mode" not in awake.llm.kwargs and not any("sleep" in e for e in awake.llm.events)
+
+
+def test_sleep_mode_on_the_cpu_is_refused_in_one_line(compose_config, fake_vllm):
+    from src.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config("policy.engine=vllm", "policy.vllm.sleep=true"))
+    assert str(error.value) == ("policy.vllm.sleep=true with hardware.device=cpu: vLLM's sleep mode frees GPU memory "
+                                "and runs on CUDA only; set policy.vllm.sleep=false")
+    validate(compose_config("policy.engine=vllm", "policy.vllm.sleep=true", "hardware=h100"), check_device=False)
 
 
 # --------------------------------------------------------------------------- generation

@@ -16,6 +16,13 @@ GPU, in bytes, for P parameters, L layers, hidden size h, vocabulary V and n tok
   output head                14 n V: bf16 logits, fp32 upcast, log-softmax and softmax (entropy) kept
   headroom                   CUDA context and allocator: 2 GiB + 10 %
 
+With `policy.engine=vllm` each rank runs a vLLM engine on its GPU beside its trainer shard (`EngineShare`): the
+engine holds `policy.vllm.gpu_memory_utilization` of the GPU, its bf16 copy of the weights (2P) and the KV cache in
+the rest. Awake all the time it leaves training the remainder; asleep while training (`policy.vllm.sleep`, vLLM's
+level-1 sleep: weights to host memory, KV cache freed) it leaves training the whole GPU less its CUDA context, and
+generation must then fit beside what the trainer keeps resident (its shards, the reference policy). Each step's
+weight sync gathers every parameter whole in the trainer's dtype, one at a time, on every rank.
+
 On the host, each rank loads the whole policy in fp32 (`from_pretrained` on the CPU, 4P) before moving
 it to its GPU and sharding it, beside about 3 GiB of its own (Python, torch, the CUDA libraries): the
 node's ranks together need T (4P + 3 GiB), which the SLURM request (`mem_gb`) must cover.
@@ -67,13 +74,14 @@ class Shape:
     layers: int
     hidden: int
     vocab: int
+    largest: int = 0       # the largest parameter tensor's elements (the embedding): a weight sync's peak
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> "Shape":
         config = model.config
         layer = sum(p.numel() for p in model.model.layers[0].parameters())
         return cls(sum(p.numel() for p in model.parameters()), layer, config.num_hidden_layers, config.hidden_size,
-                   config.vocab_size)
+                   config.vocab_size, max(p.numel() for p in model.parameters()))
 
     @property
     def root_parameters(self) -> int:
@@ -144,22 +152,84 @@ def plan_lines(name_or_path: str, gpu_gib: float = H100_GIB) -> list[str]:
     return lines
 
 
-def job_plan_lines(names: list[str], gpus: int) -> list[str]:
+ASLEEP_GIB = 2.0  # what a sleeping vLLM engine keeps on its GPU: CUDA context, captured graphs, sampler state
+
+
+@dataclass(frozen=True)
+class EngineShare:
+    """A vLLM engine beside each trainer rank (`policy.vllm`): its share of the GPU (`gpu_memory_utilization`) and
+    whether it sleeps while the trainer trains (`sleep`)."""
+
+    share: float
+    sleep: bool
+
+    def training_gib(self, gpu_gib: float) -> float:
+        """What an update may use of the GPU: the whole less a sleeping engine's context, or less its share."""
+        return gpu_gib - ASLEEP_GIB if self.sleep else gpu_gib * (1 - self.share)
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """One GPU's engine in GiB: its share, the bf16 weights and KV cache in it, the trainer's resident state beside
+    it while it generates, and each step's weight sync (gathered per rank, its largest tensor)."""
+
+    share: float
+    weights: float
+    kv_cache: float
+    resident: float
+    sync: float
+    sync_peak: float
+
+    def problem(self, gpu_gib: float) -> str | None:
+        if self.kv_cache <= 0:
+            return (f"vLLM's bf16 weights take {self.weights:.1f} GiB of its {self.share:.1f} GiB share: no room for a "
+                    "KV cache; raise policy.vllm.gpu_memory_utilization")
+        if self.resident + self.share > gpu_gib:
+            return (f"generating, the trainer keeps {self.resident:.1f} GiB beside the engine's {self.share:.1f} GiB "
+                    f"(a GPU holds {gpu_gib:g}); lower policy.vllm.gpu_memory_utilization or shard over more GPUs")
+        return None
+
+
+def generation_plan(shape: Shape, gpus: int, engine: EngineShare, master_bytes: int,
+                    gpu_gib: float = H100_GIB) -> GenerationPlan:
+    """The engine's side of one GPU (module docstring); `master_bytes`: the trainer's weights' bytes per element."""
+    share, weights = engine.share * gpu_gib, 2 * shape.parameters / GIB
+    # Asleep while training, the engine wakes beside the trainer's sharded weights and AdamW moments (12 P / T; the
+    # update frees its gradients, `Trainer.update`), pi_ref (4 P) and the CUDA context; awake throughout, the
+    # training plan already left it its share.
+    resident = (12 * shape.parameters / gpus + 4 * shape.parameters) / GIB + 2.0 if engine.sleep else 0.0
+    return GenerationPlan(share, weights, share - weights, resident, master_bytes * shape.parameters / GIB,
+                          master_bytes * shape.largest / GIB)
+
+
+def job_plan_lines(names: list[str], gpus: int, engine: EngineShare | None = None, master_bytes: int = 4) -> list[str]:
     """The memory plan of each distinct policy in `names` that has a written architecture, trained data-parallel
-    over `gpus` GPUs (the job's trainer ranks)."""
+    over `gpus` GPUs (the job's trainer ranks), with each rank's vLLM engine (`engine`) when it has one."""
     lines = []
     for name in sorted(set(names)):
         if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
             continue  # the tiny policy or a local folder: nothing to plan
         shape = policy_shape(name)
-        fit = best_fit(shape, gpus)
+        fit = best_fit(shape, gpus, engine.training_gib(H100_GIB) if engine else H100_GIB)
         where = f"memory plan: {name} trained data-parallel (FSDP) over the job's {gpus} GPU(s)"
         host = f"; host: {host_gib(shape, gpus):.0f} GiB while the ranks load it"
         lines.append(f"{where}: does not fit, {fit.peak_gib:.1f} GiB per GPU at the smallest micro-batch"
                      if fit.micro_batch_tokens is None else
-                     f"{where}: {fit.peak_gib:.1f} GiB per GPU at micro-batch {fit.micro_batch_tokens} tokens, "
-                     f"activation checkpointing {'on' if fit.activation_checkpointing else 'off'}{host}")
+                     f"{where}: training {fit.peak_gib:.1f} GiB per GPU at micro-batch {fit.micro_batch_tokens} "
+                     f"tokens, activation checkpointing {'on' if fit.activation_checkpointing else 'off'}{host}")
+        if engine is not None:
+            lines.append(generation_line(name, generation_plan(shape, gpus, engine, master_bytes), gpus, engine))
     return lines
+
+
+def generation_line(name: str, plan: GenerationPlan, gpus: int, engine: EngineShare) -> str:
+    when = ("asleep while training (weights to the host, KV cache freed), awake beside the trainer's "
+            f"{plan.resident:.1f} GiB" if engine.sleep else "awake throughout, beside the training")
+    problem = plan.problem(H100_GIB)
+    return (f"generation plan: {name}: a vLLM engine on each of the {gpus} GPU(s), each sampling 1/{gpus} of every "
+            f"step's groups: {plan.share:.1f} GiB per GPU (bf16 weights {plan.weights:.1f}, KV cache "
+            f"{plan.kv_cache:.1f}), {when}; weight sync per step: {plan.sync:.1f} GiB gathered on each rank, one "
+            f"tensor at a time (largest {plan.sync_peak:.2f} GiB)" + (f"; does not fit: {problem}" if problem else ""))
 
 
 @functools.lru_cache(maxsize=16)  # a sweep asks once a cell

@@ -206,13 +206,15 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.3, enforce_eager: bool = False, dtype: str = "bfloat16",
                  max_model_len: int | None = None, max_num_seqs: int | None = None, seed: int = 0,
                  per_request_seeds: bool = True, allow_untested_version: bool = False,
-                 kv_cache_gib: float | None = None, model_path: str | None = None):
+                 kv_cache_gib: float | None = None, model_path: str | None = None, sleep: bool = False):
         vllm = import_vllm(allow_untested_version)
         self._vllm = vllm
         self.on_cpu = on_cpu_platform()
         self.tokenizer = tokenizer
         self.per_request_seeds = per_request_seeds
         self.generated = 0  # sequences this engine sampled: the generation work it did
+        self.sleeps = sleep and not self.on_cpu  # vLLM's sleep mode is CUDA's (Platform.is_sleep_mode_available)
+        self.asleep: set[str] = set()  # what vLLM has released: "weights" (offloaded to the host), "kv_cache"
         # Stop where HFGenerateEngine stops: the trainer's EOS and pad ids (vLLM adds its own EOS too).
         self.stop_token_ids = sorted({tokenizer.eos_token_id, tokenizer.pad_token_id} - {None})
         # Weight sync hands the trainer's CUDA tensors to the vLLM worker by reference, which needs
@@ -227,6 +229,8 @@ class VLLMEngine:
             enable_prefix_caching=True,  # the K samples of a prompt, and replayed prompts, share its KV blocks
             seed=seed,
         )
+        if self.sleeps:
+            options["enable_sleep_mode"] = True
         if max_model_len is not None:
             options["max_model_len"] = max_model_len
         if max_num_seqs is None and not self.on_cpu:
@@ -286,9 +290,26 @@ class VLLMEngine:
                 "in this process"
             )
 
+    def wake(self, *tags: str) -> None:
+        """Give vLLM back what it released while the trainer trained (`tags` of "weights", "kv_cache"; none: all)."""
+        wanted = self.asleep & set(tags or self.asleep)
+        if not wanted:
+            return
+        torch.cuda.empty_cache()  # the update's cached blocks back to the driver, for vLLM's own allocator to map
+        self.llm.wake_up(tags=sorted(wanted))
+        self.asleep -= wanted
+
+    def sleep(self) -> None:
+        """Between generation phases (`policy.vllm.sleep`): vLLM's level-1 sleep offloads its weights to host memory
+        and frees its KV cache (and its prefix cache with it), so the update has the GPU to itself."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Copy the trainer's current weights into vLLM's model in place, then drop KV blocks made with the old ones."""
         weights = trainer_weights(model)
+        self.wake("weights")  # a sleeping engine loads into its weights only; its KV cache waits for `generate`
         with self.serving():
             if self.on_cpu:
                 self._reload_weights_cpu(weights)
@@ -358,8 +379,10 @@ class VLLMEngine:
         params = [self.sampling_params(sampling, samples_per_prompt,
                                        request_seed(seed, first_index + index) if self.per_request_seeds else None)
                   for index in range(len(prompts))]
+        self.wake()
         with self.serving():
             outputs = self.llm.generate(requests, params, use_tqdm=False)
+        self.sleep()
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM answered {len(outputs)} of {len(prompts)} prompts")
         completions = []

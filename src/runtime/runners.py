@@ -129,8 +129,8 @@ def worker_gpus(workers: int, per_worker: float, device: str) -> int:
         raise ValueError(f"runtime=async with hardware.device={device} and runtime.gpus_per_worker=0: each worker "
                          "needs a GPU of its own; set runtime.gpus_per_worker=1 (hardware=h100x8: W <= 7)")
     needed = math.ceil(workers * per_worker - 1e-9)
-    index = torch.device(device).index or 0
-    if index < needed:
+    index = torch.device(device).index
+    if index is not None and index < needed:  # a bare `cuda` is placed after them (`AsyncRuntime.trainer_device`)
         raise ValueError(f"hardware.device={device} with runtime.workers={workers} x runtime.gpus_per_worker="
                          f"{per_worker:g}: the workers hold cuda:0..{needed - 1}; put the trainer after them "
                          f"(hardware.device=cuda:{needed}) or run fewer workers")
@@ -159,6 +159,15 @@ class AsyncRuntime(Variant):
     @classmethod
     def reader_label(cls, node, cfg) -> str:
         return f"async {node.queue} W={node.workers} T={node.trainers}"
+
+    @classmethod
+    def trainer_device(cls, node, run: RunSettings) -> str:
+        """A bare `hardware.device=cuda` puts the trainer (its rank 0) on the first GPU after the workers' Ray
+        slots (`worker_gpus`), so one node preset (hardware=h100x8) serves both runtimes; `cuda:K` stays K."""
+        device = run.hardware.device
+        if device != "cuda":
+            return device
+        return f"cuda:{worker_gpus(int(node.workers), float(node.gpus_per_worker), device)}"
 
     @classmethod
     def budget_plan(cls, node, run: RunSettings):

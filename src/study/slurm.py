@@ -156,16 +156,36 @@ def _count(cfgs: list[DictConfig], key: tuple[int, int, int, str]) -> int:
 
 
 # The hardware options with their trainer ranks, the fix a refused job is told about (conf/hardware).
-RANKED_HARDWARE = {1: "hardware=h100", 4: "hardware=h100x4",
-                   8: "hardware=h100x8 hardware.ranks=8 hardware.device=cuda trainer.fused_logprobs=false "
-                      "policy.engine=hf"}
+RANKED_HARDWARE = {1: "hardware=h100", 4: "hardware=h100x4", 8: "hardware=h100x8 hardware.ranks=8"}
+
+
+def engine_share(cfg: DictConfig):
+    """The vLLM engine beside each trainer rank on its GPU (`src.distributed.memory.EngineShare`), or None: the
+    transformers engine samples with the trainer's own weights, and runtime=async's engines sit on the workers' GPUs."""
+    from src.distributed.memory import EngineShare
+
+    synchronous = str(cfg.runtime.get("_target_", "")).endswith("SyncRuntime")
+    if cfg.policy.engine != "vllm" or not synchronous or not str(cfg.hardware.device).startswith("cuda"):
+        return None
+    return EngineShare(float(cfg.policy.vllm.gpu_memory_utilization), bool(cfg.policy.vllm.get("sleep", False)))
+
+
+def gpus_needed(cfg: DictConfig) -> int:
+    """The GPUs a cell occupies: one a rank, and under runtime=async its workers' Ray slots before the trainer's."""
+    ranks = int(cfg.hardware.get("ranks", 1) or 1)
+    if str(cfg.runtime.get("_target_", "")).endswith("SyncRuntime") or not str(cfg.hardware.device).startswith("cuda"):
+        return ranks
+    index = str(cfg.hardware.device).partition(":")[2]
+    first = int(index) if index else math.ceil(cfg.runtime.workers * cfg.runtime.gpus_per_worker - 1e-9)
+    return first + ranks
 
 
 def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str | None:
     """One line naming the policy, the hardware and the fix when the job cannot train the cell's policy: more
-    ranks than the job's GPUs, or a memory plan (src/distributed/memory.py) that does not fit its ranks' GPUs
-    or the host memory the job asks for (`mem_gb`)."""
-    from src.distributed.memory import H100_GIB, SHAPES, fewest_gpus, host_gib, policy_shape  # transformers: lazily
+    GPUs than the job's, or a memory plan (src/distributed/memory.py) that does not fit its ranks' GPUs (training,
+    and generation beside it) or the host memory the job asks for (`mem_gb`)."""
+    from src.distributed.memory import (ASLEEP_GIB, H100_GIB, SHAPES, best_fit, fewest_gpus, generation_plan,  # torch
+                                        policy_shape)
     from src.runs.ranks import processes
 
     ranks, gpus, name = int(cfg.hardware.get("ranks", 1) or 1), gpus_per_job(launcher), cfg.policy.name_or_path
@@ -177,22 +197,41 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
     if gpus and ranks > gpus:
         return (f"hardware.ranks={ranks} on hardware={hardware}: the job asks for {gpus} GPU(s), one a rank; "
                 f"set hardware.ranks={gpus}, or use a hardware option with more GPUs")
+    if gpus and gpus_needed(cfg) > gpus:
+        return (f"runtime.workers={cfg.runtime.workers} x runtime.gpus_per_worker={cfg.runtime.gpus_per_worker:g} "
+                f"and {ranks} trainer rank(s) after them on hardware={hardware}: {gpus_needed(cfg)} GPUs, the job "
+                f"asks for {gpus}; run fewer workers, or set runtime.gpus_per_worker=0.5 to pack two on a GPU")
     if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
         return None  # the tiny policy or a local folder: no plan
-    fits, fewest = fewest_gpus(name)
-    fit = fits.get(ranks)
-    if fit is None or fit.micro_batch_tokens is not None:
-        host, asked = host_gib(policy_shape(name), ranks), launcher.get("mem_gb")
-        if asked and host > float(asked):
-            return (f"policy.name_or_path={name} on hardware={hardware} (hardware.ranks={ranks}): each rank loads "
-                    f"the whole policy in fp32 on the host before sharding it, {math.ceil(host)} GiB in all, and the "
-                    f"job asks for hydra.launcher.mem_gb={asked}; raise hydra.launcher.mem_gb to at least "
-                    f"{math.ceil(host)}")
-        return None
-    fix = next((option for count, option in RANKED_HARDWARE.items() if fewest and count >= fewest), None)
-    return (f"policy.name_or_path={name} on hardware={hardware} (hardware.ranks={ranks}): needs {fit.peak_gib:.0f} "
-            f"GiB per GPU at the smallest micro-batch with activation checkpointing, an H100 holds {H100_GIB:g}; "
-            + (f"FSDP over {fewest} GPUs fits: use {fix}" if fix else "no plan of up to 8 GPUs fits"))
+    engine = engine_share(cfg)
+    fit = best_fit(policy_shape(name), ranks, engine.training_gib(H100_GIB) if engine else H100_GIB)
+    _, fewest = fewest_gpus(name, H100_GIB - ASLEEP_GIB if engine else H100_GIB)  # the node presets' engines sleep
+    on = f"policy.name_or_path={name} on hardware={hardware} (hardware.ranks={ranks})"
+    if fit.micro_batch_tokens is None:
+        fix = next((option for count, option in RANKED_HARDWARE.items() if fewest and count >= fewest), None)
+        beside = (f", beside vLLM's share (policy.vllm.gpu_memory_utilization={engine.share:g})"
+                  if engine and not engine.sleep else "")
+        return (f"{on}: needs {fit.peak_gib:.0f} GiB per GPU at the smallest micro-batch with activation "
+                f"checkpointing{beside}, an H100 holds {H100_GIB:g}; "
+                + (f"FSDP over {fewest} GPUs fits: use {fix}" if fix else "no plan of up to 8 GPUs fits"))
+    if engine is not None:
+        master = 2 if cfg.hardware.dtype in ("bfloat16", "float16") else 4
+        problem = generation_plan(policy_shape(name), ranks, engine, master).problem(H100_GIB)
+        if problem:
+            return f"{on}: {problem}"
+    return host_refusal(on, name, ranks, launcher)
+
+
+def host_refusal(on: str, name: str, ranks: int, launcher: DictConfig) -> str | None:
+    """The refusal when the node's ranks, each loading the whole fp32 policy at once, need more than `mem_gb`."""
+    from src.distributed.memory import host_gib, policy_shape
+
+    host, asked = host_gib(policy_shape(name), ranks), launcher.get("mem_gb")
+    if asked and host > float(asked):
+        return (f"{on}: each rank loads the whole policy in fp32 on the host before sharding it, {math.ceil(host)} "
+                f"GiB in all, and the job asks for hydra.launcher.mem_gb={asked}; raise hydra.launcher.mem_gb to at "
+                f"least {math.ceil(host)}")
+    return None
 
 
 def slurm_plan_lines(config: DictConfig, cfgs: list[DictConfig], results: Path = RESULTS_DIR) -> list[str]:
@@ -204,7 +243,11 @@ def slurm_plan_lines(config: DictConfig, cfgs: list[DictConfig], results: Path =
     lines = [f"SLURM: {len(cfgs)} job(s) to launch, {launcher.get('array_parallelism', '?')} at a time; each "
              f"asks for {job_request(launcher)}"]
     lines += [f"warning: {warning}" for warning in request_warnings(launcher)]
-    for ranks in sorted({int(cfg.hardware.get("ranks", 1) or 1) for cfg in cfgs}):  # FSDP shards over the ranks
-        lines += job_plan_lines([cfg.policy.name_or_path for cfg in cfgs
-                                 if int(cfg.hardware.get("ranks", 1) or 1) == ranks], ranks)
+    plans: dict[tuple, list[str]] = {}  # FSDP shards over the ranks; each rank's vLLM engine takes its share
+    for cfg in cfgs:
+        master = 2 if cfg.hardware.dtype in ("bfloat16", "float16") else 4  # the weights a sync gathers
+        key = (int(cfg.hardware.get("ranks", 1) or 1), engine_share(cfg), master)
+        plans.setdefault(key, []).append(cfg.policy.name_or_path)
+    for (ranks, engine, master), names in sorted(plans.items(), key=lambda item: (item[0][0], str(item[0][1:]))):
+        lines += job_plan_lines(names, ranks, engine, master)
     return lines + gpu_hour_lines(cfgs, launcher, results)
