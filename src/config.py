@@ -82,6 +82,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _check(cfg.policy.engine in ENGINES, f"policy.engine='{cfg.policy.engine}': choose one of {ENGINES}")
     if cfg.policy.engine == "vllm":
         _validate_vllm(cfg.policy.vllm, cfg.hardware.device, check_device)
+        _validate_tensor_parallel(cfg)
     _check(cfg.hardware.dtype in DTYPE_NAMES, f"hardware.dtype='{cfg.hardware.dtype}': choose one of {DTYPE_NAMES}")
     _check(cfg.hardware.autocast in (None, "bfloat16", "float16"),
            f"hardware.autocast='{cfg.hardware.autocast}': choose null, bfloat16 or float16")
@@ -142,6 +143,20 @@ def _validate_vllm(options: DictConfig, device: str, check_installed: bool) -> N
 
         problem = vllm_problem(options.allow_untested_version)
         _check(problem is None, str(problem))
+
+
+def _validate_tensor_parallel(cfg: DictConfig) -> None:
+    """An engine split over `tp` ranks needs torchrun's ranks in whole engines (`tensor_parallel_options`)."""
+    tp, ranks = int(cfg.policy.vllm.get("tensor_parallel_size", 1)), int(cfg.hardware.ranks)
+    if tp == 1:
+        return
+    key = f"policy.vllm.tensor_parallel_size={tp}"
+    _check(described(cfg.runtime).plain(cfg.runtime),
+           f"{key} with runtime={cfg.runtime.get('name')}: the pipeline's workers each hold a one-GPU engine; set "
+           "policy.vllm.tensor_parallel_size=1, or train with runtime=sync over hardware.ranks")
+    _check(ranks % tp == 0,
+           f"{key} with hardware.ranks={ranks}: each engine takes {tp} of the ranks (one GPU each); set "
+           f"hardware.ranks to a multiple of {tp} (torchrun --nproc_per_node), or tensor_parallel_size=1")
 
 
 POLICY_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",

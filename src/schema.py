@@ -66,6 +66,7 @@ KNOBS: dict[str, Knob] = {
     "policy.vllm.max_model_len": _int(1, INF, "4096 or null", nullable=True),
     "policy.vllm.max_num_seqs": _int(1, INF, "256 or null", nullable=True),
     "policy.vllm.seed": SEED,
+    "policy.vllm.tensor_parallel_size": _int(1, 64, "2 (hardware.ranks a multiple of it)"),
     "hardware.threads": _int(1, 4_096, "2 or null", nullable=True),
     "hardware.ranks": _int(1, 1_024, "1, or the GPUs of the job"),
     "tracking.policy_artifact_max_mb": _float(0, INF, "200 (0: never upload, tags only)"),

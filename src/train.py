@@ -91,6 +91,7 @@ def learn(parts: Components, state: TrainState, collection: Collection) -> dict[
     collection.update = update
     updates += [parts.trainer.update(parts.policy, parts.reference, parts.optimizer, extra)
                 for extra in parts.store.extra_batches(step)]
+    parts.optimizer.zero_grad(set_to_none=True)  # their memory back before a sleeping vLLM engine wakes
     clock.lap("train")
     parts.engine.sync_weights(parts.policy)  # vLLM: the updated weights into its own copy (HF: nothing to do)
     clock.lap("weight_sync")

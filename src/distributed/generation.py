@@ -42,13 +42,16 @@ class RankShare:
         return getattr(self.engine, name)
 
     def generate(self, prompts: list[str], samples_per_prompt: int, sampling: SamplingParams, seed: int) -> Generation:
+        # An engine split over `tp` consecutive ranks (tensor parallelism) is one engine: its ranks sample one block.
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
-        start, end = block(len(prompts), rank, world)
+        tp = getattr(self.engine, "tensor_parallel_size", 1)
+        start, end = block(len(prompts), rank // tp, world // tp)
         mine = self.engine.generate(prompts[start:end], samples_per_prompt, sampling, seed, first_index=start)
         blocks: list = [None] * world
         dist.all_gather_object(blocks, mine, group=self.group)  # ranks of one job: trusted peers
-        return Generation(prompt_ids=[ids for block in blocks for ids in block.prompt_ids],
-                          completions=[done for block in blocks for done in block.completions])
+        engines = blocks[::tp]  # each engine's block once, in rank order
+        return Generation(prompt_ids=[ids for block in engines for ids in block.prompt_ids],
+                          completions=[done for block in engines for done in block.completions])
 
     def sync_weights(self, model) -> None:
         """The policy's weights into this rank's engine (every rank at once: sharded parameters are gathered)."""

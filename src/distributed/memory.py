@@ -162,6 +162,7 @@ class EngineShare:
 
     share: float
     sleep: bool
+    tensor_parallel: int = 1  # GPUs one engine spans (`policy.vllm.tensor_parallel_size`): each holds 1/tp of it
 
     def training_gib(self, gpu_gib: float) -> float:
         """What an update may use of the GPU: the whole less a sleeping engine's context, or less its share."""
@@ -179,11 +180,14 @@ class GenerationPlan:
     resident: float
     sync: float
     sync_peak: float
+    split_to_fit: int | None = None  # the fewest GPUs (a power of two up to 8) one engine must span for its weights
 
     def problem(self, gpu_gib: float) -> str | None:
         if self.kv_cache <= 0:
+            split = (f" or split each engine over {self.split_to_fit} GPUs (policy.vllm.tensor_parallel_size="
+                     f"{self.split_to_fit})" if self.split_to_fit else "")
             return (f"vLLM's bf16 weights take {self.weights:.1f} GiB of its {self.share:.1f} GiB share: no room for a "
-                    "KV cache; raise policy.vllm.gpu_memory_utilization")
+                    f"KV cache; raise policy.vllm.gpu_memory_utilization{split}")
         if self.resident + self.share > gpu_gib:
             return (f"generating, the trainer keeps {self.resident:.1f} GiB beside the engine's {self.share:.1f} GiB "
                     f"(a GPU holds {gpu_gib:g}); lower policy.vllm.gpu_memory_utilization or shard over more GPUs")
@@ -193,13 +197,15 @@ class GenerationPlan:
 def generation_plan(shape: Shape, gpus: int, engine: EngineShare, master_bytes: int,
                     gpu_gib: float = H100_GIB) -> GenerationPlan:
     """The engine's side of one GPU (module docstring); `master_bytes`: the trainer's weights' bytes per element."""
-    share, weights = engine.share * gpu_gib, 2 * shape.parameters / GIB
+    share, whole = engine.share * gpu_gib, 2 * shape.parameters / GIB
+    weights = whole / engine.tensor_parallel  # vLLM shards each layer over the engine's GPUs
+    split = next((tp for tp in GPU_COUNTS if tp > engine.tensor_parallel and tp <= gpus and whole / tp < share), None)
     # Asleep while training, the engine wakes beside the trainer's sharded weights and AdamW moments (12 P / T; the
-    # update frees its gradients, `Trainer.update`), pi_ref (4 P) and the CUDA context; awake throughout, the
+    # step frees its gradients, `src.train.learn`), pi_ref (4 P) and the CUDA context; awake throughout, the
     # training plan already left it its share.
     resident = (12 * shape.parameters / gpus + 4 * shape.parameters) / GIB + 2.0 if engine.sleep else 0.0
     return GenerationPlan(share, weights, share - weights, resident, master_bytes * shape.parameters / GIB,
-                          master_bytes * shape.largest / GIB)
+                          master_bytes * shape.largest / GIB, split)
 
 
 def job_plan_lines(names: list[str], gpus: int, engine: EngineShare | None = None, master_bytes: int = 4) -> list[str]:
@@ -226,7 +232,10 @@ def generation_line(name: str, plan: GenerationPlan, gpus: int, engine: EngineSh
     when = ("asleep while training (weights to the host, KV cache freed), awake beside the trainer's "
             f"{plan.resident:.1f} GiB" if engine.sleep else "awake throughout, beside the training")
     problem = plan.problem(H100_GIB)
-    return (f"generation plan: {name}: a vLLM engine on each of the {gpus} GPU(s), each sampling 1/{gpus} of every "
+    tp, engines = engine.tensor_parallel, max(1, gpus // engine.tensor_parallel)
+    where = (f"a vLLM engine on each of the {gpus} GPU(s)" if tp == 1 else
+             f"{engines} vLLM engine(s), each split over {tp} GPUs (tensor parallelism)")
+    return (f"generation plan: {name}: {where}, each sampling 1/{engines} of every "
             f"step's groups: {plan.share:.1f} GiB per GPU (bf16 weights {plan.weights:.1f}, KV cache "
             f"{plan.kv_cache:.1f}), {when}; weight sync per step: {plan.sync:.1f} GiB gathered on each rank, one "
             f"tensor at a time (largest {plan.sync_peak:.2f} GiB)" + (f"; does not fit: {problem}" if problem else ""))

@@ -253,7 +253,6 @@ class Trainer:
                 out.loss.backward()
                 tally.add(lp, out)
             self.optimizer_step(policy, optimizer)
-        optimizer.zero_grad(set_to_none=True)  # freed for the next generation (a vLLM engine wakes into them)
         return objective.result(prepared, tally, token_counts, steps)
 
     def optimizer_step(self, policy, optimizer) -> None:

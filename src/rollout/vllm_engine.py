@@ -164,6 +164,30 @@ def trainer_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
         yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
+def tensor_parallel_options(size: int) -> dict[str, Any]:
+    """vLLM's options for one engine split over `size` consecutive torchrun ranks (`policy.vllm.tensor_parallel_size`).
+
+    vLLM's `external_launcher` backend runs one worker in each rank's own process, in the process group torchrun
+    started, so the engine stays in-process and its weights load by reference. The N ranks hold N / size engines
+    (vLLM's data parallelism: each group of `size` ranks is one, `data_parallel_rank` = RANK // size); the ranks
+    of one engine must submit the same requests (`src.distributed.generation.RankShare` gives them one block).
+    Checked on the CPU build with gloo: 2 ranks x TP 2 and 4 ranks as 2 engines x TP 2 sample what one
+    unsplit engine samples.
+    """
+    if size == 1:
+        return {}
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world % size:
+        raise ValueError(f"policy.vllm.tensor_parallel_size={size} with {world} torchrun rank(s): each engine takes "
+                         f"{size} ranks; launch a multiple of {size} (hardware.ranks)")
+    options: dict[str, Any] = {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
+    if world > size:
+        options["data_parallel_size"] = world // size
+    return options
+
+
 def _model_path(model: PreTrainedModel) -> str:
     """The folder or hub name the trainer's model was loaded from (vLLM builds its own copy from it)."""
     path = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
@@ -206,7 +230,8 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.3, enforce_eager: bool = False, dtype: str = "bfloat16",
                  max_model_len: int | None = None, max_num_seqs: int | None = None, seed: int = 0,
                  per_request_seeds: bool = True, allow_untested_version: bool = False,
-                 kv_cache_gib: float | None = None, model_path: str | None = None, sleep: bool = False):
+                 kv_cache_gib: float | None = None, model_path: str | None = None, sleep: bool = False,
+                 tensor_parallel_size: int = 1):
         vllm = import_vllm(allow_untested_version)
         self._vllm = vllm
         self.on_cpu = on_cpu_platform()
@@ -231,6 +256,8 @@ class VLLMEngine:
         )
         if self.sleeps:
             options["enable_sleep_mode"] = True
+        self.tensor_parallel_size = tensor_parallel_size
+        options.update(tensor_parallel_options(tensor_parallel_size))
         if max_model_len is not None:
             options["max_model_len"] = max_model_len
         if max_num_seqs is None and not self.on_cpu:

@@ -167,7 +167,8 @@ def engine_share(cfg: DictConfig):
     synchronous = str(cfg.runtime.get("_target_", "")).endswith("SyncRuntime")
     if cfg.policy.engine != "vllm" or not synchronous or not str(cfg.hardware.device).startswith("cuda"):
         return None
-    return EngineShare(float(cfg.policy.vllm.gpu_memory_utilization), bool(cfg.policy.vllm.get("sleep", False)))
+    return EngineShare(float(cfg.policy.vllm.gpu_memory_utilization), bool(cfg.policy.vllm.get("sleep", False)),
+                       int(cfg.policy.vllm.get("tensor_parallel_size", 1)))
 
 
 def gpus_needed(cfg: DictConfig) -> int:
