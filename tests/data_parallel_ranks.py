@@ -224,7 +224,7 @@ class CountingEngine:
                                         for j in range(samples_per_prompt)] for i, prompt in enumerate(prompts)])
 
     def sync_weights(self, model) -> None:
-        from src.rollout.vllm_engine import trainer_weights
+        from src.policy.model import trainer_weights
 
         self.synced = {name: tensor.clone() for name, tensor in trainer_weights(model)}
 

@@ -8,6 +8,8 @@ own tokenizer for a byte-level BPE on load; for llama it honours the saved token
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
@@ -77,3 +79,29 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     for parameter in reference.parameters():
         parameter.requires_grad_(False)
     return reference
+
+
+# Wrapper prefixes that torch.compile and DistributedDataParallel put in front of parameter names.
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+def trainer_names(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """The policy's parameters under their checkpoint names (wrapper prefixes dropped); a tied embedding once."""
+    for name, parameter in model.named_parameters():
+        while name.startswith(WRAPPER_PREFIXES):
+            name = name.split(".", 1)[1]
+        yield name, parameter
+
+
+def trainer_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The trainer's parameters under their checkpoint names, which is what vLLM's `load_weights` expects and what
+    the asynchronous trainer publishes.
+
+    `named_parameters()` lists a tied embedding once (as the input embedding), and vLLM ties its
+    LM head to that same tensor. Buffers are left out: vLLM computes its own (e.g. rotary tables).
+    A parameter sharded over data-parallel ranks (FSDP2's DTensor) is gathered whole when its turn
+    comes, one at a time, so no rank holds the whole model twice; every rank must then go through it together.
+    """
+    for name, parameter in trainer_names(model):
+        tensor = parameter.detach()
+        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

@@ -65,6 +65,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from src.policy.model import trainer_weights
 from src.rollout.interface import STOP_STRING, Completion, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,6 @@ SET_TORCH_THREADS = torch.set_num_threads
 # (config/compilation.py, max_cudagraph_capture_size): measured on an H200 with 0.26.0
 # (benchmarks/results/README.md), 1024 rows x 256 tokens ran at 30k tokens/s with 1024 and 48k with 512.
 CUDA_MAX_NUM_SEQS = 512
-# Wrapper prefixes that torch.compile and DistributedDataParallel put in front of parameter names.
-WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
 
 class VLLMUnavailableError(RuntimeError):
@@ -147,21 +146,6 @@ def request_seed(seed: int, prompt_index: int) -> int:
     """The seed of one prompt's request: vLLM seeds its n samples seed, seed+1, ..., so prompts need far-apart bases."""
     digest = hashlib.blake2b(f"{seed}:{prompt_index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 2  # 62 bits: seed + n stays a valid int64 and torch seed
-
-
-def trainer_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The trainer's parameters under their checkpoint names, which is what vLLM's `load_weights` expects.
-
-    `named_parameters()` lists a tied embedding once (as the input embedding), and vLLM ties its
-    LM head to that same tensor. Buffers are left out: vLLM computes its own (e.g. rotary tables).
-    A parameter sharded over data-parallel ranks (FSDP2's DTensor) is gathered whole when its turn
-    comes, one at a time, so no rank holds the whole model twice; every rank must then sync together.
-    """
-    for name, parameter in model.named_parameters():
-        while name.startswith(WRAPPER_PREFIXES):
-            name = name.split(".", 1)[1]
-        tensor = parameter.detach()
-        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def tensor_parallel_options(size: int) -> dict[str, Any]:

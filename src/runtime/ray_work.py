@@ -6,10 +6,11 @@
   request it loads the published weights if it holds another version, generates and scores the
   group (`FreshCollection.generate_groups`), computes log mu under those weights with the
   trainer's forward code and the group's advantages with the objective's own function.
-* `ObjectStoreSync`: the trainer publishes its weights once with `ray.put`; every worker loads
-  them into its policy and hands them to its engine (`engine.sync_weights`: the vLLM engine's
-  in-place `load_weights`). Another transfer (vLLM's NCCL weight transfer) is another class with
-  the same two methods.
+* `ObjectStoreSync`: the trainer publishes its weights on the object store, one `ray.put` a parameter
+  (over T ranks each gathered whole in turn, `trainer_weights`, so no process holds a second whole model);
+  every worker loads them into its policy parameter by parameter and hands them to its engine
+  (`engine.sync_weights`: the vLLM engine's in-place `load_weights`). Another transfer (vLLM's NCCL
+  weight transfer) is another class with the same two methods.
 * `TrainerActor` (Ray actors, one a trainer rank): the policy, optimizer, reference and objective, built
   by `src.build.build_components` from the same config as the driver's, updated with the step's own
   `learn` half on a `Collection` made of the drawn rollouts; it publishes its weights itself. With
@@ -47,6 +48,7 @@ from ray.exceptions import RayActorError
 
 from src.batch import Batch, BatchGroup
 from src.components import Components
+from src.policy.model import trainer_names, trainer_weights
 from src.runtime.pipeline import Generated, PipelineError, PipelineSettings
 from src.runtime.ray_session import first_line
 from src.runtime.queues import Sample
@@ -64,16 +66,30 @@ def request_seed(base_seed: int, key: int) -> int:
 
 
 class ObjectStoreSync:
-    """Weight sync through Ray's object store: `ray.put` once, every worker loads the same object."""
+    """Weight sync through Ray's object store: each parameter put once, every worker loads the same objects."""
 
     @staticmethod
-    def publish(weights: dict) -> ray.ObjectRef:
-        """The trainer's whole weights (gathered from its ranks' shards first), put once."""
-        return ray.put(weights)
+    def publish(weights, lead: bool = True) -> ray.ObjectRef | None:
+        """`weights` (name, tensor) one at a time (`trainer_weights`: every rank gathers each in turn), each put
+        on the object store from its CPU copy by the `lead` rank; the published object maps names to them."""
+        refs = {name: ray.put(tensor.detach().cpu()) if lead else None for name, tensor in weights}
+        return ray.put(refs) if lead else None
 
     @staticmethod
-    def load(weights: dict, policy: torch.nn.Module, engine) -> None:
-        policy.load_state_dict(weights)
+    def fetch(published: dict) -> dict[str, torch.Tensor]:
+        """The published tensors themselves (a checkpoint keeps them for workers that lag the trainer)."""
+        return {name: ray.get(ref) for name, ref in published.items()}
+
+    @staticmethod
+    @torch.no_grad()
+    def load(published: dict, policy: torch.nn.Module, engine) -> None:
+        """Into `policy` one parameter at a time (a tied head shares its embedding's), then into its engine."""
+        parameters = dict(trainer_names(policy))
+        if set(published) != set(parameters):
+            raise RuntimeError(f"published weights name {sorted(set(published) ^ set(parameters))[:3]}..., which "
+                               "this worker's policy does not match: a worker of another policy?")
+        for name, ref in published.items():
+            parameters[name].copy_(ray.get(ref))
         engine.sync_weights(policy)  # HF: the same module; vLLM: in-place load_weights
 
 
@@ -133,7 +149,7 @@ class RolloutWorker:
         if version is None:
             version, weights = ray.get(weights[0].get.remote())
         if version != self.version:
-            ObjectStoreSync.load(ray.get(weights[0]), self.policy, self.engine)
+            ObjectStoreSync.load(ray.get(weights[0]), self.policy, self.engine)  # {name: ref}
             self.version = version
         collected = self.collection.generate_groups(instances, step=version, seed=seed)
         groups = self.forward.with_sampled_logprobs(collected.fresh, self.policy, self.behaviour.training_temperature)
@@ -204,10 +220,9 @@ class TrainerActor:
         return metrics, counters(self.train_state), collection.update
 
     def publish(self, version: int) -> list:
-        weights = self.weights()
+        ref = ObjectStoreSync.publish(trainer_weights(self.parts.policy), lead=not self.rank)
         if self.rank:
             return []
-        ref = ObjectStoreSync.publish(weights)
         ray.get(self.board.set.remote(version, [ref]))
         return [ref]  # in a list: Ray hands back the reference, not the weights
 
@@ -415,14 +430,15 @@ class RayWork:
 
     def publish_weights(self, version: int, weights: dict) -> None:
         """Publish saved weights (a resumed run whose workers lagged the trainer at the checkpoint)."""
-        self._published(version, ray.put(weights))
+        names = dict(trainer_names(self.parts.policy))  # a checkpoint of an older release kept the state dict
+        self._published(version, ObjectStoreSync.publish((n, t) for n, t in weights.items() if n in names))
 
     def _published(self, version: int, ref) -> None:
         self.published = (version, ref)
         ray.get(self.board.set.remote(version, [ref]))
 
     def published_state(self) -> dict:
-        return ray.get(self.published[1])
+        return ObjectStoreSync.fetch(ray.get(self.published[1]))
 
     def crash_worker(self, worker: int) -> None:
         # Not retried: a retry would run on the restarted actor and kill it again, up to max_restarts.
