@@ -115,7 +115,10 @@ def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_th
     small = refusal("hardware=h100x8", "policy=qwen2.5-7b", *EIGHT_RANKS, "policy.vllm.gpu_memory_utilization=0.15")
     assert small == ("policy.name_or_path=Qwen/Qwen2.5-7B on hardware=h100x8 (hardware.ranks=8): vLLM's bf16 weights "
                      "take 14.2 GiB of its 11.8 GiB share: no room for a KV cache; raise "
-                     "policy.vllm.gpu_memory_utilization")
+                     "policy.vllm.gpu_memory_utilization or split each engine over 2 GPUs "
+                     "(policy.vllm.tensor_parallel_size=2)")
+    assert refusal("hardware=h100x8", "policy=qwen2.5-7b", *EIGHT_RANKS, "policy.vllm.gpu_memory_utilization=0.15",
+                   "policy.vllm.tensor_parallel_size=2") is None  # 7.1 GiB of weights a GPU
     crowded = refusal("hardware=h100x8", "policy=qwen2.5-7b", "hardware.ranks=4", "hydra.launcher.tasks_per_node=4",
                       "policy.vllm.gpu_memory_utilization=0.5")
     assert "generating, the trainer keeps 51.6 GiB beside the engine's 39.5 GiB" in crowded

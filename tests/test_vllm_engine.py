@@ -320,6 +320,23 @@ def test_sleep_mode_on_the_cpu_is_refused_in_one_line(compose_config, fake_vllm)
     validate(compose_config("policy.engine=vllm", "policy.vllm.sleep=true", "hardware=h100"), check_device=False)
 
 
+@pytest.mark.parametrize("overrides, words", [
+    (("hardware.ranks=2", "policy.vllm.tensor_parallel_size=4"),
+     "policy.vllm.tensor_parallel_size=4 with hardware.ranks=2: each engine takes 4 of the ranks (one GPU each); set "
+     "hardware.ranks to a multiple of 4 (torchrun --nproc_per_node), or tensor_parallel_size=1"),
+    (("policy.vllm.tensor_parallel_size=2",), "tensor_parallel_size=2 with hardware.ranks=1"),
+    (("runtime=async", "buffer=none", "policy.vllm.tensor_parallel_size=2"),
+     "policy.vllm.tensor_parallel_size=2 with runtime=async: the pipeline's workers each hold a one-GPU engine"),
+])
+def test_an_engine_split_over_ranks_it_cannot_have_is_refused_in_one_line(compose_config, fake_vllm, overrides, words):
+    from src.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config("policy.engine=vllm", *overrides))
+    assert words in str(error.value) and "\n" not in str(error.value)
+    validate(compose_config("policy.engine=vllm", "hardware.ranks=4", "policy.vllm.tensor_parallel_size=2"))
+
+
 # --------------------------------------------------------------------------- generation
 def test_sampling_parameters_are_mapped_onto_vllms(fake_vllm, policy):
     model, tokenizer = policy

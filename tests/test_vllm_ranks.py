@@ -63,10 +63,16 @@ def assert_each_rank_sampled_half(record) -> None:
     assert int(record.data.tags["engine_sequences"]) == SEQUENCES // 2, record.data.tags["engine_sequences"]
 
 
-@pytest.mark.slow  # three launches: one process and two ranks with vLLM, two ranks with transformers
-def test_two_ranks_each_sample_half_of_the_one_process_rollouts_with_their_own_vllm_engine(tmp_path):
-    one = run(tmp_path, "one", sys.executable, extra=VLLM)
-    assert int(one[0].data.tags["engine_sequences"]) == SEQUENCES
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """One process with its vLLM engine: the rollouts and numbers the ranks must reproduce."""
+    done = run(tmp_path_factory.mktemp("one"), "one", sys.executable, extra=VLLM)
+    assert int(done[0].data.tags["engine_sequences"]) == SEQUENCES
+    return done
+
+
+@pytest.mark.slow  # two launches besides the one process's: two ranks with vLLM, two ranks with transformers
+def test_two_ranks_each_sample_half_of_the_one_process_rollouts_with_their_own_vllm_engine(tmp_path, one):
     two = run(tmp_path, "two", *TORCHRUN, extra=("hardware.ranks=2", *VLLM))
     assert_one_process(one, two)
     assert_each_rank_sampled_half(two[0])
@@ -74,3 +80,12 @@ def test_two_ranks_each_sample_half_of_the_one_process_rollouts_with_their_own_v
     whole = run(tmp_path, "whole", *TORCHRUN, extra=("hardware.ranks=2", "policy.engine=hf"))
     with pytest.raises(AssertionError):
         assert_each_rank_sampled_half(whole[0])
+
+
+@pytest.mark.slow  # one launch besides the one process's
+def test_an_engine_split_over_two_ranks_samples_the_one_process_rollouts(tmp_path, one):
+    """policy.vllm.tensor_parallel_size=2: one vLLM engine over both ranks (vLLM's external_launcher, each rank
+    holding half of every layer) samples every call once, with one process's rollouts and numbers."""
+    split = run(tmp_path, "split", *TORCHRUN, extra=("hardware.ranks=2", *VLLM, "policy.vllm.tensor_parallel_size=2"))
+    assert_one_process(one, split)
+    assert int(split[0].data.tags["engine_sequences"]) == SEQUENCES  # rank 0's half of the one engine: every call
