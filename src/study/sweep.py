@@ -40,6 +40,8 @@ LAUNCH_ONLY = (
     "hardware.threads",
     "hardware.name",
     "hardware.ranks",  # data-parallel ranks: the same numbers as one process (src/runs/ranks.py)
+    "policy.vllm.sleep",  # frees the engine's GPU memory between generations: the same engine when awake
+    "policy.vllm.tensor_parallel_size",  # one engine over several GPUs: one engine's samples (tests/test_vllm_ranks.py)
     "trainer.resume_from",
     "trainer.auto_resume",
     "trainer.rerun",  # train a finished cell again: a new run of the same cell
