@@ -231,6 +231,28 @@ class VLLMEngine:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
             log.warning("VLLM_ENABLE_V1_MULTIPROCESSING is set; the colocated vLLM engine needs it off, setting 0")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.tensor_parallel_size = tensor_parallel_size
+        options = self._options(dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+                                seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                kv_cache_gib=kv_cache_gib)
+        # vLLM 0.32's worker drops torch to one intra-op thread for serving (utils/torch_utils.py,
+        # set_torch_threads_for_runtime, called at the end of load_model, v1/worker/gpu_worker.py:610;
+        # 0.26 has no such call and keeps the process's count), and the CPU worker of both turns
+        # torch.set_num_threads into a no-op (v1/worker/cpu_worker.py init_device, line 158 in 0.26,
+        # 145 in 0.32; SET_TORCH_THREADS above keeps torch's own), so the engine sets the
+        # count itself at both ends. vLLM's kernels need one thread: with 2 torch threads the
+        # tiny preset sampled 10x slower on this loaded 2-core machine. In-process it would
+        # also leave the trainer's forward and backward on one thread, so the engine switches to
+        # one thread only while vLLM works (`serving`) and gives the trainer its count back.
+        self._trainer_threads = torch.get_num_threads()
+        self.llm = vllm.LLM(model=model_path or _model_path(model), **options)
+        SET_TORCH_THREADS(self._trainer_threads)
+        self._check_in_process()
+        self.sync_weights(model)  # the trainer's policy may already differ from the folder's weights
+
+    def _options(self, dtype: str, gpu_memory_utilization: float, enforce_eager: bool, seed: int,
+                 max_model_len: int | None, max_num_seqs: int | None, kv_cache_gib: float | None) -> dict[str, Any]:
+        """`vllm.LLM`'s options for this engine (see `__init__`'s arguments)."""
         options: dict[str, Any] = dict(
             dtype=dtype,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -240,8 +262,7 @@ class VLLMEngine:
         )
         if self.sleeps:
             options["enable_sleep_mode"] = True
-        self.tensor_parallel_size = tensor_parallel_size
-        options.update(tensor_parallel_options(tensor_parallel_size))
+        options.update(tensor_parallel_options(self.tensor_parallel_size))
         if max_model_len is not None:
             options["max_model_len"] = max_model_len
         if max_num_seqs is None and not self.on_cpu:
@@ -259,20 +280,7 @@ class VLLMEngine:
             # chunked prefill the scheduler defers a prompt that does not fit to the next step
             # (v1/core/sched/scheduler.py), and vLLM raises the budget to at least max_model_len.
             options["enable_chunked_prefill"] = False
-        # vLLM 0.32's worker drops torch to one intra-op thread for serving (utils/torch_utils.py,
-        # set_torch_threads_for_runtime, called at the end of load_model, v1/worker/gpu_worker.py:610;
-        # 0.26 has no such call and keeps the process's count), and the CPU worker of both turns
-        # torch.set_num_threads into a no-op (v1/worker/cpu_worker.py init_device, line 158 in 0.26,
-        # 145 in 0.32; SET_TORCH_THREADS above keeps torch's own), so the engine sets the
-        # count itself at both ends. vLLM's kernels need one thread: with 2 torch threads the
-        # tiny preset sampled 10x slower on this loaded 2-core machine. In-process it would
-        # also leave the trainer's forward and backward on one thread, so the engine switches to
-        # one thread only while vLLM works (`serving`) and gives the trainer its count back.
-        self._trainer_threads = torch.get_num_threads()
-        self.llm = vllm.LLM(model=model_path or _model_path(model), **options)
-        SET_TORCH_THREADS(self._trainer_threads)
-        self._check_in_process()
-        self.sync_weights(model)  # the trainer's policy may already differ from the folder's weights
+        return options
 
     @contextlib.contextmanager
     def serving(self):
