@@ -18,9 +18,9 @@ ray = pytest.importorskip("ray")
 
 from benchmarks.check_engine import perturb, trainer_logprobs  # noqa: E402
 from src.paths import PROJECT_ROOT  # noqa: E402
-from src.policy.model import load_policy  # noqa: E402
+from src.policy.model import load_policy, trainer_weights  # noqa: E402
 from src.runtime.ray_session import ray_session  # noqa: E402
-from src.runtime.ray_work import RolloutWorker, request_seed  # noqa: E402
+from src.runtime.ray_work import ObjectStoreSync, RolloutWorker, request_seed  # noqa: E402
 from src.settings import RunSettings  # noqa: E402
 from src.task import countdown  # noqa: E402
 
@@ -54,7 +54,7 @@ def test_a_vllm_worker_samples_from_each_version_it_is_sent(compose_config):
         worker = ray.remote(RolloutWorker).options(num_cpus=1).remote(RunSettings(cfg), 1)
         # Perturbed first, then back: each version is an in-place load into the running engine.
         for version, (sent, other) in enumerate((("perturbed", "original"), ("original", "perturbed")), start=1):
-            weights = ray.put(perturbed if sent == "perturbed" else original)
+            weights = ObjectStoreSync.publish(trainer_weights(models[sent]))  # as the trainer actor publishes
             out = ray.get(worker.generate.remote(0, instances, request_seed(0, version), version, [weights]))
             groups = [item["group"] for item in out]
             assert [item["version"] for item in out] == [version] * len(instances)
