@@ -174,7 +174,7 @@ def test_the_dry_run_of_8_ranks_plans_each_ranks_vllm_share_and_the_weight_sync(
                f"hydra.sweep.dir={tmp_path}/sweep"]
     done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    said = " ".join(done.stdout.split())
+    said = " ".join((done.stdout + done.stderr).split())  # the plan goes to the log, the table to stdout
     assert "each asks for 1 node x 8 task, 8 GPU, 64 CPUs, 512 GB" in said  # 8 CPUs a rank
     assert "over the job's 8 GPU(s): training 66.8 GiB per GPU" in said
     assert "a vLLM engine on each of the 8 GPU(s), each sampling 1/8 of every step's groups: 23.7 GiB per GPU" in said
