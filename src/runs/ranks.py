@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from src.distributed.group import group_options
 from src.variant import described
 
 SHARDS = "shards"  # a run folder's DCP checkpoints, one folder a step: shards/step-000010
@@ -100,7 +101,8 @@ def mismatch(want: int, world: int) -> str | None:
 
 
 def join(want: int, device: str, error=ValueError) -> Ranks:
-    """Join torchrun's process group (gloo on the CPU, NCCL on GPUs, each rank on GPU LOCAL_RANK); `error`
+    """Join torchrun's process group (gloo on the CPU; on GPUs NCCL for CUDA tensors and gloo for CPU ones, each
+    rank on GPU LOCAL_RANK: `src.distributed.group`); `error`
     with one line when the run's `want` processes (`processes`) are not the ones torchrun started."""
     export_slurm_tasks()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -111,10 +113,9 @@ def join(want: int, device: str, error=ValueError) -> Ranks:
         return Ranks()
     ranks = Ranks(world, int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        on_gpu = str(device).startswith("cuda")
-        if on_gpu:
+        if str(device).startswith("cuda"):
             torch.cuda.set_device(ranks.local)
-        dist.init_process_group("nccl" if on_gpu else "gloo")
+        dist.init_process_group(**group_options(device, ranks.local))
     return ranks
 
 

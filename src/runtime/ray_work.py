@@ -260,15 +260,19 @@ class TrainerActor:
 
 
 def join_trainer_ranks(device: str, rank: int, world: int, rendezvous: str) -> str:
-    """Join the trainer ranks' process group (gloo on the CPU, NCCL on GPUs) through `rendezvous`; returns this
+    """Join the trainer ranks' process group (`src.distributed.group`: gloo on the CPU, NCCL beside gloo on GPUs)
+    through `rendezvous`; returns this
     rank's device: rank r sits r GPUs after `hardware.device`, and CPU ranks share the CPU."""
     import torch.distributed as dist
 
-    on_gpu = device.startswith("cuda")
-    if on_gpu:
-        device = f"cuda:{(torch.device(device).index or 0) + rank}"
+    from src.distributed.group import group_options
+
+    index = 0
+    if device.startswith("cuda"):
+        index = (torch.device(device).index or 0) + rank
+        device = f"cuda:{index}"
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=rendezvous, rank=rank, world_size=world)
+    dist.init_process_group(init_method=rendezvous, rank=rank, world_size=world, **group_options(device, index))
     return device
 
 
