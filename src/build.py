@@ -51,7 +51,7 @@ def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, e
         policy.gradient_checkpointing_enable()
     forward = build_forward(run, tokenizer)
     engine = engine or build_engine(run.policy.engine, policy, tokenizer, run.policy.generation_batch_size,
-                                    **run.policy.vllm)
+                                    max_new_tokens=run.policy.max_new_tokens, **run.policy.vllm)
     task = task or build_task(run.groups["task"])
     task.check_curriculum(run.groups["curriculum"].name)
     if sampler is None:

@@ -70,3 +70,95 @@ def test_cpu_ranks_keep_gloo_alone(captured_group, monkeypatch):
     group = [call for call in captured_group if "args" in call][-1]
     assert set(backend_map(group).values()) == {"gloo"}
     assert "device_id" not in group and not any("set_device" in call for call in captured_group)
+
+
+# --------------------------------------------------------------------------- vLLM under ranks (stand-in vLLM)
+from tests.test_vllm_engine import FakeLLM, fake_vllm, policy, prompts  # noqa: E402,F401  (fixtures)
+from src.rollout.engine import build_engine  # noqa: E402
+from src.rollout.interface import SamplingParams  # noqa: E402
+
+
+@pytest.fixture
+def four_ranks(monkeypatch):
+    """This process as rank 3 of 4 torchrun ranks (no group is made: only the engine's options are read)."""
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 3)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_each_ranks_engine_is_its_own_on_its_own_gpu_at_every_tensor_parallel_size(fake_vllm, policy, four_ranks,
+                                                                                   tp):
+    model, tokenizer = policy
+    build_engine("vllm", model, tokenizer, batch_size=8, seed=7, tensor_parallel_size=tp)
+    options = FakeLLM.instances[-1].kwargs
+    # external_launcher: the worker takes LOCAL_RANK's GPU (the uni-process executor would take GPU 0 on every rank)
+    assert options["distributed_executor_backend"] == "external_launcher"
+    assert options["tensor_parallel_size"] == tp
+    # No vLLM data parallelism: engines do not step in lockstep, so a rank with nothing to sample cannot hang them.
+    assert options.get("data_parallel_size", 1) == 1
+    assert options["seed"] == 7 + 3 // tp  # each engine its own seed; the ranks of one engine share it
+
+
+def test_one_process_keeps_vllms_own_executor_and_the_seed(fake_vllm, policy):
+    model, tokenizer = policy
+    build_engine("vllm", model, tokenizer, batch_size=8, seed=7)
+    options = FakeLLM.instances[-1].kwargs
+    assert "distributed_executor_backend" not in options and options["seed"] == 7
+
+
+def test_vllms_context_is_the_prompt_allowance_plus_the_runs_response_tokens(fake_vllm, policy):
+    from src.rollout.vllm_engine import PROMPT_TOKENS
+
+    model, tokenizer = policy
+    model.config.max_position_embeddings = 131072  # Qwen2.5-7B's own context, which vLLM would take
+    build_engine("vllm", model, tokenizer, batch_size=8, max_new_tokens=1024)
+    assert FakeLLM.instances[-1].kwargs["max_model_len"] == PROMPT_TOKENS + 1024 == 2048
+    build_engine("vllm", model, tokenizer, batch_size=8, max_new_tokens=1024, max_model_len=4096)
+    assert FakeLLM.instances[-1].kwargs["max_model_len"] == 4096  # an explicit setting stands
+    model.config.max_position_embeddings = 512
+    build_engine("vllm", model, tokenizer, batch_size=8, max_new_tokens=1024)
+    assert FakeLLM.instances[-1].kwargs["max_model_len"] == 512  # never past the model's own
+
+
+def test_a_prompt_that_leaves_no_room_for_the_response_is_refused_in_one_line(fake_vllm, policy):
+    model, tokenizer = policy
+    engine = build_engine("vllm", model, tokenizer, batch_size=8, max_model_len=64)
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=None, max_new_tokens=60)
+    with pytest.raises(ValueError, match=r"set policy.vllm.max_model_len to at least \d+") as refused:
+        engine.generate(prompts(2), 2, sampling, seed=0)
+    assert "\n" not in str(refused.value)
+    assert not FakeLLM.instances[-1].requests  # refused before vLLM saw it
+
+
+class ReseedingLLM(FakeLLM):
+    """vLLM's worker at start: `set_random_seed(engine seed)` on random, numpy and torch (vllm/utils/torch_utils.py)."""
+
+    def __init__(self, model, **kwargs):
+        import random
+
+        import numpy
+
+        random.seed(kwargs["seed"])
+        numpy.random.seed(kwargs["seed"])
+        torch.manual_seed(kwargs["seed"])
+        super().__init__(model, **kwargs)
+
+
+def test_building_an_engine_leaves_the_trainers_random_generators_as_they_were(fake_vllm, policy):
+    import random
+
+    import numpy
+
+    fake_vllm.LLM = ReseedingLLM
+    model, tokenizer = policy
+    torch.manual_seed(1234)
+    random.seed(1234)
+    numpy.random.seed(1234)
+    want = (torch.rand(3), random.random(), numpy.random.rand())
+    torch.manual_seed(1234)
+    random.seed(1234)
+    numpy.random.seed(1234)
+    build_engine("vllm", model, tokenizer, batch_size=8, seed=0)
+    assert torch.equal(torch.rand(3), want[0])
+    assert (random.random(), numpy.random.rand()) == want[1:]

@@ -152,7 +152,7 @@ def load_for_evaluation(cfg: DictConfig, policy_path: str, checkpoint: Path | No
         else:
             policy.load_state_dict(payload["policy"])
     engine = build_engine(cfg.policy.engine, policy, tokenizer, cfg.policy.generation_batch_size,
-                         **cfg.policy.get("vllm", {}))
+                         max_new_tokens=cfg.policy.max_new_tokens, **cfg.policy.get("vllm", {}))
     return policy, tokenizer, engine
 
 

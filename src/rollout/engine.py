@@ -94,14 +94,15 @@ class HFGenerateEngine:
 
 
 def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
-                 **vllm_options) -> RolloutEngine:
+                 max_new_tokens: int | None = None, **vllm_options) -> RolloutEngine:
     """The engine named by `policy.engine`.
 
     `batch_size` bounds the HF engine's generate calls (vLLM schedules its own batches).
     `vllm_options` are `policy.vllm.*` and only apply to the vLLM engine: gpu_memory_utilization
     (0.3), enforce_eager (False), dtype ("bfloat16"), max_model_len and max_num_seqs (None: vLLM's
     defaults), seed (0), per_request_seeds (True), allow_untested_version (False); see
-    `src.rollout.vllm_engine.VLLMEngine`.
+    `src.rollout.vllm_engine.VLLMEngine`. `max_new_tokens` (the run's response tokens) sizes vLLM's context
+    when `max_model_len` is null.
     """
     if name == "hf":
         return HFGenerateEngine(model, tokenizer, batch_size=batch_size)
@@ -109,5 +110,5 @@ def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokeniz
         # Imported here: the vLLM adapter (and vLLM itself) is only needed on GPU nodes.
         from src.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model, tokenizer, **vllm_options)
+        return VLLMEngine(model, tokenizer, max_new_tokens=max_new_tokens, **vllm_options)
     raise ValueError(f"unknown policy.engine '{name}': choose 'hf' (or 'vllm' on a GPU node)")

@@ -84,6 +84,11 @@ SET_TORCH_THREADS = torch.set_num_threads
 # (config/compilation.py, max_cudagraph_capture_size): measured on an H200 with 0.26.0
 # (benchmarks/results/README.md), 1024 rows x 256 tokens ran at 30k tokens/s with 1024 and 48k with 512.
 CUDA_MAX_NUM_SEQS = 512
+# Prompt tokens allowed for when policy.vllm.max_model_len is null: vLLM's context is then this plus the run's
+# response tokens (2048 for a 1024-token response: seed 000's setting, 000 l.322), not the model's own context
+# (131,072 for Qwen2.5-7B), whose one sequence would need more KV cache than a colocated engine's share leaves.
+# Countdown's and the math tasks' prompts are well under it; a longer prompt is refused in `generate`.
+PROMPT_TOKENS = 1024
 
 
 class VLLMUnavailableError(RuntimeError):
@@ -149,27 +154,66 @@ def request_seed(seed: int, prompt_index: int) -> int:
 
 
 def tensor_parallel_options(size: int) -> dict[str, Any]:
-    """vLLM's options for one engine split over `size` consecutive torchrun ranks (`policy.vllm.tensor_parallel_size`).
+    """vLLM's options for this rank's engine under torchrun: one engine over `size` consecutive ranks
+    (`policy.vllm.tensor_parallel_size`), or over this rank alone (`size` 1).
 
     vLLM's `external_launcher` backend runs one worker in each rank's own process, in the process group torchrun
-    started, so the engine stays in-process and its weights load by reference. The N ranks hold N / size engines
-    (vLLM's data parallelism: each group of `size` ranks is one, `data_parallel_rank` = RANK // size); the ranks
-    of one engine must submit the same requests (`src.distributed.generation.RankShare` gives them one block).
-    Checked on the CPU build with gloo: 2 ranks x TP 2 and 4 ranks as 2 engines x TP 2 sample what one
-    unsplit engine samples.
+    started, on GPU LOCAL_RANK (`ExecutorWithExternalLauncher._distributed_args`,
+    vllm/v1/executor/uniproc_executor.py:184-197 in 0.32), so the engine stays in-process and its weights load by
+    reference. Without it, under ranks, the uni-process executor takes local rank 0 from the device name
+    (uniproc_executor.py:78-88): every rank's engine would sit on GPU 0. It is used at every size, 1 included.
+
+    No `data_parallel_size` is given: N ranks then hold N / size independent engines, vLLM's "ExternalDP"
+    (the layout comment in `initialize_model_parallel`, vllm/distributed/parallel_state.py:2126-2133). With
+    vLLM's own data parallelism instead, the engines step in lockstep (an all-reduce of `has_unfinished_dp` in
+    every `LLMEngine.step`, vllm/v1/engine/llm_engine.py:203-215 and config/parallel.py:839-847), and a rank whose
+    block of a call is empty, which skips `LLM.generate`, would leave the others waiting for ever. The ranks of
+    one engine must submit the same requests (`src.distributed.generation.RankShare` gives them one block).
+    Checked on the CPU build with gloo: 2 ranks x TP 1, 2 ranks x TP 2 and 4 ranks as 2 engines x TP 2 sample
+    what one unsplit engine samples.
     """
-    if size == 1:
-        return {}
     import torch.distributed as dist
 
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world % size:
         raise ValueError(f"policy.vllm.tensor_parallel_size={size} with {world} torchrun rank(s): each engine takes "
                          f"{size} ranks; launch a multiple of {size} (hardware.ranks)")
-    options: dict[str, Any] = {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
-    if world > size:
-        options["data_parallel_size"] = world // size
-    return options
+    if world == 1:
+        return {}
+    return {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
+
+
+def engine_index(size: int) -> int:
+    """Which of the run's engines this rank's is (0 in one process): ranks of one engine share its index."""
+    import torch.distributed as dist
+
+    return dist.get_rank() // size if dist.is_initialized() else 0
+
+
+def context_length(model: PreTrainedModel, wanted: int) -> int:
+    """`wanted` tokens of context, at most the model's own (vLLM refuses a longer max_model_len)."""
+    own = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return min(wanted, own) if isinstance(own, int) else wanted
+
+
+@contextlib.contextmanager
+def kept_random_state():
+    """The process's global random generators as they were before the block (vLLM's worker calls its
+    `set_random_seed` with the engine seed when it starts: random, numpy and torch, CUDA included)."""
+    import random
+
+    import numpy
+
+    states = (random.getstate(), numpy.random.get_state(), torch.random.get_rng_state())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        numpy.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def _model_path(model: PreTrainedModel) -> str:
@@ -215,7 +259,7 @@ class VLLMEngine:
                  max_model_len: int | None = None, max_num_seqs: int | None = None, seed: int = 0,
                  per_request_seeds: bool = True, allow_untested_version: bool = False,
                  kv_cache_gib: float | None = None, model_path: str | None = None, sleep: bool = False,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, max_new_tokens: int | None = None):
         vllm = import_vllm(allow_untested_version)
         self._vllm = vllm
         self.on_cpu = on_cpu_platform()
@@ -232,6 +276,9 @@ class VLLMEngine:
             log.warning("VLLM_ENABLE_V1_MULTIPROCESSING is set; the colocated vLLM engine needs it off, setting 0")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.tensor_parallel_size = tensor_parallel_size
+        if max_model_len is None and max_new_tokens is not None:
+            max_model_len = context_length(model, PROMPT_TOKENS + max_new_tokens)
+        self.max_model_len = max_model_len
         options = self._options(dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                                 seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 kv_cache_gib=kv_cache_gib)
@@ -245,7 +292,8 @@ class VLLMEngine:
         # also leave the trainer's forward and backward on one thread, so the engine switches to
         # one thread only while vLLM works (`serving`) and gives the trainer its count back.
         self._trainer_threads = torch.get_num_threads()
-        self.llm = vllm.LLM(model=model_path or _model_path(model), **options)
+        with kept_random_state():  # vLLM's worker seeds the process's global generators with the engine seed
+            self.llm = vllm.LLM(model=model_path or _model_path(model), **options)
         SET_TORCH_THREADS(self._trainer_threads)
         self._check_in_process()
         self.sync_weights(model)  # the trainer's policy may already differ from the folder's weights
@@ -258,7 +306,9 @@ class VLLMEngine:
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
             enable_prefix_caching=True,  # the K samples of a prompt, and replayed prompts, share its KV blocks
-            seed=seed,
+            # Each engine over the ranks its own seed: requests without a seed of their own (per_request_seeds
+            # false) would otherwise draw the same samples on every engine.
+            seed=seed + engine_index(self.tensor_parallel_size),
         )
         if self.sleeps:
             options["enable_sleep_mode"] = True
@@ -369,6 +419,15 @@ class VLLMEngine:
         refreshed = self.llm.apply_model(refresh_shared_weight_kernels)
         log.debug("vLLM weight sync on CPU: %s layers with shared weights repacked", refreshed)
 
+    def _check_room(self, prompt_ids: list[tuple[int, ...]], max_new_tokens: int) -> None:
+        """Refuse a prompt whose response could not grow to `max_new_tokens` within vLLM's context: vLLM would
+        end it early ("length") and the verifier would score a response cut short without a word."""
+        longest = max(len(ids) for ids in prompt_ids)
+        if self.max_model_len is not None and longest + max_new_tokens > self.max_model_len:
+            raise ValueError(f"a prompt of {longest} tokens plus {max_new_tokens} response tokens exceeds vLLM's "
+                             f"context of {self.max_model_len} tokens: set policy.vllm.max_model_len to at least "
+                             f"{longest + max_new_tokens}")
+
     def sampling_params(self, sampling: SamplingParams, samples_per_prompt: int, seed: int | None, **extra):
         """vLLM's SamplingParams for one prompt's request (project fields mapped onto vLLM's names).
 
@@ -394,6 +453,7 @@ class VLLMEngine:
         prompt_ids = [tuple(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]) for prompt in prompts]
         if not prompts:
             return Generation(prompt_ids=[], completions=[])
+        self._check_room(prompt_ids, sampling.max_new_tokens)
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         params = [self.sampling_params(sampling, samples_per_prompt,
                                        request_seed(seed, first_index + index) if self.per_request_seeds else None)

@@ -131,7 +131,8 @@ class RolloutWorker:
         # A GPU worker sees only the GPU Ray gave it, as cuda:0; the trainer's index is the driver's.
         device = "cuda" if hardware.device.startswith("cuda") else hardware.device
         self.policy, tokenizer = load_policy(policy.name_or_path, device, hardware.dtype)
-        self.engine = build_engine(policy.engine, self.policy, tokenizer, policy.generation_batch_size, **policy.vllm)
+        self.engine = build_engine(policy.engine, self.policy, tokenizer, policy.generation_batch_size,
+                                   max_new_tokens=policy.max_new_tokens, **policy.vllm)
         self.forward = build_forward(run, tokenizer)
         task = build_task(run.groups["task"])  # the verifier the worker scores with (no data is loaded)
         prompts = PromptFormat(task, tokenizer, policy.use_chat_template)

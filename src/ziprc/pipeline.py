@@ -167,7 +167,7 @@ def collect(cfg: DictConfig) -> dict[str, float]:
     _, tokenizer = None, None
     head, tokenizer = load_head(cfg, trained=False)
     engine = build_engine(cfg.policy.engine, head.policy, tokenizer, cfg.policy.generation_batch_size,
-                          **cfg.policy.get("vllm", {}))
+                          max_new_tokens=cfg.policy.max_new_tokens, **cfg.policy.get("vllm", {}))
     task = build_task(cfg.task)
     train_set, heldout = task.splits(train_size=c.train_prompts)
     sampling = SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
