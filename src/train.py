@@ -83,6 +83,7 @@ def learn(parts: Components, state: TrainState, collection: Collection) -> dict[
     fresh groups, count the budget; advances `state` by one step and returns the step's metrics."""
     clock, batch, collected, step = Clock(), collection.batch, collection.collected, collection.step
     state.fresh_evaluations += collected.evaluations
+    parts.engine.sleep()  # vLLM's sleep mode: its weights and KV cache off the GPU while the step trains, once a step
 
     # 5. Update on the batch; then any further updates the store asks for (seed 002's R - 1), all
     #    before this step's fresh groups are stored.

@@ -228,6 +228,9 @@ class CountingEngine:
 
         self.synced = {name: tensor.clone() for name, tensor in trainer_weights(model)}
 
+    def sleep(self) -> None:
+        pass
+
     def close(self) -> None:
         self.closed = True
 

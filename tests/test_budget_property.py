@@ -49,6 +49,9 @@ class StubEngine:
     def sync_weights(self, model) -> None:
         pass
 
+    def sleep(self) -> None:
+        pass
+
     def generate(self, prompts, samples_per_prompt, sampling, seed) -> Generation:
         completions = []
         for prompt in prompts:

@@ -162,3 +162,42 @@ def test_building_an_engine_leaves_the_trainers_random_generators_as_they_were(f
     build_engine("vllm", model, tokenizer, batch_size=8, seed=0)
     assert torch.equal(torch.rand(3), want[0])
     assert (random.random(), numpy.random.rand()) == want[1:]
+
+
+# --------------------------------------------------------------------------- one sleep a step
+def test_the_step_puts_its_engine_to_sleep_once_before_it_trains(random_policy_dir, compose_config):
+    """Each vLLM sleep and wake copies the engine's weights across (14 GiB each way at 7B): a step releases the
+    engine once, after its generation and before its first update (the engine's own test has a step generate
+    twice with no sleep between: tests/test_vllm_engine.py)."""
+    from tests.test_train import make_parts, small_config
+    from src.state import TrainState
+    from src.train import train_step
+
+    cfg = small_config(compose_config, "buffer=fifo", "buffer.extra_updates=1")
+    parts, events = make_parts(random_policy_dir, cfg), []
+    engine, update = parts.engine, parts.trainer.update
+
+    class Recorded:
+        def generate(self, *args, **kwargs):
+            events.append("generate")
+            return engine.generate(*args, **kwargs)
+
+        def sleep(self):
+            events.append("sleep")
+
+        def sync_weights(self, model):
+            events.append("sync")
+            engine.sync_weights(model)
+
+    def recorded_update(*args):
+        events.append("update")
+        return update(*args)
+
+    parts.collection.engine = parts.engine = Recorded()
+    parts.trainer.update = recorded_update
+    state = TrainState()
+    train_step(parts, state)
+    assert events == ["generate", "sleep", "update", "sync"]
+    del events[:]
+    train_step(parts, state)  # the fifo buffer's extra update (R = 2) trains under the same sleep
+    assert events == ["generate", "sleep", "update", "update", "sync"]

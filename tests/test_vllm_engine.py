@@ -233,11 +233,20 @@ def test_an_out_of_process_engine_core_is_refused(fake_vllm, policy, monkeypatch
 
 
 # --------------------------------------------------------------------------- weight sync
-def assert_loaded_equals(loaded: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
+def assert_loaded_equals(loaded: dict[str, torch.Tensor], model: torch.nn.Module,
+                         dtype: torch.dtype = torch.bfloat16) -> None:
+    """vLLM was handed every parameter, in the engine's dtype (bf16 by default: half the bytes of fp32)."""
     expected = dict(model.named_parameters())
     assert set(loaded) == set(expected)
     for name, tensor in loaded.items():
-        assert torch.equal(tensor, expected[name].detach()), name
+        assert tensor.dtype == dtype, name
+        assert torch.equal(tensor, expected[name].detach().to(dtype)), name
+
+
+def test_an_engine_in_float32_is_sent_the_weights_as_they_are(fake_vllm, policy):
+    model, tokenizer = policy
+    engine = build_engine("vllm", model, tokenizer, batch_size=8, dtype="float32")
+    assert_loaded_equals(engine.llm.worker_model.loaded[-1], model, torch.float32)
 
 
 def test_weights_are_synced_at_construction_then_the_prefix_cache_reset(fake_vllm, random_policy_dir):
@@ -289,22 +298,27 @@ def test_sync_refuses_a_prefix_cache_that_would_not_reset(fake_vllm, policy, mon
         engine.sync_weights(model)
 
 
-def test_a_sleeping_engine_frees_its_gpu_between_generations_and_wakes_what_each_call_needs(fake_vllm, policy):
-    """policy.vllm.sleep=true (CUDA): asleep after each generation; the weight sync wakes the weights alone, the
-    next generation the KV cache; a generation with no sync between wakes both."""
+def test_a_sleeping_engine_frees_its_gpu_once_a_step_and_wakes_what_each_call_needs(fake_vllm, policy):
+    """policy.vllm.sleep=true (CUDA): asleep once a step, before its update, however many generate calls the step
+    made; the weight sync wakes the weights alone, the next generation the KV cache; a generation after a sleep
+    with no sync between wakes both."""
     model, tokenizer = policy
     engine = build_engine("vllm", model, tokenizer, batch_size=8, sleep=True)
     llm = engine.llm
     assert llm.kwargs["enable_sleep_mode"] is True
     del llm.events[:]  # the construction's sync, awake
     engine.generate(prompts(2), 2, SAMPLING, seed=1)
+    engine.generate(prompts(2), 2, SAMPLING, seed=4)  # a second round of the same step (DAPO): still awake
+    engine.sleep()  # the step's update
+    engine.sleep()  # asleep already: nothing more to offload
     engine.sync_weights(model)
     engine.generate(prompts(2), 2, SAMPLING, seed=2)
+    engine.sleep()
     engine.generate(prompts(2), 2, SAMPLING, seed=3)
-    assert llm.events == ["generate", "sleep 1",
+    assert llm.events == ["generate", "generate", "sleep 1",
                           "wake_up weights", "apply_model", "load_weights", "reset_prefix_cache",
                           "wake_up kv_cache", "generate", "sleep 1",
-                          "wake_up kv_cache,weights", "generate", "sleep 1"]
+                          "wake_up kv_cache,weights", "generate"]
     awake = build_engine("vllm", model, tokenizer, batch_size=8)
     awake.generate(prompts(2), 2, SAMPLING, seed=1)
     assert "enable_sleep_mode" not in awake.llm.kwargs and not any("sleep" in e for e in awake.llm.events)

@@ -145,6 +145,9 @@ class ProbedEngine:
     def generate(self, *args, **kwargs):
         return self.engine.generate(*args, **kwargs)
 
+    def sleep(self):
+        self.engine.sleep()
+
     def sync_weights(self, model):
         self.before.append(gap_to_trainer(self.engine, model, self.tokenizer, self.probe_prompt_ids))
         self.engine.sync_weights(model)

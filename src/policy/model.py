@@ -93,7 +93,7 @@ def trainer_names(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parame
         yield name, parameter
 
 
-def trainer_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def trainer_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The trainer's parameters under their checkpoint names, which is what vLLM's `load_weights` expects and what
     the asynchronous trainer publishes.
 
@@ -101,7 +101,11 @@ def trainer_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
     LM head to that same tensor. Buffers are left out: vLLM computes its own (e.g. rotary tables).
     A parameter sharded over data-parallel ranks (FSDP2's DTensor) is gathered whole when its turn
     comes, one at a time, so no rank holds the whole model twice; every rank must then go through it together.
+    `dtype` (a vLLM engine's bf16): each shard is cast before it is gathered, so the ranks exchange, and the engine
+    copies, half the bytes of the fp32 master weights.
     """
     for name, parameter in trainer_names(model):
         tensor = parameter.detach()
+        if dtype is not None:
+            tensor = tensor.to(dtype)  # a DTensor casts its local shard
         yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

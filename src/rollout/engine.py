@@ -46,6 +46,9 @@ class HFGenerateEngine:
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model  # same module object: nothing to copy
 
+    def sleep(self) -> None:
+        """Nothing to release: it samples with the trainer's own module."""
+
     @torch.no_grad()
     def generate(self, prompts: list[str], samples_per_prompt: int, sampling: SamplingParams, seed: int) -> Generation:
         prompt_ids = [tuple(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]) for prompt in prompts]

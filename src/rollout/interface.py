@@ -46,6 +46,10 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Make the engine sample from the trainer's current weights."""
 
+    def sleep(self) -> None:
+        """Release what generation holds on the device until the next `generate` or `sync_weights` (the step calls
+        it once, before its update); nothing to do for an engine that holds nothing of its own."""
+
 
 def closing_tokens(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
     """Per vocabulary id: can this token complete the stop string (does its text hold the final '>')?"""

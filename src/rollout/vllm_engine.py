@@ -276,6 +276,9 @@ class VLLMEngine:
             log.warning("VLLM_ENABLE_V1_MULTIPROCESSING is set; the colocated vLLM engine needs it off, setting 0")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.tensor_parallel_size = tensor_parallel_size
+        # The weight sync sends the trainer's weights in the engine's dtype ("auto" or an unknown name: as they are).
+        named = getattr(torch, dtype, None)
+        self.weight_dtype = named if isinstance(named, torch.dtype) else None
         if max_model_len is None and max_new_tokens is not None:
             max_model_len = context_length(model, PROMPT_TOKENS + max_new_tokens)
         self.max_model_len = max_model_len
@@ -369,15 +372,17 @@ class VLLMEngine:
         self.asleep -= wanted
 
     def sleep(self) -> None:
-        """Between generation phases (`policy.vllm.sleep`): vLLM's level-1 sleep offloads its weights to host memory
-        and frees its KV cache (and its prefix cache with it), so the update has the GPU to itself."""
+        """Before the step's update (`policy.vllm.sleep`; the step calls it once): vLLM's level-1 sleep offloads its
+        weights to host memory and frees its KV cache (and its prefix cache with it), so the update has the GPU to
+        itself. Once a step, not after every generate call: each sleep and wake copies the weights across
+        (14 GiB each way for a 7B engine), and a step may generate many times (DAPO's rounds, evaluation repeats)."""
         if self.sleeps and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = {"weights", "kv_cache"}
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Copy the trainer's current weights into vLLM's model in place, then drop KV blocks made with the old ones."""
-        weights = trainer_weights(model)
+        weights = trainer_weights(model, self.weight_dtype)
         self.wake("weights")  # a sleeping engine loads into its weights only; its KV cache waits for `generate`
         with self.serving():
             if self.on_cpu:
@@ -458,10 +463,9 @@ class VLLMEngine:
         params = [self.sampling_params(sampling, samples_per_prompt,
                                        request_seed(seed, first_index + index) if self.per_request_seeds else None)
                   for index in range(len(prompts))]
-        self.wake()
+        self.wake()  # awake until the step's `sleep`, however many calls the step makes (DAPO rounds, evaluation)
         with self.serving():
             outputs = self.llm.generate(requests, params, use_tqdm=False)
-        self.sleep()
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM answered {len(outputs)} of {len(prompts)} prompts")
         completions = []

@@ -172,6 +172,9 @@ class _NoEngine:
     def sync_weights(self, policy: torch.nn.Module) -> None:
         pass
 
+    def sleep(self) -> None:
+        pass
+
 
 class _Reported:
     """The trainer actor's prompt sampler: the driver picks the prompts and hears the rewards, and sends its
