@@ -89,3 +89,24 @@ def test_an_engine_split_over_two_ranks_samples_the_one_process_rollouts(tmp_pat
     split = run(tmp_path, "split", *TORCHRUN, extra=("hardware.ranks=2", *VLLM, "policy.vllm.tensor_parallel_size=2"))
     assert_one_process(one, split)
     assert int(split[0].data.tags["engine_sequences"]) == SEQUENCES  # rank 0's half of the one engine: every call
+
+
+@pytest.mark.slow  # four ranks, each starting a vLLM engine
+def test_four_ranks_as_two_split_engines_finish_calls_with_uneven_and_empty_blocks(tmp_path):
+    """Calls of 2, 5 and 1 prompts over 2 engines x TP 2: the 1-prompt call leaves one engine nothing to sample.
+    With vLLM's data parallelism over the engines (lockstep decode steps) that engine's ranks skipped `generate`
+    and the other engine waited for ever; now every rank returns, with the samples one engine draws alone."""
+    import subprocess
+
+    from src.paths import PROJECT_ROOT
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+               "tests/vllm_rank_blocks.py", "2", str(tmp_path)]
+    finished(subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True), timeout=600)
+    ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(4)]
+    assert [len(call) for call in ranks[0]["calls"]] == [2, 5, 1]
+    for rank in ranks:
+        assert rank["calls"] == ranks[0]["calls"] == rank["alone"]
+    # Each engine's blocks: 1 + 3 + 1 prompts and 1 + 2 + 0, x 2 samples, besides the 8 x 2 sampled alone.
+    assert [rank["sampled"] for rank in ranks] == [26, 26, 22, 22]

@@ -54,8 +54,13 @@ def shared():
     """(model, tokenizer, engine, pristine weights): one real vLLM engine for the module."""
     model, tokenizer = load_policy(str(TINY), "cpu", "float32")
     threads = torch.get_num_threads()
+    torch.manual_seed(1234)
     engine = build_engine("vllm", model, tokenizer, batch_size=64, **CPU_ENGINE)
     assert torch.get_num_threads() == threads  # vLLM's CPU worker set 1; the trainer keeps its own
+    drawn_after_the_engine = torch.rand(4)
+    torch.manual_seed(1234)
+    # vLLM's worker seeds the global generators with the engine seed when it starts: the trainer's are kept.
+    assert torch.equal(drawn_after_the_engine, torch.rand(4))
     pristine = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     return model, tokenizer, engine, pristine
 
