@@ -59,6 +59,8 @@ def test_async_keeps_the_pipeline_state_under_its_own_name_and_names_its_own_cel
     (("runtime.queue=lifo", "runtime.positive_bias=0.5"), "positive_bias=0.5"),
     (("runtime.workers=0",), "runtime.workers"),
     (("runtime.staleness_mode=wait",), "runtime.staleness_mode='wait'"),
+    # block bounds how far generation runs ahead, not the age of a buffer's rollouts (2 -> 8 in test_runtime_pure)
+    (("runtime.staleness=2",), "use runtime.staleness_mode=drop, or runtime.queue=lifo"),
     (("runtime.mu=0",), "runtime.mu=0"),
     (("runtime.batch_rollouts=0",), "runtime.batch_rollouts=0"),
     (("runtime.batch_rollouts=2000",), "runtime.capacity N=1024 < B = 2000"),

@@ -358,3 +358,25 @@ def test_the_planner_titles_mu_6_84_table_3(capsys):
     assert "Table 3, Qwen3-0.6B" in out and "Table 1" not in out      # seed 001 lines 2458-2463
     main(["--mu", "4"])
     assert "Table" not in capsys.readouterr().out                     # no paper table at mu = 4
+
+
+def seed001_lockstep(compose_config, *overrides):
+    """The lockstep pipeline at seed 001's tiny preset's rates (model-free: FakeWork)."""
+    cfg = compose_config("+experiment=seed001-async-tiny", *overrides)
+    r = cfg.runtime
+    return lockstep(r.queue, capacity=r.capacity, workers=r.workers, trainers=r.trainers, batch=r.batch_rollouts,
+                    group_size=cfg.trainer.group_size, mu=r.mu, groups_per_request=r.groups_per_request)
+
+
+def test_seed001s_lifo_baseline_keeps_every_worker_generating(compose_config):
+    """The no-buffer cell ((W, T) = (6, 2), N = 252): one group a request, as B.2's worker generates, leaves room
+    for all 6 workers' requests beside a batch; 4 groups (64 rollouts) a request held it to 3 of them."""
+    lifo = ("runtime.queue=lifo", "runtime.sharded=false")
+    pipeline = seed001_lockstep(compose_config, *lifo)
+    metrics = [pipeline.next_step() for _ in range(40)][-1]
+    assert metrics["runtime/idle_workers"] == 0.0
+    assert "replay/ratio_predicted" not in metrics  # footnote 5's prediction is a buffer's
+    crowded = seed001_lockstep(compose_config, *lifo, "runtime.groups_per_request=4")
+    assert [crowded.next_step() for _ in range(40)][-1]["runtime/idle_workers"] == pytest.approx(0.5, abs=0.05)
+    buffered = [seed001_lockstep(compose_config).next_step() for _ in range(3)][-1]
+    assert buffered["replay/ratio_predicted"] > 0

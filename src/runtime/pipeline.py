@@ -230,12 +230,14 @@ class Pipeline:
         total = sum(counts.values())
         steps_between = c.version  # trainer starts after the first, before this step's update is done
         measured_r = c.added_between_trains / steps_between if steps_between else math.nan
-        return {"replay/count_mean": sum(k * n for k, n in counts.items()) / total if total else math.nan,
-                "replay/count_max": float(max(counts)) if counts else math.nan,
-                "replay/ratio_predicted": formulas.expected_replay_count_from_rates(s.workers, s.trainers, s.mu),
-                "replay/rollouts_per_step": measured_r,
-                "replay/ratio_measured": s.batch / measured_r if measured_r and measured_r > 0 else math.nan,
-                "replay/ratio_counts": c.trained_samples / c.generated_rollouts if c.generated_rollouts else math.nan}
+        out = {"replay/count_mean": sum(k * n for k, n in counts.items()) / total if total else math.nan,
+               "replay/count_max": float(max(counts)) if counts else math.nan,
+               "replay/rollouts_per_step": measured_r,
+               "replay/ratio_measured": s.batch / measured_r if measured_r and measured_r > 0 else math.nan,
+               "replay/ratio_counts": c.trained_samples / c.generated_rollouts if c.generated_rollouts else math.nan}
+        if self.queue.name == "buffer":  # footnote 5 predicts a buffer's reuse; a LIFO trains each rollout once
+            out["replay/ratio_predicted"] = formulas.expected_replay_count_from_rates(s.workers, s.trainers, s.mu)
+        return out
 
     def rate_measures(self) -> dict[str, float]:
         s, c = self.settings, self.counters

@@ -236,6 +236,11 @@ class AsyncRuntime(Variant):
             raise ValueError(f"runtime.queue=lifo with runtime.capacity N={self.capacity}: workers wait while a full "
                              f"queue holds N, so N must fit a batch and a request in flight "
                              f"(>= {s.batch + s.request_rollouts})")
+        if self.queue_name == "buffer" and s.staleness is not None and s.staleness_mode == "block":
+            raise ValueError(f"runtime.staleness={s.staleness} with runtime.staleness_mode=block and runtime.queue=buffer: "
+                             "block only bounds how far generation runs ahead of the trainer, not the age of what the "
+                             "trainer reads from a buffer (which keeps rollouts N/R steps); use "
+                             "runtime.staleness_mode=drop, or runtime.queue=lifo")
         # The components say whether they fit the pipeline; their YAML names only label the message.
         buffer, sampling, behaviour = groups["buffer"], groups["sampling"], groups["behaviour"]
         if not getattr(described(buffer), "queue_stands_in", False):
