@@ -126,6 +126,10 @@ def wants_help(argv: list[str]) -> bool:
     return any(arg in ("--help", "-h") for arg in argv)
 
 
+def wants_version(argv: list[str]) -> bool:
+    return "--version" in argv
+
+
 # --------------------------------------------------------------------------- the knob reference (docs/knobs.md)
 KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
 
