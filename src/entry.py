@@ -68,6 +68,20 @@ def tracking_settings(overrides: list[str]) -> tuple[str, str, str]:
         raise EntryError(composition_error(error, overrides)) from None
 
 
+def check_runs_there(overrides: list[str], sweeps: list[str] = (), experiment: str | None = None,
+                     hint: str = "") -> None:
+    """An analysis command's store, experiment (its `--experiment`, else tracking.experiment) and sweeps, as its
+    overrides name them: exit with one line when one is not there (`hint`: what trains the missing runs)."""
+    def check() -> None:
+        uri, configured, _ = tracking_settings(overrides)
+        try:
+            check_store(uri, experiment or configured, list(sweeps or ()))
+        except EntryError as error:
+            raise EntryError(f"{error}; {hint}" if hint else str(error), error.status) from None
+
+    refuse_on_error(check)
+
+
 def sqlite_file(uri: str) -> Path | None:
     """The file of a `sqlite:///` store URI; None for any other store (a tracking server)."""
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
