@@ -40,6 +40,7 @@ from src.task.prompts import PromptFormat
 from src.settings import RunSettings
 from src.runs.checkpoint import CheckpointError, read_checkpoint
 from src.eval.command import argument_parser
+from src.entry import EntryError, check_policy
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -199,6 +200,11 @@ def evaluate_command(argv: list[str] | None) -> int:
         return 2
 
     if args.policy:
+        try:  # the installed command comes here without src/eval/__main__.py's checks
+            check_policy(args.policy)
+        except EntryError as error:
+            console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+            return 2
         evaluate_folder(composed, args.policy, args.out or Path(composed.out) / "outputs" / "evaluations")
         if not (args.run or args.sweep or args.checkpoint):
             return 0
