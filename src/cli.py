@@ -141,7 +141,7 @@ def check_setting_of_other_options(key: str | None, overrides: list[str]) -> Non
     group, name = key.split(".", 1)
     having = sorted({path.stem for root in (CONFIG_DIR, *searchpath_folders(overrides))
                      for path in (root / group).glob("*.yaml")
-                     if name in _leaves(yaml.safe_load(path.read_text()) or {})})
+                     if path.stem != "base" and name in _leaves(yaml.safe_load(path.read_text()) or {})})
     if having:
         from src.help import group_defaults  # the default option (another option may pick a different one)
 
