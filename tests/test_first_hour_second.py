@@ -180,7 +180,7 @@ def test_every_src_run_command_in_the_docs_is_one_hydra_can_read():
 # --------------------------------------------------------------------------- 3, 11. every entry point
 def test_version_and_help_of_every_entry_point_load_no_model_library():
     modules = ["src.run", "src.eval", "analysis.report", "analysis.summary", "analysis.reproduce",
-               "analysis.async_report"]
+               "analysis.async_report", "src.help"]
     heavy = ("torch", "mlflow", "pandas")
     done = run_all([[*as_main(module, heavy), flag] for module in modules for flag in ("--version", "--help")])
     from src.cli import project_version
