@@ -50,7 +50,7 @@ SEED_LIST = $(shell seq -s, $(SEED_BASE) $$(( $(SEED_BASE) + $(SEEDS) - 1 )))
 SEED_FLAG = $(if $(shell [[ "$(SEEDS)" =~ ^[1-9][0-9]*$$ && "$(SEED_BASE)" =~ ^[0-9]+$$ ]] && echo ok),\
 	$(if $(filter-out 1,$(SEEDS)),trainer.seed=$(SEED_LIST)),\
 	$(error SEEDS=$(SEEDS) SEED_BASE=$(SEED_BASE): SEEDS is how many training seeds per cell (a whole number >= 1, e.g. SEEDS=3) and SEED_BASE the first one (>= 0)))
-SWEEP_FLAGS = $(OUT_FLAG) hardware=$(HARDWARE) hydra.sweeper.dry_run=$(if $(filter 1 true yes,$(DRY_RUN)),true,false) $(SEED_FLAG) $(ARGS)
+SWEEP_FLAGS = $(call UNLESS_IN_ARGS,$(OUT_FLAG) hardware=$(HARDWARE) $(DRY_FLAG) $(SEED_FLAG)) $(ARGS)
 # Reports: make report [SWEEP=ratio] [SINCE=2026-11-21T12:00] [EXPERIMENT=replay-rloo]
 SWEEP ?=
 EXPERIMENT ?=
@@ -138,11 +138,19 @@ test-vllm-cpu: $(VLLM_STAMP)  ## the real-vLLM tests alone, in VLLM_VENV (with V
 TASK ?=
 DEMO_SWEEP = demo$(if $(TASK),-$(TASK))
 DEMO_REPORT ?= $(OUT_DIR)/reports/$(DEMO_SWEEP)
+# DRY_RUN=1 on a target that trains (demo, reproduce-*, sweep-*): the plan, nothing trained, no summary or report.
+DRY = $(if $(filter 1 true yes,$(DRY_RUN)),1,$(if $(filter 0 false no,$(DRY_RUN)),,$(error DRY_RUN=$(DRY_RUN): DRY_RUN=1 prints the plan and trains nothing; leave it out to train)))
+DRY_FLAG = hydra.sweeper.dry_run=$(if $(DRY),true,false)
+DRY_NOTE = @echo "DRY_RUN=1: the plan above; nothing trained, so no summary, report or verdict (without DRY_RUN it trains)"
+# A recipe's own settings that ARGS sets again are left out, so ARGS wins without giving a key twice
+# (src/suggest.py refuses that: Hydra would keep the last without a word).
+UNLESS_IN_ARGS = $(foreach word,$(1),$(if $(filter $(firstword $(subst =, ,$(word)))=%,$(ARGS)),,$(word)))
+DEMO_SETTINGS = buffer=none,age1 clip=tight evaluation.repeats=3 tracking.sweep=$(DEMO_SWEEP) hydra.sweeper.skip_finished=false $(if $(TASK),task=$(TASK)) $(OUT_FLAG) $(DRY_FLAG)
 demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised; TASK=math
-	$(PY) -m src.run -m buffer=none,age1 clip=tight evaluation.repeats=3 tracking.sweep=$(DEMO_SWEEP) hydra.sweeper.skip_finished=false $(if $(TASK),task=$(TASK)) $(OUT_FLAG) $(ARGS)
-	$(PY) -m analysis.summary --sweep $(DEMO_SWEEP) --latest 2 $(OUT_FLAG) $(ARGS)
-	$(PY) -m analysis.report --sweep $(DEMO_SWEEP) --out $(DEMO_REPORT) $(OUT_FLAG) $(ARGS)
-	@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=$(DEMO_SWEEP)$(if $(OUT), OUT=$(OUT_DIR)))"
+	$(PY) -m src.run -m $(call UNLESS_IN_ARGS,$(DEMO_SETTINGS)) $(ARGS)
+	$(if $(DRY),$(DRY_NOTE),$(PY) -m analysis.summary --sweep $(DEMO_SWEEP) --latest 2 $(OUT_FLAG) $(ARGS))
+	$(if $(DRY),,$(PY) -m analysis.report --sweep $(DEMO_SWEEP) --out $(DEMO_REPORT) $(OUT_FLAG) $(ARGS))
+	$(if $(DRY),,@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=$(DEMO_SWEEP)$(if $(OUT), OUT=$(OUT_DIR)))")
 
 test: $(STAMP) $(VLLM_STAMP)  ## the whole test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
 	$(PY) -m pytest -q -m "not vllm"
@@ -215,8 +223,8 @@ sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants swe
 REPRODUCTIONS = reproduce-seed000 reproduce-seed001 reproduce-seed002 reproduce-seed003 reproduce-seed004
 $(REPRODUCTIONS): SEEDS = 3
 reproduce-seed000 reproduce-seed001 reproduce-seed002 reproduce-seed003 reproduce-seed004: reproduce-%: $(STAMP)  ## a paper's headline claim in miniature on the CPU, its verdict in reports/reproduce-seedNNN/
-	$(PY) -m src.run -m +reproduce=$* $(OUT_FLAG) $(SEED_FLAG) $(ARGS)
-	$(PY) -m analysis.reproduce $* $(OUT_FLAG) $(filter tracking.%,$(ARGS))
+	$(PY) -m src.run -m +reproduce=$* $(call UNLESS_IN_ARGS,$(OUT_FLAG) $(SEED_FLAG) $(DRY_FLAG)) $(ARGS)
+	$(if $(DRY),$(DRY_NOTE),$(PY) -m analysis.reproduce $* $(OUT_FLAG) $(filter tracking.%,$(ARGS)))
 
 report: $(STAMP)  ## tables and figures from MLflow into reports/<name>/
 	$(PY) -m analysis.report $(if $(SWEEP),--sweep $(SWEEP)) $(if $(SINCE),--since $(SINCE)) $(if $(EXPERIMENT),tracking.experiment=$(EXPERIMENT)) $(OUT_FLAG) $(ARGS)

@@ -16,10 +16,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
-import matplotlib
+from src.paths import PROJECT_ROOT
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m analysis.async_report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="store_true", help="print the project's version and exit")
+    parser.add_argument("--sweep", action="append", help="study tag (repeatable); default: async")
+    parser.add_argument("--uri", default=f"sqlite:///{PROJECT_ROOT}/mlruns.db")
+    parser.add_argument("--experiment", default="replay-rloo")
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "reports" / "async")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":  # --help, --version, a store or sweep that is not there: one line before MLflow loads
+    from src.entry import answer_version, check_store, refuse_on_error
+
+    answer_version(sys.argv[1:], "python -m analysis.async_report")
+    _args = parse_args(sys.argv[1:])
+    refuse_on_error(check_store, _args.uri, _args.experiment, _args.sweep or ["async"])
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 
@@ -30,7 +51,6 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from analysis.markdown import markdown_table  # noqa: E402
 from analysis.runs import ReportError, load_runs  # noqa: E402
-from src.paths import PROJECT_ROOT  # noqa: E402
 from src.runtime import formulas  # noqa: E402
 
 PANELS = (("off_policiness", "off-policiness t - v"), ("replay_count", "replay count of a rollout"),
@@ -151,16 +171,12 @@ def _show(value) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sweep", action="append", help="study tag (repeatable); default: async")
-    parser.add_argument("--uri", default=f"sqlite:///{PROJECT_ROOT}/mlruns.db")
-    parser.add_argument("--experiment", default="replay-rloo")
-    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "reports" / "async")
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     try:
         print(write_report(args.uri, args.experiment, args.sweep or ["async"], args.out))
     except ReportError as error:
-        parser.exit(2, f"error: {error}\n")
+        sys.stderr.write(f"error: {error}\n")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -19,19 +19,49 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-import pandas as pd
-from mlflow.tracking import MlflowClient
-from rich.console import Console
 
-from analysis import compute, figures, seeds
-from analysis.async_report import async_cells, write_async
-from analysis.completions import quote_table
-from analysis.latex import results_latex
-from analysis.markdown import probe_hint, report_markdown
-from analysis.runs import ReportError, known_sweeps, load_runs, metric_histories, select_cells
+def _start_time(text: str) -> datetime:
+    """--since value: an ISO date or date-time in local time."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a date: give YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time), e.g. 2026-11-21T12:00")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="store_true", help="print the project's version and exit")
+    parser.add_argument("--sweep", action="append", help="only runs tagged with this sweep (repeatable)")
+    parser.add_argument("--experiment", help="MLflow experiment (default: tracking.experiment of the config)")
+    parser.add_argument("--since", type=_start_time, metavar="YYYY-MM-DD[THH:MM]",
+                        help="only runs started at this local time or later (e.g. after rebuilding the warm start)")
+    parser.add_argument("--out", type=Path, help="report folder (default: reports/<sweeps or experiment> in the `out` folder)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
+    return parser.parse_intermixed_args(argv)  # options and overrides in any order (make report ARGS=...)
+
+
+if __name__ == "__main__":  # --help, --version, a store or sweep that is not there: one line before MLflow loads
+    from src.entry import answer_version, check_runs_there
+
+    answer_version(sys.argv[1:], "python -m analysis.report")
+    _args = parse_args(sys.argv[1:])
+    check_runs_there(_args.overrides, _args.sweep, _args.experiment)
+
+import pandas as pd  # noqa: E402  (the report's own imports)
+from mlflow.tracking import MlflowClient  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from analysis import compute, figures, seeds  # noqa: E402
+from analysis.async_report import async_cells, write_async  # noqa: E402
+from analysis.completions import quote_table  # noqa: E402
+from analysis.latex import results_latex  # noqa: E402
+from analysis.markdown import probe_hint, report_markdown  # noqa: E402
+from analysis.runs import ReportError, known_sweeps, load_runs, metric_histories, select_cells  # noqa: E402
 from analysis.tables import (FAILURE_LABELS, GRIDS, HEATMAP_PANELS, MIN_HEATMAP_CELLS, ReportData, baseline_values,
                              best_of_n_table, drawable_grid, failure_table, heatmap_grid, results_table,
-                             variants_table)
+                             variants_table)  # noqa: E402
 
 DYNAMICS_KEYS = [key for key, _ in figures.DYNAMICS_PANELS]
 FIGURES = ["frontier", "compute_frontier", "heatmap_age", "heatmap_ratio", "best_of_n", "dynamics", "diversity",
@@ -147,26 +177,6 @@ def write_report(runs: pd.DataFrame, out_dir: Path, client: MlflowClient, *, tit
     console.print(f"  {len(data.used)} used, {len(data.superseded)} superseded, "
                   f"{len(data.unfinished)} unfinished run(s)")
     return report
-
-
-def _start_time(text: str) -> datetime:
-    """--since value: an ISO date or date-time in local time."""
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a date: give YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time), e.g. 2026-11-21T12:00")
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep", action="append", help="only runs tagged with this sweep (repeatable)")
-    parser.add_argument("--experiment", help="MLflow experiment (default: tracking.experiment of the config)")
-    parser.add_argument("--since", type=_start_time, metavar="YYYY-MM-DD[THH:MM]",
-                        help="only runs started at this local time or later (e.g. after rebuilding the warm start)")
-    parser.add_argument("--out", type=Path, help="report folder (default: reports/<sweeps or experiment> in the `out` folder)")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
-    return parser.parse_intermixed_args(argv)  # options and overrides in any order (make report ARGS=...)
 
 
 ASYNC_SECTION = """

@@ -14,11 +14,34 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-from rich.console import Console
 
-from analysis.claims import CLAIMS, Claim, Study, assign_roles, verdict
+def check_before_imports(argv: list[str]) -> None:
+    """`--help`, `--version`, a reproduction that does not exist and a store without its runs: answered in one
+    line before numpy, pandas and MLflow load (the names are conf/reproduce/'s options, as analysis.claims's)."""
+    from src.checks import exit_with_message
+    from src.entry import answer_version, check_runs_there
+    from src.paths import CONFIG_DIR
+
+    answer_version(argv, "python -m analysis.reproduce")
+    names = sorted(path.stem for path in (CONFIG_DIR / "reproduce").glob("*.yaml"))
+    if any(word in ("-h", "--help") for word in argv):
+        sys.stdout.write(f"usage: python -m analysis.reproduce {{{','.join(names)}}} [OVERRIDE ...]\n\n{__doc__}")
+        sys.exit(0)
+    if not argv or argv[0] not in names:
+        given = f"'{argv[0]}' is not a reproduction" if argv else "name a reproduction first"
+        exit_with_message(f"{given}: choose one of {', '.join(names)} (e.g. python -m analysis.reproduce seed000)")
+    name = argv[0]
+    check_runs_there([f"+reproduce={name}", *argv[1:]], [f"reproduce-{name}"], hint=f"run make reproduce-{name} first")
+
+
+if __name__ == "__main__":
+    check_before_imports(sys.argv[1:])
+
+import numpy as np  # noqa: E402  (the report's own imports)
+import pandas as pd  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from analysis.claims import CLAIMS, Claim, Study, assign_roles, verdict  # noqa: E402
 
 console = Console()
 

@@ -6,13 +6,32 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-import mlflow
-import pandas as pd
-from rich.console import Console
-from rich.table import Table
 
-from src.runs.tracking import metric_key, ui_command
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m analysis.summary", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="store_true", help="print the project's version and exit")
+    parser.add_argument("--sweep", help="only runs tagged with this sweep name")
+    parser.add_argument("--latest", type=int, help="only the N newest runs")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":  # --help, --version, a store or sweep that is not there: one line before MLflow loads
+    from src.entry import answer_version, check_runs_there
+
+    answer_version(sys.argv[1:], "python -m analysis.summary")
+    _args = parse_args(sys.argv[1:])
+    check_runs_there(_args.overrides, [_args.sweep] if _args.sweep else [])
+
+import mlflow  # noqa: E402  (the summary's own imports)
+import pandas as pd  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from src.runs.tracking import metric_key, ui_command  # noqa: E402
 
 COLUMNS = {  # metric -> column heading
     "fresh_evaluations": "fresh evals",
@@ -56,11 +75,7 @@ def main() -> None:
 
     from src.paths import CONFIG_DIR
 
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sweep", help="only runs tagged with this sweep name")
-    parser.add_argument("--latest", type=int, help="only the N newest runs")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for the tracking settings")
-    args = parser.parse_args()
+    args = parse_args()
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         composed = compose("config", overrides=args.overrides)
     tracking = composed.tracking

@@ -34,7 +34,7 @@ def composition_error(error: Exception, overrides: list[str]) -> str:
         from src.suggest import close_matches, did_you_mean
 
         group, _, option = missing.rpartition("/")
-        text += did_you_mean(group, close_matches(option, list(options)))
+        text += did_you_mean(group, close_matches(option, [name for name in options if name != "base"]))
     return f"{' '.join(overrides)}: {text.strip()}"
 
 

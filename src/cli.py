@@ -57,14 +57,42 @@ def is_multirun(argv: list[str]) -> bool:
 
 
 def check_multirun(argv: list[str]) -> None:
-    """A study (`+sweep=ratio`) or sweeper setting without `-m` would train the default cell alone: refuse it."""
+    """A study (`+sweep=ratio`, `+reproduce=seed000`: an option that sets the sweeper's grid) or a sweeper setting
+    without `-m` would train the default cell alone: refuse it."""
     if is_multirun(argv) or any(word in NO_JOB for word in argv):
         return
     for word in argv:
         key = word.split("=", 1)[0].lstrip("+~")
-        if "=" in word and (key == "sweep" or key.startswith(("hydra.sweeper.", "sweep."))):
-            raise CommandLineError(f"{word} belongs to a sweep, which runs with -m; without it one default cell would "
-                                   f"train. Run: python -m src.run -m {shlex.join(argv)}")
+        if "=" in word and (key.startswith(("hydra.sweeper.", "sweep.")) or sets_a_grid(key, word.split("=", 1)[1])):
+            refuse_without_multirun(word, argv)
+
+
+def refuse_without_multirun(word: str, argv: list[str]) -> None:
+    """Raise CommandLineError with the command to type: `-m`, and `+` before a group chosen by adding it."""
+    from src.help import group_defaults
+    from src.paths import CONFIG_DIR
+
+    def added(each: str) -> str:
+        group = each.split("=", 1)[0]
+        return "+" + each if "=" in each and (CONFIG_DIR / group).is_dir() and group not in group_defaults() else each
+
+    raise CommandLineError(f"{word} belongs to a sweep, which runs with -m; without it one default cell would "
+                           f"train. Run: python -m src.run -m {shlex.join(added(each) for each in argv)}")
+
+
+def sets_a_grid(group: str, option: str) -> bool:
+    """Whether conf/<group>/<option>.yaml sets the sweeper (a study's grid): `sweep` and `reproduce` options."""
+    import yaml
+
+    from src.paths import CONFIG_DIR
+
+    path = CONFIG_DIR / group / f"{option}.yaml"
+    if group == "sweep":
+        return True
+    if "/" in group or not path.is_file():
+        return False
+    node = yaml.safe_load(path.read_text()) or {}
+    return isinstance(node.get("hydra"), dict) and "sweeper" in node["hydra"]
 
 
 def single_run(argv: list[str]) -> bool:
@@ -77,6 +105,7 @@ def check_config(overrides: list[str]) -> None:
     (`src.config.check_before_imports`); a config Hydra itself cannot compose is left to Hydra's message."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
+    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from src.config import check_before_imports
@@ -88,7 +117,12 @@ def check_config(overrides: list[str]) -> None:
     except (HydraException, OmegaConfBaseException) as error:
         # Hydra raises ConfigCompositionException from OmegaConf's error, which names the key it could not set.
         check_setting_of_other_options(getattr(error.__cause__, "full_key", None), overrides)
-        return
+        from src.checks import composition_error
+
+        raise CommandLineError(composition_error(error, overrides)) from None
+    if OmegaConf.select(cfg, "hydra.sweeper.grids") or OmegaConf.select(cfg, "hydra.sweeper.params"):
+        # an experiment that brings a study with it (+experiment=seed000-countdown: its defaults add /sweep: paper)
+        refuse_without_multirun(next((word for word in overrides if word.startswith("+")), overrides[0]), overrides)
     check_before_imports(cfg, overrides)
 
 
@@ -107,7 +141,7 @@ def check_setting_of_other_options(key: str | None, overrides: list[str]) -> Non
     group, name = key.split(".", 1)
     having = sorted({path.stem for root in (CONFIG_DIR, *searchpath_folders(overrides))
                      for path in (root / group).glob("*.yaml")
-                     if name in _leaves(yaml.safe_load(path.read_text()) or {})})
+                     if path.stem != "base" and name in _leaves(yaml.safe_load(path.read_text()) or {})})
     if having:
         from src.help import group_defaults  # the default option (another option may pick a different one)
 
@@ -134,8 +168,11 @@ def check(argv: list[str]) -> list[str]:
 def cli() -> bool:
     """`python -m src.run ...` before the model libraries load: `--help` answered (False), or the checks above
     passed and `sys.argv` put in Hydra's order (True); a mistake exits here with its one line."""
-    from src.help import help_text, wants_help
+    from src.help import help_text, wants_help, wants_version
 
+    if wants_version(sys.argv[1:]):
+        sys.stdout.write(f"replay-rloo {project_version()}\n")
+        return False
     if wants_help(sys.argv[1:]):
         sys.stdout.write(help_text())
         return False
@@ -147,6 +184,16 @@ def cli() -> bool:
     except (CommandLineError, SchemaError, ConfigError) as error:
         exit_with_message(error)
     return True
+
+
+def project_version() -> str:
+    """The installed package's version (its metadata, from pyproject.toml); read without importing the project."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("replay-rloo")
+    except PackageNotFoundError:  # a checkout run in place, never installed
+        return "(not installed: pip install -e .)"
 
 
 def main() -> None:

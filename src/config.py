@@ -68,7 +68,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
     _schema(check_values, cfg)  # unknown keys, types and each knob's range: the checks below trust them
     evaluation = cfg.evaluation
     _check_sizes(cfg)
-    _validate_policy_files(cfg.policy.name_or_path, check_hub=check_device)
+    validate_policy_files(cfg.policy.name_or_path, check_hub=check_device)
     run = RunSettings(cfg)  # each knob has its type now: the components check their settings from these
     _validate_components(run)
     _validate_across_groups(run)
@@ -117,7 +117,7 @@ def check_before_imports(cfg: DictConfig, overrides: list[str]) -> None:
     _schema(lambda composed: check_unused_settings(composed, overrides, cfg.hydra.runtime.choices, describe, roots),
             cfg)
     _check_sizes(cfg)
-    _validate_policy_files(cfg.policy.name_or_path)
+    validate_policy_files(cfg.policy.name_or_path)
 
 
 def _check_sizes(cfg: DictConfig) -> None:
@@ -163,27 +163,28 @@ POLICY_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "
                      "special_tokens_map.json")
 
 
-def _validate_policy_files(name_or_path: str, check_hub: bool = True) -> None:
+def validate_policy_files(name_or_path: str, check_hub: bool = True, key: str = "policy.name_or_path") -> None:
     """A local policy folder must hold readable files: a damaged one is named here, not by a library traceback.
     A name that is no folder here is a hub model, which must be in the hub cache or, with `check_hub`, on the
     hub: one request answers that, where transformers would retry for a minute before its traceback."""
     folder = Path(resolve_policy_path(name_or_path))
-    fix = ("rebuild it (`make sft-tiny` for the tiny policy), or point policy.name_or_path at an intact folder "
+    shown = f"{key}='{name_or_path}'" if "." in key else f"{key} {name_or_path}"  # a config key or an option
+    fix = (f"rebuild it (`make sft-tiny` for the tiny policy), or point {key} at an intact folder "
            "(default: checkpoints/tiny-countdown)")
     if not folder.is_dir():
-        _check_missing_folder(str(name_or_path), fix)
+        _check_missing_folder(str(name_or_path), fix, shown)
         if check_hub:
-            _check_hub_model(str(name_or_path))
+            _check_hub_model(str(name_or_path), shown)
         return
     _check((folder / "config.json").is_file(),
-           f"policy.name_or_path='{name_or_path}': {folder} holds no config.json, so it is not a saved model; {fix}")
+           f"{shown}: {folder} holds no config.json, so it is not a saved model; {fix}")
     for name in POLICY_JSON_FILES:
         path = folder / name
         if path.is_file():
             try:
                 json.loads(path.read_text())
             except (ValueError, OSError) as error:
-                raise ConfigError(f"policy.name_or_path='{name_or_path}': {path} is damaged (not valid JSON: "
+                raise ConfigError(f"{shown}: {path} is damaged (not valid JSON: "
                                   f"{error}); {fix}") from None
     from safetensors import safe_open
 
@@ -192,11 +193,11 @@ def _validate_policy_files(name_or_path: str, check_hub: bool = True) -> None:
             with safe_open(str(path), framework="numpy") as weights:  # numpy: the header alone needs no torch
                 weights.keys()  # reads and checks the header against the file's size
         except Exception as error:  # noqa: BLE001  (safetensors raises its own error types)
-            raise ConfigError(f"policy.name_or_path='{name_or_path}': {path} is damaged "
+            raise ConfigError(f"{shown}: {path} is damaged "
                               f"({error.__class__.__name__}: {error}); {fix}") from None
 
 
-def _check_missing_folder(name: str, fix: str) -> None:
+def _check_missing_folder(name: str, fix: str, shown: str) -> None:
     """Refuse a name that means a folder here (a path, or one under an existing folder such as checkpoints/) but
     names none: the message lists where it looked and the close names beside it."""
     bases = list(dict.fromkeys((workspace_root(), PROJECT_ROOT)))
@@ -208,17 +209,17 @@ def _check_missing_folder(name: str, fix: str) -> None:
                        if path.is_dir()})
     close = difflib.get_close_matches(Path(name).name, siblings, n=1, cutoff=0.6)
     hint = f" (did you mean {str(Path(name).parent / close[0])}?)" if close else ""
-    raise ConfigError(f"policy.name_or_path='{name}': no such folder, looked for {' and '.join(map(str, looked))}"
+    raise ConfigError(f"{shown}: no such folder, looked for {' and '.join(map(str, looked))}"
                       f"{hint}; {fix}")
 
 
-def _check_hub_model(name: str) -> None:
+def _check_hub_model(name: str, shown: str) -> None:
     """A hub name must be in the local hub cache, or (unless HF_HUB_OFFLINE is set) answer one request to the hub."""
     from huggingface_hub import constants
 
     if (Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "snapshots").is_dir():
         return
-    start = (f"policy.name_or_path='{name}': not a folder here (looked in {workspace_root()}) nor in the hub cache "
+    start = (f"{shown}: not a folder here (looked in {workspace_root()}) nor in the hub cache "
              f"({constants.HF_HUB_CACHE})")
     fetch = f"download it where there is network (`hf download {name}`, same HF_HOME), or point the key at a folder"
     if constants.HF_HUB_OFFLINE:

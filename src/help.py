@@ -126,6 +126,10 @@ def wants_help(argv: list[str]) -> bool:
     return any(arg in ("--help", "-h") for arg in argv)
 
 
+def wants_version(argv: list[str]) -> bool:
+    return "--version" in argv
+
+
 # --------------------------------------------------------------------------- the knob reference (docs/knobs.md)
 KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
 
@@ -241,6 +245,12 @@ def knob_reference(config_dir: Path = CONFIG_DIR) -> str:
 if __name__ == "__main__":
     import sys
 
+    usage = "usage: python -m src.help --knobs   (writes the knob reference, docs/knobs.md, to stdout)\n"
+    if sys.argv[1:] in (["--help"], ["-h"], ["--version"]):
+        from src.cli import project_version
+
+        sys.stdout.write(usage if "--version" not in sys.argv else f"replay-rloo {project_version()}\n")
+        sys.exit(0)
     if sys.argv[1:] != ["--knobs"]:
-        sys.exit("usage: python -m src.help --knobs   (writes the knob reference, docs/knobs.md, to stdout)")
+        sys.exit(usage.strip())
     sys.stdout.write(knob_reference())

@@ -90,6 +90,39 @@ LIST_KNOBS: dict[str, tuple[Knob, int, int, str]] = {
 NULLABLE_TEXT = ("trainer.resume_from", "tracking.run_name", "tracking.artifact_location", "hardware.autocast")
 
 
+# Names other RL trainers give these knobs (TRL's GRPOConfig, verl's ppo_trainer.yaml), by their last dotted part
+# (or whole, for verl's long paths): a key written as there is answered with this project's key, not a near miss.
+FOREIGN_NAMES: dict[str, tuple[str, str]] = {
+    "lr": ("trainer.learning_rate", "TRL's learning_rate, verl's optim.lr"),
+    "num_generations": ("trainer.group_size", "TRL's completions per prompt: K here"),
+    "rollout.n": ("trainer.group_size", "verl's responses per prompt: K here"),
+    "max_steps": ("trainer.steps", "TRL's optimizer steps"),
+    "total_training_steps": ("trainer.steps", "verl's trainer.total_training_steps"),
+    "per_device_train_batch_size": ("trainer.micro_batch_size", "TRL's rows per forward/backward on a device; "
+                                    "the rows of a step are trainer.groups_per_step x trainer.group_size"),
+    "ppo_micro_batch_size_per_gpu": ("trainer.micro_batch_size", "verl's rows per forward/backward"),
+    "train_batch_size": ("trainer.groups_per_step", "verl's prompts per step: B here"),
+    "beta": ("trainer.kl_coef", "TRL's KL coefficient"),
+    "kl_loss_coef": ("trainer.kl_coef", "verl's KL loss coefficient"),
+    "entropy_coeff": ("trainer.entropy_coef", "verl's entropy coefficient"),
+    "max_completion_length": ("policy.max_new_tokens", "TRL's response budget"),
+    "max_response_length": ("policy.max_new_tokens", "verl's response budget"),
+    "model_name_or_path": ("policy.name_or_path", "TRL's model"),
+    "model.path": ("policy.name_or_path", "verl's model"),
+    "grad_clip": ("trainer.max_grad_norm", "verl's gradient clipping"),
+}
+
+
+def foreign_name(key: str) -> tuple[str, str] | None:
+    """(this project's key, what the other trainer calls it) for a key written as TRL or verl name it."""
+    parts = key.lstrip("+~").split(".")
+    for length in (2, 1):
+        found = FOREIGN_NAMES.get(".".join(parts[-length:]))
+        if found and len(parts) >= length and found[0] != key:
+            return found
+    return None
+
+
 class SchemaError(ValueError):
     """Raised with the message; src.config turns it into its ConfigError."""
 
@@ -131,6 +164,10 @@ def check_known(key: str, declared: frozenset[str] = frozenset()) -> None:
     known = known_keys() | declared
     if key in known or any(key.startswith(list_knob + ".") for list_knob in LIST_KNOBS):
         return
+    foreign = foreign_name(key)
+    if foreign:
+        raise SchemaError(f"{key}: unknown key; this project calls it {foreign[0]} ({key.split('.')[-1]}: "
+                          f"{foreign[1]}). `python -m src.run --cfg job` lists every knob")
     close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.75)
     hint = f"did you mean {' or '.join(close)}?" if close else "no such knob exists in conf/"
     raise SchemaError(f"{key}: unknown key ({hint}); adding it with '+{key}=...' would not help, the code never "
@@ -151,7 +188,7 @@ def check_override_keys(overrides: list[str]) -> None:
         key = override.split("=", 1)[0]
         if "=" not in override or override.startswith(("+", "~", "-")) or "." not in key:
             continue
-        if key.split(".", 1)[0] in groups:
+        if key.split(".", 1)[0] in groups or foreign_name(key):  # verl's long paths start outside conf/
             check_known(key, declared)
 
 

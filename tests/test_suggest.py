@@ -51,7 +51,7 @@ def test_near_misses_are_refused_before_any_compute(refused):
 
 
 def test_good_command_lines_pass_untouched():
-    check_command_line(["-m", "clip=tight,loose", "buffer=age2", "+sweep=ratio", "trainer.steps=3", "--cfg", "job",
+    check_command_line(["-m", "clip=tight,loose", "buffer.ratio=1", "+sweep=ratio", "trainer.steps=3", "--cfg", "job",
                         "hydra/launcher=submitit_local", "buffer=glob(age*)", "~curriculum", "hydra.run.dir=x"])
 
 

@@ -94,11 +94,14 @@ def test_finished_and_resumable_cells_are_marked():
 
 # --------------------------------------------------------------------------- end to end, basic launcher
 def tiny_cli(tmp_path, policy_dir, *overrides, experiment="replay-rloo", multirun=False):
-    return [sys.executable, "-m", "src.run", *(["-m"] if multirun else []), f"policy.name_or_path={policy_dir}", f"tracking.uri={store(tmp_path)}",
-            f"tracking.artifact_location={tmp_path}/artifacts", f"tracking.experiment={experiment}",
-            f"hydra.sweep.dir={tmp_path}/multirun", "trainer.groups_per_step=4", "trainer.group_size=2",
-            "policy.max_new_tokens=6", "evaluation.at_start=false", "evaluation.prompts=2",
-            "evaluation.samples_per_prompt=2", "evaluation.ks=[1]", *overrides]
+    defaults = [f"policy.name_or_path={policy_dir}", f"tracking.uri={store(tmp_path)}",
+                f"tracking.artifact_location={tmp_path}/artifacts", f"tracking.experiment={experiment}",
+                f"hydra.sweep.dir={tmp_path}/multirun", "trainer.groups_per_step=4", "trainer.group_size=2",
+                "policy.max_new_tokens=6", "evaluation.at_start=false", "evaluation.prompts=2",
+                "evaluation.samples_per_prompt=2", "evaluation.ks=[1]"]
+    given = {word.split("=", 1)[0] for word in overrides}  # an override replaces its default: a key given twice is refused
+    return [sys.executable, "-m", "src.run", *(["-m"] if multirun else []),
+            *(word for word in defaults if word.split("=", 1)[0] not in given), *overrides]
 
 
 def store(tmp_path) -> str:

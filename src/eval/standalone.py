@@ -1,4 +1,5 @@
-"""Evaluate saved policies on the held-out protocol (SPEC 7) without retraining, logging into their runs.
+"""Evaluate saved policies on the held-out protocol (SPEC 7) without retraining, logging into their runs (the
+command line and its checks before torch and MLflow load: src/eval/command.py).
 
     python -m src.eval --run 1ab4cbe5... evaluation=probe          # add a probe to one finished run
     python -m src.eval --sweep ratio evaluation=canonical           # every finished run of a study
@@ -15,7 +16,6 @@ changes a finished run's status.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import tempfile
@@ -39,6 +39,8 @@ from src.runs.tracking import ensure_experiment, log_evaluation
 from src.task.prompts import PromptFormat
 from src.settings import RunSettings
 from src.runs.checkpoint import CheckpointError, read_checkpoint
+from src.eval.command import argument_parser
+from src.entry import EntryError, check_policy
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -198,6 +200,11 @@ def evaluate_command(argv: list[str] | None) -> int:
         return 2
 
     if args.policy:
+        try:  # the installed command comes here without src/eval/__main__.py's checks
+            check_policy(args.policy)
+        except EntryError as error:
+            console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+            return 2
         evaluate_folder(composed, args.policy, args.out or Path(composed.out) / "outputs" / "evaluations")
         if not (args.run or args.sweep or args.checkpoint):
             return 0
@@ -218,20 +225,6 @@ def evaluate_command(argv: list[str] | None) -> int:
     for run_id, policy_path, checkpoint, step in jobs:
         evaluate_into_run(client, composed, run_id, policy_path, checkpoint, step, force=args.force)
     return 0
-
-
-def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    target = parser.add_argument_group("what to evaluate (at least one)")
-    target.add_argument("--run", action="append", default=[], help="MLflow run id (repeatable)")
-    target.add_argument("--sweep", action="append", default=[], help="every FINISHED run tagged with this sweep")
-    target.add_argument("--checkpoint", type=Path, help="a training checkpoint.pt (logged into its own run)")
-    target.add_argument("--policy", help="a saved policy folder or hub name (results printed and written as CSV)")
-    parser.add_argument("--force", action="store_true", help="evaluate again even if the run has these results")
-    parser.add_argument("--out", type=Path, help="where --policy writes its CSV tables (default: <out>/outputs/evaluations, "
-                                                 "the `out` key's folder)")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. evaluation=probe evaluation.repeats=2")
-    return parser
 
 
 def composed_config(overrides: list[str]) -> DictConfig | None:
