@@ -46,11 +46,14 @@ REFERENCE = HERE.parent.parent / "shared" / "bench" / "update_reference.py"
 PACK = "site.tar.xz"
 MANIFEST = "manifest.json"
 MIB = 2 ** 20
+CALL_BYTES = 64 * MIB  # what one device call may carry: the repo's tree plus the carried folders
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)] + ["manylinux2014_x86_64"]
-# Paths under site/ left out of the bundle (benchmarks/results/README.md, "How vLLM reached a node").
+# Paths under site/ left out of the bundle (benchmarks/results/README.md, "How vLLM reached a node"), and data
+# files the node's runs never read.
 TRIM = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs", "vllm/_moe_C*.so",
         "vllm/third_party/deep_gemm/include", "vllm/third_party/fmha_sm100",
-        "vllm/third_party/deep_gemm/_C.cpython-31[0134]-*.so")
+        "vllm/third_party/deep_gemm/_C.cpython-31[0134]-*.so",
+        "mistral_common/data/tekken_*.json", "pycountry/locales")  # Mistral's tokenizers, country-name translations
 EPOCH = 1767225600  # 2026-01-01: every member's time, so the tar does not depend on when it was built
 XZ_BLOCK = 16 * MIB  # fixed xz blocks: the same bytes whatever the thread count, and parallel unpacking
 
@@ -277,6 +280,13 @@ def omitted_names(path: Path = LIST) -> set[str]:
     return names
 
 
+def tree_bytes(root: Path = HERE.parent) -> int:
+    """What a device call sends besides the carried folders: tracked files and untracked ones git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, text=True)
+    return sum((root / name).stat().st_size for name in listed.stdout.split("\0") if name and (root / name).is_file())
+
+
 def build(args) -> None:
     pins = read_pins(args.list)
     wheels_dir, site = args.out / "wheels", args.out / "site"
@@ -296,9 +306,14 @@ def build(args) -> None:
     manifest = split(data, args.out, int(args.piece_mib * MIB), int(args.carry_mib * MIB), extras)
     summary = {"wheels": [w.name for w in wheels], "trimmed": removed, "uncovered": gaps, **manifest}
     (args.out / "build.json").write_text(json.dumps(summary, indent=1))
+    tree = tree_bytes()
     for number, group in enumerate(manifest["carries"], 1):
-        size = sum((args.out / f"carry{number}" / name).stat().st_size for name in group)
-        print(f"carry{number}: {len(group)} piece(s), {size / MIB:.1f} MiB")
+        size = sum(path.stat().st_size for path in (args.out / f"carry{number}").iterdir())
+        print(f"carry{number}: {len(group)} piece(s), {size / MIB:.1f} MiB; with the repo's {tree / MIB:.1f} MiB, "
+              f"{(size + tree) / MIB:.1f} MiB a call")
+        if size + tree > CALL_BYTES:
+            print(f"warning: carry{number} and the repo exceed the {CALL_BYTES // MIB} MiB a device call carries: "
+                  f"lower --carry-mib", file=sys.stderr)
     print(f"{len(wheels)} wheels, {sum(removed.values()) / MIB:.0f} MiB trimmed, {len(data) / MIB:.1f} MiB packed in "
           f"{args.out}; carry one gpu-bundle/carryN folder a device call (docs/benchmarks.md, 'A GPU lease')")
 
@@ -311,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     made.add_argument("--list", type=Path, default=LIST, help="the pinned wheels")
     made.add_argument("--image", type=Path, default=IMAGE, help="the node image's package names")
     made.add_argument("--python", default="3.12", help="the node's Python version")
-    made.add_argument("--piece-mib", type=float, default=16.0)
-    made.add_argument("--carry-mib", type=float, default=50.0,
+    made.add_argument("--piece-mib", type=float, default=8.0)
+    made.add_argument("--carry-mib", type=float, default=52.0,
                       help="at most this per carry folder: the repo (~10 MiB) and one folder stay under 64 MiB")
     args = parser.parse_args(argv)
     try:

@@ -326,34 +326,41 @@ def metrics_main(args) -> int:
 
 
 def random_policy_main(args) -> int:
-    """The preset's architecture (conf/policy/shapes) with random bf16 weights and a word-level tokenizer over its
+    """The preset's architecture (conf/policy/shapes) with random bf16 weights and a byte-level tokenizer over its
     vocabulary; --tiny: 2 narrow layers, the same vocabulary (the CPU rehearsal)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     from src.distributed.memory import shape_file
 
     shape = json.loads(shape_file(PRESET).read_text())
     if args.tiny:
         shape.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2)
+                     num_key_value_heads=2, vocab_size=4096)
     config = AutoConfig.for_model(**shape)
     torch.manual_seed(0)
     with torch.device(args.device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     folder = Path(args.folder)
     model.save_pretrained(folder)
-    # One word an id (as benchmarks/vllm_phase.py's), but the task's words, unknown to it, read as t2 rather than
-    # as the padding id, which the prompt's padding would strip.
-    backend = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(config.vocab_size)}, unk_token="t2"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t2", pad_token="t0", eos_token="t1").save_pretrained(
-        folder)
+    byte_tokenizer(config.vocab_size).save_pretrained(folder)
     print(f"{sum(p.numel() for p in model.parameters()) / 1e9:.3f} B random parameters in {folder}")
     return 0
+
+
+def byte_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer with no merges over `vocab_size` ids: the 256 bytes first, then filler tokens.
+    Loaded back as the Qwen2 tokenizer that config.json's model type names, it reads the task's prompts byte by
+    byte and decodes every id a random policy samples."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {char: index for index, char in enumerate(bytes_to_unicode().values())}
+    vocab.update({f"<|t{index}|>": index for index in range(len(vocab), vocab_size)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<|t256|>", eos_token="<|t257|>")
 
 
 def peak_main(args) -> int:
