@@ -162,7 +162,7 @@ def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, par
     fake_bundle(tmp_path, piece_bytes=100_000, carry_bytes=400_000, extras={})
     out = tmp_path / "out"
     command = ["make", "gpu-lease", "DEVICE=cpu", f"OUT={out}", f"PART={part}", f"GPU_BUNDLE={tmp_path / 'bundle'}"]
-    # A cap, not a speed target: each part takes 1-2 minutes on 2 idle cores, several times that on busy ones.
+    # A cap, not a speed target: a part took 5-10 minutes on 2 cores shared with other jobs (load average 12).
     done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == [f"part{part}.json", f"part{part}.log"]
