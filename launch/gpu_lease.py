@@ -186,7 +186,8 @@ def part_one(lease: Lease, python: str) -> None:
         return
     target = work / "update_reference.json"
     target.unlink(missing_ok=True)
-    lease.run("update_reference", [python, str(script), "--out", str(target), *([] if cuda else ["--tiny", "--variants", "fp32+autocast"])], lambda: read_json(target))
+    shapes = [] if cuda else ["--tiny", "--variants", "fp32+autocast"]  # CPU: compiling would take minutes
+    lease.run("update_reference", [python, str(script), "--out", str(target), *shapes], lambda: read_json(target))
 
 
 def junit_figures(path: Path) -> dict:
@@ -258,13 +259,21 @@ def metric_figures(python: str, folder: Path, lease: Lease) -> dict:
 
 def memory_plan() -> dict:
     """The plan `src.distributed.memory` prints for the preset on one GPU with its vLLM engine asleep (as the
-    SLURM dry run of policy=qwen2.5-1.5b hardware=h100 policy.vllm.sleep=true plans it), in GiB."""
+    SLURM dry run of policy=qwen2.5-1.5b hardware=h100 policy.vllm.sleep=true plans it), in GiB, and the
+    training peak it counts at the preset's own micro-batch (trainer=paper), with and without checkpointing."""
+    from omegaconf import OmegaConf
+
     from src.distributed import memory
 
     shape, engine = memory.policy_shape(PRESET), memory.EngineShare(0.3, True)
     fit = memory.best_fit(shape, 1, engine.training_gib(memory.H100_GIB))
     generation = memory.generation_plan(shape, 1, engine, 4)
-    return {"policy": PRESET, "training_gib": round(fit.peak_gib, 2), "micro_batch_tokens": fit.micro_batch_tokens,
+    tokens = OmegaConf.load(ROOT / "conf" / "trainer" / "paper.yaml").micro_batch_tokens  # the preset's trainer
+    at_run = {f"training_gib_at_{tokens}_tokens" + ("_checkpointed" if checkpointed else ""):
+              round(sum(memory.gpu_bytes(shape, 1, tokens, checkpointed).values()) / memory.GIB, 2)
+              for checkpointed in (False, True)}
+    return {"policy": PRESET, **at_run, "training_gib": round(fit.peak_gib, 2),
+            "micro_batch_tokens": fit.micro_batch_tokens,
             "activation_checkpointing": fit.activation_checkpointing, "engine_share_gib": round(generation.share, 2),
             "resident_while_generating_gib": round(generation.resident, 2),
             "lines": memory.job_plan_lines([PRESET], 1, engine)}
@@ -295,7 +304,8 @@ def imports_main(args) -> int:
     """What imports, at which version (the node's image plus the bundle); a missing module named."""
 
     found, failed = {}, {}
-    for module in ["torch", "transformers", "hydra", "omegaconf", "mlflow", "src.run"] + (["vllm"] if args.vllm else []):
+    modules = ["torch", "transformers", "hydra", "omegaconf", "mlflow", "src.run"] + (["vllm"] if args.vllm else [])
+    for module in modules:
         try:
             found[module] = str(getattr(importlib.import_module(module), "__version__", "ok"))
         except Exception as error:  # noqa: BLE001
