@@ -125,8 +125,9 @@ def install(lease: Lease) -> bool:
     carried = sorted(lease.args.bundle.glob("carry*")) if lease.args.bundle.is_dir() else []
     for folder in carried:
         for path in folder.iterdir():
-            if path.is_file() and not (stash / path.name).is_file():
-                shutil.copyfile(path, stash / path.name)
+            kept = stash / path.name  # what this call carried wins over what an earlier call left
+            if path.is_file() and (not kept.is_file() or kept.read_bytes() != path.read_bytes()):
+                shutil.copyfile(path, kept)
     if not (stash / bundle.MANIFEST).is_file():
         status = "no bundle" if not lease.cuda else "failed"
         lease.record("install", {"status": status, "reason": f"no bundle in {lease.args.bundle} or {stash}: "
