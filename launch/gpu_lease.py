@@ -1,0 +1,455 @@
+"""A GPU lease's preflight (`make gpu-lease OUT=DIR [PART=1|2] [DEVICE=cuda|cpu]`; docs/benchmarks.md, "A GPU lease").
+
+On the lent node, in one device call per part, each part under 8 minutes (PART_SECONDS bounds it):
+
+  part 1: install the bundle, check the imports, `pytest -m gpu`, `benchmarks.gpu_step` at 256 and 1024 tokens
+          (vLLM colocated) and ../shared/bench/update_reference.py beside it                   (estimate 6.5 min)
+  part 2: install, imports, `benchmarks.update_ops`, 3 steps under torchrun (vLLM asleep while training) read
+          back from MLflow, one step of the 1.5B preset with its peak beside the memory plan    (estimate 6 min)
+
+Every stage runs in its own process group under a time limit (the smaller of its own and what the part has
+left), so a hang costs that stage alone; a failed stage is recorded and the next one runs. Everything lands in
+OUT as two files a part (the device returns at most 8): `partN.json`, every figure of every stage, and
+`partN.log`, every stage's output. DEVICE=cpu rehearses the same stages at tiny shapes with this Python's
+packages (the HF engine, a tiny random 1.5B-shaped policy), so a typo cannot waste a GPU window.
+
+The bundle (`make gpu-bundle`) comes in carry folders, one a device call: each call stashes the pieces it
+brings in the work folder (/tmp/rr-lease, kept while the machine stays warm) and the bundle is unpacked there
+once all pieces are in. A part that finds pieces missing says which carry folder to bring and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from launch import bundle  # noqa: E402
+
+PART_SECONDS = {"cuda": 470, "cpu": 1200}  # the whole part, install included: under 8 minutes on the GPU
+SLACK = {"cuda": 1, "cpu": 4}  # the rehearsal checks the wiring, not the time: a busy CPU may take 4 times longer
+LIMITS = {"install": 120, "imports": 90, "pytest": 200, "gpu_step": 240, "update_reference": 150,
+          "update_ops": 120, "torchrun": 200, "preset_1.5b": 260}
+PRESET = "Qwen/Qwen2.5-1.5B"   # conf/policy/qwen2.5-1.5b.yaml's policy
+TINY_RUN = ["trainer.groups_per_step=4", "trainer.group_size=2", "policy.max_new_tokens=6", "hardware.threads=1"]
+
+
+class Lease:
+    """One part's stages, their figures and log."""
+
+    def __init__(self, args) -> None:
+        self.args, self.cuda = args, args.device == "cuda"
+        self.work = args.work or (Path("/tmp/rr-lease") if self.cuda else args.out / "work")
+        self.site = self.work / "site"
+        self.deadline = time.monotonic() + (args.seconds or PART_SECONDS[args.device])
+        args.out.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.log_path = args.out / f"part{args.part}.log"
+        self.log = self.log_path.open("a")
+        self.summary = {"part": args.part, "device": args.device, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                        time.gmtime()), "python": sys.executable, "stages": {}}
+
+    def env(self) -> dict:
+        paths = [str(self.site)] if (self.site / bundle.MANIFEST).is_file() else []
+        return {**os.environ, "PYTHONPATH": os.pathsep.join(paths + [str(ROOT)]), "PYTHONUNBUFFERED": "1",
+                "VLLM_USE_FLASHINFER_SAMPLER": "0", "TOKENIZERS_PARALLELISM": "false", "HYDRA_FULL_ERROR": "1"}
+
+    def note(self, text: str) -> None:
+        print(text, flush=True)
+        self.log.write(text + "\n")
+        self.log.flush()
+
+    def run(self, name: str, command: list[str], figures=None) -> dict:
+        """`command` under the stage's limit in its own process group; `figures()` read after it, if it ran."""
+        left = self.deadline - time.monotonic() - 5  # seconds kept to write the figures
+        limit = min(LIMITS.get(name.split(":")[0], 120) * SLACK[self.args.device], left)
+        if left < 5:
+            return self.record(name, {"status": "skipped", "reason": "the part's time was spent"})
+        self.note(f"=== {name} (limit {limit:.0f} s): {' '.join(command)}")
+        start = time.monotonic()
+        process = subprocess.Popen(command, cwd=ROOT, env=self.env(), stdout=self.log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            code = process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            stop_group(process)
+            code = None
+        result = {"status": "ok" if code == 0 else "timed out" if code is None else "failed", "returncode": code,
+                  "seconds": round(time.monotonic() - start, 2)}
+        if figures is not None:
+            try:
+                result.update(figures())
+            except Exception as error:  # noqa: BLE001  (a stage's missing output is recorded, not raised)
+                result["figures_error"] = f"{type(error).__name__}: {error}"
+        return self.record(name, result)
+
+    def record(self, name: str, result: dict) -> dict:
+        self.summary["stages"][name] = result
+        self.note(f"--- {name}: {result['status']}" + (f" in {result['seconds']} s" if "seconds" in result else ""))
+        self.write()
+        return result
+
+    def write(self) -> None:
+        self.summary["seconds_left"] = round(self.deadline - time.monotonic(), 1)
+        (self.args.out / f"part{self.args.part}.json").write_text(json.dumps(self.summary, indent=1, default=str))
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """The stage and everything it started (vLLM's engine, torchrun's ranks): SIGTERM, then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def install(lease: Lease) -> bool:
+    """Stash the pieces this call carried, then unpack the bundle once they are all in; False: cannot go on."""
+    start, stash = time.monotonic(), lease.work / "pieces"
+    stash.mkdir(parents=True, exist_ok=True)
+    carried = sorted(lease.args.bundle.glob("carry*")) if lease.args.bundle.is_dir() else []
+    for folder in carried:
+        for path in folder.iterdir():
+            kept = stash / path.name  # what this call carried wins over what an earlier call left
+            if path.is_file() and (not kept.is_file() or kept.read_bytes() != path.read_bytes()):
+                shutil.copyfile(path, kept)
+    if not (stash / bundle.MANIFEST).is_file():
+        status = "no bundle" if not lease.cuda else "failed"
+        lease.record("install", {"status": status, "reason": f"no bundle in {lease.args.bundle} or {stash}: "
+                                 "make gpu-bundle, then carry gpu-bundle/carry1", "seconds": 0})
+        return not lease.cuda
+    manifest = json.loads((stash / bundle.MANIFEST).read_text())
+    marker = lease.site / bundle.MANIFEST
+    if marker.is_file() and json.loads(marker.read_text())["sha256"] == manifest["sha256"]:
+        return lease.record("install", {"status": "ok", "reused": str(lease.site), "seconds": 0}) is not None
+    try:
+        data, missing, manifest = bundle.gather([stash])
+    except bundle.BundleError as error:
+        lease.record("install", {"status": "failed", "reason": str(error)})
+        return False
+    if missing:
+        needed = sorted({f"gpu-bundle/carry{n}" for n, group in enumerate(manifest["carries"], 1)
+                         for name in group if name in missing})
+        lease.record("install", {"status": "incomplete", "missing": missing, "carry next": needed,
+                                 "reason": f"pieces stashed in {stash}; call again carrying {', '.join(needed)} "
+                                           "while this machine is warm"})
+        return False
+    if lease.site.exists():
+        shutil.rmtree(lease.site)
+    bundle.extract(data, lease.site)
+    shutil.copyfile(stash / bundle.MANIFEST, marker)
+    lease.record("install", {"status": "ok", "seconds": round(time.monotonic() - start, 2), "bytes": len(data),
+                             "site": str(lease.site)})
+    return True
+
+
+def reference_script(lease: Lease) -> Path | None:
+    """update_reference.py: the copy the bundle carries, else ../shared/bench beside the repo."""
+    for path in (lease.work / "pieces" / "update_reference.py", bundle.REFERENCE):
+        if path.is_file():
+            return path
+    return None
+
+
+def read_json(path: Path) -> dict:
+    return {"figures": json.loads(path.read_text())}
+
+
+def part_one(lease: Lease, python: str) -> None:
+    work, cuda = lease.work, lease.cuda
+    pytest_xml = work / "pytest.xml"
+    lease.run("pytest", [python, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider",
+                         f"--junitxml={pytest_xml}"], lambda: junit_figures(pytest_xml))
+    results = work / "gpu_step"
+    shutil.rmtree(results, ignore_errors=True)
+    step = (["--engine", "vllm", "--response-tokens", "256,1024", "--ratios", "0,2"] if cuda else
+            ["--tiny", "--device", "cpu", "--response-tokens", "8,16", "--ratios", "0"])
+    lease.run("gpu_step", [python, "-m", "benchmarks.gpu_step", *step, "--save", "--results", str(results)],
+              lambda: {"figures": {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}})
+    script = reference_script(lease)
+    if script is None:
+        lease.record("update_reference", {"status": "missing", "reason": f"no {bundle.REFERENCE}"})
+        return
+    target = work / "update_reference.json"
+    target.unlink(missing_ok=True)
+    shapes = [] if cuda else ["--tiny", "--variants", "fp32+autocast"]  # CPU: compiling would take minutes
+    lease.run("update_reference", [python, str(script), "--out", str(target), *shapes], lambda: read_json(target))
+
+
+def junit_figures(path: Path) -> dict:
+    import xml.etree.ElementTree as ElementTree
+
+    cases = {}
+    for case in ElementTree.parse(path).iter("testcase"):
+        outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
+        cases[case.get("name")] = {"outcome": outcome, "seconds": float(case.get("time", 0))}
+    counts = {outcome: sum(c["outcome"] == outcome for c in cases.values())
+              for outcome in ("passed", "failure", "error", "skipped")}
+    return {"figures": {"counts": counts, "tests": cases}}
+
+
+def run_overrides(lease: Lease, folder: Path) -> list[str]:
+    """Where a lease run writes (its own store, so its metrics are read back alone), on which hardware."""
+    store = [f"out={folder}", f"tracking.uri=sqlite:///{folder}/mlruns.db",
+             f"tracking.artifact_location={folder}/mlartifacts", "tracking.sweep=lease", "evaluation=smoke",
+             "evaluation.at_start=false"]
+    if lease.cuda:
+        return store + ["hardware=h100", "hydra/launcher=basic", "policy.engine=vllm", "policy.vllm.sleep=true"]
+    if importlib.util.find_spec("vllm") is not None:  # under .venv-vllm: the CPU build (no sleep mode there)
+        return store + ["hardware=cpu", "policy.engine=vllm", "policy.vllm.dtype=float32",
+                        "policy.vllm.enforce_eager=true", "policy.vllm.kv_cache_gib=0.1"]
+    return store + ["hardware=cpu", "policy.engine=hf"]
+
+
+def part_two(lease: Lease, python: str) -> None:
+    work, cuda = lease.work, lease.cuda
+    if (ROOT / "benchmarks" / "update_ops.py").is_file():
+        target = work / "update_ops.json"
+        target.unlink(missing_ok=True)
+        lease.run("update_ops", [python, "-m", "benchmarks.update_ops", "--device", lease.args.device, "--json",
+                                 str(target)], lambda: read_json(target))
+    else:
+        lease.record("update_ops", {"status": "missing", "reason": "benchmarks/update_ops.py is not in this tree"})
+    folder = work / f"torchrun-{time.strftime('%H%M%S')}"
+    ranks = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "src.run",
+             "hardware.ranks=1", "trainer.steps=3", *run_overrides(lease, folder), *([] if cuda else TINY_RUN)]
+    lease.run("torchrun", ranks, lambda: metric_figures(python, folder, lease))
+    one_point_five(lease, python)
+
+
+def one_point_five(lease: Lease, python: str) -> None:
+    """One step of the 1.5B preset on random weights (the node has no hub), its peak beside the memory plan."""
+    work, cuda = lease.work, lease.cuda
+    policy = work / ("policy-1.5b" if cuda else "policy-1.5b-tiny")
+    made = lease.run("preset_1.5b:weights", [python, str(Path(__file__)), "random-policy", "--folder", str(policy),
+                                             "--device", lease.args.device, *([] if cuda else ["--tiny"])])
+    if made["status"] != "ok":
+        return
+    folder, peak = work / f"preset-{time.strftime('%H%M%S')}", work / "peak_1.5b.json"
+    peak.unlink(missing_ok=True)
+    shapes = (["policy.max_new_tokens=256"] if cuda else
+              ["trainer.groups_per_step=2", "trainer.group_size=2", "policy.max_new_tokens=4", "hardware.threads=1"])
+    command = [python, str(Path(__file__)), "peak", "--json", str(peak), "--", "src.run", "policy=qwen2.5-1.5b",
+               f"policy.name_or_path={policy}", "trainer.steps=1", *run_overrides(lease, folder), *shapes]
+    lease.run("preset_1.5b", command, lambda: {**read_json(peak), "plan": memory_plan(), **metric_figures(
+        python, folder, lease)})
+
+
+def metric_figures(python: str, folder: Path, lease: Lease) -> dict:
+    """The run's time/* metrics by step, read from its MLflow store (in a child: mlflow is the bundle's)."""
+    target = folder / "metrics.json"
+    subprocess.run([python, str(Path(__file__)), "metrics", "--store", f"sqlite:///{folder}/mlruns.db", "--json",
+                    str(target)], cwd=ROOT, env=lease.env(), stdout=lease.log, stderr=subprocess.STDOUT, timeout=120)
+    return {"metrics": json.loads(target.read_text())}
+
+
+def memory_plan() -> dict:
+    """The plan `src.distributed.memory` prints for the preset on one GPU with its vLLM engine asleep (as the
+    SLURM dry run of policy=qwen2.5-1.5b hardware=h100 policy.vllm.sleep=true plans it), in GiB, and the
+    training peak it counts at the preset's own micro-batch (trainer=paper), with and without checkpointing."""
+    from omegaconf import OmegaConf
+
+    from src.distributed import memory
+
+    shape, engine = memory.policy_shape(PRESET), memory.EngineShare(0.3, True)
+    fit = memory.best_fit(shape, 1, engine.training_gib(memory.H100_GIB))
+    generation = memory.generation_plan(shape, 1, engine, 4)
+    tokens = OmegaConf.load(ROOT / "conf" / "trainer" / "paper.yaml").micro_batch_tokens  # the preset's trainer
+    at_run = {f"training_gib_at_{tokens}_tokens" + ("_checkpointed" if checkpointed else ""):
+              round(sum(memory.gpu_bytes(shape, 1, tokens, checkpointed).values()) / memory.GIB, 2)
+              for checkpointed in (False, True)}
+    return {"policy": PRESET, **at_run, "training_gib": round(fit.peak_gib, 2),
+            "micro_batch_tokens": fit.micro_batch_tokens,
+            "activation_checkpointing": fit.activation_checkpointing, "engine_share_gib": round(generation.share, 2),
+            "resident_while_generating_gib": round(generation.resident, 2),
+            "lines": memory.job_plan_lines([PRESET], 1, engine)}
+
+
+def lease_main(args) -> int:
+    lease = Lease(args)
+    python = sys.executable
+    lease.note(f"part {args.part} on {args.device}, work folder {lease.work}, {PART_SECONDS[args.device]} s at most")
+    if not install(lease):
+        lease.write()
+        return 3
+    lease.run("imports", [python, str(Path(__file__)), "imports", "--json", str(lease.work / "imports.json"),
+                          *(["--vllm"] if lease.cuda else [])], lambda: read_json(lease.work / "imports.json"))
+    (part_one if args.part == 1 else part_two)(lease, python)
+    lease.summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    lease.write()
+    failed = [name for name, stage in lease.summary["stages"].items() if stage["status"] in ("failed", "timed out")]
+    lease.note(f"part {args.part} done: {len(lease.summary['stages'])} stages, "
+               + (f"failed: {', '.join(failed)}" if failed else "none failed") + f"; figures in {args.out}")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------- helpers the stages run in their own process
+
+
+def imports_main(args) -> int:
+    """What imports, at which version (the node's image plus the bundle); a missing module named."""
+
+    found, failed = {}, {}
+    modules = ["torch", "transformers", "hydra", "omegaconf", "mlflow", "src.run"] + (["vllm"] if args.vllm else [])
+    for module in modules:
+        try:
+            found[module] = str(getattr(importlib.import_module(module), "__version__", "ok"))
+        except Exception as error:  # noqa: BLE001
+            failed[module] = f"{type(error).__name__}: {error}"
+    if args.vllm and "vllm" in found:
+        try:
+            from vllm import LLM  # noqa: F401  (the engine's own import path)
+        except Exception as error:  # noqa: BLE001
+            failed["vllm.LLM"] = f"{type(error).__name__}: {error}"
+    import torch
+
+    found["cuda"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    Path(args.json).write_text(json.dumps({"versions": found, "failed": failed}, indent=1))
+    print(json.dumps({"versions": found, "failed": failed}, indent=1))
+    return 1 if failed else 0
+
+
+def metrics_main(args) -> int:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(args.store)
+    runs = [run for experiment in client.search_experiments() for run in client.search_runs([experiment.experiment_id])]
+    if not runs:
+        raise SystemExit(f"no run in {args.store}")
+    run = max(runs, key=lambda r: r.info.start_time)
+    figures = {"run_id": run.info.run_id, "status": run.info.status, "time": {}}
+    for key in sorted(k for k in run.data.metrics if k.startswith("time/")):
+        figures["time"][key] = [m.value for m in sorted(client.get_metric_history(run.info.run_id, key),
+                                                        key=lambda m: m.step)]
+    Path(args.json).write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+def random_policy_main(args) -> int:
+    """The preset's architecture (conf/policy/shapes) with random bf16 weights and a byte-level tokenizer over its
+    vocabulary; --tiny: 2 narrow layers, the same vocabulary (the CPU rehearsal)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from src.distributed.memory import shape_file
+
+    shape = json.loads(shape_file(PRESET).read_text())
+    if args.tiny:
+        shape.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=4096)
+    config = AutoConfig.for_model(**shape)
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    folder = Path(args.folder)
+    model.save_pretrained(folder)
+    byte_tokenizer(config.vocab_size).save_pretrained(folder)
+    print(f"{sum(p.numel() for p in model.parameters()) / 1e9:.3f} B random parameters in {folder}")
+    return 0
+
+
+def byte_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer with no merges over `vocab_size` ids: the 256 bytes first, then filler tokens.
+    Loaded back as the Qwen2 tokenizer that config.json's model type names, it reads the task's prompts byte by
+    byte and decodes every id a random policy samples."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {char: index for index, char in enumerate(bytes_to_unicode().values())}
+    vocab.update({f"<|t{index}|>": index for index in range(len(vocab), vocab_size)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<|t256|>", eos_token="<|t257|>")
+
+
+def peak_main(args) -> int:
+    """`python -m MODULE ARGS` in this process, its memory peaks written to --json as it runs and at exit: torch's
+    allocator peak and the whole device's used memory (vLLM's pool included) on CUDA, the host's peak RSS."""
+    import atexit
+    import resource
+    import runpy
+    import threading
+
+    import torch
+
+    figures, lock = {"device_used_peak_gib": 0.0}, threading.Lock()
+
+    def dump() -> None:
+        with lock:
+            measure()
+            partial = Path(f"{args.json}.partial")
+            partial.write_text(json.dumps(figures, indent=1))
+            os.replace(partial, args.json)  # a reader never sees half a file
+
+    def measure() -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            free, total = torch.cuda.mem_get_info()
+            figures["device_used_peak_gib"] = max(figures["device_used_peak_gib"], (total - free) / 2**30)
+            figures["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            figures["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        figures["host_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+    def poll() -> None:
+        while True:
+            dump()
+            time.sleep(0.5)
+
+    threading.Thread(target=poll, daemon=True).start()
+    atexit.register(dump)
+    module, *rest = args.command[1:] if args.command[:1] == ["--"] else args.command
+    sys.argv = [module, *rest]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--bundle", type=Path, default=ROOT / "gpu-bundle")
+    parser.add_argument("--work", type=Path, default=None, help="default /tmp/rr-lease (cuda), OUT/work (cpu)")
+    parser.add_argument("--seconds", type=float, default=None, help="the part's limit (default: PART_SECONDS)")
+    verbs = parser.add_subparsers(dest="verb")
+    checked = verbs.add_parser("imports")
+    checked.add_argument("--json", required=True)
+    checked.add_argument("--vllm", action="store_true")
+    read = verbs.add_parser("metrics")
+    read.add_argument("--store", required=True)
+    read.add_argument("--json", required=True)
+    made = verbs.add_parser("random-policy")
+    made.add_argument("--folder", required=True)
+    made.add_argument("--device", default="cpu")
+    made.add_argument("--tiny", action="store_true")
+    measured = verbs.add_parser("peak")
+    measured.add_argument("--json", required=True)
+    measured.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    helpers = {"imports": imports_main, "metrics": metrics_main, "random-policy": random_policy_main,
+               "peak": peak_main}
+    if args.verb:
+        return helpers[args.verb](args)
+    if args.out is None:
+        parser.error("--out DIR is needed: where partN.json and partN.log land (make gpu-lease OUT=DIR)")
+    args.out = args.out.resolve()
+    return lease_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

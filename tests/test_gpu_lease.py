@@ -1,0 +1,193 @@
+"""The GPU lease's bundle (launch/bundle.py) and preflight (launch/gpu_lease.py), on small fake inputs: nothing is
+downloaded. The rehearsal test runs `make gpu-lease DEVICE=cpu OUT=...` as typed, both parts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from launch import bundle, gpu_lease
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+
+
+def write_wheel(folder: Path, name: str, files: dict[str, bytes], requires: tuple[str, ...] = ()) -> Path:
+    """A wheel holding `files` and METADATA with `requires` (Requires-Dist lines)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    metadata = (f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+                + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    wheel = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+        archive.writestr(f"{name}-1.0.dist-info/METADATA", metadata)
+    return wheel
+
+
+def fake_bundle(tmp_path: Path, piece_bytes: int, carry_bytes: int, extras: dict | None = None) -> tuple[bytes, dict]:
+    """A packed site of incompressible bytes (so it needs several pieces), split into tmp_path/bundle/carryN."""
+    site = tmp_path / "site"
+    (site / "probe").mkdir(parents=True)
+    (site / "probe" / "__init__.py").write_text("VALUE = 42\n")
+    (site / "probe" / "blob.bin").write_bytes(random.Random(0).randbytes(150_000))
+    data = bundle.compress(bundle.tar_bytes(site))
+    extras = {"update_reference.py": b"# x\n"} if extras is None else extras
+    manifest = bundle.split(data, tmp_path / "bundle", piece_bytes, carry_bytes, extras)
+    return data, manifest
+
+
+def test_the_pieces_fit_their_carry_folders_and_join_back_to_the_pack(tmp_path):
+    data, manifest = fake_bundle(tmp_path, piece_bytes=40_000, carry_bytes=100_000)
+    carries = sorted((tmp_path / "bundle").glob("carry*"))
+    assert len(carries) == len(manifest["carries"]) >= 2 and len(manifest["pieces"]) >= 4
+    for folder in carries:
+        assert sum(path.stat().st_size for path in folder.iterdir()) <= 100_000  # pieces, manifest and extras
+        assert all(path.stat().st_size <= 40_000 for path in folder.glob(f"{bundle.PACK}.*"))
+        assert (folder / "update_reference.py").read_bytes() == b"# x\n"
+    joined, missing, _ = bundle.gather(carries)
+    assert joined == data and missing == []
+    site = tmp_path / "unpacked"
+    bundle.extract(joined, site)
+    assert (site / "probe" / "__init__.py").read_text() == "VALUE = 42\n"
+    partial, missing, _ = bundle.gather(carries[:1])
+    assert partial is None and missing == [name for group in manifest["carries"][1:] for name in group]
+    first = carries[0] / manifest["carries"][0][0]
+    first.write_bytes(b"?" + first.read_bytes()[1:])
+    with pytest.raises(bundle.BundleError, match=f"piece {first} is damaged"):
+        bundle.gather(carries)
+
+
+def test_a_piece_larger_than_its_carry_folder_is_refused(tmp_path):
+    with pytest.raises(bundle.BundleError, match="lower --piece-mib"):
+        bundle.split(b"x" * 10, tmp_path, piece_bytes=200, carry_bytes=100)
+
+
+def test_the_site_is_unpacked_like_pip_trimmed_and_packed_to_the_same_bytes_every_time(tmp_path):
+    vllm = write_wheel(tmp_path / "wheels", "vllm", {
+        "vllm/__init__.py": b"", "vllm/vllm-rs": b"binary", "vllm/_moe_C_stable_libtorch.abi3.so": b"moe",
+        "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": b"fa2", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3",
+        "vllm/third_party/deep_gemm/include/a.hpp": b"h", "vllm/third_party/deep_gemm/_C.cpython-312-x.so": b"312",
+        "vllm/third_party/deep_gemm/_C.cpython-311-x.so": b"311", "vllm-1.0.data/purelib/extra.py": b"x = 1\n",
+        "vllm-1.0.data/scripts/vllm": b"#!/bin/sh\n"})
+    site = tmp_path / "site"
+    bundle.unpack_wheel(vllm, site)
+    assert (site / "extra.py").read_text() == "x = 1\n" and not (site / "vllm-1.0.data").exists()
+    removed = bundle.trim(site)
+    assert sorted(removed) == ["vllm/_moe_C_stable_libtorch.abi3.so", "vllm/third_party/deep_gemm/_C.cpython-311-x.so",
+                               "vllm/third_party/deep_gemm/include", "vllm/vllm-rs",
+                               "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"]
+    kept = sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file())
+    assert {"vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so", "vllm/third_party/deep_gemm/_C.cpython-312-x.so"} <= set(kept)
+    first = bundle.compress(bundle.tar_bytes(site))
+    os.utime(site / "extra.py", (1, 1))  # a later build: other times on disk, the same bytes packed
+    assert bundle.compress(bundle.tar_bytes(site)) == first
+
+
+def test_a_requirement_nothing_covers_is_named_with_the_wheels_that_need_it(tmp_path):
+    wheels = [write_wheel(tmp_path, "alpha", {}, ("numpy>=1", "beta", "gamma", "delta; python_version >= '3.10'",
+                                                  "epsilon; extra == 'docs'", "zeta; python_version < '3.8'")),
+              write_wheel(tmp_path, "beta", {}, ("Delta_Pkg", "numpy"))]
+    gaps = bundle.uncovered(wheels, image={"numpy"}, omitted={"gamma"})
+    assert gaps == {"delta": ["alpha"], "delta-pkg": ["beta"]}
+
+
+def test_the_list_is_exact_pins_and_its_omissions_are_read(tmp_path):
+    listed = tmp_path / "list.txt"
+    listed.write_text("# omit: Foo_Bar, baz (why)\nvllm==0.26.0  # the engine\n\nhydra-core==1.3.8\n")
+    assert bundle.read_pins(listed) == [("vllm", "0.26.0"), ("hydra-core", "1.3.8")]
+    assert bundle.omitted_names(listed) == {"foo-bar", "baz"}
+    listed.write_text("vllm>=0.26\n")
+    with pytest.raises(bundle.BundleError, match=r"list.txt:1: 'vllm>=0.26' is not `name==version`"):
+        bundle.read_pins(listed)
+    pins = bundle.read_pins(bundle.LIST)
+    assert ("vllm", "0.26.0") in pins
+    assert {"hydra-core", "omegaconf", "mlflow-skinny"} <= {bundle.canonical(n) for n, _ in pins}
+    assert not {bundle.canonical(n) for n, _ in pins} & bundle.image_names()  # nothing the image has is carried
+
+
+def lease_args(tmp_path: Path, bundle_folder: Path) -> argparse.Namespace:
+    return argparse.Namespace(part=1, device="cuda", out=tmp_path / "out", bundle=bundle_folder,
+                              work=tmp_path / "work", seconds=60)
+
+
+def test_each_call_stashes_its_carry_folder_and_the_bundle_unpacks_once_all_are_in(tmp_path):
+    fake_bundle(tmp_path, piece_bytes=40_000, carry_bytes=100_000)
+    carried = tmp_path / "call" / "gpu-bundle"
+    carried.mkdir(parents=True)
+    (tmp_path / "bundle" / "carry1").rename(carried / "carry1")  # the first call brings carry1 alone
+    lease = gpu_lease.Lease(lease_args(tmp_path, carried))
+    assert gpu_lease.install(lease) is False
+    stage = lease.summary["stages"]["install"]
+    assert stage["status"] == "incomplete" and stage["carry next"] == ["gpu-bundle/carry2"]
+    (carried / "carry1").rename(tmp_path / "gone")  # the next call's tree holds carry2 only
+    (tmp_path / "bundle" / "carry2").rename(carried / "carry2")
+    lease = gpu_lease.Lease(lease_args(tmp_path, carried))
+    assert gpu_lease.install(lease) is True and lease.summary["stages"]["install"]["status"] == "ok"
+    assert (tmp_path / "work" / "site" / "probe" / "__init__.py").is_file()
+    assert str(tmp_path / "work" / "site") in lease.env()["PYTHONPATH"].split(os.pathsep)
+    lease = gpu_lease.Lease(lease_args(tmp_path, tmp_path / "nothing-carried"))  # part 2, the machine still warm
+    assert gpu_lease.install(lease) is True and "reused" in lease.summary["stages"]["install"]
+    on_disk = json.loads((tmp_path / "out" / "part1.json").read_text())
+    assert on_disk["stages"]["install"]["status"] == "ok"
+
+
+def test_a_stage_that_hangs_is_stopped_at_its_limit_and_the_next_one_runs(tmp_path, monkeypatch):
+    monkeypatch.setitem(gpu_lease.LIMITS, "hang", 2)
+    lease = gpu_lease.Lease(lease_args(tmp_path, tmp_path))
+    hung = lease.run("hang", ["bash", "-c", "sleep 60 & sleep 60"])
+    assert hung["status"] == "timed out" and hung["seconds"] < 20
+    assert lease.run("after", ["bash", "-c", "exit 3"])["status"] == "failed"
+    assert lease.run("fine", ["true"], lambda: {"figures": {"x": 1}})["figures"] == {"x": 1}
+    assert set(json.loads((tmp_path / "out" / "part1.json").read_text())["stages"]) == {"hang", "after", "fine"}
+
+
+def numbers(value) -> list[float]:
+    if isinstance(value, dict):
+        return [n for item in value.values() for n in numbers(item)]
+    if isinstance(value, list):
+        return [n for item in value for n in numbers(item)]
+    return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", [1, 2])
+def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, part):
+    # The install stage unpacks it; update_reference.py comes from ../shared/bench, as the bundle's copy would.
+    fake_bundle(tmp_path, piece_bytes=100_000, carry_bytes=400_000, extras={})
+    out = tmp_path / "out"
+    command = ["make", "gpu-lease", "DEVICE=cpu", f"OUT={out}", f"PART={part}", f"GPU_BUNDLE={tmp_path / 'bundle'}"]
+    # A cap, not a speed target: a part took 5-10 minutes on 2 cores shared with other jobs (load average 12).
+    done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == [f"part{part}.json", f"part{part}.log"]
+    stages = json.loads((out / f"part{part}.json").read_text())["stages"]
+    assert stages["install"]["status"] == "ok" and stages["imports"]["status"] == "ok"
+    if part == 1:
+        assert stages["pytest"]["figures"]["counts"]["skipped"] == 3  # no CUDA here
+        steps = stages["gpu_step"]["figures"]
+        assert sorted(steps) == ["gpu_step_cpu_16", "gpu_step_cpu_8"]
+        assert all(row["update_s"] > 0 for saved in steps.values() for row in saved["rows"])
+        if bundle.REFERENCE.is_file():  # ../shared/bench beside the checkout
+            assert stages["update_reference"]["figures"]["results"][0]["seconds"] > 0
+        else:
+            assert stages["update_reference"]["status"] == "missing"
+    else:
+        assert stages["update_ops"]["status"] in ("ok", "missing")
+        times = stages["torchrun"]["metrics"]["time"]
+        assert len(times["time/train"]) == len(times["time/weight_sync"]) == 3 and min(times["time/train"]) > 0
+        preset = stages["preset_1.5b"]
+        assert preset["status"] == "ok" and preset["figures"]["host_peak_rss_gib"] > 0
+        assert preset["plan"]["training_gib"] > 0 and len(preset["metrics"]["time"]["time/train"]) == 1
+    for name, stage in stages.items():
+        assert stage["status"] in ("ok", "missing"), (name, stage)
+        bare = name in ("install", "imports", "update_ops", "preset_1.5b:weights")  # statuses, versions, a folder
+        assert bare or numbers(stage.get("figures", stage)), name
+    assert not stages["imports"]["figures"]["failed"] and stages["imports"]["figures"]["versions"]["hydra"]
