@@ -347,7 +347,7 @@ CLAIMS = {claim.name: claim for claim in (
           "At an equal 15,360 rollouts no reuse mechanism clearly beats on-policy RLOO (0.467): stale sampling "
           "0.471 and replay R = 2 0.457 are within a point of it, and the aggressive run's final checkpoint "
           "collapses to 0.206 (its best checkpoint reached 0.477).",
-          (135, "Table 1 summarizes main ablations at equal rollout budget (15,360)."),
+          (133, "Table 1 summarizes main ablations at equal rollout budget (15,360)."),
           {"on-policy": tags_are(buffer="none", behaviour="current"), "stale": tags_are(buffer="none", behaviour="stale"),
            "replay-R2": tags_are(buffer="fifo", behaviour="current"), "aggressive": tags_are(buffer="fifo", behaviour="stale")},
           (Spec("stale vs on-policy, held-out reward (final checkpoint)", "stale", "on-policy", COUNTDOWN_REWARD,
