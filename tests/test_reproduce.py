@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.claims import CLAIMS, VERDICTS, Comparison, assign_roles
+from analysis.claims import CLAIMS, REPRODUCED, VERDICTS, Comparison, assign_roles
 from analysis.reproduce import comparison_table
 from tests.conftest import PROJECT_ROOT
 
@@ -65,6 +65,11 @@ EXTRA = {
 }
 
 
+# The verdicts these fixtures give, read off their reports (python -m src.run -m +reproduce=seedNNN with TINY,
+# EXTRA and trainer.seed=0,1, then python -m analysis.reproduce seedNNN).
+TINY_VERDICT: dict[str, str] = {}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CLAIMS))
 def test_make_reproduce_runs_the_study_over_seeds_and_writes_the_verdict(tmp_path, name):
@@ -75,7 +80,13 @@ def test_make_reproduce_runs_the_study_over_seeds_and_writes_the_verdict(tmp_pat
     report = (tmp_path / "reports" / f"reproduce-{name}" / "README.md").read_text()
     claim = CLAIMS[name]
     assert report.startswith(f"## {claim.paper}: ")
-    assert re.search(rf"\*\*Verdict: ({REPRODUCED}|{NOT_REPRODUCED}|{INCONCLUSIVE})\.\*\*", report)
+    found = re.search(r"^\*\*Verdict: (.+?)\.\*\*", report, re.M)
+    assert found and found.group(1) in VERDICTS, report
+    # Two steps from the warm start at two seeds is no evidence for any claim: a "reproduced" here would be a
+    # false agreement. Where the fixture's verdict was measured, it is pinned.
+    assert found.group(1) != REPRODUCED, report
+    if name in TINY_VERDICT:
+        assert found.group(1) == TINY_VERDICT[name], report
     for role in claim.roles:  # every role of the claim ran at both seeds
         assert re.search(rf"^\| {re.escape(role)} \| .*\(2 seeds\)", report, re.M), (role, report)
     if name == "seed000":
