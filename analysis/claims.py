@@ -176,6 +176,8 @@ class Study:
     def substitution(self, spec: Spec) -> str:
         if spec.metric.startswith("pass@k<="):
             paper_k, k = int(spec.metric.removeprefix("pass@k<=")), self.largest_k(int(spec.metric[8:]))
+            if k is None:
+                return f"no pass@k logged (the paper's pass@{paper_k})"
             if k != paper_k:
                 return f"pass@{k} for the paper's pass@{paper_k}: the largest k the quick evaluation logs"
         return spec.substitution

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.claims import CLAIMS, REPRODUCED, VERDICTS, Comparison, assign_roles
+from analysis.claims import CLAIMS, NOT_TESTABLE, REPRODUCED, VERDICTS, Comparison, assign_roles
 from analysis.reproduce import comparison_table
 from tests.conftest import PROJECT_ROOT
 
@@ -67,7 +67,10 @@ EXTRA = {
 
 # The verdicts these fixtures give, read off their reports (python -m src.run -m +reproduce=seedNNN with TINY,
 # EXTRA and trainer.seed=0,1, then python -m analysis.reproduce seedNNN).
-TINY_VERDICT: dict[str, str] = {}
+# Seed 004 (measured at 6f52f90 / 3bff452): at two steps frontier and uniform score alike at both seeds, so
+# neither row has a test. The other targets' fixtures were not run here (a seed 004 cell took 4 to 8 minutes on
+# the shared 2 cores); their verdict is held only to the rules' four and to "not reproduced in two steps".
+TINY_VERDICT: dict[str, str] = {"seed004": NOT_TESTABLE}
 
 
 @pytest.mark.slow
