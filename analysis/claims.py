@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from analysis.seeds import ALPHA, POWER, claim_outcomes, detectable, one_sided_p, seeds_to_decide, t_interval
+from analysis.seeds import claim_outcomes, detectable, one_sided_p, seeds_to_decide, t_interval
 
 REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
 TOO_FEW_SEEDS, NOT_TESTABLE = "too few seeds to decide", "not testable at this scale"
