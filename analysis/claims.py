@@ -1,17 +1,28 @@
 """The five papers' headline claims, each as comparisons over training seeds with a verdict (make reproduce-seedNNN).
 
-A claim names the roles its cells play (which runs are the baseline, which the method), and turns the runs of
-a reproduction into paired comparisons: the method against the baseline at the same training seed, on one
-metric, with the direction the paper's claim expects. Each comparison is judged by the paired t-test of
-`analysis.seeds` (95 %, over training seeds), and the claim's verdict follows from its comparisons:
+A claim names the roles its cells play (which runs are the baseline, which the method) and turns the runs of a
+reproduction into paired comparisons: the method against the baseline at the same training seed, on the paper's
+metric, with what the paper says of the difference. Agreement needs evidence (SPEC 13, `analysis.seeds`):
 
-- reproduced in direction: every comparison goes the way the claim says (a "higher" significantly higher, an
-  "at least" not significantly lower with a mean difference >= 0, a "flat" not significantly different);
-- not reproduced: some comparison is significantly the other way;
-- inconclusive at this scale: neither, e.g. a difference in the claim's direction within the seeds' noise.
+- "higher" / "lower": a one-sided paired t-test over training seeds rejects "no difference" at 5 %;
+- "at least" (non-inferiority): the one-sided test rejects "worse by the margin or more";
+- "flat" (equivalence): two one-sided tests (TOST) reject "outside +- the margin".
 
-Everything here is a pure function of pandas objects; `analysis/reproduce.py` reads MLflow and writes the
-report section. The papers' numbers are quoted with their lines (docs/papers.md).
+Each margin is fixed here, before any run, and tied to the paper's own numbers where it gives them; for "higher"
+and "lower" the margin is the paper's effect, the size the seeds must be able to detect. A comparison that is
+true by construction (rollout counts fixed by a schedule) is a `ScheduleCheck`, shown apart, never evidence.
+The claim's verdict:
+
+- reproduced: every comparison's test rejects its null;
+- not reproduced: some comparison is significantly the other way, or fails to reject where the seeds had the
+  power (80 %) to detect its margin;
+- too few seeds to decide: no comparison against, and some cannot be decided: their seeds' detectable
+  difference exceeds the margin (the row names the seed count that would decide);
+- not testable at this scale: the baseline does not learn, a role has no runs, or the seeds do not vary.
+
+Runs from different commits are never pooled: `commit_refusal` says so in one line. Everything here is a pure
+function of pandas objects; `analysis/reproduce.py` reads MLflow and writes the report section. The papers'
+numbers are quoted with their lines (the seed texts, ../shared/seeds; `tests/test_verdicts.py` finds each).
 """
 
 from __future__ import annotations
@@ -22,36 +33,94 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from analysis.seeds import paired_difference, t_interval
+from analysis.seeds import claim_outcomes, detectable, one_sided_p, seeds_to_decide, t_interval
 
-REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced in direction", "not reproduced", "inconclusive at this scale"
+REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
+TOO_FEW_SEEDS, NOT_TESTABLE = "too few seeds to decide", "not testable at this scale"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, TOO_FEW_SEEDS, NOT_TESTABLE)
 EXPECTATIONS = ("higher", "at least", "flat", "lower")
+COMMIT_TAG = "tags.mlflow.source.git.commit"  # set by MLflow's resolve_tags (src/runs/claim.py, create_claim_run)
+DEFAULT_MARGIN = 0.02  # one of 50 held-out prompts: the resolution of the quick evaluation's per-prompt scores
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a claim compares, fixed before any run: `method` against `baseline` (roles) on `metric`.
+
+    `margin` is the non-inferiority or equivalence margin ("at least", "flat") or the paper's effect the seeds
+    must be able to detect ("higher", "lower"); `why` ties it to the paper. `source` is (line, verbatim quote)
+    in the paper's seed text; `substitution` names what stands in for the paper's metric, if anything."""
+    label: str
+    method: str
+    baseline: str
+    metric: str
+    expect: str
+    margin: float
+    why: str
+    paper: str
+    source: tuple[int, str]
+    substitution: str = ""
 
 
 @dataclass(frozen=True)
 class Comparison:
     """`method` against `baseline` on one metric over training seeds (each a Series indexed by seed)."""
-    label: str              # what is compared, e.g. "rho1-L1-c1 vs fresh-only, reward at equal fresh evaluations"
+    label: str
     expect: str             # one of EXPECTATIONS: what the paper's claim says of method - baseline
     method: pd.Series
     baseline: pd.Series
     paper: str              # the paper's figure for this comparison
+    margin: float = DEFAULT_MARGIN
+    why: str = ""
+    substitution: str = ""
 
     def judged(self) -> dict:
-        """The paired difference (mean, 95 % half-width, p, test verdict) and whether it agrees with the claim."""
-        result = paired_difference(self.method, self.baseline)
-        test, mean = result["verdict"], result["diff"]
-        if test in ("one seed", "no baseline"):
-            agrees = None
-        elif self.expect == "higher":
-            agrees = True if test == "better" else False if test == "worse" else None
-        elif self.expect == "lower":
-            agrees = True if test == "worse" else False if test == "better" else None
-        elif self.expect == "at least":
-            agrees = False if test == "worse" else True if mean >= 0 else None
-        else:  # flat
-            agrees = test == "within noise"
-        return {**result, "agrees": agrees}
+        """The paired difference (mean, 95 % two-sided half-width), the claim's one-sided test (p), the smallest
+        difference the seeds detect (80 % power, 5 %), the seeds that would decide, and the outcome."""
+        shared = self.method.dropna().index.intersection(self.baseline.dropna().index)
+        d = (self.method[shared] - self.baseline[shared]).to_numpy(dtype=float)
+        mean, half_width = t_interval(d)
+        sd = float(np.std(d, ddof=1)) if d.size > 1 else np.nan
+        outcome = str(claim_outcomes(d[None, :], self.expect, self.margin)[0]) if d.size else "no data"
+        equivalence = self.expect == "flat"
+        row = {"n_pairs": int(d.size), "diff": mean, "diff_hw": half_width, "p_value": claim_p(d, self.expect,
+                                                                                             self.margin),
+               "detectable": float(detectable(sd, d.size, equivalence)) if d.size > 1 else np.nan,
+               "seeds_needed": seeds_to_decide(sd, self.margin, equivalence) if outcome == "too few seeds" else None,
+               "outcome": outcome}
+        agrees = {"agrees": True, "against": False, "not shown": False}.get(outcome)
+        return {**row, "agrees": agrees}
+
+
+def claim_p(d: np.ndarray, expect: str, margin: float) -> float:
+    """p of the claim's own one-sided test (TOST: the larger of its two), NaN without spread."""
+    if d.size < 2 or np.isclose(np.std(d, ddof=1), 0.0, atol=1e-12):
+        return np.nan
+    if expect == "flat":
+        return float(max(one_sided_p(d, -margin, True), one_sided_p(d, margin, False)))
+    shift, greater = {"higher": (0.0, True), "lower": (0.0, False), "at least": (-margin, True)}[expect]
+    return float(one_sided_p(d, shift, greater))
+
+
+@dataclass(frozen=True)
+class ScheduleCheck:
+    """A comparison the schedule decides (e.g. rollouts generated): `method` < `baseline` at every seed is a
+    check that the runs followed the schedule, never evidence for the claim."""
+    label: str
+    method: pd.Series
+    baseline: pd.Series
+    paper: str
+
+    def result(self) -> str:
+        shared = self.method.dropna().index.intersection(self.baseline.dropna().index)
+        if shared.empty:
+            return f"{self.label}: no runs to check"
+        method, baseline = self.method[shared], self.baseline[shared]
+        broken = [str(seed) for seed in shared if not method[seed] < baseline[seed]]
+        ratio = method.mean() / baseline.mean() if baseline.mean() else np.nan
+        said = "holds at every seed" if not broken else "FAILS at seed(s) " + ", ".join(broken)
+        return (f"{self.label}: {method.mean():,.0f} against {baseline.mean():,.0f} ({ratio:.0%}), {said} "
+                f"(paper: {self.paper}); fixed by the schedule, so not evidence")
 
 
 @dataclass(frozen=True)
@@ -60,16 +129,24 @@ class Claim:
     name: str                                        # seed000 ... seed004: the reproduce config and make target
     paper: str                                       # "Seed 000 (Replay-RLOO)"
     statement: str                                   # the claim in one sentence, with the paper's number
-    source: str                                      # where the paper says it
+    source: tuple[int, str]                          # (line, verbatim quote) in the paper's seed text
     roles: dict[str, Callable[[pd.Series], bool]]    # role -> which runs (rows of the runs table) play it
-    compare: Callable[["Study"], list[Comparison]]
+    specs: tuple[Spec, ...]
+    baseline: str                                    # the role whose learning makes the claim testable
+    substitutions: tuple[str, ...] = ()              # data, evaluation protocol, model and scale
+    checks: Callable[["Study"], list[ScheduleCheck]] = field(default=lambda study: [])
     notes: Callable[["Study"], list[str]] = field(default=lambda study: [])
+
+    def compare(self, study: "Study") -> list[Comparison]:
+        return [Comparison(spec.label, spec.expect, study.values(spec.method, study.metric(spec.metric)),
+                           study.values(spec.baseline, study.metric(spec.metric)), spec.paper, spec.margin,
+                           spec.why, study.substitution(spec)) for spec in self.specs]
 
 
 @dataclass
 class Study:
     """A reproduction's finished runs (one row per run: `role`, `seed`, `run_id` and `metrics.*` columns) and
-    a reader of a run's learning curve (evaluation reward against fresh evaluations, for seed 000)."""
+    a reader of a run's learning curve (evaluation reward against fresh evaluations, for seed 000's figure)."""
     runs: pd.DataFrame
     curve: Callable[[str], pd.DataFrame] = field(default=lambda run_id: pd.DataFrame(columns=["fresh", "reward"]))
 
@@ -82,6 +159,29 @@ class Study:
         column = rows["metrics." + metric] if "metrics." + metric in rows else pd.Series(np.nan, index=rows.index)
         return pd.Series(column.astype(float).to_numpy(), index=rows["seed"].to_numpy()).sort_index()
 
+    def largest_k(self, most: int) -> int | None:
+        """The largest k <= `most` whose quick/final/pass_at_k the runs logged."""
+        ks = [int(column.rsplit("_", 1)[1]) for column in self.runs.columns
+              if column.startswith("metrics.quick/final/pass_at_") and column.rsplit("_", 1)[1].isdigit()]
+        ks = [k for k in ks if k <= most]
+        return max(ks) if ks else None
+
+    def metric(self, metric: str) -> str:
+        """A spec's metric as logged: "pass@k<=K" is the largest logged k up to the paper's K."""
+        if metric.startswith("pass@k<="):
+            k = self.largest_k(int(metric.removeprefix("pass@k<=")))
+            return f"quick/final/pass_at_{k}" if k is not None else "quick/final/pass_at_?"
+        return metric
+
+    def substitution(self, spec: Spec) -> str:
+        if spec.metric.startswith("pass@k<="):
+            paper_k, k = int(spec.metric.removeprefix("pass@k<=")), self.largest_k(int(spec.metric[8:]))
+            if k is None:
+                return f"no pass@k logged (the paper's pass@{paper_k})"
+            if k != paper_k:
+                return f"pass@{k} for the paper's pass@{paper_k}: the largest k the quick evaluation logs"
+        return spec.substitution
+
     def spread(self, role: str, metric: str) -> str:
         """'0.312 ± 0.021 (3 seeds)': mean and 95 % t half-width over seeds."""
         values = self.values(role, metric).dropna()
@@ -93,21 +193,46 @@ class Study:
         return f"{mean:{digits}}{hw} ({values.size} seed{'s' if values.size != 1 else ''})"
 
 
+def commit_refusal(runs: pd.DataFrame) -> str | None:
+    """One line refusing a verdict over runs of several commits (None: one commit, or none recorded at all)."""
+    if COMMIT_TAG not in runs or runs.empty:
+        return None
+    commits = runs[COMMIT_TAG].fillna("unrecorded").astype(str).str[:7].value_counts()
+    if len(commits) < 2:
+        return None
+    return ("runs from different commits are not pooled: " + ", ".join(f"{c} ({n} run{'s' if n > 1 else ''})"
+            for c, n in commits.items()) + "; rerun the study at one commit (trainer.rerun=true)")
+
+
+def baseline_learns(study: Study, role: str) -> str | None:
+    """Why the claim is not testable when its baseline ends at or below its warm start (None: it learns, or the
+    runs have no start evaluation to tell)."""
+    start, final = study.values(role, "quick/start/mean_reward"), study.values(role, "quick/final/mean_reward")
+    if start.dropna().empty or final.dropna().empty or final.mean() > start.mean():
+        return None
+    return f"the baseline {role} ends at {final.mean():.3f}, not above its start {start.mean():.3f}: it does not learn"
+
+
 def verdict(judged: list[dict]) -> tuple[str, str]:
     """The claim's verdict from its comparisons' judgements, with the reason in words."""
-    if not judged:
-        return INCONCLUSIVE, "no comparison could be made: a role has no finished runs"
-    against = [row["label"] for row in judged if row["agrees"] is False]
-    if against:
-        return NOT_REPRODUCED, "significantly the other way: " + "; ".join(against)
-    open_rows = [row for row in judged if row["agrees"] is None]
-    if not open_rows:
-        return REPRODUCED, "every comparison goes the claim's way (paired t-test over training seeds, 95 %)"
-    seeds = min(row["n_pairs"] for row in judged)
-    reasons = "; ".join(f"{row['label']}: {row['diff']:+.3f}" + (f" ± {row['diff_hw']:.3f}"
-                                                                if not np.isnan(row["diff_hw"]) else "")
-                        for row in open_rows)
-    return INCONCLUSIVE, f"within the noise of {seeds} training seed(s): {reasons}"
+    if not judged or any(row["outcome"] == "no data" for row in judged):
+        return NOT_TESTABLE, "a comparison has fewer than two seeds with both roles' runs"
+    by = lambda outcome: [row for row in judged if row["outcome"] == outcome]
+    if by("against"):
+        return NOT_REPRODUCED, "significantly the other way: " + "; ".join(row["label"] for row in by("against"))
+    if not [row for row in judged if row["outcome"] != "agrees"]:
+        return REPRODUCED, "every comparison's one-sided test rejects its null at 5 % (paired over training seeds)"
+    if by("not shown"):
+        return NOT_REPRODUCED, ("no evidence where the seeds had 80 % power to find it: "
+                                + "; ".join(f"{row['label']} ({row['diff']:+.3f})" for row in by("not shown")))
+    if by("no spread"):
+        return NOT_TESTABLE, ("every seed gives the same difference, so there is no test: "
+                              + "; ".join(row["label"] for row in by("no spread")))
+    open_rows = by("too few seeds")
+    needed = [row["seeds_needed"] for row in open_rows]
+    count = f"{max(needed)} seeds would decide" if None not in needed else "more than 10,000 seeds would be needed"
+    return TOO_FEW_SEEDS, (f"{count}: " + "; ".join(
+        f"{row['label']} detects {row['detectable']:.3f} > margin {row['margin']:.3f}" for row in open_rows))
 
 
 # --------------------------------------------------------------------------- the runs' roles
@@ -139,86 +264,41 @@ def assign_roles(runs: pd.DataFrame, claim: Claim) -> pd.DataFrame:
 # --------------------------------------------------------------------------- the five claims
 
 COUNTDOWN_REWARD = "quick/final/mean_reward"   # the held-out reward of the tiny presets' quick evaluation
+TINY = "a ~1 M-parameter tiny policy, 60 steps, CPU sizes (the preset's -tiny twin) for the paper's model and scale"
+COUNTDOWN_DATA = "Countdown prompts from the project's seeded generator (task.source=generator) for the paper's data set"
+QUICK = "the quick evaluation (50 held-out prompts x 8 samples, one repeat)"
+ONE_OF_FIFTY = "one of 50 held-out prompts (0.02), the resolution of a 50-prompt score"
 
 
-def fresh_evaluations(run: pd.Series) -> float:
-    value = run.get("metrics.budget/fresh_evaluations")
-    return float(value) if value is not None and not pd.isna(value) else np.nan
+def seed000_checks(study: Study) -> list[ScheduleCheck]:
+    fresh = study.values("fresh-only", "budget/fresh_evaluations")
+    return [ScheduleCheck(f"{role} vs fresh-only, fresh verifier evaluations a run",
+                          study.values(role, "budget/fresh_evaluations"), fresh, "51.7K vs 102.4K (line 11)")
+            for role in ("rho1-L1-c1", "rho1-L2-c1")]
 
 
-def reward_at(curve: pd.DataFrame, fresh: float) -> float:
-    """The evaluation reward a learning curve reaches at `fresh` fresh evaluations (linear between its points)."""
-    curve = curve.dropna().sort_values("fresh")
-    if curve.empty or fresh > curve["fresh"].max():
-        return np.nan
-    return float(np.interp(fresh, curve["fresh"], curve["reward"]))
-
-
-def seed000_comparisons(study: Study) -> list[Comparison]:
-    """Each replay cell's final reward against the fresh-only run of its seed, read off that run's curve at the
-    replay run's own fresh-evaluation count."""
-    fresh_runs = study.of("fresh-only").set_index("seed")
-    comparisons = []
-    for role in ("rho1-L1-c1", "rho1-L2-c1"):
-        method, baseline = {}, {}
-        for _, run in study.of(role).iterrows():
-            if run["seed"] in fresh_runs.index:
-                method[run["seed"]] = float(run["metrics." + COUNTDOWN_REWARD])
-                budget = fresh_evaluations(run)
-                baseline[run["seed"]] = reward_at(study.curve(fresh_runs.loc[run["seed"], "run_id"]), budget)
-        comparisons.append(Comparison(
-            f"{role} vs fresh-only, held-out reward at the replay run's fresh evaluations", "at least",
-            pd.Series(method, dtype=float), pd.Series(baseline, dtype=float),
-            "replay matches or exceeds fresh-only pass@16 0.756 with 51.7K of its 102.4K evaluations"))
-    return comparisons
-
-
-def seed000_notes(study: Study) -> list[str]:
-    budgets = {role: study.values(role, "budget/fresh_evaluations").mean() for role in study.runs["role"].unique()}
-    fresh = budgets.get("fresh-only", np.nan)
-    return [f"fresh verifier evaluations a run: " + ", ".join(
-        f"{role} {value:,.0f}" + (f" ({value / fresh:.0%} of fresh-only)" if role != "fresh-only" else "")
-        for role, value in budgets.items())]
-
-
-def seed001_comparisons(study: Study) -> list[Comparison]:
-    rows = []
-    for split in ("W6T2", "W4T4"):
-        rows.append(Comparison(f"FIFO vs LIFO at {split}, held-out accuracy", "at least",
-                               study.values(f"fifo-{split}", COUNTDOWN_REWARD),
-                               study.values(f"lifo-{split}", COUNTDOWN_REWARD),
-                               "FIFO reaches LIFO's accuracy (Figure 1)"))
-        rows.append(Comparison(f"FIFO vs LIFO at {split}, rollouts generated (inference compute)", "lower",
-                               study.values(f"fifo-{split}", "runtime/generated_rollouts"),
-                               study.values(f"lifo-{split}", "runtime/generated_rollouts"),
-                               "up to 40 % less compute for a given accuracy (line 433)"))
-    return rows
+def seed001_checks(study: Study) -> list[ScheduleCheck]:
+    return [ScheduleCheck("FIFO vs LIFO at (W, T) = (6, 2), rollouts generated",
+                          study.values("fifo-W6T2", "runtime/generated_rollouts"),
+                          study.values("lifo-W6T2", "runtime/generated_rollouts"),
+                          "up to 40 % less compute for a given accuracy (line 433)")]
 
 
 def seed001_notes(study: Study) -> list[str]:
-    return ["compute per update (1 + gamma or 1 + mu, lockstep): " + ", ".join(
-        f"{role} {study.values(role, 'runtime/compute_per_update').mean():.2f}"
-        for role in sorted(study.runs["role"].unique()))]
+    caution = Comparison("", "at least", study.values("fifo-W4T4", COUNTDOWN_REWARD),
+                         study.values("lifo-W4T4", COUNTDOWN_REWARD), "").judged()
+    spread = f" ± {caution['diff_hw']:.3f}" if not np.isnan(caution["diff_hw"]) else ""
+    return [f"(W, T) = (4, 4) is the paper's caution, not its claim (lines 457-461: replay ratio 17.6, "
+            f"'aggressive replay eventually degrades performances'): FIFO minus LIFO held-out accuracy "
+            f"{caution['diff']:+.3f}{spread} over {caution['n_pairs']} seed(s), not judged",
+            "compute per update (1 + W/T with a buffer, 1 + mu without, lockstep): " + ", ".join(
+                f"{role} {study.values(role, 'runtime/compute_per_update').mean():.2f}"
+                for role in sorted(study.runs["role"].unique()))]
 
 
-def seed002_comparisons(study: Study) -> list[Comparison]:
-    expected = {"stale": ("flat", "stale 0.471 vs on-policy 0.467 (one seed)"),
-                "replay-R2": ("flat", "replay 0.457 vs on-policy 0.467 (one seed)"),
-                "aggressive": ("lower", "aggressive final checkpoint 0.206 vs 0.467 (best one 0.477)")}
-    return [Comparison(f"{role} vs on-policy, held-out reward (final checkpoint)", expect,
-                       study.values(role, COUNTDOWN_REWARD), study.values("on-policy", COUNTDOWN_REWARD), paper)
-            for role, (expect, paper) in expected.items()]
-
-
-def seed003_comparisons(study: Study) -> list[Comparison]:
-    return [
-        Comparison("POPO vs DAPO, held-out reward", "at least", study.values("popo", COUNTDOWN_REWARD),
-                   study.values("dapo", COUNTDOWN_REWARD), "60.4 vs 61.5 (Table 2, Countdown avg.)"),
-        Comparison("POPO vs DAPO, rollouts generated", "lower", study.values("popo", "budget/fresh_evaluations"),
-                   study.values("dapo", "budget/fresh_evaluations"), "205k vs 877k rollouts (23 %)"),
-        Comparison("POPO vs GRPO, held-out reward", "higher", study.values("popo", COUNTDOWN_REWARD),
-                   study.values("grpo", COUNTDOWN_REWARD), "60.4 vs 51.6 (Table 2)"),
-    ]
+def seed003_checks(study: Study) -> list[ScheduleCheck]:
+    return [ScheduleCheck("POPO vs DAPO, rollouts generated", study.values("popo", "budget/fresh_evaluations"),
+                          study.values("dapo", "budget/fresh_evaluations"), "205k vs 877k (Table 2, line 98)")]
 
 
 def seed003_notes(study: Study) -> list[str]:
@@ -226,53 +306,89 @@ def seed003_notes(study: Study) -> list[str]:
         f"{role} {study.spread(role, 'batch/effective_fraction_cumulative')}" for role in ("popo", "grpo", "dapo"))]
 
 
-def seed004_comparisons(study: Study) -> list[Comparison]:
-    return [
-        Comparison("frontier vs uniform, held-out pass@1", "higher", study.values("frontier", "quick/final/pass_at_1"),
-                   study.values("uniform", "quick/final/pass_at_1"), "0.49 vs 0.41 (Table 1)"),
-        Comparison("frontier vs uniform, held-out pass@32", "flat", study.values("frontier", "quick/final/pass_at_32"),
-                   study.values("uniform", "quick/final/pass_at_32"), "pass@128 0.82 vs 0.82 (Table 1)"),
-    ]
-
-
 def seed004_notes(study: Study) -> list[str]:
     return ["held-out mean reward (the paper's average score, 0.46 -> 0.52): " + ", ".join(
         f"{role} {study.spread(role, COUNTDOWN_REWARD)}" for role in ("uniform", "frontier"))]
 
 
+SEED000_LINE11 = ("Replay at  $\\rho = 1$  cuts fresh verifier evaluations from 102.4K to 51.7K per run, about half, "
+                  "while several replay settings match or exceed the fresh-only  $\\text{pass}@16$  of 0.756.")
+SEED002_FLAT = ("flat", DEFAULT_MARGIN, "the paper's widest gap it reads as no clear gain, mild combined 0.451 "
+                "against on-policy 0.467 (0.016, line 143), rounded up")
+
 CLAIMS = {claim.name: claim for claim in (
     Claim("seed000", "Seed 000 (Replay-RLOO)",
           "At rho = 1 replay cuts fresh verifier evaluations from 102.4K to 51.7K a run while several replay "
-          "settings match or exceed the fresh-only pass@16 of 0.756: at equal fresh evaluations replay "
-          "(rho = 1, L in {1, 2}, c = 1) reaches at least the fresh-only held-out reward.",
-          "seed 000 line 11", {"fresh-only": cell_is("rho0"), "rho1-L1-c1": cell_is("rho1-L1-c1"),
-                               "rho1-L2-c1": cell_is("rho1-L2-c1")},
-          seed000_comparisons, seed000_notes),
+          "settings match or exceed the fresh-only pass@16 of 0.756: at equal steps replay (rho = 1, L in {1, 2}, "
+          "c = 1) reaches at least fresh-only's held-out pass@k.",
+          (11, SEED000_LINE11),
+          {"fresh-only": cell_is("rho0"), "rho1-L1-c1": cell_is("rho1-L1-c1"), "rho1-L2-c1": cell_is("rho1-L2-c1")},
+          tuple(Spec(f"{role} vs fresh-only, held-out pass@k at equal steps", role, "fresh-only", "pass@k<=16",
+                     "at least", DEFAULT_MARGIN, ONE_OF_FIFTY + ": the paper's 50 held-out prompts 'cannot reliably "
+                     "separate' a 0.036 band of pass@16 (line 138)", "pass@16 0.792 / 0.756 (Table 1, line 118)",
+                     (11, SEED000_LINE11)) for role in ("rho1-L1-c1", "rho1-L2-c1")),
+          "fresh-only", (TINY, COUNTDOWN_DATA, QUICK + " for the canonical 5 x 16 samples on 50 prompts (line 9)"),
+          seed000_checks),
     Claim("seed001", "Seed 001 (asynchronous replay)",
-          "A FIFO buffer reaches the LIFO pipe's accuracy with less inference compute, saving up to 40 % of the "
-          "compute to reach a given accuracy; here at (W, T) = (6, 2) and (4, 4) under the lockstep schedule.",
-          "seed 001 line 433", {"lifo-W6T2": cell_has("W6T2", "lifo"), "lifo-W4T4": cell_has("W4T4", "lifo"),
-                                "fifo-W6T2": cell_has("W6T2", without="lifo"), "fifo-W4T4": cell_has("W4T4", without="lifo")},
-          seed001_comparisons, seed001_notes),
+          "For a good buffer configuration, (W, T) = (6, 2) in the paper's Figure 1, a FIFO buffer reaches the "
+          "LIFO pipe's accuracy with less inference compute, saving up to 40 % of the compute to reach a given "
+          "accuracy; here at equal updates on the lockstep clock, where the compute is fixed by the schedule.",
+          (433, "Figure 1 summarizes our central finding: for a good choice of buffer configuration, one may save "
+                "up to 40% of"),
+          {"lifo-W6T2": cell_has("W6T2", "lifo"), "lifo-W4T4": cell_has("W4T4", "lifo"),
+           "fifo-W6T2": cell_has("W6T2", without="lifo"), "fifo-W4T4": cell_has("W4T4", without="lifo")},
+          (Spec("FIFO vs LIFO at (W, T) = (6, 2), held-out accuracy at equal updates", "fifo-W6T2", "lifo-W6T2",
+                COUNTDOWN_REWARD, "at least", DEFAULT_MARGIN, ONE_OF_FIFTY + "; the paper gives no tolerance",
+                "FIFO reaches LIFO's accuracy (Figure 1, (W, T) = (6, 2), line 425)",
+                (425, "(W,T ) = (6, 2) and various buffer sizes"),
+                "final accuracy at equal updates for the paper's compute-to-accuracy curves"),),
+          "lifo-W6T2", (TINY, "the project's built-in math set for OpenR1-Math-220k (line 425)",
+                        QUICK + " for the paper's test accuracy"),
+          seed001_checks, seed001_notes),
     Claim("seed002", "Seed 002 (off-policy sampling for RLOO)",
           "At an equal 15,360 rollouts no reuse mechanism clearly beats on-policy RLOO (0.467): stale sampling "
           "0.471 and replay R = 2 0.457 are within a point of it, and the aggressive run's final checkpoint "
           "collapses to 0.206 (its best checkpoint reached 0.477).",
-          "seed 002 Table 1, lines 135-147",
+          (133, "Table 1 summarizes main ablations at equal rollout budget (15,360)."),
           {"on-policy": tags_are(buffer="none", behaviour="current"), "stale": tags_are(buffer="none", behaviour="stale"),
            "replay-R2": tags_are(buffer="fifo", behaviour="current"), "aggressive": tags_are(buffer="fifo", behaviour="stale")},
-          seed002_comparisons),
+          (Spec("stale vs on-policy, held-out reward (final checkpoint)", "stale", "on-policy", COUNTDOWN_REWARD,
+                *SEED002_FLAT, "0.471 vs 0.467 (one seed)", (139, "Stale ($n=4$)	0.471")),
+           Spec("replay-R2 vs on-policy, held-out reward (final checkpoint)", "replay-R2", "on-policy",
+                COUNTDOWN_REWARD, *SEED002_FLAT, "0.457 vs 0.467 (one seed)", (142, "Replay ($R=2$)	0.457")),
+           Spec("aggressive vs on-policy, held-out reward (final checkpoint)", "aggressive", "on-policy",
+                COUNTDOWN_REWARD, "lower", 0.261, "the paper's collapse, 0.467 - 0.206",
+                "final checkpoint 0.206 vs 0.467 (best one 0.477)", (145, "Aggressive (final ckpt) [†]	0.206"))),
+          "on-policy", (TINY, COUNTDOWN_DATA, QUICK + " of the final checkpoint for the paper's best checkpoint "
+                        "over temperatures", "30,720 rollouts a run for the paper's 15,360")),
     Claim("seed003", "Seed 003 (POPO)",
           "POPO matches DAPO's accuracy with fewer rollouts and beats GRPO: on Countdown 60.4 against DAPO's 61.5 "
           "with 205k rollouts against 877k, and against GRPO's 51.6.",
-          "seed 003 Table 2 and line 100",
+          (100, "POPO achieves competitive performance with DAPO using only 30% of its rollout budget"),
           {"popo": tags_are(buffer="popo"), "dapo": tags_are(buffer="none", sampling="dynamic"),
            "grpo": tags_are(buffer="none", sampling="standard")},
-          seed003_comparisons, seed003_notes),
+          (Spec("POPO vs DAPO, held-out reward (equivalence)", "popo", "dapo", COUNTDOWN_REWARD, "flat", 0.02,
+                "the paper's own 1.1-point gap (60.4 vs 61.5) must pass: 2 points, its gap rounded up with room",
+                "60.4 vs 61.5 (Table 2, Countdown avg.)", (98, "| +POPO | 48.7 | 72.1 | 60.4 | 3.2h | 205k |")),
+           Spec("POPO vs GRPO, held-out reward", "popo", "grpo", COUNTDOWN_REWARD, "higher", 0.088,
+                "the paper's gain, 60.4 - 51.6 points", "60.4 vs 51.6 (Table 2)",
+                (94, "| +GRPO | 39.0 | 64.3 | 51.6 | 2.8h | 205k |"))),
+          "grpo", (TINY, COUNTDOWN_DATA, QUICK + " (mean reward) for Avg@16 on 512 CD-34 + 512 CD-4 held-out "
+                   "problems (line 258)"),
+          seed003_checks, seed003_notes),
     Claim("seed004", "Seed 004 (frontier curriculum)",
           "The frontier curriculum (rho = 0.10) raises pass@1 over uniform sampling, 0.41 to 0.49, while pass@k "
           "stays flat (pass@128 0.82 for both).",
-          "seed 004 line 11, Table 1 lines 153-159",
+          (11, "Frontier-Curriculum RLOO improves average verifier score from 0.46 to 0.52 and pass@1 from 0.41 to "
+               "0.49 over vanilla RLOO, while pass@128 remains at 0.82."),
           {"frontier": tags_are(curriculum="frontier"), "uniform": tags_are(curriculum="none")},
-          seed004_comparisons, seed004_notes),
+          (Spec("frontier vs uniform, held-out pass@1", "frontier", "uniform", "quick/final/pass_at_1", "higher", 0.08,
+                "the paper's gain, 0.49 - 0.41", "0.49 vs 0.41 (Table 1)",
+                (159, "Frontier-Curriculum RLOO	<b>0.52</b>	<b>0.49</b>	<b>0.77</b>	0.82")),
+           Spec("frontier vs uniform, held-out pass@32 (equivalence)", "frontier", "uniform", "quick/final/pass_at_32",
+                "flat", DEFAULT_MARGIN, "one of the paper's 50 held-out prompts (6400 rollouts / 128 samples, "
+                "line 186)", "pass@128 0.82 vs 0.82 (Table 1)", (186, "Across the same 6400 evaluated rollouts "
+                "per method"), "pass@32 for the paper's pass@128: the largest k of 32 samples a prompt")),
+          "uniform", (TINY, COUNTDOWN_DATA, "50 held-out prompts x 32 samples for the paper's 128 samples a prompt"),
+          notes=seed004_notes),
 )}

@@ -41,7 +41,9 @@ import numpy as np  # noqa: E402  (the report's own imports)
 import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from analysis.claims import CLAIMS, Claim, Study, assign_roles, verdict  # noqa: E402
+from analysis.claims import (CLAIMS, NOT_TESTABLE, Claim, Study, assign_roles, baseline_learns,  # noqa: E402
+                             commit_refusal, verdict)
+from analysis.seeds import CLAIM_TEST  # noqa: E402
 
 console = Console()
 
@@ -68,16 +70,25 @@ def finished_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return done.assign(seed=seeds.astype(int)).reset_index(drop=True)
 
 
+OUTCOME_WORDS = {"agrees": "yes", "against": "no: the other way", "not shown": "no: not shown with power",
+                 "too few seeds": "too few seeds", "no spread": "no spread: no test", "no data": "no data"}
+
+
 def comparison_table(judged: list[dict]) -> list[str]:
-    lines = ["| comparison | paper | expected | difference (95 %, paired over seeds) | seeds | agrees |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    """One row a comparison: the paired difference, the claim's one-sided test, the smallest difference its seeds
+    detect (80 % power at 5 %) against the margin, the outcome and what stands in for the paper."""
+    lines = ["| comparison | paper | expected (margin) | difference (95 %, paired) | p (one-sided) "
+             "| detectable (80 %) | seeds | agrees | substitution |", "| --- |" + " --- |" * 8]
     for row in judged:
         hw = f" ± {row['diff_hw']:.3f}" if not np.isnan(row["diff_hw"]) else ""
-        agrees = {True: "yes", False: "no", None: "open"}[row["agrees"]]
-        # The paired test says better / worse as if higher were better; a claim may expect lower (compute).
-        test = {"better": "significantly higher", "worse": "significantly lower"}.get(row["verdict"], row["verdict"])
-        lines.append(f"| {row['label']} | {row['paper']} | {row['expect']} | {row['diff']:+.3f}{hw} "
-                     f"({test}, p = {row['p_value']:.3g}) | {row['n_pairs']} | {agrees} |")
+        p = f"{row['p_value']:.3g}" if not np.isnan(row["p_value"]) else "none"
+        detect = f"{row['detectable']:.3f}" if not np.isnan(row["detectable"]) else "none"
+        agrees = OUTCOME_WORDS[row["outcome"]]
+        if row["seeds_needed"] is not None:
+            agrees += f" ({row['seeds_needed']} would decide)"
+        lines.append(f"| {row['label']} | {row['paper']} | {row['expect']} ({row['margin']:g}: {row['why']}) | "
+                     f"{row['diff']:+.3f}{hw} | {p} | {detect} | {row['n_pairs']} | {agrees} | "
+                     f"{row['substitution'] or '-'} |")
     return lines
 
 
@@ -89,16 +100,23 @@ def role_table(study: Study, metrics: list[str]) -> list[str]:
 
 
 def section(claim: Claim, study: Study, figure: Path | None, command: str) -> str:
-    """The report section: claim, our numbers, comparisons, verdict, figure, and the command that made it."""
+    """The report section: claim, our numbers, comparisons, schedule checks, substitutions, verdict, figure and
+    the command that made it. Runs of several commits get no verdict, only the line that refuses one."""
     judged = [{**vars(comparison), **comparison.judged()} for comparison in claim.compare(study)]
-    outcome, reason = verdict(judged)
+    refused = commit_refusal(study.runs)
+    untestable = baseline_learns(study, claim.baseline)
+    outcome, reason = ("refused", refused) if refused else (NOT_TESTABLE, untestable) if untestable \
+        else verdict(judged)
     metrics = [m for m in ("quick/start/mean_reward", "quick/final/mean_reward", "quick/final/pass_at_1",
                            "budget/fresh_evaluations")
                if "metrics." + m in study.runs]
-    lines = [f"## {claim.paper}: {outcome}", "", f"**The paper** ({claim.source}): {claim.statement}", "",
+    lines = [f"## {claim.paper}: {outcome}", "", f"**The paper** (line {claim.source[0]}): {claim.statement}", "",
              f"**The miniature** (`{command}`): {study.runs['seed'].nunique()} training seed(s), "
-             f"{len(study.runs)} finished run(s).", "", *role_table(study, metrics), "",
-             *comparison_table(judged), "", f"**Verdict: {outcome}.** {reason}.", ""]
+             f"{len(study.runs)} finished run(s). Substitutions: " + "; ".join(claim.substitutions) + ".", "",
+             *role_table(study, metrics), "", *comparison_table(judged), "",
+             f"Tests: {CLAIM_TEST}; each margin fixed in analysis/claims.py before any run.", ""]
+    lines += [f"- schedule check, not evidence: {check.result()}" for check in claim.checks(study)]
+    lines += ["", f"**Verdict: {outcome}.** {reason}.", ""]
     lines += [f"- {note}" for note in claim.notes(study)]
     if figure is not None:
         lines += ["", f"![{claim.name}]({figure.name})"]

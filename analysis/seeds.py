@@ -147,3 +147,74 @@ def mean_per_run(history: pd.DataFrame, key: str) -> pd.Series:
     if history.empty:
         return pd.Series(dtype=float)
     return history[history["key"] == key].groupby("run_id")["value"].mean()
+
+
+# --------------------------------------------------------------------------- a claim's test over training seeds
+# A claim's comparison is paired: both arms of training seed s start from the same warm start and draw the same
+# seeded prompts, so the seed-wise difference removes what the seed shares. Each rule is one-sided at ALPHA:
+#   higher / lower  H0: mean difference <= 0 (>= 0), rejected -> the claim's direction is shown;
+#   at least        H0: mean difference <= -margin (non-inferiority), rejected -> not worse than the margin;
+#   flat            H0: |mean difference| >= margin, both one-sided tests rejected (TOST) -> equivalent.
+# The arrays' last axis is the seeds, so one call judges one study or thousands of simulated ones.
+ALPHA = 0.05
+POWER = 0.80
+CLAIM_TEST = "paired t over training seeds, one-sided at 5 % (TOST for equivalence)"
+OUTCOMES = ("agrees", "against", "too few seeds", "not shown", "no spread", "no data")
+
+
+def one_sided_p(differences: np.ndarray, shift: float, greater: bool) -> np.ndarray:
+    """p of the paired t-test of H0 mean(d) <= shift (greater) or >= shift (not greater), along the last axis."""
+    d = np.asarray(differences, dtype=float)
+    n = d.shape[-1]
+    se = d.std(axis=-1, ddof=1) / np.sqrt(n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (d.mean(axis=-1) - shift) / se
+    return stats.t.sf(t, n - 1) if greater else stats.t.cdf(t, n - 1)
+
+
+def detectable(sd, n, equivalence: bool = False):
+    """The smallest true difference (or, for equivalence, margin) n seeds detect with POWER at ALPHA, one-sided,
+    given the seed-wise differences' standard deviation sd: (t_{1-alpha} + t_{power}) sd / sqrt(n), with
+    t_{(1+power)/2} for equivalence (both one-sided tests must reject at a true difference of 0)."""
+    n = np.asarray(n, dtype=float)
+    beta_quantile = (1 + POWER) / 2 if equivalence else POWER
+    return (stats.t.ppf(1 - ALPHA, n - 1) + stats.t.ppf(beta_quantile, n - 1)) * np.asarray(sd) / np.sqrt(n)
+
+
+def seeds_to_decide(sd: float, margin: float, equivalence: bool = False, most: int = 10_000) -> int | None:
+    """The fewest training seeds whose detectable difference is within `margin` (None: more than `most`)."""
+    if not np.isfinite(sd) or margin <= 0:
+        return None
+    counts = np.arange(2, most + 1)
+    fits = counts[detectable(sd, counts, equivalence) <= margin]
+    return int(fits[0]) if fits.size else None
+
+
+def claim_outcomes(differences: np.ndarray, expect: str, margin: float) -> np.ndarray:
+    """Each study's outcome (OUTCOMES) from its seed-wise differences (last axis: seeds; no NaN).
+
+    'agrees': the rule above rejects; 'against': the opposite one-sided test rejects (significantly lower for
+    higher, below -margin for at least, outside the margin for flat); else 'too few seeds' when the seeds'
+    detectable difference exceeds the margin (for higher / lower: the paper's effect), else 'not shown'.
+    'no spread': every seed gives the same difference, so no t-test exists; 'no data': fewer than two seeds."""
+    d = np.atleast_2d(np.asarray(differences, dtype=float))
+    n = d.shape[-1]
+    if n < 2:
+        return np.full(d.shape[0], "no data", dtype=object)
+    sd = d.std(axis=-1, ddof=1)
+    if expect in ("higher", "lower"):
+        up, down = one_sided_p(d, 0.0, True), one_sided_p(d, 0.0, False)
+        agrees, against = (up, down) if expect == "higher" else (down, up)
+        agrees, against = agrees < ALPHA, against < ALPHA
+    elif expect == "at least":
+        agrees = one_sided_p(d, -margin, True) < ALPHA
+        against = one_sided_p(d, -margin, False) < ALPHA
+    elif expect == "flat":
+        agrees = (one_sided_p(d, -margin, True) < ALPHA) & (one_sided_p(d, margin, False) < ALPHA)
+        against = (one_sided_p(d, margin, True) < ALPHA) | (one_sided_p(d, -margin, False) < ALPHA)
+    else:
+        raise ValueError(f"expect={expect!r}: choose one of higher, lower, at least, flat")
+    underpowered = detectable(sd, n, equivalence=expect == "flat") > margin
+    outcome = np.where(agrees, "agrees", np.where(against, "against",
+                                                  np.where(underpowered, "too few seeds", "not shown")))
+    return np.where(np.isclose(sd, 0.0, atol=1e-12), "no spread", outcome).astype(object)

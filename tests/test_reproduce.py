@@ -11,89 +11,35 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.claims import (CLAIMS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Comparison, Study, assign_roles,
-                             reward_at, verdict)
-from analysis.reproduce import section
+from analysis.claims import CLAIMS, NOT_TESTABLE, REPRODUCED, VERDICTS, Comparison, assign_roles
+from analysis.reproduce import comparison_table
 from tests.conftest import PROJECT_ROOT
 
 SEEDS = pd.Index([0, 1, 2])
 
 
-def compared(expect: str, differences) -> dict:
-    """A comparison whose method beats the baseline by `differences` at seeds 0, 1, 2."""
+def compared(expect: str, differences, margin: float = 0.02) -> dict:
+    """A comparison whose method beats the baseline by `differences` at seeds 0, 1, 2, as the report reads it."""
     baseline = pd.Series([0.30, 0.40, 0.35], index=SEEDS)
-    return Comparison("m vs b", expect, baseline + np.asarray(differences), baseline, "paper").judged()
+    comparison = Comparison("m vs b", expect, baseline + np.asarray(differences), baseline, "p", margin, "why")
+    return {**vars(comparison), **comparison.judged()}
 
 
-@pytest.mark.parametrize("expect, differences, agrees", [
-    ("higher", [0.05, 0.06, 0.055], True),       # significantly higher
-    ("higher", [0.05, -0.04, 0.01], None),       # within noise: open
-    ("higher", [-0.05, -0.06, -0.055], False),   # significantly lower
-    ("at least", [0.01, -0.005, 0.004], True),   # not lower, mean >= 0
-    ("at least", [-0.02, 0.01, -0.005], None),   # mean < 0 within noise: open
-    ("at least", [-0.05, -0.06, -0.055], False),
-    ("flat", [0.01, -0.01, 0.002], True),
-    ("flat", [0.05, 0.06, 0.055], False),         # a significant rise is not flat
-    ("lower", [-300.0, -300.0, -300.0], True),   # an exact, constant saving (rollout counts)
-    ("lower", [0.0, 0.0, 0.0], None),
-])
-def test_a_comparison_agrees_with_its_claim_only_when_the_paired_test_says_so(expect, differences, agrees):
-    assert compared(expect, differences)["agrees"] is agrees
+def test_the_table_gives_the_claims_test_its_power_and_the_seeds_that_would_decide():
+    open_row = comparison_table([compared("at least", [0.03, -0.02, 0.01])])[-1]
+    assert "| at least (0.02: why) |" in open_row and "| 3 | too few seeds (" in open_row
+    assert "would decide) |" in open_row and "worse" not in open_row
+    constant = comparison_table([compared("lower", [-300.0, -300.0, -300.0], 0.26)])[-1]
+    assert "| none | 0.000 | 3 | no spread: no test |" in constant  # a constant difference is no p = 0
 
 
-def test_the_table_says_which_way_a_difference_went_not_better_or_worse():
-    from analysis.reproduce import comparison_table
-
-    saving = {**compared("lower", [-300.0, -300.0, -300.0]), "label": "m vs b", "paper": "p", "expect": "lower"}
-    row = comparison_table([saving])[-1]
-    assert "(significantly lower, p = 0)" in row and row.endswith("| yes |") and "worse" not in row
-
-
-def test_one_seed_leaves_every_comparison_open():
+def test_one_seed_is_no_data():
     one = Comparison("m vs b", "higher", pd.Series([0.9], index=[0]), pd.Series([0.1], index=[0]), "p").judged()
-    assert one["verdict"] == "one seed" and one["agrees"] is None
-
-
-def test_the_verdict_is_the_weakest_of_its_comparisons():
-    rows = lambda *agrees: [{"label": f"c{i}", "agrees": a, "diff": 0.01, "diff_hw": 0.02, "n_pairs": 3}
-                            for i, a in enumerate(agrees)]
-    assert verdict(rows(True, True))[0] == REPRODUCED
-    assert verdict(rows(True, None))[0] == INCONCLUSIVE
-    outcome, reason = verdict(rows(True, False, None))
-    assert outcome == NOT_REPRODUCED and "c1" in reason
-    assert verdict([])[0] == INCONCLUSIVE
-
-
-def test_reward_at_equal_fresh_evaluations_reads_the_curve_between_its_points():
-    curve = pd.DataFrame({"fresh": [0.0, 100.0, 200.0], "reward": [0.2, 0.3, 0.5]})
-    assert reward_at(curve, 150.0) == pytest.approx(0.4)
-    assert reward_at(curve, 0.0) == pytest.approx(0.2)
-    assert np.isnan(reward_at(curve, 250.0))  # past the curve's end: no extrapolation
+    assert one["outcome"] == "no data" and one["agrees"] is None
 
 
 def fake_runs(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{"run_id": f"r{i}", **row} for i, row in enumerate(rows)])
-
-
-def test_seed000_compares_replay_with_fresh_only_at_the_replay_runs_budget():
-    # Fresh-only's curve at seed s rises 0.2 -> 0.4 over 0..200 fresh evaluations; replay spent 100 and reached
-    # 0.31 + s/100, so it is compared with 0.3 (not with fresh-only's end point 0.4).
-    rows = []
-    for seed in (0, 1, 2):
-        rows.append({"tags.cell": "rho0", "seed": seed, "metrics.quick/final/mean_reward": 0.4,
-                     "metrics.budget/fresh_evaluations": 200.0})
-        for cell in ("rho1-L1-c1", "rho1-L2-c1"):
-            rows.append({"tags.cell": cell, "seed": seed, "metrics.quick/final/mean_reward": 0.31 + seed / 100,
-                         "metrics.budget/fresh_evaluations": 100.0})
-    claim = CLAIMS["seed000"]
-    runs = assign_roles(fake_runs(rows), claim)
-    curve = pd.DataFrame({"fresh": [0.0, 200.0], "reward": [0.2, 0.4]})
-    study = Study(runs, curve=lambda run_id: curve)
-    first = claim.compare(study)[0]
-    assert list(first.baseline) == pytest.approx([0.3, 0.3, 0.3])
-    assert first.judged()["agrees"] is True
-    text = section(claim, study, None, "make reproduce-seed000")
-    assert "Seed 000 (Replay-RLOO): reproduced in direction" in text and "50% of fresh-only" in text
 
 
 def test_runs_outside_every_role_are_left_out():
@@ -119,6 +65,15 @@ EXTRA = {
 }
 
 
+# The verdicts these fixtures give, read off their reports (python -m src.run -m +reproduce=seedNNN with TINY,
+# EXTRA and trainer.seed=0,1, then python -m analysis.reproduce seedNNN).
+# Measured at 6f52f90 (seed 004, with 3bff452) and 1040d29 (seed 003): at two steps POPO and GRPO, and
+# frontier and uniform, score alike at both seeds, so a row has no test. The other targets' fixtures were not
+# run here (a cell took 2 to 8 minutes on the shared 2 cores); their verdict is held only to the rules' four
+# and to "not reproduced in two steps".
+TINY_VERDICT: dict[str, str] = {"seed003": NOT_TESTABLE, "seed004": NOT_TESTABLE}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CLAIMS))
 def test_make_reproduce_runs_the_study_over_seeds_and_writes_the_verdict(tmp_path, name):
@@ -131,7 +86,13 @@ def test_make_reproduce_runs_the_study_over_seeds_and_writes_the_verdict(tmp_pat
     report = (tmp_path / "reports" / f"reproduce-{name}" / "README.md").read_text()
     claim = CLAIMS[name]
     assert report.startswith(f"## {claim.paper}: ")
-    assert re.search(rf"\*\*Verdict: ({REPRODUCED}|{NOT_REPRODUCED}|{INCONCLUSIVE})\.\*\*", report)
+    found = re.search(r"^\*\*Verdict: (.+?)\.\*\*", report, re.M)
+    assert found and found.group(1) in VERDICTS, report
+    # Two steps from the warm start at two seeds is no evidence for any claim: a "reproduced" here would be a
+    # false agreement. Where the fixture's verdict was measured, it is pinned.
+    assert found.group(1) != REPRODUCED, report
+    if name in TINY_VERDICT:
+        assert found.group(1) == TINY_VERDICT[name], report
     for role in claim.roles:  # every role of the claim ran at both seeds
         assert re.search(rf"^\| {re.escape(role)} \| .*\(2 seeds\)", report, re.M), (role, report)
     if name == "seed000":

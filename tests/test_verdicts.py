@@ -1,0 +1,196 @@
+"""A claim's verdict needs evidence (SPEC 13): each rule's positive and negative cases, power and the seeds that
+would decide, schedule checks kept apart, one commit a verdict, the claims quoted at their seed-text lines, and
+a null simulation bounding how often a false claim comes out "reproduced"."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.claims import (CLAIMS, NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED, TOO_FEW_SEEDS, Comparison,
+                             ScheduleCheck, Study, assign_roles, commit_refusal, verdict)
+from analysis.reproduce import section
+from analysis.seeds import ALPHA, POWER, claim_outcomes, detectable, seeds_to_decide
+from analysis.verdict_null import reproduced_rate
+from tests.conftest import PROJECT_ROOT
+
+BASE = np.array([0.30, 0.40, 0.35, 0.33, 0.37, 0.31])
+
+
+def judged(expect: str, differences, margin: float = 0.02) -> dict:
+    d = np.asarray(differences, dtype=float)
+    base = pd.Series(BASE[:d.size])
+    return Comparison("m vs b", expect, base + d, base, "paper", margin).judged()
+
+
+@pytest.mark.parametrize("expect, differences, margin, outcome", [
+    ("higher", [0.05, 0.06, 0.055], 0.08, "agrees"),            # one-sided p < 0.05
+    ("higher", [0.05, -0.04, 0.01], 0.08, "too few seeds"),     # within noise, and 3 seeds cannot see 0.08
+    ("higher", [0.011, 0.009, 0.010, 0.0, 0.02, -0.001], 0.08, "agrees"),
+    ("higher", [0.001, -0.002, 0.0005, 0.002, -0.001, 0.0], 0.08, "not shown"),  # could see 0.08: did not
+    ("higher", [-0.05, -0.06, -0.055], 0.08, "against"),
+    ("lower", [-0.05, -0.06, -0.055], 0.26, "agrees"),
+    ("lower", [0.05, 0.06, 0.055], 0.26, "against"),
+    ("at least", [0.01, -0.005, 0.004], 0.02, "agrees"),        # mean above -0.02 beyond its noise
+    ("at least", [0.03, -0.02, 0.01], 0.02, "too few seeds"),   # mean >= 0 is not evidence (the old rule agreed)
+    ("at least", [-0.05, -0.06, -0.055], 0.02, "against"),      # significantly below -0.02
+    ("flat", [0.002, -0.002, 0.001], 0.02, "agrees"),           # both one-sided tests reject (TOST)
+    ("flat", [0.03, -0.03, 0.005], 0.02, "too few seeds"),    # no significant difference is not equivalence
+    ("flat", [0.05, 0.06, 0.055], 0.02, "against"),             # significantly above +0.02
+    ("lower", [-300.0, -300.0, -300.0], 0.26, "no spread"),     # a constant difference has no test (p is not 0)
+    ("higher", [0.05], 0.08, "no data"),
+])
+def test_each_rule_agrees_only_when_its_one_sided_test_rejects(expect, differences, margin, outcome):
+    row = judged(expect, differences, margin)
+    assert row["outcome"] == outcome
+    assert row["agrees"] is {"agrees": True, "against": False, "not shown": False}.get(outcome)
+
+
+def test_a_row_too_few_to_decide_names_the_seed_count_that_decides():
+    row = judged("at least", [0.03, -0.02, 0.01])
+    sd = np.std([0.03, -0.02, 0.01], ddof=1)
+    assert row["detectable"] == pytest.approx(detectable(sd, 3)) and row["detectable"] > 0.02
+    needed = row["seeds_needed"]
+    assert detectable(sd, needed) <= 0.02 < detectable(sd, needed - 1)
+    outcome, reason = verdict([{**row, "label": "m vs b", "margin": 0.02}])
+    assert outcome == TOO_FEW_SEEDS and f"{needed} seeds would decide" in reason
+
+
+def test_the_detectable_difference_is_found_with_the_stated_power():
+    from scipy import stats
+
+    sd, n = 0.04, 5
+    delta = detectable(sd, n)
+    critical = stats.t.ppf(1 - ALPHA, n - 1)  # the noncentral t's power at that true difference
+    power = stats.nct.sf(critical, n - 1, delta / (sd / np.sqrt(n)))
+    assert POWER - 0.03 < power < POWER + 0.05
+    assert seeds_to_decide(np.nan, 0.02) is None and seeds_to_decide(0.04, 0.0) is None
+
+
+def rows(*outcomes: str) -> list[dict]:
+    return [{"label": f"c{i}", "outcome": o, "diff": 0.01, "detectable": 0.1, "margin": 0.02,
+             "seeds_needed": 9 if o == "too few seeds" else None} for i, o in enumerate(outcomes)]
+
+
+def test_the_claims_verdict_follows_its_comparisons():
+    assert verdict(rows("agrees", "agrees"))[0] == REPRODUCED
+    assert verdict(rows("agrees", "against"))[0] == NOT_REPRODUCED
+    assert verdict(rows("agrees", "not shown", "too few seeds"))[0] == NOT_REPRODUCED
+    outcome, reason = verdict(rows("agrees", "too few seeds"))
+    assert outcome == TOO_FEW_SEEDS and "9 seeds would decide" in reason and "c1" in reason
+    assert verdict(rows("agrees", "no spread"))[0] == NOT_TESTABLE
+    assert verdict(rows("agrees", "no data"))[0] == NOT_TESTABLE and verdict([])[0] == NOT_TESTABLE
+
+
+def test_comparisons_true_by_construction_are_schedule_checks_never_evidence():
+    for name in ("seed001", "seed003"):
+        assert not any("rollouts" in spec.label or "rollouts" in spec.metric for spec in CLAIMS[name].specs)
+    check = ScheduleCheck("POPO vs DAPO, rollouts", pd.Series([300.0, 300.0]), pd.Series([400.0, 390.0]), "p")
+    assert "holds at every seed" in check.result() and "not evidence" in check.result()
+    broken = ScheduleCheck("x", pd.Series([300.0, 500.0]), pd.Series([400.0, 390.0]), "p").result()
+    assert "FAILS at seed(s) 1" in broken
+
+
+def test_seed001_judges_the_configuration_the_paper_names_and_reports_4_4_as_its_caution():
+    claim = CLAIMS["seed001"]
+    assert [(spec.method, spec.baseline) for spec in claim.specs] == [("fifo-W6T2", "lifo-W6T2")]
+    runs = pd.DataFrame([{"run_id": f"r{i}", "role": role, "seed": seed, "metrics.quick/final/mean_reward": value}
+                         for i, (role, seed, value) in enumerate(
+                             [(r, s, 0.4 + 0.01 * s) for r in ("fifo-W4T4", "lifo-W4T4") for s in range(3)])])
+    note = claim.notes(Study(runs))[0]
+    assert "(4, 4) is the paper's caution" in note and "not judged" in note
+
+
+def seed000_runs(ks=(1, 4, 8)) -> pd.DataFrame:
+    rows = []
+    for seed in (0, 1, 2):
+        for cell, shift in (("rho0", 0.0), ("rho1-L1-c1", 0.001), ("rho1-L2-c1", -0.001)):
+            row = {"tags.cell": cell, "seed": seed, "metrics.budget/fresh_evaluations": 200.0 if shift == 0 else 100.0}
+            row.update({f"metrics.quick/final/pass_at_{k}": 0.3 + 0.05 * seed + shift * (seed + 1) for k in ks})
+            rows.append(row)
+    return assign_roles(pd.DataFrame([{"run_id": f"r{i}", **r} for i, r in enumerate(rows)]), CLAIMS["seed000"])
+
+
+def test_seed000_compares_pass_at_the_papers_k_at_equal_steps_and_names_a_smaller_k():
+    claim = CLAIMS["seed000"]
+    first = claim.compare(Study(seed000_runs()))[0]
+    assert "pass@8 for the paper's pass@16" in first.substitution
+    assert list(first.baseline) == pytest.approx([0.3, 0.35, 0.4])  # fresh-only's own end point, equal steps
+    full = claim.compare(Study(seed000_runs((1, 8, 16))))[0]
+    assert full.substitution == "" and list(full.method) == pytest.approx([0.301, 0.352, 0.403])
+    text = section(claim, Study(seed000_runs()), None, "make reproduce-seed000")
+    assert "schedule check, not evidence: rho1-L1-c1 vs fresh-only, fresh verifier evaluations" in text
+    assert "pass@8 for the paper's pass@16" in text and "generator" in text
+
+
+def test_runs_of_two_commits_get_no_verdict_only_the_line_naming_the_commits():
+    runs = seed000_runs().assign(**{"tags.mlflow.source.git.commit": ["aaaaaaa1111"] * 5 + ["bbbbbbb2222"] * 4})
+    refusal = commit_refusal(runs)
+    assert "aaaaaaa (5 runs)" in refusal and "bbbbbbb (4 runs)" in refusal and "\n" not in refusal
+    text = section(CLAIMS["seed000"], Study(runs), None, "make reproduce-seed000")
+    assert text.startswith("## Seed 000 (Replay-RLOO): refused") and f"**Verdict: refused.** {refusal}." in text
+    one = runs.assign(**{"tags.mlflow.source.git.commit": "aaaaaaa1111"})
+    assert commit_refusal(one) is None and commit_refusal(seed000_runs()) is None
+
+
+def test_a_baseline_that_does_not_learn_makes_the_claim_not_testable():
+    runs = seed000_runs().assign(**{"metrics.quick/start/mean_reward": 0.5, "metrics.quick/final/mean_reward": 0.4})
+    text = section(CLAIMS["seed000"], Study(runs), None, "make reproduce-seed000")
+    assert f"**Verdict: {NOT_TESTABLE}.** the baseline fresh-only ends at 0.400, not above its start 0.500" in text
+
+
+# --------------------------------------------------------------------------- the claims as the papers state them
+def seed_text(name: str) -> list[str]:
+    for folder in (PROJECT_ROOT / "shared" / "seeds", PROJECT_ROOT.parent / "shared" / "seeds"):
+        found = sorted(folder.glob(f"{name.removeprefix('seed')}_*.txt")) if folder.is_dir() else []
+        if found:
+            return found[0].read_text().splitlines()
+    pytest.skip("the seed texts (../shared/seeds) are not beside this checkout")
+
+
+def squeezed(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS))
+def test_each_claim_and_comparison_quotes_its_paper_at_the_cited_line(name):
+    lines, claim = seed_text(name), CLAIMS[name]
+    for line, quote in [claim.source, *(spec.source for spec in claim.specs)]:
+        assert squeezed(quote) in squeezed(lines[line - 1]), (name, line, quote)
+
+
+def test_the_claims_metrics_and_margins_are_the_papers():
+    assert {spec.metric for spec in CLAIMS["seed000"].specs} == {"pass@k<=16"}  # line 11: pass@16
+    popo_dapo = CLAIMS["seed003"].specs[0]
+    assert popo_dapo.expect == "flat" and popo_dapo.margin > 0.615 - 0.604  # the paper's own gap must pass
+    assert [spec.expect for spec in CLAIMS["seed004"].specs] == ["higher", "flat"]
+    for claim in CLAIMS.values():
+        for spec in claim.specs:
+            assert spec.margin > 0 and spec.why and spec.expect in ("higher", "lower", "at least", "flat")
+        assert claim.substitutions and any("generator" in s or "math set" in s for s in claim.substitutions)
+
+
+# --------------------------------------------------------------------------- the null simulation
+@pytest.mark.parametrize("name", sorted(CLAIMS))
+def test_a_false_claim_is_reproduced_at_most_at_its_tests_level(name):
+    tolerance = 2.58 * np.sqrt(ALPHA * (1 - ALPHA) / 2000)  # 2,000 studies: Monte Carlo error at 99 %
+    claim = CLAIMS[name]
+    assert reproduced_rate(claim, "new", edge=True) <= ALPHA + tolerance
+    only_non_inferiority = all(spec.expect == "at least" for spec in claim.specs)
+    no_effect = reproduced_rate(claim, "new", edge=False)
+    if not only_non_inferiority:  # with no effect a "higher" or a "flat" row's null holds
+        assert no_effect <= ALPHA + tolerance
+    else:  # with no effect "at least" is true: its rate is the power, still below the old rule's
+        assert no_effect < reproduced_rate(claim, "old", edge=False)
+
+
+def test_the_old_rules_agreed_without_evidence():
+    from analysis.verdict_null import old_agrees
+
+    assert reproduced_rate(CLAIMS["seed000"], "old") > 0.25  # a mean >= 0 at two rows: about a third
+    edge = np.random.default_rng(1).normal(0.02, 0.04, (2000, 3))  # truly 0.02 apart: not within +- 0.02
+    assert old_agrees(edge, "flat").mean() > 0.8  # "no significant difference" read as flat
+    assert (claim_outcomes(edge, "flat", 0.02) == "agrees").mean() <= ALPHA
