@@ -110,9 +110,11 @@ def test_bf16_compute_keeps_fp32_master_weights_gradients_and_optimizer_state():
     torch.testing.assert_close(result.logprobs, fp32.logprobs, rtol=0.02, atol=0.05)
 
 
+@pytest.mark.slow
 def test_the_fused_head_runs_in_the_compiled_region_and_gives_the_eager_update():
     """`trainer.compile` compiles the fused head (projection, log-probs, entropies) with the layers: a graph with
-    the vocabulary's logsumexp is compiled, and the update's numbers are the eager ones."""
+    the vocabulary's logsumexp is compiled, and the update's numbers are the eager ones (slow: 1-3 min of
+    tracing on a 2-core CPU)."""
     torch._dynamo.reset()
     graphs = []
     backend = torch._dynamo.lookup_backend("aot_eager")

@@ -96,7 +96,8 @@ class RlooObjective(Objective):
     per response or per token. Weights are constants in the gradient. Micro-batch terms are
     normalised by the full batch (`rloo_policy_loss`; the trainer's KL and entropy terms alike), so the
     accumulated gradient equals the one-batch gradient exactly; `autocast="bfloat16"` runs the forward
-    passes in bf16 on fp32 weights (bf16 weights would round lr-1e-5 updates away).
+    and backward passes on bf16 copies of fp32 weights, with fp32 gradients and optimizer steps
+    (`src.policy.compute_weights`: bf16 weights alone would round lr-1e-5 updates away).
     """
 
     reads_clip = True

@@ -33,13 +33,11 @@ def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temp
     """
     width = max(len(p) + len(r) for p, r in sequences)
     device = next(model.parameters()).device
-    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((len(sequences), width - 1), dtype=torch.bool)
-    for row, (prompt, response) in enumerate(sequences):
-        length = len(prompt) + len(response)
-        input_ids[row, :length] = torch.tensor(list(prompt) + list(response))
-        # Position t predicts token t+1: response tokens are predicted from len(prompt)-1 on.
-        response_mask[row, len(prompt) - 1 : length - 1] = True
+    # Built as lists and made tensors at once: a tensor write a row is an op (and a copy) a row.
+    input_ids = torch.tensor([[*p, *r] + [pad_id] * (width - len(p) - len(r)) for p, r in sequences], dtype=torch.long)
+    # Position t predicts token t+1: response tokens are predicted from len(prompt)-1 on.
+    response_mask = torch.tensor([[len(p) - 1 <= t < len(p) + len(r) - 1 for t in range(width - 1)]
+                                  for p, r in sequences], dtype=torch.bool)
     if fused:
         return fused_response_token_stats(model, sequences, input_ids, response_mask, with_entropy, temperature)
     input_ids, response_mask = on_device(device, input_ids, response_mask)
@@ -134,7 +132,9 @@ class Forward:
     """The forward-pass settings of a run (pad id, micro-batch sizes, autocast, fused head, packing) in one object.
 
     `pack` (`trainer.pack_rows`): each micro-batch's rows are packed end to end (`src.policy.packing`),
-    and `micro_batch_tokens` counts real tokens instead of rows x longest row.
+    and `micro_batch_tokens` counts real tokens instead of rows x longest row. `autocast`
+    (`hardware.autocast`): passes outside an update run under torch.autocast on the fp32 weights; an
+    update runs on copies of them in that dtype, made once (`compute_weights`).
     """
 
     def __init__(self, pad_id: int, micro_batch_size: int, micro_batch_tokens: int | None = None,

@@ -75,13 +75,12 @@ def packed_layout(sequences, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tenso
         positions.append([p for i in rows for p in range(lengths[i])] + list(range(width - used)))
         for i, offset in zip(rows, [0] + list(itertools.accumulate(lengths[i] for i in rows))):
             start[i] = lane * width + offset
-    mask = torch.zeros((len(sequences), width - 1), dtype=torch.bool)
-    predicting = []
-    for row, (prompt, response) in enumerate(sequences):
-        # Position t predicts token t + 1: response tokens are predicted from len(prompt) - 1 on.
-        mask[row, len(prompt) - 1 : len(prompt) + len(response) - 1] = True
-        predicting.append(torch.arange(start[row] + len(prompt) - 1, start[row] + lengths[row] - 1))
-    return torch.tensor(ids), torch.tensor(positions), torch.cat(predicting), mask
+    # Position t predicts token t + 1: response tokens are predicted from len(prompt) - 1 on.
+    mask = torch.tensor([[len(prompt) - 1 <= t < len(prompt) + len(response) - 1 for t in range(width - 1)]
+                         for prompt, response in sequences], dtype=torch.bool)
+    predicting = [p for row, (prompt, _) in enumerate(sequences)
+                  for p in range(start[row] + len(prompt) - 1, start[row] + lengths[row] - 1)]
+    return torch.tensor(ids), torch.tensor(positions), torch.tensor(predicting, dtype=torch.long), mask
 
 
 def packed_response_token_stats(model, sequences, with_entropy: bool, temperature: float = 1.0,

@@ -90,12 +90,15 @@ class _TokenLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_rows: int):
         forward, _ = _kernels(logits.device)
-        out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        chosen = logits.new_empty(logits.shape[0], dtype=out_dtype)
-        entropy, lse = torch.empty_like(chosen), torch.empty_like(chosen)
-        for start in range(0, logits.shape[0], chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            chosen[rows], entropy[rows], lse[rows] = forward(logits[rows], targets[rows], temperature)
+        if logits.shape[0] <= chunk_rows:  # one chunk: its results as they come, no copies into buffers
+            chosen, entropy, lse = forward(logits, targets, temperature)
+        else:
+            out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+            chosen = logits.new_empty(logits.shape[0], dtype=out_dtype)
+            entropy, lse = torch.empty_like(chosen), torch.empty_like(chosen)
+            for start in range(0, logits.shape[0], chunk_rows):
+                rows = slice(start, start + chunk_rows)
+                chosen[rows], entropy[rows], lse[rows] = forward(logits[rows], targets[rows], temperature)
         ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         return chosen, entropy
@@ -104,6 +107,8 @@ class _TokenLogprobEntropy(torch.autograd.Function):
     def backward(ctx, grad_chosen: Tensor, grad_entropy: Tensor):
         logits, targets, lse, entropy = ctx.saved_tensors
         _, backward = _kernels(logits.device)
+        if logits.shape[0] <= ctx.chunk_rows:
+            return backward(logits, targets, ctx.temperature, lse, entropy, grad_chosen, grad_entropy), None, None, None
         grad_logits = torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.chunk_rows):
             rows = slice(start, start + ctx.chunk_rows)
