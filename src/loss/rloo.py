@@ -13,6 +13,7 @@ from src.loss.trainer import Loss, MicroBatch, Totals
 from src.loss.variant_math import truncated_importance_weights
 from src.loss.rloo_math import importance_weights, rloo_policy_loss
 from src.policy.forward import place_tokens, upcast
+from src.policy.token_stats import on_device
 from src.variant import float_knob
 
 
@@ -25,6 +26,7 @@ class RowInputs:
     behaviour_tokens: list[tuple[float, ...] | None]  # log mu per token, where token-level IS reads it
     truncated: torch.Tensor                     # rows weighted by seed 002's truncated IS (eq. 3) instead of eq. 2
     token_level: bool                           # truncated rows weighted per token
+    truncated_rows: list[bool]                  # `truncated` as Python flags: a micro-batch reads them without a sync
 
     @classmethod
     def of(cls, batch: Batch, advantages, truncated_rows: list[bool], is_level: str) -> "RowInputs":
@@ -32,13 +34,13 @@ class RowInputs:
         groups, rows = batch.groups, batch.rows
         per_group = advantages(torch.tensor([g.rewards for g in groups]))
         truncated = torch.tensor(truncated_rows, dtype=torch.bool)
-        token_level = bool(truncated.any()) and is_level == "token"
+        token_level = any(truncated_rows) and is_level == "token"
         return cls(advantages=per_group[[g for g, _ in rows], [j for _, j in rows]],
                    behaviour=[groups[g].behaviour_logprobs[j] if groups[g].behaviour_logprobs is not None else None
                               for g, j in rows],
                    behaviour_tokens=[stored_token_logprobs(groups[g], j) if token_level and on else None
-                                     for (g, j), on in zip(rows, truncated.tolist())],
-                   truncated=truncated, token_level=token_level)
+                                     for (g, j), on in zip(rows, truncated_rows)],
+                   truncated=truncated, token_level=token_level, truncated_rows=list(truncated_rows))
 
 
 def stored_token_logprobs(group: Group, response: int) -> tuple[float, ...]:
@@ -56,25 +58,31 @@ def sequence_weights(lp: MicroBatch, rows: RowInputs, clip_ceiling: float, trunc
     eq. 2's min(c, pi/mu); the rows `rows.truncated` names get seed 002's truncated IS (its eq. 3), per
     response or, at is_level=token, per token (the response's weight is then its mean token weight).
     """
-    mask, truncated = lp.mask, rows.truncated[lp.index]
-    current = lp.sequence_logprobs()                                        # log pi_theta(y|x)
-    mu = torch.tensor([mu_i if mu_i is not None else current[n].item()
-                       for n, mu_i in enumerate(rows.behaviour[i] for i in lp.index)])
+    mask, device = lp.mask, lp.mask.device
+    truncated = [rows.truncated_rows[i] for i in lp.index]
+    current = lp.sequence_logprobs()                                        # log pi_theta(y|x), on the device
+    behaviour = [rows.behaviour[i] for i in lp.index]
+    mu = current                                                            # fresh rows: mu = pi_theta now
+    if any(mu_i is not None for mu_i in behaviour):
+        stored, known = on_device(device, torch.tensor([0.0 if mu_i is None else mu_i for mu_i in behaviour]),
+                                  torch.tensor([mu_i is not None for mu_i in behaviour]))
+        mu = torch.where(known, stored.to(current.dtype), current)
     clipped, raw = importance_weights(current, mu, clip_ceiling)          # eq. 2
-    if truncated.any():  # seed 002 eq. 3
+    if any(truncated):  # seed 002 eq. 3
+        on = on_device(device, torch.tensor(truncated))[0]
         seq_weights, seq_raw = truncated_importance_weights(current, mu, truncation.is_min, truncation.is_max)
-        clipped, raw = torch.where(truncated, seq_weights, clipped), torch.where(truncated, seq_raw, raw)
-    token_weights = clipped.to(mask.device)[:, None].expand_as(mask)  # a sequence weight on each token
-    raw_tokens = raw.to(mask.device)[:, None].expand_as(mask)
-    if rows.token_level and truncated.any():
+        clipped, raw = torch.where(on, seq_weights, clipped), torch.where(on, seq_raw, raw)
+    token_weights = clipped[:, None].expand_as(mask)  # a sequence weight on each token
+    raw_tokens = raw[:, None].expand_as(mask)
+    if rows.token_level and any(truncated):
         mu_tokens = place_tokens(lp.chunk, [rows.behaviour_tokens[i] for i in lp.index], torch.zeros_like(mask))
         per_token, per_token_raw = truncated_importance_weights(
             upcast(lp.policy.detach()), mu_tokens, truncation.is_min, truncation.is_max, level="token", mask=mask)
-        on_tokens = truncated.to(mask.device)[:, None]
+        on_tokens = on[:, None]
         token_weights = torch.where(on_tokens, per_token, token_weights)
         raw_tokens = torch.where(on_tokens, per_token_raw, raw_tokens)
-        token_mean = (per_token * mask).sum(-1).cpu() / mask.sum(-1).clamp(min=1).cpu()
-        clipped = torch.where(truncated, token_mean, clipped)
+        token_mean = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        clipped = torch.where(on, token_mean, clipped)
     return current, clipped, raw, token_weights, raw_tokens
 
 
@@ -88,7 +96,8 @@ class RlooObjective(Objective):
     per response or per token. Weights are constants in the gradient. Micro-batch terms are
     normalised by the full batch (`rloo_policy_loss`; the trainer's KL and entropy terms alike), so the
     accumulated gradient equals the one-batch gradient exactly; `autocast="bfloat16"` runs the forward
-    passes in bf16 on fp32 weights (bf16 weights would round lr-1e-5 updates away).
+    and backward passes on bf16 copies of fp32 weights, with fp32 gradients and optimizer steps
+    (`src.policy.compute_weights`: bf16 weights alone would round lr-1e-5 updates away).
     """
 
     reads_clip = True
@@ -115,8 +124,8 @@ class RlooObjective(Objective):
 
     def __call__(self, lp: MicroBatch, rows: RowInputs, totals: Totals) -> Loss:
         current, clipped, raw, token_weights, raw_tokens = self.weights(lp, rows)
-        policy = rloo_policy_loss(lp.policy, lp.mask, rows.advantages[lp.index].to(lp.mask.device), token_weights,
-                                  batch_size=totals.rows)
+        advantages = on_device(lp.mask.device, rows.advantages[lp.index])[0]
+        policy = rloo_policy_loss(lp.policy, lp.mask, advantages, token_weights, batch_size=totals.rows)
         return Loss(policy, policy, logprobs=current, weights=(raw, clipped),
                     token_weights=(raw_tokens, token_weights) if rows.token_level else None)
 

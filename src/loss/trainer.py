@@ -19,7 +19,6 @@ import torch
 from src.batch import Batch, Group
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.reducer import Reducer
-from src.policy.forward import row_values
 
 
 @dataclass
@@ -95,8 +94,8 @@ class MicroBatch:
     mask: torch.Tensor            # 1.0 on response tokens (float)
 
     def sequence_logprobs(self) -> torch.Tensor:
-        """log pi_theta(y|x) per response, detached on the CPU."""
-        return (self.policy * self.mask).sum(-1).detach().cpu()
+        """log pi_theta(y|x) per response, detached (on the device: reading it would be a host sync)."""
+        return (self.policy * self.mask).sum(-1).detach()
 
 
 @dataclass(frozen=True)
@@ -123,43 +122,74 @@ class Loss:
 
 
 class Tally:
-    """The update's per-row numbers and its loss terms (averaged over its optimizer steps), as micro-batches end."""
+    """The update's per-row numbers and its loss terms (averaged over its optimizer steps), as micro-batches end.
+
+    Each micro-batch's numbers stay on the device, detached (`add` reads nothing back: a read is a host sync);
+    the first use of a per-row attribute (`result`, an objective's own) reads them all in one copy (`_read`).
+    """
+
+    READ = ("logprobs", "raw_weights", "weights", "kl_sums", "reference_tokens", "current_tokens", "token_raw",
+            "token_used", "token_level", "totals")
 
     def __init__(self, rows: int, updates: int, keep_token_logprobs: bool) -> None:
-        self.updates, self.keep_token_logprobs = updates, keep_token_logprobs
-        self.logprobs, self.raw_weights, self.weights = torch.zeros(rows), torch.ones(rows), torch.ones(rows)
-        self.kl_sums = torch.zeros(rows)
-        self.reference_tokens: list[tuple[float, ...] | None] = [None] * rows
-        self.current_tokens: list[tuple[float, ...]] = [()] * rows
-        self.token_raw: list[torch.Tensor] = [torch.empty(0)] * rows
-        self.token_used: list[torch.Tensor] = [torch.empty(0)] * rows
-        self.token_level = False
-        self.totals = defaultdict(float)
+        self.rows, self.updates, self.keep_token_logprobs = rows, updates, keep_token_logprobs
+        self.pieces: list[tuple[str, list[int], list | None, torch.Tensor]] = []  # (name, rows, their chunk, values)
 
     def add(self, lp: MicroBatch, out: Loss) -> None:
-        index = lp.index
+        def keep(name: str, values: torch.Tensor, per_token: bool = False) -> None:
+            self.pieces.append((name, lp.index, lp.chunk if per_token else None, values.detach()))
+
         if out.logprobs is not None:
-            self.logprobs[index] = out.logprobs
+            keep("logprobs", out.logprobs)
         if out.weights is not None:
-            self.raw_weights[index], self.weights[index] = out.weights
+            keep("raw_weights", out.weights[0])
+            keep("weights", out.weights[1])
         if lp.reference is not None:
-            for i, tokens in zip(index, row_values(lp.reference, lp.mask)):
-                self.reference_tokens[i] = tokens
+            keep("reference_tokens", lp.reference, per_token=True)
         if self.keep_token_logprobs:
-            for i, tokens in zip(index, row_values(lp.policy, lp.mask)):
-                self.current_tokens[i] = tokens
+            keep("current_tokens", lp.policy, per_token=True)
         if out.token_weights is not None:
-            self.token_level, on = True, lp.mask.bool().cpu()
-            raw, used = out.token_weights
-            for row, i in enumerate(index):
-                self.token_raw[i] = raw[row].detach().cpu()[on[row]]
-                self.token_used[i] = used[row].detach().cpu()[on[row]]
+            keep("token_raw", out.token_weights[0], per_token=True)
+            keep("token_used", out.token_weights[1], per_token=True)
         if out.kl_tokens is not None:
-            self.kl_sums[index] = out.kl_tokens.sum(-1).detach().cpu()
+            keep("kl_sums", out.kl_tokens.sum(-1))
         for key in ("loss", "policy_loss", "kl", "entropy"):
             value = getattr(out, key)
             if value is not None:
-                self.totals[key] += value.item() / self.updates  # mean over the optimizer steps
+                keep(key, value.reshape(1))
+
+    def __getattr__(self, name: str):
+        if name not in Tally.READ:
+            raise AttributeError(name)
+        self._read()
+        return self.__dict__[name]
+
+    def _read(self) -> None:
+        """Every kept number to the CPU in one copy, laid out per row as `UpdateResult` has them."""
+        pieces = self.pieces
+        flat = torch.cat([values.reshape(-1) for *_, values in pieces]).cpu().tolist() if pieces else []
+        rows = self.rows
+        per_row = {"logprobs": [0.0] * rows, "raw_weights": [1.0] * rows, "weights": [1.0] * rows,
+                   "kl_sums": [0.0] * rows}
+        tokens = {"reference_tokens": [None] * rows, "current_tokens": [()] * rows, "token_raw": [torch.empty(0)] * rows,
+                  "token_used": [torch.empty(0)] * rows}
+        totals, start = defaultdict(float), 0
+        for name, index, chunk, values in pieces:
+            part, start = flat[start : start + values.numel()], start + values.numel()
+            if name in per_row:
+                for i, value in zip(index, part):
+                    per_row[name][i] = value
+            elif chunk is None:
+                totals[name] += part[0] / self.updates  # mean over the optimizer steps
+            else:
+                width = values.shape[1]
+                for row, (i, (prompt, response)) in enumerate(zip(index, chunk)):
+                    first = row * width + len(prompt) - 1  # position t predicts token t + 1
+                    row_tokens = part[first : first + len(response)]
+                    tokens[name][i] = (tuple(row_tokens) if name.endswith("_tokens")
+                                       else torch.tensor(row_tokens, dtype=values.dtype))
+        self.__dict__.update({name: torch.tensor(values) for name, values in per_row.items()})
+        self.__dict__.update(tokens, totals=totals, token_level=any(name == "token_raw" for name, *_ in pieces))
 
     def result(self, token_counts: torch.Tensor, optimizer_steps: int) -> UpdateResult:
         """The update's `UpdateResult` from the per-row numbers the micro-batches left."""
@@ -232,27 +262,30 @@ class Trainer:
                  for mini in objective.mini_batches(len(sequences))]
         policy.train()
         first_pass = objective.first_pass_reads()
-        if first_pass is not None:  # 2.
-            with torch.no_grad():
-                for index in (chunk for plan in plans for chunk in plan):
-                    objective.observe(prepared, self.micro_batch(policy, reference, sequences, cached, index,
-                                                                 first_pass))
-        steps = len(plans) if objective.trains(prepared) else 0
-        tally = Tally(len(sequences), max(steps, 1), objective.keep_token_logprobs)
-        for plan in plans[:steps]:  # 3.
-            totals = Totals(reducer.total(sum(len(chunk) for chunk in plan)),
-                            reducer.total(sum(len(sequences[i][1]) for chunk in plan for i in chunk)))
-            optimizer.zero_grad(set_to_none=True)
-            for index in plan:
-                if objective.skips(prepared, index):
-                    continue
-                lp = self.micro_batch(policy, reference, sequences, cached, index, self.train_reads())
-                out = objective(lp, prepared, totals)
-                if objective.penalised:
-                    out = penalised(out, lp, totals, self.kl_coef, self.entropy_coef, self.kl_tokens)
-                out.loss.backward()
-                tally.add(lp, out)
-            self.optimizer_step(policy, optimizer)
+        # Under autocast: the update's forward and backward passes on bf16 copies of the fp32 weights, made once.
+        reads_reference = self.train_reads()[1] or (first_pass is not None and first_pass[1])
+        with self.forward.compute_weights(policy, reference if reads_reference else None) as weights:
+            if first_pass is not None:  # 2.
+                with torch.no_grad():
+                    for index in (chunk for plan in plans for chunk in plan):
+                        objective.observe(prepared, self.micro_batch(policy, reference, sequences, cached, index,
+                                                                     first_pass))
+            steps = len(plans) if objective.trains(prepared) else 0
+            tally = Tally(len(sequences), max(steps, 1), objective.keep_token_logprobs)
+            for plan in plans[:steps]:  # 3.
+                totals = Totals(reducer.total(sum(len(chunk) for chunk in plan)),
+                                reducer.total(sum(len(sequences[i][1]) for chunk in plan for i in chunk)))
+                weights.zero_grad(optimizer)
+                for index in plan:
+                    if objective.skips(prepared, index):
+                        continue
+                    lp = self.micro_batch(policy, reference, sequences, cached, index, self.train_reads())
+                    out = objective(lp, prepared, totals)
+                    if objective.penalised:
+                        out = penalised(out, lp, totals, self.kl_coef, self.entropy_coef, self.kl_tokens)
+                    out.loss.backward()
+                    tally.add(lp, out)  # kept on the device: read once, after the update
+                weights.step(lambda: self.optimizer_step(policy, optimizer))
         return objective.result(prepared, tally, token_counts, steps)
 
     def optimizer_step(self, policy, optimizer) -> None:

@@ -10,8 +10,10 @@ import contextlib
 import torch
 
 from src.batch import Group
+from src.policy.compute_weights import ComputeWeights
 from src.policy.packing import packed_micro_batches, packed_response_token_stats
-from src.policy.token_stats import final_hidden_states, token_entropy, token_logprobs_and_entropy, upcast
+from src.policy.token_stats import (final_hidden_states, laid_out, on_device, response_head, response_positions,
+                                    token_entropy, upcast)
 
 Sequence = tuple[tuple[int, ...], tuple[int, ...]]  # (prompt ids, response ids)
 
@@ -20,27 +22,26 @@ def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temp
                          fused: bool = False):
     """Per-token log-probs (and entropies) of each response given its prompt, plus the response mask.
 
-    `sequences` are (prompt_ids, response_ids) pairs; they are right-padded, so position ids
-    from the attention mask are plain 0..n-1 for every row. `temperature` != 1 gives the
-    log-probs of the tempered distribution softmax(logits / T) a sampler at T drew from.
-    `fused` (`trainer.fused_logprobs`, on for GPUs): the head only on response positions and no
-    fp32 vocabulary tensors kept for backward (`fused_response_token_stats`).
+    `sequences` are (prompt_ids, response_ids) pairs, right-padded: under causal attention no real token
+    attends to a pad (they all come after it), so no attention mask is passed and every row's position ids
+    are plain 0..n-1. Values at pad positions are never read. (A mask would cost a host sync in every
+    micro-batch: transformers reads it to decide whether it may skip it, masking_utils.py:307.)
+    `temperature` != 1 gives the log-probs of the tempered distribution softmax(logits / T) a sampler
+    at T drew from. `fused` (`trainer.fused_logprobs`, on for GPUs): the head only on response
+    positions and no fp32 vocabulary tensors kept for backward (`fused_response_token_stats`). The
+    layout is built on the CPU and sent without blocking, so a micro-batch waits for nothing.
     """
     width = max(len(p) + len(r) for p, r in sequences)
     device = next(model.parameters()).device
-    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(sequences), width), dtype=torch.long)
-    response_mask = torch.zeros((len(sequences), width - 1), dtype=torch.bool)
-    for row, (prompt, response) in enumerate(sequences):
-        length = len(prompt) + len(response)
-        input_ids[row, :length] = torch.tensor(list(prompt) + list(response))
-        attention[row, :length] = 1
-        # Position t predicts token t+1: response tokens are predicted from len(prompt)-1 on.
-        response_mask[row, len(prompt) - 1 : length - 1] = True
-    input_ids, attention, response_mask = input_ids.to(device), attention.to(device), response_mask.to(device)
+    # Built as lists and made tensors at once: a tensor write a row is an op (and a copy) a row.
+    input_ids = torch.tensor([[*p, *r] + [pad_id] * (width - len(p) - len(r)) for p, r in sequences], dtype=torch.long)
+    # Position t predicts token t+1: response tokens are predicted from len(prompt)-1 on.
+    response_mask = torch.tensor([[len(p) - 1 <= t < len(p) + len(r) - 1 for t in range(width - 1)]
+                                  for p, r in sequences], dtype=torch.bool)
     if fused:
-        return fused_response_token_stats(model, input_ids, attention, response_mask, with_entropy, temperature)
-    logits = upcast(model(input_ids=input_ids, attention_mask=attention).logits[:, :-1])
+        return fused_response_token_stats(model, sequences, input_ids, response_mask, with_entropy, temperature)
+    input_ids, response_mask = on_device(device, input_ids, response_mask)
+    logits = upcast(model(input_ids=input_ids).logits[:, :-1])
     if temperature != 1.0:
         logits = logits / temperature
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
@@ -48,32 +49,35 @@ def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temp
     return token_logprobs, entropy, response_mask
 
 
-def fused_response_token_stats(model, input_ids, attention, response_mask, with_entropy: bool, temperature: float):
+def fused_response_token_stats(model, sequences, input_ids, response_mask, with_entropy: bool, temperature: float):
     """`response_token_stats` computing the output head on response positions only, in bf16-sized memory.
 
     The decoder runs on every position, the vocabulary projection only where a response token
     is predicted (prompt positions are a third of the sequence at the paper's shapes), and
     log-probs and entropies come from `token_logprobs_and_entropy`, which keeps no fp32
     [tokens, V] tensor for the backward pass. Values equal the plain path's to fp32 rounding;
-    they are laid out in the same padded [rows, width - 1] form.
+    they are laid out in the same padded [rows, width - 1] form. The CPU tensors go to the device
+    with the response positions (into [rows, width]: the hidden states; into [rows, width - 1]:
+    the values' layout) and the targets, so no boolean mask is indexed on the device.
     """
-    hidden = final_hidden_states(model, input_ids=input_ids, attention_mask=attention)[:, :-1]
-    logits = model.get_output_embeddings()(hidden[response_mask])
-    targets = input_ids[:, 1:][response_mask]
-    chosen, entropy = token_logprobs_and_entropy(logits, targets, temperature)
-    token_logprobs = torch.zeros(response_mask.shape, dtype=chosen.dtype, device=chosen.device)
-    token_logprobs = token_logprobs.masked_scatter(response_mask, chosen)
-    if not with_entropy:
-        return token_logprobs, None, response_mask
-    return token_logprobs, torch.zeros_like(token_logprobs).masked_scatter(response_mask, entropy), response_mask
+    width = input_ids.shape[1]
+    targets = torch.tensor([token for _, response in sequences for token in response], dtype=torch.long)
+    input_ids, response_mask, predicting, placed, targets = on_device(
+        next(model.parameters()).device, input_ids, response_mask, response_positions(sequences, width),
+        response_positions(sequences, width - 1), targets)
+    hidden = final_hidden_states(model, input_ids=input_ids)
+    chosen, entropy = response_head(model)(hidden.flatten(0, 1), predicting, targets, temperature)
+    token_logprobs = laid_out(chosen, placed, response_mask.shape)
+    return token_logprobs, (laid_out(entropy, placed, response_mask.shape) if with_entropy else None), response_mask
 
 
 def autocast_context(model, dtype: str | None):
-    """torch.autocast on the model's device for `dtype` ("bfloat16"), or a no-op."""
-    if not dtype:
+    """torch.autocast on the model's device for `dtype` ("bfloat16"), or a no-op: also where the model's weights are
+    in `dtype` already (the update's compute weights, `src.policy.compute_weights`), which need no casts."""
+    parameter = next(model.parameters())
+    if not dtype or parameter.dtype == getattr(torch, dtype):
         return contextlib.nullcontext()
-    device_type = next(model.parameters()).device.type
-    return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+    return torch.autocast(device_type=parameter.device.type, dtype=getattr(torch, dtype))
 
 
 def micro_batches(sequences, max_rows: int, max_tokens: int | None) -> list[list[int]]:
@@ -98,12 +102,24 @@ def micro_batches(sequences, max_rows: int, max_tokens: int | None) -> list[list
 
 
 def place_tokens(chunk, values, out: torch.Tensor) -> torch.Tensor:
-    """Write each row's per-response-token values (None: leave the row) at its response positions in `out`."""
+    """`out` with each row's per-response-token values at its response positions and zeros elsewhere in the row
+    (None: the row as `out` has it).
+
+    Laid out on the CPU and sent in one copy (`on_device`), not one copy a row: each was a host sync."""
+    kept = [tokens is not None for tokens in values]
+    if not any(kept):
+        return out
+    width = out.shape[1]
+    flat = [0.0] * (len(chunk) * width)
     for row, tokens in enumerate(values):
         if tokens is not None:
-            start = len(chunk[row][0]) - 1  # position t predicts token t + 1
-            out[row, start : start + len(tokens)] = torch.as_tensor(tokens, dtype=out.dtype)
-    return out
+            start = row * width + len(chunk[row][0]) - 1  # position t predicts token t + 1
+            flat[start : start + len(tokens)] = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
+    placed = torch.tensor(flat, dtype=out.dtype).view(out.shape)
+    if all(kept):
+        return on_device(out.device, placed)[0]
+    placed, kept = on_device(out.device, placed, torch.tensor(kept))
+    return torch.where(kept[:, None], placed, out)
 
 
 def row_values(values: torch.Tensor, mask: torch.Tensor) -> list[tuple[float, ...]]:
@@ -116,7 +132,9 @@ class Forward:
     """The forward-pass settings of a run (pad id, micro-batch sizes, autocast, fused head, packing) in one object.
 
     `pack` (`trainer.pack_rows`): each micro-batch's rows are packed end to end (`src.policy.packing`),
-    and `micro_batch_tokens` counts real tokens instead of rows x longest row.
+    and `micro_batch_tokens` counts real tokens instead of rows x longest row. `autocast`
+    (`hardware.autocast`): passes outside an update run under torch.autocast on the fp32 weights; an
+    update runs on copies of them in that dtype, made once (`compute_weights`).
     """
 
     def __init__(self, pad_id: int, micro_batch_size: int, micro_batch_tokens: int | None = None,
@@ -127,6 +145,11 @@ class Forward:
         self.autocast = autocast
         self.fused = bool(fused)
         self.pack = bool(pack)
+
+    def compute_weights(self, policy, reference=None) -> ComputeWeights:
+        """The update's weights: `autocast`'s dtype copies of fp32 `policy` and `reference`, held for the update
+        (`src.policy.compute_weights`); without autocast the models as they are."""
+        return ComputeWeights(getattr(torch, self.autocast) if self.autocast else None, policy, reference)
 
     def batches(self, sequences) -> list[list[int]]:
         split = packed_micro_batches if self.pack else micro_batches
@@ -151,7 +174,11 @@ class Forward:
             with torch.no_grad(), autocast_context(reference, self.autocast):
                 computed, _, _ = self.stats(reference, [chunk[row] for row in missing], with_entropy=False)
             # Both layouts start each row at position 0, so a row's positions agree whatever the batch width.
-            out[missing, : computed.shape[1]] = computed.to(out.dtype)
+            computed = torch.nn.functional.pad(computed.to(out.dtype), (0, out.shape[1] - computed.shape[1]))
+            if len(missing) == len(chunk):
+                out = computed
+            else:
+                out = out.index_copy(0, on_device(out.device, torch.tensor(missing))[0], computed)
         return place_tokens(chunk, cached, out)
 
     @torch.no_grad()

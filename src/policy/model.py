@@ -60,14 +60,17 @@ def compile_layers(model: torch.nn.Module, **options) -> torch.nn.Module:
     """`trainer.compile`: each decoder layer's forward through `torch.compile`, in place; returns `model`.
 
     In place (`Module.compile`), so the parameters, state-dict keys, checkpoints and weight syncs are the
-    module's own; per layer (as torchtitan compiles), so the embedding, the output head and the log-prob
-    kernels stay as they are (`src.policy.token_stats` compiles its own on CUDA). Compiling happens at a
-    layer's first call; a new micro-batch shape recompiles once, with dynamic shapes. `options` go to
-    `torch.compile` (tests pick a quick backend). Call it after any `frozen_copy`: a deep copy of a
+    module's own; per layer (as torchtitan compiles), and the fused head (`trainer.fused_logprobs`: the output
+    projection, log-probs and entropies) as one more region (`src.policy.token_stats.compile_head`). Compiling
+    happens at a layer's first call; a new micro-batch shape recompiles once, with dynamic shapes. `options` go
+    to `torch.compile` (tests pick a quick backend). Call it after any `frozen_copy`: a deep copy of a
     compiled layer would call the original's weights.
     """
+    from src.policy.token_stats import compile_head
+
     for layer in model.get_decoder().layers:
         layer.compile(**options)
+    compile_head(model, **options)
     return model
 
 

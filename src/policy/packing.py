@@ -19,7 +19,8 @@ import itertools
 
 import torch
 
-from src.policy.token_stats import final_hidden_states, token_entropy, token_logprobs_and_entropy, upcast
+from src.policy.token_stats import (final_hidden_states, laid_out, on_device, response_head, response_positions,
+                                    token_entropy, upcast)
 
 
 def packed_micro_batches(sequences, max_rows: int, max_tokens: int | None) -> list[list[int]]:
@@ -61,7 +62,7 @@ def packed_layout(sequences, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tenso
     W is the longest row; shorter rows share a lane (`lanes`), and a lane's unused tail is pad tokens with
     positions of their own from 0 (a document no row attends to). The predicting positions index the
     flattened [lanes * W] ids and run row by row, in the order of the mask's true entries ([rows, W - 1],
-    row-major), so values taken at them fill the mask with `masked_scatter`. A row's last position would
+    row-major), so values taken at them fill the mask in its order (`laid_out`). A row's last position would
     predict the next row's first token; it predicts no response token, so it is never read.
     """
     lengths = [len(prompt) + len(response) for prompt, response in sequences]
@@ -74,13 +75,12 @@ def packed_layout(sequences, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tenso
         positions.append([p for i in rows for p in range(lengths[i])] + list(range(width - used)))
         for i, offset in zip(rows, [0] + list(itertools.accumulate(lengths[i] for i in rows))):
             start[i] = lane * width + offset
-    mask = torch.zeros((len(sequences), width - 1), dtype=torch.bool)
-    predicting = []
-    for row, (prompt, response) in enumerate(sequences):
-        # Position t predicts token t + 1: response tokens are predicted from len(prompt) - 1 on.
-        mask[row, len(prompt) - 1 : len(prompt) + len(response) - 1] = True
-        predicting.append(torch.arange(start[row] + len(prompt) - 1, start[row] + lengths[row] - 1))
-    return torch.tensor(ids), torch.tensor(positions), torch.cat(predicting), mask
+    # Position t predicts token t + 1: response tokens are predicted from len(prompt) - 1 on.
+    mask = torch.tensor([[len(prompt) - 1 <= t < len(prompt) + len(response) - 1 for t in range(width - 1)]
+                         for prompt, response in sequences], dtype=torch.bool)
+    predicting = [p for row, (prompt, _) in enumerate(sequences)
+                  for p in range(start[row] + len(prompt) - 1, start[row] + lengths[row] - 1)]
+    return torch.tensor(ids), torch.tensor(positions), torch.tensor(predicting, dtype=torch.long), mask
 
 
 def packed_response_token_stats(model, sequences, with_entropy: bool, temperature: float = 1.0,
@@ -88,15 +88,18 @@ def packed_response_token_stats(model, sequences, with_entropy: bool, temperatur
     """`response_token_stats` of a packed micro-batch: (token log-probs, entropies or None, response mask).
 
     `fused` computes the output head on the predicting positions only, as `fused_response_token_stats`
-    (no fp32 vocabulary tensor kept for backward); the plain path takes the model's own logits.
+    (no fp32 vocabulary tensor kept for backward); the plain path takes the model's own logits. The layout,
+    the targets and where each value goes are built on the CPU and sent together (`on_device`).
     """
-    device = next(model.parameters()).device
-    ids, positions, predicting, mask = (tensor.to(device) for tensor in packed_layout(sequences, pad_id))
-    targets = ids.flatten()[predicting + 1]
+    ids, positions, predicting, mask = packed_layout(sequences, pad_id)
+    targets = torch.tensor([token for _, response in sequences for token in response], dtype=torch.long)
+    ids, positions, predicting, mask, placed, targets = on_device(
+        next(model.parameters()).device, ids, positions, predicting, mask,
+        response_positions(sequences, mask.shape[1]), targets)
     inputs = {"input_ids": ids, "position_ids": positions, "use_cache": False}
     if fused:
-        hidden = final_hidden_states(model, **inputs).flatten(0, 1)[predicting]
-        chosen, entropy = token_logprobs_and_entropy(model.get_output_embeddings()(hidden), targets, temperature)
+        hidden = final_hidden_states(model, **inputs).flatten(0, 1)
+        chosen, entropy = response_head(model)(hidden, predicting, targets, temperature)
         entropy = entropy if with_entropy else None
     else:
         logits = upcast(model(**inputs).logits.flatten(0, 1)[predicting])
@@ -104,8 +107,5 @@ def packed_response_token_stats(model, sequences, with_entropy: bool, temperatur
             logits = logits / temperature
         chosen = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
         entropy = token_entropy(logits) if with_entropy else None
-
-    def laid_out(values: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(mask.shape, dtype=values.dtype, device=device).masked_scatter(mask, values)
-
-    return laid_out(chosen), (laid_out(entropy) if entropy is not None else None), mask
+    return (laid_out(chosen, placed, mask.shape), (laid_out(entropy, placed, mask.shape) if entropy is not None
+                                                   else None), mask)

@@ -16,6 +16,7 @@ against autograd in tests/test_token_stats.py).
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 from torch import Tensor
@@ -67,7 +68,8 @@ _compiled: dict[str, object] = {}
 
 
 def _kernels(device: torch.device):
-    if device.type != "cuda":
+    # Inside `compile_head`'s region the eager functions are traced into it and fused there.
+    if device.type != "cuda" or torch.compiler.is_compiling():
         return chunk_forward, chunk_backward
     if not _compiled:
         _compiled["forward"] = torch.compile(chunk_forward, dynamic=True)
@@ -88,12 +90,15 @@ class _TokenLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_rows: int):
         forward, _ = _kernels(logits.device)
-        out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        chosen = logits.new_empty(logits.shape[0], dtype=out_dtype)
-        entropy, lse = torch.empty_like(chosen), torch.empty_like(chosen)
-        for start in range(0, logits.shape[0], chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            chosen[rows], entropy[rows], lse[rows] = forward(logits[rows], targets[rows], temperature)
+        if logits.shape[0] <= chunk_rows:  # one chunk: its results as they come, no copies into buffers
+            chosen, entropy, lse = forward(logits, targets, temperature)
+        else:
+            out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+            chosen = logits.new_empty(logits.shape[0], dtype=out_dtype)
+            entropy, lse = torch.empty_like(chosen), torch.empty_like(chosen)
+            for start in range(0, logits.shape[0], chunk_rows):
+                rows = slice(start, start + chunk_rows)
+                chosen[rows], entropy[rows], lse[rows] = forward(logits[rows], targets[rows], temperature)
         ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         return chosen, entropy
@@ -102,6 +107,8 @@ class _TokenLogprobEntropy(torch.autograd.Function):
     def backward(ctx, grad_chosen: Tensor, grad_entropy: Tensor):
         logits, targets, lse, entropy = ctx.saved_tensors
         _, backward = _kernels(logits.device)
+        if logits.shape[0] <= ctx.chunk_rows:
+            return backward(logits, targets, ctx.temperature, lse, entropy, grad_chosen, grad_entropy), None, None, None
         grad_logits = torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.chunk_rows):
             rows = slice(start, start + ctx.chunk_rows)
@@ -124,6 +131,29 @@ def token_logprobs_and_entropy(logits: Tensor, targets: Tensor, temperature: flo
     return _TokenLogprobEntropy.apply(logits, targets, float(temperature), int(chunk_rows))
 
 
+def on_device(device: torch.device, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """CPU-built tensors on `device`. On CUDA from pinned memory without blocking: a pageable host-to-device copy
+    waits for the stream (c10/cuda/CUDAFunctions.h, `memcpy_and_sync`), so each one was a host sync in the
+    micro-batch loop."""
+    if device.type != "cuda":
+        return tuple(tensor.to(device) for tensor in tensors)
+    return tuple(tensor.pin_memory().to(device, non_blocking=True) for tensor in tensors)
+
+
+def response_positions(sequences, width: int) -> Tensor:
+    """Flat indices into a [rows, width] row-major layout of the positions that predict a response token
+    (position t predicts token t + 1: a response is predicted from len(prompt) - 1 on), row by row."""
+    return torch.tensor([row * width + t for row, (prompt, response) in enumerate(sequences)
+                         for t in range(len(prompt) - 1, len(prompt) + len(response) - 1)], dtype=torch.long)
+
+
+def laid_out(values: Tensor, positions: Tensor, shape) -> Tensor:
+    """`values` (one per response token) at their flat `positions` of a zero [rows, width] tensor, differentiably
+    and without the host sync a boolean mask costs on a GPU (`masked_scatter` / `tensor[mask]` count it)."""
+    flat = values.new_zeros(shape[0] * shape[1])
+    return flat.index_copy(0, positions, values).view(shape)
+
+
 def final_hidden_states(model, **inputs) -> torch.Tensor:
     """The decoder's last hidden states (after its final norm), taken by a hook during the model's own forward,
     whose head runs on one position only (`logits_to_keep=1`): a model sharded by FSDP2 gathers its root's
@@ -136,3 +166,30 @@ def final_hidden_states(model, **inputs) -> torch.Tensor:
     finally:
         hook.remove()
     return kept[-1]
+
+
+def fused_head(head: torch.nn.Module, hidden: Tensor, predicting: Tensor, targets: Tensor,
+               temperature: float) -> tuple[Tensor, Tensor]:
+    """The fused head: the output projection `head` of the flat hidden states at the `predicting` positions, then
+    (log p of the `targets`, entropy) per position (`token_logprobs_and_entropy`)."""
+    return token_logprobs_and_entropy(head(hidden.index_select(0, predicting)), targets, temperature)
+
+
+# Models whose fused head `trainer.compile` compiled (`compile_head`), each with its compiled function.
+_compiled_heads: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
+
+
+def compile_head(model: torch.nn.Module, **options) -> None:
+    """`trainer.compile`: the fused head of `model` (projection, log-probs, entropies) through torch.compile with
+    `options`, so one compiled region holds it where eager PyTorch ran each op (and each chunk) apart."""
+    _compiled_heads[model] = torch.compile(fused_head, **options)
+
+
+def response_head(model: torch.nn.Module):
+    """`model`'s fused head as a function of (flat hidden states, predicting positions, targets, temperature):
+    compiled where `compile_head` compiled it, else eager."""
+    compiled = _compiled_heads.get(model)
+    head = model.get_output_embeddings()
+    if compiled is None:
+        return lambda *args: fused_head(head, *args)
+    return lambda *args: compiled(head, *args)
