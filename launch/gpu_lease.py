@@ -218,13 +218,11 @@ def run_overrides(lease: Lease, folder: Path) -> list[str]:
 
 def part_two(lease: Lease, python: str) -> None:
     work, cuda = lease.work, lease.cuda
-    if (ROOT / "benchmarks" / "update_ops.py").is_file():
-        target = work / "update_ops.json"
-        target.unlink(missing_ok=True)
-        lease.run("update_ops", [python, "-m", "benchmarks.update_ops", "--device", lease.args.device, "--json",
-                                 str(target)], lambda: read_json(target))
-    else:
-        lease.record("update_ops", {"status": "missing", "reason": "benchmarks/update_ops.py is not in this tree"})
+    target = work / "update_ops.json"
+    target.unlink(missing_ok=True)
+    dtype = "bfloat16" if cuda else "float32"  # the card's update runs bf16 compute weights under autocast
+    lease.run("update_ops", [python, "-m", "benchmarks.update_ops", "--device", lease.args.device, "--dtype", dtype,
+                             "--json", str(target)], lambda: read_json(target))
     folder = work / f"torchrun-{time.strftime('%H%M%S')}"
     ranks = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "src.run",
              "hardware.ranks=1", "trainer.steps=3", *run_overrides(lease, folder), *([] if cuda else TINY_RUN)]
