@@ -80,3 +80,32 @@ def test_pi_ref_on_the_cpu_keeps_the_policys_dtype_and_ties():
     for (name, mine), theirs in zip(policy.named_parameters(), reference.parameters()):
         assert torch.equal(mine, theirs) and theirs.dtype == mine.dtype, name
         assert theirs.data_ptr() != mine.data_ptr(), name
+
+
+def test_activation_checkpointing_recomputes_each_layer_in_backward_and_keeps_the_parameter_names():
+    """`hardware.activation_checkpointing`: each decoder layer's forward runs again in backward (its activations
+    were not kept), the gradients are those of the plain model, and the parameter names (the weight sync's and the
+    checkpoints') are the policy's own."""
+    from src.distributed.fsdp import checkpoint_layers
+    from src.policy.model import build_tiny_model
+    from src.policy.tokenizer import build_countdown_tokenizer, template_pieces
+
+    template = countdown.DEFAULT_PROMPT_TEMPLATE
+    tokenizer = build_countdown_tokenizer([template], template_pieces(template))
+    plain = build_tiny_model(tokenizer, hidden_size=32, layers=2, heads=2, kv_heads=1)
+    checkpointed = build_tiny_model(tokenizer, hidden_size=32, layers=2, heads=2, kv_heads=1)
+    names = [name for name, _ in plain.named_parameters()]
+    checkpoint_layers(checkpointed.model.layers)
+    assert [name for name, _ in checkpointed.named_parameters()] == names
+    calls = []
+    for layer in checkpointed.model.layers:
+        # a pre-hook: the recompute stops once the last tensor backward needs is made again (torch's early stop),
+        # inside the MLP's down projection, before a hook after the MLP would run
+        layer.mlp.register_forward_pre_hook(lambda module, args: calls.append(torch.is_grad_enabled()))
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    for model in (plain, checkpointed):
+        model.train()
+        model(input_ids=ids).logits.float().square().mean().backward()
+    assert calls == [True] * 4  # 2 layers, each run in the forward and again in the backward
+    for (name, mine), theirs in zip(plain.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(theirs.grad, mine.grad, msg=name)
