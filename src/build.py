@@ -45,10 +45,12 @@ def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, e
         # Every float tensor the step makes (advantages, weights, sums) in float64 too, not only the weights:
         # the numbers then agree to ~1e-12 whichever CPU kernels (AVX2, AVX-512, plain) compute them.
         torch.set_default_dtype(torch.float64)
-    if policy is None:
-        policy, tokenizer = load_policy(run.policy.name_or_path, hardware.device, hardware.dtype)
+    ranked = under_ranks()
+    if policy is None:  # under ranks on the host: sharding moves it to the GPU a unit at a time (`shard_policy`)
+        policy, tokenizer = load_policy(run.policy.name_or_path, "cpu" if ranked else hardware.device, hardware.dtype)
     if trainer.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
+    reference = sharded_with_reference(policy, hardware) if ranked else frozen_copy(policy)
     forward = build_forward(run, tokenizer)
     engine = engine or build_engine(run.policy.engine, policy, tokenizer, run.policy.generation_batch_size,
                                     max_new_tokens=run.policy.max_new_tokens, **run.policy.vllm)
@@ -58,7 +60,6 @@ def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, e
         sampler = build(run.groups["curriculum"], instances=train_set, seed=trainer.seed, task=task)
     prompts = PromptFormat(task, tokenizer, run.policy.use_chat_template)
     behaviour, collection, learner = build_rollout_and_trainer(run, policy, engine, sampler, prompts, forward, task)
-    reference = frozen_copy(policy)
     if trainer.compile:  # after every copy of the policy (the reference, a stale behaviour's)
         compile_layers(policy)
         compile_layers(reference)
@@ -66,6 +67,37 @@ def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, e
                       optimizer=build_optimizer(policy, trainer), store=build_store(run, task),
                       objective=learner.objective, trainer=learner, collection=collection, sampler=sampler,
                       behaviour=behaviour, forward=forward, groups_per_step=trainer.groups_per_step, task=task)
+
+
+def under_ranks() -> bool:
+    """Whether this process is one of several data-parallel ranks (torchrun's, or runtime=async's trainer actors):
+    their process group is up before the components are built."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized() and \
+        torch.distributed.get_world_size() > 1
+
+
+def sharded_with_reference(policy: torch.nn.Module, hardware) -> torch.nn.Module:
+    """Under ranks, before the engine wakes beside them: pi_ref (`reference_policy`) from the whole policy, then
+    the policy sharded onto the rank's device (FSDP2, `hardware.activation_checkpointing`); returns pi_ref."""
+    from src.distributed.fsdp import compute_dtype, shard_policy
+
+    device_type = torch.device(hardware.device).type
+    reference = reference_policy(policy, hardware.device, compute_dtype(device_type))
+    shard_policy(policy, hardware.activation_checkpointing, device_type=device_type)
+    return reference
+
+
+def reference_policy(policy: torch.nn.Module, device: str, dtype: torch.dtype | None) -> torch.nn.Module:
+    """pi_ref under ranks, frozen: made before the policy is sharded, one parameter at a time onto `device` (the
+    rank's GPU) in `dtype`, the one the sharded policy computes in (bf16 on a GPU, `src.distributed.fsdp.
+    compute_dtype`; None: the policy's own). No second whole fp32 copy of the policy on the host or the GPU, and
+    pi_ref's forward is the sharded policy's (bf16 weights). Tied weights stay tied: the deep copy takes each
+    parameter's copy from the memo."""
+    import copy
+
+    memo = {id(p): torch.nn.Parameter(p.detach().to(device=device, dtype=dtype or p.dtype, copy=True),
+                                      requires_grad=False) for p in policy.parameters()}
+    return copy.deepcopy(policy, memo).to(device).eval()
 
 
 def build_forward(run: RunSettings, tokenizer) -> Forward:
@@ -154,13 +186,15 @@ def data_parallel(parts: Components, activation_checkpointing: bool = False) -> 
     """`parts` trained data-parallel over the default process group (torchrun's ranks): the policy sharded
     with FSDP2, the optimizer rebuilt over its shards with its own settings, the objective run on each rank's
     share of the batch, and an engine with its own weights (vLLM) sampling each rank's share of a step. The
-    reference policy, built before sharding, stays whole on every rank."""
+    reference policy, built before sharding, stays whole on every rank (`reference_policy`).
+    `activation_checkpointing`: `hardware.activation_checkpointing`, for a policy not sharded yet."""
     from dataclasses import replace
 
     from src.distributed.data_parallel import DataParallelTrainer
-    from src.distributed.fsdp import shard_policy
+    from src.distributed.fsdp import is_sharded, shard_policy
 
-    shard_policy(parts.policy, activation_checkpointing)
+    if not is_sharded(parts.policy):  # `build_components` shards it under ranks; a policy handed in may not be
+        shard_policy(parts.policy, activation_checkpointing)
     engine = parts.engine
     if getattr(engine, "own_weights", False):  # vLLM: each rank's engine samples its share of every call
         from src.distributed.generation import RankShare

@@ -69,6 +69,7 @@ KNOBS: dict[str, Knob] = {
     "policy.vllm.tensor_parallel_size": _int(1, 64, "2 (hardware.ranks a multiple of it)"),
     "hardware.threads": _int(1, 4_096, "2 or null", nullable=True),
     "hardware.ranks": _int(1, 1_024, "1, or the GPUs of the job"),
+    "hardware.activation_checkpointing": Knob("bool", example="true or false"),
     "tracking.policy_artifact_max_mb": _float(0, INF, "200 (0: never upload, tags only)"),
     "tracking.completions_per_step": _int(0, 10_000, "4 (0: none)"),
     "task.train_size": _int(1, 100_000_000, "20000"),

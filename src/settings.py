@@ -148,7 +148,7 @@ def typed(cls, node):
     kwargs = {}
     for spec in dataclasses.fields(cls):
         if spec.name not in values:
-            continue  # a field with a default the YAML leaves out (`hardware.activation_checkpointing`)
+            continue  # a field with a default that a config written before its key existed leaves out
         value, kind = values[spec.name], hints[spec.name]
         if dataclasses.is_dataclass(kind):
             value = typed(kind, value)

@@ -168,7 +168,7 @@ def engine_share(cfg: DictConfig):
     if cfg.policy.engine != "vllm" or not synchronous or not str(cfg.hardware.device).startswith("cuda"):
         return None
     return EngineShare(float(cfg.policy.vllm.gpu_memory_utilization), bool(cfg.policy.vllm.get("sleep", False)),
-                       int(cfg.policy.vllm.get("tensor_parallel_size", 1)))
+                       int(cfg.policy.vllm.get("tensor_parallel_size", 1)), bool(cfg.policy.vllm.get("enforce_eager")))
 
 
 def gpus_needed(cfg: DictConfig) -> int:
@@ -185,8 +185,8 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
     """One line naming the policy, the hardware and the fix when the job cannot train the cell's policy: more
     GPUs than the job's, or a memory plan (src/distributed/memory.py) that does not fit its ranks' GPUs (training,
     and generation beside it) or the host memory the job asks for (`mem_gb`)."""
-    from src.distributed.memory import (ASLEEP_GIB, H100_GIB, SHAPES, best_fit, fewest_gpus, generation_plan,  # torch
-                                        policy_shape)
+    from src.distributed.memory import (ASLEEP_GIB, H100_GIB, SHAPES, Cell, best_fit, cell_fix, describe,  # torch
+                                        fewest_gpus, generation_plan, peak_gib, policy_shape)
     from src.runs.ranks import processes
 
     ranks, gpus, name = int(cfg.hardware.get("ranks", 1) or 1), gpus_per_job(launcher), cfg.policy.name_or_path
@@ -204,30 +204,34 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
                 f"asks for {gpus}; run fewer workers, or set runtime.gpus_per_worker=0.5 to pack two on a GPU")
     if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
         return None  # the tiny policy or a local folder: no plan
-    engine = engine_share(cfg)
-    fit = best_fit(policy_shape(name), ranks, engine.training_gib(H100_GIB) if engine else H100_GIB)
+    engine, shape, cell = engine_share(cfg), policy_shape(name), Cell.of(cfg)
+    room = engine.training_gib(H100_GIB) if engine else H100_GIB
+    fit = best_fit(shape, ranks, room, cell)
     _, fewest = fewest_gpus(name, H100_GIB - ASLEEP_GIB if engine else H100_GIB)  # the node presets' engines sleep
     on = f"policy.name_or_path={name} on hardware={hardware} (hardware.ranks={ranks})"
+    beside = (f", beside vLLM's share (policy.vllm.gpu_memory_utilization={engine.share:g})"
+              if engine and not engine.sleep else "")
     if fit.micro_batch_tokens is None:
         fix = next((option for count, option in RANKED_HARDWARE.items() if fewest and count >= fewest), None)
-        beside = (f", beside vLLM's share (policy.vllm.gpu_memory_utilization={engine.share:g})"
-                  if engine and not engine.sleep else "")
         return (f"{on}: needs {fit.peak_gib:.0f} GiB per GPU at the smallest micro-batch with activation "
                 f"checkpointing{beside}, an H100 holds {H100_GIB:g}; "
                 + (f"FSDP over {fewest} GPUs fits: use {fix}" if fix else "no plan of up to 8 GPUs fits"))
+    if peak_gib(shape, ranks, cell) > room:
+        return (f"{on}: the update needs {peak_gib(shape, ranks, cell):.1f} GiB per GPU at {describe(cell)}, "
+                f"{room:.1f} GiB is left for it{beside}; set {cell_fix(shape, ranks, cell, room)}")
     if engine is not None:
-        master = 2 if cfg.hardware.dtype in ("bfloat16", "float16") else 4
-        problem = generation_plan(policy_shape(name), ranks, engine, master).problem(H100_GIB)
+        problem = generation_plan(shape, ranks, engine, cell).problem(H100_GIB)
         if problem:
             return f"{on}: {problem}"
-    return host_refusal(on, name, ranks, launcher)
+    return host_refusal(on, name, ranks, launcher, engine)
 
 
-def host_refusal(on: str, name: str, ranks: int, launcher: DictConfig) -> str | None:
-    """The refusal when the node's ranks, each loading the whole fp32 policy at once, need more than `mem_gb`."""
+def host_refusal(on: str, name: str, ranks: int, launcher: DictConfig, engine=None) -> str | None:
+    """The refusal when the node's ranks, each loading the whole fp32 policy at once (and a sleeping engine's
+    pinned weights after it), need more than `mem_gb`."""
     from src.distributed.memory import host_gib, policy_shape
 
-    host, asked = host_gib(policy_shape(name), ranks), launcher.get("mem_gb")
+    host, asked = host_gib(policy_shape(name), ranks, engine), launcher.get("mem_gb")
     if asked and host > float(asked):
         return (f"{on}: each rank loads the whole policy in fp32 on the host before sharding it, {math.ceil(host)} "
                 f"GiB in all, and the job asks for hydra.launcher.mem_gb={asked}; raise hydra.launcher.mem_gb to at "
@@ -238,17 +242,16 @@ def host_refusal(on: str, name: str, ranks: int, launcher: DictConfig) -> str | 
 def slurm_plan_lines(config: DictConfig, cfgs: list[DictConfig], results: Path = RESULTS_DIR) -> list[str]:
     """What a SLURM sweep will ask for: each job's request, warnings on unset site settings, the memory plan of
     the large policies (src/distributed/memory.py), the GPU-hours."""
-    from src.distributed.memory import job_plan_lines  # builds models on the meta device: transformers, lazily
+    from src.distributed.memory import Cell, job_plan_lines  # builds models on the meta device: transformers, lazily
 
     launcher = config.hydra.launcher
     lines = [f"SLURM: {len(cfgs)} job(s) to launch, {launcher.get('array_parallelism', '?')} at a time; each "
              f"asks for {job_request(launcher)}"]
     lines += [f"warning: {warning}" for warning in request_warnings(launcher)]
     plans: dict[tuple, list[str]] = {}  # FSDP shards over the ranks; each rank's vLLM engine takes its share
-    for cfg in cfgs:
-        master = 2 if cfg.hardware.dtype in ("bfloat16", "float16") else 4  # the weights a sync gathers
-        key = (int(cfg.hardware.get("ranks", 1) or 1), engine_share(cfg), master)
+    for cfg in cfgs:  # each cell's own micro-batch, checkpointing, head, dtype and vLLM context
+        key = (int(cfg.hardware.get("ranks", 1) or 1), engine_share(cfg), Cell.of(cfg))
         plans.setdefault(key, []).append(cfg.policy.name_or_path)
-    for (ranks, engine, master), names in sorted(plans.items(), key=lambda item: (item[0][0], str(item[0][1:]))):
-        lines += job_plan_lines(names, ranks, engine, master)
+    for (ranks, engine, cell), names in sorted(plans.items(), key=lambda item: (item[0][0], str(item[0][1:]))):
+        lines += job_plan_lines(names, ranks, engine, cell)
     return lines + gpu_hour_lines(cfgs, launcher, results)

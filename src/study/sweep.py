@@ -40,6 +40,7 @@ LAUNCH_ONLY = (
     "hardware.threads",
     "hardware.name",
     "hardware.ranks",  # data-parallel ranks: the same numbers as one process (src/runs/ranks.py)
+    "hardware.activation_checkpointing",  # each layer's forward again in backward: the same numbers, less memory
     "policy.vllm.sleep",  # frees the engine's GPU memory between generations: the same engine when awake
     "policy.vllm.tensor_parallel_size",  # one engine over several GPUs: one engine's samples (tests/test_vllm_ranks.py)
     "trainer.resume_from",
