@@ -56,6 +56,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from src.paths import CONFIG_DIR
+from src.rollout.vllm_engine import PROMPT_TOKENS
 
 SHAPES = CONFIG_DIR / "policy" / "shapes"
 GIB = 2 ** 30
@@ -64,8 +65,7 @@ GPU_COUNTS = (1, 2, 4, 8)
 MICRO_BATCH_TOKENS = (16384, 12288, 8192, 4096, 2048, 1024)  # tried largest first
 HEAD_CHUNK_ROWS = 4096  # src/policy/token_stats.py CHUNK_ROWS: rows of [rows, V] the fused head works at once
 # Prompt tokens a vLLM context allows for when policy.vllm.max_model_len is null: the engine's context is then this
-# plus the run's response tokens, at most the model's own (the engine's PROMPT_TOKENS, src/rollout/vllm_engine.py).
-PROMPT_TOKENS = 1024
+# plus the run's response tokens, at most the model's own (the engine's PROMPT_TOKENS).
 
 
 def shape_file(name_or_path: str) -> Path:
