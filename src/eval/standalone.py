@@ -1,17 +1,9 @@
-"""Evaluate saved policies on the held-out protocol (SPEC 7) without retraining, logging into their runs (the
-command line and its checks before torch and MLflow load: src/eval/command.py).
+"""Evaluate saved policies on the held-out protocol (SPEC 7) without retraining, logging into their runs.
 
-    python -m src.eval --run 1ab4cbe5... evaluation=probe          # add a probe to one finished run
-    python -m src.eval --sweep ratio evaluation=canonical           # every finished run of a study
-    python -m src.eval --checkpoint outputs/.../checkpoint.pt       # a mid-run checkpoint (a learning-curve point)
-    python -m src.eval --policy checkpoints/tiny-countdown evaluation=canonical   # any folder; prints only
-
-Trailing arguments are Hydra overrides of the evaluation, hardware and tracking groups
-(`evaluation.repeats=2`, `hardware=h100`, `tracking.uri=...`). The task and policy settings
-come from the evaluated run's own `config.yaml`, so the held-out prompts are exactly the ones
-that run trained against. A run that already holds this protocol's results is skipped unless
-`--force`. Results go to the run through the MLflow client, so a failed evaluation never
-changes a finished run's status.
+The command line, its usage and its checks before torch and MLflow load live in src/eval/command.py
+(`python -m src.eval --help`). The task and policy settings come from the evaluated run's own `config.yaml`,
+so the held-out prompts are exactly the ones that run trained against; results go to the run through the
+MLflow client, so a failed evaluation never changes a finished run's status.
 """
 
 from __future__ import annotations
