@@ -169,6 +169,7 @@ def cli() -> bool:
     """`python -m src.run ...` before the model libraries load: `--help` answered (False), or the checks above
     passed and `sys.argv` put in Hydra's order (True); a mistake exits here with its one line."""
     from src.help import help_text, wants_help, wants_version
+    from src.paths import project_version
 
     if wants_version(sys.argv[1:]):
         sys.stdout.write(f"replay-rloo {project_version()}\n")
@@ -184,16 +185,6 @@ def cli() -> bool:
     except (CommandLineError, SchemaError, ConfigError) as error:
         exit_with_message(error)
     return True
-
-
-def project_version() -> str:
-    """The installed package's version (its metadata, from pyproject.toml); read without importing the project."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("replay-rloo")
-    except PackageNotFoundError:  # a checkout run in place, never installed
-        return "(not installed: pip install -e .)"
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ class EntryError(ValueError):
 def answer_version(argv: list[str], program: str) -> None:
     """`--version`: the project's version from its package metadata, then exit 0."""
     if "--version" in argv:
-        from src.cli import project_version
+        from src.paths import project_version
 
         sys.stdout.write(f"{program} (replay-rloo) {project_version()}\n")
         sys.exit(0)

@@ -247,7 +247,7 @@ if __name__ == "__main__":
 
     usage = "usage: python -m src.help --knobs   (writes the knob reference, docs/knobs.md, to stdout)\n"
     if sys.argv[1:] in (["--help"], ["-h"], ["--version"]):
-        from src.cli import project_version
+        from src.paths import project_version
 
         sys.stdout.write(usage if "--version" not in sys.argv else f"replay-rloo {project_version()}\n")
         sys.exit(0)

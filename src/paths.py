@@ -100,3 +100,13 @@ def out_problem(folder: str) -> str | None:
         return (f"out={folder}: give an absolute folder, e.g. out={Path.cwd() / Path(folder).expanduser()} "
                 "(the store and outputs/ go under it)")
     return folder_problem("out", folder)
+
+
+def project_version() -> str:
+    """The installed package's version (its metadata, from pyproject.toml); read without importing the project."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("replay-rloo")
+    except PackageNotFoundError:  # a checkout run in place, never installed
+        return "(not installed: pip install -e .)"
