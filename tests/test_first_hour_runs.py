@@ -90,12 +90,12 @@ def test_make_report_on_the_quick_check_reads_its_final_evaluation(quick_check):
     made = run([*MAKE, "report", f"OUT={out}"])
     assert made.returncode == 0, made.stderr[-3000:]
     report = (out / "reports" / "replay-rloo" / "report.md").read_text()
-    (run,) = runs_of(out, deleted=False)
-    reward = run.data.metrics["smoke/final/mean_reward"]
+    (logged,) = runs_of(out, deleted=False)
+    reward = logged.data.metrics["smoke/final/mean_reward"]
     assert "finished without a final evaluation" not in report
     row = next(line for line in report.splitlines() if line.startswith("| Fresh-only | (0, -, -) | rho0 |"))
     assert "| smoke |" in row and f"| {reward:.3f} |" in row, row
-    assert f"│ mean_reward     │" in done.stdout and f"{reward:.3f} │" in done.stdout
+    assert "│ mean_reward     │" in done.stdout and f"{reward:.3f} │" in done.stdout
 
 
 # --------------------------------------------------------------------------- trap 10: stops end the run
@@ -110,13 +110,14 @@ def _ctrl_c(process: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 def test_a_double_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it_in_its_folder(tmp_path):
-    command = [*QUICK_CHECK, f"out={tmp_path}", "evaluation.at_start=false"]
+    command = [*QUICK_CHECK, f"out={tmp_path}", "evaluation.at_start=false", "trainer.checkpoint_every=1"]
     process, lines = _start(command), []
     for line in process.stdout:
         lines.append(line)
         if line.startswith("train rho0: 1/2 steps"):  # step 2 runs now
+            time.sleep(0.3)
             _ctrl_c(process)
-            time.sleep(0.5)
+        elif "Ctrl-C: stopping after this step" in line:  # the first one was taken mid-step: again
             _ctrl_c(process)
     output = "".join(lines)
     assert process.wait(60) == 130, output
