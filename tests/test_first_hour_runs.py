@@ -117,7 +117,8 @@ def test_a_double_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it_in_
         if line.startswith("train rho0: 1/2 steps"):  # step 2 runs now
             time.sleep(0.3)
             _ctrl_c(process)
-        elif "Ctrl-C: stopping after this step" in line:  # the first one was taken mid-step: again
+        elif "Ctrl-C: stopping after this step" in line:  # the first one was taken mid-step: again, once its
+            time.sleep(0.3)                                  # handler has written run.log too
             _ctrl_c(process)
     output = "".join(lines)
     assert process.wait(60) == 130, output
