@@ -2,8 +2,8 @@
 
 Hydra makes a new folder for every start before the job runs (hydra/core/utils.py:149, `run_job`), points
 its log file there (core/utils.py:176 configures `hydra.job_logging`, whose `file` handler writes
-`${hydra.runtime.output_dir}/${hydra.job.name}.log`: hydra/conf/hydra/job_logging/default.yaml:13-16) and saves
-the composed config under `.hydra/` (core/utils.py:178-186). Two starts need that folder undone:
+`${hydra.runtime.output_dir}/${hydra.job.name}.log`: hydra/conf/hydra/job_logging/default.yaml:11-15) and saves
+the composed config under `.hydra/` (core/utils.py:178-184). Two starts need that folder undone:
 
 - a config refused (or a cell with nothing to train) never uses it: `discard_unused` removes it;
 - a resumed run keeps the folder it started in (its checkpoints are there): `move_log` points the log file at
