@@ -136,6 +136,19 @@ def test_a_double_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it_in_
     assert "Ctrl-C: stopping after this step" in log and "resuming run" in log and "train rho0: 2/2 steps" in log
 
 
+@pytest.mark.slow
+def test_ctrl_c_before_the_first_step_leaves_no_run_running_even_among_deleted_ones(tmp_path):
+    process, lines = _start([*QUICK_CHECK, f"out={tmp_path}"]), []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("run folder:"):  # the run is claimed; the model loads now
+            _ctrl_c(process)
+    output = "".join(lines)
+    assert process.wait(60) == 130 and "Ctrl-C before training began: nothing to save" in output, output
+    assert [run.info.status for run in runs_of(tmp_path)] in ([], ["KILLED"]), output
+    assert runs_of(tmp_path, deleted=False) == []  # the claim nothing was logged to is withdrawn
+
+
 def test_ctrl_c_while_the_libraries_load_is_one_line_not_a_traceback(tmp_path):
     process = _start([*QUICK_CHECK, f"out={tmp_path}"])
     time.sleep(2.0)  # the command line is checked; torch, transformers and MLflow are loading
@@ -191,3 +204,14 @@ def test_ctrl_c_while_make_ui_starts_is_quiet(tmp_path):
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
     assert len(output.strip().splitlines()) < 15, output  # uvicorn's own shutdown lines at most
     assert not _answers(port)
+
+
+def test_a_withdrawn_claim_is_ended_killed_before_it_is_deleted(tmp_path):
+    from src.runs import claim
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("replay-rloo")).info.run_id
+    claim.withdraw_claim(uri, run_id)
+    withdrawn = client.get_run(run_id)
+    assert (withdrawn.info.status, withdrawn.info.lifecycle_stage) == ("KILLED", "deleted")
