@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import compute, seeds
-from analysis.runs import PROTOCOL_PREFERENCE
+from analysis.runs import protocol_order
 from analysis.tables import (FAILURE_CATEGORIES, FAILURE_LABELS, GRIDS, VARIANT_STUDY, ReportData, format_count, format_integer, format_ratio,
                              format_seconds, format_value, missing_cells, results_cells, same_label_configs, top_k)
 
@@ -112,8 +112,9 @@ def runs_section(data: ReportData) -> list[str]:
 def protocol_note(results: pd.DataFrame) -> str:
     """Which evaluation protocol each row's numbers come from, and a warning when the report mixes them."""
     counts = results["protocol"].value_counts()
-    parts = [f"{counts[p]} run(s) from `{p}/final/*`" for p in [*PROTOCOL_PREFERENCE, "none"] if p in counts]
-    note = ("Values are read from `canonical/final/*` when a run has them, else from `quick/final/*`; "
+    parts = [f"{counts[p]} run(s) from `{p}/final/*`" for p in protocol_order(counts.index)]
+    note = ("Values are read from `canonical/final/*` when a run has them, else from `quick/final/*`, else from "
+            "the final evaluation of the protocol the run used (`smoke/final/*` for the quick check); "
             "the `protocol` column names the source of every row. Here: " + (", ".join(parts) or "no runs") + ".")
     if counts.drop("none", errors="ignore").size > 1:
         note += ("\n\n**Protocols are mixed in this report.** quick and canonical differ in samples per prompt, "

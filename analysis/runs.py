@@ -19,6 +19,8 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 PROTOCOL_PREFERENCE = ["canonical", "quick"]  # results-table protocol, first one a run has
+# Protocols never read for the results table: the best-of-N probe has its own section (Table 4).
+NOT_RESULTS_PROTOCOLS = ("probe",)
 
 
 class ReportError(Exception):
@@ -111,12 +113,26 @@ def run_pass_ks(run: pd.Series, prefix: str) -> list[int]:
     return sorted(int(m.group(1)) for key in run.index if (m := pattern.match(key)) and not pd.isna(run[key]))
 
 
+# `<protocol>/final/mean_reward`: every evaluation protocol logs it (src.runs.tracking.log_evaluation).
+FINAL_METRIC = re.compile(r"^metrics\.([^/]+)/final/mean_reward$")
+
+
 def run_protocol(run: pd.Series) -> str:
-    """'canonical' when the run has canonical final metrics, else 'quick', else 'none'."""
+    """'canonical' when the run has canonical final metrics, else 'quick', else the first (by name) other
+    protocol it logged a final evaluation under (evaluation=smoke of the quick check, a math protocol), else 'none'."""
     for protocol in PROTOCOL_PREFERENCE:
         if any(key.startswith(f"metrics.{protocol}/final/") and not pd.isna(value) for key, value in run.items()):
             return protocol
-    return "none"
+    others = sorted({match.group(1) for key, value in run.items()
+                     if (match := FINAL_METRIC.match(key)) and not pd.isna(value)} - set(NOT_RESULTS_PROTOCOLS))
+    return others[0] if others else "none"
+
+
+def protocol_order(protocols) -> list[str]:
+    """The protocols of a report in the order the results table prefers them, 'none' last."""
+    present = set(protocols)
+    return ([p for p in PROTOCOL_PREFERENCE if p in present] + sorted(present - {*PROTOCOL_PREFERENCE, "none"})
+            + (["none"] if "none" in present else []))
 
 
 def run_tag(run: pd.Series, name: str, default: str = "") -> str:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.runs import (PROTOCOL_PREFERENCE, grid_cell, is_plain, run_cell_key, run_fresh_evaluations, run_metric,
-                           run_pass_ks, run_protocol, run_role, run_seed, run_tag, tag_column)
+from analysis.runs import (grid_cell, is_plain, run_cell_key, run_fresh_evaluations, run_metric,
+                           run_pass_ks, protocol_order, run_protocol, run_role, run_seed, run_tag, tag_column)
 from src.task.countdown_failures import LABELS as COUNTDOWN_LABELS
 from src.task.math.failures import LABELS as MATH_LABELS
 
@@ -263,7 +263,7 @@ def k_label(results: pd.DataFrame) -> str:
         return "pass@16"
     return "pass@k (largest k of each row's protocol: " + ", ".join(
         f"{p} k={int(results.loc[results['protocol'] == p, 'k_max'].max())}"
-        for p in PROTOCOL_PREFERENCE if (results["protocol"] == p).any()) + ")"
+        for p in protocol_order(results["protocol"]) if p != "none") + ")"
 
 
 def format_value(mean: float, hw: float = np.nan, digits: int = 3) -> str:

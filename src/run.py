@@ -14,15 +14,20 @@ if __name__ == "__main__":
     # `python -m src.run` runs this file as __main__: the command line is checked (src/cli.py) before the imports
     # below load torch, transformers and MLflow. The run then goes through the importable module `src.run`, not
     # __main__: submitit pickles it for SLURM jobs, and a __main__ function would be pickled with this module's globals.
-    from src.cli import cli
+    try:
+        from src.cli import cli
 
-    if cli():  # --help answered, or the command line checked before torch, transformers and MLflow load
-        from src import run
+        if cli():  # --help answered, or the command line checked before torch, transformers and MLflow load
+            from src import run
 
-        run.launch()
+            run.launch()
+    except KeyboardInterrupt:  # Ctrl-C while the libraries load, before any handler of ours is installed
+        print("Ctrl-C before the run began: nothing to save", file=sys.stderr)
+        sys.exit(130)
     sys.exit()
 
-import logging  # noqa: E402  (the imports of the training itself)
+import io  # noqa: E402  (the imports of the training itself)
+import logging
 import math
 import shutil
 import signal
@@ -36,6 +41,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from src.runs import folder as run_folder
 from src.runs import progress
 
 from src.runs import tracking
@@ -49,7 +55,8 @@ from src.runs.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_tempor
 from src.eval.standalone import evaluate_policy
 from src.runs.cells import Cell, slurm_job_key
 from src.study.sweep import Skipped, cell_identity
-from src.runs.interrupt import StopOnSignal, StopRequested, signal_name
+from src.runs.interrupt import (StopOnSignal, StopRequested, end_held_run, held_run, hold_run, release_run,
+                                 signal_name)
 from src.paths import CONFIG_DIR
 from src.task.base import TaskDataError, build_task
 from src.build import build_components, build_runtime
@@ -96,14 +103,29 @@ def train_ranks(run: RunSettings, cell: Cell, ranks: Ranks) -> dict[str, float]:
         try:
             summary = train_cell(run, cell, stop, ranks)
         except StopRequested as request:  # before the MLflow run opened: nothing to save
-            withdraw_unopened_claim()
-            log.warning("%s before training began: nothing to save; %s", signal_name(request.signum),
-                        stop.finish_line())
+            log.warning("%s before training began: nothing to save%s; %s", signal_name(request.signum),
+                        end_unopened_run(), stop.finish_line())
             stop.hand_on()
+        finally:
+            release_run()
         if stop.requested == signal.SIGINT:  # a Ctrl-C as the run completed still stops a sweep here
             log.warning("Ctrl-C as the run completed: it is FINISHED; stopping")
             stop.hand_on()
     return summary
+
+
+def end_unopened_run() -> str:
+    """A stop before the run opened: a new claim is withdrawn (nothing was logged to it); a resumed run, which
+    keeps its checkpoints for the next start, is marked KILLED. Returns what became of the run, for the message."""
+    if withdraw_unopened_claim():
+        release_run()
+        return ""
+    held = held_run()
+    if held is None:
+        return ""
+    if end_held_run(timeout_s=30):
+        return f"; MLflow run {held[1]} marked KILLED (the next start resumes it)"
+    return f"; MLflow run {held[1]} could not be marked KILLED (the next start finds it dead)"
 
 
 def warn_short_replay_pool(run: RunSettings) -> None:
@@ -121,6 +143,10 @@ def train_cell(run: RunSettings, cell: Cell, stop: StopOnSignal, ranks: Ranks = 
     Over several ranks, rank 0 decides where the cell starts and owns the MLflow run (src/runs/ranks.py)."""
     with stop.abandonable():  # until the run opens, a stop loses nothing: the next start redoes it
         start = ranks.lead_only(choose_start, run, cell, Path(HydraConfig.get().runtime.output_dir))
+    if ranks.lead:
+        settle_folder(start.folder)
+        if start.run_id is not None:
+            hold_run(run.tracking.uri, start.run_id)
     for path in remove_stale_temporaries(start.folder, run.trainer.heartbeat_timeout_s) if ranks.lead else ():
         log.info("removed %s, left half-written by a process that was killed", path)
     # A resumed run was claimed by its heartbeat: keep it alive through model loading (a new run gets its
@@ -140,11 +166,31 @@ def train_cell(run: RunSettings, cell: Cell, stop: StopOnSignal, ranks: Ranks = 
         with rank_run.lead_context(ranks, opened) as tracker:
             tracker = rank_run.RankTracker(tracker, ranks) if ranks.many else tracker
             (beat or rank_run.NoHeartbeat()).beat_for(tracker.run_id)
+            if ranks.lead:
+                hold_run(run.tracking.uri, tracker.run_id)
             cell_run = CellRun(run, cell, parts, runtime, state, heldout, tracker, start.folder, stop, ranks)
             try:
                 return cell_run.run()
             except StopRequested as request:
                 cell_run.stop_here(request)
+
+
+def settle_folder(folder: Path) -> None:
+    """One folder a run: a resumed run logs into the folder it started in, and the one Hydra made for this start
+    goes (src/runs/folder.py); then say where the run writes."""
+    job = HydraConfig.get()
+    if job.mode == RunMode.RUN:  # a sweep's job folder stays: the sweep's own record of its cells
+        run_folder.move_log(Path(job.runtime.output_dir), folder)
+        quiet_log_files_when_full()
+    console.print(f"run folder: {folder}", soft_wrap=True, highlight=False, markup=False)
+    run_folder.to_log_file(f"run folder: {folder}")
+
+
+def discard_unused_folder() -> None:
+    """A single run that refused its config, or had nothing to train, leaves no folder behind."""
+    job = HydraConfig.get()
+    if job.mode == RunMode.RUN:
+        run_folder.discard_unused(Path(job.runtime.output_dir))
 
 
 @dataclass
@@ -188,7 +234,7 @@ class CellRun:
             tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
             log.error("%d metric values of redone steps differ from the values logged before the restart "
                       "(first: %s)", len(tracker.redone_mismatches), tracker.redone_mismatches[0])
-        _print_summary(run, self.cell.name, plan, state, before, after, tracker.run_id)
+        _print_summary(run, self.cell.name, plan, state, before, after, tracker.run_id, self.folder)
         return after.summary
 
     def train_steps(self, until: int | None = None) -> None:
@@ -312,7 +358,8 @@ def _progress_info(metrics: dict[str, float]) -> str:
     return info + (f"  {metrics['time/step']:.1f}s/step" if "time/step" in metrics else "")
 
 
-def _print_summary(run: RunSettings, name: str, plan, state: TrainState, before, after, run_id: str) -> None:
+def _print_summary(run: RunSettings, name: str, plan, state: TrainState, before, after, run_id: str,
+                   folder: Path) -> None:
     table = Table(title=f"{name}  (MLflow run {run_id[:8]})")
     table.add_column("held-out " + run.evaluation.name)
     if before is not None:
@@ -321,14 +368,23 @@ def _print_summary(run: RunSettings, name: str, plan, state: TrainState, before,
     for metric in [f"pass@{k}" for k in run.evaluation.ks] + ["mean_reward", "correction_rate"]:
         row = [metric] + ([_fmt(before.summary.get(metric))] if before is not None else [])
         table.add_row(*row, _fmt(after.summary.get(metric)))
-    results.print(table)
+    _print_result(table)
     # sampling=dynamic generates until its batch is full of effective groups: the plan is its floor.
     planned = ("at least " if budget_is_floor(run.groups) else "") + str(plan.fresh_evaluations)
-    results.print(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {planned}); "
+    _print_result(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {planned}); "
                   f"gradient steps: {state.gradient_steps}")
     opener = tracking.ui_command(run.tracking.uri, run.tracking.artifact_location, run.out)
     where = f" (after {opener})" if opener else ""
-    results.print(f"run page{where}: {tracking.run_link(run.tracking.uri, run_id)}", soft_wrap=True, highlight=False)
+    _print_result(f"run page{where}: {tracking.run_link(run.tracking.uri, run_id)}")
+    _print_result(f"run folder: {folder}")
+
+
+def _print_result(shown) -> None:
+    """A result line or table on stdout, and its text in run.log."""
+    results.print(shown, soft_wrap=isinstance(shown, str), highlight=False)
+    text = Console(width=120, file=io.StringIO(), color_system=None)
+    text.print(shown, soft_wrap=isinstance(shown, str), highlight=False)
+    run_folder.to_log_file(text.file.getvalue().rstrip("\n"))
 
 
 def _fmt(value) -> str:
@@ -360,12 +416,14 @@ def main(cfg: DictConfig) -> float:
         check_settings_take_effect(cfg, list(job.overrides.task), job.runtime.choices)  # this job's command line
         summary = train(cfg)
     except NothingToTrain as reason:
+        discard_unused_folder()
         return nothing_to_train(reason)
     except Exception as error:
         fail_unopened_claim(error)  # a run claimed but never opened ends FAILED, not RUNNING
         full = tracking.disk_full_error(error, cfg.tracking.uri)  # no space: one line, not a traceback
         if full is None and not isinstance(error, USER_ERRORS):
             raise
+        discard_unused_folder()
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise (full or error) from None  # the sweeper lists the failed cell with this message
         exit_with_message(full or error, 1 if full else 2)

@@ -60,8 +60,8 @@ def create_claim_run(where: TrackingSettings, folder: Path, labels: tracking.Run
                          "output_dir": str(folder), "slurm_job": slurm_job_key() or "-"})
     client = MlflowClient(uri)
     run_id = client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
+    _unopened[:] = [(uri, run_id)]  # at once: a stop from here on withdraws it
     write_heartbeat(folder, run_id)  # from now on the claim is live, and dead at once if this process dies
-    _unopened[:] = [(uri, run_id)]
     client.log_batch(run_id, params=[Param(key, value) for key, value in labels.params.items()])
     client.log_text(run_id, labels.config, "config.yaml")
     return run_id
@@ -80,8 +80,11 @@ def earliest_claim(where: TrackingSettings, timeout_s: float, identity: str, run
 
 
 def withdraw_claim(uri: str, run_id: str) -> None:
-    """Delete a claim that lost: it never trained, and a deleted run is invisible to every lookup."""
-    MlflowClient(uri).delete_run(run_id)
+    """Delete a claim that lost or was stopped: it never trained, and a deleted run is invisible to every lookup.
+    It is ended KILLED first: a deleted run keeps its status, and a store's deleted runs should show none RUNNING."""
+    client = MlflowClient(uri)
+    client.set_terminated(run_id, "KILLED")
+    client.delete_run(run_id)
     _unopened.clear()
 
 
@@ -120,16 +123,18 @@ def fail_unopened_claim(error: BaseException) -> None:
                     cleanup_error)
 
 
-def withdraw_unopened_claim() -> None:
+def withdraw_unopened_claim() -> bool:
     """A job stopped before its claimed run opened: delete that empty run (nothing was logged to it), so the
-    next start of the cell finds the store as it was."""
-    if _unopened:
-        uri, run_id = _unopened[0]
-        try:
-            withdraw_claim(uri, run_id)
-        except Exception as error:  # noqa: BLE001  (the next start of the cell retires it instead)
-            log.warning("could not withdraw the claimed run %s (%s); the next start of its cell will retire it",
-                        run_id, error)
+    next start of the cell finds the store as it was. False when this job holds no such claim."""
+    if not _unopened:
+        return False
+    uri, run_id = _unopened[0]
+    try:
+        withdraw_claim(uri, run_id)
+    except Exception as error:  # noqa: BLE001  (the next start of the cell retires it instead)
+        log.warning("could not withdraw the claimed run %s (%s); the next start of its cell will retire it",
+                    run_id, error)
+    return True
 
 
 def forget_unopened_claim() -> None:

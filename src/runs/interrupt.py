@@ -9,8 +9,8 @@ before (submitit requeues the job), or exits with 128 + the signal number (130 f
 
 Work that is simply redone on the next start (loading the model, an evaluation) is *abandonable*:
 a signal there raises StopRequested at once, so nobody waits minutes for an evaluation to end.
-A second Ctrl-C exits at once, mid-write if need be: a checkpoint is only renamed into place once
-complete, so the run resumes from its last complete one.
+A second Ctrl-C exits at once, mid-write if need be, after at most END_AT_ONCE_S to mark the run KILLED:
+a checkpoint is only renamed into place once complete, so the run resumes from its last complete one.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,48 @@ from types import FrameType
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+END_AT_ONCE_S = 5.0  # a second Ctrl-C waits this long at most for the store to mark the run KILLED
+
+# The MLflow run this process trains or has claimed, (tracking uri, run id), from its claim until its end is
+# recorded: a second Ctrl-C, which skips every other cleanup, still ends it KILLED rather than RUNNING.
+_held: list[tuple[str, str]] = []
+
+
+def hold_run(uri: str, run_id: str) -> None:
+    _held[:] = [(uri, run_id)]
+
+
+def release_run() -> None:
+    _held.clear()
+
+
+def held_run() -> tuple[str, str] | None:
+    return _held[0] if _held else None
+
+
+def end_held_run(status: str = "KILLED", timeout_s: float = END_AT_ONCE_S) -> bool:
+    """Mark the held run `status` in its store, waiting `timeout_s` at most (the store may be what hangs);
+    False when it could not be done in time. The run keeps its folder and checkpoints: the next start resumes it."""
+    if not _held:
+        return True
+    uri, run_id = _held[0]
+    done = threading.Event()
+
+    def end() -> None:
+        from mlflow.tracking import MlflowClient
+
+        try:
+            MlflowClient(uri).set_terminated(run_id, status)
+            done.set()
+        except Exception:  # noqa: BLE001  (the heartbeat still tells the next start that this run died)
+            pass
+
+    worker = threading.Thread(target=end, name="end-run", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if done.is_set():
+        _held.clear()
+    return done.is_set()
 
 
 class Interrupted(SystemExit):
@@ -111,8 +154,17 @@ class StopOnSignal:
                     " (Ctrl-C again stops at once)" if signum == signal.SIGINT else "")
 
     def _exit_now(self) -> None:
-        """The second Ctrl-C: no cleanup at all (it may be what hangs); the last complete checkpoint stays."""
-        line = (f"\nCtrl-C again: stopped at once. The run resumes from its last complete checkpoint: "
+        """The second Ctrl-C: no cleanup but marking the run KILLED (bounded: the store may be what hangs);
+        the last complete checkpoint stays."""
+        held = held_run()
+        try:
+            ended = held is None or end_held_run()
+        except BaseException:  # noqa: BLE001  (exit at once whatever happens)
+            ended = False
+        said = ("" if held is None else f"MLflow run {held[1]} marked KILLED. " if ended else
+                f"MLflow run {held[1]} could not be marked KILLED in {END_AT_ONCE_S:g} s (it shows RUNNING until "
+                "the next start). ")
+        line = (f"\nCtrl-C again: stopped at once. {said}The run resumes from its last complete checkpoint: "
                 f"{self._command}\n")
         if sys.stderr.isatty():
             line = "\x1b[?25h" + line  # a live progress bar hid the cursor

@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
+from src.runs.folder import to_log_file
+
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
 PLAIN_EVERY_PERCENT = 10
@@ -112,11 +114,13 @@ class Bar:
 
     def update(self, done: int, info: str = "") -> None:
         self.done = done
+        due = done >= self._next_line or done >= self.total
+        if due:
+            self._next_line = (done // self.plain_every + 1) * self.plain_every
+            to_log_file(self.plain_line(info))  # run.log gets the plain lines, whatever the terminal shows
         if self._progress is not None:
             self._progress.update(self._task, completed=done, info=info)
-            return
-        if done >= self._next_line or done >= self.total:
-            self._next_line = (done // self.plain_every + 1) * self.plain_every
+        elif due:
             self.out.print(self.plain_line(info), soft_wrap=True, highlight=False, markup=False)
 
     def plain_line(self, info: str = "") -> str:
@@ -151,7 +155,8 @@ def evaluation_progress(description: str, evaluation) -> Iterator:
     per_repeat = evaluation.prompts * evaluation.samples_per_prompt
     with evaluation_bar(description, evaluation.prompts, evaluation.samples_per_prompt,
                         evaluation.repeats) as bar:
+        started = f"{description}: {bar.total} samples ({evaluation.repeats} repeat(s) of {per_repeat})"
+        to_log_file(started)
         if not bar.live:  # the first repeat may take minutes: say it started
-            bar.out.print(f"{description}: {bar.total} samples ({evaluation.repeats} repeat(s) of "
-                          f"{per_repeat})", soft_wrap=True, highlight=False, markup=False)
+            bar.out.print(started, soft_wrap=True, highlight=False, markup=False)
         yield lambda _: bar.update(bar.done + per_repeat)

@@ -22,9 +22,15 @@ import ipaddress
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
 
 GRACE_S = 10.0  # how long the server's processes get to shut down before they are killed
 LOOPBACK_NAMES = ("localhost",)
@@ -106,10 +112,25 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def supervise(command: list[str], grace_s: float = GRACE_S) -> int:
-    """Run `command` in its own process group until it exits or a stop signal comes; then end the group.
+def answers(url: str, timeout_s: float = 1.0) -> bool:
+    """True once an HTTP server answers at `url` (any status: it is up)."""
+    try:
+        urllib.request.urlopen(url, timeout=timeout_s).close()
+        return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
 
-    Returns 0 when stopped by a signal (or by the parent's death) and the group ended; the command's own
+
+def supervise(command: list[str], grace_s: float = GRACE_S, ready_url: str | None = None,
+              on_ready: Callable[[], None] | None = None) -> int:
+    """Run `command` in its own process group until it exits or a stop signal comes; then end the group.
+    `on_ready` is called once the server answers at `ready_url`.
+
+    The group is sent SIGTERM for any stop signal: Python ends on it without a word, where a SIGINT would
+    raise KeyboardInterrupt in every process still importing MLflow (a traceback each); uvicorn treats the two
+    alike. Returns 0 when stopped by a signal (or by the parent's death) and the group ended; the command's own
     exit code, or 1 when it was 0, when the command stopped by itself: a server that exits unasked failed.
     """
     child = subprocess.Popen(command, start_new_session=True)
@@ -117,10 +138,10 @@ def supervise(command: list[str], grace_s: float = GRACE_S) -> int:
 
     def on_signal(signum, _frame):
         stop["signal"], stop["at"] = signum, stop["at"] or time.monotonic()
-        _signal_group(child.pid, signum)
+        _signal_group(child.pid, signal.SIGTERM)
 
     previous = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
-    parent = os.getppid()
+    parent, waiting = os.getppid(), ready_url is not None
     try:
         while child.poll() is None:
             try:
@@ -130,6 +151,10 @@ def supervise(command: list[str], grace_s: float = GRACE_S) -> int:
                     on_signal(signal.SIGTERM, None)
                 elif stop["at"] is not None and time.monotonic() - stop["at"] > grace_s:
                     _signal_group(child.pid, signal.SIGKILL)  # a graceful shutdown that does not end
+                elif waiting and stop["signal"] is None and answers(ready_url):
+                    waiting = False
+                    if on_ready is not None:
+                        on_ready()
         _end_group(child.pid, grace_s)
     finally:
         for signum, handler in previous.items():
@@ -151,10 +176,44 @@ def _end_group(pgid: int, grace_s: float) -> None:
             time.sleep(0.1)
 
 
+def base_address(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}"
+
+
+def store_runs(store: str, experiment: str) -> int | None:
+    """How many runs the experiment holds in a SQLite store (0: no such file or experiment); None when the store
+    is not a SQLite file, or cannot be read without MLflow (a server: it answers for itself)."""
+    if not store.startswith("sqlite:///"):
+        return None
+    path = Path(store.removeprefix("sqlite:///"))
+    if not path.is_file():
+        return 0
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            return db.execute("SELECT count(*) FROM runs JOIN experiments ON runs.experiment_id = "
+                              "experiments.experiment_id WHERE experiments.name = ? AND runs.lifecycle_stage = "
+                              "'active'", (experiment,)).fetchone()[0]
+    except sqlite3.Error:
+        return None
+
+
+def describe_store(name: str, store: str, experiment: str) -> str:
+    """The line naming the store a server opens and how many runs it holds, before it starts."""
+    runs, where = store_runs(store, experiment), store.removeprefix("sqlite:///")
+    if runs is None:
+        return f"{name}: store {store}, experiment '{experiment}'; starting (its address follows once it answers)"
+    if runs == 0:
+        missing = "" if Path(where).is_file() else " (the file does not exist: no run ever wrote there)"
+        return (f"{name}: store {where} holds no run of experiment '{experiment}'{missing}. A run writes there "
+                f"with out={Path(where).parent}; another folder's store: make ui OUT=<the folder a run's out= named>")
+    return f"{name}: store {where}, {runs} run(s) in experiment '{experiment}'; starting (its address follows once " \
+           "it answers)"
+
+
 def announce(name: str, host: str, port: int, store: str | None, experiment: str | None) -> None:
     """The address to open (the experiment's runs table when a store is given) and the no-auth warning."""
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    address = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}"
+    address = base_address(host, port)
     if store and experiment:
         try:
             from src.runs.tracking import ui_url
@@ -203,10 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         return 0
-    announce(args.name, args.host, port, args.store, args.experiment)
+    if args.store and args.experiment:
+        print(describe_store(args.name, args.store, args.experiment), flush=True)
     if args.experiment:  # src/runs/ui_app.py opens the home page on this experiment's runs table
         os.environ["REPLAY_RLOO_EXPERIMENT"] = args.experiment
-    code = supervise(command, args.grace)
+    # The address once the server answers: MLflow takes seconds to import, and a page opened before shows an error.
+    code = supervise(command, args.grace, f"{base_address(args.host, port)}/health",
+                     lambda: announce(args.name, args.host, port, args.store, args.experiment))
     if code:
         print(f"error: the {args.name} stopped by itself (exit code {code}); its messages are above", file=sys.stderr,
               flush=True)

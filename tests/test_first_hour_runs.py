@@ -1,0 +1,217 @@
+"""A researcher's first hour, as typed: the quick check's folder, log and report; refusals that leave nothing
+behind; stops that end the MLflow run; `make ui` that names its store and answers when it says so."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from src.paths import PROJECT_ROOT
+
+ROOT = PROJECT_ROOT
+QUICK_CHECK = [sys.executable, "-m", "src.run", "trainer=smoke", "hardware.threads=1"]
+# make runs the project's .venv; a checkout without one (a worktree) runs this interpreter the same way.
+MAKE = ["make", "-s", "--no-print-directory", "-o", ".venv/.installed", f"PY={sys.executable}"]
+ENV = {**{key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")},
+       "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", "COLUMNS": "200"}
+
+
+def run(command: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def run_folders(out: Path) -> list[Path]:
+    return sorted((out / "outputs" / "runs").glob("*/*"))
+
+
+def runs_of(out: Path, deleted: bool = True) -> list:
+    client = MlflowClient(f"sqlite:///{out}/mlruns.db")
+    found = client.get_experiment_by_name("replay-rloo")
+    return [] if found is None else client.search_runs([found.experiment_id], run_view_type=3 if deleted else 1)
+
+
+def printed_folder(text: str) -> list[str]:
+    return re.findall(r"^run folder: (\S+)$", text, re.M)
+
+
+@pytest.fixture(scope="module")
+def quick_check(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The README's quick check, `python -m src.run trainer=smoke`, into its own `out` folder."""
+    out = tmp_path_factory.mktemp("quick")
+    done = run([*QUICK_CHECK, f"out={out}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, done
+
+
+# --------------------------------------------------------------------------- trap 9: the run's folder
+@pytest.mark.slow
+def test_the_quick_check_prints_its_folder_at_start_and_end_and_its_run_log_holds_the_run(quick_check):
+    out, done = quick_check
+    (folder,) = run_folders(out)
+    assert printed_folder(done.stderr) == [str(folder)]  # at the start, among the progress lines
+    assert printed_folder(done.stdout) == [str(folder)]  # at the end, under the result table
+    log = (folder / "run.log").read_text()
+    for line in (f"run folder: {folder}", "evaluate start (smoke, step 0)", "train rho0: 2/2 steps",
+                 "evaluate final (smoke, step 2)", "after RL", "mean_reward", "run page"):
+        assert line in log, line
+
+
+@pytest.mark.slow
+def test_a_finished_cell_started_again_and_a_refused_config_leave_no_folder(quick_check):
+    out, _ = quick_check
+    again = run([*QUICK_CHECK, f"out={out}", "trainer.rerun=false"])  # trainer=smoke reruns a finished cell
+    assert again.returncode == 0 and "already has FINISHED run" in again.stderr, again.stderr[-2000:]
+    refused = run([*QUICK_CHECK, f"out={out}", "evaluation.ks=[100]"])
+    assert refused.returncode == 2 and refused.stderr.startswith("error: evaluation.ks"), refused.stderr[-2000:]
+    assert len(run_folders(out)) == 1
+
+
+def test_a_refused_config_makes_no_folder(tmp_path):
+    refused = run([*QUICK_CHECK, f"out={tmp_path}", "evaluation.ks=[100]"], timeout=300)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert run_folders(tmp_path) == [] and not [path for path in tmp_path.rglob("*") if path.is_file()]
+
+
+# --------------------------------------------------------------------------- trap 6: the quick check's report
+@pytest.mark.slow
+def test_make_report_on_the_quick_check_reads_its_final_evaluation(quick_check):
+    out, done = quick_check
+    made = run([*MAKE, "report", f"OUT={out}"])
+    assert made.returncode == 0, made.stderr[-3000:]
+    report = (out / "reports" / "replay-rloo" / "report.md").read_text()
+    (logged,) = runs_of(out, deleted=False)
+    reward = logged.data.metrics["smoke/final/mean_reward"]
+    assert "finished without a final evaluation" not in report
+    row = next(line for line in report.splitlines() if line.startswith("| Fresh-only | (0, -, -) | rho0 |"))
+    assert "| smoke |" in row and f"| {reward:.3f} |" in row, row
+    assert "│ mean_reward     │" in done.stdout and f"{reward:.3f} │" in done.stdout
+
+
+# --------------------------------------------------------------------------- trap 10: stops end the run
+def _start(command: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own group: the Ctrl-C goes to it as a terminal's would
+
+
+def _ctrl_c(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_a_double_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it_in_its_folder(tmp_path):
+    command = [*QUICK_CHECK, f"out={tmp_path}", "evaluation.at_start=false", "trainer.checkpoint_every=1"]
+    process, lines = _start(command), []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("train rho0: 1/2 steps"):  # step 2 runs now
+            time.sleep(0.3)
+            _ctrl_c(process)
+        elif "Ctrl-C: stopping after this step" in line:  # the first one was taken mid-step: again, once its
+            time.sleep(0.3)                                  # handler has written run.log too
+            _ctrl_c(process)
+    output = "".join(lines)
+    assert process.wait(60) == 130, output
+    assert "Ctrl-C again: stopped at once" in output and "Traceback" not in output, output
+    (killed,) = runs_of(tmp_path)
+    assert killed.info.status == "KILLED", output
+    again = run(command)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming run {killed.info.run_id}" in again.stderr
+    (finished,) = runs_of(tmp_path)
+    assert (finished.info.run_id, finished.info.status) == (killed.info.run_id, "FINISHED")
+    (folder,) = run_folders(tmp_path)  # the resumed run wrote into its folder, and no other was made
+    assert printed_folder(again.stdout) == [str(folder)]
+    log = (folder / "run.log").read_text()
+    assert "Ctrl-C: stopping after this step" in log and "resuming run" in log and "train rho0: 2/2 steps" in log
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_the_first_step_leaves_no_run_running_even_among_deleted_ones(tmp_path):
+    process, lines = _start([*QUICK_CHECK, f"out={tmp_path}"]), []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("run folder:"):  # the run is claimed; the model loads now
+            _ctrl_c(process)
+    output = "".join(lines)
+    assert process.wait(60) == 130 and "Ctrl-C before training began: nothing to save" in output, output
+    assert [run.info.status for run in runs_of(tmp_path)] in ([], ["KILLED"]), output
+    assert runs_of(tmp_path, deleted=False) == []  # the claim nothing was logged to is withdrawn
+
+
+def test_ctrl_c_while_the_libraries_load_is_one_line_not_a_traceback(tmp_path):
+    process = _start([*QUICK_CHECK, f"out={tmp_path}"])
+    time.sleep(2.0)  # the command line is checked; torch, transformers and MLflow are loading
+    _ctrl_c(process)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    assert "Traceback" not in output and len(output.strip().splitlines()) <= 2, output
+    assert all(not run.info.status == "RUNNING" for run in runs_of(tmp_path)) if (tmp_path / "mlruns.db").exists() \
+        else True
+
+
+# --------------------------------------------------------------------------- trap 10: make ui
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_make_ui_names_an_empty_store_and_prints_its_url_once_the_server_answers(tmp_path):
+    port, typo = _free_port(), tmp_path / "no-such-out"
+    typo.mkdir()
+    process, lines = _start([*MAKE, "ui", f"OUT={typo}", f"PORT={port}"]), []
+    deadline = time.monotonic() + 240
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("MLflow UI (Ctrl-C stops it): http://127.0.0.1"):
+            assert _answers(port), "".join(lines)  # printed once the server answers, not before
+            break
+        assert time.monotonic() < deadline, "".join(lines)
+    _ctrl_c(process)
+    rest, _ = process.communicate(timeout=60)
+    output = "".join(lines) + rest
+    assert lines and f"store {typo}/mlruns.db holds no run of experiment 'replay-rloo'" in lines[0], output
+    assert "Traceback" not in output, output
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_make_ui_starts_is_quiet(tmp_path):
+    port = _free_port()
+    process = _start([*MAKE, "ui", f"OUT={tmp_path}", f"PORT={port}"])
+    time.sleep(4.0)  # MLflow's processes are importing
+    _ctrl_c(process)
+    output, _ = process.communicate(timeout=60)
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert len(output.strip().splitlines()) < 15, output  # uvicorn's own shutdown lines at most
+    assert not _answers(port)
+
+
+def test_a_withdrawn_claim_is_ended_killed_before_it_is_deleted(tmp_path):
+    from src.runs import claim
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("replay-rloo")).info.run_id
+    claim.withdraw_claim(uri, run_id)
+    withdrawn = client.get_run(run_id)
+    assert (withdrawn.info.status, withdrawn.info.lifecycle_stage) == ("KILLED", "deleted")
