@@ -473,9 +473,9 @@ def hf_step_times(args, config, policy, rows: list[dict], device: str, autocast)
 
 def vllm_step_times(args, config, engine, rows: list[dict], sync_s: float) -> list[dict]:
     """One vLLM `generate` call per ratio for exactly its fresh groups (a warm-up call first)."""
-    from benchmarks.vllm_phase import generate_rate
+    from benchmarks.vllm_phase import WARM_UP_TOKENS, generate_rate
 
-    generate_rate(engine, 8, args.group_size, args.prompt_tokens, 32, config.vocab_size, seed=1)
+    generate_rate(engine, 8, args.group_size, args.prompt_tokens, WARM_UP_TOKENS, config.vocab_size, seed=1)
     generation = []
     for row in rows:
         generation.append(generate_rate(engine, row["fresh_groups"], args.group_size, args.prompt_tokens,

@@ -48,6 +48,9 @@ def policy_folder(policy, tokenizer, folder: Path) -> Path:
     return folder
 
 
+WARM_UP_TOKENS = 32  # the response length of the call that warms the engine up before anything is timed
+
+
 def start_engine(policy, folder: Path, args) -> tuple[object, float]:
     """The trainer's vLLM engine on the policy folder, and the seconds it took to start (compile and graphs included)."""
     from src.rollout.vllm_engine import VLLMEngine
@@ -56,7 +59,7 @@ def start_engine(policy, folder: Path, args) -> tuple[object, float]:
     policy_folder(policy, tokenizer, folder)
     start = time.perf_counter()
     engine = VLLMEngine(policy, tokenizer, gpu_memory_utilization=args.vllm_memory, enforce_eager=args.enforce_eager,
-                        max_model_len=args.prompt_tokens + max(args.response_token_list) + 16,
+                        max_model_len=args.prompt_tokens + max(*args.response_token_list, WARM_UP_TOKENS) + 16,
                         max_num_seqs=args.vllm_max_num_seqs, seed=0, per_request_seeds=not args.unseeded,
                         model_path=str(folder), kv_cache_gib=args.vllm_kv_gib)
     return engine, time.perf_counter() - start
