@@ -102,6 +102,8 @@ DOCUMENTED = {
     "make reproduce-seed004": "tests/test_reproduce.py::test_make_reproduce_runs_the_study_over_seeds_and_writes_the_verdict",
     "make reproduce-seedNNN": "tests/test_reproduce.py::test_make_reproduce_runs_the_study_over_seeds_and_writes_the_verdict",
     "python -m analysis.reproduce": "tests/test_reproduce.py::test_make_reproduce_runs_the_study_over_seeds_and_writes_the_verdict",
+    "python -m benchmarks.update_ops": "tests/test_update_ops.py::test_python_m_benchmarks_update_ops_writes_its_figures_as_docs_show",
+    "python -m analysis.verdict_null": "tests/test_verdicts.py::test_python_m_analysis_verdict_null_prints_each_claims_false_agreement_as_docs_show",
     "python -m benchmarks.gpu_step": "tests/test_benchmarks.py::test_gpu_step_spread_lengths_show_real_and_computed_tokens_padded_and_packed",
     "make help": "test_make_help_lists_every_target",
     "python -m src.help": "test_the_knob_reference_is_current_and_lists_every_knob",

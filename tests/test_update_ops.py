@@ -130,3 +130,22 @@ def test_the_fused_head_runs_in_the_compiled_region_and_gives_the_eager_update()
     torch.testing.assert_close(compiled.logprobs, eager.logprobs, rtol=1e-5, atol=1e-5)
     for parameter, reference in zip(policy.parameters(), eager_policy.parameters()):
         torch.testing.assert_close(parameter, reference, rtol=1e-5, atol=1e-6)
+
+
+@needs_reference
+def test_python_m_benchmarks_update_ops_writes_its_figures_as_docs_show(tmp_path):
+    """`python -m benchmarks.update_ops --json PATH` as docs/benchmarks.md gives it, at its default small size."""
+    import json
+    import subprocess
+    import sys
+
+    from src.paths import PROJECT_ROOT
+
+    target = tmp_path / "update_ops.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.update_ops", "--json", str(target)], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(target.read_text())
+    assert figures["device"] == "cpu" and figures["size"]["rows"] == 16
+    assert all(figures["targets"].values()), figures["targets"]
+    assert "MISSED" not in done.stdout and "targets:" in done.stdout

@@ -194,3 +194,21 @@ def test_the_old_rules_agreed_without_evidence():
     edge = np.random.default_rng(1).normal(0.02, 0.04, (2000, 3))  # truly 0.02 apart: not within +- 0.02
     assert old_agrees(edge, "flat").mean() > 0.8  # "no significant difference" read as flat
     assert (claim_outcomes(edge, "flat", 0.02) == "agrees").mean() <= ALPHA
+
+
+def test_python_m_analysis_verdict_null_prints_each_claims_false_agreement_as_docs_show():
+    """The command docs/reproductions.md gives, as typed: a row a claim, the new rules at most 5 % (+ noise) at the
+    null edge."""
+    import subprocess
+    import sys
+
+    from src.paths import PROJECT_ROOT
+
+    done = subprocess.run([sys.executable, "-m", "analysis.verdict_null"], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| seed")]
+    assert [row[0].strip() for row in rows] == sorted(CLAIMS)
+    for row in rows:
+        new_at_the_edge = float(row[4].strip().rstrip("%")) / 100
+        assert new_at_the_edge <= 0.05 + 3 * (0.05 * 0.95 / 2000) ** 0.5, row
