@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,17 +266,18 @@ def memory_plan() -> dict:
     from src.distributed import memory
 
     shape, engine = memory.policy_shape(PRESET), memory.EngineShare(0.3, True)
-    fit = memory.best_fit(shape, 1, engine.training_gib(memory.H100_GIB))
-    generation = memory.generation_plan(shape, 1, engine, 4)
     tokens = OmegaConf.load(ROOT / "conf" / "trainer" / "paper.yaml").micro_batch_tokens  # the preset's trainer
+    cell = memory.Cell(micro_batch_tokens=tokens)
+    fit = memory.best_fit(shape, 1, engine.training_gib(memory.H100_GIB), cell)
+    generation = memory.generation_plan(shape, 1, engine, cell)
     at_run = {f"training_gib_at_{tokens}_tokens" + ("_checkpointed" if checkpointed else ""):
-              round(sum(memory.gpu_bytes(shape, 1, tokens, checkpointed).values()) / memory.GIB, 2)
+              round(memory.peak_gib(shape, 1, replace(cell, activation_checkpointing=checkpointed)), 2)
               for checkpointed in (False, True)}
     return {"policy": PRESET, **at_run, "training_gib": round(fit.peak_gib, 2),
             "micro_batch_tokens": fit.micro_batch_tokens,
             "activation_checkpointing": fit.activation_checkpointing, "engine_share_gib": round(generation.share, 2),
             "resident_while_generating_gib": round(generation.resident, 2),
-            "lines": memory.job_plan_lines([PRESET], 1, engine)}
+            "lines": memory.job_plan_lines([PRESET], 1, engine, cell)}
 
 
 def lease_main(args) -> int:
