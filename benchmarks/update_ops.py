@@ -8,7 +8,7 @@ Both loops do the same work on the same random Qwen2 model: forward+backward of 
 log-probs (the output head on response positions only) in micro-batches of `--micro` rows, then one
 AdamW step. Ours is `src.loss.trainer.Trainer` with the RLOO objective (fused head, kl_coef 0 by
 default, so no reference forward: the plain loop has none); the plain loop is
-../shared/bench/update_reference.py's, imported from the shared folder beside the repository. Each
+`update_reference.py`'s, imported from the shared bench folder beside the repository (shared/bench). Each
 update is profiled (torch.profiler) after a warm-up update, and the table counts:
 
 - syncs: `aten::_local_scalar_dense` (`.item()`, `bool(tensor)`, `.tolist()` of one element) outside the
@@ -45,10 +45,11 @@ EXTRA_SYNCS = 2  # syncs allowed beyond one per optimizer step: reading the upda
 
 
 def reference_module():
-    """../shared/bench/update_reference.py as a module, or SystemExit with one line saying where it was looked for."""
+    """The plain loop (shared/bench/update_reference.py beside the repository) as a module, or SystemExit with one
+    line saying where it was looked for."""
     if not REFERENCE_PATH.is_file():
         raise SystemExit(f"update_ops: the plain reference loop is missing: expected {REFERENCE_PATH} "
-                         "(the shared folder beside the repository, ../shared/bench)")
+                         "(shared/bench in the folder beside the repository)")
     spec = importlib.util.spec_from_file_location("update_reference", REFERENCE_PATH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

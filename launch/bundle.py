@@ -14,7 +14,7 @@ Built here, on any machine that reaches PyPI (nothing is resolved on the node):
    owners, xz blocks of a fixed size), cuts it into pieces and groups the pieces into carry folders
    (`carry1/`, `carry2/`, ...) of at most --carry-mib each, so one device call carries the repo plus one
    carry folder under the 64 MiB a call may carry. Each carry folder holds `manifest.json` (sha256 of
-   every piece and of the whole) and a copy of ../shared/bench/update_reference.py, which does not travel
+   every piece and of the whole) and a copy of the plain loop update_reference.py (shared/bench beside the checkout), which does not travel
    with the repo.
 
 On the node, launch/gpu_lease.py stashes the pieces each call brings into /tmp and unpacks the tar onto a

@@ -3,7 +3,7 @@
 On the lent node, in one device call per part, each part under 8 minutes (PART_SECONDS bounds it):
 
   part 1: install the bundle, check the imports, `pytest -m gpu`, `benchmarks.gpu_step` at 256 and 1024 tokens
-          (vLLM colocated) and ../shared/bench/update_reference.py beside it                   (estimate 6.5 min)
+          (vLLM colocated) and shared/bench's update_reference.py beside it             (estimate 6.5 min)
   part 2: install, imports, `benchmarks.update_ops`, 3 steps under torchrun (vLLM asleep while training) read
           back from MLflow, one step of the 1.5B preset with its peak beside the memory plan    (estimate 6 min)
 
@@ -160,7 +160,7 @@ def install(lease: Lease) -> bool:
 
 
 def reference_script(lease: Lease) -> Path | None:
-    """update_reference.py: the copy the bundle carries, else ../shared/bench beside the repo."""
+    """update_reference.py: the copy the bundle carries, else shared/bench beside the repo."""
     for path in (lease.work / "pieces" / "update_reference.py", bundle.REFERENCE):
         if path.is_file():
             return path
