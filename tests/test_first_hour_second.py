@@ -183,7 +183,7 @@ def test_version_and_help_of_every_entry_point_load_no_model_library():
                "analysis.async_report", "src.help"]
     heavy = ("torch", "mlflow", "pandas")
     done = run_all([[*as_main(module, heavy), flag] for module in modules for flag in ("--version", "--help")])
-    from src.cli import project_version
+    from src.paths import project_version
 
     for index, module in enumerate(modules):
         version, page = done[2 * index], done[2 * index + 1]
