@@ -81,7 +81,9 @@ def refuse_without_multirun(word: str, argv: list[str]) -> None:
 
 
 def sets_a_grid(group: str, option: str) -> bool:
-    """Whether conf/<group>/<option>.yaml sets the sweeper (a study's grid): `sweep` and `reproduce` options."""
+    """Whether conf/<group>/<option>.yaml is a study: every `sweep` option, and a `reproduce` option that sets the
+    sweeper's grid. An `experiment` preset also carries its study's grid, but without -m it is one cell of it
+    (its header names that cell), so it is not refused."""
     import yaml
 
     from src.paths import CONFIG_DIR
@@ -89,7 +91,7 @@ def sets_a_grid(group: str, option: str) -> bool:
     path = CONFIG_DIR / group / f"{option}.yaml"
     if group == "sweep":
         return True
-    if "/" in group or not path.is_file():
+    if group != "reproduce" or not path.is_file():
         return False
     node = yaml.safe_load(path.read_text()) or {}
     return isinstance(node.get("hydra"), dict) and "sweeper" in node["hydra"]

@@ -247,9 +247,9 @@ def test_slurm_sweep_without_slurm_exits_2_in_one_line_and_its_dry_run_works(tmp
 # --------------------------------------------------------------------------- end to end: two sweeps at once
 @pytest.mark.slow
 def test_two_identical_sweeps_started_together_train_each_cell_once(tmp_path, random_policy_dir):
-    sweep = tiny_cli(tmp_path, random_policy_dir, "buffer=none", "clip=tight,loose", "trainer.steps=1",
-                     "hardware.threads=1", multirun=True)
-    processes = [subprocess.Popen([*sweep, f"hydra.sweep.dir={tmp_path}/sweep{index}"], cwd=PROJECT_ROOT,
+    cell = ["buffer=none", "clip=tight,loose", "trainer.steps=1", "hardware.threads=1"]
+    processes = [subprocess.Popen(tiny_cli(tmp_path, random_policy_dir, *cell, f"hydra.sweep.dir={tmp_path}/sweep{index}",
+                                           multirun=True), cwd=PROJECT_ROOT,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for index in range(2)]
     outputs = [process.communicate(timeout=600)[0] for process in processes]
     assert [process.returncode for process in processes] == [0, 0], [output[-3000:] for output in outputs]

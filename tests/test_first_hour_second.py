@@ -160,6 +160,17 @@ def test_the_same_value_twice_and_an_added_experiment_still_pass():
                         "buffer=age1,age2", "hydra/launcher=submitit_local"])
 
 
+def test_an_experiment_preset_without_m_is_its_one_cell_and_a_study_is_refused():
+    """An experiment preset carries its study's grid, yet its header runs one cell of it without -m."""
+    from src.cli import CommandLineError, check_multirun
+
+    for preset in sorted((ROOT / "conf" / "experiment").glob("*.yaml")):
+        check_multirun([f"+experiment={preset.stem}", "trainer.steps=1"])
+    for study in ("+reproduce=seed000", "+sweep=ratio"):
+        with pytest.raises(CommandLineError, match="belongs to a sweep"):
+            check_multirun([study])
+
+
 def test_every_src_run_command_in_the_docs_is_one_hydra_can_read():
     """Commands copied from the docs reach the checks, not Hydra's lexer (docs/math.md's `~` path)."""
     from src.suggest import parse_problem

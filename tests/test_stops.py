@@ -194,7 +194,7 @@ def test_a_second_ctrl_c_exits_at_once_without_a_traceback():
 
 
 def test_a_stop_signal_cuts_abandonable_work_short_and_ctrl_c_exits_130_not_keyboardinterrupt():
-    before = signal.getsignal(signal.SIGINT)
+    before, before_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with StopOnSignal() as stop:
         with pytest.raises(StopRequested) as request:
             with stop.abandonable():
@@ -204,7 +204,28 @@ def test_a_stop_signal_cuts_abandonable_work_short_and_ctrl_c_exits_130_not_keyb
         with pytest.raises(Interrupted) as stopped:  # Python's own handler would raise KeyboardInterrupt
             stop.hand_on()
     assert stopped.value.code == 130
-    assert signal.getsignal(signal.SIGINT) == before  # the earlier handler is back
+    assert signal.getsignal(signal.SIGTERM) == before_term  # the earlier handler is back
+    # but not Python's SIGINT handler: the process is ending, and a Ctrl-C while it ends exits at once
+    assert before is signal.default_int_handler and signal.getsignal(signal.SIGINT) is not before
+    signal.signal(signal.SIGINT, before)
+
+
+HANDED_ON_SCRIPT = """
+import atexit, os, signal, time
+from src.runs.interrupt import Interrupted, StopOnSignal
+atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5), print("still running", flush=True)))
+with StopOnSignal() as stop:
+    os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: the step ends, then the process
+    time.sleep(0.2)
+    stop.hand_on()
+"""
+
+
+def test_a_ctrl_c_while_a_stopped_process_exits_is_the_one_line_not_a_finalizers_traceback():
+    result = subprocess.run([sys.executable, "-c", HANDED_ON_SCRIPT], cwd=PROJECT_ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 130 and "still running" not in result.stdout, result.stderr
+    assert "Traceback" not in result.stderr and "Ctrl-C again: stopped at once" in result.stderr, result.stderr
 
 
 # --------------------------------------------------------------------------- training in-process

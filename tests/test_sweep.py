@@ -130,7 +130,8 @@ def test_relaunched_sweep_skips_finished_cells(tmp_path, random_policy_dir):
     assert len(runs) == 2  # nothing ran twice
     assert set(runs["tags.sweeps"]) == {",grid,other,"}  # the other study's report finds them
 
-    dry = run([*sweep, "hydra.sweeper.dry_run=true", "buffer=none,age1,age2"])
+    dry = run([*tiny_cli(tmp_path, random_policy_dir, "buffer=none,age1,age2", *sweep[-3:], multirun=True),
+               "hydra.sweeper.dry_run=true"])
     assert "DRY RUN" in dry and "1 to launch" in dry and "2 finished" in dry
 
 

@@ -181,6 +181,10 @@ class StopOnSignal:
         # Python's own SIGINT handler would raise KeyboardInterrupt, with its traceback: ours exits quietly.
         if callable(previous) and signum != signal.SIGINT:
             previous(signum, None)  # submitit's handler requeues the job and exits; a bypass returns
+        if signum == signal.SIGINT and previous is signal.default_int_handler:
+            # The process ends now. A Ctrl-C during its exit would raise KeyboardInterrupt inside whatever
+            # finalizer runs then, with that traceback: from here on a Ctrl-C exits at once.
+            signal.signal(signal.SIGINT, lambda *_: self._exit_now())
         raise Interrupted(signum)
 
     def finish_line(self) -> str:
