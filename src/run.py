@@ -270,9 +270,7 @@ class CellRun:
             raise StopRequested(signal.SIGINT, mid_step=True) from None
         metrics = outcome.metrics
         self.tracker.log_step(metrics, state.step - 1)
-        rows = tracking.completion_rows(outcome.collection, self.parts.task, run.tracking.completions_per_step,
-                                        run.policy.max_new_tokens)
-        self.tracker.log_completions(rows, state.step - 1)
+        self.log_completions(outcome.collection)
         state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
         bar.update(state.step, _progress_info(metrics))
         every = run.trainer.checkpoint_every
@@ -282,6 +280,17 @@ class CellRun:
         requested = self.ranks.most(self.stop.requested or 0)  # every rank stops after the same step
         if requested and state.step < run.trainer.steps:  # keep this step, then go
             raise StopRequested(requested)
+
+    def log_completions(self, collection) -> None:
+        """The step's sample completions: `tracking.completions_per_step` to MLflow, `print_completions` printed."""
+        run, task = self.settings, self.parts.task
+        logged, shown = run.tracking.completions_per_step, run.tracking.print_completions
+        rows = tracking.completion_rows(collection, task, logged, run.policy.max_new_tokens)
+        self.tracker.log_completions(rows, self.state.step - 1)
+        if shown > logged:  # a draw of its own: what is logged does not depend on what is printed
+            rows = tracking.completion_rows(collection, task, shown, run.policy.max_new_tokens)
+        for row in rows[:shown]:
+            log.info("%s", tracking.completion_line(row))
 
     def evaluate_if_due(self) -> None:
         """The learning-curve evaluation of this step, unless it is logged already (not twice after a resume)."""

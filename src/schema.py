@@ -72,6 +72,7 @@ KNOBS: dict[str, Knob] = {
     "hardware.activation_checkpointing": Knob("bool", example="true or false"),
     "tracking.policy_artifact_max_mb": _float(0, INF, "200 (0: never upload, tags only)"),
     "tracking.completions_per_step": _int(0, 10_000, "4 (0: none)"),
+    "tracking.print_completions": _int(0, 1_000, "2 (0: none)"),
     "task.train_size": _int(1, 100_000_000, "20000"),
     "task.heldout_size": _int(1, 1_000_000, "50"),
     "task.seed": SEED,

@@ -115,6 +115,7 @@ class TrackingSettings:
     run_name: str | None = None
     policy_artifact_max_mb: float = 200.0
     completions_per_step: int = 0
+    print_completions: int = 0
 
 
 class RunSettings:

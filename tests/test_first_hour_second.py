@@ -171,6 +171,14 @@ def test_an_experiment_preset_without_m_is_its_one_cell_and_a_study_is_refused()
             check_multirun([study])
 
 
+def test_a_python_without_the_projects_packages_is_told_to_use_the_venv_in_one_line():
+    """A bare `python` (here: the venv's, without its site-packages) running the README's "What next" command."""
+    done = subprocess.run([sys.executable, "-S", "-m", "src.run", "buffer=age2", "clip=tight"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: ") and "source .venv/bin/activate" in done.stderr, done.stderr
+
+
 def test_every_src_run_command_in_the_docs_is_one_hydra_can_read():
     """Commands copied from the docs reach the checks, not Hydra's lexer (docs/math.md's `~` path)."""
     from src.suggest import parse_problem
@@ -256,3 +264,16 @@ def test_make_report_of_a_store_that_is_not_there_is_the_commands_one_line(tmp_p
     lines = [line for line in done.stderr.splitlines() if not re.match(r"make: \*\*\* \[", line)]
     assert done.returncode != 0 and lines and len(lines) == 1 and "no MLflow store at" in lines[0], done.stderr
     assert not (tmp_path / "mlruns.db").exists()
+
+
+# --------------------------------------------------------------------------- 11. completions in the terminal
+@pytest.mark.slow
+def test_print_completions_shows_each_steps_completions_under_its_progress_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "src.run", "trainer=smoke", "tracking.print_completions=2",
+                           "hardware.threads=1", "evaluation.at_start=false", f"out={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    shown = re.findall(r"completion, step (\d+): reward [-\d.e]+ \((fresh|replay), age \d+", out)
+    assert [step for step, _ in shown] == ["1", "1", "2", "2"], out[-3000:]
+    assert out.count("  prompt: ...") == 4 and out.count("  response: ") == 4

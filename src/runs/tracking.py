@@ -216,6 +216,18 @@ def completion_rows(collection, task, count: int, max_new_tokens: int) -> list[d
     return rows
 
 
+def completion_line(row: dict, width: int = 160) -> str:
+    """One completion row as console lines: the step (counted from 1, as the progress bar counts), the reward and
+    where the response came from, then the prompt's end and the response, each cut to `width` characters."""
+    def cut(text: str) -> str:
+        text = " ".join(str(text).split())
+        return text if len(text) <= width else text[: width - 3] + "..."
+
+    reason = f", {row['category']}" if row["category"] else ""
+    return (f"completion, step {row['step'] + 1}: reward {row['reward']:g} ({row['source']}, age {row['age']}{reason})"
+            f"\n  prompt: ...{cut(row['prompt'][-width:])}\n  response: {cut(row['response'])}")
+
+
 @dataclass(frozen=True)
 class BatchEntry:
     """A generated group that no update trained on (its rows in the completions table)."""
