@@ -110,7 +110,7 @@ class TrackingSettings:
     uri: str
     artifact_location: str | None
     experiment: str
-    # A run logged before these keys existed still reads back (`python -m src.evaluate`): they default.
+    # A run logged before these keys existed still reads back (`python -m src.eval`): they default.
     sweep: str = "adhoc"
     run_name: str | None = None
     policy_artifact_max_mb: float = 200.0
