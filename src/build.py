@@ -11,6 +11,8 @@ stand-ins, so `src.config.validate` reports a bad setting before any model loads
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 
 import torch
 from hydra.utils import get_object, instantiate
@@ -26,6 +28,8 @@ from src.settings import RunSettings, TrainerSettings
 from src.task.base import Task, build_task
 from src.task.prompts import PromptFormat
 
+log = logging.getLogger(__name__)
+
 
 def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, engine=None,
                      task: Task | None = None, sampler=None) -> Components:
@@ -40,6 +44,8 @@ def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, e
     trainer, hardware = run.trainer, run.hardware
     if hardware.threads:
         torch.set_num_threads(hardware.threads)
+    elif hardware.device == "cpu" and (hint := busy_cpu_hint()):
+        log.warning("%s", hint)
     torch.manual_seed(trainer.seed)
     if hardware.dtype == "float64":
         # Every float tensor the step makes (advantages, weights, sums) in float64 too, not only the weights:
@@ -204,3 +210,16 @@ def data_parallel(parts: Components, activation_checkpointing: bool = False) -> 
     optimizer = torch.optim.AdamW(parts.policy.parameters(), lr=settings["lr"], betas=settings["betas"],
                                   weight_decay=settings["weight_decay"], fused=settings["fused"])
     return replace(parts, optimizer=optimizer, trainer=DataParallelTrainer(parts.trainer), engine=engine)
+
+
+def busy_cpu_hint() -> str | None:
+    """A line for a CPU run whose `hardware.threads` is null (torch takes every core) on a machine that other
+    work keeps busy: torch's threads then wait on each other, and one thread is often several times faster.
+    The thread count is not picked from the load: a resumed run would then compute with another count."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if cores == 1 or load < cores - 0.5:
+        return None
+    return (f"this machine is busy (load {load:.1f} on {cores} cores) and torch uses all {cores}: "
+            "hardware.threads=1 is often several times faster here")
+

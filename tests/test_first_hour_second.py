@@ -277,3 +277,17 @@ def test_print_completions_shows_each_steps_completions_under_its_progress_line(
     shown = re.findall(r"completion, step (\d+): reward [-\d.e]+ \((fresh|replay), age \d+", out)
     assert [step for step, _ in shown] == ["1", "1", "2", "2"], out[-3000:]
     assert out.count("  prompt: ...") == 4 and out.count("  response: ") == 4
+
+
+# --------------------------------------------------------------------------- 4. threads on a busy machine
+def test_a_busy_machine_names_hardware_threads_and_a_quiet_one_says_nothing(monkeypatch):
+    from src import build
+
+    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(build.os, "getloadavg", lambda: (2.1, 1.0, 0.5))
+    assert "load 2.1 on 2 cores" in build.busy_cpu_hint() and "hardware.threads=1" in build.busy_cpu_hint()
+    monkeypatch.setattr(build.os, "getloadavg", lambda: (0.3, 1.0, 0.5))
+    assert build.busy_cpu_hint() is None
+    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(build.os, "getloadavg", lambda: (5.0, 1.0, 0.5))
+    assert build.busy_cpu_hint() is None  # one core: no threads to contend
