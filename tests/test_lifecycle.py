@@ -292,6 +292,7 @@ def test_sigkill_at_a_random_step_then_relaunch_resumes_the_same_run(tmp_path, r
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): the suite SIGKILLs a single run (test_sigkill_at_a_random_step...)
 def test_sigkill_inside_a_multirun_then_relaunch_resumes_the_killed_cell(tmp_path, random_policy_dir, reference_run):
     uri = store(tmp_path)
     grid = [arg if arg != "buffer=age1" else "buffer=none,age1" for arg in CELL]

@@ -65,17 +65,18 @@ EXTRA = {
 }
 
 
-# The verdicts these fixtures give, read off their reports (python -m src.run -m +reproduce=seedNNN with TINY,
-# EXTRA and trainer.seed=0,1, then python -m analysis.reproduce seedNNN).
-# Measured at 6f52f90 (seed 004, with 3bff452) and 1040d29 (seed 003): at two steps POPO and GRPO, and
-# frontier and uniform, score alike at both seeds, so a row has no test. The other targets' fixtures were not
-# run here (a cell took 2 to 8 minutes on the shared 2 cores); their verdict is held only to the rules' four
-# and to "not reproduced in two steps".
-TINY_VERDICT: dict[str, str] = {"seed003": NOT_TESTABLE, "seed004": NOT_TESTABLE}
+# The verdicts these fixtures give, read off their reports (this test's own make commands). Measured for all five
+# on one commit (the one that pinned seeds 000-002): at two steps the methods and baselines of seeds 001-004
+# score alike at both seeds (no spread: no test), and seed 000's baseline ends where it started (it does not
+# learn), so no claim is testable. A fixture that starts to give another verdict has changed what it measures.
+TINY_VERDICT: dict[str, str] = {name: NOT_TESTABLE for name in ("seed000", "seed001", "seed002", "seed003", "seed004")}
 
 
+# The suite runs seed 000's study (sync, its curves, a rerun that trains nothing) and seed 004's (the frontier);
+# the other three run by hand with make test-long: seed 001's eight Ray cells take over 8 minutes on 2 cores.
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(CLAIMS))
+@pytest.mark.parametrize("name", [name if name in ("seed000", "seed004") else pytest.param(name, marks=pytest.mark.long)
+                                  for name in sorted(CLAIMS)])
 def test_make_reproduce_runs_the_study_over_seeds_and_writes_the_verdict(tmp_path, name):
     extra = EXTRA[name].split()  # a key given twice is refused: EXTRA's value replaces TINY's
     words = [word for word in TINY.split() if word.split("=")[0] not in {w.split("=")[0] for w in extra}] + extra

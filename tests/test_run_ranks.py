@@ -88,6 +88,7 @@ def assert_resumed_as_uninterrupted(store: str, run_id: str, out: str, want: dic
 
 
 @pytest.mark.slow  # two launches of the tiny policy, one under torchrun (+ the shared one-process run): ~40 s
+@pytest.mark.long  # make test-long (docs/testing.md): the suite kills two ranks and resumes on two
 def test_two_ranks_killed_and_resumed_on_one_log_the_one_process_run(tmp_path, uninterrupted):
     """A 2-rank torchrun run (gloo) is stopped by SIGTERM after some steps and resumed by one process: its MLflow run
     holds every metric of an uninterrupted one-process run, each step once, to float64 rounding."""
@@ -99,6 +100,7 @@ def test_two_ranks_killed_and_resumed_on_one_log_the_one_process_run(tmp_path, u
 
 
 @pytest.mark.slow  # as above
+@pytest.mark.long  # make test-long (docs/testing.md): as above
 def test_one_process_killed_and_resumed_on_two_ranks_logs_the_one_process_run(tmp_path, uninterrupted):
     """The reverse: a one-process run (whole weights in its checkpoint) resumed by 2 torchrun ranks, each keeping
     its slices of the weights and AdamW's moments."""

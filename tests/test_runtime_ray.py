@@ -311,6 +311,7 @@ def test_the_one_loop_pulls_before_it_saves_or_evaluates_and_a_dead_trainer_stop
     assert machine_free(got) == machine_free(recorder)
 
 
+@pytest.mark.long  # make test-long (docs/testing.md): the suite SIGKILLs the driver and Ray (test_sigkill_to_the_driver...)
 def test_sigterm_to_the_whole_process_group_checkpoints_and_resumes_into_the_same_run(tmp_path):
     """`timeout` and SLURM signal every process of the job: Ray's own processes must not die before the
     trainer has finished its step and checkpointed. The relaunch continues the same MLflow run."""

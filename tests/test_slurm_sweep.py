@@ -48,6 +48,7 @@ def test_two_cell_sweep_runs_on_slurm_then_is_skipped(tmp_path, slurm_cluster, r
     print(f"relaunch of a finished 2-cell sweep: {seconds:.1f} s")
 
 
+@pytest.mark.long  # make test-long (docs/testing.md): test_sweep's preempted run resumes in the suite
 def test_requeued_slurm_job_resumes_into_the_same_run_with_identical_metrics(tmp_path, slurm_cluster,
                                                                            random_policy_dir):
     """`scontrol requeue` mid-run: SIGTERM, checkpoint, KILLED; the requeued job resumes the same MLflow run.

@@ -228,6 +228,7 @@ def test_make_seeds_adds_the_seed_axis_and_refuses_a_bad_count():
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): the reproduction test runs two seeds
 def test_two_seed_sweep_runs_each_seed_once_and_tags_it(tmp_path, random_policy_dir):
     sweep = tiny_cli(tmp_path, random_policy_dir, "buffer=age1", "clip=tight", "trainer.steps=2",
                      "trainer.seed=0,1", "tracking.sweep=seeds", multirun=True)
