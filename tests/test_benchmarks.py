@@ -40,14 +40,19 @@ def test_gpu_step_benchmark_smoke_run_on_cpu():
     assert any(line.startswith("| HF generate | 2 | fp32+autocast, dynamic KV cache") for line in lines)  # 2 rows
 
 
-def test_gpu_step_refuses_bad_response_lengths_in_one_line():
-    for option, value, why in (("--response-tokens", "abc", "expected whole numbers"),
-                               ("--response-tokens", "256,0", "must be >= 1"),
+def test_gpu_step_refuses_bad_response_lengths_in_one_line(monkeypatch, capsys):
+    from benchmarks import gpu_step
+
+    result = subprocess.run([sys.executable, "-m", "benchmarks.gpu_step", "--tiny", "--device", "cpu",
+                             "--response-tokens", "abc"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "expected whole numbers" in result.stderr and "Traceback" not in result.stderr
+    for option, value, why in (("--response-tokens", "256,0", "must be >= 1"),  # the same parser, in this process
                                ("--lengths", "uniform:0:1", "0 < LO <= HI <= 1"),
                                ("--lengths", "normal:0.5:1", "fixed or uniform:LO:HI")):
-        result = subprocess.run([sys.executable, "-m", "benchmarks.gpu_step", "--tiny", "--device", "cpu",
-                                 option, value], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 2 and why in result.stderr and "Traceback" not in result.stderr
+        monkeypatch.setattr(sys, "argv", ["gpu_step", "--tiny", "--device", "cpu", option, value])
+        with pytest.raises(SystemExit) as exited:
+            gpu_step.parse_args()
+        assert exited.value.code == 2 and why in capsys.readouterr().err
 
 
 SPREAD = ("--tiny", "--device", "cpu", "--group-size", "8", "--response-tokens", "32", "--lengths", "uniform:0.25:1",

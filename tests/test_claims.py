@@ -246,6 +246,7 @@ def test_slurm_sweep_without_slurm_exits_2_in_one_line_and_its_dry_run_works(tmp
 
 # --------------------------------------------------------------------------- end to end: two sweeps at once
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): the suite races two processes for one cell (above)
 def test_two_identical_sweeps_started_together_train_each_cell_once(tmp_path, random_policy_dir):
     cell = ["buffer=none", "clip=tight,loose", "trainer.steps=1", "hardware.threads=1"]
     processes = [subprocess.Popen(tiny_cli(tmp_path, random_policy_dir, *cell, f"hydra.sweep.dir={tmp_path}/sweep{index}",

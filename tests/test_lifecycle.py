@@ -315,6 +315,7 @@ def test_sigkill_inside_a_multirun_then_relaunch_resumes_the_killed_cell(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): test_run_e2e starts runs together on a new store
 def test_runs_started_at_once_on_a_new_store_all_finish_in_their_own_folders(tmp_path, random_policy_dir):
     """Four runs in the same second on a SQLite file none of them has created: no migration race, no shared folder."""
     starts = 4

@@ -133,6 +133,7 @@ def test_two_ranks_sigkilled_together_resume_on_two_ranks_into_the_one_process_r
 
 
 @pytest.mark.slow  # one launch of the tiny policy, one under torchrun
+@pytest.mark.long  # make test-long (docs/testing.md): test_data_parallel trains the fused head over two ranks
 def test_the_fused_head_over_two_ranks_logs_the_one_process_run(tmp_path):
     """`torchrun ... -m src.run hardware.ranks=2 trainer.fused_logprobs=true`, as typed: every metric of the same
     command in one process (the fused head reads the sharded model's own forward)."""
