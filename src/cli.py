@@ -107,7 +107,6 @@ def check_config(overrides: list[str]) -> None:
     (`src.config.check_before_imports`); a config Hydra itself cannot compose is left to Hydra's message."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from src.config import check_before_imports
@@ -122,9 +121,8 @@ def check_config(overrides: list[str]) -> None:
         from src.checks import composition_error
 
         raise CommandLineError(composition_error(error, overrides)) from None
-    if OmegaConf.select(cfg, "hydra.sweeper.grids") or OmegaConf.select(cfg, "hydra.sweeper.params"):
-        # an experiment that brings a study with it (+experiment=seed000-countdown: its defaults add /sweep: paper)
-        refuse_without_multirun(next((word for word in overrides if word.startswith("+")), overrides[0]), overrides)
+    # An experiment preset brings its study's grid (+experiment=seed000-countdown: its defaults add /sweep: paper),
+    # yet without -m it is one cell of it, as each preset's header shows; `check_multirun` refuses the studies.
     check_before_imports(cfg, overrides)
 
 
