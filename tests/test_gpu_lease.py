@@ -158,7 +158,7 @@ def numbers(value) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("part", [1, pytest.param(2, marks=pytest.mark.long)])  # part 2: by hand before a lease
+@pytest.mark.parametrize("part", [1, 2])
 def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, part):
     # The install stage unpacks it; update_reference.py comes from ../shared/bench, as the bundle's copy would.
     fake_bundle(tmp_path, piece_bytes=100_000, carry_bytes=400_000, extras={})
