@@ -222,4 +222,3 @@ def busy_cpu_hint() -> str | None:
         return None
     return (f"this machine is busy (load {load:.1f} on {cores} cores) and torch uses all {cores}: "
             "hardware.threads=1 is often several times faster here")
-
