@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 if __name__ == "__main__":
@@ -23,7 +24,12 @@ if __name__ == "__main__":
             run.launch()
     except KeyboardInterrupt:  # Ctrl-C while the libraries load, before any handler of ours is installed
         print("Ctrl-C before the run began: nothing to save", file=sys.stderr)
-        sys.exit(130)
+        # Not sys.exit: when the Ctrl-C lands in Python code that a library runs through the C API (PyRun_*),
+        # CPython marks it unhandled though it was caught here, and its exit then ends the process by SIGINT
+        # (-2 to a parent) instead of 130. No run exists yet, so nothing needs the interpreter's shutdown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     sys.exit()
 
 import io  # noqa: E402  (the imports of the training itself)

@@ -69,6 +69,7 @@ def test_gpu_step_draws_seeded_response_lengths_from_the_spread():
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): the suite runs its smoke run
 def test_gpu_step_spread_lengths_show_real_and_computed_tokens_padded_and_packed():
     """Seeded response lengths between 0.25 and 1 x 32 tokens: the real tokens, and what the micro-batches compute
     (two runs of the benchmark, 10-30 s each here, most of it HF generate)."""

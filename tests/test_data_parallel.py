@@ -184,7 +184,8 @@ STEP_SETTINGS = ("trainer.groups_per_step=4", "trainer.group_size=4", "policy.ma
 
 @pytest.mark.slow  # torchrun starts two ranks: ~20 s a loss
 @pytest.mark.parametrize("loss, dtype, rel, extra", [
-    ("rloo", "float32", 1e-5, ()), pytest.param("ipo", "float32", 1e-5, (), marks=pytest.mark.long),
+    pytest.param("rloo", "float32", 1e-5, (), marks=pytest.mark.long),
+    pytest.param("ipo", "float32", 1e-5, (), marks=pytest.mark.long),
     # grpo's 4 optimizer steps a step carry fp32 rounding into the next (4e-5 by step 3): float64 shows the sums
     pytest.param("grpo", "float64", 1e-9, (), marks=pytest.mark.long),
     ("rloo", "float64", 1e-9, ("trainer.fused_logprobs=true",))])  # the fused head through the sharded forward

@@ -35,7 +35,8 @@ def mean_reward(parts: Components, instances, template: str) -> float:
     return sum(scores) / len(scores)
 
 
-@pytest.mark.parametrize("buffer_option", ["none", "age1"])
+# age1 runs in make test-long (docs/testing.md): the suite learns fresh-only, and replays in every other run
+@pytest.mark.parametrize("buffer_option", ["none", pytest.param("age1", marks=pytest.mark.long)])
 def test_a_few_rl_steps_raise_reward_on_an_easy_instance_set(compose_config, buffer_option):
     cfg = compose_config(f"buffer={buffer_option}", "clip=tight", "trainer.groups_per_step=8", "trainer.group_size=16",
                          "trainer.learning_rate=3e-4", "trainer.weight_decay=0", "policy.max_new_tokens=48",

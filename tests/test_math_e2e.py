@@ -23,6 +23,7 @@ def finished_run(store, sweep):
     return run
 
 
+@pytest.mark.long  # make test-long (docs/testing.md): the suite trains math from parquet files
 def test_math_trains_on_the_builtin_set(tmp_path):
     _, store = run_cli(tmp_path, "task=math", *SMALL, "tracking.sweep=math-e2e")
     run = finished_run(store, "math-e2e")

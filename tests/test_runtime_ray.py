@@ -187,6 +187,7 @@ def test_lockstep_w2_consumes_no_sample_newer_than_the_trainer_and_meets_footnot
     assert {Path(p).name for p in recorder.artifacts} == {"events.jsonl", "runtime_distributions.json"}
 
 
+@pytest.mark.long  # make test-long (docs/testing.md): golden numbers pin a seed's steps
 def test_two_lockstep_runs_with_one_seed_log_equal_metrics_and_event_logs(lockstep_w2, compose_config_module,
                                                                             tmp_path):
     recorder, events = lockstep_w2
@@ -236,6 +237,7 @@ def resume(compose_config, tmp_path: Path, saved: dict, recorder: Recorder, *ove
     return runtime, context
 
 
+@pytest.mark.long  # make test-long (docs/testing.md): the suite resumes a SIGKILLed Ray run
 def test_the_trainer_actor_updates_and_a_resumed_run_continues_exactly_from_its_state(
         lockstep_w2, compose_config_module, tmp_path):
     """The update runs in the trainer actor, not in the driver: the driver's policy moves only when it pulls

@@ -438,6 +438,7 @@ def one_line(output: str, words: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): test_first_hour_runs resumes after Ctrl-C
 def test_ctrl_c_after_step_3_then_the_same_command_continues_the_run(tmp_path, random_policy_dir, reference):
     command = [*tiny_cli(tmp_path, random_policy_dir, *CELL), f"hydra.run.dir={tmp_path}/run"]
     returncode, output = interrupt_when(command, "3/6 steps")

@@ -88,6 +88,7 @@ def test_checkpoint_evaluation_and_report_hold_the_logged_numbers(study, tmp_pat
     assert all(run_id in text for run_id in study["runs"]["run_id"])
 
 
+@pytest.mark.long  # make test-long (docs/testing.md): seed000's reproduction draws curves
 def test_evaluation_every_n_steps_gives_a_learning_curve(tmp_path, random_policy_dir):
     store = f"sqlite:///{tmp_path}/mlruns.db"
     command = [sys.executable, "-m", "src.run", f"policy.name_or_path={random_policy_dir}", "trainer.steps=4",

@@ -115,6 +115,7 @@ def run(command, **kwargs):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): test_slurm_sweep's sweep is relaunched and skipped in the suite
 def test_relaunched_sweep_skips_finished_cells(tmp_path, random_policy_dir):
     sweep = tiny_cli(tmp_path, random_policy_dir, "buffer=none,age1", "clip=tight", "trainer.steps=2",
                      "tracking.sweep=grid", multirun=True)

@@ -340,6 +340,7 @@ def test_stop_tokens_include_the_chat_turn_end(tiny):
 
 # --------------------------------------------------------------------------- the pipeline
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (docs/testing.md): the suite runs make ziprc
 def test_every_stage_runs_end_to_end_on_the_tiny_policy_and_logs_to_mlflow(tmp_path):
     from src.ziprc.pipeline import main
 
