@@ -702,6 +702,9 @@ def test_sweeps_dry_run(tmp_path):
         [*MAKE, "sweep-paper", "DRY_RUN=1", args(uri)], [*MAKE, "sweep-variants", "DRY_RUN=1", args(uri)]]))
     # 23 jobs of the four studies, their 3 shared cells once (SPEC 8)
     assert re.search(r"DRY RUN: nothing launched\.\s+23 jobs,\s+20 to launch", paper), paper[-2000:]
+    # a new store has no run to time the cells by, and a study's sweep times none here unless asked
+    assert "no time estimate for 20 job(s): no finished run of this shape in the store; hydra.sweeper.probe=true" \
+        in flat(paper), paper[-2000:]
     for cell in ("rho0", "rho1-L3-c10", "rho2-L2-c1", "rho1-L1-c1000"):  # baseline, age, ratio, stress
         assert re.search(rf"│\s*{re.escape(cell)}\s*│", paper), cell
     assert re.search(r"DRY RUN: nothing launched\.\s+19 jobs", variants), variants[-2000:]

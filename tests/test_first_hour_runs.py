@@ -187,6 +187,21 @@ runpy.run_module("src.run", run_name="__main__", alter_sys=True)
     assert result.stderr.strip() == "Ctrl-C before the run began: nothing to save", result.stderr
 
 
+@pytest.mark.slow
+def test_a_dry_run_estimates_a_cells_time_from_the_stores_finished_run_of_its_shape(quick_check):
+    out, _ = quick_check  # a finished fresh-only cell: the replay cell has its shape and is estimated from it
+    done = run([sys.executable, "-m", "src.run", "-m", "trainer=smoke", "hardware.threads=1", f"out={out}",
+                "buffer=none,age1", "hydra.sweeper.dry_run=true"])
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stderr[-3000:]
+    # trainer=smoke reruns a finished cell; the replay cell generates 12 of the fresh cell's 16
+    assert re.search(r"│ 0 │ rho0 │ 16 │ \d+ s │ launch again", text), text
+    assert re.search(r"│ 1 │ rho1-L1-c10 │ 12 │ \d+ s │ launch", text), text
+    assert "estimated time on this machine: about" in text and "for 2 job(s)" in text, text
+    assert "from the store's 1 finished run(s) of this shape: median" in text, text
+    assert "timing one training step" not in done.stderr  # no probe: the store had the answer
+
+
 # --------------------------------------------------------------------------- trap 10: make ui
 def _free_port() -> int:
     with socket.socket() as probe:

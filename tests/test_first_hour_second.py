@@ -105,6 +105,11 @@ def test_make_reproduce_dry_run_prints_the_plan_and_trains_nothing(tmp_path):
     out = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 0, out[-3000:]
     assert "DRY RUN: nothing launched" in out and "rho0-frontier" in out, out[-3000:]
+    # 3. the time of each cell and of the study, from one step timed here (a new store has no past run)
+    minutes = r"(\d+ min|\d+ h \d\d min)"
+    assert re.search(rf"│ 0 │ rho0-frontier │ 0 │ 30,720 │ {minutes} │ launch", out), out[-3000:]
+    assert re.search(rf"estimated time on this machine: about {minutes} for 6 job\(s\)", out), out[-3000:]
+    assert "from a probe here: rho0-frontier's model built in" in out, out[-3000:]
     assert runs_in(tmp_path / "mlruns.db") == 0 and not (tmp_path / "outputs" / "runs").exists()
     assert not (tmp_path / "reports").exists()
 

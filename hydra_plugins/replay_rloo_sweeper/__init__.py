@@ -13,8 +13,10 @@ line) with these additions, selected for every multirun by `conf/config.yaml`:
   checkpoint, and a cell trained by a live job elsewhere is skipped. The plan is printed with
   each cell's planned fresh-evaluation budget. Each launched job claims its cell again when it
   starts (`src.runs.claim`), so two sweeps started together still train a cell once.
-- `dry_run=true` prints that plan and launches nothing; `skip_finished=false` launches finished
-  cells again (their jobs get `trainer.rerun=true`).
+- `dry_run=true` prints that plan and launches nothing, with each job's estimated time on this machine
+  from the store's finished runs of its shape, or with `probe=true` (the reproductions set it) from one
+  training step timed here (`src.study.timing`); `skip_finished=false` launches finished cells again
+  (their jobs get `trainer.rerun=true`).
 - With the SLURM launcher: no `sbatch`/`srun` on this machine stops a launch in one line (exit 2)
   before anything is read; the plan adds each job's request, warnings on an unset partition or
   account, and the sweep's GPU-hours from the committed step benchmark (`src.study.slurm`).
@@ -51,6 +53,7 @@ class SkipFinishedSweeperConf:
     grids: Optional[List[Dict[str, Any]]] = None  # several such grids, launched as their union
     dry_run: bool = False  # print the plan, launch nothing
     skip_finished: bool = True  # false: run every cell even if MLflow has it FINISHED
+    probe: bool = False  # a dry run times one training step here for a shape no finished run in the store has
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="skip_finished", node=SkipFinishedSweeperConf,
@@ -59,13 +62,15 @@ ConfigStore.instance().store(group="hydra/sweeper", name="skip_finished", node=S
 
 class SkipFinishedSweeper(Sweeper):
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, Any]] = None,
-                 grids: Optional[List[Dict[str, Any]]] = None, dry_run: bool = False, skip_finished: bool = True):
+                 grids: Optional[List[Dict[str, Any]]] = None, dry_run: bool = False, skip_finished: bool = True,
+                 probe: bool = False):
         super().__init__()
         self.max_batch_size = max_batch_size
         self.params = dict(params or {})
         self.grids = [dict(grid) for grid in grids] if grids else [{}]
         self.dry_run = dry_run
         self.skip_finished = skip_finished
+        self.probe = probe
         self.hydra_context: Optional[HydraContext] = None
         self.config: Optional[DictConfig] = None
         self.launcher = None
@@ -101,7 +106,9 @@ class SkipFinishedSweeper(Sweeper):
         known = self.known_runs() if self.skip_finished else CellRuns({}, {})
         planned = plan_cells(jobs, known, rerun=not self.skip_finished)
         tracking = self.config.tracking
-        print_plan(planned, tracking, time.perf_counter() - started, self.dry_run)
+        checked_s = time.perf_counter() - started
+        times = self.plan_times(planned, jobs) if self.dry_run and not uses_slurm(self.config) else None
+        print_plan(planned, tracking, checked_s, self.dry_run, times)
         to_launch = [index for index, cell in enumerate(planned) if cell.status in ("launch", "resume")]
         if uses_slurm(self.config):
             for line in slurm_plan_lines(self.config, [jobs[index][1] for index in to_launch]):
@@ -133,6 +140,14 @@ class SkipFinishedSweeper(Sweeper):
                 stop(f"cell {' '.join(overrides)}: {refusal}", 2)
             jobs.append((overrides, task_cfg))
         return jobs
+
+    def plan_times(self, planned: list, jobs: List[tuple]):
+        """The dry run's wall-time estimates (src/study/timing.py); a store it cannot read leaves the probe."""
+        from src.study.timing import plan_times
+
+        tracking = self.config.tracking
+        with planning_timeouts():
+            return plan_times(planned, [cfg for _, cfg in jobs], tracking.uri, tracking.experiment, self.probe)
 
     def known_runs(self):
         """What the store knows about the sweep's cells; an unreachable store stops a launch (exit 2), not a dry run."""
@@ -356,10 +371,13 @@ def planning_timeouts() -> Iterator[None]:
 PLANNING_TIMEOUTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
-def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
-    """The launch plan as a table: cell, planned fresh evaluations, what happens to it."""
+def print_plan(planned, tracking, seconds: float, dry_run: bool, times=None) -> None:
+    """The launch plan as a table: cell, planned fresh evaluations, its estimated time (`times`, a dry run's
+    `src.study.timing.PlanTimes`), what happens to it."""
     from rich.console import Console
     from rich.table import Table
+
+    from src.study.timing import duration
 
     counts = {status: sum(cell.status == status for cell in planned)
               for status in ("launch", "resume", "finished", "running", "duplicate")}
@@ -368,14 +386,17 @@ def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
                   f"(skipped), " + (f"{counts['running']} running elsewhere (skipped), " if counts["running"] else "")
                   + f"{counts['duplicate']} same cell as another job (skipped)")
     several_seeds = len({cell.seed for cell in planned}) > 1  # training-seed repeats: each (cell, seed) is a job
-    for heading in ("#", "cell", *(["seed"] if several_seeds else []), "planned fresh evals", "status", "overrides"):
-        table.add_column(heading, justify="right" if heading in ("#", "seed", "planned fresh evals") else "left")
+    timed = ["est. time"] if times is not None and times.seconds else []
+    for heading in ("#", "cell", *(["seed"] if several_seeds else []), "planned fresh evals", *timed, "status",
+                    "overrides"):
+        table.add_column(heading, justify="left" if heading in ("cell", "status", "overrides") else "right")
     # Overrides every job shares are printed once, below the table; the column shows what varies.
     hidden = ("+sweep=", "trainer.resume_from=")
     common = set.intersection(*(set(cell.overrides) for cell in planned)) if planned else set()
     shown = [" ".join(o for o in cell.overrides if o not in common and not o.startswith(hidden)) for cell in planned]
     for index, cell in enumerate(planned):
-        table.add_row(str(index), cell.cell, *([str(cell.seed)] if several_seeds else []), ("≥ " if cell.budget_is_floor else "≤ " if cell.budget_is_ceiling else "") + f"{cell.fresh_evaluations:,}", plan_status(cell, shown), shown[index])
+        estimate = [duration(times.seconds[index]) if index in times.seconds else "-"] if timed else []
+        table.add_row(str(index), cell.cell, *([str(cell.seed)] if several_seeds else []), ("≥ " if cell.budget_is_floor else "≤ " if cell.budget_is_ceiling else "") + f"{cell.fresh_evaluations:,}", *estimate, plan_status(cell, shown), shown[index])
     console = Console(width=max(Console().width, 140))
     console.print(table)
     shared = [o for o in planned[0].overrides if o in common and not o.startswith(hidden)] if planned else []
@@ -383,6 +404,8 @@ def print_plan(planned, tracking, seconds: float, dry_run: bool) -> None:
         console.print("every cell also has: " + " ".join(shared))
     console.print(f"checked {len(planned)} cells against {tracking.uri} (experiment '{tracking.experiment}') "
                   f"in {seconds:.1f} s")
+    for line in times.lines if times is not None else ():
+        console.print(line, highlight=False)
 
 
 def plan_status(cell, shown: List[str]) -> str:
