@@ -176,15 +176,17 @@ def check_known(key: str, declared: frozenset[str] = frozenset()) -> None:
                       "reads it. `python -m src.run --cfg job` lists every knob")
 
 
-def check_override_keys(overrides: list[str]) -> None:
+def check_override_keys(overrides: list[str], command_line: list[str] | None = None) -> None:
     """Command-line `group.key=value` overrides whose key exists nowhere, refused before Hydra composes.
 
     Hydra's own answer to `buffer.ratoi=2` is to suggest `+buffer.ratoi=2`, which would add a key the
     code never reads; this names the close matches instead. Group choices (`buffer=age1`), additions
     (`+sweep=...`, checked after composition) and Hydra's own keys are left to Hydra.
     """
-    # A variant's YAML in a folder the command line puts on Hydra's search path sets known keys too.
-    declared = frozenset(key for root in searchpath_folders(overrides) for key in yaml_defaults(root))
+    # A variant's YAML in a folder the command line (`command_line`, default `overrides`) puts on Hydra's search
+    # path sets known keys too.
+    folders = searchpath_folders(overrides if command_line is None else command_line)
+    declared = frozenset(key for root in folders for key in yaml_defaults(root))
     groups = {key.split(".", 1)[0] for key in known_keys() | declared}
     for override in overrides:
         key = override.split("=", 1)[0]
@@ -203,8 +205,11 @@ def check_values(cfg: DictConfig, describe=described) -> None:
     classes = {group: describe(cfg.get(group)) for group in VARIANT_GROUPS}
     later = {group for group, found in classes.items() if found is None}
     values = {key: value for key, value in _task_leaves(cfg).items() if key.split(".", 1)[0] not in later}
+    task_knobs = _task_knobs(cfg, values, describe)
+    if task_knobs is None:  # the task's class needs torch or the like: its own settings are checked later
+        values, task_knobs = {key: value for key, value in values.items() if not key.startswith("task.")}, {}
     defaults = yaml_defaults()
-    found = {**KNOBS, **_component_knobs(classes)}
+    found = {**KNOBS, **_component_knobs(classes), **task_knobs}
     for key in values:
         check_known(key, frozenset(found))
     for key, value in values.items():
@@ -215,6 +220,16 @@ def check_values(cfg: DictConfig, describe=described) -> None:
     problem = out_problem(str(values["out"])) if "out" in values else None  # a folder, not a typed value
     if problem:
         raise SchemaError(problem)
+
+
+def _task_knobs(cfg: DictConfig, values: dict, describe) -> dict[str, Knob] | None:
+    """The knobs the task's class declares (`Task.knobs`), read only when the config sets a task key that no YAML
+    of conf/ has (the task classes' imports take a second); None when its class is not importable yet."""
+    own = [key for key in values if key.startswith("task.") and key not in known_keys()]
+    if not own or "_target_" not in (cfg.get("task") or {}):
+        return {}
+    found = describe(cfg.task)
+    return None if found is None else {f"task.{name}": knob for name, knob in found.knobs.items()}
 
 
 def knobs_for(cfg: DictConfig) -> dict[str, Knob]:

@@ -191,7 +191,7 @@ def check_knob_keys(argv: list[str]) -> None:
     """`src.schema`'s unknown-key check, its message naming the whole override (the value too)."""
     for word in argv:
         try:
-            check_override_keys([word])
+            check_override_keys([word], argv)  # one word at a time, the search path from the whole line
         except SchemaError as error:
             key = word.split("=", 1)[0]
             message = str(error)

@@ -46,3 +46,15 @@ def test_a_bad_setting_of_the_docs_task_is_one_line_before_any_compute(tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "task.train_size=9999: 4-digit numbers give 9000 instances in all; lower task.train_size" in done.stderr
     assert not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.parametrize("setting, said", [
+    ("task.digits=7", "task.digits=7"),  # outside the range the task's class declares
+    ("task.digitz=3", "did you mean task.digits?"),  # a key the class does not declare
+])
+def test_the_docs_tasks_own_knob_is_checked_as_a_variants_is(tmp_path, setting, said):
+    argv = walkthrough(tmp_path)
+    done = src_run([*argv, *TINY, setting], tmp_path, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "m.db").exists()

@@ -21,7 +21,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
+
+from src.variant import Knob, Variant
 
 
 class TaskDataError(ValueError):
@@ -35,9 +37,13 @@ class Verdict(Protocol):
     reason: str
 
 
-class Task(ABC):
-    """One task: data, prompts, extraction, verifier, failure categories (see the module docstring)."""
+class Task(Variant, ABC):
+    """One task: data, prompts, extraction, verifier, failure categories (see the module docstring).
 
+    A Variant so that it describes itself: `knobs` declares the settings of its own (beyond the keys every task
+    shares, conf/task/*.yaml), which the config checks then accept and bound as a buffer's."""
+
+    knobs: ClassVar[dict[str, Knob]] = {}
     name: str = "task"
     correct_reward: float = 1.0            # a response is correct when its reward equals this (SPEC 2, 12)
     failure_categories: tuple[str, ...] = ()
