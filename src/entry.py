@@ -28,6 +28,19 @@ class EntryError(ValueError):
         self.status = status
 
 
+def run_as_module(name: str) -> None:
+    """An installed command runs `python -m name` as that module runs: its command line checked before it
+    imports torch or MLflow (the checks stand in the module's `__main__` part, which a plain import skips)."""
+    import runpy
+
+    runpy.run_module(name, run_name="__main__", alter_sys=True)
+
+
+def evaluate_command() -> None:
+    """`replay-rloo-evaluate`, the installed `python -m src.eval`."""
+    run_as_module("src.eval")
+
+
 def answer_version(argv: list[str], program: str) -> None:
     """`--version`: the project's version from its package metadata, then exit 0."""
     if "--version" in argv:

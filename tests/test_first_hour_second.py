@@ -36,6 +36,15 @@ def as_main(module: str, heavy: tuple[str, ...]) -> list[str]:
             "alter_sys=True)"]
 
 
+def installed(command: str, heavy: tuple[str, ...]) -> list[str]:
+    """The installed console script `command` (pyproject's [project.scripts]) run as its own file is, naming the
+    modules of `heavy` it holds as it exits, like `as_main`."""
+    script = str(Path(sys.executable).parent / command)
+    return [sys.executable, "-c", "import atexit, runpy, sys; atexit.register(lambda: print('loaded:', *[m for m in "
+            f"{heavy!r} if m in sys.modules], file=sys.stderr)); sys.argv[0] = {script!r}; "
+            f"runpy.run_path({script!r}, run_name='__main__')"]
+
+
 def one_line(done: subprocess.CompletedProcess, *expected: str, status: int = 2) -> str:
     """The one error line of a refused command (no traceback) holding each of `expected`; nothing heavy loaded."""
     lines = done.stderr.splitlines()
@@ -231,13 +240,17 @@ def missing(tmp_path_factory):
         "reproduce": ("analysis.reproduce", ["seed000", out], 1, ["no MLflow store", "make reproduce-seed000"]),
         "async report": ("analysis.async_report", ["--uri", f"sqlite:///{folder}/nothing-here/mlruns.db"], 1,
                          ["no MLflow store at sqlite:///"]),
+        "installed evaluate": ("replay-rloo-evaluate", ["--policy", "checkpoints/nope"], 2,
+                               ["--policy checkpoints/nope: no such folder"]),
+        "installed report": ("replay-rloo-report", ["--sweep", "ratio", out], 1, ["no MLflow store at sqlite:///"]),
     }
-    done = run_all([as_main(module, ("torch", "mlflow")) + argv for module, argv, _, _ in commands.values()])
+    done = run_all([(installed if module.startswith("replay-rloo") else as_main)(module, ("torch", "mlflow")) + argv
+                    for module, argv, _, _ in commands.values()])
     return folder, dict(zip(commands, zip(commands.values(), done)))
 
 
 @pytest.mark.parametrize("name", ["eval policy", "eval checkpoint", "eval sweep", "report", "summary", "reproduce",
-                                  "async report"])
+                                  "async report", "installed evaluate", "installed report"])
 def test_a_missing_policy_store_or_sweep_is_one_line_before_torch_and_mlflow(missing, name):
     folder, results = missing
     (_, _, status, expected), done = results[name]
