@@ -58,6 +58,7 @@ class TrainerSettings:
     rerun: bool
     heartbeat_every_s: float
     heartbeat_timeout_s: float
+    extend: bool = False  # continue the cell's FINISHED run at fewer steps (src/runs/resume.py)
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,33 @@ def test_a_dry_run_estimates_a_cells_time_from_the_stores_finished_run_of_its_sh
     assert "timing one training step" not in done.stderr  # no probe: the store had the answer
 
 
+@pytest.mark.slow
+def test_trainer_extend_continues_a_finished_run_to_more_steps_in_the_same_mlflow_run(tmp_path):
+    short, long_ = tmp_path / "short", tmp_path / "long"
+    fresh = subprocess.Popen([*QUICK_CHECK, f"out={long_}", "trainer.steps=4"], cwd=ROOT, env=ENV, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # the 4-step run, for comparison
+    first = run([*QUICK_CHECK, f"out={short}"])
+    assert first.returncode == 0 and fresh.wait(600) == 0, first.stderr[-3000:] + fresh.stdout.read()[-3000:]
+    (finished,) = runs_of(short)
+    more = run([*QUICK_CHECK, f"out={short}", "trainer.steps=4", "trainer.extend=true"])
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert f"continuing FINISHED run {finished.info.run_id} of cell rho0 from step 2 to 4 (trainer.extend)" \
+        in more.stderr, more.stderr[-3000:]
+    (extended,), (reference,) = runs_of(short), runs_of(long_)
+    assert (extended.info.run_id, extended.info.status) == (finished.info.run_id, "FINISHED")
+    assert extended.data.tags["extended_to"] == "4" and extended.data.params["trainer.steps"] == "2"
+    for tag in ("cell_id", "cell_key", "cell_family"):  # it is now the 4-step cell's run
+        assert extended.data.tags[tag] == reference.data.tags[tag], tag
+    assert len(run_folders(short)) == 1  # it trained on in its own folder
+    client = MlflowClient(f"sqlite:///{short}/mlruns.db")
+    history = {p.step: p.value for p in client.get_metric_history(extended.info.run_id, "train/reward")}
+    steps = [p.step for p in client.get_metric_history(extended.info.run_id, "train/reward")]
+    assert sorted(steps) == [0, 1, 2, 3]  # each step logged once (a step's metrics at its index from 0)
+    expected = {p.step: p.value for p in MlflowClient(f"sqlite:///{long_}/mlruns.db").get_metric_history(
+        reference.info.run_id, "train/reward")}
+    assert history == pytest.approx(expected, rel=1e-6)  # the steps a 4-step run of the cell takes
+
+
 # --------------------------------------------------------------------------- trap 10: make ui
 def _free_port() -> int:
     with socket.socket() as probe:

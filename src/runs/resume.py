@@ -69,6 +69,8 @@ def choose_start(run: RunSettings, cell: Cell, output_dir: Path) -> Start:
         for run_id, reason in known.unresumed_dead(identity):
             retire(uri, cell, run_id, reason)
         start = resume_newest(uri, cell, known, locked)
+        if start is None and trainer.extend and identity not in known.finished:
+            start = extend_finished(uri, where.experiment, cell, trainer.steps, locked)
         if start is not None:
             return start
         if identity in known.finished and not trainer.rerun:
@@ -119,6 +121,46 @@ def resume_newest(uri: str, cell: Cell, known: CellRuns, locked: bool) -> Start 
     log.warning("resuming run %s of cell %s from %s at step %d", run_id, cell.name, path,
                 payload["state"]["step"])
     return Start(folder, run_id, payload)
+
+
+EXTENDED_TAG = "extended_to"  # the steps a FINISHED run was continued to (its trainer.steps param stays as logged)
+
+
+def extend_finished(uri: str, experiment: str, cell: Cell, steps: int, locked: bool) -> Start | None:
+    """`trainer.extend`: the newest FINISHED run of this cell at fewer steps (its `cell_family` tag), reopened
+    from its final checkpoint to train on to `steps` in the same MLflow run; None when there is none.
+
+    Its tags then name the longer cell (cell_id, cell_key; `extended_to` the steps), so a sweep counts it
+    finished at `steps`; its params keep the steps it was started with (MLflow never changes a param), and
+    config.yaml is logged again with the new count."""
+    shorter = [run for run in tracking.finished_runs_tagged(uri, experiment, "cell_family",
+                                                            cell.labels.tags["cell_family"])
+               if trained_steps(run) < steps]
+    if not shorter:
+        log.warning("trainer.extend: cell %s has no FINISHED run at fewer than %d steps; training it from step 0",
+                    cell.name, steps)
+        return None
+    run = shorter[0]  # newest first
+    run_id, folder = run.info.run_id, Path(run.data.tags.get("output_dir", ""))
+    claimed_at, token = time.monotonic(), None if locked else claim.tag_resume_claim(uri, run_id)
+    payload, path = read_latest_checkpoint(folder)
+    check_checkpoint_owner(payload, path, run.data.tags.get("cell_id", ""), run_id)
+    if token is not None:
+        holder = claim.resume_claim_holder(uri, run_id, token, claimed_at)
+        if holder is not None:
+            raise RunAlive(busy_message(cell, f"run {run_id} is being extended by {holder}"))
+    payload["cell_id"] = cell.identity  # its later checkpoints are the longer cell's
+    tracking.extend_run(uri, run_id, {"cell_id": cell.identity, "cell_key": cell.labels.tags["cell_key"],
+                                      EXTENDED_TAG: str(steps)}, cell.labels.config)
+    write_heartbeat(folder, run_id)
+    log.warning("continuing FINISHED run %s of cell %s from step %d to %d (trainer.extend), in its folder %s",
+                run_id, cell.name, payload["state"]["step"], steps, folder)
+    return Start(folder, run_id, payload)
+
+
+def trained_steps(run) -> int:
+    """The steps a FINISHED run trained: its trainer.steps param, or the steps it was extended to."""
+    return int(run.data.tags.get(EXTENDED_TAG) or run.data.params.get("trainer.steps", 0))
 
 
 def check_checkpoint_owner(payload: dict, path: Path, cell_id: str, run_id: str | None = None) -> None:

@@ -687,6 +687,24 @@ def start_run(where: TrackingSettings, labels: RunLabels, resume_run_id: str | N
         raise problem
 
 
+def finished_runs_tagged(uri: str, experiment: str, tag: str, value: str) -> list:
+    """The experiment's FINISHED runs whose tag `tag` is `value`, newest first."""
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None or "'" in value:
+        return []
+    return list(client.search_runs([found.experiment_id], max_results=100, order_by=["attributes.start_time DESC"],
+                                   filter_string=f"attributes.status = 'FINISHED' and tags.{tag} = '{value}'"))
+
+
+def extend_run(uri: str, run_id: str, tags: dict[str, str], config: str) -> None:
+    """A FINISHED run continued to more steps (src/runs/resume.py, `extend_finished`): its new tags and config."""
+    client = MlflowClient(uri)
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    client.log_text(run_id, config, "config.yaml")
+
+
 def artifact_folder(run_id: str) -> Path:
     """The run's artifact folder (a local path for a file store; the URI otherwise, for messages)."""
     uri = MlflowClient().get_run(run_id).info.artifact_uri

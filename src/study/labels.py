@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from src.runs import tracking
 from src.runs.cells import Cell
-from src.study.sweep import cell_identity, cell_key, cell_name, variant_label
+from src.study.sweep import cell_family, cell_identity, cell_key, cell_name, variant_label
 
 
 def cell_of(cfg: DictConfig, identity: str) -> Cell:
@@ -21,6 +21,7 @@ def run_labels(cfg: DictConfig) -> tracking.RunLabels:
     """The run's tags, name (`<study>/<cell>[/seed<k>]`) and description, from the cell's identity."""
     cell, variant = cell_name(cfg), variant_label(cfg)
     tags = tracking.run_tags(cfg, cell=cell, cell_id=cell_identity(cfg), cell_key=cell_key(cfg), variant=variant)
+    tags["cell_family"] = cell_family(cfg)  # the cell at any number of steps (trainer.extend)
     return tracking.RunLabels(tags=tags, name=tracking.run_name(cfg.tracking.sweep, cell, cfg.trainer.seed),
                               description=tracking.run_description(cell, variant, cfg, launch_command()),
                               params=tracking.run_params(cfg), config=OmegaConf.to_yaml(cfg, resolve=True))

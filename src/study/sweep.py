@@ -46,6 +46,7 @@ LAUNCH_ONLY = (
     "trainer.resume_from",
     "trainer.auto_resume",
     "trainer.rerun",  # train a finished cell again: a new run of the same cell
+    "trainer.extend",  # continue the cell's shorter finished run: the steps it trains are the same steps
     "trainer.checkpoint_every",
     "trainer.fused_logprobs",  # the same log-probs to fp32 rounding, computed with less memory
     "trainer.pack_rows",  # the same log-probs to float rounding, without padding
@@ -121,6 +122,13 @@ SEED_KEYS = ("trainer.seed",)
 def cell_key(cfg: DictConfig) -> str:
     """The cell across training seeds: `cell_identity` without `trainer.seed` (the report groups repeats by it)."""
     return _config_hash(cfg, LAUNCH_ONLY + SEED_KEYS)
+
+
+def cell_family(cfg: DictConfig) -> str:
+    """The cell at any number of steps: `cell_identity` without `trainer.steps`. A FINISHED run of the family at
+    fewer steps is what `trainer.extend=true` continues (src/runs/resume.py), the documented exception to
+    "a cell is trained by its own runs": the steps it adds are the steps a longer run of the cell takes."""
+    return _config_hash(cfg, LAUNCH_ONLY + ("trainer.steps",))
 
 
 def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
