@@ -14,6 +14,12 @@ from src.paths import CONFIG_DIR, PROJECT_ROOT
 
 TINY_CHECKPOINT = PROJECT_ROOT / "checkpoints" / "tiny-countdown"
 
+# A suite started in the background by a shell without job control (`make test &` in a script) inherits SIGINT
+# ignored: Python then installs no Ctrl-C handler, and neither do the commands the tests start (an ignored signal
+# stays ignored across exec), so every Ctrl-C test would test nothing. Python's own handler, as a terminal gives.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def through_checkpoint(store, empty, path):
     """`empty` after loading `store`'s state the way a training checkpoint does (torch.save, weights_only load)."""
