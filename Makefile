@@ -156,8 +156,9 @@ test: $(STAMP) $(VLLM_STAMP)  ## the test suite (what CI runs): .venv, then the 
 	$(PY) -m pytest -q -m "not vllm and not long"
 	$(VLLM_PY) -m pytest -q -m "vllm and not long"
 
-test-long: $(STAMP)  ## by hand: the longest end-to-end variants make test leaves out (docs/testing.md; none needs vLLM)
+test-long: $(STAMP) $(VLLM_STAMP)  ## by hand: the longest end-to-end variants make test leaves out (docs/testing.md)
 	$(PY) -m pytest -q -m "long and not vllm"
+	$(VLLM_PY) -m pytest -q -m "vllm and long"
 
 test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs and real vLLM)
 	$(PY) -m pytest -q -m "not slow and not vllm"

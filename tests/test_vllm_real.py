@@ -260,6 +260,7 @@ def test_a_two_step_run_with_the_vllm_engine_finishes_in_mlflow(tmp_path):
         assert key in logged.data.metrics, key
 
 
+@pytest.mark.long  # make test-long (docs/testing.md): resumes are exact on the HF engine
 def test_a_run_interrupted_by_sigterm_resumes_into_the_same_run_with_identical_metrics(tmp_path):
     """vLLM's seeded sampling is deterministic on this CPU build (see the same-seed tests), the trainer is
     deterministic on CPU and the engine syncs the checkpoint's weights at start: the resumed run
