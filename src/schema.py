@@ -225,7 +225,8 @@ def check_values(cfg: DictConfig, describe=described) -> None:
 def _task_knobs(cfg: DictConfig, values: dict, describe) -> dict[str, Knob] | None:
     """The knobs the task's class declares (`Task.knobs`), read only when the config sets a task key that no YAML
     of conf/ has (the task classes' imports take a second); None when its class is not importable yet."""
-    own = [key for key in values if key.startswith("task.") and key not in known_keys()]
+    known = known_keys()
+    own = [key for key in values if key.startswith("task.") and key not in known]
     if not own or "_target_" not in (cfg.get("task") or {}):
         return {}
     found = describe(cfg.task)
