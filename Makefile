@@ -143,7 +143,7 @@ DRY = $(if $(filter 1 true yes,$(DRY_RUN)),1,$(if $(filter 0 false no,$(DRY_RUN)
 DRY_FLAG = hydra.sweeper.dry_run=$(if $(DRY),true,false)
 DRY_NOTE = @echo "DRY_RUN=1: the plan above; nothing trained, so no summary, report or verdict (without DRY_RUN it trains)"
 # A recipe's own settings that ARGS sets again are left out, so ARGS wins without giving a key twice
-# (src/suggest.py refuses that: Hydra would keep the last without a word).
+# (src/validate/suggest.py refuses that: Hydra would keep the last without a word).
 UNLESS_IN_ARGS = $(foreach word,$(1),$(if $(filter $(firstword $(subst =, ,$(word)))=%,$(ARGS)),,$(word)))
 DEMO_SETTINGS = buffer=none,age1 clip=tight evaluation.repeats=3 tracking.sweep=$(DEMO_SWEEP) hydra.sweeper.skip_finished=false $(if $(TASK),task=$(TASK)) $(OUT_FLAG) $(DRY_FLAG)
 demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1, c=1), evaluated, summarised; TASK=math

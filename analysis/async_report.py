@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":  # --help, --version, a store or sweep that is not there: one line before MLflow loads
-    from src.entry import answer_version, check_store, refuse_on_error
+    from src.command.entry import answer_version, check_store, refuse_on_error
 
     answer_version(sys.argv[1:], "python -m analysis.async_report")
     _args = parse_args(sys.argv[1:])

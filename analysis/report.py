@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":  # --help, --version, a store or sweep that is not there: one line before MLflow loads
-    from src.entry import answer_version, check_runs_there
+    from src.command.entry import answer_version, check_runs_there
 
     answer_version(sys.argv[1:], "python -m analysis.report")
     _args = parse_args(sys.argv[1:])
@@ -201,11 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from src.checks import composition_error
+    from src.validate.checks import composition_error
     from src.paths import CONFIG_DIR, register_root_resolver
     from src.runs.tracking import StoreUnreachable, check_store
 
-    # The ${root:} resolver from src.paths, not src.config: importing src.config would pull in torch
+    # The ${root:} resolver from src.paths, not src.command.config: importing src.command.config would pull in torch
     # and transformers (seconds) for a command that only reads MLflow.
     register_root_resolver()
     # MLflow draws a "Downloading artifacts" bar for each completions table the report reads; it reads this

@@ -18,8 +18,8 @@ from pathlib import Path
 def check_before_imports(argv: list[str]) -> None:
     """`--help`, `--version`, a reproduction that does not exist and a store without its runs: answered in one
     line before numpy, pandas and MLflow load (the names are conf/reproduce/'s options, as analysis.claims's)."""
-    from src.checks import exit_with_message
-    from src.entry import answer_version, check_runs_there
+    from src.validate.checks import exit_with_message
+    from src.command.entry import answer_version, check_runs_there
     from src.paths import CONFIG_DIR
 
     answer_version(argv, "python -m analysis.reproduce")
@@ -175,7 +175,7 @@ def report(claim: Claim, overrides: list[str], err: Console) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from src.checks import composition_error
+    from src.validate.checks import composition_error
 
     register_root_resolver()
     try:

@@ -20,7 +20,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":  # --help, --version, a store or sweep that is not there: one line before MLflow loads
-    from src.entry import answer_version, check_runs_there
+    from src.command.entry import answer_version, check_runs_there
 
     answer_version(sys.argv[1:], "python -m analysis.summary")
     _args = parse_args(sys.argv[1:])
@@ -70,7 +70,7 @@ def summary_table(runs: pd.DataFrame) -> Table:
 
 
 def main() -> None:
-    import src.config  # noqa: F401  (the ${root:} resolver)
+    import src.command.config  # noqa: F401  (the ${root:} resolver)
     from hydra import compose, initialize_config_dir
 
     from src.paths import CONFIG_DIR

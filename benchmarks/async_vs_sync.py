@@ -24,10 +24,10 @@ from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
-import src.config  # noqa: F401  (the ${root:} resolver)
+import src.command.config  # noqa: F401  (the ${root:} resolver)
 from src.build import build_components, build_runtime
 from src.paths import CONFIG_DIR
-from src.state import TrainState
+from src.batch import TrainState
 from src.task import countdown
 from src.settings import RunSettings
 

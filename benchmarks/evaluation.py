@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
-import src.config  # noqa: F401  (the ${root:} resolver)
+import src.command.config  # noqa: F401  (the ${root:} resolver)
 from src.eval.standalone import evaluate_policy, load_for_evaluation
 from src.paths import CONFIG_DIR
 from src.task.base import build_task
@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["evaluation=canonical", *args.overrides])
-    src.config.validate(cfg)
+    src.command.config.validate(cfg)
 
     started = time.perf_counter()
     task = build_task(cfg.task)

@@ -5,7 +5,7 @@
 
 Each mistake runs as a fresh process from the project folder (Python start-up, the check, the one-line message),
 with its MLflow store and run folder in a temporary folder that must stay empty. The target: under 2 s on an idle
-2-core machine, because the checks run before torch, transformers and MLflow are imported (src/cli.py). A figure
+2-core machine, because the checks run before torch, transformers and MLflow are imported (src/command/cli.py). A figure
 includes the machine's load: the load average is printed with the table.
 """
 

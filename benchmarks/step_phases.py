@@ -20,14 +20,14 @@ from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
-import src.config  # noqa: F401  (the ${root:} resolver)
+import src.command.config  # noqa: F401  (the ${root:} resolver)
 from src.runs import tracking
 from src.paths import CONFIG_DIR
 from src.build import build_components
 from src.study.labels import run_labels
 from src.study.sweep import cell_name
 from src.task.base import build_task
-from src.state import TrainState
+from src.batch import TrainState
 from src.train import train_step
 from src.settings import RunSettings
 
@@ -41,7 +41,7 @@ def measure(overrides: list[str], steps: int, warmup: int) -> dict[str, list[flo
         cfg = compose("config", overrides=[f"tracking.uri=sqlite:///{folder}/mlruns.db",
                                            f"tracking.artifact_location={folder}/artifacts",
                                            f"trainer.steps={steps + warmup}", "tracking.sweep=benchmark", *overrides])
-        src.config.validate(cfg)
+        src.command.config.validate(cfg)
         task = build_task(cfg.task)
         train_set, _ = task.splits()
         run = RunSettings(cfg)

@@ -1,5 +1,6 @@
-"""What flows between the phases of a training step: a prompt's `Group` of K scored responses, and the
-typed `Batch` the update trains on (which groups, fresh or replayed, how old, which responses).
+"""What flows between the phases of a training step: a prompt's `Group` of K scored responses, the typed
+`Batch` the update trains on (which groups, fresh or replayed, how old, which responses), and the
+`TrainState` each step advances (counters and history, all of it saved in a checkpoint).
 """
 
 from __future__ import annotations
@@ -221,3 +222,19 @@ def plan_batch(groups_per_step: int, ratio: float) -> tuple[int, int]:
             "lower the ratio or raise groups_per_step so at least one fresh group is sampled per step."
         )
     return b_fresh, b - b_fresh
+
+
+@dataclass
+class TrainState:
+    """Everything that changes during training; all of it goes into a checkpoint."""
+
+    step: int = 0                         # next step to run
+    fresh_evaluations: int = 0            # fresh verifier calls so far (SPEC 5), counted as they happen
+    fresh_groups: int = 0
+    replay_groups: float = 0.0            # whole groups' worth (a positive-bias FIFO draws single rollouts)
+    gradient_steps: int = 0               # optimizer steps so far (grpo: updates_per_step per update; fifo extras)
+    generated_tokens: int = 0             # response tokens generated so far (every fresh rollout, DAPO's rejected too)
+    trained_tokens: int = 0               # response tokens in the loss so far, summed over every update batch
+    groups_trained: int = 0               # groups in all update batches so far
+    effective_groups_trained: int = 0     # ... of which had rewards not all equal (a non-zero advantage)
+    history: list[dict] = field(default_factory=list)  # per-step headline numbers for the summary

@@ -5,7 +5,7 @@ build through it), from the run's typed settings (`src.settings.RunSettings`): e
 YAML names its implementation with `_target_`, and `hydra.utils.instantiate` builds it from its node
 with the runtime objects it works with added. Components
 validate their own arguments in their constructors; `check_settings` builds the cheap ones around
-stand-ins, so `src.config.validate` reports a bad setting before any model loads.
+stand-ins, so `src.command.config.validate` reports a bad setting before any model loads.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from src.paths import CONFIG_DIR
+from src.validate.schema import group_defaults
 
 # Groups that are not choices of a training run: studies get their own section, `local` holds a
 # site's git-ignored cluster settings, `ziprc` belongs to `python -m src.ziprc`, `experiment` holds the
@@ -58,17 +59,6 @@ def distinguishing_values(option_files: list[Path]) -> dict[str, str]:
 
 def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1].rstrip() + "…"
-
-
-def group_defaults(config_dir: Path = CONFIG_DIR) -> dict[str, str]:
-    """The option each group takes by default, from config.yaml's defaults list."""
-    defaults = {}
-    for entry in OmegaConf.to_container(OmegaConf.load(config_dir / "config.yaml"))["defaults"]:
-        if isinstance(entry, dict):
-            for group, option in entry.items():
-                if not group.startswith("override "):
-                    defaults[group] = str(option)
-    return defaults
 
 
 def options(folder: Path) -> list[Path]:
@@ -157,8 +147,8 @@ def yaml_comments(path: Path, prefix: str) -> dict[str, str]:
 
 
 def knob_sources(config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, tuple[object, str]]]:
-    """key -> {option file: (its value, its comment)} over every run group's options (as src.schema reads them)."""
-    from src.schema import _leaves
+    """key -> {option file: (its value, its comment)} over every run group's options (as src.validate.schema reads them)."""
+    from src.validate.schema import _leaves
 
     sources: dict[str, dict[str, tuple[object, str]]] = {}
     for path in sorted(config_dir.rglob("*.yaml")):
@@ -198,13 +188,13 @@ def component_knobs(config_dir: Path = CONFIG_DIR) -> dict:
 
 
 def _knob(key: str, components: dict):
-    from src.schema import KNOBS, LIST_KNOBS
+    from src.validate.schema import KNOBS, LIST_KNOBS
 
     return KNOBS.get(key) or components.get(key) or (LIST_KNOBS[key][0] if key in LIST_KNOBS else None)
 
 
 def _range(key: str, components: dict) -> str:
-    from src.schema import LIST_KNOBS
+    from src.validate.schema import LIST_KNOBS
 
     knob = _knob(key, components)
     if knob is None:
@@ -222,7 +212,7 @@ def knob_reference(config_dir: Path = CONFIG_DIR) -> str:
     sources, components = knob_sources(config_dir), component_knobs(config_dir)
     out = ["# Every knob", "",
            "Every key a config group sets, by group: the value each option gives it (`option: value`, or one value",
-           "when every option that sets it agrees), the range `src/schema.py` checks, and the comment on its line",
+           "when every option that sets it agrees), the range `src/validate/schema.py` checks, and the comment on its line",
            "in `conf/`. Set any of them on the command line: `python -m src.run trainer.steps=50 buffer.ratio=2`;",
            "`python -m src.run --cfg job` prints the composed values. Written by `python -m src.help --knobs`;",
            "`tests/test_commands.py` checks that it lists every knob.", ""]

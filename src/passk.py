@@ -47,7 +47,7 @@ def t_half_width(values: Sequence[float], confidence: float = 0.95) -> float:
     n = x.size
     if n < 2:
         return math.nan
-    from scipy import stats  # here: scipy's import costs the command-line check (src.cli) most of a second
+    from scipy import stats  # here: scipy's import costs the command-line check (src.command.cli) most of a second
 
     t = stats.t.ppf((1.0 + confidence) / 2.0, n - 1)
     return float(t * x.std(ddof=1) / math.sqrt(n))

@@ -12,11 +12,11 @@ import os
 import sys
 
 if __name__ == "__main__":
-    # `python -m src.run` runs this file as __main__: the command line is checked (src/cli.py) before the imports
+    # `python -m src.run` runs this file as __main__: the command line is checked (src/command/cli.py) before the imports
     # below load torch, transformers and MLflow. The run then goes through the importable module `src.run`, not
     # __main__: submitit pickles it for SLURM jobs, and a __main__ function would be pickled with this module's globals.
     try:
-        from src.cli import cli
+        from src.command.cli import cli
 
         if cli():  # --help answered, or the command line checked before torch, transformers and MLflow load
             from src import run
@@ -54,8 +54,8 @@ from src.runs import tracking
 from src.study.budget import budget_is_floor, plan_for, replay_demand_met
 from src.buffer.store import ReplayStore
 from src.variant import described
-from src.checks import exit_with_message
-from src.config import ConfigError, check_settings_take_effect, validate
+from src.validate.checks import exit_with_message
+from src.command.config import ConfigError, check_settings_take_effect, validate
 from src.runs.diskspace import DiskFull, quiet_log_files_when_full, writing
 from src.runs.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
 from src.eval.standalone import evaluate_policy
@@ -75,7 +75,7 @@ from src.runs.resume import NothingToTrain, RunAlive, choose_start
 from src.runs import ranks as rank_run
 from src.runs.ranks import Ranks
 from src.settings import RunSettings
-from src.state import TrainState
+from src.batch import TrainState
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -447,7 +447,7 @@ def main(cfg: DictConfig) -> float:
 
 
 def launch() -> None:
-    """Hydra's app on the command line in sys.argv, which `src.cli` has checked."""
+    """Hydra's app on the command line in sys.argv, which `src.command.cli` has checked."""
     # Outside a cell's training (composing the config, planning a sweep, between its cells) a Ctrl-C lets the
     # work in hand end rather than cut it anywhere: the next cell sees it and stops before loading a model.
     with StopOnSignal((signal.SIGINT,), until="before the next cell starts") as outside_cells:

@@ -1,6 +1,6 @@
 """The run's typed settings: the config groups without a component, read once from the composed config.
 
-`src.config.validate` checks every knob; `RunSettings(cfg)` then reads the groups that configure the
+`src.command.config.validate` checks every knob; `RunSettings(cfg)` then reads the groups that configure the
 run itself (trainer, policy, hardware, evaluation, tracking) into frozen dataclasses, and keeps each
 component group's node (the ones with a `_target_`) for `src.build` to instantiate. From there on the
 loop (`src.run`), the builder and the runtimes take these, never the config: a field read here is a
@@ -144,7 +144,7 @@ class RunSettings:
 def typed(cls, node):
     """An instance of the frozen dataclass `cls` from a config node: its declared fields, resolved, nested
     dataclasses built from their sub-nodes and lists made tuples; keys the class does not declare are left
-    to the components that read them (they are checked by `src.config.validate`)."""
+    to the components that read them (they are checked by `src.command.config.validate`)."""
     values = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
     hints = typing.get_type_hints(cls)
     kwargs = {}

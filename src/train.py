@@ -25,7 +25,7 @@ from src.components import Components
 from src.loss.trainer import UpdateResult
 from src.loss.rloo_math import clip_fraction, effective_sample_size
 from src.sampling.collection import Collected
-from src.state import TrainState
+from src.batch import TrainState
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ ask them:
 * `plain(node)`: whether these settings compute plain Replay-RLOO, so the cell identity leaves the
   group out (`src.study.sweep.cell_identity`, rule 3).
 * `check(node, run)`: feasibility across groups (e.g. a FIFO's capacity against B_replay), raising
-  ValueError with one line naming the key, the value and the fix (`src.config.validate`).
-* `knobs`: its settings' types and ranges, keyed by the setting's name in the group (`src.schema`).
+  ValueError with one line naming the key, the value and the fix (`src.command.config.validate`).
+* `knobs`: its settings' types and ranges, keyed by the setting's name in the group (`src.validate.schema`).
 * `budget_plan(node, run)` / `budget_is_floor(node)`: a plan of its own (a runtime with its own schedule),
   and whether a step may generate more fresh groups than the plan counts.
 
@@ -38,7 +38,7 @@ VARIANT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum", "runt
 
 @dataclass(frozen=True)
 class Knob:
-    """A setting's type and range, for `src.schema`'s one-line messages."""
+    """A setting's type and range, for `src.validate.schema`'s one-line messages."""
 
     kind: str  # "int" | "float" | "bool" | "text" | "list" | "any"
     low: float = -INF
@@ -118,7 +118,7 @@ def described(node, interface: type | None = None) -> type:
     return found if isinstance(found, type) and issubclass(found, interface) else interface
 
 
-# The libraries a command-line check waits for no longer than it must (`src.cli`): seconds to import each.
+# The libraries a command-line check waits for no longer than it must (`src.command.cli`): seconds to import each.
 HEAVY_MODULES = ("torch", "transformers", "mlflow", "vllm", "ray")
 
 
@@ -135,8 +135,8 @@ class _RefuseHeavyModules(importlib.abc.MetaPathFinder):
 
 def described_without_heavy_modules(node) -> type | None:
     """`described(node)` when its class's module imports without the HEAVY_MODULES (or they are loaded already),
-    else None: `src.cli` checks a command line with the classes that describe themselves within a second (the
-    replay stores), and `src.config.validate` checks the rest once the run has imported them. A module whose
+    else None: `src.command.cli` checks a command line with the classes that describe themselves within a second (the
+    replay stores), and `src.command.config.validate` checks the rest once the run has imported them. A module whose
     import is cut short is dropped from sys.modules by the import system, so the run imports it afresh."""
     refuse = _RefuseHeavyModules()
     sys.meta_path.insert(0, refuse)
@@ -150,7 +150,7 @@ def described_without_heavy_modules(node) -> type | None:
 
 def load_target(target: str):
     """What a `_target_` names: `module.Name`, or `module.Class.method`. Raises the import's own error (one line,
-    e.g. "No module named 'no'"), which `src.config` shows with the key."""
+    e.g. "No module named 'no'"), which `src.command.config` shows with the key."""
     module, _, name = target.rpartition(".")
     try:
         return getattr(importlib.import_module(module), name)

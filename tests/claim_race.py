@@ -16,7 +16,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from src.settings import RunSettings
-import src.config  # noqa: F401  (registers the ${root:} resolver)
+import src.command.config  # noqa: F401  (registers the ${root:} resolver)
 from src.runs import claim
 from src.paths import CONFIG_DIR
 from src.runs.resume import RunAlive, choose_start

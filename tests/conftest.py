@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-import src.config  # noqa: F401  (registers the ${root:} resolver)
+import src.command.config  # noqa: F401  (registers the ${root:} resolver)
 from src.paths import CONFIG_DIR, PROJECT_ROOT
 
 TINY_CHECKPOINT = PROJECT_ROOT / "checkpoints" / "tiny-countdown"

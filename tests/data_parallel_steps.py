@@ -20,11 +20,11 @@ import torch.distributed as dist  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from src.settings import RunSettings
-import src.config  # noqa: E402,F401  (registers the ${root:} resolver)
+import src.command.config  # noqa: E402,F401  (registers the ${root:} resolver)
 from src.build import build_components, data_parallel  # noqa: E402
 from src.distributed.data_parallel import leave_group  # noqa: E402
 from src.paths import CONFIG_DIR  # noqa: E402
-from src.state import TrainState  # noqa: E402
+from src.batch import TrainState  # noqa: E402
 from src.task import countdown  # noqa: E402
 from src.train import train_step  # noqa: E402
 

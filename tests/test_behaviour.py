@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from src.settings import RunSettings
-from src.config import ConfigError, validate
+from src.command.config import ConfigError, validate
 from src.rollout.behaviour import BehaviourPolicy
 from src.study.sweep import cell_identity, cell_name, variant_label
-from src.state import TrainState
+from src.batch import TrainState
 from src.train import train_step
 from tests.test_train import (assert_resumed_like_straight, group, make_parts, policy_update, small_config,
                               straight_and_resumed)

@@ -13,7 +13,7 @@ import pytest
 
 from src.settings import RunSettings
 from src.study.budget import plan_for_config
-from src.config import ConfigError, validate
+from src.command.config import ConfigError, validate
 from src.rollout.interface import Completion, Generation
 from src.task import countdown
 
@@ -25,7 +25,7 @@ def counted_fresh_groups_per_step(cfg, engine_for) -> list[int]:
     `engine_for(tokenizer, train_set)` returns the rollout engine to use in place of the configured one.
     """
     from src.build import build_components
-    from src.state import TrainState
+    from src.batch import TrainState
     from src.train import train_step
 
     train_set = countdown.generate_instances(64, seed=cfg.task.seed)

@@ -20,7 +20,7 @@ from src.settings import RunSettings
 from src.runs.checkpoint import save_checkpoint
 from src.runs.lifecycle import HEARTBEAT_FILE
 from src.paths import PROJECT_ROOT
-from src.state import TrainState
+from src.batch import TrainState
 from src.runs.cells import CellRuns, cell_runs
 from src.study.labels import cell_of, run_labels
 from src.study.sweep import Skipped, cell_identity, plan_cells

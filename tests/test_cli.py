@@ -1,5 +1,5 @@
 """`python -m src.run`'s command line as a user types it: -m anywhere, options from Hydra's search path, and each
-config mistake refused in one line before torch, transformers and MLflow load (src/cli.py)."""
+config mistake refused in one line before torch, transformers and MLflow load (src/command/cli.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from src.paths import PROJECT_ROOT
-from src.schema import SchemaError
-from src.suggest import check_command_line
+from src.validate.schema import SchemaError
+from src.validate.suggest import check_command_line
 from test_commands import TINY_RUN
 
 ROOT = PROJECT_ROOT
@@ -172,4 +172,4 @@ def test_a_buffer_the_async_pipeline_ignores_is_one_line_before_mlflow_opens(tmp
     """Under runtime=async the pipeline's queue is the replay: buffer=fifo would change nothing yet name the cell."""
     done = src_run(["runtime=async", "buffer=fifo"], tmp_path)
     one_line(done, "buffer=fifo with runtime=async", "use buffer=none", "runtime.capacity", "runtime.positive_bias")
-    assert not (tmp_path / "m.db").exists()  # refused by src.config.validate, before any MLflow run opens
+    assert not (tmp_path / "m.db").exists()  # refused by src.command.config.validate, before any MLflow run opens

@@ -291,7 +291,7 @@ def test_the_configuration_page_lists_every_option_of_every_group():
 
 
 def test_the_knob_reference_is_current_and_lists_every_knob():
-    from src.schema import known_keys
+    from src.validate.schema import known_keys
 
     written = ok(run([sys.executable, "-m", "src.help", "--knobs"]))
     page = (ROOT / "docs" / "knobs.md").read_text()

@@ -6,8 +6,8 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from src import config
-from src.config import ConfigError, validate
+from src.command import config
+from src.command.config import ConfigError, validate
 from src import help as cli_help
 from src.paths import CONFIG_DIR
 

@@ -10,9 +10,9 @@ import time
 import pytest
 from hydra import compose, initialize_config_dir
 
-from src.config import ConfigError, validate
+from src.command.config import ConfigError, validate
 from src.paths import CONFIG_DIR, PROJECT_ROOT
-from src.schema import KNOBS, LIST_KNOBS, SchemaError, check_override_keys, known_keys
+from src.validate.schema import KNOBS, LIST_KNOBS, SchemaError, check_override_keys, known_keys
 
 # (overrides, the key the message must name)
 BAD_OVERRIDES = [

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import src.config  # noqa: F401  (registers the ${root:} resolver)
+import src.command.config  # noqa: F401  (registers the ${root:} resolver)
 from src.curriculum.sampler import (
     KEYS,
     NAMES,

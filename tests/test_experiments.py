@@ -15,7 +15,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from src.config import validate
+from src.command.config import validate
 from src.paths import CONFIG_DIR, PROJECT_ROOT
 
 # "seed 001 line 2290": a line of the paper's plain text (docs/papers.md lists what each cited line says).

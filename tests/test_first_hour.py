@@ -205,7 +205,7 @@ def test_slurm_states_are_counted_from_squeue():
 
 # --------------------------------------------------------------------------- MLflow: kind, names, artifacts
 def _cfg(tmp_path, *overrides):
-    import src.config  # noqa: F401  (the ${root:} resolver)
+    import src.command.config  # noqa: F401  (the ${root:} resolver)
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("config", overrides=[f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
@@ -414,14 +414,14 @@ def test_console_scripts_point_at_callables():
     import importlib
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["replay-rloo"] == "src.cli:main"  # the light entry: `python -m src.run`, checks before torch loads
+    assert scripts["replay-rloo"] == "src.command.cli:main"  # the light entry: `python -m src.run`, checks before torch loads
     for target in scripts.values():
         module, name = target.split(":")
         assert callable(getattr(importlib.import_module(module), name))
 
 
 def test_the_installed_command_is_python_m_src_run_checking_before_torch():
-    # pyproject's replay-rloo (src.cli:main) runs `python -m src.run` under its own name, as a user types it.
+    # pyproject's replay-rloo (src.command.cli:main) runs `python -m src.run` under its own name, as a user types it.
     command = str(Path(sys.executable).parent / "replay-rloo")
     helped = subprocess.run([command, "--help"], capture_output=True, text=True, timeout=120)
     assert helped.returncode == 0 and helped.stdout.startswith("replay-rloo: ")

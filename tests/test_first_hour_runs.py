@@ -167,7 +167,7 @@ def test_a_ctrl_c_inside_python_a_library_runs_through_the_c_api_still_exits_130
     wrapper.write_text(f"""
 import ctypes, runpy, sys
 sys.path.insert(0, {str(ROOT)!r})
-import src.cli
+import src.command.cli
 
 def interrupted_load():  # a library's import runs Python through the C API, and the Ctrl-C lands there
     run = ctypes.pythonapi.PyRun_StringFlags
@@ -176,7 +176,7 @@ def interrupted_load():  # a library's import runs Python through the C API, and
     namespace = {{"__builtins__": __builtins__}}
     run(b"raise KeyboardInterrupt", 257, namespace, namespace, None)  # 257: Py_file_input
 
-src.cli.cli = interrupted_load
+src.command.cli.cli = interrupted_load
 sys.argv = ["src.run"]
 runpy.run_module("src.run", run_name="__main__", alter_sys=True)
 """)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from src.paths import PROJECT_ROOT
-from src.schema import SchemaError
-from src.suggest import check_command_line
+from src.validate.schema import SchemaError
+from src.validate.suggest import check_command_line
 
 ROOT = PROJECT_ROOT
 ENV = {**{key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")},
@@ -176,7 +176,7 @@ def test_the_same_value_twice_and_an_added_experiment_still_pass():
 
 def test_an_experiment_preset_without_m_is_its_one_cell_and_a_study_is_refused():
     """An experiment preset carries its study's grid, yet its header runs one cell of it without -m."""
-    from src.cli import CommandLineError, check_multirun
+    from src.command.cli import CommandLineError, check_multirun
 
     for preset in sorted((ROOT / "conf" / "experiment").glob("*.yaml")):
         check_multirun([f"+experiment={preset.stem}", "trainer.steps=1"])
@@ -195,7 +195,7 @@ def test_a_python_without_the_projects_packages_is_told_to_use_the_venv_in_one_l
 
 def test_every_src_run_command_in_the_docs_is_one_hydra_can_read():
     """Commands copied from the docs reach the checks, not Hydra's lexer (docs/math.md's `~` path)."""
-    from src.suggest import parse_problem
+    from src.validate.suggest import parse_problem
 
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for line in page.read_text().splitlines():

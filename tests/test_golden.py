@@ -130,7 +130,7 @@ CAPABILITIES = ("default", "avx2", "avx512")
 def run_steps(cfg, train_set, steps: int) -> list[dict[str, float]]:
     """`steps` training steps of `cfg` with the components src.build builds; the metrics of each step."""
     from src.build import build_components
-    from src.state import TrainState
+    from src.batch import TrainState
     from src.train import train_step
 
     parts = build_components(RunSettings(cfg), train_set)
@@ -199,7 +199,7 @@ def compute_all() -> dict:
     import torch
     from hydra import compose, initialize_config_dir
 
-    import src.config  # noqa: F401  (registers the ${root:} resolver)
+    import src.command.config  # noqa: F401  (registers the ${root:} resolver)
     from src.paths import CONFIG_DIR
     from src.task import countdown
 

@@ -170,7 +170,7 @@ def test_the_step_puts_its_engine_to_sleep_once_before_it_trains(random_policy_d
     engine once, after its generation and before its first update (the engine's own test has a step generate
     twice with no sleep between: tests/test_vllm_engine.py)."""
     from tests.test_train import make_parts, small_config
-    from src.state import TrainState
+    from src.batch import TrainState
     from src.train import train_step
 
     cfg = small_config(compose_config, "buffer=fifo", "buffer.extra_updates=1")

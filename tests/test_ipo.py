@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from src.study.budget import plan_fresh_evaluations
-from src.config import ConfigError, validate
+from src.command.config import ConfigError, validate
 from src.loss.ipo import batch_pairs, ipo_loss, ipo_pairs, ipo_response_gradients
 from src.study.sweep import cell_name, variant_label
 from src.policy.forward import response_token_stats
-from src.state import TrainState
+from src.batch import TrainState
 from src.train import train_step
 from tests.test_train import make_parts, policy_update, sample_groups, small_config
 
@@ -123,6 +123,6 @@ def test_ipo_runs_in_the_loop_counting_fresh_evaluations_like_every_method(rando
 @pytest.mark.parametrize("tau, fix", [("0", "IPO.*> 0"), ("-1", "IPO.*> 0"),
                                       ("true", r"must be a number \(e\.g\. loss\.tau=")])
 def test_a_bad_tau_is_refused_with_the_fix(compose_config, tau, fix):
-    # A non-number is refused by the typed schema (src/schema.py) before the IPO range check.
+    # A non-number is refused by the typed schema (src/validate/schema.py) before the IPO range check.
     with pytest.raises(ConfigError, match=rf"loss\.tau=.*{fix}"):
         validate(compose_config("loss=ipo", f"loss.tau={tau}"))

@@ -14,7 +14,7 @@ from src.rollout.interface import SamplingParams
 from src.build import build_components
 from src.task import countdown
 from src.components import Components
-from src.state import TrainState
+from src.batch import TrainState
 from src.train import train_step
 from tests.conftest import TINY_CHECKPOINT
 

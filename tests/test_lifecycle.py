@@ -29,7 +29,7 @@ from src.study.sweep import cell_identity
 from src.buffer.store import NoReplay
 from src.rollout.behaviour import CurrentBehaviour
 from src.runs.checkpoint import CheckpointError, read_checkpoint, read_latest_checkpoint, save_checkpoint
-from src.state import TrainState
+from src.batch import TrainState
 from tests.test_sweep import store, tiny_cli
 
 

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from src.config import ConfigError, validate
+from src.command.config import ConfigError, validate
 from src.task.base import TaskDataError, build_task
 from src.task.math import failures
 from src.task.math.data import MathProblem, normalise_question

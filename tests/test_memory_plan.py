@@ -194,7 +194,7 @@ def test_the_slurm_dry_run_prints_the_memory_plan_of_the_job(compose_config):
 
 
 def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_that_fits(compose_config):
-    from src.config import validate
+    from src.command.config import validate
     from src.study.slurm import memory_refusal
 
     def refusal(*overrides):

@@ -20,10 +20,10 @@ from src.paths import out_problem
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", "COLUMNS": "200"}
 
-# The folders Hydra would make, resolved as src.run resolves them (its resolvers: src.config).
+# The folders Hydra would make, resolved as src.run resolves them (its resolvers: src.command.config).
 RESOLVED = """
 import json, sys
-import src.config  # noqa: F401  (${root:}, ${unique:})
+import src.command.config  # noqa: F401  (${root:}, ${unique:})
 from hydra import compose, initialize_config_dir
 from src.paths import CONFIG_DIR
 with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
@@ -69,7 +69,7 @@ def test_the_run_command_refuses_a_relative_out_before_making_anything(tmp_path)
 
 
 def test_the_schema_checks_out(compose_config, tmp_path, monkeypatch):
-    from src.schema import SchemaError, check_values
+    from src.validate.schema import SchemaError, check_values
 
     monkeypatch.chdir(tmp_path)
     check_values(compose_config(f"out={tmp_path}/o"))

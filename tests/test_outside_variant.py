@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import wall_clock
 
 from src.study.budget import closed_form_fresh_evaluations, plan_for_config
-from src.config import ConfigError, validate
+from src.command.config import ConfigError, validate
 from src.paths import PROJECT_ROOT
 from src.study.sweep import cell_name, variant_label
 from src.task import countdown
@@ -104,7 +104,7 @@ def test_the_readme_variant_is_its_two_files(compose_config, tmp_path, monkeypat
 
 
 def test_an_override_of_a_key_only_a_searchpath_yaml_sets_is_known(tmp_path):
-    from src.schema import SchemaError, check_override_keys
+    from src.validate.schema import SchemaError, check_override_keys
 
     (tmp_path / "buffer").mkdir()
     (tmp_path / "buffer" / "mine.yaml").write_text("_target_: my.Store\nratio: 1.0\nwindow_size: 3\n")

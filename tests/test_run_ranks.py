@@ -175,7 +175,7 @@ def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_confi
     (("trainer.groups_per_step=1",), "raise trainer.groups_per_step to at least 2"),
 ])
 def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config, overrides, named):
-    from src.config import ConfigError, validate
+    from src.command.config import ConfigError, validate
 
     validate(compose_config("hardware.ranks=2"))
     with pytest.raises(ConfigError, match=named):
@@ -184,7 +184,7 @@ def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config,
 
 def test_every_loss_trains_over_ranks_a_new_one_included(compose_config):
     """The shared trainer splits every loss over ranks: no loss opts in, so a loss outside src/ runs too."""
-    from src.config import validate
+    from src.command.config import validate
     from tests.test_outside_variant import OUTSIDE
 
     for loss in ("rloo", "rloo-tis", "asymre", "grpo", "grpo-coupled", "ipo"):

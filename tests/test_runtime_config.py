@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from src.settings import RunSettings
 from src.build import build_runtime, build_store
 from src.task.base import build_task
-from src.config import ConfigError, validate
+from src.command.config import ConfigError, validate
 from src.runtime.runners import AsyncRuntime, SyncRuntime
 from src.eval.standalone import with_components_named
 from src.study.sweep import cell_identity, cell_name

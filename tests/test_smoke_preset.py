@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from src.config import validate
+from src.command.config import validate
 from src.study.sweep import cell_identity, cell_name
 
 ROOT = Path(__file__).resolve().parents[1]

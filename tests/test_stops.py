@@ -28,7 +28,7 @@ from src.runs.diskspace import DiskFull, out_of_space, size_text
 from src.runs.interrupt import Interrupted, StopOnSignal, StopRequested
 from src.runs.lifecycle import RUN_END_FILE, read_run_end, remove_stale_temporaries, write_heartbeat
 from src.paths import PROJECT_ROOT
-from src.state import TrainState
+from src.batch import TrainState
 from tests.test_lifecycle import a_dead_pid, assert_same_metrics_no_duplicates, fake_parts, make_run
 from tests.test_sweep import store, tiny_cli
 

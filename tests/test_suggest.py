@@ -10,8 +10,8 @@ import time
 import pytest
 
 from src.paths import PROJECT_ROOT
-from src.schema import SchemaError
-from src.suggest import check_command_line, close_matches
+from src.validate.schema import SchemaError
+from src.validate.suggest import check_command_line, close_matches
 
 # (the command line after `python -m src.run`, what the one line must say)
 NEAR_MISSES = [

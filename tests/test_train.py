@@ -22,7 +22,7 @@ from src.build import build_components
 from src.task import countdown
 from src.runs.checkpoint import read_checkpoint, restore_checkpoint, save_checkpoint
 from src.components import Components
-from src.state import TrainState
+from src.batch import TrainState
 from src.train import train_step
 
 

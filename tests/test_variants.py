@@ -11,11 +11,11 @@ from omegaconf import OmegaConf
 
 from src.eval.standalone import with_components_named
 from src.study.budget import plan_fresh_evaluations, planning_max_age
-from src.config import ConfigError, validate
+from src.command.config import ConfigError, validate
 from src.batch import is_effective
 from src.study.sweep import cell_identity, cell_name
 from src.task import countdown
-from src.state import TrainState
+from src.batch import TrainState
 from src.train import train_step
 from tests.test_train import (assert_resumed_like_straight, group, make_parts, policy_update, sample_groups, small_config,
                               straight_and_resumed)

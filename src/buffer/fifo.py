@@ -82,7 +82,7 @@ from src.batch import Batch, BatchGroup, Group
 from src.buffer.positive_bias import positive_bias_keep
 from src.buffer.store import ReplayStore, checked_for_storing
 from src.batch import plan_batch
-from src.checks import check_choice, check_int
+from src.validate.checks import check_choice, check_int
 from src.variant import float_knob, int_knob
 
 SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")

@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group, is_effective
 from src.buffer.store import Measure, ReplayStore, age_stand_in, replayed
-from src.checks import check_choice, check_int
+from src.validate.checks import check_choice, check_int
 from src.variant import check_recipe, described, int_knob
 
 POPO_VARIANTS = ("popo", "popo-ineff", "popo-stale")
@@ -241,7 +241,7 @@ class PopoStore(EffectiveGroupMemory):
     def __init__(self, variant: str = "popo", stale_factor: int = 1, groups_per_step: int = 1, seed: int = 0,
                  name: str = "popo", ratio: float = 0.0, max_age: int = 0, allow_infeasible: bool = False,
                  mechanism_only: bool = False) -> None:
-        # mechanism_only only lifts src/config.py's check that the loss and KL are POPO's: the store is the same.
+        # mechanism_only only lifts src/command/config.py's check that the loss and KL are POPO's: the store is the same.
         self.variant = _check_variant(variant)
         stale_factor = _check_stale_factor(stale_factor, self.variant)
         if ratio != 0 or max_age != 0:

@@ -1,5 +1,5 @@
 """`python -m src.eval`'s command line, read before torch and MLflow load: `--help`, `--version`, and a policy,
-checkpoint, store or sweep that does not exist, each answered in one line (src/entry.py).
+checkpoint, store or sweep that does not exist, each answered in one line (src/command/entry.py).
 
     python -m src.eval --run 1ab4cbe5... evaluation=probe          # add a probe to one finished run
     python -m src.eval --sweep ratio evaluation=canonical           # every finished run of a study
@@ -39,7 +39,7 @@ def argument_parser() -> argparse.ArgumentParser:
 def check_before_imports(argv: list[str]) -> None:
     """Exit with one line for what `argv` names that is not there; return quietly otherwise (`--help` and
     `--version` answered and exited here too)."""
-    from src.entry import answer_version, check_checkpoint, check_policy, check_store, refuse_on_error, \
+    from src.command.entry import answer_version, check_checkpoint, check_policy, check_store, refuse_on_error, \
         tracking_settings
 
     answer_version(argv, "python -m src.eval")

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from src.runs import progress
-from src.config import ConfigError, validate
+from src.command.config import ConfigError, validate
 from src.eval.protocol import EvalResult, evaluate
 from src.rollout.interface import SamplingParams
 from src.rollout.engine import build_engine
@@ -32,7 +32,7 @@ from src.task.prompts import PromptFormat
 from src.settings import RunSettings
 from src.runs.checkpoint import CheckpointError, read_checkpoint
 from src.eval.command import argument_parser
-from src.entry import EntryError, check_policy
+from src.command.entry import EntryError, check_policy
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -100,7 +100,7 @@ def with_components_named(trained: DictConfig, composed: DictConfig) -> DictConf
     without `_target_` names its option (`name`), whose YAML file gives the class. Reading old configs
     is done here, where a saved config enters, so nothing else asks how old a config is.
     """
-    from src.config import COMPONENT_GROUPS
+    from src.command.config import COMPONENT_GROUPS
 
     for group in COMPONENT_GROUPS:
         node = trained.get(group)
@@ -222,14 +222,14 @@ def evaluate_command(argv: list[str] | None) -> int:
 def composed_config(overrides: list[str]) -> DictConfig | None:
     """The evaluation, hardware and tracking settings composed and validated, or None after one config error
     line (a bad evaluation setting fails before any model is loaded)."""
-    import src.config  # noqa: F401  (the ${root:} resolver)
+    import src.command.config  # noqa: F401  (the ${root:} resolver)
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    from src.checks import composition_error
+    from src.validate.checks import composition_error
     from src.paths import CONFIG_DIR
-    from src.schema import SchemaError
-    from src.suggest import check_command_line
+    from src.validate.schema import SchemaError
+    from src.validate.suggest import check_command_line
 
     try:
         check_command_line(overrides)  # a near miss (clip=tigth): one line with "did you mean"

@@ -17,7 +17,7 @@ import torch
 from src.batch import Batch
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.rloo_math import leave_one_out_advantages
-from src.checks import check_choice
+from src.validate.checks import check_choice
 from src.loss.reducer import Reducer
 from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.variant import Variant

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from src.batch import Batch
-from src.checks import check_choice
+from src.validate.checks import check_choice
 from src.loss.base import Objective
 from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.loss.variant_math import clipped_surrogate, group_normalised_advantages

@@ -20,7 +20,7 @@ import torch
 from src.runs.diskspace import writing
 from src.runs.lifecycle import LATEST_CHECKPOINT, PREVIOUS_CHECKPOINT, checkpoint_files, temporary_path
 from src.components import Components
-from src.state import TrainState
+from src.batch import TrainState
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from src.batch import Group
 from src.buffer.positive_bias import positive_bias_keep
-from src.checks import check_int
+from src.validate.checks import check_int
 
 QUEUES = ("buffer", "lifo")
 

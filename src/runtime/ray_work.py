@@ -54,7 +54,7 @@ from src.runtime.ray_session import first_line
 from src.runtime.queues import Sample
 from src.sampling.collection import Collected
 from src.settings import RunSettings
-from src.state import TrainState
+from src.batch import TrainState
 from src.train import Collection, learn
 
 log = logging.getLogger(__name__)

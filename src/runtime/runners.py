@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from src.checks import check_choice, check_int
+from src.validate.checks import check_choice, check_int
 from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
                                   PipelineError, PipelineSettings)
 from src.runtime.queues import QUEUES, build_queue
@@ -51,7 +51,7 @@ class RunContext:
 
     run: RunSettings
     parts: object                      # src.components.Components
-    state: object                      # src.state.TrainState, advanced in place by each step
+    state: object                      # src.batch.TrainState, advanced in place by each step
     output_dir: Path
     log_artifact: Callable[[Path], None]  # a file for the MLflow run, under runtime/
 

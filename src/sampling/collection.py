@@ -154,7 +154,7 @@ class DynamicCollection(FreshCollection):
 
     def __init__(self, oversample: float = 1.5, max_rounds: int = 8, mechanism_only: bool = False,
                  **settings) -> None:
-        # mechanism_only only lifts src/config.py's check that the loss and KL are DAPO's: sampling is the same.
+        # mechanism_only only lifts src/command/config.py's check that the loss and KL are DAPO's: sampling is the same.
         super().__init__(**settings)
         self.oversample = float(oversample)
         self.max_rounds = int(max_rounds)

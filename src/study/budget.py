@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from src.batch import Group, plan_batch, whole_groups
 from src.buffer.age import ReplayBuffer
 from src.buffer.store import ReplayStore
-from src.checks import composition_error
+from src.validate.checks import composition_error
 from src.settings import RunSettings
 from src.variant import VARIANT_GROUPS, described
 
@@ -63,7 +63,7 @@ class BudgetPlan:
         return sum(self.replay_groups_per_step[1:]) / fresh
 
 
-MAX_STEPS = 10_000_000  # the plan keeps one count per step; src.schema caps trainer.steps far below
+MAX_STEPS = 10_000_000  # the plan keeps one count per step; src.validate.schema caps trainer.steps far below
 
 
 def _check_sizes(groups_per_step: int, group_size: int, steps: int) -> None:
@@ -278,7 +278,7 @@ def compose_for_budget(argv: list[str] | None):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    import src.config  # (registers the ${root:} resolver)
+    import src.command.config  # (registers the ${root:} resolver)
     from src.paths import CONFIG_DIR
 
     parser = argparse.ArgumentParser(prog="replay-rloo-budget", description="Planned fresh verifier evaluations "
@@ -290,10 +290,10 @@ def compose_for_budget(argv: list[str] | None):
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("config", overrides=args.overrides)
-        src.config.validate(cfg, check_device=False)
+        src.command.config.validate(cfg, check_device=False)
     except (HydraException, OmegaConfBaseException) as error:
         raise BudgetInputError(composition_error(error, args.overrides)) from None
-    except src.config.ConfigError as error:
+    except src.command.config.ConfigError as error:
         raise BudgetInputError(str(error)) from None
     return cfg, ratios
 

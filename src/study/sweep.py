@@ -29,7 +29,7 @@ from src.buffer.store import ReplayStore
 from src.task.base import task_class
 from src.runs.cells import CellRuns
 from src.paths import resolve_policy_path
-from src.schema import knobs_for
+from src.validate.schema import knobs_for
 from src.variant import described
 
 # Keys that change how a cell is launched or logged, never what it computes.

@@ -198,7 +198,7 @@ def probe_timing(cfg: DictConfig, cell: str) -> Timing | str:
     from src.build import build_components
     from src.runs.progress import silence_library_bars
     from src.settings import RunSettings
-    from src.state import TrainState
+    from src.batch import TrainState
     from src.task.base import build_task
     from src.train import train_step
 

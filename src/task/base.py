@@ -11,7 +11,7 @@ its prompts. Its YAML names the implementation with `_target_`, so adding a task
     conf/task/<name>.yaml:  _target_: src.task.<module>.<Class>, then the class's settings
 
 An implementation validates its settings in its constructor (one line naming the key, the value and
-the fix, raised as ValueError) and loads no data there: `src.config.validate` builds it before any
+the fix, raised as ValueError) and loads no data there: `src.command.config.validate` builds it before any
 compute. Instances are whatever the task needs (frozen dataclasses with a `key` for disjointness);
 outside the task they are opaque: code there reads only their `key`, and asks the task everything else.
 """

@@ -424,7 +424,7 @@ def run_stage(cfg: DictConfig, stage: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    import src.config  # noqa: F401  (the ${root:} resolver)
+    import src.command.config  # noqa: F401  (the ${root:} resolver)
     from hydra import compose, initialize_config_dir
 
     from src.paths import CONFIG_DIR

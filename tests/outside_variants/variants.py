@@ -14,7 +14,7 @@ from typing import Iterable
 
 from src.batch import Batch, BatchGroup, Group
 from src.buffer.store import ReplayStore, checked_for_storing, replayed
-from src.checks import check_int
+from src.validate.checks import check_int
 from src.loss.base import Objective
 from src.loss.rloo import RowInputs, sequence_weights
 from src.loss.rloo_math import rloo_policy_loss

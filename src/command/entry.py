@@ -1,6 +1,6 @@
 """What every command-line entry point answers before it imports its heavy libraries (torch, transformers, MLflow,
 pandas): `--version`, and a policy, checkpoint, MLflow store, experiment or sweep that does not exist, each as
-one line naming the fix and exit 2, in about a second (`src.run`'s own command line: src/cli.py).
+one line naming the fix and exit 2, in about a second (`src.run`'s own command line: src/command/cli.py).
 
 The store is read with the standard library's sqlite3 (read-only, never created): MLflow's client would create
 an empty store where none was, and take seconds to import. A tracking server is left to the command's own
@@ -13,7 +13,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from src.checks import exit_with_message
+from src.validate.checks import exit_with_message
 
 STORE_FIX = ("train there first (make demo, make sweep-NAME, python -m src.run), or point out=DIR (or "
              "tracking.uri=sqlite:///DIR/mlruns.db) at the folder that holds the runs")
@@ -52,8 +52,8 @@ def answer_version(argv: list[str], program: str) -> None:
 
 def refuse_on_error(check, *args) -> None:
     """Run `check(*args)`; an EntryError, or a config mistake in the overrides, exits with its one line."""
-    from src.cli import CommandLineError
-    from src.schema import SchemaError
+    from src.command.cli import CommandLineError
+    from src.validate.schema import SchemaError
 
     try:
         check(*args)
@@ -67,9 +67,9 @@ def tracking_settings(overrides: list[str]) -> tuple[str, str, str]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from src.checks import composition_error
+    from src.validate.checks import composition_error
     from src.paths import CONFIG_DIR, register_root_resolver
-    from src.suggest import check_command_line
+    from src.validate.suggest import check_command_line
 
     register_root_resolver()
     check_command_line(overrides)  # near misses, Hydra's lexer errors, a key given twice
@@ -144,8 +144,8 @@ def sweep_hint(sweep: str, counts: dict[str, int]) -> str:
 
 def check_policy(name: str, key: str = "--policy") -> None:
     """Raise EntryError for a policy folder that does not exist or a hub name neither cached nor on the hub
-    (`src.config`'s check, the one `src.run` makes, in the words of this command's option)."""
-    from src.config import ConfigError, validate_policy_files
+    (`src.command.config`'s check, the one `src.run` makes, in the words of this command's option)."""
+    from src.command.config import ConfigError, validate_policy_files
 
     try:
         validate_policy_files(name, key=key)

@@ -4,7 +4,7 @@ then Hydra and the training in `src.run`.
 A mistake on the command line (a mistyped option or key, a value out of range, a setting the chosen option does not
 use, a policy folder that does not exist) is one line and exit 2 within a second or two: this module and what it
 imports load no torch, transformers or MLflow (`tests/test_cli.py` checks; `python -m benchmarks.first_answer`
-times it). `src.run` imports them only after these checks pass, and `src.config.validate` checks the whole config
+times it). `src.run` imports them only after these checks pass, and `src.command.config.validate` checks the whole config
 again there, with every component class loaded.
 """
 
@@ -15,7 +15,7 @@ import io
 import shlex
 import sys
 
-from src.checks import exit_with_message
+from src.validate.checks import exit_with_message
 
 MULTIRUN = ("-m", "--multirun")
 # Flags after which Hydra runs no job (it prints something, or hands over to another program).
@@ -69,7 +69,7 @@ def check_multirun(argv: list[str]) -> None:
 
 def refuse_without_multirun(word: str, argv: list[str]) -> None:
     """Raise CommandLineError with the command to type: `-m`, and `+` before a group chosen by adding it."""
-    from src.help import group_defaults
+    from src.validate.schema import group_defaults
     from src.paths import CONFIG_DIR
 
     def added(each: str) -> str:
@@ -104,12 +104,12 @@ def single_run(argv: list[str]) -> bool:
 
 def check_config(overrides: list[str]) -> None:
     """Compose the one cell's config as Hydra will and run the checks that need no model library
-    (`src.config.check_before_imports`); a config Hydra itself cannot compose is left to Hydra's message."""
+    (`src.command.config.check_before_imports`); a config Hydra itself cannot compose is left to Hydra's message."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from src.config import check_before_imports
+    from src.command.config import check_before_imports
     from src.paths import CONFIG_DIR
 
     try:
@@ -118,7 +118,7 @@ def check_config(overrides: list[str]) -> None:
     except (HydraException, OmegaConfBaseException) as error:
         # Hydra raises ConfigCompositionException from OmegaConf's error, which names the key it could not set.
         check_setting_of_other_options(getattr(error.__cause__, "full_key", None), overrides)
-        from src.checks import composition_error
+        from src.validate.checks import composition_error
 
         raise CommandLineError(composition_error(error, overrides)) from None
     # An experiment preset brings its study's grid (+experiment=seed000-countdown: its defaults add /sweep: paper),
@@ -133,7 +133,7 @@ def check_setting_of_other_options(key: str | None, overrides: list[str]) -> Non
     import yaml
 
     from src.paths import CONFIG_DIR, searchpath_folders
-    from src.schema import _leaves
+    from src.validate.schema import _leaves
 
     word = next((word for word in overrides if key and word.split("=", 1)[0] == key), None)
     if word is None or key.count(".") < 1:
@@ -143,7 +143,7 @@ def check_setting_of_other_options(key: str | None, overrides: list[str]) -> Non
                      for path in (root / group).glob("*.yaml")
                      if path.stem != "base" and name in _leaves(yaml.safe_load(path.read_text()) or {})})
     if having:
-        from src.help import group_defaults  # the default option (another option may pick a different one)
+        from src.validate.schema import group_defaults  # the default option (another option may pick a different one)
 
         chosen = next((w.split("=", 1)[1] for w in overrides if w.split("=", 1)[0] == group), None)
         chosen = chosen or group_defaults().get(group, "?")
@@ -154,8 +154,8 @@ def check_setting_of_other_options(key: str | None, overrides: list[str]) -> Non
 
 def check(argv: list[str]) -> list[str]:
     """The command line in Hydra's order, once every check before the model libraries passed; raises what they
-    raise (CommandLineError, src.schema.SchemaError, src.config.ConfigError), each one line."""
-    from src.suggest import check_command_line
+    raise (CommandLineError, src.validate.schema.SchemaError, src.command.config.ConfigError), each one line."""
+    from src.validate.suggest import check_command_line
 
     argv = hydra_order(argv)
     check_multirun(argv)
@@ -177,8 +177,8 @@ def cli() -> bool:
     if wants_help(sys.argv[1:]):
         sys.stdout.write(help_text())
         return False
-    from src.config import ConfigError
-    from src.schema import SchemaError
+    from src.command.config import ConfigError
+    from src.validate.schema import SchemaError
 
     try:
         sys.argv[1:] = check(sys.argv[1:])

@@ -1,6 +1,6 @@
 """Config checks that run before any compute, and the resolvers the YAML uses (`${root:}`, `${mini_batches:}`).
 
-Hydra refuses unknown option names (`buffer=age9`) with the list of what exists; `src.schema`
+Hydra refuses unknown option names (`buffer=age9`) with the list of what exists; `src.validate.schema`
 checks every knob's type and range and refuses unknown keys (`+buffer.ratoi=2`) with the close
 matches; each component checks its own group's settings in its constructor, which `validate`
 runs by building the cheap components (`src.build.check_settings`); each component class checks
@@ -24,7 +24,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from src.passk import ESTIMATORS
 from src.paths import PROJECT_ROOT, register_root_resolver, resolve_policy_path, workspace_root
-from src.schema import SchemaError, check_unused_settings, check_values
+from src.validate.schema import SchemaError, check_unused_settings, check_values
 from src.policy import DTYPE_NAMES
 from src.variant import VARIANT_GROUPS, described, load_target
 from src.settings import COMPONENT_GROUPS, RunSettings
@@ -97,7 +97,7 @@ def validate(cfg: DictConfig, check_device: bool = True) -> None:
 
 
 def check_settings_take_effect(cfg: DictConfig, overrides: list[str], choices) -> None:
-    """A job's command-line settings that its chosen options do not use (`src.schema.check_unused_settings`), with
+    """A job's command-line settings that its chosen options do not use (`src.validate.schema.check_unused_settings`), with
     every component class loaded: `src.run` checks them for the groups `check_before_imports` could not."""
     from src.paths import searchpath_folders
 
@@ -106,7 +106,7 @@ def check_settings_take_effect(cfg: DictConfig, overrides: list[str], choices) -
 
 
 def check_before_imports(cfg: DictConfig, overrides: list[str]) -> None:
-    """`validate`'s checks that need no model library, for `src.cli` to answer before torch, transformers and
+    """`validate`'s checks that need no model library, for `src.command.cli` to answer before torch, transformers and
     MLflow load: keys, types and ranges (of the groups whose class loads without them), command-line settings the
     chosen option does not use, the trainer's sizes and the policy's files. `validate` runs them all again."""
     from src.paths import searchpath_folders

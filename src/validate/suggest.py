@@ -21,9 +21,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import HydraException
 
-from src.help import group_defaults
+from src.validate.schema import group_defaults
 from src.paths import CONFIG_DIR
-from src.schema import SchemaError, check_override_keys, foreign_name, known_keys
+from src.validate.schema import SchemaError, check_override_keys, foreign_name, known_keys
 
 # Sweep values that name options one by one (a range or a glob is Hydra's to expand and judge).
 LISTED_VALUES = (ValueType.ELEMENT, ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP)
@@ -139,7 +139,7 @@ def choosable(options: list[str]) -> list[str]:
 def unknown_name_problem(override: Override, groups: list[str], options_of) -> str | None:
     """`model=qwen2.5-0.5b`, `num_generations=8`, `clp=tight`: a top-level name that is neither a group nor a
     key. The group that has the value as an option, the key another trainer's name stands for, or the close
-    group names; None for a group or key that exists (or an addition no group explains: src.schema judges it)."""
+    group names; None for a group or key that exists (or an addition no group explains: src.validate.schema judges it)."""
     group, line = override.key_or_group, override.input_line
     if group in groups or group in {key.split(".", 1)[0] for key in known_keys()}:
         return None
@@ -188,7 +188,7 @@ def check_group_choices(argv: list[str]) -> None:
 
 
 def check_knob_keys(argv: list[str]) -> None:
-    """`src.schema`'s unknown-key check, its message naming the whole override (the value too)."""
+    """`src.validate.schema`'s unknown-key check, its message naming the whole override (the value too)."""
     for word in argv:
         try:
             check_override_keys([word], argv)  # one word at a time, the search path from the whole line

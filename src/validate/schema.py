@@ -25,6 +25,17 @@ from src.variant import float_knob as _float
 from src.variant import int_knob as _int
 
 
+def group_defaults(config_dir: Path = CONFIG_DIR) -> dict[str, str]:
+    """The option each group takes by default, from config.yaml's defaults list."""
+    defaults = {}
+    for entry in OmegaConf.to_container(OmegaConf.load(config_dir / "config.yaml"))["defaults"]:
+        if isinstance(entry, dict):
+            for group, option in entry.items():
+                if not group.startswith("override "):
+                    defaults[group] = str(option)
+    return defaults
+
+
 SEED = _int(0, 2**32 - 1, "0")
 PROBABILITY = _float(0, 1, "0.95", low_open=True)
 TEMPERATURE = _float(0, 100, "1.0", low_open=True)
@@ -126,7 +137,7 @@ def foreign_name(key: str) -> tuple[str, str] | None:
 
 
 class SchemaError(ValueError):
-    """Raised with the message; src.config turns it into its ConfigError."""
+    """Raised with the message; src.command.config turns it into its ConfigError."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -200,7 +211,7 @@ def check_values(cfg: DictConfig, describe=described) -> None:
     """Raise SchemaError for the first unknown key, or value of the wrong type (NaN and inf included) or outside
     its knob's range: each bound is declared once, on its knob, and checked here once.
 
-    `describe` finds the class a variant group's node names; where it answers None (`src.cli` before torch
+    `describe` finds the class a variant group's node names; where it answers None (`src.command.cli` before torch
     loads: `src.variant.described_without_heavy_modules`) that group's settings are left to a later check."""
     classes = {group: describe(cfg.get(group)) for group in VARIANT_GROUPS}
     later = {group for group, found in classes.items() if found is None}

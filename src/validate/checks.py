@@ -1,7 +1,7 @@
 """Argument checks shared by components that validate their own settings, and the one-line exit for a
 command line that fails them.
 
-A component names each setting by its config key (`buffer.capacity`), so the message `src.config`
+A component names each setting by its config key (`buffer.capacity`), so the message `src.command.config`
 shows for a bad value is the constructor's own.
 """
 
@@ -31,7 +31,7 @@ def composition_error(error: Exception, overrides: list[str]) -> str:
     text = lines[0] + ("" if len(lines) == 1 else f" {lines[1]} " + ", ".join(lines[2:])) if lines else repr(error)
     options, missing = getattr(error, "options", None), getattr(error, "missing_cfg_file", None) or ""
     if options and "/" in missing:  # Hydra's MissingConfigException for an unknown group option
-        from src.suggest import close_matches, did_you_mean
+        from src.validate.suggest import close_matches, did_you_mean
 
         group, _, option = missing.rpartition("/")
         text += did_you_mean(group, close_matches(option, [name for name in options if name != "base"]))
