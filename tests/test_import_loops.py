@@ -1,5 +1,6 @@
 """No loop of imports among src/'s modules, counting the imports inside functions: a function-local import hides
-a loop from Python's import system (it runs later), not from a reader following the calls."""
+a loop from Python's import system (it runs later), not from a reader following the calls. Nor among src/'s
+wings (its folders, each read as one room, as docs/layout.md draws them), and at most ten modules loose in src/."""
 
 from __future__ import annotations
 
@@ -66,6 +67,32 @@ def a_loop(edges: dict[str, set[str]]) -> list[str] | None:
 def test_src_has_no_import_loop_even_through_imports_inside_functions():
     loop = a_loop(imports(modules(PROJECT_ROOT / "src")))
     assert loop is None, "import loop: " + " -> ".join(loop)
+
+
+def wings(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The imports between src/'s wings: a module of src/<wing>/ counts as src.<wing>, a loose one as itself."""
+    def wing(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    joined: dict[str, set[str]] = {}
+    for name, targets in edges.items():
+        joined.setdefault(wing(name), set()).update(wing(t) for t in targets if wing(t) != wing(name))
+    return joined
+
+
+def test_src_wings_import_each_other_one_way_only():
+    loop = a_loop(wings(imports(modules(PROJECT_ROOT / "src"))))
+    assert loop is None, "wings in a loop (a module of one imports the other, both ways): " + " -> ".join(loop)
+
+
+def test_at_most_ten_modules_sit_loose_in_src():
+    loose = sorted(p.name for p in (PROJECT_ROOT / "src").glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= 10, f"{len(loose)} modules loose in src/ ({', '.join(loose)}): move one into the wing it serves"
+
+
+def test_the_wings_walk_finds_two_folders_that_import_each_other():
+    edges = {"src.a.x": {"src.b.y"}, "src.b.z": {"src.a.w"}, "src.a.w": set(), "src.b.y": set(), "src.c": {"src.a.x"}}
+    assert a_loop(wings(edges)) == ["src.a", "src.b", "src.a"]
 
 
 def test_the_walk_finds_a_loop_hidden_inside_a_function(tmp_path):
