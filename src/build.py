@@ -65,13 +65,13 @@ def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, e
     if sampler is None:
         sampler = build(run.groups["curriculum"], instances=train_set, seed=trainer.seed, task=task)
     prompts = PromptFormat(task, tokenizer, run.policy.use_chat_template)
-    behaviour, collection, learner = build_rollout_and_trainer(run, policy, engine, sampler, prompts, forward, task)
+    behaviour, sampling, learner = build_rollout_and_trainer(run, policy, engine, sampler, prompts, forward, task)
     if trainer.compile:  # after every copy of the policy (the reference, a stale behaviour's)
         compile_layers(policy)
         compile_layers(reference)
     return Components(policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
                       optimizer=build_optimizer(policy, trainer), store=build_store(run, task),
-                      objective=learner.objective, trainer=learner, collection=collection, sampler=sampler,
+                      objective=learner.objective, trainer=learner, sampling=sampling, sampler=sampler,
                       behaviour=behaviour, forward=forward, groups_per_step=trainer.groups_per_step, task=task)
 
 
@@ -114,19 +114,19 @@ def build_forward(run: RunSettings, tokenizer) -> Forward:
 
 
 def build_rollout_and_trainer(run: RunSettings, policy, engine, sampler, prompts, forward, task):
-    """The behaviour policy, the fresh-rollout collection it samples for, and the trainer that learner the policy
-    with the objective's loss (which takes the behaviour's truncation settings), each from its group with the
-    live objects it works with."""
+    """The behaviour policy, the sampling component that draws fresh groups with it, and the trainer that trains
+    the policy with the objective's loss (which takes the behaviour's truncation settings), each from its group
+    with the live objects it works with."""
     settings, groups = run.trainer, run.groups
     behaviour = build(groups["behaviour"], policy=policy, training_temperature=settings.rollout.temperature)
-    collection = build(groups["sampling"], engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
-                       prompts=prompts, task=task, group_size=settings.group_size,
-                       max_new_tokens=run.policy.max_new_tokens, top_p=settings.rollout.top_p,
-                       top_k=settings.rollout.top_k, seed=settings.seed)
+    sampling = build(groups["sampling"], engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
+                     prompts=prompts, task=task, group_size=settings.group_size,
+                     max_new_tokens=run.policy.max_new_tokens, top_p=settings.rollout.top_p,
+                     top_k=settings.rollout.top_k, seed=settings.seed)
     objective = build(groups["loss"], truncation=behaviour.truncation)
     trainer = Trainer(objective, forward, kl_coef=settings.kl_coef, entropy_coef=settings.entropy_coef,
                       kl_estimator=settings.kl_estimator, max_grad_norm=settings.max_grad_norm)
-    return behaviour, collection, trainer
+    return behaviour, sampling, trainer
 
 
 def check_settings(run: RunSettings) -> None:
@@ -205,7 +205,7 @@ def data_parallel(parts: Components, activation_checkpointing: bool = False) -> 
     if getattr(engine, "own_weights", False):  # vLLM: each rank's engine samples its share of every call
         from src.distributed.generation import RankShare
 
-        engine = parts.collection.engine = RankShare(engine)
+        engine = parts.sampling.engine = RankShare(engine)
     settings = parts.optimizer.defaults  # build_optimizer's, for the sharded parameters
     optimizer = torch.optim.AdamW(parts.policy.parameters(), lr=settings["lr"], betas=settings["betas"],
                                   weight_decay=settings["weight_decay"], fused=settings["fused"])

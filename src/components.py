@@ -12,7 +12,7 @@ from src.loss.base import Objective
 from src.loss.trainer import Trainer
 from src.policy.forward import Forward
 from src.rollout.interface import RolloutEngine
-from src.sampling.collection import FreshCollection
+from src.sampling.collection import StandardSampling
 from src.task.base import Task
 
 
@@ -28,7 +28,7 @@ class Components:
     store: ReplayStore                     # buffer group
     objective: Objective                   # loss group: the loss of a micro-batch
     trainer: Trainer                       # trainer group: the update that runs it (over ranks: its data-parallel twin)
-    collection: FreshCollection            # sampling group, with the behaviour policy
+    sampling: StandardSampling              # the sampling group, with the behaviour policy
     sampler: object                        # curriculum group: PromptSampler or CurriculumSampler
     behaviour: object                      # behaviour group: CurrentBehaviour or BehaviourPolicy
     forward: Forward

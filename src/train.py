@@ -3,7 +3,7 @@
     collect: plan -> draw replayed groups -> collect fresh groups (gap fill counted) -> compose the batch
     learn:   update (advantages eq. 1, weights eq. 2, loss eq. 3) -> store fresh groups -> metrics
 
-`train_step` composes the two halves; they pass a typed `Collection`, so a runtime can run them apart.
+`train_step` composes the two halves; they pass a typed `StepBatch`, so a runtime can run them apart.
 
 Fresh-only RLOO is the same step with rho = 0. Every variant (SPEC 9) enters through the components
 the step is given, never through a branch here: the replay store (`buffer` group: age window,
@@ -24,7 +24,7 @@ from src.batch import Batch, Group, fresh_entries, is_effective, whole_groups, p
 from src.components import Components
 from src.loss.trainer import UpdateResult
 from src.loss.rloo_math import clip_fraction, effective_sample_size
-from src.sampling.collection import Collected
+from src.sampling.collection import FreshGroups
 from src.batch import TrainState
 
 log = logging.getLogger(__name__)
@@ -38,18 +38,18 @@ def train_step(parts: Components, state: TrainState) -> dict[str, float]:
 
 
 @dataclass
-class Collection:
+class StepBatch:
     """What `collect` hands to `learn`: the step's batch, the fresh groups behind it, and its phase times."""
 
     step: int
     batch: Batch
-    collected: Collected
+    collected: FreshGroups
     gap_fill: int                                   # fresh groups generated in place of missing replays
     laps: dict[str, float] = field(default_factory=dict)
     update: UpdateResult | None = None              # set by `learn`: per-row weights (the completions table reads them)
 
 
-def collect(parts: Components, step: int) -> Collection:
+def collect(parts: Components, step: int) -> StepBatch:
     """Steps 1-4 of SPEC 3: plan, draw replayed groups, generate and score fresh ones, compose the batch.
 
     Reads the store and the policy but changes no training state, so a runtime may call it apart
@@ -68,17 +68,17 @@ def collect(parts: Components, step: int) -> Collection:
 
     # 3. Collect fresh groups: sample prompts, K responses each from the behaviour policy, score each
     #    once. Every generated response is one fresh verifier evaluation (SPEC 5).
-    collected = parts.collection.collect(parts.policy, planned_fresh + gap_fill, step)
+    collected = parts.sampling.fresh_groups(parts.policy, planned_fresh + gap_fill, step)
     clock.lap("collect")
 
     # 4. Compose the batch: fresh groups first, then replayed ones (POPO drops and refills here).
     batch = parts.store.compose(fresh_entries(collected.fresh, collected.off_policy), replayed, step,
                                 measure=parts.measure_behaviour)
     clock.lap("compose")
-    return Collection(step, batch, collected, gap_fill, clock.laps)
+    return StepBatch(step, batch, collected, gap_fill, clock.laps)
 
 
-def learn(parts: Components, state: TrainState, collection: Collection) -> dict[str, float]:
+def learn(parts: Components, state: TrainState, collection: StepBatch) -> dict[str, float]:
     """Steps 5-7 of SPEC 3: update on the batch (advantages eq. 1, weights eq. 2, loss eq. 3), store the
     fresh groups, count the budget; advances `state` by one step and returns the step's metrics."""
     clock, batch, collected, step = Clock(), collection.batch, collection.collected, collection.step
@@ -131,7 +131,7 @@ class Clock:
         now = time.perf_counter()
         self.laps[name], self.last = now - self.last, now
 
-    def metrics(self, collect_laps: dict[str, float], collected: Collected) -> dict[str, float]:
+    def metrics(self, collect_laps: dict[str, float], collected: FreshGroups) -> dict[str, float]:
         """The learn half's laps after `collect_laps`; time/step is both halves' time."""
         done = time.perf_counter()
         laps = {**collect_laps, **self.laps, "bookkeeping": done - self.last}
@@ -142,7 +142,7 @@ class Clock:
 
 
 # --------------------------------------------------------------------------- bookkeeping
-def batch_metrics(state: TrainState, collected: Collected, batch: Batch, gap_fill: int) -> dict[str, float]:
+def batch_metrics(state: TrainState, collected: FreshGroups, batch: Batch, gap_fill: int) -> dict[str, float]:
     """Budget and batch composition (SPEC 5-6)."""
     fresh, generated, replayed = collected.fresh, collected.generated, float(whole_groups(batch.replayed))
     nan = float("nan")

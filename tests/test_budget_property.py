@@ -30,7 +30,7 @@ def counted_fresh_groups_per_step(cfg, engine_for) -> list[int]:
 
     train_set = countdown.generate_instances(64, seed=cfg.task.seed)
     parts = build_components(RunSettings(cfg), train_set)
-    parts.engine = parts.collection.engine = engine_for(parts.tokenizer, train_set)  # the collection generates
+    parts.engine = parts.sampling.engine = engine_for(parts.tokenizer, train_set)  # the collection generates
     state, counted = TrainState(), []
     while state.step < cfg.trainer.steps:  # train_step advances state.step
         counted.append(int(train_step(parts, state)["batch/fresh_groups"]))

@@ -15,9 +15,9 @@ from mlflow.tracking import MlflowClient
 from src.runs import tracking
 from src.batch import Batch, BatchGroup, Group
 from src.loss.trainer import UpdateResult
-from src.sampling.collection import Collected
+from src.sampling.collection import FreshGroups
 from src.task.countdown import CountdownTask
-from src.train import Collection
+from src.train import StepBatch
 
 
 def read_table(client: MlflowClient, run_id: str, path: str, folder) -> pd.DataFrame:
@@ -40,7 +40,7 @@ def test_completion_rows_carry_the_verifier_reason_the_failure_category_the_sour
     update = UpdateResult(logprobs=torch.zeros(4), raw_weights=weights * 3, weights=weights, kl_sums=torch.zeros(4),
                           token_counts=torch.ones(4), reference_tokens=[()] * 4, loss=0.0, policy_loss=0.0, kl=0.0,
                           entropy=0.0)
-    collection = Collection(4, batch, Collected([fresh], [fresh], False), 0, update=update)
+    collection = StepBatch(4, batch, FreshGroups([fresh], [fresh], False), 0, update=update)
     rows = pd.DataFrame(tracking.completion_rows(collection, CountdownTask(), 10, max_new_tokens=16))
     assert list(rows.columns) == list(tracking.TRAIN_COLUMNS)
     assert len(rows) == 4 and set(rows.step) == {4}

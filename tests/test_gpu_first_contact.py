@@ -193,7 +193,7 @@ def test_the_step_puts_its_engine_to_sleep_once_before_it_trains(random_policy_d
         events.append("update")
         return update(*args)
 
-    parts.collection.engine = parts.engine = Recorded()
+    parts.sampling.engine = parts.engine = Recorded()
     parts.trainer.update = recorded_update
     state = TrainState()
     train_step(parts, state)

@@ -262,7 +262,7 @@ def test_token_budget_counts_every_generated_and_every_trained_token(random_poli
     cfg = small_config(compose_config, "buffer=fifo", "buffer.extra_updates=1", "trainer.steps=3")
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     collected, trained = [], []
-    collect, update = parts.collection.collect, parts.trainer.update
+    collect, update = parts.sampling.fresh_groups, parts.trainer.update
 
     def counting_collect(*args, **kwargs):
         collected.append(collect(*args, **kwargs))
@@ -272,7 +272,7 @@ def test_token_budget_counts_every_generated_and_every_trained_token(random_poli
         trained.append(sum(len(batch.groups[g].response_ids[j]) for g, j in batch.rows))
         return update(policy, reference, optimizer, batch)
 
-    parts.collection.collect, parts.trainer.update = counting_collect, counting_update
+    parts.sampling.fresh_groups, parts.trainer.update = counting_collect, counting_update
     for _ in range(3):
         metrics = train_step(parts, state)
     assert len(trained) > 3  # the extra replay updates (R = 2) train tokens too

@@ -4,7 +4,7 @@
   generate on the CPU; `policy.engine=vllm` builds the vLLM engine instead), the run's
   collection, forward helper and objective built by `src.build` from the same config. For a
   request it loads the published weights if it holds another version, generates and scores the
-  group (`FreshCollection.generate_groups`), computes log mu under those weights with the
+  group (`StandardSampling.generate_groups`), computes log mu under those weights with the
   trainer's forward code and the group's advantages with the objective's own function.
 * `ObjectStoreSync`: the trainer publishes its weights on the object store, one `ray.put` a parameter
   (over T ranks each gathered whole in turn, `trainer_weights`, so no process holds a second whole model);
@@ -13,7 +13,7 @@
   weight transfer) is another class with the same two methods.
 * `TrainerActor` (Ray actors, one a trainer rank): the policy, optimizer, reference and objective, built
   by `src.build.build_components` from the same config as the driver's, updated with the step's own
-  `learn` half on a `Collection` made of the drawn rollouts; it publishes its weights itself. With
+  `learn` half on a `StepBatch` made of the drawn rollouts; it publishes its weights itself. With
   `hardware.ranks` = T > 1 the T actors train data-parallel (FSDP2) over their own process group.
   On CUDA rank r sits at `hardware.device` + r, after the workers' GPUs.
 * `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
@@ -52,10 +52,10 @@ from src.policy.model import trainer_names, trainer_weights
 from src.runtime.pipeline import Generated, PipelineError, PipelineSettings
 from src.runtime.ray_session import first_line
 from src.runtime.queues import Sample
-from src.sampling.collection import Collected
+from src.sampling.collection import FreshGroups
 from src.settings import RunSettings
 from src.batch import TrainState
-from src.train import Collection, learn
+from src.train import StepBatch, learn
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class RolloutWorker:
         self.forward = build_forward(run, tokenizer)
         task = build_task(run.groups["task"])  # the verifier the worker scores with (no data is loaded)
         prompts = PromptFormat(task, tokenizer, policy.use_chat_template)
-        self.behaviour, self.collection, trainer = build_rollout_and_trainer(
+        self.behaviour, self.sampling, trainer = build_rollout_and_trainer(
             run, self.policy, self.engine, _Unobserved(), prompts, self.forward, task)
         self.objective = trainer.objective  # the worker fixes each group's advantages with the run's loss
         self.version = None  # the initial weights are the start checkpoint's, not a published version
@@ -152,7 +152,7 @@ class RolloutWorker:
         if version != self.version:
             ObjectStoreSync.load(ray.get(weights[0]), self.policy, self.engine)  # {name: ref}
             self.version = version
-        collected = self.collection.generate_groups(instances, step=version, seed=seed)
+        collected = self.sampling.generate_groups(instances, step=version, seed=seed)
         groups = self.forward.with_sampled_logprobs(collected.fresh, self.policy, self.behaviour.training_temperature)
         advantages = self.objective.advantages(torch.tensor([group.rewards for group in groups])).tolist()
         restarted, self.restarted = self.restarted, False
@@ -218,7 +218,7 @@ class TrainerActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def learn(self, collection: Collection, sampler_metrics: dict) -> tuple[dict, dict, object]:
+    def learn(self, collection: StepBatch, sampler_metrics: dict) -> tuple[dict, dict, object]:
         self.sampler.latest = sampler_metrics
         metrics = learn(self.parts, self.train_state, collection)
         return metrics, counters(self.train_state), collection.update
@@ -325,7 +325,7 @@ class RayWork:
         self.preloaded: dict[int, list[Generated]] = {}
         self.published: tuple[int, ray.ObjectRef] | None = None
         self.wait_s = 0.0
-        self.last: Collection | None = None  # the last trained step's batch (the run logs a sample of its rows)
+        self.last: StepBatch | None = None  # the last trained step's batch (the run logs a sample of its rows)
 
     # ---- workers ----
     def start(self, worker: int, key: int, version: int | None) -> None:
@@ -387,9 +387,9 @@ class RayWork:
         """One update in the trainer actor with the step's `learn` half on the drawn rollouts (a rollout drawn
         twice trains twice); the driver's TrainState takes the counters `learn` advanced."""
         waited, self.wait_s = self.wait_s, 0.0
-        collected = Collected(fresh=[], generated=[g.group for g in arrived], off_policy=False,
+        collected = FreshGroups(fresh=[], generated=[g.group for g in arrived], off_policy=False,
                               timings={"wait_for_rollouts": waited})
-        self.last = Collection(step, batch_of(samples), collected, gap_fill=0)
+        self.last = StepBatch(step, batch_of(samples), collected, gap_fill=0)
         metrics, advanced, self.last.update = self._trainer("learn", self.last, self.parts.sampler.metrics())
         for name, value in advanced.items():
             setattr(self.state, name, value)

@@ -61,7 +61,7 @@ class StepOutcome:
     """One trained step: its metrics and its batch (the run logs a sample of the batch's rows)."""
 
     metrics: dict[str, float]
-    collection: object                 # src.train.Collection
+    collection: object                 # src.train.StepBatch
 
 
 class SyncSteps:

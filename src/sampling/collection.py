@@ -1,6 +1,6 @@
 """Fresh-rollout collection (`sampling` config group; SPEC 3 step 2): prompts -> K responses -> verifier.
 
-`FreshCollection` samples the step's prompts once; `DynamicCollection` (DAPO, seed 003) samples in
+`StandardSampling` samples the step's prompts once; `DynamicSampling` (DAPO, seed 003) samples in
 rounds of oversampled prompts and keeps only effective groups until the fresh slots are full. Both
 generate with the behaviour policy (the current one unless `behaviour=stale/diverse`, seed 002),
 score every response once (one fresh verifier evaluation each), let the prompt sampler see every
@@ -32,7 +32,7 @@ def round_seed(base_seed: int, step: int, round_index: int) -> int:
 
 
 @dataclass
-class Collected:
+class FreshGroups:
     """A step's fresh groups and what it took to get them."""
 
     fresh: list[Group]                 # the groups the batch gets, in generation order
@@ -54,7 +54,7 @@ class Collected:
         return sum(len(ids) for group in self.generated for ids in group.response_ids)
 
 
-class FreshCollection(Variant):
+class StandardSampling(Variant):
     """`sampling=standard`: one round of `count` prompts, K responses each."""
 
     @classmethod
@@ -69,7 +69,7 @@ class FreshCollection(Variant):
         self.group_size = int(group_size)
         self.max_new_tokens, self.top_p, self.top_k, self.seed = max_new_tokens, top_p, top_k, int(seed)
 
-    def collect(self, policy, count: int, step: int) -> Collected:
+    def fresh_groups(self, policy, count: int, step: int) -> FreshGroups:
         sampler_model, lag = self.behaviour.model_for_step(policy)
         temperature = self.behaviour.temperature
         if sampler_model is not policy:
@@ -82,14 +82,14 @@ class FreshCollection(Variant):
             started = time.perf_counter()
             fresh = self.forward.with_sampled_logprobs(fresh, sampler_model, temperature)
             timings["behaviour_logprobs"] = time.perf_counter() - started
-        return Collected(fresh, generated, off_policy, lag, temperature, timings, self.round_metrics(count, fresh,
+        return FreshGroups(fresh, generated, off_policy, lag, temperature, timings, self.round_metrics(count, fresh,
                                                                                                      generated, rounds))
 
     def sampling_params(self, temperature: float) -> SamplingParams:
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k,
                               max_new_tokens=self.max_new_tokens)
 
-    def generate_groups(self, instances, step: int, seed: int) -> Collected:
+    def generate_groups(self, instances, step: int, seed: int) -> FreshGroups:
         """`instances`' groups from the engine's current weights at the behaviour temperature, scored once each.
 
         An asynchronous rollout worker's unit of work (SPEC 11): whoever calls it chose the prompts and
@@ -97,7 +97,7 @@ class FreshCollection(Variant):
         """
         timings = {"generate": 0.0, "score": 0.0}
         groups = self.score_groups(instances, self.sampling_params(self.behaviour.temperature), seed, step, timings)
-        return Collected(groups, groups, False, 0, self.behaviour.temperature, timings)
+        return FreshGroups(groups, groups, False, 0, self.behaviour.temperature, timings)
 
     def rounds(self, count: int, step: int, sampling: SamplingParams, timings) -> tuple[list, list, int]:
         groups = self.sample_groups(self.sampler.sample(count), sampling, round_seed(self.seed, step, 0), step, timings)
@@ -130,7 +130,7 @@ class FreshCollection(Variant):
         return groups
 
 
-class DynamicCollection(FreshCollection):
+class DynamicSampling(StandardSampling):
     """`sampling=dynamic` (DAPO): rounds of ceil(missing x oversample) prompts, keeping effective groups only."""
 
     knobs = {"oversample": float_knob(1, 100, "1.5", why="each round samples ceil(missing x oversample) prompts"),
