@@ -293,7 +293,10 @@ def seed001_notes(study: Study) -> list[str]:
             f"{caution['diff']:+.3f}{spread} over {caution['n_pairs']} seed(s), not judged",
             "compute per update (1 + W/T with a buffer, 1 + mu without, lockstep): " + ", ".join(
                 f"{role} {study.values(role, 'runtime/compute_per_update').mean():.2f}"
-                for role in sorted(study.runs["role"].unique()))]
+                for role in sorted(study.runs["role"].unique())),
+            "workers' busy share on the lockstep clock (1 - runtime/idle_workers; 1.00: all W generate all along): "
+            + ", ".join(f"{role} {1 - study.values(role, 'runtime/idle_workers').mean():.2f}"
+                        for role in sorted(study.runs["role"].unique()))]
 
 
 def seed003_checks(study: Study) -> list[ScheduleCheck]:

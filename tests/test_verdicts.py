@@ -104,6 +104,16 @@ def test_seed001_judges_the_configuration_the_paper_names_and_reports_4_4_as_its
     assert "(4, 4) is the paper's caution" in note and "not judged" in note
 
 
+def test_seed001_reports_each_cells_busy_share_of_workers_from_the_logged_idle_ratio():
+    # A LIFO pipe whose requests outgrow its queue bound leaves workers idle: the note must show it, not 1.00.
+    runs = pd.DataFrame([{"run_id": f"r{i}", "role": role, "seed": seed, "metrics.quick/final/mean_reward": 0.4,
+                          "metrics.runtime/compute_per_update": 4.0, "metrics.runtime/idle_workers": idle}
+                         for i, (role, seed, idle) in enumerate(
+                             [(r, s, i) for r, i in (("lifo-W6T2", 0.5), ("fifo-W6T2", 0.0)) for s in range(3)])])
+    busy = next(note for note in CLAIMS["seed001"].notes(Study(runs)) if "busy share" in note)
+    assert "fifo-W6T2 1.00" in busy and "lifo-W6T2 0.50" in busy
+
+
 def seed000_runs(ks=(1, 4, 8)) -> pd.DataFrame:
     rows = []
     for seed in (0, 1, 2):
