@@ -345,7 +345,8 @@ CLAIMS = {claim.name: claim for claim in (
                 "FIFO reaches LIFO's accuracy (Figure 1, (W, T) = (6, 2), line 425)",
                 (425, "(W,T ) = (6, 2) and various buffer sizes"),
                 "final accuracy at equal updates for the paper's compute-to-accuracy curves"),),
-          "lifo-W6T2", (TINY, "the project's built-in math set for OpenR1-Math-220k (line 425)",
+          "lifo-W6T2", (TINY, "the built-in math set's fraction problems (4,000 to train, 50 held out) for "
+                        "OpenR1-Math-220k (line 425)",
                         QUICK + " for the paper's test accuracy"),
           seed001_checks, seed001_notes),
     Claim("seed002", "Seed 002 (off-policy sampling for RLOO)",
