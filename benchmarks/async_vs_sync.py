@@ -60,7 +60,7 @@ def time_sync(cfg, threads: int, phases: dict[str, float] | None = None) -> tupl
 
 def time_async(cfg, tmp) -> tuple[float, int, int]:
     """Seconds for steps 1.. of the pipeline, updates and rollouts generated in them."""
-    from src.runtime.runners import RunContext
+    from src.runtime.base import RunContext
 
     torch.set_num_threads(1)
     train_set, _ = countdown.train_and_heldout(cfg.task)

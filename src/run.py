@@ -66,7 +66,8 @@ from src.runs.interrupt import (StopOnSignal, StopRequested, end_held_run, held_
 from src.paths import CONFIG_DIR
 from src.task.base import TaskDataError, build_task
 from src.build import build_components, build_runtime
-from src.runtime.runners import PipelineError, RunContext
+from src.runtime.base import RunContext, Runtime, Steps
+from src.runtime.runners import PipelineError
 from src.study.labels import cell_of, hydra_job
 from src.runs.checkpoint import CheckpointError, check_resume_from, payload_bytes, save_checkpoint
 from src.components import Components
@@ -87,9 +88,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     validate(cfg)  # config mistakes fail here, before any model is loaded
     cell = cell_of(cfg, cell_identity(cfg))  # what the run trains for, as MLflow names it
     run = RunSettings(cfg)  # from here on the run's typed settings, not the config
-    run = run.on_device(described(run.groups["runtime"]).trainer_device(run.groups["runtime"], run))
+    runtime = described(run.groups["runtime"], Runtime)  # its placement, before anything is built
+    run = run.on_device(runtime.trainer_device(run.groups["runtime"], run))
     warn_short_replay_pool(run)
-    wanted = rank_run.processes(run.hardware.ranks, run.groups["runtime"])
+    wanted = runtime.processes(run.groups["runtime"], run.hardware.ranks)
     ranks = rank_run.join(wanted, run.hardware.device, ConfigError)  # torchrun's ranks, or this process alone
     try:
         summary = train_ranks(run, cell, ranks)
@@ -206,7 +208,7 @@ class CellRun:
     settings: RunSettings
     cell: Cell
     parts: Components
-    runtime: object                    # src.runtime.runners: SyncRuntime or AsyncRuntime
+    runtime: Runtime                   # conf/runtime: what supplies the steps (src/runtime/base.py)
     state: TrainState
     heldout: list
     tracker: tracking.Tracker
@@ -214,7 +216,7 @@ class CellRun:
     stop: StopOnSignal
     ranks: Ranks = Ranks()
     saved_at: int = -1  # the step of the checkpoint this process last wrote
-    steps: object = None  # the runtime's open session (`next`, `before_checkpoint`, `before_evaluation`)
+    steps: Steps | None = None  # the runtime's open session
 
     def run(self) -> dict[str, float]:
         run, tracker, state = self.settings, self.tracker, self.state

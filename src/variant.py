@@ -96,12 +96,6 @@ class Variant:
         return None
 
     @classmethod
-    def trainer_device(cls, node, run) -> str:
-        """Where the run's trainer sits (a runtime's placement): `hardware.device` unless the runtime places a bare
-        `cuda` itself (the asynchronous runtime: after its workers' GPUs)."""
-        return run.hardware.device
-
-    @classmethod
     def budget_is_floor(cls, node) -> bool:
         """True when a step may generate more than the plan counts (DAPO's rounds): the plan is then a minimum."""
         return False

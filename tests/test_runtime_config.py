@@ -139,3 +139,22 @@ def test_a_batch_of_rollouts_is_not_tied_to_whole_groups_and_the_plan_counts_it(
     # rollouts a step against 4 at B = 8; step 0 waits for the first two groups either way.
     assert whole.fresh_groups_per_step == (2, 0, 2, 0, 2) and whole.fresh_evaluations == 24
     assert rollouts.fresh_groups_per_step == (2, 0, 0, 2, 0) and rollouts.fresh_evaluations == 16
+
+
+def test_every_runtime_is_a_runtime_and_one_without_a_session_cannot_be_built():
+    from src.runtime.base import Runtime, Steps
+
+    assert issubclass(SyncRuntime, Runtime) and issubclass(AsyncRuntime, Runtime)
+    assert SyncRuntime.processes(None, 4) == 4 and AsyncRuntime.processes(None, 4) == 1  # ranks: torchrun's, or Ray's
+
+    class Stepless(Runtime):
+        def state_dict(self):
+            return None
+
+        def load_state_dict(self, saved):
+            pass
+
+    with pytest.raises(TypeError, match="session"):
+        Stepless()
+    with pytest.raises(TypeError, match="next"):
+        type("Idle", (Steps,), {})()

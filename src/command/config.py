@@ -151,7 +151,7 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
     if tp == 1:
         return
     key = f"policy.vllm.tensor_parallel_size={tp}"
-    _check(described(cfg.runtime).plain(cfg.runtime),
+    _check(described(cfg.runtime).ranks_run_the_loop,
            f"{key} with runtime={cfg.runtime.get('name')}: the pipeline's workers each hold a one-GPU engine; set "
            "policy.vllm.tensor_parallel_size=1, or train with runtime=sync over hardware.ranks")
     _check(ranks % tp == 0,
@@ -282,7 +282,7 @@ def _validate_ranks(cfg: DictConfig) -> None:
     _check(not cfg.trainer.compile,
            f"{key} with trainer.compile=true: compiled layers under FSDP have not been tried here; set "
            "trainer.compile=false")
-    if described(cfg.runtime).plain(cfg.runtime):  # torchrun's ranks; async's trainer actors sit after its workers
+    if described(cfg.runtime).ranks_run_the_loop:  # torchrun's ranks; async's trainer actors sit after its workers
         _check(cfg.hardware.device in ("cpu", "cuda"),
                f"{key} with hardware.device={cfg.hardware.device}: each rank takes GPU LOCAL_RANK; set "
                "hardware.device=cuda")

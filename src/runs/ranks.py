@@ -86,7 +86,7 @@ def processes(ranks: int | None, runtime) -> int:
     """How many processes run the cell: `hardware.ranks` under runtime=sync (torchrun's, or SLURM's tasks); one
     under runtime=async (the runtime group's node), whose trainer ranks are Ray actors of its one driver
     (src/runtime/ray_work.py)."""
-    return int(ranks or 1) if described(runtime).plain(runtime) else 1
+    return described(runtime).processes(runtime, ranks)  # src.runtime.base.Runtime.processes
 
 
 def mismatch(want: int, world: int) -> str | None:

@@ -28,9 +28,7 @@ import json
 import logging
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -39,32 +37,14 @@ from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, Lock
                                   PipelineError, PipelineSettings)
 from src.runtime.queues import QUEUES, build_queue
 from src.settings import RunSettings, TrainerSettings
-from src.variant import Variant, described, float_knob, int_knob
+from src.runtime.base import RunContext, Runtime, StepOutcome, Steps
+from src.variant import described, float_knob, int_knob
 
 log = logging.getLogger(__name__)
 EVENT_LOG = "events.jsonl"
 
 
-@dataclass
-class RunContext:
-    """What a runtime's session gets from `src.run`: the run's parts, its state and where its files go."""
-
-    run: RunSettings
-    parts: object                      # src.components.Components
-    state: object                      # src.batch.TrainState, advanced in place by each step
-    output_dir: Path
-    log_artifact: Callable[[Path], None]  # a file for the MLflow run, under runtime/
-
-
-@dataclass
-class StepOutcome:
-    """One trained step: its metrics and its batch (the run logs a sample of the batch's rows)."""
-
-    metrics: dict[str, float]
-    collection: object                 # src.train.StepBatch
-
-
-class SyncSteps:
+class SyncSteps(Steps):
     """SPEC 3's steps in this process: collect, then learn (`src.train`)."""
 
     def __init__(self, context: RunContext) -> None:
@@ -76,15 +56,12 @@ class SyncSteps:
         collection = collect(self.parts, self.state.step)
         return StepOutcome(learn(self.parts, self.state, collection), collection)  # = train_step
 
-    def before_checkpoint(self) -> None:
-        """The policy and optimizer the checkpoint saves are this process's own."""
-
-    def before_evaluation(self) -> None:
-        """The policy the evaluation samples is this process's own."""
 
 
-class SyncRuntime(Variant):
+class SyncRuntime(Runtime):
     """`runtime=sync`: SPEC 3's step in the process of the loop (or of each rank); no state of its own."""
+
+    ranks_run_the_loop = True
 
     @classmethod
     def plain(cls, node) -> bool:
@@ -137,7 +114,7 @@ def worker_gpus(workers: int, per_worker: float, device: str) -> int:
     return needed
 
 
-class AsyncRuntime(Variant):
+class AsyncRuntime(Runtime):
     """`runtime=async`: seed 001's pipeline of W workers, one queue and the trainer, on Ray."""
 
     knobs = {"workers": int_knob(1, 1_024, "2"), "trainers": int_knob(1, 1_024, "1"),
@@ -312,7 +289,7 @@ class AsyncRuntime(Variant):
                 session.close()
 
 
-class AsyncSession:
+class AsyncSession(Steps):
     """One run of the pipeline within a Ray session: workers, trainer, buffer actor, pipeline and event log,
     handing the loop one trainer step at a time."""
 

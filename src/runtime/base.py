@@ -1,0 +1,85 @@
+"""The runtime interface: what every option of the `runtime` group gives `src.run`'s one loop (SPEC 11).
+
+A runtime answers three things, and the loop asks nothing else of it:
+
+* placement, before anything is built (class methods, from the group's node): where the trainer sits
+  (`trainer_device`) and in how many processes the cell runs (`processes`: torchrun's ranks each run the
+  loop, or one driver process whose trainer ranks live elsewhere);
+* steps: `session(context)` opens what supplies the loop's steps and yields `Steps`, whose `next()` trains
+  one step; the session closes when the loop leaves it, however it leaves;
+* its own state for the checkpoint (`state_dict`, `load_state_dict`), beside the trainer's.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ClassVar
+
+from src.variant import Variant
+
+
+@dataclass
+class RunContext:
+    """What a runtime's session gets from `src.run`: the run's parts, its state and where its files go."""
+
+    run: object                        # src.settings.RunSettings
+    parts: object                      # src.components.Components
+    state: object                      # src.batch.TrainState, advanced in place by each step
+    output_dir: Path
+    log_artifact: Callable[[Path], None]  # a file for the MLflow run, under runtime/
+
+
+@dataclass
+class StepOutcome:
+    """One trained step: its metrics and its batch (the run logs a sample of the batch's rows)."""
+
+    metrics: dict[str, float]
+    collection: object                 # src.train.StepBatch
+
+
+class Steps(ABC):
+    """A runtime's open session, as the loop drives it."""
+
+    @abstractmethod
+    def next(self) -> StepOutcome:
+        """Train one step and advance the run's TrainState."""
+
+    def before_checkpoint(self) -> None:
+        """Bring the policy, optimizer and RNG the checkpoint saves into this process (default: they are here)."""
+
+    def before_evaluation(self) -> None:
+        """Bring the policy the evaluation samples into this process (default: it is here)."""
+
+
+class Runtime(Variant, ABC):
+    """What supplies the steps of the loop: placement, a session of steps, and its own checkpointed state."""
+
+    # Whether `hardware.ranks` are processes that each run the loop (torchrun's, or SLURM's tasks); otherwise the
+    # cell runs in one process and the runtime places its trainer ranks itself.
+    ranks_run_the_loop: ClassVar[bool] = False
+
+    @classmethod
+    def trainer_device(cls, node, run) -> str:
+        """Where the run's trainer sits (`run`: `src.settings.RunSettings`): `hardware.device` unless the runtime
+        places a bare `cuda` itself."""
+        return run.hardware.device
+
+    @classmethod
+    def processes(cls, node, ranks: int | None) -> int:
+        """How many processes run the cell for `hardware.ranks=ranks`."""
+        return int(ranks or 1) if cls.ranks_run_the_loop else 1
+
+    @abstractmethod
+    def session(self, context: RunContext) -> AbstractContextManager[Steps]:
+        """Open what supplies the steps; closing it leaves the trained policy in this process."""
+
+    @abstractmethod
+    def state_dict(self) -> dict | None:
+        """The runtime's own state for the checkpoint (None: it has none)."""
+
+    @abstractmethod
+    def load_state_dict(self, saved: dict | None) -> None:
+        """Take a checkpoint's runtime state back, or refuse one this runtime cannot resume, in one line."""
