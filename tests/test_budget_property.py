@@ -65,8 +65,10 @@ class StubEngine:
 
 
 def random_valid_config(compose_config, rng: random.Random):
-    """A config validation accepts, with a small buffer (age or FIFO, any mode, positive bias, small capacity)."""
-    while True:
+    """A config validation accepts, with a small buffer (age or FIFO, any mode, positive bias, small capacity);
+    a validation that refuses every draw fails the test with its last message rather than drawing forever."""
+    refused = None
+    for _ in range(200):
         buffer = rng.choice(["age1", "age2", "age3", "fifo", "fifo"])
         overrides = [f"buffer={buffer}", f"buffer.ratio={rng.choice([0.5, 1, 1.5, 2, 3])}", "clip=tight",
                      f"trainer.groups_per_step={rng.randint(3, 8)}", "trainer.group_size=2",
@@ -80,9 +82,11 @@ def random_valid_config(compose_config, rng: random.Random):
         cfg = compose_config(*overrides)
         try:
             validate(cfg, check_device=False)
-        except ConfigError:
+        except ConfigError as error:
+            refused = error
             continue
         return cfg
+    raise AssertionError(f"validation refused 200 random draws; the last: {refused}")
 
 
 @pytest.mark.parametrize("draw", range(10))
