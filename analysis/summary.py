@@ -31,7 +31,8 @@ import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from src.runs.tracking import metric_key, ui_command  # noqa: E402
+from src.runs.links import ui_command  # noqa: E402
+from src.runs.tracking import metric_key  # noqa: E402
 
 COLUMNS = {  # metric -> column heading
     "fresh_evaluations": "fresh evals",

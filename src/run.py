@@ -51,6 +51,11 @@ from src.runs import folder as run_folder
 from src.runs import progress
 
 from src.runs import tracking
+from src.runs.artifacts import log_final_policy, log_run_artifact
+from src.runs.completions import completion_line, completion_rows
+from src.runs.ending import close_active_run, disk_full_error, leave_run_end
+from src.runs.links import run_link, ui_command
+from src.runs.store import StoreUnreachable, check_store
 from src.study.budget import budget_is_floor, plan_for, replay_demand_met
 from src.buffer.store import ReplayStore
 from src.variant import described
@@ -105,7 +110,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def train_ranks(run: RunSettings, cell: Cell, ranks: Ranks) -> dict[str, float]:
     progress.silence_library_bars()
     quiet_log_files_when_full()
-    ranks.lead_only(tracking.check_store, run.tracking.uri, run.tracking.experiment, run.tracking.artifact_location)
+    ranks.lead_only(check_store, run.tracking.uri, run.tracking.experiment, run.tracking.artifact_location)
     check_resume_from(run.trainer.resume_from)
     with StopOnSignal() as stop:
         try:
@@ -237,7 +242,7 @@ class CellRun:
         tracker.log_summary(after, state, run.evaluation.ks)
         if not self.ranks.lead:
             return after.summary
-        tracking.log_final_policy(tracker.run_id, final_dir, run.tracking.policy_artifact_max_mb)
+        log_final_policy(tracker.run_id, final_dir, run.tracking.policy_artifact_max_mb)
         if tracker.redone_mismatches:
             tracker.set_tags({"resume_mismatches": str(len(tracker.redone_mismatches))})
             log.error("%d metric values of redone steps differ from the values logged before the restart "
@@ -264,7 +269,7 @@ class CellRun:
 
     def log_artifact(self, path: Path) -> None:
         """A runtime's file for the run (the async pipeline's event log and distributions), under runtime/."""
-        tracking.log_run_artifact(self.tracker.run_id, path, "runtime")
+        log_run_artifact(self.tracker.run_id, path, "runtime")
 
     def train_one_step(self, bar: progress.Bar) -> None:
         """One step, logged; a checkpoint and an evaluation when due; StopRequested if a stop signal came."""
@@ -293,12 +298,12 @@ class CellRun:
         """The step's sample completions: `tracking.completions_per_step` to MLflow, `print_completions` printed."""
         run, task = self.settings, self.parts.task
         logged, shown = run.tracking.completions_per_step, run.tracking.print_completions
-        rows = tracking.completion_rows(collection, task, logged, run.policy.max_new_tokens)
+        rows = completion_rows(collection, task, logged, run.policy.max_new_tokens)
         self.tracker.log_completions(rows, self.state.step - 1)
         if shown > logged:  # a draw of its own: what is logged does not depend on what is printed
-            rows = tracking.completion_rows(collection, task, shown, run.policy.max_new_tokens)
+            rows = completion_rows(collection, task, shown, run.policy.max_new_tokens)
         for row in rows[:shown]:
-            log.info("%s", tracking.completion_line(row))
+            log.info("%s", completion_line(row))
 
     def evaluate_if_due(self) -> None:
         """The learning-curve evaluation of this step, unless it is logged already (not twice after a resume)."""
@@ -339,9 +344,9 @@ class CellRun:
         if not self.ranks.lead:  # rank 0 closes the run and says how to resume it
             self.stop.requested = self.stop.requested or request.signum  # the signal may have reached rank 0 only
             self.stop.hand_on()
-        problem = tracking.close_active_run(self.tracker.run_id, "KILLED")
+        problem = close_active_run(self.tracker.run_id, "KILLED")
         if problem is not None:
-            tracking.leave_run_end(self.tracker.run_id, "KILLED", signal_name(request.signum), problem, self.folder)
+            leave_run_end(self.tracker.run_id, "KILLED", signal_name(request.signum), problem, self.folder)
         checkpoint = self.folder / LATEST_CHECKPOINT
         kept = (f"checkpoint at step {self.saved_at}: {checkpoint}" if self.saved_at >= 0
                 else f"checkpoint {checkpoint}" if checkpoint.exists() else "no checkpoint yet (it starts afresh)")
@@ -390,9 +395,9 @@ def _print_summary(run: RunSettings, name: str, plan, state: TrainState, before,
     planned = ("at least " if budget_is_floor(run.groups) else "") + str(plan.fresh_evaluations)
     _print_result(f"fresh verifier evaluations: {state.fresh_evaluations} (planned {planned}); "
                   f"gradient steps: {state.gradient_steps}")
-    opener = tracking.ui_command(run.tracking.uri, run.tracking.artifact_location, run.out)
+    opener = ui_command(run.tracking.uri, run.tracking.artifact_location, run.out)
     where = f" (after {opener})" if opener else ""
-    _print_result(f"run page{where}: {tracking.run_link(run.tracking.uri, run_id)}")
+    _print_result(f"run page{where}: {run_link(run.tracking.uri, run_id)}")
     _print_result(f"run folder: {folder}")
 
 
@@ -409,7 +414,7 @@ def _fmt(value) -> str:
 
 
 # Mistakes a user fixes by changing the command line: one message, no traceback.
-USER_ERRORS = (ConfigError, CheckpointError, tracking.StoreUnreachable, PipelineError, TaskDataError)
+USER_ERRORS = (ConfigError, CheckpointError, StoreUnreachable, PipelineError, TaskDataError)
 
 
 def nothing_to_train(reason: NothingToTrain) -> Skipped | float:
@@ -437,7 +442,7 @@ def main(cfg: DictConfig) -> float:
         return nothing_to_train(reason)
     except Exception as error:
         fail_unopened_claim(error)  # a run claimed but never opened ends FAILED, not RUNNING
-        full = tracking.disk_full_error(error, cfg.tracking.uri)  # no space: one line, not a traceback
+        full = disk_full_error(error, cfg.tracking.uri)  # no space: one line, not a traceback
         if full is None and not isinstance(error, USER_ERRORS):
             raise
         discard_unused_folder()

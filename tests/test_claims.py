@@ -152,7 +152,7 @@ def test_a_sweep_job_that_trained_nothing_is_counted_as_skipped():
 def test_two_processes_started_together_claim_one_cell_and_exactly_one_trains(tmp_path, mode):
     """`lock`: a SQLite store (file lock around lookup and claim); `nolock`: a tracking server's case (claim,
     settle, earliest claim wins), exercised on the same SQLite file without the lock."""
-    from src.runs.tracking import ensure_experiment
+    from src.runs.store import ensure_experiment
 
     uri = store(tmp_path)
     ensure_experiment(uri, "replay-rloo", None)

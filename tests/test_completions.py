@@ -12,7 +12,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from src.runs import tracking
+from src.runs.completions import (EVAL_COLUMNS, EVAL_COMPLETIONS, LATEST_HEADING, SECTION_END, TRAIN_COLUMNS,
+                                  TRAIN_COMPLETIONS, completion_rows, completions_markdown)
+from src.runs.links import SUMMARY_COLUMNS
+from src.runs.naming import DESCRIPTION_TAG
 from src.batch import Batch, BatchGroup, Group
 from src.loss.trainer import UpdateResult
 from src.sampling.collection import FreshGroups
@@ -41,8 +44,8 @@ def test_completion_rows_carry_the_verifier_reason_the_failure_category_the_sour
                           token_counts=torch.ones(4), reference_tokens=[()] * 4, loss=0.0, policy_loss=0.0, kl=0.0,
                           entropy=0.0)
     collection = StepBatch(4, batch, FreshGroups([fresh], [fresh], False), 0, update=update)
-    rows = pd.DataFrame(tracking.completion_rows(collection, CountdownTask(), 10, max_new_tokens=16))
-    assert list(rows.columns) == list(tracking.TRAIN_COLUMNS)
+    rows = pd.DataFrame(completion_rows(collection, CountdownTask(), 10, max_new_tokens=16))
+    assert list(rows.columns) == list(TRAIN_COLUMNS)
     assert len(rows) == 4 and set(rows.step) == {4}
     assert set(rows.problem) == {"numbers 3, 5; target 8"}  # the task's words, not the prompt's opening
     by_response = rows.set_index(["source", "response"])
@@ -52,8 +55,8 @@ def test_completion_rows_carry_the_verifier_reason_the_failure_category_the_sour
     assert (wrong.reward, wrong.category) == (0.1, "wrong_target") and wrong.reason != "correct"
     replayed = by_response.loc[("replay", "no answer at all")]
     assert (replayed.reward, replayed.category, replayed.age, replayed.weight) == (0.0, "format_error", 2, 0.5)
-    assert len(tracking.completion_rows(collection, CountdownTask(), 2, 16)) == 2  # the configured count
-    assert tracking.completion_rows(collection, CountdownTask(), 0, 16) == []  # 0 turns it off
+    assert len(completion_rows(collection, CountdownTask(), 2, 16)) == 2  # the configured count
+    assert completion_rows(collection, CountdownTask(), 0, 16) == []  # 0 turns it off
 
 
 def test_a_math_group_is_briefed_by_its_problem_not_its_instructions():
@@ -74,9 +77,9 @@ def test_the_latest_completions_are_a_markdown_table_of_the_problem_and_the_end_
              "reward": 1.0, "reason": "correct", "source": "replay", "age": 2},
             {"step": 7, "problem": "numbers 1, 2; target 3", "response": "a | b\nc", "reward": 0.1,
              "reason": "wrong target", "source": "fresh", "age": 0}]
-    text = tracking.completions_markdown(rows)
+    text = completions_markdown(rows)
     lines = text.splitlines()
-    assert lines[0].startswith(tracking.LATEST_HEADING + " (step 7;")
+    assert lines[0].startswith(LATEST_HEADING + " (step 7;")
     assert lines[2] == "| problem | reward | verifier | source | response (its end) |"
     assert lines[4].startswith("| numbers 3, 5; target 8 | 1 | correct | replay, age 2 | …xx")
     assert lines[4].endswith(" &lt;answer&gt;3 + 5&lt;/answer&gt; |")
@@ -105,17 +108,17 @@ def test_a_one_step_run_logs_a_completions_table_and_summary_metrics(tmp_path, r
     mlflow.set_tracking_uri(store)
     run_id = mlflow.search_runs(experiment_names=["replay-rloo"]).run_id[0]
     client = MlflowClient(store)
-    train = read_table(client, run_id, tracking.TRAIN_COMPLETIONS, tmp_path)
-    assert list(train.columns) == list(tracking.TRAIN_COLUMNS)
+    train = read_table(client, run_id, TRAIN_COMPLETIONS, tmp_path)
+    assert list(train.columns) == list(TRAIN_COLUMNS)
     assert len(train) == 3 and set(train.step) == {0} and set(train.source) == {"fresh"}
     assert train.reason.str.len().min() > 0 and train.prompt.str.contains("numbers").all()
     assert train.problem.str.match(r"numbers \d+(, \d+)+; target \d+$").all()
-    evaluation = read_table(client, run_id, tracking.EVAL_COMPLETIONS, tmp_path)
-    assert list(evaluation.columns) == list(tracking.EVAL_COLUMNS)
+    evaluation = read_table(client, run_id, EVAL_COMPLETIONS, tmp_path)
+    assert list(evaluation.columns) == list(EVAL_COLUMNS)
     assert evaluation.problem.str.match(r"numbers \d+(, \d+)+; target \d+$").all()
-    description = client.get_run(run_id).data.tags[tracking.DESCRIPTION_TAG]
-    assert description.startswith(tracking.LATEST_HEADING + " (step 0;")  # first: the run page folds the rest
-    assert description.split(tracking.SECTION_END)[1].startswith("**Fresh-only**, cell `rho0`")
+    description = client.get_run(run_id).data.tags[DESCRIPTION_TAG]
+    assert description.startswith(LATEST_HEADING + " (step 0;")  # first: the run page folds the rest
+    assert description.split(SECTION_END)[1].startswith("**Fresh-only**, cell `rho0`")
     assert all(f"| {problem} |" in description for problem in train.problem)  # the run page shows them
     assert sorted(evaluation.step) == [0, 0, 0, 1, 1, 1]  # at the start (step 0) and after the one step
     params = client.get_run(run_id).data.params
@@ -124,7 +127,7 @@ def test_a_one_step_run_logs_a_completions_table_and_summary_metrics(tmp_path, r
     with open(client.download_artifacts(run_id, "config.yaml", str(tmp_path))) as config:
         assert "_target_: src." in config.read()  # the class paths stay in the config artifact
     metrics = client.get_run(run_id).data.metrics
-    for key in tracking.SUMMARY_COLUMNS:
+    for key in SUMMARY_COLUMNS:
         assert key in metrics and math.isfinite(metrics[key]), key
     assert metrics["k"] == 2 and metrics["fresh_evals"] == 4  # 2 groups x 2 responses
     assert metrics["final_reward"] == metrics["quick/final/mean_reward"]

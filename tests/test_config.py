@@ -131,7 +131,7 @@ def test_every_yaml_knob_is_read_by_the_code():
             node = OmegaConf.to_container(OmegaConf.load(path))
             node = node.get(group, node)  # `# @package _global_` files nest their keys under the group
             for key in _leaf_keys({k: v for k, v in node.items() if k not in ("defaults", "hydra")}):
-                if key == "name":  # option names become tags (src/runs/tracking.py)
+                if key == "name":  # option names become tags (src/runs/naming.py)
                     continue
                 # Read as an attribute, a string key, or a keyword argument (groups passed on with **).
                 if not any(form in source for form in (f".{key}", f'"{key}"', f"['{key}']", f"{key}={key}")):

@@ -228,7 +228,7 @@ def test_a_target_that_does_not_take_its_groups_settings_is_named_before_any_com
     ("sqlite:///{tmp}/m.db", "e", "/proc/no-such/artifacts", "tracking.artifact_location=/proc/no-such/artifacts"),
 ])
 def test_a_tracking_setting_that_cannot_work_is_named(tmp_path, uri, experiment, artifacts, key):
-    from src.runs.tracking import StoreUnreachable, check_store
+    from src.runs.store import StoreUnreachable, check_store
 
     with pytest.raises(StoreUnreachable) as error:
         check_store(uri.format(tmp=tmp_path), experiment, artifacts)
@@ -237,7 +237,7 @@ def test_a_tracking_setting_that_cannot_work_is_named(tmp_path, uri, experiment,
 
 
 def test_good_tracking_settings_pass(tmp_path):
-    from src.runs.tracking import check_store
+    from src.runs.store import check_store
 
     check_store(f"sqlite:///{tmp_path}/new/m.db", "replay-rloo", str(tmp_path / "artifacts"))
     assert (tmp_path / "new").is_dir() and (tmp_path / "artifacts").is_dir()

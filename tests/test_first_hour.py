@@ -28,6 +28,10 @@ from src import help as cli_help
 from src.settings import RunSettings
 from src.runs import progress
 from src.runs import tracking
+from src.runs.artifacts import log_final_policy
+from src.runs.links import ui_url
+from src.runs.naming import run_name
+from src.runs.store import ensure_experiment
 from src.paths import CONFIG_DIR, PROJECT_ROOT
 from test_report import BASELINE_CANONICAL, AGGRESSIVE_CANONICAL, _log_run, _new_store
 
@@ -164,14 +168,14 @@ def test_appending_to_a_completions_table_prints_no_download_bar(tmp_path, monke
     """MLflow's log_table downloads the table it appends to, with a tqdm bar each step unless silenced."""
     from mlflow.tracking import MlflowClient
 
-    from src.runs.tracking import log_completions
+    from src.runs.completions import log_completions
 
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true")  # recorded, so the test's change is undone
     monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns.db")
     experiment = client.create_experiment("bars", artifact_location=str(tmp_path / "artifacts"))
     run_id = client.create_run(experiment).info.run_id
-    monkeypatch.setattr("src.runs.tracking.MlflowClient", lambda: client)
+    monkeypatch.setattr("src.runs.completions.MlflowClient", lambda: client)
     progress.silence_library_bars()
     for step in range(2):
         log_completions(run_id, [{"step": step, "response": "x"}], "completions/train.json")
@@ -213,15 +217,15 @@ def _cfg(tmp_path, *overrides):
 
 
 def test_run_name_rule():
-    assert tracking.run_name("ratio", "rho1-L2-c1", 0) == "ratio/rho1-L2-c1"
-    assert tracking.run_name("ratio", "rho1-L2-c1", 2) == "ratio/rho1-L2-c1/seed2"
+    assert run_name("ratio", "rho1-L2-c1", 0) == "ratio/rho1-L2-c1"
+    assert run_name("ratio", "rho1-L2-c1", 2) == "ratio/rho1-L2-c1/seed2"
 
 
 def test_experiment_is_a_training_experiment_even_when_created_before(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlruns.db"
-    new_id = tracking.ensure_experiment(uri, "fresh", None)
+    new_id = ensure_experiment(uri, "fresh", None)
     old_id = MlflowClient(uri).create_experiment("older")  # as an earlier version of the code left it
-    tracking.ensure_experiment(uri, "older", None)
+    ensure_experiment(uri, "older", None)
     for experiment_id in (new_id, old_id):
         tags = MlflowClient(uri).get_experiment(experiment_id).tags
         assert tags["mlflow.experimentKind"] == "custom_model_development"
@@ -229,10 +233,10 @@ def test_experiment_is_a_training_experiment_even_when_created_before(tmp_path):
 
 def test_ui_url_opens_the_runs_table_in_training_mode(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlruns.db"
-    assert tracking.ui_url("http://127.0.0.1:5050", uri, "replay-rloo") == \
+    assert ui_url("http://127.0.0.1:5050", uri, "replay-rloo") == \
         "http://127.0.0.1:5050/#/experiments?workflowType=machine_learning"  # no store yet: the list
-    experiment_id = tracking.ensure_experiment(uri, "replay-rloo", None)
-    assert tracking.ui_url("http://127.0.0.1:5050/", uri, "replay-rloo") == \
+    experiment_id = ensure_experiment(uri, "replay-rloo", None)
+    assert ui_url("http://127.0.0.1:5050/", uri, "replay-rloo") == \
         f"http://127.0.0.1:5050/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
@@ -272,7 +276,7 @@ def test_run_is_named_described_and_logs_how_to_rerun_it(tmp_path):
 
 def test_final_policy_uploaded_when_small_else_pointed_at(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlruns.db"
-    experiment_id = tracking.ensure_experiment(uri, "policy", str(tmp_path / "artifacts"))
+    experiment_id = ensure_experiment(uri, "policy", str(tmp_path / "artifacts"))
     folder = tmp_path / "policy"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"\0" * 4096)
@@ -281,11 +285,11 @@ def test_final_policy_uploaded_when_small_else_pointed_at(tmp_path):
     mlflow.set_tracking_uri(uri)
     try:
         small = client.create_run(experiment_id).info.run_id
-        tags = tracking.log_final_policy(small, folder, max_artifact_mb=1)
+        tags = log_final_policy(small, folder, max_artifact_mb=1)
         assert tags["final_policy_artifact"] == f"runs:/{small}/policy"
         assert [item.path for item in client.list_artifacts(small, "policy")] == ["policy/model.safetensors"]
         large = client.create_run(experiment_id).info.run_id
-        tags = tracking.log_final_policy(large, folder, max_artifact_mb=0)
+        tags = log_final_policy(large, folder, max_artifact_mb=0)
         assert tags["final_policy_artifact"].startswith("not uploaded") and str(folder) in tags["final_policy_artifact"]
         assert client.list_artifacts(large) == []
         assert client.get_run(large).data.tags["final_policy"] == str(folder)

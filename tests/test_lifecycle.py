@@ -136,7 +136,7 @@ def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path):
 
 def make_run(uri: str, cfg, status: str, output_dir: Path, **tags) -> str:
     """An MLflow run of the cell `cfg`, as a job would have left it."""
-    from src.runs.tracking import ensure_experiment
+    from src.runs.store import ensure_experiment
 
     experiment = ensure_experiment(uri, "replay-rloo", None)
     client = MlflowClient(uri)

@@ -184,7 +184,7 @@ def test_a_math_cell_says_its_task_in_its_name_and_still_counts_as_a_grid_run(co
 
     from analysis.runs import is_plain
     from src.study.sweep import cell_name, variant_label
-    from src.runs.tracking import run_tags
+    from src.runs.naming import run_tags
 
     countdown, math = compose_config("buffer=age2", "clip=tight"), compose_config("task=math", "buffer=age2", "clip=tight")
     assert (cell_name(countdown), cell_name(math)) == ("rho1-L2-c1", "rho1-L2-c1-math")

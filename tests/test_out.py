@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from src.runs import tracking
+from src.runs import links
 from src.paths import out_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,18 +92,18 @@ def test_out_is_not_part_of_the_cell(compose_config, tmp_path):
 ])
 def test_the_printed_ui_command_opens_the_store_the_run_used(monkeypatch, uri, artifacts, out, command):
     monkeypatch.chdir(ROOT)
-    assert tracking.ui_command(uri, artifacts, out) == command
+    assert links.ui_command(uri, artifacts, out) == command
 
 
 def test_outside_the_project_folder_make_is_pointed_at_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert tracking.ui_command(f"sqlite:///{tmp_path}/mlruns.db", f"{tmp_path}/mlartifacts", str(tmp_path)) == \
+    assert links.ui_command(f"sqlite:///{tmp_path}/mlruns.db", f"{tmp_path}/mlartifacts", str(tmp_path)) == \
         f"make -C {ROOT} ui OUT={tmp_path}"
 
 
 def test_an_installed_package_names_the_ui_command_itself(monkeypatch):
-    monkeypatch.setattr(tracking, "is_source_checkout", lambda root: False)  # no Makefile beside the code
-    assert tracking.ui_command("sqlite:////x/o/mlruns.db", "/x/o/mlartifacts", "/x/o") == \
+    monkeypatch.setattr(links, "is_source_checkout", lambda root: False)  # no Makefile beside the code
+    assert links.ui_command("sqlite:////x/o/mlruns.db", "/x/o/mlartifacts", "/x/o") == \
         "python -m src.runs.ui_app ui --backend-store-uri sqlite:////x/o/mlruns.db --default-artifact-root " \
         "/x/o/mlartifacts --port 5050"
 

@@ -118,8 +118,8 @@ def test_a_crashing_run_is_marked_failed_and_resumes_by_hand_without_logging_a_s
 
 def test_runs_started_together_on_a_new_store_do_not_race(tmp_path):
     """Two processes creating the same SQLite store at once both get the one experiment."""
-    code = ("import sys, src.runs.tracking as t; "
-            "print(t.ensure_experiment(sys.argv[1], 'replay-rloo', sys.argv[2]))")
+    code = ("import sys, src.runs.store as store; "
+            "print(store.ensure_experiment(sys.argv[1], 'replay-rloo', sys.argv[2]))")
     store = f"sqlite:///{tmp_path}/mlruns.db"
     processes = [subprocess.Popen([sys.executable, "-c", code, store, str(tmp_path / "artifacts")], cwd=PROJECT_ROOT,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]

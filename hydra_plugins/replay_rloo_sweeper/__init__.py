@@ -152,7 +152,7 @@ class SkipFinishedSweeper(Sweeper):
     def known_runs(self):
         """What the store knows about the sweep's cells; an unreachable store stops a launch (exit 2), not a dry run."""
         from src.runs.cells import CellRuns, cell_runs
-        from src.runs.tracking import ensure_experiment, sqlite_store_lock
+        from src.runs.store import ensure_experiment, sqlite_store_lock
 
         tracking = self.config.tracking
         try:

@@ -4,7 +4,7 @@ one line naming the fix and exit 2, in about a second (`src.run`'s own command l
 
 The store is read with the standard library's sqlite3 (read-only, never created): MLflow's client would create
 an empty store where none was, and take seconds to import. A tracking server is left to the command's own
-check (`src.runs.tracking.check_store`), which answers in seconds too.
+check (`src.runs.store.check_store`), which answers in seconds too.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from src.eval.protocol import EvalResult, evaluate
 from src.rollout.interface import SamplingParams
 from src.rollout.engine import build_engine
 from src.task.base import Task, build_task
-from src.runs.tracking import ensure_experiment, log_evaluation
+from src.runs.store import ensure_experiment
+from src.runs.tracking import log_evaluation
 from src.task.prompts import PromptFormat
 from src.settings import RunSettings
 from src.runs.checkpoint import CheckpointError, read_checkpoint

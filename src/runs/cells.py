@@ -12,8 +12,9 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from src.runs import store  # noqa: F401  (MLflow's store logger quieted before `cell_runs` opens a store)
 from src.runs.lifecycle import Liveness, checkpoint_files, run_liveness
-from src.runs.tracking import RunLabels
+from src.runs.naming import RunLabels
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ that resumes a dead run claims that run by its heartbeat. Any other job of the c
 live RUNNING run and leaves the cell alone. Whether two claims can both succeed depends on the store:
 
 - SQLite (`sqlite:///...`, one machine): the lookup and the claim happen under the store's file
-  lock (`src.runs.tracking.sqlite_store_lock`), so whoever takes the lock second sees the first claim.
+  lock (`src.runs.store.sqlite_store_lock`), so whoever takes the lock second sees the first claim.
   Exact.
 - A tracking server (or any store without that lock): there is no atomic check-and-create, so
   every job creates its claim, waits `CLAIM_SETTLE_S`, then lists the cell's live runs, and only
@@ -33,7 +33,9 @@ from mlflow.tracking import MlflowClient
 from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
-from src.runs import tracking
+from src.runs.ending import mark_failed
+from src.runs.naming import DESCRIPTION_TAG, RunLabels
+from src.runs.store import ensure_experiment
 from src.runs.lifecycle import write_heartbeat
 from src.runs.cells import cell_runs, slurm_job_key
 from src.settings import TrackingSettings
@@ -47,16 +49,16 @@ _unopened: list[tuple[str, str]] = []  # (uri, run id) of this process's newest 
 
 
 def store_has_lock(uri: str) -> bool:
-    """True where `src.runs.tracking.sqlite_store_lock` makes lookup-then-claim atomic (a SQLite file)."""
+    """True where `src.runs.store.sqlite_store_lock` makes lookup-then-claim atomic (a SQLite file)."""
     return uri.startswith("sqlite:///")
 
 
-def create_claim_run(where: TrackingSettings, folder: Path, labels: tracking.RunLabels) -> str:
+def create_claim_run(where: TrackingSettings, folder: Path, labels: RunLabels) -> str:
     """The run this job will train into, created now with the tags, params and config a new run gets."""
     uri = where.uri
-    experiment_id = tracking.ensure_experiment(uri, where.experiment, where.artifact_location)
+    experiment_id = ensure_experiment(uri, where.experiment, where.artifact_location)
     name = where.run_name or labels.name
-    tags = resolve_tags({**labels.tags, tracking.DESCRIPTION_TAG: labels.description, MLFLOW_RUN_NAME: name,
+    tags = resolve_tags({**labels.tags, DESCRIPTION_TAG: labels.description, MLFLOW_RUN_NAME: name,
                          "output_dir": str(folder), "slurm_job": slurm_job_key() or "-"})
     client = MlflowClient(uri)
     run_id = client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
@@ -117,7 +119,7 @@ def fail_unopened_claim(error: BaseException) -> None:
     uri, run_id = _unopened.pop()
     try:
         if MlflowClient(uri).get_run(run_id).info.status == "RUNNING":
-            tracking.mark_failed(uri, run_id, f"{error.__class__.__name__}: {error}".splitlines()[0])
+            mark_failed(uri, run_id, f"{error.__class__.__name__}: {error}".splitlines()[0])
     except Exception as cleanup_error:  # noqa: BLE001  (the next start of the cell cleans it up instead)
         log.warning("could not mark the claimed run %s FAILED (%s); the next start of its cell will", run_id,
                     cleanup_error)

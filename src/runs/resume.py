@@ -15,7 +15,8 @@ from pathlib import Path
 
 from src.runs import claim
 
-from src.runs import tracking
+from src.runs.ending import mark_failed
+from src.runs.store import ensure_experiment, extend_run, finished_runs_tagged, sqlite_store_lock
 from src.runs.checkpoint import CheckpointError, read_checkpoint, read_latest_checkpoint
 from src.runs.lifecycle import LATEST_CHECKPOINT, write_heartbeat
 from src.runs.cells import Cell, CellRuns, cell_runs
@@ -61,8 +62,8 @@ def choose_start(run: RunSettings, cell: Cell, output_dir: Path) -> Start:
     if not trainer.auto_resume:
         return Start(output_dir)
     locked = claim.store_has_lock(uri)
-    with tracking.sqlite_store_lock(uri):  # lookup and claim at once: jobs started together train a cell once
-        tracking.ensure_experiment(uri, where.experiment, where.artifact_location)
+    with sqlite_store_lock(uri):  # lookup and claim at once: jobs started together train a cell once
+        ensure_experiment(uri, where.experiment, where.artifact_location)
         known = cell_runs(uri, where.experiment, identity, trainer.heartbeat_timeout_s)
         if known.busy(identity):
             raise RunAlive(busy_message(cell, known.alive[identity]))
@@ -94,7 +95,7 @@ def busy_message(cell: Cell, alive: str) -> str:
 
 def retire(uri: str, cell: Cell, run_id: str, reason: str) -> None:
     """Mark a dead run that nobody will resume FAILED with the reason, in one log line."""
-    tracking.mark_failed(uri, run_id, reason)
+    mark_failed(uri, run_id, reason)
     log.warning("run %s of cell %s marked FAILED: %s", run_id, cell.name, reason)
 
 
@@ -133,8 +134,7 @@ def extend_finished(uri: str, experiment: str, cell: Cell, steps: int, locked: b
     Its tags then name the longer cell (cell_id, cell_key; `extended_to` the steps), so a sweep counts it
     finished at `steps`; its params keep the steps it was started with (MLflow never changes a param), and
     config.yaml is logged again with the new count."""
-    shorter = [run for run in tracking.finished_runs_tagged(uri, experiment, "cell_family",
-                                                            cell.labels.tags["cell_family"])
+    shorter = [run for run in finished_runs_tagged(uri, experiment, "cell_family", cell.labels.tags["cell_family"])
                if trained_steps(run) < steps]
     if not shorter:
         log.warning("trainer.extend: cell %s has no FINISHED run at fewer than %d steps; training it from step 0",
@@ -150,8 +150,8 @@ def extend_finished(uri: str, experiment: str, cell: Cell, steps: int, locked: b
         if holder is not None:
             raise RunAlive(busy_message(cell, f"run {run_id} is being extended by {holder}"))
     payload["cell_id"] = cell.identity  # its later checkpoints are the longer cell's
-    tracking.extend_run(uri, run_id, {"cell_id": cell.identity, "cell_key": cell.labels.tags["cell_key"],
-                                      EXTENDED_TAG: str(steps)}, cell.labels.config)
+    extend_run(uri, run_id, {"cell_id": cell.identity, "cell_key": cell.labels.tags["cell_key"],
+                             EXTENDED_TAG: str(steps)}, cell.labels.config)
     write_heartbeat(folder, run_id)
     log.warning("continuing FINISHED run %s of cell %s from step %d to %d (trainer.extend), in its folder %s",
                 run_id, cell.name, payload["state"]["step"], steps, folder)

@@ -216,7 +216,7 @@ def announce(name: str, host: str, port: int, store: str | None, experiment: str
     address = base_address(host, port)
     if store and experiment:
         try:
-            from src.runs.tracking import ui_url
+            from src.runs.links import ui_url
 
             address = ui_url(address, store, experiment)
         except Exception:  # noqa: BLE001  (the address without the experiment is still right)

@@ -4,7 +4,7 @@
 
 The MLflow UI opens in its GenAI mode (traces, prompts) unless the URL or the browser's saved choice
 says otherwise, and its runs table shows no knob or result column. The project's links carry both (see
-`src.runs.tracking.experiment_page`); this app makes the bare address do the same: the server's page gets a
+`src.runs.links.experiment_page`); this app makes the bare address do the same: the server's page gets a
 few lines of script that save, where the browser has no choice of its own, model-training mode and the
 study's columns for the project's experiment (`REPLAY_RLOO_EXPERIMENT`, set by `src.runs.serve`), and send
 the home route to that experiment's runs table. Everything else is MLflow's own app, unchanged.
@@ -50,7 +50,7 @@ OPENING = """<script>(function () {
 })();</script>"""
 # A run page's chart sections come in alphabetical order (batch, budget, buffer, ... train): once MLflow has laid
 # them out, the script moves these first, as if dragged there by hand (a reader's own order stays). The run's
-# headline metrics (pass_at_1, ...: tracking.SUMMARY_COLUMNS) have no prefix: MLflow puts them in "Model metrics".
+# headline metrics (pass_at_1, ...: links.SUMMARY_COLUMNS) have no prefix: MLflow puts them in "Model metrics".
 FIRST_SECTIONS = ["train/reward", "train", "Model metrics", "canonical", "quick", "seed001-pass1", "seed001-passk", "probe"]
 # The assistant panel opens by itself on a first visit, over a third of the page: closed, as if closed by hand.
 ASSISTANT_CLOSED = {"mlflow.assistant.panelOpen_v1": "false", "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": "true"}
@@ -75,7 +75,7 @@ COLUMN_WIDTHS = {**{column: 64 for column in ["params.`rho`", "params.`L`", "par
 def landing_page(index_html: str, experiment_id: str | None) -> str:
     """MLflow's index.html with the opening script first in its head: model-training mode, and for the
     project's experiment (when given) the study's columns and the home route sent to its runs table."""
-    from src.runs.tracking import experiment_page, study_columns
+    from src.runs.links import experiment_page, study_columns
 
     saved = {"mlflow.workflowType_v1": json.dumps("machine_learning"), **ASSISTANT_CLOSED}
     if experiment_id is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from src.runs import tracking
+from src.runs.naming import RunLabels, run_description, run_name, run_params, run_tags
 from src.runs.cells import Cell
 from src.study.sweep import cell_family, cell_identity, cell_key, cell_name, variant_label
 
@@ -17,14 +17,14 @@ def cell_of(cfg: DictConfig, identity: str) -> Cell:
     return Cell(identity, cell_name(cfg), run_labels(cfg))
 
 
-def run_labels(cfg: DictConfig) -> tracking.RunLabels:
+def run_labels(cfg: DictConfig) -> RunLabels:
     """The run's tags, name (`<study>/<cell>[/seed<k>]`) and description, from the cell's identity."""
     cell, variant = cell_name(cfg), variant_label(cfg)
-    tags = tracking.run_tags(cfg, cell=cell, cell_id=cell_identity(cfg), cell_key=cell_key(cfg), variant=variant)
+    tags = run_tags(cfg, cell=cell, cell_id=cell_identity(cfg), cell_key=cell_key(cfg), variant=variant)
     tags["cell_family"] = cell_family(cfg)  # the cell at any number of steps (trainer.extend)
-    return tracking.RunLabels(tags=tags, name=tracking.run_name(cfg.tracking.sweep, cell, cfg.trainer.seed),
-                              description=tracking.run_description(cell, variant, cfg, launch_command()),
-                              params=tracking.run_params(cfg), config=OmegaConf.to_yaml(cfg, resolve=True))
+    return RunLabels(tags=tags, name=run_name(cfg.tracking.sweep, cell, cfg.trainer.seed),
+                     description=run_description(cell, variant, cfg, launch_command()),
+                     params=run_params(cfg), config=OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def launch_command() -> str:

@@ -76,7 +76,7 @@ def evaluations(cfg: DictConfig) -> int:
 
 def shape(cfg: DictConfig) -> tuple[tuple[str, str], ...]:
     """The cell's shape as (key, value) pairs, values as MLflow params hold them."""
-    from src.runs.tracking import flat_params
+    from src.runs.naming import flat_params
 
     params = flat_params(cfg)
     return tuple((key, params[key]) for key in SHAPE if key in params)
@@ -144,6 +144,8 @@ def stored_timing(uri: str, experiment: str, key: tuple[tuple[str, str], ...]) -
 def past_timing(uri: str, experiment: str, key: tuple[tuple[str, str], ...]) -> Timing | None:
     """The timing of the newest FINISHED runs of this shape in the store, or None (no such run, or no store)."""
     from mlflow.tracking import MlflowClient
+
+    from src.runs import store  # noqa: F401  (MLflow's store logger quieted before the client opens a store)
 
     if any("'" in value for _, value in key):
         return None  # a value MLflow's filter cannot quote: no match rather than a wrong one

@@ -30,7 +30,9 @@ from rich.console import Console
 
 from src.passk import unbiased_pass_at_k
 from src.paths import out_problem
-from src.runs.tracking import ensure_experiment, flat_params, finite
+from src.runs.naming import flat_params
+from src.runs.store import ensure_experiment
+from src.runs.tracking import finite
 from src.task.base import Task, build_task
 from src.ziprc import data, metrics
 from src.ziprc.decode import EARLY_STOP_ANSWERS, META_POLICIES, VALUE_SOURCES, MetaPolicy, decode_all

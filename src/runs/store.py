@@ -1,0 +1,172 @@
+"""The MLflow store: checked before any model loads, created with its experiment on first use, read for runs.
+
+`check_store` turns tracking settings that cannot work (an unknown scheme, an unwritable folder, no server
+answering) into one line naming the key and the fix. A SQLite store is created under a file lock, so runs
+launched together do not race on its schema. Importing this module quiets MLflow's store logger (a full disk
+is reported once, by the run: `src.runs.ending`, not as a traceback per failed statement; a new store's schema
+is routine), so a module whose client may be a process's first to open a store imports this one first.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import mlflow
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from src.runs.diskspace import out_of_space
+
+# A store write needs room for SQLite's journal and new pages; a new store's schema alone is about 1 MB.
+STORE_WRITE_BYTES = 2**20
+
+
+class OutOfSpaceFilter(logging.Filter):
+    """MLflow logs every failed SQL statement with its traceback; a full disk is reported once, by us."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not ((error is not None and out_of_space(error)) or out_of_space(Exception(record.getMessage())))
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(OutOfSpaceFilter())
+# Every new store would print "Creating initial MLflow database tables..." and "Updating database tables" at
+# INFO (mlflow/store/db/utils.py:88 and :295): routine, not news. Its warnings and errors still show.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+
+
+_LOCKS_HELD: set[Path] = set()  # re-entrant within a process: flock on a second open() would wait on itself
+
+
+@contextmanager
+def sqlite_store_lock(uri: str) -> Iterator[None]:
+    """Serialise the first uses of a SQLite store across processes.
+
+    MLflow creates the schema (alembic migrations) on a process's first use of a new file; runs
+    launched together would race on it (`table latest_metrics already exists`). Creating the
+    store and the experiment, and the lookups that follow (which run to resume), happen under
+    this lock.
+    """
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    lock_path = Path(uri.removeprefix("sqlite:///") + ".lock").resolve()
+    if lock_path in _LOCKS_HELD:
+        yield
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _LOCKS_HELD.add(lock_path)
+        try:
+            yield
+        finally:
+            _LOCKS_HELD.discard(lock_path)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# The experiment tag the MLflow UI (3.x) reads to choose between its GenAI view (traces, token usage)
+# and its model-training view (the runs table); "custom_model_development" is the training kind.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_EXPERIMENT_KIND = "custom_model_development"
+
+
+def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str:
+    """The experiment id, creating the store and the experiment (with its artifact folder) on first use."""
+    mlflow.set_tracking_uri(uri)
+    with sqlite_store_lock(uri):
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            if EXPERIMENT_KIND_TAG not in experiment.tags:  # created before this tag existed, or by hand
+                client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND)
+            return experiment.experiment_id
+        location = artifact_location
+        if artifact_location and "://" not in artifact_location:
+            location = Path(artifact_location).as_uri()
+        try:
+            return client.create_experiment(name, artifact_location=location,
+                                            tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND})
+        except MlflowException as error:  # a server experiment another job created a moment ago
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise error
+            return experiment.experiment_id
+
+
+class StoreUnreachable(RuntimeError):
+    """The tracking store cannot work (unknown scheme, unwritable folder, no server answering, no experiment
+    name); raised before any model is loaded."""
+
+
+# Stores this MLflow writes runs to. The file store (a bare path, file://) is read-only legacy in MLflow 3.
+STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+STORE_FIX = ("use sqlite:///<folder>/mlruns.db (the default keeps it in the project folder) or "
+             "http://<host>:<port> of a running `make mlflow-server`")
+
+
+def check_store(uri: str, experiment: str, artifact_location: str | None, timeout_s: float = 5.0) -> None:
+    """Raise StoreUnreachable, naming the key, the value and the fix, when the tracking settings cannot work."""
+    if not str(experiment).strip():
+        raise StoreUnreachable(f"tracking.experiment='{experiment}': runs need an experiment name, "
+                               "e.g. tracking.experiment=replay-rloo (the default)")
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme not in STORE_SCHEMES:
+        what = f"unknown scheme '{scheme}://'" if scheme else "not a store URI (no scheme)"
+        raise StoreUnreachable(f"tracking.uri={uri}: {what}; {STORE_FIX}")
+    if scheme == "sqlite":
+        _check_writable_folder("tracking.uri", uri, Path(uri.removeprefix("sqlite:///")).parent,
+                               f"point it at a folder you can write to; {STORE_FIX}")
+    if artifact_location and (artifact_location.startswith("file://") or "://" not in artifact_location):
+        _check_writable_folder("tracking.artifact_location", artifact_location,
+                               Path(artifact_location.removeprefix("file://")),
+                               "point it at a folder you can write to, or null to let the store decide")
+    check_reachable(uri, timeout_s)
+
+
+def _check_writable_folder(key: str, value: str, folder: Path, fix: str) -> None:
+    """Create `folder` if needed and write a probe file in it; StoreUnreachable naming `key` when that fails."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass
+    except OSError as error:
+        raise StoreUnreachable(f"{key}={value}: cannot write in {folder} ({error.strerror or error}); {fix}") from None
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not after MLflow's minutes of retries, when an HTTP tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)  # any HTTP answer means a server is there
+    except requests.RequestException as error:
+        raise StoreUnreachable(
+            f"tracking.uri={uri}: no MLflow server answers within {timeout_s:g} s ({error.__class__.__name__}). "
+            "Start it (make mlflow-server), or set tracking.uri to a running server or a "
+            "sqlite:///path/mlruns.db file") from None
+
+
+def finished_runs_tagged(uri: str, experiment: str, tag: str, value: str) -> list:
+    """The experiment's FINISHED runs whose tag `tag` is `value`, newest first."""
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None or "'" in value:
+        return []
+    return list(client.search_runs([found.experiment_id], max_results=100, order_by=["attributes.start_time DESC"],
+                                   filter_string=f"attributes.status = 'FINISHED' and tags.{tag} = '{value}'"))
+
+
+def extend_run(uri: str, run_id: str, tags: dict[str, str], config: str) -> None:
+    """A FINISHED run continued to more steps (src/runs/resume.py, `extend_finished`): its new tags and config."""
+    client = MlflowClient(uri)
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    client.log_text(run_id, config, "config.yaml")
