@@ -113,17 +113,24 @@ def build_forward(run: RunSettings, tokenizer) -> Forward:
                    run.hardware.autocast, trainer.fused_logprobs, trainer.pack_rows)
 
 
-def build_rollout_and_trainer(run: RunSettings, policy, engine, sampler, prompts, forward, task):
-    """The behaviour policy, the sampling component that draws fresh groups with it, and the trainer that trains
-    the policy with the objective's loss (which takes the behaviour's truncation settings), each from its group
-    with the live objects it works with."""
+def build_rollout(run: RunSettings, policy, engine, sampler, prompts, forward, task):
+    """The behaviour policy and the sampling component that draws fresh groups with it, each from its group with
+    the live objects it works with (a rollout worker of runtime=async builds these alone)."""
     settings, groups = run.trainer, run.groups
     behaviour = build(groups["behaviour"], policy=policy, training_temperature=settings.rollout.temperature)
     sampling = build(groups["sampling"], engine=engine, sampler=sampler, behaviour=behaviour, forward=forward,
                      prompts=prompts, task=task, group_size=settings.group_size,
                      max_new_tokens=run.policy.max_new_tokens, top_p=settings.rollout.top_p,
                      top_k=settings.rollout.top_k, seed=settings.seed)
-    objective = build(groups["loss"], truncation=behaviour.truncation)
+    return behaviour, sampling
+
+
+def build_rollout_and_trainer(run: RunSettings, policy, engine, sampler, prompts, forward, task):
+    """`build_rollout`'s two and the trainer that trains the policy with the objective's loss (which takes the
+    behaviour's truncation settings)."""
+    settings = run.trainer
+    behaviour, sampling = build_rollout(run, policy, engine, sampler, prompts, forward, task)
+    objective = build(run.groups["loss"], truncation=behaviour.truncation)
     trainer = Trainer(objective, forward, kl_coef=settings.kl_coef, entropy_coef=settings.entropy_coef,
                       kl_estimator=settings.kl_estimator, max_grad_norm=settings.max_grad_norm)
     return behaviour, sampling, trainer

@@ -34,7 +34,7 @@ def test_the_group_store_and_the_rollout_buffer_keep_the_same_rollouts(k, groups
     for step in range(30):
         group = a_group(step, [rng.choice((0.0, 0.1, 1.0)) for _ in range(k)])
         store.add([group])
-        rollouts.put(step, group, step, [0.0] * k, 0.0)
+        rollouts.put(step, group, step, 0.0)
         by_store = [(g.step, i) for g, kept in zip(store.groups, store.stored_responses) for i in kept]
         by_queue = [(r.group_key, r.index) for r in rollouts.rollouts]
         assert by_store == by_queue, step

@@ -59,7 +59,7 @@ def test_buffer_keeps_the_n_newest_samples_distinct_and_removes_nothing():
     buffer = RolloutReplayBuffer(capacity=6, seed=0)
     evicted = []
     for key in range(3):
-        evicted += buffer.put(key, group(key), version=key, advantages=[0.0] * 4, wall=0.0)
+        evicted += buffer.put(key, group(key), version=key, wall=0.0)
     assert [r.uid for r in buffer.rollouts] == list(range(6, 12)) and [r.uid for r in evicted] == list(range(6))
     assert 0 not in buffer.groups and set(buffer.groups) == {1, 2}
     samples = buffer.take(6, step=3)
@@ -73,7 +73,7 @@ def test_buffer_keeps_the_n_newest_samples_distinct_and_removes_nothing():
 def test_independent_draws_repeat_within_a_batch_and_count_zero_steps_since_last_use():
     buffer = RolloutReplayBuffer(capacity=16, seed=1, independent=True)
     for key in range(4):
-        buffer.put(key, group(key), 0, [0.0] * 4, 0.0)
+        buffer.put(key, group(key), 0, 0.0)
     samples = buffer.take(16, step=2)
     assert len({s.rollout.uid for s in samples}) < 16  # with this seed, some rollout is drawn twice
     seen = set()
@@ -86,9 +86,9 @@ def test_independent_draws_repeat_within_a_batch_and_count_zero_steps_since_last
 def test_positive_bias_keeps_freshest_share_plus_freshest_correct_rollouts():
     # D.4 example: N = 8, delta = 0.75 -> 2 freshest of any reward + 6 freshest correct older ones
     buffer = RolloutReplayBuffer(capacity=8, seed=0, positive_bias=0.75)
-    buffer.put(0, group(0, k=4, correct=(0, 2)), 0, [0.0] * 4, 0.0)
-    buffer.put(1, group(1, k=4, correct=(1,)), 0, [0.0] * 4, 0.0)
-    buffer.put(2, group(2, k=4, correct=()), 0, [0.0] * 4, 0.0)
+    buffer.put(0, group(0, k=4, correct=(0, 2)), 0, 0.0)
+    buffer.put(1, group(1, k=4, correct=(1,)), 0, 0.0)
+    buffer.put(2, group(2, k=4, correct=()), 0, 0.0)
     kept = [(r.group_key, r.index) for r in buffer.rollouts]
     assert kept == [(0, 0), (0, 2), (1, 1), (2, 2), (2, 3)]
 
@@ -96,7 +96,7 @@ def test_positive_bias_keeps_freshest_share_plus_freshest_correct_rollouts():
 def test_sharded_buffer_keeps_n_over_t_per_trainer_and_draws_b_over_t_from_each():
     buffer = RolloutReplayBuffer(capacity=8, seed=0, shards=2)
     for key in range(3):
-        buffer.put(key, group(key), key, [0.0] * 4, 0.0)
+        buffer.put(key, group(key), key, 0.0)
     assert [r.uid for r in buffer.rollouts] == [4, 5, 6, 7, 8, 9, 10, 11]  # 4 newest of each shard
     assert not buffer.ready(10) and buffer.ready(8)
     samples = buffer.take(4, step=3)
@@ -108,7 +108,7 @@ def test_sharded_buffer_keeps_n_over_t_per_trainer_and_draws_b_over_t_from_each(
 def test_lifo_takes_newest_first_and_uses_each_rollout_once():
     queue = LifoQueue(capacity=12)
     for key in range(3):
-        queue.put(key, group(key), key, [0.0] * 4, 0.0)
+        queue.put(key, group(key), key, 0.0)
     first = queue.take(4, step=3)
     assert [s.rollout.uid for s in first] == [11, 10, 9, 8] and all(s.since_last_use is None for s in first)
     second = queue.take(6, step=4)
@@ -122,7 +122,7 @@ def test_lifo_takes_newest_first_and_uses_each_rollout_once():
 def test_queue_reports_its_replay_counts_distributions_and_drains_its_events():
     queue = LifoQueue(capacity=12)
     for key in range(3):
-        queue.put(key, group(key), key, [0.0] * 4, 0.0)
+        queue.put(key, group(key), key, 0.0)
     queue.take(6, step=3)  # 6 retired after one use, 6 still queued and unused
     assert queue.replay_count_distribution() == {0: 6, 1: 6} and queue.replay_counts == {1: 6}
     assert queue.distributions() == {"off_policiness": {1: 4, 2: 2}, "replay_count": {0: 6, 1: 6},
@@ -135,7 +135,7 @@ def test_queue_reports_its_replay_counts_distributions_and_drains_its_events():
 def test_queue_state_survives_a_weights_only_checkpoint(tmp_path):
     buffer = RolloutReplayBuffer(capacity=6, seed=3)
     for key in range(3):
-        buffer.put(key, group(key), key, [0.5] * 4, float(key), virtual=float(key))
+        buffer.put(key, group(key), key, float(key), virtual=float(key))
     buffer.take(4, step=3)
     torch.save(buffer.state_dict(), tmp_path / "q.pt")
     restored = RolloutReplayBuffer(capacity=6, seed=99)
@@ -175,7 +175,7 @@ class FakeWork:
 
     def start(self, worker, key, version):
         version = self.published if version is None else version
-        groups = [Generated(k, worker, version, group(k, correct=(k % 4,)), [0.0] * 4, 0.5, request=key)
+        groups = [Generated(k, worker, version, group(k, correct=(k % 4,)), 0.5, request=key)
                   for k in range(key, key + self.groups_per_request)]
         self.running.setdefault(worker, []).append(groups)
 

@@ -132,7 +132,7 @@ def queue_history(queue) -> list:
 
     seen = []
     for key in range(6):
-        queue.put(key, group(key, correct=(key % 3,)), key // 2, [0.1 * key] * 4, float(key), float(key))
+        queue.put(key, group(key, correct=(key % 3,)), key // 2, float(key), float(key))
         if queue.ready(8):
             samples = queue.take(8, key)
             seen.append([(s.rollout.uid, s.off_policiness, s.since_last_use, s.group.prompt) for s in samples])

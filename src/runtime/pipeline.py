@@ -57,7 +57,6 @@ class Generated:
     worker: int
     version: int                  # the weights it was generated with
     group: Group                  # K responses, rewards, log mu per response and token
-    advantages: list[float]
     busy_s: float = 0.0           # the worker's wall seconds on it
     restarted: bool = False       # the worker's actor was restarted since its previous group
     request: int | None = None    # the request it came with (its seed derives from it); None: its own key
@@ -67,7 +66,10 @@ class Generated:
 
     @classmethod
     def from_state(cls, state: dict) -> "Generated":
-        return cls(**{**state, "group": Group(**state["group"])})
+        # A checkpoint's group may carry the advantages a worker computed; the trainer recomputes them from
+        # the group's rewards, so they are not read back.
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in state.items() if k in known}, "group": Group(**state["group"])})
 
 
 class Work(Protocol):
@@ -166,7 +168,7 @@ class Pipeline:
         if generated.restarted:
             c.restarts += 1
             self._event({"event": "restart", "worker": generated.worker})
-        self.queue.put(generated.key, generated.group, generated.version, generated.advantages, self.wall(), virtual)
+        self.queue.put(generated.key, generated.group, generated.version, self.wall(), virtual)
         self.arrived.append(generated)
         self._drain_queue_events()
 

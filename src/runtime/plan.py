@@ -86,7 +86,7 @@ class _Placeholder:
     def start(self, worker: int, key: int, version) -> None:
         from src.runtime.pipeline import Generated
 
-        self.running[worker] = [Generated(k, worker, version or 0, self.group, [0.0] * self.group.size, request=key)
+        self.running[worker] = [Generated(k, worker, version or 0, self.group, request=key)
                                 for k in range(key, key + self.size)]
 
     def result(self, worker: int):

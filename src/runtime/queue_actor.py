@@ -40,9 +40,9 @@ class QueueActor:
             raise PipelineError(f"the buffer actor died ({cause}); the run stops: run the same command again to "
                                 "resume from its last checkpoint") from None
 
-    def put(self, group_key: int, group: Group, version: int, advantages: list[float], wall: float,
+    def put(self, group_key: int, group: Group, version: int, wall: float,
             virtual: float | None = None) -> list[Rollout]:
-        return self._call("put", group_key, group, version, advantages, wall, virtual)
+        return self._call("put", group_key, group, version, wall, virtual)
 
     def ready(self, batch: int) -> bool:
         return self._call("ready", batch)

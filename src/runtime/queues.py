@@ -2,9 +2,10 @@
 
 The unit is a rollout, not a group (seed 001 D.2): each of a group's K responses enters the
 queue on its own, carrying the version of the weights that generated it, its creation time
-(wall and virtual), its use count and the step it was last used. Its advantage and log mu were
+(wall and virtual), its use count and the step it was last used. Its reward and log mu were
 fixed when its group was generated; the group itself (prompt, K rewards, log mu) is kept once
-and shared by its rollouts, so a trainer rebuilds the update batch from it.
+and shared by its rollouts, so a trainer rebuilds the update batch from it, and its advantage from the
+group's K rewards (which generation fixed, so it is the generation-time advantage of D.2).
 
 * `RolloutReplayBuffer` (`runtime.queue=buffer`, seed 001 B.5 and D.4): the N most recent rollouts,
   oldest evicted first; a draw removes nothing. The B rollouts of one batch are distinct by
@@ -53,7 +54,6 @@ class Rollout:
     index: int                   # its response index in the group
     version: int                 # trainer updates behind the weights that generated it
     reward: float
-    advantage: float             # fixed at generation, from the whole group (GRPO eq. 6 or leave-one-out)
     created_wall: float          # seconds since the run started
     created_virtual: float | None = None  # lockstep clock; None in the free schedule
     uses: int = 0
@@ -112,16 +112,13 @@ class RolloutQueue:
         events, self.events = self.events, []
         return events
 
-    def put(self, group_key: int, group: Group, version: int, advantages: list[float], wall: float,
+    def put(self, group_key: int, group: Group, version: int, wall: float,
             virtual: float | None = None) -> list[Rollout]:
         """Queue the K rollouts of one generated group; returns the rollouts this evicted."""
         if group_key in self.groups:
             raise ValueError(f"group {group_key} is queued already; each request's group is put once")
-        if len(advantages) != group.size:
-            raise ValueError(f"{len(advantages)} advantages for a group of K={group.size}; give one per response")
         self.groups[group_key] = group
-        new = [Rollout(self._next_uid + i, group_key, i, int(version), group.rewards[i], float(advantages[i]),
-                       float(wall), virtual) for i in range(group.size)]
+        new = [Rollout(self._next_uid + i, group_key, i, int(version), group.rewards[i], float(wall), virtual) for i in range(group.size)]
         self._next_uid += group.size
         self.rollouts += new
         self.events.append({"event": "put", "group": group_key, "version": int(version),
@@ -229,7 +226,8 @@ class RolloutQueue:
         version, internal, gauss = state["rng"]
         self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
         self._next_uid = int(state["next_uid"])
-        self.rollouts = [Rollout(**r) for r in state["rollouts"]]
+        known = {f.name for f in dataclasses.fields(Rollout)}  # a checkpoint's rollout may carry its advantage
+        self.rollouts = [Rollout(**{k: v for k, v in r.items() if k in known}) for r in state["rollouts"]]
         self.groups = {int(key): Group(**group) for key, group in state["groups"]}
         for name in ("replay_counts", "off_policiness", "since_last_use"):
             setattr(self, name, Counter({int(k): int(v) for k, v in state[name]}))

@@ -2,10 +2,11 @@
 
 * `RolloutWorker` (a Ray actor, one per worker): its own policy copy and rollout engine (HF
   generate on the CPU; `policy.engine=vllm` builds the vLLM engine instead), the run's
-  collection, forward helper and objective built by `src.build` from the same config. For a
-  request it loads the published weights if it holds another version, generates and scores the
-  group (`StandardSampling.generate_groups`), computes log mu under those weights with the
-  trainer's forward code and the group's advantages with the objective's own function.
+  behaviour, sampling component and forward helper built by `src.build` from the same config. For
+  a request it loads the published weights if it holds another version, generates and scores the
+  group (`StandardSampling.generate_groups`) and computes log mu under those weights with the
+  trainer's forward code: what the trainer reads. The advantages the trainer computes itself, from
+  the group's K rewards, which generation fixed (seed 001 D.2's generation-time advantage).
 * `ObjectStoreSync`: the trainer publishes its weights on the object store, one `ray.put` a parameter
   (over T ranks each gathered whole in turn, `trainer_weights`, so no process holds a second whole model);
   every worker loads them into its policy parameter by parameter and hands them to its engine
@@ -118,7 +119,7 @@ class RolloutWorker:
     """One rollout worker: a policy copy, its engine, and the step's collection, forward and objective."""
 
     def __init__(self, run: RunSettings, threads: int) -> None:
-        from src.build import build_forward, build_rollout_and_trainer
+        from src.build import build_forward, build_rollout
         from src.policy.model import load_policy
         from src.rollout.engine import build_engine
         from src.task.base import build_task
@@ -136,9 +137,8 @@ class RolloutWorker:
         self.forward = build_forward(run, tokenizer)
         task = build_task(run.groups["task"])  # the verifier the worker scores with (no data is loaded)
         prompts = PromptFormat(task, tokenizer, policy.use_chat_template)
-        self.behaviour, self.sampling, trainer = build_rollout_and_trainer(
-            run, self.policy, self.engine, _Unobserved(), prompts, self.forward, task)
-        self.objective = trainer.objective  # the worker fixes each group's advantages with the run's loss
+        self.behaviour, self.sampling = build_rollout(run, self.policy, self.engine, _Unobserved(), prompts,
+                                                      self.forward, task)
         self.version = None  # the initial weights are the start checkpoint's, not a published version
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
@@ -154,12 +154,10 @@ class RolloutWorker:
             self.version = version
         collected = self.sampling.generate_groups(instances, step=version, seed=seed)
         groups = self.forward.with_sampled_logprobs(collected.fresh, self.policy, self.behaviour.training_temperature)
-        advantages = self.objective.advantages(torch.tensor([group.rewards for group in groups])).tolist()
         restarted, self.restarted = self.restarted, False
         busy = (time.perf_counter() - started) / len(groups)
-        return [{"key": key + i, "request": key, "version": version, "group": group, "advantages": advantage,
-                 "busy_s": busy, "restarted": restarted and i == 0}
-                for i, (group, advantage) in enumerate(zip(groups, advantages))]
+        return [{"key": key + i, "request": key, "version": version, "group": group, "busy_s": busy,
+                 "restarted": restarted and i == 0} for i, group in enumerate(groups)]
 
     def crash(self) -> None:
         """End this actor's process (tests: Ray restarts it under max_restarts)."""
