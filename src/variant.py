@@ -132,12 +132,27 @@ def described_without_heavy_modules(node) -> type | None:
     else None: `src.command.cli` checks a command line with the classes that describe themselves within a second (the
     replay stores), and `src.command.config.validate` checks the rest once the run has imported them. A module whose
     import is cut short is dropped from sys.modules by the import system, so the run imports it afresh."""
+    try:
+        return described(node) if _loads_without_heavy_modules(str(node["_target_"])) else None
+    except NeedsHeavyModule:
+        return None
+
+
+def load_target_without_heavy_modules(target: str) -> None:
+    """`load_target(target)`, raising its own error for a target that names nothing; NeedsHeavyModule where only
+    importing a HEAVY_MODULE would tell (`src.command.cli`'s check leaves those to `validate`)."""
+    if not _loads_without_heavy_modules(target):
+        raise NeedsHeavyModule(target)
+
+
+def _loads_without_heavy_modules(target: str) -> bool:
     refuse = _RefuseHeavyModules()
     sys.meta_path.insert(0, refuse)
     try:
-        return described(node)
+        load_target(target)
+        return True
     except NeedsHeavyModule:
-        return None
+        return False
     finally:
         sys.meta_path.remove(refuse)
 

@@ -170,6 +170,9 @@ def closed_port() -> int:
     ("tracking.uri=garbage", "tracking.uri"),
     ("hydra.run.dir=/proc/no-such/run", "hydra.run.dir"),
     ("trainer.resume_from=/etc/hostname", "trainer.resume_from"),
+    ("buffer._target_=src.buffer.age.Nope", "buffer._target_='src.buffer.age.Nope' cannot be imported"),
+    # a class whose module needs torch: the check after the imports names it, still in one line
+    ("runtime._target_=src.runtime.runners.Nope", "runtime._target_='src.runtime.runners.Nope' cannot be imported"),
 ])
 def test_the_cli_prints_one_message_and_no_traceback(tmp_path, override, key):
     override = override.format(port=closed_port())

@@ -26,7 +26,7 @@ from src.passk import ESTIMATORS
 from src.paths import PROJECT_ROOT, register_root_resolver, resolve_policy_path, workspace_root
 from src.validate.schema import SchemaError, check_unused_settings, check_values
 from src.policy import DTYPE_NAMES
-from src.variant import VARIANT_GROUPS, described, load_target
+from src.variant import VARIANT_GROUPS, NeedsHeavyModule, described, load_target
 from src.settings import COMPONENT_GROUPS, RunSettings
 
 register_root_resolver()
@@ -101,6 +101,7 @@ def check_settings_take_effect(cfg: DictConfig, overrides: list[str], choices) -
     every component class loaded: `src.run` checks them for the groups `check_before_imports` could not."""
     from src.paths import searchpath_folders
 
+    _check_targets(cfg)  # the targets `check_before_imports` left to this check: one line for one that names nothing
     roots = tuple(searchpath_folders(overrides))
     _schema(lambda composed: check_unused_settings(composed, overrides, choices, roots=roots), cfg)
 
@@ -110,8 +111,9 @@ def check_before_imports(cfg: DictConfig, overrides: list[str]) -> None:
     MLflow load: keys, types and ranges (of the groups whose class loads without them), command-line settings the
     chosen option does not use, the trainer's sizes and the policy's files. `validate` runs them all again."""
     from src.paths import searchpath_folders
-    from src.variant import described_without_heavy_modules as describe
+    from src.variant import described_without_heavy_modules as describe, load_target_without_heavy_modules
 
+    _check_targets(cfg, load_target_without_heavy_modules)  # first: a `_target_` that names nothing, in one line
     _schema(lambda composed: check_values(composed, describe), cfg)
     roots = tuple(searchpath_folders(overrides))
     _schema(lambda composed: check_unused_settings(composed, overrides, cfg.hydra.runtime.choices, describe, roots),
@@ -304,12 +306,15 @@ def _validate_across_groups(run: RunSettings) -> None:
 BUILT_GROUPS = ("buffer", "loss", "sampling", "behaviour", "curriculum", "task")  # what `check_settings` builds
 
 
-def _check_targets(cfg: DictConfig) -> None:
-    """Every component group's `_target_` names an importable class or function (a store written outside src/ too)."""
+def _check_targets(cfg: DictConfig, load=load_target) -> None:
+    """Every component group's `_target_` names an importable class or function (a store written outside src/ too);
+    `load` may leave a target whose module needs torch or the like to a later check (NeedsHeavyModule)."""
     for group in COMPONENT_GROUPS:
         target = cfg[group].get("_target_")
         try:
-            load_target(str(target))  # module.Class, or module.Class.method (a classmethod that builds it)
+            load(str(target))  # module.Class, or module.Class.method (a classmethod that builds it)
+        except NeedsHeavyModule:
+            continue
         except Exception as error:  # noqa: BLE001  (no module, no such name, or the module fails to import)
             raise ConfigError(f"{group}._target_={target!r} cannot be imported ({error.__class__.__name__}: {error}); "
                               f"name a class as module.Class on the Python path, or drop the override to use "
