@@ -225,8 +225,23 @@ def plan_batch(groups_per_step: int, ratio: float) -> tuple[int, int]:
 
 
 @dataclass
+class StepCounts:
+    """What one step adds to the run's budget counters (SPEC 5-6). `learn` counts it; the loop adds it."""
+
+    fresh_evaluations: int = 0
+    fresh_groups: int = 0
+    replay_groups: float = 0.0
+    gradient_steps: int = 0
+    generated_tokens: int = 0
+    trained_tokens: int = 0
+    groups_trained: int = 0
+    effective_groups_trained: int = 0
+
+
+@dataclass
 class TrainState:
-    """Everything that changes during training; all of it goes into a checkpoint."""
+    """Everything that changes during training; all of it goes into a checkpoint. The loop that runs the steps
+    owns it: `advance` is the one place a step is counted."""
 
     step: int = 0                         # next step to run
     fresh_evaluations: int = 0            # fresh verifier calls so far (SPEC 5), counted as they happen
@@ -238,3 +253,17 @@ class TrainState:
     groups_trained: int = 0               # groups in all update batches so far
     effective_groups_trained: int = 0     # ... of which had rewards not all equal (a non-zero advantage)
     history: list[dict] = field(default_factory=list)  # per-step headline numbers for the summary
+
+    def counted(self, counts: StepCounts) -> "TrainState":
+        """The counters as they stand once a step that adds `counts` is done (the step's budget metrics)."""
+        return dataclasses.replace(self, history=[], **{
+            name: getattr(self, name) + getattr(counts, name) for name in COUNTERS})
+
+    def advance(self, counts: StepCounts) -> None:
+        """A step is done: its counts added, the step counter moved on."""
+        for name in COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(counts, name))
+        self.step += 1
+
+
+COUNTERS = tuple(counter.name for counter in dataclasses.fields(StepCounts))

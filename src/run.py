@@ -78,8 +78,7 @@ from src.runs.checkpoint import CheckpointError, check_resume_from, payload_byte
 from src.components import Components
 from src.runs.claim import fail_unopened_claim, withdraw_unopened_claim
 from src.runs.resume import NothingToTrain, RunAlive, choose_start
-from src.runs import ranks as rank_run
-from src.runs.ranks import Ranks
+from src.runs.ranks import NoHeartbeat, Ranks, joined
 from src.settings import RunSettings
 from src.batch import TrainState
 
@@ -97,14 +96,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     run = run.on_device(runtime.trainer_device(run.groups["runtime"], run))
     warn_short_replay_pool(run)
     wanted = runtime.processes(run.groups["runtime"], run.hardware.ranks)
-    ranks = rank_run.join(wanted, run.hardware.device, ConfigError)  # torchrun's ranks, or this process alone
-    try:
-        summary = train_ranks(run, cell, ranks)
-    except BaseException:
-        rank_run.leave(ranks, finished=False)
-        raise
-    rank_run.leave(ranks, finished=True)
-    return summary
+    with joined(wanted, run.hardware.device, ConfigError) as ranks:  # torchrun's ranks, or this process alone
+        return train_ranks(run, cell, ranks)
 
 
 def train_ranks(run: RunSettings, cell: Cell, ranks: Ranks) -> dict[str, float]:
@@ -156,36 +149,40 @@ def train_cell(run: RunSettings, cell: Cell, stop: StopOnSignal, ranks: Ranks = 
     Over several ranks, rank 0 decides where the cell starts and owns the MLflow run (src/runs/ranks.py)."""
     with stop.abandonable():  # until the run opens, a stop loses nothing: the next start redoes it
         start = ranks.lead_only(choose_start, run, cell, Path(HydraConfig.get().runtime.output_dir))
-    if ranks.lead:
-        settle_folder(start.folder)
-        if start.run_id is not None:
-            hold_run(run.tracking.uri, start.run_id)
-    for path in remove_stale_temporaries(start.folder, run.trainer.heartbeat_timeout_s) if ranks.lead else ():
-        log.info("removed %s, left half-written by a process that was killed", path)
+    ranks.lead_only(open_folder, start, run)
     # A resumed run was claimed by its heartbeat: keep it alive through model loading (a new run gets its
     # id, and the heartbeat with it, once MLflow opens it).
-    with rank_run.lead_context(ranks, Heartbeat(start.folder, start.run_id, run.trainer.heartbeat_every_s)) as beat:
+    heartbeat = Heartbeat(start.folder, start.run_id, run.trainer.heartbeat_every_s)
+    with ranks.lead_context(heartbeat, elsewhere=NoHeartbeat()) as beat:
         with stop.abandonable():
             task = build_task(run.groups["task"])
             train_set, heldout = task.splits()
-            parts = rank_run.shard(build_components(run, train_set, task=task), ranks)
+            parts = ranks.shard(build_components(run, train_set, task=task))
             runtime = build_runtime(run)  # conf/runtime: what supplies the steps (SPEC 3 here, or SPEC 11's pipeline)
             state = TrainState()
             if start.checkpoint:
-                state = rank_run.restore(start.checkpoint, parts, ranks)
+                state = ranks.restore(start.checkpoint, parts)
                 runtime.load_state_dict(start.checkpoint.get("runtime"))
         start.checkpoint = None  # the policy holds it now; free the copy
         opened = tracking.start_run(run.tracking, cell.labels, start.run_id, *hydra_job(), folder=start.folder)
-        with rank_run.lead_context(ranks, opened) as tracker:
-            tracker = rank_run.RankTracker(tracker, ranks) if ranks.many else tracker
-            (beat or rank_run.NoHeartbeat()).beat_for(tracker.run_id)
-            if ranks.lead:
-                hold_run(run.tracking.uri, tracker.run_id)
+        with ranks.tracking(opened) as tracker:
+            beat.beat_for(tracker.run_id)
+            ranks.lead_only(hold_run, run.tracking.uri, tracker.run_id)
             cell_run = CellRun(run, cell, parts, runtime, state, heldout, tracker, start.folder, stop, ranks)
             try:
                 return cell_run.run()
             except StopRequested as request:
                 cell_run.stop_here(request)
+
+
+def open_folder(start, run: RunSettings) -> None:
+    """Rank 0's part before the model loads: the run's folder settled, its run held for a stop, and what a
+    killed process left half-written there removed."""
+    settle_folder(start.folder)
+    if start.run_id is not None:
+        hold_run(run.tracking.uri, start.run_id)
+    for path in remove_stale_temporaries(start.folder, run.trainer.heartbeat_timeout_s):
+        log.info("removed %s, left half-written by a process that was killed", path)
 
 
 def settle_folder(folder: Path) -> None:
@@ -281,6 +278,7 @@ class CellRun:
                 raise
             # Ctrl-C reaches the whole process group: a helper process (vLLM's engine) may have died of it.
             raise StopRequested(signal.SIGINT, mid_step=True) from None
+        state.advance(outcome.counts)  # the one place a step is counted
         metrics = outcome.metrics
         self.tracker.log_step(metrics, state.step - 1)
         self.log_completions(outcome.collection)
@@ -328,13 +326,13 @@ class CellRun:
         if self.saved_at != self.state.step:
             if self.steps is not None:
                 self.steps.before_checkpoint()
-            shards = rank_run.save_shards(self.folder, self.parts, self.state.step, self.ranks)
-            if self.ranks.lead:
-                save_checkpoint(self.folder / LATEST_CHECKPOINT, self.parts, self.state, self.tracker.run_id,
-                                self.cell.identity, shards, runtime=self.runtime.state_dict())
-                rank_run.prune_shards(self.folder, self.state.step)
-            self.ranks.barrier()
+            self.ranks.save(self.folder, self.parts, self.state.step, self.write_checkpoint)
             self.saved_at = self.state.step
+
+    def write_checkpoint(self, shards: Path | None) -> None:
+        """The checkpoint file (rank 0's): the run's state, and the policy and optimizer or their shards."""
+        save_checkpoint(self.folder / LATEST_CHECKPOINT, self.parts, self.state, self.tracker.run_id,
+                        self.cell.identity, shards, runtime=self.runtime.state_dict())
 
     def stop_here(self, request: StopRequested) -> None:
         """Checkpoint (unless the step broke off half done), mark the run KILLED, say how to resume, and pass the
@@ -359,7 +357,7 @@ class CellRun:
 def save_final_policy(parts: Components, folder: Path, ranks: Ranks = Ranks()) -> Path:
     """The trained policy and tokenizer as a `from_pretrained` folder; a full disk leaves no half of it.
     Over several ranks their shards are gathered, and rank 0 writes the folder."""
-    whole = rank_run.gathered_state(parts.policy, ranks)
+    whole = ranks.gathered_state(parts.policy)
     if not ranks.lead:
         return folder
     try:

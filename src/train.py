@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from src.batch import Batch, Group, fresh_entries, is_effective, whole_groups, plan_batch
+from src.batch import Batch, Group, StepCounts, fresh_entries, is_effective, whole_groups, plan_batch
 from src.components import Components
 from src.loss.trainer import UpdateResult
 from src.loss.rloo_math import clip_fraction, effective_sample_size
@@ -33,8 +33,10 @@ AGE_BUCKETS = ("age0", "age1", "age2", "age3plus")
 
 
 def train_step(parts: Components, state: TrainState) -> dict[str, float]:
-    """Run optimizer step `state.step` (SPEC 3) and return its metrics: collect, then learn."""
-    return learn(parts, state, collect(parts, state.step))
+    """Run optimizer step `state.step` (SPEC 3) and return its metrics: collect, learn, then count the step."""
+    metrics, counts = learn(parts, state, collect(parts, state.step))
+    state.advance(counts)
+    return metrics
 
 
 @dataclass
@@ -78,11 +80,11 @@ def collect(parts: Components, step: int) -> StepBatch:
     return StepBatch(step, batch, collected, gap_fill, clock.laps)
 
 
-def learn(parts: Components, state: TrainState, collection: StepBatch) -> dict[str, float]:
+def learn(parts: Components, state: TrainState, collection: StepBatch) -> tuple[dict[str, float], StepCounts]:
     """Steps 5-7 of SPEC 3: update on the batch (advantages eq. 1, weights eq. 2, loss eq. 3), store the
-    fresh groups, count the budget; advances `state` by one step and returns the step's metrics."""
+    fresh groups, count the budget. Returns the step's metrics and what it adds to the counters of `state`,
+    which it only reads: whoever runs the steps counts them (`TrainState.advance`)."""
     clock, batch, collected, step = Clock(), collection.batch, collection.collected, collection.step
-    state.fresh_evaluations += collected.evaluations
     parts.engine.sleep()  # vLLM's sleep mode: its weights and KV cache off the GPU while the step trains, once a step
 
     # 5. Update on the batch; then any further updates the store asks for (seed 002's R - 1), all
@@ -104,20 +106,21 @@ def learn(parts: Components, state: TrainState, collection: StepBatch) -> dict[s
     clock.lap("buffer_update")
 
     # 7. Bookkeeping (SPEC 6): budget in verifier calls, optimizer steps and tokens (seed 001's compute).
-    state.gradient_steps += sum(done.optimizer_steps for done in updates)
-    state.generated_tokens += collected.generated_tokens
-    state.trained_tokens += sum(int(done.token_counts.sum()) for done in updates)
-    state.fresh_groups += len(collected.fresh)
-    state.replay_groups += float(whole_groups(batch.replayed))
-    state.groups_trained += len(batch)
-    state.effective_groups_trained += sum(is_effective(group) for group in batch.groups)
+    counts = StepCounts(
+        fresh_evaluations=collected.evaluations,
+        fresh_groups=len(collected.fresh),
+        replay_groups=float(whole_groups(batch.replayed)),
+        gradient_steps=sum(done.optimizer_steps for done in updates),
+        generated_tokens=collected.generated_tokens,
+        trained_tokens=sum(int(done.token_counts.sum()) for done in updates),
+        groups_trained=len(batch),
+        effective_groups_trained=sum(is_effective(group) for group in batch.groups))
     metrics = {**step_metrics(batch, update, parts.objective.weight_ceiling, collected.generated),
                **collected.metrics, **parts.behaviour.metrics(collected, batch, update),
                **parts.sampler.metrics(), **parts.store.metrics(step),
-               **batch_metrics(state, collected, batch, collection.gap_fill),
+               **batch_metrics(state.counted(counts), collected, batch, collection.gap_fill),
                **clock.metrics(collection.laps, collected)}
-    state.step += 1
-    return metrics
+    return metrics, counts
 
 
 class Clock:
@@ -143,7 +146,7 @@ class Clock:
 
 # --------------------------------------------------------------------------- bookkeeping
 def batch_metrics(state: TrainState, collected: FreshGroups, batch: Batch, gap_fill: int) -> dict[str, float]:
-    """Budget and batch composition (SPEC 5-6)."""
+    """Budget and batch composition (SPEC 5-6); `state`: the counters with this step counted."""
     fresh, generated, replayed = collected.fresh, collected.generated, float(whole_groups(batch.replayed))
     nan = float("nan")
     return {

@@ -85,6 +85,7 @@ def drive(session, recorder: Recorder, until: int | None = None) -> None:
     run, state = context.run, context.state
     while state.step < (run.trainer.steps if until is None else until):
         outcome = session.next()
+        state.advance(outcome.counts)  # as the loop counts each step
         recorder.log_step(outcome.metrics, state.step - 1)
         recorder.log_completions(completion_rows(outcome.collection, context.parts.task,
                                                  run.tracking.completions_per_step, run.policy.max_new_tokens),
@@ -254,7 +255,7 @@ def test_the_trainer_actor_updates_and_a_resumed_run_continues_exactly_from_its_
         assert ray.get(first.work.trainers[0].pid.remote()) != os.getpid()
         trained = ray.get(first.work.trainers[0].weights.remote())
         assert weights_equal(driver.policy.state_dict(), initial) and not weights_equal(trained, initial)
-        assert context.state.step == 3 and context.state.gradient_steps == 3  # the actor's counters
+        assert context.state.step == 3 and context.state.gradient_steps == 3  # the actor's counts, counted here
         first.before_checkpoint()  # as src.run's loop does
         assert weights_equal(driver.policy.state_dict(), trained) and driver.optimizer.state
         assert runtime.state_dict()["published_weights"] is not None
@@ -263,7 +264,7 @@ def test_the_trainer_actor_updates_and_a_resumed_run_continues_exactly_from_its_
     runtime, context = resume(compose_config_module, tmp_path, saved, got)
     with runtime.session(context) as resumed:
         actor = ray.get(resumed.work.trainers[0].state.remote())
-        assert weights_equal(actor["policy"], saved["policy"]) and actor["state"]["step"] == 3
+        assert weights_equal(actor["policy"], saved["policy"]) and context.state.step == 3
         assert torch.equal(actor["optimizer"]["state"][0]["exp_avg"], saved["optimizer"]["state"][0]["exp_avg"])
         drive(resumed, got)
     assert machine_free(got) == machine_free(recorder)

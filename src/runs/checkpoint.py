@@ -40,7 +40,7 @@ def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: st
     stays as `checkpoint.prev.pt` next to `path` until this one is complete.
 
     `shards`: the DCP folder the ranks of a data-parallel run wrote the policy and optimizer to
-    (`src.runs.ranks.save_shards`); the file then names it, relative to its own folder, instead of holding them.
+    (`src.runs.ranks.Ranks.save`); the file then names it, relative to its own folder, instead of holding them.
     `runtime`: the runtime's own state (`src.runtime.runners`: the async pipeline's; None for the sync step).
     """
     payload = {

@@ -12,7 +12,8 @@ Rank 0 alone talks to MLflow, claims the cell, writes the heartbeat, the run's s
 policy; what the others must know of its answers (which run, which checkpoint, whether a metric is
 logged already, whether a stop came) it broadcasts. The policy and optimizer are checkpointed by every
 rank as DCP shards (`src.distributed.checkpoint`), which any number of ranks, one included, reads back.
-One process (`hardware.ranks=1`, no torchrun) goes through the same calls, which then do nothing.
+One process (`hardware.ranks=1`, no torchrun) goes through the same calls, which then do only their
+one-process part: `Ranks` is the one interface `src.run` reaches the ranks through.
 """
 
 from __future__ import annotations
@@ -81,6 +82,63 @@ class Ranks:
             raise error
         return result
 
+    # ---- what src.run asks of the ranks, whatever their number (in one process each call does its plain part)
+    def leave(self, finished: bool) -> None:
+        """Leave torchrun's process group (`finished`: the run ended normally)."""
+        if self.many and dist.is_initialized():
+            from src.distributed.data_parallel import leave_group
+
+            leave_group(finished)
+
+    def shard(self, parts):
+        """`parts` trained data-parallel over the ranks (FSDP2), or as they are in one process."""
+        if not self.many:
+            return parts
+        from src.build import data_parallel
+
+        return data_parallel(parts)
+
+    def restore(self, payload: dict, parts):
+        """`restore_checkpoint` into `parts`, whose policy is sharded over several ranks (a one-process
+        checkpoint's whole weights included: each rank keeps its slices); returns the run's TrainState."""
+        from src.runs.checkpoint import restore_checkpoint
+
+        return restore_checkpoint(payload, parts, sharded=self.many)
+
+    def lead_context(self, context, elsewhere=None):
+        """`context` entered on rank 0 only (the MLflow run, the heartbeat); `elsewhere` on the other ranks."""
+        return context if self.lead else contextlib.nullcontext(elsewhere)
+
+    @contextlib.contextmanager
+    def tracking(self, opened):
+        """Rank 0's MLflow run (`opened`, a context giving its Tracker) as every rank's tracker."""
+        with self.lead_context(opened) as tracker:
+            yield RankTracker(tracker, self) if self.many else tracker
+
+    def save(self, folder: Path, parts, step: int, write) -> None:
+        """A checkpoint at `step`: over several ranks each writes its DCP shards first; rank 0 then writes the
+        checkpoint file (`write(shards)`, shards None in one process, whose file holds them whole) and drops
+        older shards; no rank goes on before the file is written."""
+        shards = None
+        if self.many:
+            from src.distributed.checkpoint import save_sharded
+
+            shards = folder / SHARDS / f"step-{step:06d}"
+            save_sharded(shards, parts.policy, parts.optimizer)
+            self.barrier()  # every rank's shards are on disk before rank 0's checkpoint file points at them
+        if self.lead:
+            write(shards)
+            prune_shards(folder, step)
+        self.barrier()
+
+    def gathered_state(self, policy) -> dict | None:
+        """The whole policy's weights (every rank calls it under FSDP); None in one process, which holds them."""
+        if not self.many:
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
 
 def processes(ranks: int | None, runtime) -> int:
     """How many processes run the cell: `hardware.ranks` under runtime=sync (torchrun's, or SLURM's tasks); one
@@ -119,6 +177,18 @@ def join(want: int, device: str, error=ValueError) -> Ranks:
     return ranks
 
 
+@contextlib.contextmanager
+def joined(want: int, device: str, error=ValueError):
+    """`join` for the length of a run: the ranks leave the group when it ends, as it ended."""
+    ranks = join(want, device, error)
+    try:
+        yield ranks
+    except BaseException:
+        ranks.leave(finished=False)
+        raise
+    ranks.leave(finished=True)
+
+
 def export_slurm_tasks() -> None:
     """In a SLURM job submitit started with several tasks (hydra.launcher.tasks_per_node = hardware.ranks), the
     variables torchrun would set (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK), from SLURM's."""
@@ -129,22 +199,6 @@ def export_slurm_tasks() -> None:
 
     if JobEnvironment().num_tasks > 1:
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # each rank picks GPU LOCAL_RANK
-
-
-def leave(ranks: Ranks, finished: bool) -> None:
-    if ranks.many and dist.is_initialized():
-        from src.distributed.data_parallel import leave_group
-
-        leave_group(finished)
-
-
-def shard(parts, ranks: Ranks):
-    """`parts` trained data-parallel over the ranks (FSDP2), or as they are in one process."""
-    if not ranks.many:
-        return parts
-    from src.build import data_parallel
-
-    return data_parallel(parts)
 
 
 class RankTracker:
@@ -165,38 +219,11 @@ class RankTracker:
         return getattr(self.tracker, name) if self.ranks.lead else (lambda *args, **kwargs: None)
 
 
-def lead_context(ranks: Ranks, context):
-    """`context` entered on rank 0 only (the MLflow run, the heartbeat); None elsewhere."""
-    return context if ranks.lead else contextlib.nullcontext()
-
-
 class NoHeartbeat:
     """The heartbeat of a rank other than 0: rank 0 beats for the run."""
 
     def beat_for(self, run_id: str) -> None:
         return None
-
-
-def gathered_state(policy, ranks: Ranks) -> dict | None:
-    """The whole policy's weights (every rank calls it under FSDP); None where no one needs them."""
-    if not ranks.many:
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def save_shards(folder: Path, parts, step: int, ranks: Ranks) -> Path | None:
-    """This step's DCP shards of the policy and optimizer under `folder` (every rank writes its own); None in one
-    process, whose checkpoint file holds them whole."""
-    if not ranks.many:
-        return None
-    from src.distributed.checkpoint import save_sharded
-
-    target = folder / SHARDS / f"step-{step:06d}"
-    save_sharded(target, parts.policy, parts.optimizer)
-    ranks.barrier()  # every rank's shards are on disk before rank 0's checkpoint file points at them
-    return target
 
 
 def prune_shards(folder: Path, step: int) -> None:
@@ -206,11 +233,3 @@ def prune_shards(folder: Path, step: int) -> None:
     done = sorted(path for path in (folder / SHARDS).glob("step-*") if int(path.name.split("-")[1]) <= step)
     for path in done[:-2]:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def restore(payload: dict, parts, ranks: Ranks):
-    """`restore_checkpoint` into `parts`, whose policy is sharded over several ranks (a one-process checkpoint's
-    whole weights included: each rank keeps its slices)."""
-    from src.runs.checkpoint import restore_checkpoint
-
-    return restore_checkpoint(payload, parts, sharded=ranks.many)

@@ -27,17 +27,19 @@ class RunContext:
 
     run: object                        # src.settings.RunSettings
     parts: object                      # src.components.Components
-    state: object                      # src.batch.TrainState, advanced in place by each step
+    state: object                      # src.batch.TrainState: read by the steps, advanced by the loop alone
     output_dir: Path
     log_artifact: Callable[[Path], None]  # a file for the MLflow run, under runtime/
 
 
 @dataclass
 class StepOutcome:
-    """One trained step: its metrics and its batch (the run logs a sample of the batch's rows)."""
+    """One trained step: its metrics, its batch (the run logs a sample of the batch's rows) and what it adds to
+    the run's counters, which the loop adds (`TrainState.advance`)."""
 
     metrics: dict[str, float]
     collection: object                 # src.train.StepBatch
+    counts: object                     # src.batch.StepCounts
 
 
 class Steps(ABC):
@@ -45,7 +47,7 @@ class Steps(ABC):
 
     @abstractmethod
     def next(self) -> StepOutcome:
-        """Train one step and advance the run's TrainState."""
+        """Train step `state.step`; the loop counts it (`TrainState.advance`) once this returns."""
 
     def before_checkpoint(self) -> None:
         """Bring the policy, optimizer and RNG the checkpoint saves into this process (default: they are here)."""

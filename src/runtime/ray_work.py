@@ -23,7 +23,7 @@
   buffer actor, and drawn rollouts from it through the driver to the trainer actor. It picks each
   request's prompt from the run's prompt sampler (in event order, so the lockstep schedule is
   reproducible), tells the sampler each group's rewards, sends each batch to the trainer actor and
-  takes back the step's metrics and TrainState counters. The driver's policy, optimizer and torch
+  takes back the step's metrics and what it adds to the driver's counters. The driver's policy, optimizer and torch
   RNG are its copy for checkpoints and evaluation: `pull` brings them up to the actor's on demand
   (before a checkpoint, an evaluation and the run's end), not every step; the actor starts from the
   driver's (a resumed run: the checkpoint's), so the same seed gives the same metrics as a trainer
@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +48,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from src.batch import Batch, BatchGroup
+from src.batch import Batch, BatchGroup, StepCounts, TrainState
 from src.components import Components
 from src.policy.model import trainer_names, trainer_weights
 from src.runtime.pipeline import Generated, PipelineError, PipelineSettings
@@ -55,7 +56,6 @@ from src.runtime.ray_session import first_line
 from src.runtime.queues import Sample
 from src.sampling.collection import FreshGroups
 from src.settings import RunSettings
-from src.batch import TrainState
 from src.train import StepBatch, learn
 
 log = logging.getLogger(__name__)
@@ -192,9 +192,10 @@ class TrainerActor:
     FSDP2): the driver calls every method on every rank, since the ranks' collectives must match, and reads
     rank 0's answer.
 
-    learn(collection, sampler_metrics) -> (metrics, counters, update)   one update on a drawn batch
+    learn(collection, sampler_metrics, state) -> (metrics, counts, update)   one update on a drawn batch; `state`:
+                                         the driver's counters, which it only reads (the driver's loop counts)
     publish(version) -> [object ref]     its whole weights on the object store and the WeightBoard (rank 0)
-    state() / load_state(state)          policy, optimizer, torch RNG and TrainState counters (checkpoints)
+    state() / load_state(state)          policy, optimizer and torch RNG (checkpoints)
     weights()                            the policy's whole weights (the driver's evaluation copy)
     """
 
@@ -210,16 +211,15 @@ class TrainerActor:
         parts = build_components(run, [], engine=_NoEngine(), sampler=self.sampler)
         self.parts = data_parallel(parts) if self.sharded else parts
         torch.set_num_threads(threads)  # the driver's count: the update's sums then add in the same order
-        self.train_state = TrainState()
         self.board = board
 
     def pid(self) -> int:
         return os.getpid()
 
-    def learn(self, collection: StepBatch, sampler_metrics: dict) -> tuple[dict, dict, object]:
+    def learn(self, collection: StepBatch, sampler_metrics: dict, state: TrainState) -> tuple[dict, StepCounts, object]:
         self.sampler.latest = sampler_metrics
-        metrics = learn(self.parts, self.train_state, collection)
-        return metrics, counters(self.train_state), collection.update
+        metrics, counts = learn(self.parts, state, collection)
+        return metrics, counts, collection.update
 
     def publish(self, version: int) -> list:
         ref = ObjectStoreSync.publish(trainer_weights(self.parts.policy), lead=not self.rank)
@@ -233,8 +233,7 @@ class TrainerActor:
 
     def state(self) -> dict:
         policy, optimizer = self._whole(optimizer=True)
-        return {"policy": policy, "optimizer": optimizer, "torch_rng": torch.get_rng_state(),
-                "state": counters(self.train_state)}
+        return {"policy": policy, "optimizer": optimizer, "torch_rng": torch.get_rng_state()}
 
     def _whole(self, optimizer: bool) -> tuple[dict, dict | None]:
         """The policy's (and the optimizer's) state as one process holds it; over ranks, gathered to rank 0."""
@@ -254,7 +253,6 @@ class TrainerActor:
             self.parts.policy.load_state_dict(state["policy"])
             self.parts.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
-        self.train_state = TrainState(**state["state"])
 
     def crash(self) -> None:
         """End this actor's process (tests: the run must stop with one line)."""
@@ -276,11 +274,6 @@ def join_trainer_ranks(device: str, rank: int, world: int, rendezvous: str) -> s
         torch.cuda.set_device(device)
     dist.init_process_group(init_method=rendezvous, rank=rank, world_size=world, **group_options(device, index))
     return device
-
-
-def counters(state: TrainState) -> dict:
-    """The TrainState fields `learn` advances (the driver keeps the per-step history itself)."""
-    return {name: value for name, value in state.__dict__.items() if name != "history"}
 
 
 def on_cpu(value):
@@ -324,6 +317,8 @@ class RayWork:
         self.published: tuple[int, ray.ObjectRef] | None = None
         self.wait_s = 0.0
         self.last: StepBatch | None = None  # the last trained step's batch (the run logs a sample of its rows)
+        self.last_counts: StepCounts | None = None  # ... and what it adds to the driver's counters
+        self.version = state.step  # the trainer's policy version: the steps it has trained
 
     # ---- workers ----
     def start(self, worker: int, key: int, version: int | None) -> None:
@@ -371,7 +366,7 @@ class RayWork:
                         generated[0].worker, generated[0].request)
         groups = [g.group for g in generated]
         self.parts.sampler.observe([self.parts.task.instance_of(g) for g in groups], [g.rewards for g in groups],
-                                   self.state.step)
+                                   self.version)
         return generated
 
     def _get(self, ref):
@@ -383,14 +378,14 @@ class RayWork:
     # ---- trainer ----
     def train(self, step: int, samples: list[Sample], arrived: list[Generated]) -> dict[str, float]:
         """One update in the trainer actor with the step's `learn` half on the drawn rollouts (a rollout drawn
-        twice trains twice); the driver's TrainState takes the counters `learn` advanced."""
+        twice trains twice); the driver's loop counts the step (`last_counts`)."""
         waited, self.wait_s = self.wait_s, 0.0
         collected = FreshGroups(fresh=[], generated=[g.group for g in arrived], off_policy=False,
                               timings={"wait_for_rollouts": waited})
         self.last = StepBatch(step, batch_of(samples), collected, gap_fill=0)
-        metrics, advanced, self.last.update = self._trainer("learn", self.last, self.parts.sampler.metrics())
-        for name, value in advanced.items():
-            setattr(self.state, name, value)
+        metrics, self.last_counts, self.last.update = self._trainer(
+            "learn", self.last, self.parts.sampler.metrics(), dataclasses.replace(self.state, history=[]))
+        self.version = step + 1
         return metrics
 
     def publish(self, version: int) -> float:
@@ -469,7 +464,7 @@ def start_trainers(run: RunSettings, cpus: float, board, parts: Components, stat
     actor = ray.remote(TrainerActor).options(max_restarts=0, num_cpus=cpus / ranks)
     trainers = [actor.remote(run, torch.get_num_threads(), board, rank, ranks, rendezvous) for rank in range(ranks)]
     whole = {"policy": on_cpu(parts.policy.state_dict()), "optimizer": on_cpu(parts.optimizer.state_dict()),
-             "torch_rng": torch.get_rng_state(), "state": counters(state)}
+             "torch_rng": torch.get_rng_state()}
     ray.get([trainer.load_state.remote(whole) for trainer in trainers])
     return trainers
 

@@ -54,7 +54,8 @@ class SyncSteps(Steps):
         from src.train import collect, learn
 
         collection = collect(self.parts, self.state.step)
-        return StepOutcome(learn(self.parts, self.state, collection), collection)  # = train_step
+        metrics, counts = learn(self.parts, self.state, collection)
+        return StepOutcome(metrics, collection, counts)  # = train_step, counted by the loop
 
 
 
@@ -343,9 +344,9 @@ class AsyncSession(Steps):
         """One trainer step of the pipeline; after the run's last one, the run's artifacts."""
         metrics = self.pipeline.next_step()
         self._write_events()
-        if self.context.state.step >= self.context.run.trainer.steps:
+        if self.context.state.step + 1 >= self.context.run.trainer.steps:  # the loop counts this step on return
             self.log_artifacts()
-        return StepOutcome(metrics, self.work.last)
+        return StepOutcome(metrics, self.work.last, self.work.last_counts)
 
     def before_checkpoint(self) -> None:
         self.work.pull()  # the checkpoint's policy and optimizer are the trainer actor's
