@@ -68,8 +68,21 @@ def async_cells(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "cell": done["tags.cell"], "run_id": done["run_id"],
         "W": done["params.runtime.workers"].astype(int), "T": done["params.runtime.trainers"].astype(int),
-        "queue": done["params.runtime.queue"], "N": done["params.runtime.capacity"].astype(int),
+        "queue": _queue(done), "N": _param(done, "buffer.capacity", "runtime.capacity").astype(int),
         "mu": done["params.runtime.mu"].astype(float)}).reset_index(drop=True)
+
+
+def _param(runs: pd.DataFrame, key: str, earlier: str) -> pd.Series:
+    """A setting as the runs logged it: `earlier` (the `runtime.*` spelling of the queue's settings, which stored
+    runs may carry) where a run has it, else `key`."""
+    value = runs[f"params.{key}"]
+    return runs[f"params.{earlier}"].fillna(value) if f"params.{earlier}" in runs else value
+
+
+def _queue(runs: pd.DataFrame) -> pd.Series:
+    """The pipeline's queue: 'buffer' (buffer=fifo, seed 001's FIFO) or 'lifo' (buffer=none, its baseline)."""
+    named = runs["params.buffer.name"].map(lambda name: "lifo" if name == "none" else "buffer")
+    return runs["params.runtime.queue"].fillna(named) if "params.runtime.queue" in runs else named
 
 
 def gamma_table(cells: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:

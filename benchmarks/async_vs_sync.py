@@ -95,9 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     for threads in (1, 2):
         rows.append((f"sync, {threads} thread{'s' if threads > 1 else ''}",
                      *time_sync(base, threads, phases if threads == 1 else None)))
-    for queue in ("lifo", "buffer"):
+    for queue, buffer in (("lifo", "none"), ("buffer", "fifo")):
         cfg = config(args.groups, args.group_size, args.steps, "runtime=async", "runtime.workers=1",
-                     "runtime.schedule=free", f"runtime.queue={queue}", f"runtime.capacity={4 * batch}",
+                     "runtime.schedule=free", f"buffer={buffer}", f"buffer.capacity={4 * batch}",
+                     "buffer.mode=without_replacement" if buffer == "fifo" else "buffer.ratio=0",
                      f"runtime.groups_per_request={args.groups}", "runtime.depth=2", "hardware.threads=1")
         with tempfile.TemporaryDirectory() as tmp:
             rows.append((f"async {queue}, W=1 T=1 free", *time_async(cfg, Path(tmp))))

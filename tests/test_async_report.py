@@ -17,8 +17,8 @@ def _async_run(client, experiment_id, folder, cell, workers, trainers, queue, mu
     run = client.create_run(experiment_id, start_time=started, tags={"sweep": "async", "cell": cell})
     run_id = run.info.run_id
     params = [Param("runtime.name", "async"), Param("runtime.workers", str(workers)),
-              Param("runtime.trainers", str(trainers)), Param("runtime.queue", queue),
-              Param("runtime.capacity", "1024"), Param("runtime.mu", "4.0")]
+              Param("runtime.trainers", str(trainers)), Param("buffer.name", "none" if queue == "lifo" else "fifo"),
+              Param("buffer.capacity", "1024"), Param("runtime.mu", "4.0")]
     metrics = [Metric("train/reward", 0.1 * step, started + 1000 * step, step) for step in range(3)]
     metrics += [Metric("runtime/mu_counts", mu_counts, started, 2), Metric("replay/count_mean", 1.5, started, 2)]
     client.log_batch(run_id, metrics=metrics, params=params)

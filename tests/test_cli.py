@@ -109,7 +109,7 @@ MISTAKES = [
     (["trainer.steps=0"], {}, ["trainer.steps=0: out of range"]),
     (["buffer=age2", "buffer.ratio=-1"], {}, ["buffer.ratio=-1: out of range"]),
     (["buffer=none", "buffer.max_age=2"], {},
-     ["buffer.max_age=2: buffer=none has no knob max_age (its knobs: ratio)", "e.g. buffer=age"]),
+     ["buffer.max_age=2: buffer=none has no knob max_age (its knobs: capacity, ratio)", "e.g. buffer=age"]),
     (["loss.eps_low=0.2"], {},
      ["loss.eps_low=0.2: loss=rloo has no setting eps_low", "(loss=grpo, loss=grpo-coupled)"]),
     (["policy.name_or_path=checkpoints/tiny-countdwn"], {},
@@ -168,8 +168,9 @@ def test_a_setting_a_torch_component_does_not_use_is_one_line_before_mlflow_open
     assert not (tmp_path / "m.db").exists()
 
 
-def test_a_buffer_the_async_pipeline_ignores_is_one_line_before_mlflow_opens(tmp_path):
-    """Under runtime=async the pipeline's queue is the replay: buffer=fifo would change nothing yet name the cell."""
-    done = src_run(["runtime=async", "buffer=fifo"], tmp_path)
-    one_line(done, "buffer=fifo with runtime=async", "use buffer=none", "runtime.capacity", "runtime.positive_bias")
+def test_a_buffer_the_async_pipeline_cannot_keep_is_one_line_before_mlflow_opens(tmp_path):
+    """Under runtime=async a store keeps rollouts in the form seed 001 gives (buffer=fifo, buffer=none); the age
+    buffer has none, so it is refused with the two that run."""
+    done = src_run(["runtime=async", "buffer=age1"], tmp_path)
+    one_line(done, "buffer=age1 with runtime=async", "use buffer=fifo or buffer=none")
     assert not (tmp_path / "m.db").exists()  # refused by src.command.config.validate, before any MLflow run opens

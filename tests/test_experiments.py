@@ -79,7 +79,9 @@ PAPERS = {
         "trainer.rollout.temperature": (1.0, f"{S001} 2360"),
         "evaluation.temperature": (0.1, f"{S001} 2360"),
         "evaluation.top_p": (0.95, f"{S001} 2360"),
-        "runtime.capacity": (252, f"{S001} 111-112"),
+        "buffer.capacity": (252, f"{S001} 111-112"),
+        "buffer.mode": ("without_replacement", f"{S001} 777-779"),  # random.sample: distinct
+        "buffer.positive_bias": (0.0, f"{S001} 411-412"),
         "runtime.mu": (6.84, f"{S001} 2452"),
         "runtime.sharded": (True, f"{S001} 2465-2470"),
         "runtime.staleness": (None, f"{S001} 2286-2362"),  # no bound
@@ -167,8 +169,8 @@ GRIDS = {
 # What a tiny variant keeps from its paper preset: every ratio and coefficient, not the sizes.
 KEPT = ("trainer.kl_coef", "trainer.entropy_coef", "trainer.rollout.temperature", "trainer.rollout.top_p",
         "loss", "buffer", "clip", "behaviour", "sampling", "curriculum.fraction", "curriculum.name", "hydra.sweeper.grids",
-        "runtime.workers", "runtime.trainers", "runtime.batch_rollouts", "runtime.capacity", "runtime.mu",
-        "runtime.sharded", "runtime.queue", "runtime.schedule")
+        "runtime.workers", "runtime.trainers", "runtime.batch_rollouts", "runtime.mu",
+        "runtime.sharded", "runtime.schedule")
 
 
 def presets() -> list[str]:
@@ -270,7 +272,7 @@ def test_a_tiny_preset_runs_a_step(tmp_path, preset):
 def test_seed001_study_is_table_1s_splits_with_63_rollouts_at_t_7(composed):
     # seed 001 lines 166-170 and 2461 (W + T = 8), lines 2287-2288 (60 rollouts, 63 when T = 7).
     cells = {(int(grid["runtime.workers"]), int(grid["runtime.trainers"])): grid
-             for grid in composed["seed001-async"].hydra.sweeper.grids if "runtime.queue" not in grid}
+             for grid in composed["seed001-async"].hydra.sweeper.grids if "buffer" not in grid}
     assert sorted(cells, reverse=True) == [(7, 1), (6, 2), (5, 3), (4, 4), (2, 6), (1, 7)]
     assert [cell.get("runtime.batch_rollouts") for _, cell in sorted(cells.items())] == [63, None, None, None, None, None]
 

@@ -10,12 +10,12 @@ import pytest
 from src.batch import Group
 from src.buffer import fifo, positive_bias
 from src.buffer.fifo import FifoReplayBuffer
-from src.runtime import queues
-from src.runtime.queues import RolloutReplayBuffer
+from src.buffer import rollouts
+from src.buffer.rollouts import RolloutReplayBuffer
 
 
 def test_both_buffers_call_the_one_rule():
-    assert fifo.positive_bias_keep is queues.positive_bias_keep is positive_bias.positive_bias_keep
+    assert fifo.positive_bias_keep is rollouts.positive_bias_keep is positive_bias.positive_bias_keep
 
 
 def a_group(step: int, rewards: list[float]) -> Group:

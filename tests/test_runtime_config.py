@@ -27,46 +27,52 @@ def test_sync_is_the_default_and_keeps_the_cell_ids_and_no_state_of_its_own(comp
     assert cell_identity(read_back) == cell_identity(cfg) and isinstance(build_runtime(RunSettings(read_back)), SyncRuntime)
 
 
+# Seed 001's FIFO of N rollouts with distinct draws (Listing 5), as `runtime=async buffer=fifo` runs it.
+FIFO = ("buffer=fifo", "buffer.mode=without_replacement")
+
+
 def test_async_keeps_the_pipeline_state_under_its_own_name_and_names_its_own_cells(compose_config):
-    cfg = compose_config("runtime=async", "runtime.workers=6", "runtime.trainers=2", "runtime.capacity=768")
+    cfg = compose_config("runtime=async", *FIFO, "runtime.workers=6", "runtime.trainers=2", "buffer.capacity=768")
     validate(cfg, check_device=False)
     runtime = build_runtime(RunSettings(cfg))
     assert isinstance(runtime, AsyncRuntime) and runtime.settings.batch == 32 * 16
-    assert build_store(RunSettings(cfg), build_task(cfg.task)).fresh_only(cfg.buffer)  # the pipeline's queue replays, not it
+    assert runtime.queue_kind.replays and runtime.queue_arguments["capacity"] == 768  # buffer=fifo's rollout form
     assert runtime.state_dict() is None  # no session yet, nothing restored
     runtime.load_state_dict({"signature": runtime.signature(), "pipeline": {}, "events_written": 0})
     assert runtime.state_dict() == {"signature": runtime.signature(), "pipeline": {}, "events_written": 0}
-    other = build_runtime(RunSettings(compose_config("runtime=async", "runtime.workers=4", "runtime.trainers=4",
-                                                     "runtime.capacity=768")))
+    other = build_runtime(RunSettings(compose_config("runtime=async", *FIFO, "runtime.workers=4", "runtime.trainers=4",
+                                                     "buffer.capacity=768")))
     with pytest.raises(ValueError, match="resume with the same runtime settings"):
         other.load_state_dict(runtime.state_dict())
     with pytest.raises(ValueError, match="holds no pipeline state"):
         other.load_state_dict(None)
     assert cell_name(cfg).endswith("-W6T2-N768")
-    assert cell_name(compose_config("runtime=async", "runtime.queue=lifo")).endswith("-W2T1-lifo")
-    launch_only = compose_config("runtime=async", "runtime.workers=6", "runtime.trainers=2", "runtime.capacity=768",
-                                 "runtime.num_cpus=8")
+    assert cell_name(compose_config("runtime=async")).endswith("-W2T1-lifo")  # buffer=none: the LIFO pipe
+    launch_only = compose_config("runtime=async", *FIFO, "runtime.workers=6", "runtime.trainers=2",
+                                 "buffer.capacity=768", "runtime.num_cpus=8")
     assert cell_identity(launch_only) == cell_identity(cfg) != cell_identity(compose_config())
 
 
 @pytest.mark.parametrize("overrides, words", [
-    (("runtime.capacity=100",), "runtime.capacity N=100 < B"),
-    (("runtime.queue=fifo",), "runtime.queue='fifo'"),
+    (("buffer.capacity=100",), "buffer.capacity N=100 < B"),
+    (FIFO + ("buffer.capacity=100",), "buffer.capacity N=100 < B"),
     (("runtime.schedule=free", "runtime.trainers=2"), "runtime.trainers=2 with runtime.schedule=free"),
     (("buffer=age2",), "buffer=age2 with runtime=async"),
-    (("buffer=fifo",), "buffer=fifo with runtime=async"),  # the queue is the replay: its settings are unused
+    (("buffer=popo",), "buffer=popo with runtime=async"),
+    (("buffer=fifo", "buffer.mode=at_least_once"), "buffer.mode=at_least_once"),
+    (("buffer=fifo", "buffer.extra_updates=1"), "extra_updates=1"),
+    (("runtime.sharded=true", "runtime.trainers=2"), "buffer=none with runtime.sharded=true"),
     (("sampling=dynamic",), "sampling=dynamic"),
-    (("runtime.queue=lifo", "runtime.positive_bias=0.5"), "positive_bias=0.5"),
     (("runtime.workers=0",), "runtime.workers"),
     (("runtime.staleness_mode=wait",), "runtime.staleness_mode='wait'"),
     # block bounds how far generation runs ahead, not the age of a buffer's rollouts (2 -> 8 in test_runtime_pure)
-    (("runtime.staleness=2",), "use runtime.staleness_mode=drop, or runtime.queue=lifo"),
+    (FIFO + ("buffer.capacity=1024", "runtime.staleness=2"), "use runtime.staleness_mode=drop, or buffer=none"),
     (("runtime.mu=0",), "runtime.mu=0"),
     (("runtime.batch_rollouts=0",), "runtime.batch_rollouts=0"),
-    (("runtime.batch_rollouts=2000",), "runtime.capacity N=1024 < B = 2000"),
-    (("runtime.batch_rollouts=60", "runtime.sharded=true", "runtime.trainers=7", "runtime.capacity=252"),
+    (FIFO + ("buffer.capacity=1024", "runtime.batch_rollouts=2000"), "buffer.capacity N=1024 < B = 2000"),
+    (FIFO + ("runtime.batch_rollouts=60", "runtime.sharded=true", "runtime.trainers=7", "buffer.capacity=252"),
      "cannot be split over 7 shards"),  # seed 001 D.2: 63 when T = 7
-    (("runtime.sharded=true", "runtime.trainers=3", "runtime.capacity=1536"), "cannot be split over 3 shards"),
+    (FIFO + ("runtime.sharded=true", "runtime.trainers=3", "buffer.capacity=1536"), "cannot be split over 3 shards"),
     (("runtime.gpus_per_worker=1",), "runtime.gpus_per_worker=1 with hardware.device=cpu"),
     (("hardware.device=cuda",), "each worker needs a GPU of its own"),
     (("hardware.device=cuda:7", "runtime.workers=8", "runtime.gpus_per_worker=1"), "hardware.device=cuda:8"),
@@ -102,8 +108,8 @@ def test_the_dry_run_of_an_8_gpu_async_job_prints_its_slurm_request(tmp_path):
 
     from src.paths import PROJECT_ROOT
 
-    done = subprocess.run([sys.executable, "-m", "src.run", "-m", "hardware=h100x8", "runtime=async",
-                           "runtime.workers=7", "runtime.gpus_per_worker=1",
+    done = subprocess.run([sys.executable, "-m", "src.run", "-m", "hardware=h100x8", "runtime=async", "buffer=fifo",
+                           "buffer.capacity=1024", "runtime.workers=7", "runtime.gpus_per_worker=1",
                            "hydra.sweeper.dry_run=true", f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
                            f"hydra.sweep.dir={tmp_path}/multirun"],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
@@ -116,8 +122,8 @@ def test_the_dry_run_of_an_8_gpu_async_job_prints_its_slurm_request(tmp_path):
 def test_the_budget_plan_of_an_async_run_follows_its_lockstep_schedule(compose_config):
     from src.study.budget import plan_for_config
 
-    cfg = compose_config("runtime=async", "trainer.groups_per_step=2", "trainer.group_size=4", "trainer.steps=5",
-                         "runtime.capacity=32", "runtime.groups_per_request=1")
+    cfg = compose_config("runtime=async", *FIFO, "trainer.groups_per_step=2", "trainer.group_size=4", "trainer.steps=5",
+                         "buffer.capacity=32", "runtime.groups_per_request=1")
     plan = plan_for_config(cfg)
     # W = 2, mu = 4: each worker makes a group every 2 steps; step 0 waits for the first two (the Ray tests' run)
     assert plan.fresh_groups_per_step == (2, 0, 2, 0, 2) and plan.fresh_evaluations == 24
@@ -131,7 +137,7 @@ def test_a_batch_of_rollouts_is_not_tied_to_whole_groups_and_the_plan_counts_it(
     seed001 = compose_config("runtime=async", "trainer.group_size=16", "trainer.groups_per_step=4",
                              "runtime.batch_rollouts=60")
     assert build_runtime(RunSettings(seed001)).settings.batch == 60 != 4 * 16
-    sizes = ("trainer.groups_per_step=2", "trainer.group_size=4", "trainer.steps=5", "runtime.capacity=32",
+    sizes = (*FIFO, "trainer.groups_per_step=2", "trainer.group_size=4", "trainer.steps=5", "buffer.capacity=32",
              "runtime.groups_per_request=1")
     whole = plan_for_config(compose_config("runtime=async", *sizes))
     rollouts = plan_for_config(compose_config("runtime=async", *sizes, "runtime.batch_rollouts=6"))

@@ -13,7 +13,8 @@ import torch
 from src.batch import Group
 from src.runtime import formulas
 from src.runtime.pipeline import (FreePipeline, Generated, LockstepPipeline, PipelineError, PipelineSettings)
-from src.runtime.queues import LifoQueue, RolloutReplayBuffer, build_queue
+from src.buffer.rollouts import LifoQueue, RolloutReplayBuffer
+from src.variant import described
 from src.runtime.schedule import LockstepClock
 
 
@@ -115,8 +116,6 @@ def test_lifo_takes_newest_first_and_uses_each_rollout_once():
     assert [s.rollout.uid for s in second] == [7, 6, 5, 4, 3, 2] and len(queue) == 2
     assert queue.replay_counts == {1: 10} and set(queue.groups) == {0}
     assert queue.room(4, in_flight=4) and not queue.room(4, in_flight=8)
-    with pytest.raises(ValueError, match="positive_bias"):
-        build_queue("lifo", 8, 0, positive_bias=0.5)
 
 
 def test_queue_reports_its_replay_counts_distributions_and_drains_its_events():
@@ -207,7 +206,8 @@ def machine_free(metrics: list[dict]) -> list[dict]:
 
 def lockstep(queue="buffer", capacity=64, **settings):
     options = dict(workers=1, trainers=1, batch=8, group_size=4, mu=2.0) | settings
-    return LockstepPipeline(PipelineSettings(**options), build_queue(queue, capacity, seed=0), FakeWork())
+    kind = RolloutReplayBuffer if queue == "buffer" else LifoQueue
+    return LockstepPipeline(PipelineSettings(**options), kind(capacity, seed=0), FakeWork())
 
 
 def test_lockstep_measured_replay_ratio_equals_the_footnote5_prediction():
@@ -328,7 +328,7 @@ def test_requests_of_several_groups_keep_the_rates():
 
 def test_a_stalled_pipeline_says_why():
     pipeline = lockstep("lifo", capacity=4)  # a batch of 8 can never fit in a LIFO of 4
-    with pytest.raises(PipelineError, match="runtime.capacity=4"):
+    with pytest.raises(PipelineError, match="buffer.capacity=4"):
         pipeline.next_step()
 
 
@@ -363,15 +363,16 @@ def test_the_planner_titles_mu_6_84_table_3(capsys):
 def seed001_lockstep(compose_config, *overrides):
     """The lockstep pipeline at seed 001's tiny preset's rates (model-free: FakeWork)."""
     cfg = compose_config("+experiment=seed001-async-tiny", *overrides)
-    r = cfg.runtime
-    return lockstep(r.queue, capacity=r.capacity, workers=r.workers, trainers=r.trainers, batch=r.batch_rollouts,
+    r, (kind, queue) = cfg.runtime, described(cfg.buffer).rollout_queue(cfg.buffer, 1)
+    return lockstep(kind.name, capacity=queue["capacity"], workers=r.workers, trainers=r.trainers,
+                    batch=r.batch_rollouts,
                     group_size=cfg.trainer.group_size, mu=r.mu, groups_per_request=r.groups_per_request)
 
 
 def test_seed001s_lifo_baseline_keeps_every_worker_generating(compose_config):
     """The no-buffer cell ((W, T) = (6, 2), N = 252): one group a request, as B.2's worker generates, leaves room
     for all 6 workers' requests beside a batch; 4 groups (64 rollouts) a request held it to 3 of them."""
-    lifo = ("runtime.queue=lifo", "runtime.sharded=false")
+    lifo = ("buffer=none", "buffer.capacity=252", "runtime.sharded=false")
     pipeline = seed001_lockstep(compose_config, *lifo)
     metrics = [pipeline.next_step() for _ in range(40)][-1]
     assert metrics["runtime/idle_workers"] == 0.0

@@ -29,10 +29,11 @@ from src.task import countdown  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
+FIFO = ("buffer=fifo", "buffer.mode=without_replacement", "buffer.capacity=32")  # seed 001's, distinct draws
 TINY = ("runtime=async", "trainer.groups_per_step=2", "trainer.group_size=4", "policy.max_new_tokens=16",
-        "task.train_size=200", "runtime.capacity=32", "runtime.mu=4.0", "trainer.steps=5", "hardware.threads=1",
+        "task.train_size=200", "runtime.mu=4.0", "trainer.steps=5", "hardware.threads=1",
         "runtime.groups_per_request=1", "runtime.sync_every=2")
-WITHOUT_STEPS = tuple(word for word in TINY if not word.startswith("trainer.steps="))  # a key is given once
+WITHOUT_STEPS = tuple(word for word in TINY + FIFO if not word.startswith("trainer.steps="))  # a key is given once
 
 
 @dataclass
@@ -69,7 +70,8 @@ def ray_cpus():
 
 def make_run(compose_config, tmp_path: Path, *overrides: str, recorder: Recorder | None = None):
     """A run's runtime and what its session gets, as `src.run` builds them (without MLflow)."""
-    cfg = compose_config(*TINY, *overrides)
+    store = () if any(word.startswith("buffer=") for word in overrides) else FIFO  # one buffer, named once
+    cfg = compose_config(*TINY, *store, *overrides)
     train_set, _ = countdown.train_and_heldout(cfg.task)
     recorder = recorder or Recorder()
     recorder.parts = build_components(RunSettings(cfg), train_set)
@@ -147,21 +149,21 @@ def test_the_buffer_actor_answers_as_the_queue_in_this_process_and_its_death_is_
     distributions and checkpoint state as the local queue; a dead buffer actor stops the run in one line."""
     from src.runtime.pipeline import PipelineError
     from src.runtime.queue_actor import QueueActor
-    from src.runtime.queues import build_queue
+    from src.buffer.rollouts import LifoQueue, RolloutReplayBuffer
 
-    for options in ({"queue": "buffer", "independent": True, "positive_bias": 0.5},
-                    {"queue": "buffer", "shards": 2}, {"queue": "lifo"}):
-        local, remote = build_queue(capacity=16, seed=7, **options), QueueActor(capacity=16, seed=7, **options)
+    for kind, options in ((RolloutReplayBuffer, {"independent": True, "positive_bias": 0.5}),
+                          (RolloutReplayBuffer, {"shards": 2}), (LifoQueue, {})):
+        local, remote = kind(capacity=16, seed=7, **options), QueueActor(kind, {"capacity": 16, "seed": 7, **options})
         try:
-            assert (remote.name, remote.capacity) == (local.name, local.capacity)
+            assert (remote.name, remote.replays, remote.capacity) == (local.name, local.replays, local.capacity)
             assert repr(queue_history(remote)) == repr(queue_history(local))  # repr: nan == nan
-            restored = QueueActor(capacity=16, seed=0, **options)
+            restored = QueueActor(kind, {"capacity": 16, "seed": 0, **options})
             restored.load_state_dict(local.state_dict())
             assert restored.state_dict() == local.state_dict()
             restored.close()
         finally:
             remote.close()
-    doomed = QueueActor("lifo", capacity=16, seed=0)
+    doomed = QueueActor(LifoQueue, {"capacity": 16, "seed": 0})
     pid = ray.get(doomed.actor.__ray_call__.remote(lambda queue: os.getpid()))
     os.kill(pid, signal.SIGKILL)
     while os.path.exists(f"/proc/{pid}"):  # gone once Ray's raylet has reaped it
@@ -209,7 +211,7 @@ def test_a_killed_worker_is_restarted_and_the_lockstep_run_is_unchanged(lockstep
 
 
 def test_lifo_w1_with_two_groups_a_request_uses_every_rollout_once(compose_config_module, tmp_path, ray_cpus):
-    recorder, events = run(compose_config_module, tmp_path, "runtime.queue=lifo", "runtime.workers=1",
+    recorder, events = run(compose_config_module, tmp_path, "buffer=none", "buffer.capacity=32", "runtime.workers=1",
                            "runtime.groups_per_request=2")
     used = [uid for e in events if e["event"] == "sample" for uid in e["ids"]]
     assert len(used) == len(set(used)) == 5 * 8

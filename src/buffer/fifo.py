@@ -203,6 +203,23 @@ class FifoReplayBuffer(ReplayStore):
              "extra_updates": int_knob(0, 100, "1 (seed 002)", why="R - 1 extra updates per step")}
 
     @classmethod
+    def rollout_queue(cls, node, shards: int) -> tuple[type, dict]:
+        """Under `runtime=async`, seed 001's FIFO of rollouts (B.5, D.4): the N newest rollouts (so there
+        `buffer.capacity` counts rollouts, as the paper's N = 252 does), drawn without removal; `mode` says
+        whether a batch's draws are distinct (without_replacement, Listing 5's random.sample) or independent
+        (with_replacement, section 4's analysis). The pipeline's schedule sets the reuse (mu T / W, footnote 5),
+        so rho does not enter; what the synchronous step alone reads is refused."""
+        from src.buffer.rollouts import RolloutReplayBuffer
+
+        if node.mode not in ("with_replacement", "without_replacement") or node.extra_updates:
+            raise ValueError(f"buffer=fifo with buffer.mode={node.mode}, buffer.extra_updates={node.extra_updates} "
+                             "under runtime=async: the pipeline draws each batch with or without replacement and "
+                             "updates once per batch; use mode=with_replacement or without_replacement and "
+                             "extra_updates=0, or runtime=sync")
+        return RolloutReplayBuffer, {"capacity": node.capacity, "independent": node.mode == "with_replacement",
+                                     "positive_bias": node.positive_bias, "shards": shards}
+
+    @classmethod
     def cell_label(cls, node, cfg) -> str:
         """e.g. fifo-rho1-N256-with_replacement-pb0.5-R2."""
         return f"fifo-rho{node.ratio:g}-N{node.capacity}-{node.mode}" + cls._extras(node, "-pb", "-R")

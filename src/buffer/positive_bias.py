@@ -1,5 +1,5 @@
 """Seed 001's positive-bias retention (section 5 and appendix D.4), written once for both of its buffers: the store of
-whole groups (`src.buffer.fifo`, buffer=fifo) and the async pipeline's rollout buffer (`src.runtime.queues`).
+whole groups (`src.buffer.fifo`, buffer=fifo) and the async pipeline's rollout buffer (`src.buffer.rollouts`).
 
 "Instead of keeping the freshest N generated rollouts in the buffer, we keep the freshest (1 - delta)N generated
 rollouts along with the freshest delta N correct rollouts not included in those (1 - delta)N trajectories."

@@ -46,9 +46,6 @@ class ReplayStore(Variant):
     knobs = {"ratio": float_knob(0, 64, "1", why="rho: replayed groups per fresh group; 0 is fresh-only"),
              "max_age": int_knob(0, 1_000, "2", why="L: the oldest step a replayed group may come from"),
              "capacity": int_knob(1, 10_000_000, "4096")}
-    # runtime=async: the pipeline's rollout queue (seed 001's FIFO of rollouts) replaces the step's store, so only a
-    # store that keeps nothing (buffer=none) may be named; any other's settings would be ignored yet name the cell.
-    queue_stands_in: bool = False
 
     # ---- what the store says about itself (class methods on the group's config node) ----
     @classmethod
@@ -71,6 +68,18 @@ class ReplayStore(Variant):
             return instantiate(node, ratio=float(ratio), groups_per_step=int(groups_per_step), seed=0)
         except InstantiationException as error:  # a bad setting: the constructor's own one-line message
             raise (error.__cause__ or error) from None
+
+    @classmethod
+    def rollout_queue(cls, node, shards: int) -> tuple[type, dict]:
+        """The store's form under `runtime=async`: the rollout queue class (`src.buffer.rollouts`) and its
+        arguments but the seed (`shards`: T with runtime.sharded=true, one FIFO per trainer (D.4), else 1).
+        Seed 001's pipeline keeps rollouts, not groups (D.2), and draws its batches from the queue instead of
+        the step's plan, so a store has this form only where the paper gives one: the FIFO
+        (`buffer=fifo`) and no buffer at all, the LIFO pipe (`buffer=none`). Others are refused in one line."""
+        raise ValueError(f"buffer={node.get('name', cls.__name__)} with runtime=async: seed 001's pipeline keeps "
+                         "rollouts and has a FIFO of them (buffer=fifo) or none, each rollout used once (buffer=none); "
+                         f"{cls.__name__} keeps groups for the synchronous step only; use buffer=fifo or buffer=none, "
+                         "or runtime=sync")
 
     @classmethod
     def reward_dependent(cls, node) -> bool:
@@ -165,8 +174,20 @@ class NoReplay(ReplayStore):
     """`buffer=none`: fresh-only training; nothing is drawn or kept, and the buffer metrics stay empty."""
 
     # No age window and no capacity: `buffer=none buffer.max_age=2` is refused as a setting with no effect.
-    knobs = {"ratio": ReplayStore.knobs["ratio"]}
-    queue_stands_in = True
+    knobs = {"ratio": ReplayStore.knobs["ratio"],
+             "capacity": int_knob(1, 100_000_000, "1024", why="runtime=async only: the LIFO queue's bound in "
+                                  "rollouts, queued plus in flight (workers wait above it)")}
+
+    @classmethod
+    def rollout_queue(cls, node, shards: int) -> tuple[type, dict]:
+        """Seed 001's on-policy streaming baseline (B.1): no buffer, the newest rollouts first, each used once."""
+        from src.buffer.rollouts import LifoQueue
+
+        if shards > 1:
+            raise ValueError("buffer=none with runtime.sharded=true under runtime=async: the LIFO pipe is one queue of "
+                             "rollouts each used once; set runtime.sharded=false, or buffer=fifo for one FIFO per "
+                             "trainer")
+        return LifoQueue, {"capacity": node.capacity}
 
     @classmethod
     def plan_window(cls, node, steps: int) -> int | None:

@@ -74,6 +74,16 @@ class Runtime(Variant, ABC):
         """How many processes run the cell for `hardware.ranks=ranks`."""
         return int(ranks or 1) if cls.ranks_run_the_loop else 1
 
+    @classmethod
+    def store_label(cls, node, cfg) -> str | None:
+        """The replay store's part of the cell name when the runtime gives it (None: the store's own label)."""
+        return None
+
+    @classmethod
+    def identity(cls, resolved: dict, cfg) -> dict:
+        """The resolved config a cell id hashes (`src.study.sweep.cell_identity`), as this runtime spells it."""
+        return resolved
+
     @abstractmethod
     def session(self, context: RunContext) -> AbstractContextManager[Steps]:
         """Open what supplies the steps; closing it leaves the trained policy in this process."""

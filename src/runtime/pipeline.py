@@ -13,7 +13,7 @@ actors and the trainer's `learn` in `src.runtime.ray_work`, a stand-in in the te
     work.train(step, samples, arrived)  # one update on the batch; `arrived`: groups put since the last one
     work.publish(version) -> seconds    # make the trainer's weights the workers' next load
 
-The queue is any object with `src.runtime.queues.RolloutQueue`'s methods: the queue itself here and
+The queue is any object with `src.buffer.rollouts.RolloutQueue`'s methods: the queue itself here and
 in the pure tests, `src.runtime.queue_actor.QueueActor` (the queue in a Ray actor, each call a
 `ray.get`) under `runtime=async`. The pipeline's calls are sequential, so both give the same run.
 
@@ -37,7 +37,7 @@ from typing import Protocol
 
 from src.batch import Group
 from src.runtime import formulas
-from src.runtime.queues import RolloutQueue, Sample, percentile
+from src.buffer.rollouts import RolloutQueue, Sample, percentile
 from src.runtime.schedule import LockstepClock
 
 SCHEDULES = ("lockstep", "free")
@@ -237,7 +237,7 @@ class Pipeline:
                "replay/rollouts_per_step": measured_r,
                "replay/ratio_measured": s.batch / measured_r if measured_r and measured_r > 0 else math.nan,
                "replay/ratio_counts": c.trained_samples / c.generated_rollouts if c.generated_rollouts else math.nan}
-        if self.queue.name == "buffer":  # footnote 5 predicts a buffer's reuse; a LIFO trains each rollout once
+        if self.queue.replays:  # footnote 5 predicts a buffer's reuse; a LIFO trains each rollout once
             out["replay/ratio_predicted"] = formulas.expected_replay_count_from_rates(s.workers, s.trainers, s.mu)
         return out
 
@@ -247,7 +247,7 @@ class Pipeline:
         per_batch_worker = c.worker_busy_s / c.generated_rollouts * s.batch if c.generated_rollouts else math.nan
         per_batch_trainer = c.trainer_busy_s / (c.version + 1)
         mu_busy = formulas.mu_from_busy_times(per_batch_worker, per_batch_trainer)
-        buffered = self.queue.name == "buffer"
+        buffered = self.queue.replays
         out = {"time/rollouts_per_s": c.generated_rollouts / wall if wall else math.nan,
                "time/updates_per_s": (c.version + 1) / wall if wall else math.nan,
                "runtime/generated_rollouts": float(c.generated_rollouts),
@@ -335,7 +335,7 @@ class LockstepPipeline(Pipeline):
         s = self.settings
         return (f"the lockstep pipeline stalled at virtual time {float(self.clock.now):g}: the trainer waits for "
                 f"{s.batch} rollouts, the {self.queue.name} queue holds {self.queue.size()} and no worker may start "
-                f"(runtime.capacity={self.queue.capacity}, runtime.staleness={s.staleness}); raise runtime.capacity "
+                f"(buffer.capacity={self.queue.capacity}, runtime.staleness={s.staleness}); raise buffer.capacity "
                 "or the staleness bound")
 
     def clock_measures(self) -> dict[str, float]:
@@ -373,7 +373,7 @@ class FreePipeline(Pipeline):
             if not self.counters.in_flight:
                 raise PipelineError(f"the free pipeline stalled: the trainer waits for {s.batch} rollouts, the "
                                     f"{self.queue.name} queue holds {self.queue.size()} and no worker may start; "
-                                    "raise runtime.capacity or the staleness bound")
+                                    "raise buffer.capacity or the staleness bound")
             waited = time.perf_counter()
             for generated in self.work.poll(None):
                 self.arrive(generated)

@@ -115,4 +115,4 @@ def async_budget_plan(run):
     return BudgetPlan(ratio=0.0, max_age=0, groups_per_step=int(trainer.groups_per_step),
                       group_size=int(trainer.group_size), steps=int(trainer.steps),
                       fresh_groups_per_step=tuple(work.arrived), replay_groups_per_step=(0,) * len(work.arrived),
-                      gap_fill_groups=0, reward_dependent=runtime.positive_bias > 0)
+                      gap_fill_groups=0, reward_dependent=runtime.queue_arguments.get("positive_bias", 0) > 0)

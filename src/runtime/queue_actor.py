@@ -1,8 +1,8 @@
 """Seed 001's shared buffer as a Ray actor (SPEC 11): the rollout queue lives in its own actor process.
 
-`QueueActor` starts the queue `runtime.queue` names (`src.runtime.queues.queue_spec`: the same class
-and arguments the driver would build) as a Ray actor and answers the pipeline with the queue's own
-methods, each a `ray.get` on the actor: the pipeline cannot tell it from a queue in its process, and
+`QueueActor` starts the run's rollout queue (the class and arguments the `buffer` option names,
+`src.buffer.store.ReplayStore.rollout_queue`: those the driver would build) as a Ray actor and
+answers the pipeline with the queue's own methods, each a `ray.get` on the actor: the pipeline cannot tell it from a queue in its process, and
 the queue's logic exists once. An actor runs its calls one at a time in the order they are sent, and
 the pipeline sends them one after another, so the draws, the event log and the metrics are those of
 the local queue to the last digit. The actor asks for no CPU slot (it waits most of the time).
@@ -19,16 +19,15 @@ from ray.exceptions import RayActorError
 
 from src.batch import Group
 from src.runtime.pipeline import PipelineError
-from src.runtime.queues import Rollout, Sample, queue_spec
+from src.buffer.rollouts import Rollout, RolloutQueue, Sample
 from src.runtime.ray_session import first_line
 
 
 class QueueActor:
-    """The pipeline's queue in a Ray actor, behind the methods of `src.runtime.queues.RolloutQueue`."""
+    """The pipeline's queue in a Ray actor, behind the methods of `src.buffer.rollouts.RolloutQueue`."""
 
-    def __init__(self, queue: str, capacity: int, seed: int, **options) -> None:
-        kind, arguments = queue_spec(queue, capacity, seed, **options)
-        self.name, self.capacity = kind.name, int(capacity)
+    def __init__(self, kind: type[RolloutQueue], arguments: dict) -> None:
+        self.name, self.replays, self.capacity = kind.name, kind.replays, int(arguments["capacity"])
         self.actor = ray.remote(kind).options(num_cpus=0, max_restarts=0).remote(**arguments)
         self.size()  # wait for its process: its start belongs to the session's, not to the first step
 

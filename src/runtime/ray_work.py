@@ -53,7 +53,7 @@ from src.components import Components
 from src.policy.model import trainer_names, trainer_weights
 from src.runtime.pipeline import Generated, PipelineError, PipelineSettings
 from src.runtime.ray_session import first_line
-from src.runtime.queues import Sample
+from src.buffer.rollouts import Sample
 from src.sampling.collection import FreshGroups
 from src.settings import RunSettings
 from src.train import StepBatch, learn

@@ -35,7 +35,6 @@ import torch
 from src.validate.checks import check_choice, check_int
 from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
                                   PipelineError, PipelineSettings)
-from src.runtime.queues import QUEUES, build_queue
 from src.settings import RunSettings, TrainerSettings
 from src.runtime.base import RunContext, Runtime, StepOutcome, Steps
 from src.variant import described, float_knob, int_knob
@@ -120,7 +119,6 @@ class AsyncRuntime(Runtime):
 
     knobs = {"workers": int_knob(1, 1_024, "2"), "trainers": int_knob(1, 1_024, "1"),
              "batch_rollouts": int_knob(1, 100_000_000, "60 or null", nullable=True),
-             "capacity": int_knob(1, 100_000_000, "1024"), "positive_bias": float_knob(0, 1, "0.5", high_open=True),
              "sync_every": int_knob(1, 100_000, "1"), "mu": float_knob(0, 1e6, "5.28", low_open=True),
              "worker_cost": float_knob(0, 1e6, "2.0 or null", low_open=True, nullable=True),
              "trainer_cost": float_knob(0, 1e6, "1.0", low_open=True),
@@ -131,12 +129,36 @@ class AsyncRuntime(Runtime):
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:
-        """Seed 001's pipeline: e.g. -W6T2-N252, -W1T1-lifo."""
-        return f"-W{node.workers}T{node.trainers}-" + (f"N{node.capacity}" if node.queue == "buffer" else "lifo")
+        """Seed 001's pipeline: e.g. -W6T2-N252 (buffer=fifo), -W1T1-lifo (buffer=none)."""
+        kind, arguments = cls.rollout_queue(cfg, node)
+        return f"-W{node.workers}T{node.trainers}-" + (f"N{arguments['capacity']}" if kind.replays else "lifo")
 
     @classmethod
     def reader_label(cls, node, cfg) -> str:
-        return f"async {node.queue} W={node.workers} T={node.trainers}"
+        return f"async {cls.rollout_queue(cfg, node)[0].name} W={node.workers} T={node.trainers}"
+
+    @staticmethod
+    def rollout_queue(cfg, node) -> tuple[type, dict]:
+        """The run's rollout queue: the `buffer` option's form under this runtime (`ReplayStore.rollout_queue`)."""
+        return described(cfg.buffer).rollout_queue(cfg.buffer, int(node.trainers) if node.sharded else 1)
+
+    @classmethod
+    def store_label(cls, node, cfg) -> str:
+        """The store's part of the cell name: none of its own, as the runtime's label names the queue (-N252, -lifo)
+        and the pipeline's schedule, not rho, sets the reuse."""
+        return "rho0"
+
+    @classmethod
+    def identity(cls, resolved: dict, cfg) -> dict:
+        """The cell's config as cell ids of version 1 spelled it: the queue's settings under `runtime` (queue,
+        capacity, independent, positive_bias), no buffer and no clip, so every async cell keeps its id."""
+        kind, arguments = cls.rollout_queue(cfg, cfg.runtime)
+        runtime = dict(resolved["runtime"])
+        runtime.update(queue=kind.name, capacity=arguments["capacity"],
+                       independent=arguments.get("independent", False),
+                       positive_bias=arguments.get("positive_bias", 0.0))
+        return {**{key: value for key, value in resolved.items() if key not in ("buffer", "clip")},
+                "runtime": runtime}
 
     @classmethod
     def trainer_device(cls, node, run: RunSettings) -> str:
@@ -154,8 +176,8 @@ class AsyncRuntime(Runtime):
         return async_budget_plan(run)
 
     def __init__(self, run: RunSettings, name: str = "async", workers: int = 2, trainers: int = 1,
-                 batch_rollouts: int | None = None, queue: str = "buffer", capacity: int = 1024, independent: bool = False, positive_bias: float = 0.0,
-                 sharded: bool = False, sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0,
+                 batch_rollouts: int | None = None, sharded: bool = False, sync_every: int = 1,
+                 schedule: str = "lockstep", mu: float = 4.0,
                  worker_cost: float | None = None,
                  trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
                  depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
@@ -163,7 +185,6 @@ class AsyncRuntime(Runtime):
         self.run, self.name = run, name
         self.saved: dict | None = None     # the pipeline's state from a checkpoint, or when its session closed
         self.live: AsyncSession | None = None
-        self.queue_name = check_choice("runtime.queue", queue, QUEUES)
         self.schedule = check_choice("runtime.schedule", schedule, SCHEDULES)
         group_size = run.trainer.group_size
         self.settings = PipelineSettings(
@@ -174,8 +195,9 @@ class AsyncRuntime(Runtime):
             mu=float(mu), worker_cost=worker_cost, trainer_cost=float(trainer_cost),
             depth=check_int("runtime.depth", depth, 1),
             groups_per_request=check_int("runtime.groups_per_request", groups_per_request, 1))
-        self.capacity, self.independent, self.positive_bias = capacity, bool(independent), float(positive_bias)
-        self.shards = self.settings.trainers if sharded else 1
+        buffer = run.groups["buffer"]
+        shards = self.settings.trainers if sharded else 1
+        self.queue_kind, self.queue_arguments = described(buffer).rollout_queue(buffer, shards)
         self.num_cpus = check_int("runtime.num_cpus", num_cpus, 1, "Ray's CPU slots (e.g. 2).")
         self.worker_threads = check_int("runtime.worker_threads", worker_threads, 1)
         self.max_restarts = check_int("runtime.max_restarts", max_restarts, -1)
@@ -184,7 +206,7 @@ class AsyncRuntime(Runtime):
         self.trainer_ranks = run.hardware.ranks  # T trainer actors training data-parallel, or one
         self._check(run.groups)
         # The queue checks its own settings; `ready` refuses a batch that does not split over the shards.
-        build_queue(**self.queue_options(seed=0)).ready(self.settings.batch)
+        self.build_queue(seed=0).ready(self.settings.batch)
 
     @staticmethod
     def batch_size(trainer: TrainerSettings, batch_rollouts: int | None) -> int:
@@ -206,26 +228,22 @@ class AsyncRuntime(Runtime):
             raise ValueError(f"runtime.trainers={s.trainers} with runtime.schedule={self.schedule}: T > 1 runs on the "
                              "lockstep clock only (its rates count T; T trainer actors are untested without it); use "
                              "runtime.schedule=lockstep or trainers=1")
-        if self.capacity < s.batch:
-            raise ValueError(f"runtime.capacity N={self.capacity} < B = {s.batch} rollouts a batch (runtime.batch_rollouts, "
+        capacity, replays = self.queue_arguments["capacity"], self.queue_kind.replays
+        if capacity < s.batch:
+            raise ValueError(f"buffer.capacity N={capacity} < B = {s.batch} rollouts a batch (runtime.batch_rollouts, "
                              "or trainer.groups_per_step x trainer.group_size): the trainer would wait forever; raise "
-                             f"runtime.capacity to >= {s.batch}")
-        if self.queue_name == "lifo" and self.capacity < s.batch + s.request_rollouts:
-            raise ValueError(f"runtime.queue=lifo with runtime.capacity N={self.capacity}: workers wait while a full "
-                             f"queue holds N, so N must fit a batch and a request in flight "
+                             f"buffer.capacity to >= {s.batch}")
+        if not replays and capacity < s.batch + s.request_rollouts:
+            raise ValueError(f"buffer=none with buffer.capacity N={capacity} under runtime=async: workers wait while "
+                             f"the LIFO queue holds N, so N must fit a batch and a request in flight "
                              f"(>= {s.batch + s.request_rollouts})")
-        if self.queue_name == "buffer" and s.staleness is not None and s.staleness_mode == "block":
-            raise ValueError(f"runtime.staleness={s.staleness} with runtime.staleness_mode=block and runtime.queue=buffer: "
+        if replays and s.staleness is not None and s.staleness_mode == "block":
+            raise ValueError(f"runtime.staleness={s.staleness} with runtime.staleness_mode=block and buffer=fifo: "
                              "block only bounds how far generation runs ahead of the trainer, not the age of what the "
                              "trainer reads from a buffer (which keeps rollouts N/R steps); use "
-                             "runtime.staleness_mode=drop, or runtime.queue=lifo")
+                             "runtime.staleness_mode=drop, or buffer=none")
         # The components say whether they fit the pipeline; their YAML names only label the message.
-        buffer, sampling, behaviour = groups["buffer"], groups["sampling"], groups["behaviour"]
-        if not getattr(described(buffer), "queue_stands_in", False):
-            raise ValueError(f"buffer={buffer.get('name')} with runtime=async: the pipeline's rollout queue replaces "
-                             "the step's replay store, so the buffer's settings would change nothing; use buffer=none "
-                             "and set the pipeline's buffer with runtime.queue, runtime.capacity, runtime.independent, "
-                             "runtime.sharded and runtime.positive_bias")
+        sampling, behaviour = groups["sampling"], groups["behaviour"]
         if not (described(sampling).plain(sampling) and described(behaviour).plain(behaviour)):
             raise ValueError(f"sampling={sampling.get('name')}, behaviour={behaviour.get('name')} with "
                              "runtime=async: workers generate each request's groups once, with the published weights; "
@@ -233,23 +251,21 @@ class AsyncRuntime(Runtime):
 
     def signature(self) -> str:
         """The settings a checkpoint must agree on to resume."""
-        s = self.settings
-        return (f"{self.queue_name} N={self.capacity} delta={self.positive_bias:g} independent={self.independent} "
-                f"shards={self.shards} "
+        s, queue = self.settings, self.queue_arguments
+        return (f"{self.queue_kind.name} N={queue['capacity']} delta={queue.get('positive_bias', 0.0):g} "
+                f"independent={queue.get('independent', False)} shards={queue.get('shards', 1)} "
                 f"{self.schedule} W={s.workers} T={s.trainers} B={s.batch} sync_every={s.sync_every} mu={s.mu:g} "
                 f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} eta={s.staleness} {s.staleness_mode} "
                 f"g={s.groups_per_request}")
 
-    def queue_options(self, seed: int | None = None) -> dict:
-        """The arguments of `build_queue` and `QueueActor` for this run's queue (default seed: the run's)."""
-        return {"queue": self.queue_name, "capacity": self.capacity,
-                "seed": self.run.trainer.seed if seed is None else seed, "independent": self.independent,
-                "positive_bias": self.positive_bias, "shards": self.shards}
+    def build_queue(self, seed: int | None = None):
+        """The run's rollout queue in this process (default seed: the run's)."""
+        return self.queue_kind(**self.queue_arguments, seed=self.run.trainer.seed if seed is None else seed)
 
     def build_pipeline(self, work, queue=None) -> Pipeline:
         """The pipeline of the configured schedule around `queue` (default: the run's queue in this process;
         on Ray, `AsyncSession` hands it the queue's actor)."""
-        queue = build_queue(**self.queue_options()) if queue is None else queue
+        queue = self.build_queue() if queue is None else queue
         kind = LockstepPipeline if self.schedule == "lockstep" else FreePipeline
         return kind(self.settings, queue, work)
 
@@ -303,7 +319,7 @@ class AsyncSession(Steps):
         cpus = runtime.num_cpus / (settings.workers + 1)  # a share for each worker and the trainer actor
         self.work = RayWork(context.run, context.parts, context.state, settings, runtime.max_restarts,
                             runtime.worker_threads, cpus, runtime.gpus_per_worker, runtime.trainer_ranks)
-        self.queue = QueueActor(**runtime.queue_options())  # the shared buffer: an actor with no CPU slot
+        self.queue = QueueActor(runtime.queue_kind, {**runtime.queue_arguments, "seed": context.run.trainer.seed})
         self.pipeline = runtime.build_pipeline(self.work, self.queue)
         self.events_path = context.output_dir / EVENT_LOG
         self._restore(runtime.saved)

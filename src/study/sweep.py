@@ -72,9 +72,12 @@ def cell_name(cfg: DictConfig) -> str:
     """
     store, objective = described(cfg.buffer, ReplayStore), described(cfg.loss)
     loss = objective.cell_label(cfg.loss, cfg)
-    clip = f"-c{cfg.clip.ceiling:g}" if _reads_clip(objective) and not store.fresh_only(cfg.buffer) else ""
+    given = described(cfg.runtime).store_label(cfg.runtime, cfg)  # the runtime's, where it names the store
+    named = given is None and not store.fresh_only(cfg.buffer)
+    clip = f"-c{cfg.clip.ceiling:g}" if _reads_clip(objective) and named else ""
     suffixes = "".join(described(cfg.get(group)).cell_label(cfg.get(group), cfg) for group in SUFFIX_GROUPS)
-    return store.cell_label(cfg.buffer, cfg) + (loss or clip) + suffixes + task_class(cfg.get("task")).cell_suffix
+    label = store.cell_label(cfg.buffer, cfg) if given is None else given
+    return label + (loss or clip) + suffixes + task_class(cfg.get("task")).cell_suffix
 
 
 def variant_label(cfg: DictConfig) -> str:
@@ -138,9 +141,10 @@ def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     for key, knob in knobs_for(cfg).items():
         if knob.id_omitted_at and OmegaConf.select(cfg, key) in knob.id_omitted_at:
             _drop(resolved, key)
+    resolved = described(cfg.runtime).identity(resolved, cfg)
     if described(cfg.buffer, ReplayStore).fresh_only(cfg.buffer):
-        resolved.pop("buffer")
-        resolved.pop("clip")
+        resolved.pop("buffer", None)
+        resolved.pop("clip", None)
     for group in SUFFIX_GROUPS:
         if described(cfg[group]).plain(cfg[group]):
             resolved.pop(group, None)

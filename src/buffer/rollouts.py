@@ -7,13 +7,13 @@ fixed when its group was generated; the group itself (prompt, K rewards, log mu)
 and shared by its rollouts, so a trainer rebuilds the update batch from it, and its advantage from the
 group's K rewards (which generation fixed, so it is the generation-time advantage of D.2).
 
-* `RolloutReplayBuffer` (`runtime.queue=buffer`, seed 001 B.5 and D.4): the N most recent rollouts,
+* `RolloutReplayBuffer` (`buffer=fifo` under `runtime=async`, seed 001 B.5 and D.4): the N most recent rollouts,
   oldest evicted first; a draw removes nothing. The B rollouts of one batch are distinct by
   default (Listing 5's `random.sample`); `independent=True` draws them independently, as the
   analysis of section 4 assumes. Positive bias delta keeps the freshest N - round(delta N)
   rollouts plus the freshest round(delta N) correct ones older than those (D.4;
   `src.buffer.positive_bias`). Trainers wait until it holds B rollouts.
-* `LifoQueue` (`runtime.queue=lifo`, seed 001 B.1's on-policy streaming baseline): newest
+* `LifoQueue` (`buffer=none` under `runtime=async`, seed 001 B.1's on-policy streaming baseline): newest
   first, each rollout used exactly once; trainers wait for B queued rollouts, workers wait while
   the queue (with what is in flight) would exceed N.
 
@@ -25,9 +25,11 @@ run's event log, which the pipeline takes with `drain_events`.
 
 The pipeline talks to a queue only through its methods (put, ready, room, take, drop_stale, age,
 size, drain_events, replay_count_distribution, distributions, state_dict, load_state_dict) and
-its `name` and `capacity`, so the same queue runs in the driver (the pure tests) or in a Ray
-actor behind `src.runtime.queue_actor.QueueActor` (`runtime=async`): `queue_spec` names the
-class and its arguments that both build it from.
+its `name`, `replays` and `capacity`, so the same queue runs in the driver (the pure tests) or in a Ray
+actor behind `src.runtime.queue_actor.QueueActor` (`runtime=async`). Which one a run gets, and with what
+arguments, the run's replay store says (`src.buffer.store.ReplayStore.rollout_queue`): the store of groups
+and the rollout queue are one `buffer` option, in the group's form under `runtime=sync` and in this one under
+`runtime=async`.
 """
 
 from __future__ import annotations
@@ -41,9 +43,6 @@ from dataclasses import dataclass
 from src.batch import Group
 from src.buffer.positive_bias import positive_bias_keep
 from src.validate.checks import check_int
-
-QUEUES = ("buffer", "lifo")
-
 
 @dataclass
 class Rollout:
@@ -85,9 +84,10 @@ class RolloutQueue:
     """What both queues share: storage of rollouts and their groups, use statistics, events, persistence."""
 
     name = ""
+    replays = False  # whether a rollout may be drawn again (seed 001 footnote 5 predicts its reuse)
 
     def __init__(self, capacity: int, seed: int = 0) -> None:
-        self.capacity = check_int("runtime.capacity", capacity, 1, "N counts rollouts (e.g. 512).")
+        self.capacity = check_int("buffer.capacity", capacity, 1, "N counts rollouts (e.g. 512).")
         self._rng = random.Random(int(seed))
         self.rollouts: list[Rollout] = []          # oldest first
         self.groups: dict[int, Group] = {}          # group key -> group, while any of its rollouts is queued
@@ -222,7 +222,7 @@ class RolloutQueue:
     def load_state_dict(self, state: dict) -> None:
         if state["queue"] != self.name or state["capacity"] != self.capacity:
             raise ValueError(f"the checkpoint's queue is {state['queue']} of N={state['capacity']}, this run's is "
-                             f"{self.name} of N={self.capacity}; resume with the runtime settings the run started with")
+                             f"{self.name} of N={self.capacity}; resume with the buffer settings the run started with")
         version, internal, gauss = state["rng"]
         self._rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
         self._next_uid = int(state["next_uid"])
@@ -235,26 +235,27 @@ class RolloutQueue:
 
 
 class RolloutReplayBuffer(RolloutQueue):
-    """`runtime.queue=buffer`: seed 001's FIFO of the N newest rollouts, sampled without removal.
+    """`buffer=fifo` under `runtime=async`: seed 001's FIFO of the N newest rollouts, sampled without removal.
 
     With `shards` = T (D.4's sharded buffer) rollout u belongs to trainer u mod T, each shard keeps its
     N/T newest (positive bias within the shard), and a batch is B/T rollouts from every shard.
     """
 
     name = "buffer"
+    replays = True
 
     def __init__(self, capacity: int, seed: int = 0, independent: bool = False, positive_bias: float = 0.0,
                  correct_reward: float = 1.0, shards: int = 1) -> None:
         super().__init__(capacity, seed)
         if isinstance(positive_bias, bool) or not 0.0 <= float(positive_bias) < 1.0:
-            raise ValueError(f"runtime.positive_bias delta={positive_bias!r}: use 0 <= delta < 1 (0 = plain FIFO; "
+            raise ValueError(f"buffer.positive_bias delta={positive_bias!r}: use 0 <= delta < 1 (0 = plain FIFO; "
                              "seed 001 uses 0.5)")
         self.independent = bool(independent)
         self.positive_bias = float(positive_bias)
         self.correct_reward = float(correct_reward)
         self.shards = check_int("runtime.trainers (shards)", shards, 1)
         if self.capacity % self.shards:
-            raise ValueError(f"runtime.capacity N={self.capacity} with runtime.sharded=true and T={self.shards}: each "
+            raise ValueError(f"buffer.capacity N={self.capacity} with buffer.sharded=true and T={self.shards}: each "
                              f"trainer keeps N/T rollouts, so N must be a multiple of T")
 
     def ready(self, batch: int) -> bool:
@@ -286,7 +287,7 @@ class RolloutReplayBuffer(RolloutQueue):
 
 
 class LifoQueue(RolloutQueue):
-    """`runtime.queue=lifo`: seed 001's streaming baseline; the newest B rollouts, each used once."""
+    """`buffer=none` under `runtime=async`: seed 001's streaming baseline; the newest B rollouts, each used once."""
 
     name = "lifo"
 
@@ -300,25 +301,3 @@ class LifoQueue(RolloutQueue):
         taken = {r.uid for r in chosen}
         self.rollouts = [r for r in self.rollouts if r.uid not in taken]
         self._retire(chosen, "consume", "used")
-
-
-def queue_spec(queue: str, capacity: int, seed: int, independent: bool = False, positive_bias: float = 0.0,
-               correct_reward: float = 1.0, shards: int = 1) -> tuple[type[RolloutQueue], dict]:
-    """The queue class `runtime.queue` names and its constructor's arguments (`shards` > 1: one FIFO per
-    trainer, D.4): `build_queue` builds it here, `QueueActor` in a Ray actor."""
-    if queue == "buffer":
-        return RolloutReplayBuffer, {"capacity": capacity, "seed": seed, "independent": independent,
-                              "positive_bias": positive_bias, "correct_reward": correct_reward, "shards": shards}
-    if queue == "lifo":
-        if positive_bias or independent or shards > 1:
-            raise ValueError(f"runtime.queue=lifo uses each rollout once, newest first: positive_bias={positive_bias}, "
-                             f"independent={independent} and sharding apply to runtime.queue=buffer only; leave them "
-                             "at 0/false")
-        return LifoQueue, {"capacity": capacity, "seed": seed}
-    raise ValueError(f"runtime.queue={queue!r}: queue must be one of {', '.join(QUEUES)}")
-
-
-def build_queue(queue: str, capacity: int, seed: int, **options) -> RolloutQueue:
-    """The queue `runtime.queue` names, in this process (`options`: those of `queue_spec`)."""
-    kind, arguments = queue_spec(queue, capacity, seed, **options)
-    return kind(**arguments)
