@@ -226,32 +226,26 @@ def plan_batch(groups_per_step: int, ratio: float) -> tuple[int, int]:
 
 @dataclass
 class StepCounts:
-    """What one step adds to the run's budget counters (SPEC 5-6). `learn` counts it; the loop adds it."""
+    """The run's budget counters (SPEC 5-6): what one step adds to them (`learn` counts it, the loop adds it),
+    and, in `TrainState`, their totals so far."""
 
-    fresh_evaluations: int = 0
+    fresh_evaluations: int = 0            # fresh verifier calls (SPEC 5), counted as they happen
     fresh_groups: int = 0
-    replay_groups: float = 0.0
-    gradient_steps: int = 0
-    generated_tokens: int = 0
-    trained_tokens: int = 0
-    groups_trained: int = 0
-    effective_groups_trained: int = 0
+    replay_groups: float = 0.0            # whole groups' worth (a positive-bias FIFO draws single rollouts)
+    gradient_steps: int = 0               # optimizer steps (grpo: updates_per_step per update; fifo extras)
+    generated_tokens: int = 0             # response tokens generated (every fresh rollout, DAPO's rejected too)
+    trained_tokens: int = 0               # response tokens in the loss, summed over every update batch
+    groups_trained: int = 0               # groups in the update batches
+    effective_groups_trained: int = 0     # ... of which had rewards not all equal (a non-zero advantage)
 
 
 @dataclass
-class TrainState:
-    """Everything that changes during training; all of it goes into a checkpoint. The loop that runs the steps
-    owns it: `advance` is the one place a step is counted."""
+class TrainState(StepCounts):
+    """Everything that changes during training; all of it goes into a checkpoint: the counters' totals so far, the
+    next step and the summary's history. The loop that runs the steps owns it: `advance` is the one place a step
+    is counted."""
 
     step: int = 0                         # next step to run
-    fresh_evaluations: int = 0            # fresh verifier calls so far (SPEC 5), counted as they happen
-    fresh_groups: int = 0
-    replay_groups: float = 0.0            # whole groups' worth (a positive-bias FIFO draws single rollouts)
-    gradient_steps: int = 0               # optimizer steps so far (grpo: updates_per_step per update; fifo extras)
-    generated_tokens: int = 0             # response tokens generated so far (every fresh rollout, DAPO's rejected too)
-    trained_tokens: int = 0               # response tokens in the loss so far, summed over every update batch
-    groups_trained: int = 0               # groups in all update batches so far
-    effective_groups_trained: int = 0     # ... of which had rewards not all equal (a non-zero advantage)
     history: list[dict] = field(default_factory=list)  # per-step headline numbers for the summary
 
     def counted(self, counts: StepCounts) -> "TrainState":

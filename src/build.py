@@ -18,7 +18,7 @@ import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig
 
-from src.buffer.store import ReplayStore
+from src.buffer.store import NoReplay, ReplayStore
 from src.components import Components
 from src.loss.trainer import Trainer
 from src.policy.forward import Forward
@@ -27,6 +27,7 @@ from src.rollout.engine import build_engine
 from src.settings import RunSettings, TrainerSettings
 from src.task.base import Task, build_task
 from src.task.prompts import PromptFormat
+from src.variant import described
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +176,11 @@ def build(node: DictConfig, **live):
 def build_store(run: RunSettings, task: Task) -> ReplayStore:
     """The replay store the buffer group names (`buffer._target_`), told B and the run's seed, and, where it takes
     `correct_reward` (the FIFO's positive bias keeps correct rollouts), what the task counts as correct. Under
-    runtime=async it is buffer=none's: the pipeline's rollout queue is the runtime's (`src.runtime.runners`)."""
+    runtime=async it keeps nothing (buffer=none's): the option's rollout form replays there, in the pipeline's
+    queue (`src.buffer.store.ReplayStore.rollout_queue`), and the trainer's step only updates."""
     node = run.groups["buffer"]
+    if not described(run.groups["runtime"]).step_replays:
+        return NoReplay(seed=run.trainer.seed)
     live = {"groups_per_step": run.trainer.groups_per_step, "seed": run.trainer.seed}
     if "correct_reward" in inspect.signature(get_object(node._target_)).parameters:
         live["correct_reward"] = task.correct_reward

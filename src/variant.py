@@ -105,8 +105,11 @@ def described(node, interface: type | None = None) -> type:
     """The class that describes a group's settings: the one its `_target_` names (a class, or a classmethod
     that builds one); the group's `interface` itself (default `Variant`) for a target that is not one of its
     classes (e.g. a plain function), whose defaults then answer."""
+    return _describing(load_target(str(node["_target_"])), interface)
+
+
+def _describing(found, interface: type | None = None) -> type:
     interface = interface or Variant
-    found = load_target(str(node["_target_"]))
     if inspect.ismethod(found) and isinstance(found.__self__, type):
         found = found.__self__  # `Class.from_config`: the class describes itself
     return found if isinstance(found, type) and issubclass(found, interface) else interface
@@ -132,27 +135,28 @@ def described_without_heavy_modules(node) -> type | None:
     else None: `src.command.cli` checks a command line with the classes that describe themselves within a second (the
     replay stores), and `src.command.config.validate` checks the rest once the run has imported them. A module whose
     import is cut short is dropped from sys.modules by the import system, so the run imports it afresh."""
-    try:
-        return described(node) if _loads_without_heavy_modules(str(node["_target_"])) else None
-    except NeedsHeavyModule:
-        return None
+    found = _load_without_heavy_modules(str(node["_target_"]))
+    return None if found is _NEEDS_HEAVY else _describing(found)
 
 
 def load_target_without_heavy_modules(target: str) -> None:
     """`load_target(target)`, raising its own error for a target that names nothing; NeedsHeavyModule where only
     importing a HEAVY_MODULE would tell (`src.command.cli`'s check leaves those to `validate`)."""
-    if not _loads_without_heavy_modules(target):
+    if _load_without_heavy_modules(target) is _NEEDS_HEAVY:
         raise NeedsHeavyModule(target)
 
 
-def _loads_without_heavy_modules(target: str) -> bool:
+_NEEDS_HEAVY = object()  # what `_load_without_heavy_modules` gives for a target only a HEAVY_MODULE would load
+
+
+def _load_without_heavy_modules(target: str):
+    """`load_target(target)`, or _NEEDS_HEAVY where its module imports a HEAVY_MODULE not loaded yet."""
     refuse = _RefuseHeavyModules()
     sys.meta_path.insert(0, refuse)
     try:
-        load_target(target)
-        return True
+        return load_target(target)
     except NeedsHeavyModule:
-        return False
+        return _NEEDS_HEAVY
     finally:
         sys.meta_path.remove(refuse)
 

@@ -62,6 +62,10 @@ class Runtime(Variant, ABC):
     # Whether `hardware.ranks` are processes that each run the loop (torchrun's, or SLURM's tasks); otherwise the
     # cell runs in one process and the runtime places its trainer ranks itself.
     ranks_run_the_loop: ClassVar[bool] = False
+    # Whether the step replays from the `buffer` option's store of groups; otherwise the runtime keeps the replay
+    # itself (seed 001's pipeline: the option's rollout form, `ReplayStore.rollout_queue`) and the step's store
+    # keeps nothing.
+    step_replays: ClassVar[bool] = True
 
     @classmethod
     def trainer_device(cls, node, run) -> str:
@@ -75,8 +79,9 @@ class Runtime(Variant, ABC):
         return int(ranks or 1) if cls.ranks_run_the_loop else 1
 
     @classmethod
-    def store_label(cls, node, cfg) -> str | None:
-        """The replay store's part of the cell name when the runtime gives it (None: the store's own label)."""
+    def store_label(cls, node, cfg, reader: bool = False) -> str | None:
+        """The replay store's part of the cell name (or, `reader`, of its reader's name) when the runtime gives
+        it (None: the store's own label)."""
         return None
 
     @classmethod

@@ -117,6 +117,8 @@ def worker_gpus(workers: int, per_worker: float, device: str) -> int:
 class AsyncRuntime(Runtime):
     """`runtime=async`: seed 001's pipeline of W workers, one queue and the trainer, on Ray."""
 
+    step_replays = False  # the buffer option's rollout queue replays; the trainer's step keeps nothing
+
     knobs = {"workers": int_knob(1, 1_024, "2"), "trainers": int_knob(1, 1_024, "1"),
              "batch_rollouts": int_knob(1, 100_000_000, "60 or null", nullable=True),
              "sync_every": int_knob(1, 100_000, "1"), "mu": float_knob(0, 1e6, "5.28", low_open=True),
@@ -143,10 +145,10 @@ class AsyncRuntime(Runtime):
         return described(cfg.buffer).rollout_queue(cfg.buffer, int(node.trainers) if node.sharded else 1)
 
     @classmethod
-    def store_label(cls, node, cfg) -> str:
+    def store_label(cls, node, cfg, reader: bool = False) -> str:
         """The store's part of the cell name: none of its own, as the runtime's label names the queue (-N252, -lifo)
-        and the pipeline's schedule, not rho, sets the reuse."""
-        return "rho0"
+        and the pipeline's schedule, not rho, sets the reuse; for readers, the pipeline."""
+        return "Seed 001 pipeline" if reader else "rho0"
 
     @classmethod
     def identity(cls, resolved: dict, cfg) -> dict:

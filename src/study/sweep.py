@@ -82,8 +82,9 @@ def cell_name(cfg: DictConfig) -> str:
 
 def variant_label(cfg: DictConfig) -> str:
     """A reader's name for what the cell runs, e.g. 'Replay-RLOO', 'POPO (GRPO loss)', 'Fresh-only + DAPO dynamic sampling'."""
-    store = described(cfg.buffer, ReplayStore)
-    parts = [store.reader_label(cfg.buffer, cfg) + described(cfg.loss).reader_label(cfg.loss, cfg)]
+    store, given = described(cfg.buffer, ReplayStore), described(cfg.runtime).store_label(cfg.runtime, cfg, reader=True)
+    parts = [(store.reader_label(cfg.buffer, cfg) if given is None else given)
+             + described(cfg.loss).reader_label(cfg.loss, cfg)]
     for group in SUFFIX_GROUPS:
         parts.append(described(cfg.get(group)).reader_label(cfg.get(group), cfg))
     parts.append(task_class(cfg.get("task")).reader_name)
