@@ -52,6 +52,16 @@ def test_the_copies_train_with_the_originals_metrics(compose_config, behaviour):
     assert [_comparable(step) for step in copies] == [_comparable(step) for step in originals]
 
 
+def test_a_store_copy_in_both_forms_trains_the_step_as_its_original(compose_config):
+    """buffer=lifocopy (tests/outside_variants/rollouts.py) is buffer=none's copy: fresh-only in the synchronous
+    step; its rollout form, the LIFO pipe, trains under runtime=async in tests/test_runtime_ray.py."""
+    train_set = countdown.generate_instances(64, seed=1)
+    copy = run_steps(golden_config(compose_config, (OUTSIDE, "buffer=lifocopy")), train_set, steps=2)
+    original = run_steps(golden_config(compose_config, ("buffer=none",)), train_set, steps=2)
+    assert [_comparable(step) for step in copy] == [_comparable(step) for step in original]
+    assert cell_name(compose_config(OUTSIDE, "buffer=lifocopy")) == cell_name(compose_config("buffer=none"))
+
+
 @pytest.mark.parametrize("overrides", [
     ["trainer=paper"],                                                        # 100 steps of B=128, K=8
     ["buffer.ratio=2", "buffer.allow_infeasible=true"],                       # rho > L: gap fill every step

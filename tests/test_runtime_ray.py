@@ -218,6 +218,21 @@ def test_lifo_w1_with_two_groups_a_request_uses_every_rollout_once(compose_confi
     assert all(m["reuse/new_fraction"] == 1.0 for _, m in recorder.steps)
 
 
+def test_a_store_written_outside_src_runs_the_pipeline_as_its_original(compose_config_module, tmp_path, ray_cpus):
+    """buffer=lifocopy (tests/outside_variants/rollouts.py) names its own rollout form, a copy of the LIFO pipe:
+    under runtime=async it logs buffer=none's metrics and event log, step for step (lockstep)."""
+    from src.paths import PROJECT_ROOT
+
+    outside = f"hydra.searchpath=[file://{PROJECT_ROOT / 'tests' / 'outside_variants' / 'conf'}]"
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "original").mkdir()
+    copy, copy_events = run(compose_config_module, tmp_path / "copy", outside, "buffer=lifocopy",
+                            "buffer.capacity=32")
+    original, events = run(compose_config_module, tmp_path / "original", "buffer=none", "buffer.capacity=32")
+    assert machine_free(copy) == machine_free(original) and len(copy.steps) == 5
+    assert copy_events == events and any(e["event"] == "consume" for e in events)  # each rollout used once
+
+
 def test_free_schedule_w1_with_two_groups_a_request_finishes(compose_config_module, tmp_path, ray_cpus):
     recorder, events = run(compose_config_module, tmp_path, "runtime.schedule=free", "runtime.workers=1",
                            "trainer.steps=3", "runtime.groups_per_request=2")
