@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.claims import CLAIMS, NOT_TESTABLE, REPRODUCED, VERDICTS, Comparison, assign_roles
+from analysis.claims import CLAIMS, NOT_TESTABLE, REPRODUCED, TOO_FEW_SEEDS, VERDICTS, Comparison, assign_roles
 from analysis.reproduce import comparison_table
 from tests.conftest import PROJECT_ROOT
 
@@ -68,8 +68,12 @@ EXTRA = {
 # The verdicts these fixtures give, read off their reports (this test's own make commands). Measured for all five
 # on one commit (the one that pinned seeds 000-002): at two steps the methods and baselines of seeds 001-004
 # score alike at both seeds (no spread: no test), and seed 000's baseline ends where it started (it does not
-# learn), so no claim is testable. A fixture that starts to give another verdict has changed what it measures.
-TINY_VERDICT: dict[str, str] = {name: NOT_TESTABLE for name in ("seed000", "seed001", "seed002", "seed003", "seed004")}
+# learn), so no claim is testable. Seed 001's study trains on the fraction problems (conf/reproduce/seed001.yaml):
+# there its FIFO at (6, 2) differs from LIFO by seed (+0.167 +- 1.059 over seeds 0 and 1), so a test exists but
+# 2 seeds detect only 0.641 against a margin of 0.02. A fixture that starts to give another verdict has changed
+# what it measures.
+TINY_VERDICT: dict[str, str] = {name: NOT_TESTABLE for name in ("seed000", "seed002", "seed003", "seed004")}
+TINY_VERDICT["seed001"] = TOO_FEW_SEEDS
 
 
 # The suite runs seed 000's study (its cells, curves, verdict, and a rerun that trains nothing); the other four
