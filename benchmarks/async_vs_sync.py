@@ -69,7 +69,9 @@ def time_async(cfg, tmp) -> tuple[float, int, int]:
     context = RunContext(run, build_components(run, train_set), state, tmp, log_artifact=lambda path: None)
     with build_runtime(run).session(context) as steps:
         while state.step < cfg.trainer.steps:
-            times.append((time.perf_counter(), steps.next().metrics))
+            outcome = steps.next()
+            state.advance(outcome.counts)  # the loop's part: a session's step counts nothing itself
+            times.append((time.perf_counter(), outcome.metrics))
     (first, m0), (last, m1) = times[0], times[-1]
     rollouts = m1["runtime/generated_rollouts"] - m0["runtime/generated_rollouts"]
     return last - first, len(times) - 1, int(rollouts)
