@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
@@ -139,7 +141,7 @@ def other_losses(rank: int, world_size: int, rendezvous: str, out: str) -> None:
     policy, tokenizer = tiny_policy()
     batch, reference = tiny_batch(policy, tokenizer.pad_token_id), frozen_copy(policy)
     too_many = trainer(tokenizer.pad_token_id, loss="grpo")
-    too_many.objective.updates_per_step = 10  # rank 1 holds 3 groups of 3 = 9 rows
+    too_many.objective.needs = dataclasses.replace(too_many.objective.needs, updates=10)  # rank 1: 3 groups of 3
     shard_policy(policy)
     try:
         DataParallelTrainer(too_many).update(policy, reference, torch.optim.AdamW(policy.parameters()), batch)

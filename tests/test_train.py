@@ -166,8 +166,8 @@ def test_the_reference_forward_runs_only_where_the_update_reads_it(random_policy
     outcomes = []
     for forced in (False, True):
         objective = RlooObjective(3.0) if loss == "rloo" else instantiate(cfg.loss)
-        if forced and objective.penalised:  # pi_ref read in the training pass, as at kl_coef != 0
-            objective.train_reads = lambda: (False, True)
+        if forced and objective.needs.penalised:  # pi_ref read in the training pass, as at kl_coef != 0
+            objective.needs = dataclasses.replace(objective.needs, reads=(False, True))
         trainer = Trainer(objective, Forward(0, 3), kl_coef=0.0, entropy_coef=cfg.trainer.entropy_coef)
         reference = CountingReference(parts.reference)
         parts.policy.zero_grad(set_to_none=True)

@@ -1,6 +1,6 @@
 """The objective interface (`loss` config group): a loss as a function of one micro-batch, `objective(lp,
-prepared, totals) -> Loss`, which the shared trainer (`src.loss.trainer.Trainer`) runs: the trainer owns the
-forward passes, eq. 3's KL and entropy terms, clipping and the optimizer steps.
+totals) -> Loss`, which the shared trainer (`src.loss.trainer.Trainer`) runs: the trainer owns the forward
+passes, every row's inputs, eq. 3's KL and entropy terms, clipping and the optimizer steps.
 
 An objective is built from its YAML by `hydra.utils.instantiate`, with the behaviour group's truncation
 settings added for objectives that correct off-policy fresh rows. A new
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from src.batch import Batch
+from src.loss.inputs import Needs
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.rloo_math import leave_one_out_advantages
 from src.validate.checks import check_choice
@@ -52,72 +53,57 @@ class Truncation:
 
 
 class Objective(Variant):
-    """What the trainer asks of every objective; subclasses implement `__call__`.
+    """A loss: `__call__(micro_batch, totals) -> Loss`, and what it asks of the trainer as data (`needs`).
 
-    The trainer (`src.loss.trainer.Trainer`) calls `prepare` once per batch, then the objective on each
-    micro-batch; the other hooks below have the defaults of a loss that takes one optimizer step per batch.
+    The trainer (`src.loss.trainer.Trainer`) lays out every row's inputs (advantages by `advantages`, log mu,
+    truncated rows) on each micro-batch and calls the loss on it. A loss that fixes numbers for the whole update
+    over a first pass (GRPO's pi_prox, IPO's pair gradients) adds `prepare`, `observe` and `result`; the other
+    hooks below have the defaults of a loss that trains on every batch.
     """
 
     # Whether the objective weighs replayed rows with clip.ceiling (eq. 2): then the ceiling names the cell
     # of a run that replays (`src.study.sweep.cell_name`), and enters its identity.
     reads_clip: bool = False
+    # The weight ceiling metrics compare raw weights against (clip fraction).
+    weight_ceiling: float = float("inf")
 
     def __init__(self, truncation: Truncation | None = None, name: str = "") -> None:
         # `name` is the YAML's label for people (MLflow tags); the objective describes itself by its class.
         self.truncation = truncation or Truncation()
+        self.needs = Needs(behaviour_tokens=self.truncation.is_level == "token")
         # Batch-wide totals over the ranks that share the batch, and the per-token KL estimate for a loss that
         # reports its KL itself: the trainer's (`Trainer.use_reducer`); one process and k3 until one runs it.
         self.reducer = Reducer()
         self.kl_tokens = KL_ESTIMATORS["k3"]
-        # Keep log pi_theta per token of every row, for fresh rows' replay by a loss that weighs tokens.
-        self.keep_token_logprobs = False
 
-    # The weight ceiling metrics compare raw weights against (clip fraction).
-    weight_ceiling: float = float("inf")
-    # Whether the trainer adds eq. 3's beta_KL KL - beta_H H to this loss (`src.loss.trainer.penalised`); an
-    # objective whose loss has a regulariser of its own (IPO's margin to pi_ref) reports KL and entropy itself.
-    penalised: bool = True
-
-    def prepare(self, batch: Batch):
-        """The loss's per-batch inputs (advantages, log mu...), handed to every micro-batch's call."""
-        return None
-
-    def __call__(self, lp: MicroBatch, prepared, totals: Totals) -> Loss:
+    def __call__(self, lp: MicroBatch, totals: Totals) -> Loss:
         """One micro-batch's loss, each term normalised by `totals` (its share of the mini-batch's loss)."""
         raise NotImplementedError
-
-    def mini_batches(self, rows: int) -> list[list[int]]:
-        """The batch's rows (0..rows-1 on this rank) per optimizer step: one step on all of them."""
-        return [list(range(rows))]
-
-    def first_pass_reads(self) -> tuple[bool, bool] | None:
-        """(entropy, pi_ref) of a no-grad pass before the first optimizer step (`observe`); None: no such pass."""
-        return None
-
-    def observe(self, prepared, lp: MicroBatch) -> None:
-        """Keep what the first pass gives of one micro-batch (numbers fixed through the update)."""
-
-    def train_reads(self) -> tuple[bool, bool]:
-        """(entropy, pi_ref) the loss itself reads in each training micro-batch's forward pass (the trainer adds
-        what eq. 3's terms read, `Trainer.train_reads`)."""
-        return False, False
-
-    def trains(self, prepared) -> bool:
-        """Whether the batch asks for any optimizer step (the same answer on every rank)."""
-        return True
-
-    def skips(self, prepared, index: list[int]) -> bool:
-        """Whether a training micro-batch contributes nothing (decided alike on every rank: a collective)."""
-        return False
-
-    def result(self, prepared, tally: Tally, token_counts: torch.Tensor, optimizer_steps: int) -> UpdateResult:
-        """The update's per-row numbers: by default those the micro-batches' `Loss`es left in `tally`."""
-        return tally.result(token_counts, optimizer_steps)
 
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """Each response's advantage from its group's K rewards ([G, K]): leave-one-out (eq. 1) by default.
 
-        `prepare` computes them from the batch's groups; an asynchronous worker fixes them when it
-        generates a group (SPEC 11), with the same function.
+        The trainer lays them out per row; an asynchronous worker fixes them when it generates a group
+        (SPEC 11), with the same function.
         """
         return leave_one_out_advantages(rewards)
+
+    def prepare(self, batch: Batch):
+        """Numbers the loss fixes for the whole batch, handed to `observe`, `result` and each micro-batch
+        (`MicroBatch.state`); None: none."""
+        return None
+
+    def observe(self, state, lp: MicroBatch) -> None:
+        """Keep what the first pass (`Needs.first_pass`) gives of one micro-batch."""
+
+    def trains(self, state) -> bool:
+        """Whether the batch asks for any optimizer step (the same answer on every rank)."""
+        return True
+
+    def skips(self, state, index: list[int]) -> bool:
+        """Whether a training micro-batch contributes nothing (decided alike on every rank: a collective)."""
+        return False
+
+    def result(self, state, tally: Tally, token_counts: torch.Tensor, optimizer_steps: int) -> UpdateResult:
+        """The update's per-row numbers: by default those the micro-batches' `Loss`es left in `tally`."""
+        return tally.result(token_counts, optimizer_steps)

@@ -10,9 +10,9 @@ import torch
 from src.batch import Batch
 from src.validate.checks import check_choice
 from src.loss.base import Objective
+from src.loss.inputs import Needs
 from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.loss.variant_math import clipped_surrogate, group_normalised_advantages
-from src.loss.rloo_math import interleaved_mini_batches
 from src.policy.forward import place_tokens, upcast
 from src.variant import float_knob, int_knob
 
@@ -68,20 +68,17 @@ class ClippedObjective(Objective):
         self.eps_low, self.eps_high, self.behaviour_cap = float(eps_low), float(eps_high), float(behaviour_cap)
         self.updates_per_step = int(updates_per_step)
         self.weight_ceiling = self.behaviour_cap
+        # 2. pi_prox from a first pass before any optimizer step (pi_ref is frozen: the trainer reads it later);
+        # 4. M interleaved mini-batches; mu per token is the loss's own (3.), so no row is truncated.
+        self.needs = Needs(truncates="none", first_pass=(False, False), updates=self.updates_per_step)
 
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """GRPO's group-normalised advantages (POPO eq. 3; seed 001 eq. 6)."""
         return group_normalised_advantages(rewards)
 
     def prepare(self, batch: Batch) -> "_FixedTokens":
-        """1. and 3.: advantages, and mu per token where it is stored (pi_prox, from the first pass, elsewhere)."""
-        rows = batch.rows
-        rewards = torch.tensor([g.rewards for g in batch.groups])
-        advantages = self.advantages(rewards)[[g for g, _ in rows], [j for _, j in rows]]
-        return _FixedTokens(advantages, stored_behaviour_tokens(batch), [torch.empty(0)] * len(rows), _Diagnostics())
-
-    def first_pass_reads(self) -> tuple[bool, bool]:
-        return False, False  # 2. pi_prox, before any optimizer step (pi_ref is frozen: the trainer reads it later)
+        """3.: mu per token where it is stored (pi_prox, from the first pass, elsewhere)."""
+        return _FixedTokens(stored_behaviour_tokens(batch), [torch.empty(0)] * len(batch.rows), _Diagnostics())
 
     def observe(self, fixed: "_FixedTokens", lp: MicroBatch) -> None:
         """2. pi_prox per response token of one micro-batch."""
@@ -89,29 +86,15 @@ class ClippedObjective(Objective):
         for row, i in enumerate(lp.index):
             fixed.prox[i] = token_logprobs[row][mask[row]].clone()
 
-    def mini_batches(self, rows: int) -> list[list[int]]:
-        """4. The batch's row i in mini-batch i mod M (`interleaved_mini_batches`), as this shard's local rows.
-
-        A shard holds consecutive batch rows, so with at least M rows it has some in every mini-batch, and
-        every rank takes the same M optimizer steps."""
-        first, batch_rows = self.reducer.first_row(rows), self.reducer.total(rows)
-        count = min(self.updates_per_step, batch_rows)
-        if not self.reducer.every(rows >= count):
-            raise ValueError(f"loss.updates_per_step={self.updates_per_step}: every data-parallel rank needs at "
-                             f"least {count} responses (one for each mini-batch), and this batch leaves a rank "
-                             "fewer; lower loss.updates_per_step or raise trainer.groups_per_step")
-        minis = interleaved_mini_batches(batch_rows, self.updates_per_step)
-        return [[i - first for i in mini if first <= i < first + rows] for mini in minis]
-
-    def __call__(self, lp: MicroBatch, fixed: "_FixedTokens", totals: Totals) -> Loss:
-        """4. The surrogate on one micro-batch, its share of the mini-batch's."""
-        chunk, index = lp.chunk, lp.index
+    def __call__(self, lp: MicroBatch, totals: Totals) -> Loss:
+        """4. The surrogate on one micro-batch, its share of the mini-batch's (advantages: 1., the trainer's)."""
+        chunk, index, fixed = lp.chunk, lp.index, lp.state
         zeros = torch.zeros_like(upcast(lp.policy))
         behaviour_chunk = place_tokens(chunk, [fixed.behaviour(i) for i in index], zeros.clone())
         prox_chunk = (behaviour_chunk if self.ratio_to == "behaviour"
                       else place_tokens(chunk, [fixed.prox[i] for i in index], zeros.clone()))
         surrogate, diag = clipped_surrogate(lp.policy, prox_chunk, behaviour_chunk,
-                                            fixed.advantages[index].to(lp.policy.device), lp.mask,
+                                            lp.advantages, lp.mask,
                                             eps_low=self.eps_low, eps_high=self.eps_high,
                                             behaviour_cap=self.behaviour_cap)
         policy_loss = surrogate * (diag["n_tokens"] / totals.tokens)
@@ -155,10 +138,9 @@ def stored_behaviour_tokens(batch: Batch) -> list[torch.Tensor | None]:
 
 @dataclass
 class _FixedTokens:
-    """Per trained response, what stays fixed through the update: its advantage, and pi_prox and mu per token;
-    plus the surrogate's diagnostics as the micro-batches add them."""
+    """Per trained response, what stays fixed through the update: pi_prox and mu per token; plus the surrogate's
+    diagnostics as the micro-batches add them."""
 
-    advantages: torch.Tensor
     stored_behaviour: list[torch.Tensor | None]  # None: a fresh group's, mu = pi_prox
     prox: list[torch.Tensor]
     diagnostics: "_Diagnostics"

@@ -28,6 +28,7 @@ import torch
 
 from src.batch import Batch, Group
 from src.loss.base import Objective
+from src.loss.inputs import Needs
 from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.policy.forward import row_values, upcast
 
@@ -70,7 +71,6 @@ class IpoObjective(Objective):
     """One optimizer step of IPO on the batch's within-group pairs (whole groups; KL and entropy only logged)."""
 
     cell_tag = "-ipo"
-    penalised = False  # the margin to pi_ref is IPO's regulariser; its first pass measures KL and entropy
 
     reader_tag = " (IPO loss)"
 
@@ -80,6 +80,10 @@ class IpoObjective(Objective):
             raise ValueError(f"loss.tau={tau}: IPO's regularisation strength, a number > 0 (target margin "
                              "1/(2 tau); seed 004: 0.1)")
         self.tau = float(tau)
+        # Pass 1 reads log pi and log pi_ref (its loss is a margin to pi_ref, whatever kl_coef is), KL and entropy;
+        # pass 2 needs log pi alone (log pi_ref is a constant of the gradient). No trainer KL or entropy term:
+        # the margin to pi_ref is IPO's regulariser. No importance weight: no truncated row.
+        self.needs = Needs(truncates="none", first_pass=(True, True), reads=(False, False), penalised=False)
 
     def prepare(self, batch: Batch) -> "_IpoInputs":
         if any(entry.responses is not None for entry in batch.entries):
@@ -90,9 +94,6 @@ class IpoObjective(Objective):
         all_pairs = self.reducer.total(len(pairs))
         stats = _SequenceStats(torch.zeros(count), torch.zeros(count), torch.zeros(count), [()] * count)
         return _IpoInputs(batch.groups, pairs, all_pairs, len(pairs) / all_pairs if all_pairs else 0.0, self.tau, stats)
-
-    def first_pass_reads(self) -> tuple[bool, bool]:
-        return True, True  # pass 1: log pi, log pi_ref (its loss is a margin to pi_ref, whatever kl_coef is), KL, entropy
 
     def observe(self, inputs: "_IpoInputs", lp: MicroBatch) -> None:
         """Pass 1 (no grad): log pi and log pi_ref per response, KL and entropy for the logs."""
@@ -105,9 +106,6 @@ class IpoObjective(Objective):
         for i, tokens in zip(index, row_values(ref, mask)):
             stats.reference_tokens[i] = tokens
 
-    def train_reads(self) -> tuple[bool, bool]:
-        return False, False  # pass 2 needs log pi alone: log pi_ref is a constant of the gradient
-
     def trains(self, inputs: "_IpoInputs") -> bool:
         return inputs.all_pairs > 0  # a batch without preferences takes no optimizer step
 
@@ -115,10 +113,10 @@ class IpoObjective(Objective):
         # responses in no pair (or with zero gradient) need no backward pass
         return self.reducer.every(not inputs.gradients[index].any())
 
-    def __call__(self, lp: MicroBatch, inputs: "_IpoInputs", totals: Totals) -> Loss:
+    def __call__(self, lp: MicroBatch, totals: Totals) -> Loss:
         """Pass 2: sum_i g_i log pi(y_i|x); log pi_ref is a constant, so its gradient is dL/dtheta."""
         sequence = (upcast(lp.policy) * lp.mask).sum(-1)
-        return Loss((inputs.gradients[lp.index].to(sequence.device) * sequence).sum())
+        return Loss((lp.state.gradients[lp.index].to(sequence.device) * sequence).sum())
 
     def result(self, inputs: "_IpoInputs", tally: Tally, token_counts: torch.Tensor,
                optimizer_steps: int) -> UpdateResult:

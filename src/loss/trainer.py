@@ -17,8 +17,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from src.batch import Batch, Group
+from src.loss.inputs import RowInputs
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.reducer import Reducer
+from src.loss.rloo_math import interleaved_mini_batches
+from src.policy.forward import place_tokens
+from src.policy.token_stats import on_device
 
 
 @dataclass
@@ -84,7 +88,8 @@ def batch_sequences(batch: Batch) -> tuple[list, list, torch.Tensor]:
 
 @dataclass
 class MicroBatch:
-    """One micro-batch as an objective sees it: its batch rows and their per-token numbers, [rows, positions]."""
+    """One micro-batch as a loss sees it: its rows' per-token numbers, [rows, positions], and per row what the
+    trainer laid out for it (`src.loss.inputs.RowInputs`), on the policy's device."""
 
     index: list[int]              # the rows' positions in the batch
     chunk: list                   # their (prompt ids, response ids)
@@ -92,6 +97,12 @@ class MicroBatch:
     entropy: torch.Tensor | None  # None: not asked for
     reference: torch.Tensor | None  # log pi_ref per token; None: not read
     mask: torch.Tensor            # 1.0 on response tokens (float)
+    advantages: torch.Tensor | None = None  # A_i per row (the loss's estimator, eq. 1 by default)
+    behaviour: torch.Tensor | None = None   # log mu(y|x) per row; fresh rows of an on-policy sampler: log pi_theta now
+    truncated: list[bool] | None = None     # rows seed 002's truncated IS weighs (`Needs.truncates`)
+    # log mu per token on truncated rows (zeros elsewhere) where the batch is weighed per token; None: per response
+    behaviour_tokens: torch.Tensor | None = None
+    state: object = None  # what the loss's own `prepare` fixed for the batch (None for most losses)
 
     def sequence_logprobs(self) -> torch.Tensor:
         """log pi_theta(y|x) per response, detached (on the device: reading it would be a host sync)."""
@@ -231,62 +242,83 @@ class Trainer:
         """(entropy, pi_ref) of each training micro-batch's forward pass: the objective's own, and what eq. 3's
         terms read where the trainer adds them: the entropy, and pi_ref only at kl_coef != 0 (seeds 001 and 003
         train without it: the reference forward is skipped and the KL is logged as nan, not measured)."""
-        entropy, reference = self.objective.train_reads()
-        if self.objective.penalised:
+        needs = self.objective.needs
+        entropy, reference = needs.reads
+        if needs.penalised:
             return True, reference or self.kl_coef != 0
         return entropy, reference
 
-    def micro_batch(self, model, reference, sequences, cached, index, reads: tuple[bool, bool]) -> MicroBatch:
+    def micro_batch(self, model, reference, inputs: "_BatchInputs", index, reads: tuple[bool, bool]) -> MicroBatch:
         """The forward passes of one micro-batch: log pi_theta per token, with its entropy and log pi_ref as
-        `reads` (entropy, reference) asks (pi_ref's from the stored `cached` rows where it can)."""
-        chunk = [sequences[i] for i in index]
+        `reads` (entropy, reference) asks (pi_ref's from the stored rows where it can), and its rows' inputs."""
+        chunk = [inputs.sequences[i] for i in index]
         with_entropy, with_reference = reads
         token_logprobs, entropy, mask = self.forward.token_stats(model, chunk, with_entropy=with_entropy)
-        ref = (self.forward.reference_tokens(reference, chunk, [cached[i] for i in index], like=token_logprobs)
+        ref = (self.forward.reference_tokens(reference, chunk, [inputs.cached[i] for i in index], like=token_logprobs)
                if with_reference else None)
-        return MicroBatch(index, chunk, token_logprobs, entropy, ref, mask.float())
+        lp = MicroBatch(index, chunk, token_logprobs, entropy, ref, mask.float(), state=inputs.state)
+        return row_inputs(lp, inputs.rows)
+
+    def mini_batches(self, rows: int) -> list[list[int]]:
+        """This rank's rows (0..rows-1) per optimizer step: all of them, or, at `Needs.updates` = M > 1, the
+        batch's row i in mini-batch i mod M (`interleaved_mini_batches`) as this shard's local rows.
+
+        A shard holds consecutive batch rows, so with at least M rows it has some in every mini-batch, and every
+        rank takes the same M optimizer steps."""
+        updates = self.objective.needs.updates
+        if updates == 1:
+            return [list(range(rows))]
+        first, batch_rows = self.reducer.first_row(rows), self.reducer.total(rows)
+        count = min(updates, batch_rows)
+        if not self.reducer.every(rows >= count):
+            raise ValueError(f"loss.updates_per_step={updates}: every data-parallel rank needs at least {count} "
+                             "responses (one for each mini-batch), and this batch leaves a rank fewer; lower "
+                             "loss.updates_per_step or raise trainer.groups_per_step")
+        minis = interleaved_mini_batches(batch_rows, updates)
+        return [[i - first for i in mini if first <= i < first + rows] for mini in minis]
 
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         """One update of `policy` on `batch` with the objective's loss: one optimizer step per mini-batch.
 
-        1. The objective's per-batch inputs (`prepare`: advantages, log mu...) and its mini-batches (one by default).
-        2. Where the objective fixes numbers for the whole update (pi_prox, IPO's log pi), a no-grad pass over
-           every micro-batch before the first optimizer step (`observe`).
+        1. Every row's inputs (`RowInputs`: advantages, log mu...), the loss's own per-batch numbers where it
+           fixes some (`prepare`), and the mini-batches (`Needs.updates`).
+        2. Where the loss asks for a first pass (`Needs.first_pass`: pi_prox, IPO's log pi), a no-grad pass
+           over every micro-batch before the first optimizer step (`observe`).
         3. Per mini-batch: zero the gradients, backpropagate each micro-batch's loss (normalised by the
            mini-batch's totals, so accumulation gives the one-batch gradient exactly), clip, step.
         """
-        objective, reducer = self.objective, self.reducer
+        objective, reducer, needs = self.objective, self.reducer, self.objective.needs
         sequences, cached, token_counts = batch_sequences(batch)
-        prepared = objective.prepare(batch)  # 1.
+        inputs = _BatchInputs(sequences, cached, RowInputs.of(batch, objective.advantages, needs),
+                              objective.prepare(batch))  # 1.
         plans = [[[mini[k] for k in chunk] for chunk in self.forward.batches([sequences[i] for i in mini])]
-                 for mini in objective.mini_batches(len(sequences))]
+                 for mini in self.mini_batches(len(sequences))]
         policy.train()
-        first_pass = objective.first_pass_reads()
         # Under autocast: the update's forward and backward passes on bf16 copies of the fp32 weights, made once.
-        reads_reference = self.train_reads()[1] or (first_pass is not None and first_pass[1])
+        reads_reference = self.train_reads()[1] or (needs.first_pass is not None and needs.first_pass[1])
         with self.forward.compute_weights(policy, reference if reads_reference else None) as weights:
-            if first_pass is not None:  # 2.
+            if needs.first_pass is not None:  # 2.
                 with torch.no_grad():
                     for index in (chunk for plan in plans for chunk in plan):
-                        objective.observe(prepared, self.micro_batch(policy, reference, sequences, cached, index,
-                                                                     first_pass))
-            steps = len(plans) if objective.trains(prepared) else 0
-            tally = Tally(len(sequences), max(steps, 1), objective.keep_token_logprobs)
+                        objective.observe(inputs.state, self.micro_batch(policy, reference, inputs, index,
+                                                                         needs.first_pass))
+            steps = len(plans) if objective.trains(inputs.state) else 0
+            tally = Tally(len(sequences), max(steps, 1), needs.keep_token_logprobs)
             for plan in plans[:steps]:  # 3.
                 totals = Totals(reducer.total(sum(len(chunk) for chunk in plan)),
                                 reducer.total(sum(len(sequences[i][1]) for chunk in plan for i in chunk)))
                 weights.zero_grad(optimizer)
                 for index in plan:
-                    if objective.skips(prepared, index):
+                    if objective.skips(inputs.state, index):
                         continue
-                    lp = self.micro_batch(policy, reference, sequences, cached, index, self.train_reads())
-                    out = objective(lp, prepared, totals)
-                    if objective.penalised:
+                    lp = self.micro_batch(policy, reference, inputs, index, self.train_reads())
+                    out = objective(lp, totals)
+                    if needs.penalised:
                         out = penalised(out, lp, totals, self.kl_coef, self.entropy_coef, self.kl_tokens)
                     out.loss.backward()
                     tally.add(lp, out)  # kept on the device: read once, after the update
                 weights.step(lambda: self.optimizer_step(policy, optimizer))
-        return objective.result(prepared, tally, token_counts, steps)
+        return objective.result(inputs.state, tally, token_counts, steps)
 
     def optimizer_step(self, policy, optimizer) -> None:
         """Reduce the accumulated gradients over ranks (where the reducer must), clip them, step."""
@@ -294,6 +326,36 @@ class Trainer:
         if self.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(policy.parameters(), self.max_grad_norm)
         optimizer.step()
+
+
+@dataclass
+class _BatchInputs:
+    """What every micro-batch of one update reads: the rows' (prompt, response) ids, their stored log pi_ref,
+    their `RowInputs` and the loss's own per-batch numbers."""
+
+    sequences: list
+    cached: list
+    rows: RowInputs
+    state: object
+
+
+def row_inputs(lp: MicroBatch, rows: RowInputs) -> MicroBatch:
+    """`lp` with its rows' inputs on its device: advantages, log mu per row (log pi_theta now, detached, for
+    fresh rows of an on-policy sampler, so their weight is exactly 1), the truncated rows and their log mu per
+    token where the batch is weighed per token. One copy each (`on_device`): a copy a row was a host sync."""
+    mask, index = lp.mask, lp.index
+    current = lp.sequence_logprobs()
+    behaviour = [rows.behaviour[i] for i in index]
+    mu = current
+    if any(mu_i is not None for mu_i in behaviour):
+        stored, known = on_device(mask.device, torch.tensor([0.0 if mu_i is None else mu_i for mu_i in behaviour]),
+                                  torch.tensor([mu_i is not None for mu_i in behaviour]))
+        mu = torch.where(known, stored.to(current.dtype), current)
+    truncated = [rows.truncated[i] for i in index]
+    tokens = (place_tokens(lp.chunk, [rows.behaviour_tokens[i] for i in index], torch.zeros_like(mask))
+              if rows.token_level else None)
+    return replace(lp, advantages=on_device(mask.device, rows.advantages[index])[0], behaviour=mu,
+                   truncated=truncated, behaviour_tokens=tokens)
 
 
 def penalised(out: Loss, lp: MicroBatch, totals: Totals, kl_coef: float, entropy_coef: float, estimator) -> Loss:

@@ -3,7 +3,7 @@
 Nothing in src/ lists them: each class subclasses only its interface (`ReplayStore`, `Objective`) and
 describes itself (cell label, budget plan, checks, knobs) as the originals do, so one module and one
 YAML per variant (tests/outside_variants/conf/) is all a new variant takes. The code is copied, not
-inherited (the loss reuses only src's functions and row inputs), so that no isinstance or name check in
+inherited (the loss reuses only src's maths of eqs. 2 and 3), so that no isinstance or name check in
 src/ could be what makes them work (tests/test_outside_variant.py). The shared trainer runs the loss's
 micro-batches, backward passes and optimizer steps, so the loss is its per-micro-batch function alone.
 """
@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from src.batch import Batch, BatchGroup, Group
+import torch
+
+from src.batch import BatchGroup, Group
 from src.buffer.store import ReplayStore, checked_for_storing, replayed
 from src.validate.checks import check_int
 from src.loss.base import Objective
-from src.loss.rloo import RowInputs, sequence_weights
-from src.loss.rloo_math import rloo_policy_loss
+from src.loss.rloo_math import importance_weights, rloo_policy_loss
+from src.loss.variant_math import truncated_importance_weights
+from src.policy.forward import upcast
 from src.loss.trainer import Loss, MicroBatch, Totals
 
 
@@ -118,12 +121,11 @@ class AgeCopyStore(ReplayStore):
 
 
 class RlooCopy(Objective):
-    """L = -(1/B) sum_i w_i A_i log pi(y_i|x_i) + beta_KL KL - beta_H H over the batch's trained responses (eq. 3).
+    """L = -(1/B) sum_i w_i A_i log pi(y_i|x_i) (eq. 3; the trainer adds the KL and entropy terms).
 
-    A_i: leave-one-out advantages from the group's K rewards (eq. 1). w_i: 1 for fresh rows (mu = pi_theta
-    now), min(c, pi/mu) for replayed rows (eq. 2), and seed 002's truncated IS (its eq. 3) for fresh rows of
-    a stale or tempered sampler; constants in the gradient. The trainer calls it once per micro-batch and adds
-    the KL and entropy terms; each is normalised by the whole batch, so the accumulated gradient is exact.
+    The trainer lays out A_i (eq. 1) and log mu per row (log pi now for fresh rows). w_i = min(c, pi/mu) (eq. 2),
+    and seed 002's truncated IS on the rows `lp.truncated` names, per response or, where the trainer laid out
+    log mu per token, per token; constants in the gradient. Each term is normalised by the whole batch.
     """
 
     reads_clip = True
@@ -136,13 +138,18 @@ class RlooCopy(Objective):
         super().__init__(**settings)
         self.clip_ceiling = self.weight_ceiling = float(clip_ceiling)
 
-    def prepare(self, batch: Batch) -> RowInputs:
-        """Per row: its advantage (eq. 1), its log mu and whether truncated IS weighs it."""
-        return RowInputs.of(batch, self.advantages, batch.row_off_policy(), self.truncation.is_level)
-
-    def __call__(self, lp: MicroBatch, rows: RowInputs, totals: Totals) -> Loss:
-        current, used, raw, token_used, token_raw = sequence_weights(lp, rows, self.clip_ceiling, self.truncation)
-        policy = rloo_policy_loss(lp.policy, lp.mask, rows.advantages[lp.index].to(lp.mask.device), token_used,
-                                  batch_size=totals.rows)
-        return Loss(policy, policy, logprobs=current, weights=(raw, used),
-                    token_weights=(token_raw, token_used) if rows.token_level else None)
+    def __call__(self, lp: MicroBatch, totals: Totals) -> Loss:
+        t, now = self.truncation, lp.sequence_logprobs()
+        used, raw = importance_weights(now, lp.behaviour, self.clip_ceiling)
+        on = torch.tensor(lp.truncated, device=now.device)
+        cut, cut_raw = truncated_importance_weights(now, lp.behaviour, t.is_min, t.is_max)
+        used, raw = torch.where(on, cut, used), torch.where(on, cut_raw, raw)
+        tokens, raw_tokens = used[:, None].expand_as(lp.mask), raw[:, None].expand_as(lp.mask)
+        if lp.behaviour_tokens is not None and any(lp.truncated):
+            per, per_raw = truncated_importance_weights(upcast(lp.policy.detach()), lp.behaviour_tokens, t.is_min,
+                                                        t.is_max, level="token", mask=lp.mask)
+            tokens, raw_tokens = torch.where(on[:, None], per, tokens), torch.where(on[:, None], per_raw, raw_tokens)
+            used = torch.where(on, (per * lp.mask).sum(-1) / lp.mask.sum(-1).clamp(min=1), used)
+        policy = rloo_policy_loss(lp.policy, lp.mask, lp.advantages, tokens, batch_size=totals.rows)
+        token_weights = (raw_tokens, tokens) if lp.behaviour_tokens is not None else None
+        return Loss(policy, policy, logprobs=now, weights=(raw, used), token_weights=token_weights)
