@@ -107,6 +107,8 @@ MISTAKES = [
     (["clip=tigth"], {}, ["(did you mean clip=tight?)"]),
     (["trainer.stepz=3"], {}, ["trainer.stepz=3: unknown key (did you mean trainer.steps"]),
     (["trainer.steps=0"], {}, ["trainer.steps=0: out of range"]),
+    (["runtime=async", "runtime.queue=lifo"], {},  # a setting that moved to the buffer group: its new spelling
+     ["runtime.queue=lifo: the buffer group holds this setting", "buffer=none (its LIFO pipe)"]),
     (["buffer=age2", "buffer.ratio=-1"], {}, ["buffer.ratio=-1: out of range"]),
     (["buffer=none", "buffer.max_age=2"], {},
      ["buffer.max_age=2: buffer=none has no knob max_age (its knobs: capacity, ratio)", "e.g. buffer=age"]),

@@ -103,6 +103,15 @@ LIST_KNOBS: dict[str, tuple[Knob, int, int, str]] = {
 NULLABLE_TEXT = ("trainer.resume_from", "tracking.run_name", "tracking.artifact_location", "hardware.autocast")
 
 
+# Settings that moved to another group, with how to write them now: the replay settings of runtime=async live in
+# the buffer group, as under runtime=sync (docs/async.md).
+MOVED: dict[str, str] = {
+    "runtime.queue": "buffer=fifo (seed 001's FIFO of rollouts) or buffer=none (its LIFO pipe)",
+    "runtime.capacity": "buffer.capacity=N (rollouts under runtime=async)",
+    "runtime.independent": "buffer.mode=with_replacement (independent draws) or buffer.mode=without_replacement",
+    "runtime.positive_bias": "buffer.positive_bias=d",
+}
+
 # Names other RL trainers give these knobs (TRL's GRPOConfig, verl's ppo_trainer.yaml), by their last dotted part
 # (or whole, for verl's long paths): a key written as there is answered with this project's key, not a near miss.
 FOREIGN_NAMES: dict[str, tuple[str, str]] = {
@@ -177,6 +186,9 @@ def check_known(key: str, declared: frozenset[str] = frozenset()) -> None:
     known = known_keys() | declared
     if key in known or any(key.startswith(list_knob + ".") for list_knob in LIST_KNOBS):
         return
+    if key in MOVED:
+        raise SchemaError(f"{key}: the buffer group holds this setting under runtime=async as under runtime=sync; "
+                          f"write {MOVED[key]} (docs/async.md)")
     foreign = foreign_name(key)
     if foreign:
         raise SchemaError(f"{key}: unknown key; this project calls it {foreign[0]} ({key.split('.')[-1]}: "
