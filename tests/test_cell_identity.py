@@ -25,6 +25,10 @@ SURVIVING = {
     'curriculum=frontier': ('rho0-frontier', '180dba9f64e15010'),
     'trainer=paper policy=qwen2.5-0.5b buffer=age2 clip=tight': ('rho1-L2-c1', '91395729af24b854'),
     'hardware=h100': ('rho0', '2b47660fa3274c18'),
+    # Seed 001's pipeline: the queue's settings spelled as version 1 spelled them (`AsyncRuntime.identity`).
+    'runtime=async': ('rho0-W2T1-lifo', '9f8750d0bdc57bd0'),
+    'runtime=async buffer=fifo buffer.capacity=1024': ('rho0-W2T1-N1024', '3aaee7fcd5292e08'),
+    '+experiment=seed001-async': ('rho0-grpo-coupled-W6T2-N252-math', '490685ab8e240115'),
 }
 
 
@@ -32,6 +36,17 @@ SURVIVING = {
 def test_existing_cell_ids_survive(compose_config, overrides):
     cfg = compose_config(*overrides.split())
     assert (cell_name(cfg), cell_identity(cfg)) == SURVIVING[overrides]
+
+
+@pytest.mark.parametrize("queue", [[], ["buffer=fifo", "buffer.capacity=1024"]])
+def test_async_cells_that_weigh_stale_rollouts_at_other_ceilings_are_other_cells(compose_config, queue):
+    """Under runtime=async eq. 2 weighs every stale rollout, LIFO's too: with loss=rloo the clip ceiling is the
+    cell's (named and hashed away from the default ceiling, where version-1 ids left it out); a loss that reads
+    no ceiling keeps one cell whatever the clip group says."""
+    default, tight = (compose_config("runtime=async", *queue, *clip) for clip in ([], ["clip=tight"]))
+    assert cell_identity(default) != cell_identity(tight) and cell_name(tight) == cell_name(default) + "-c1"
+    coupled = [compose_config("runtime=async", "loss=grpo-coupled", *queue, *clip) for clip in ([], ["clip=tight"])]
+    assert cell_identity(coupled[0]) == cell_identity(coupled[1]) and cell_name(coupled[0]) == cell_name(coupled[1])
 
 
 def test_the_age_option_with_max_age_is_the_ageL_cell(compose_config):

@@ -41,6 +41,8 @@ from src.variant import described, float_knob, int_knob
 
 log = logging.getLogger(__name__)
 EVENT_LOG = "events.jsonl"
+# conf/config.yaml's default `clip: loose` (conf/clip/loose.yaml): the ceiling version-1 async cell ids assumed.
+DEFAULT_CLIP_CEILING = 10.0
 
 
 class SyncSteps(Steps):
@@ -131,9 +133,18 @@ class AsyncRuntime(Runtime):
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:
-        """Seed 001's pipeline: e.g. -W6T2-N252 (buffer=fifo), -W1T1-lifo (buffer=none)."""
+        """Seed 001's pipeline: e.g. -W6T2-N252 (buffer=fifo), -W1T1-lifo (buffer=none); -c1 where the clip
+        ceiling names the cell (`names_clip`)."""
         kind, arguments = cls.rollout_queue(cfg, node)
-        return f"-W{node.workers}T{node.trainers}-" + (f"N{arguments['capacity']}" if kind.replays else "lifo")
+        clip = f"-c{cfg.clip.ceiling:g}" if cls.names_clip(cfg) else ""
+        return f"-W{node.workers}T{node.trainers}-" + (f"N{arguments['capacity']}" if kind.replays else "lifo") + clip
+
+    @staticmethod
+    def names_clip(cfg) -> bool:
+        """Whether the clip ceiling enters the cell's id and name: where the loss reads it (eq. 2 weighs every stale
+        rollout, LIFO's too) at a ceiling other than the default one, at which version-1 ids left it out."""
+        reads = getattr(described(cfg.loss), "reads_clip", False)
+        return reads and float(cfg.clip.ceiling) != DEFAULT_CLIP_CEILING
 
     @classmethod
     def reader_label(cls, node, cfg) -> str:
@@ -153,14 +164,15 @@ class AsyncRuntime(Runtime):
     @classmethod
     def identity(cls, resolved: dict, cfg) -> dict:
         """The cell's config as cell ids of version 1 spelled it: the queue's settings under `runtime` (queue,
-        capacity, independent, positive_bias), no buffer and no clip, so every async cell keeps its id."""
+        capacity, independent, positive_bias) and no buffer, so every async cell keeps its id; and no clip but
+        where it names the cell (`names_clip`), so cells that differ in what eq. 2 weighs differ in id."""
         kind, arguments = cls.rollout_queue(cfg, cfg.runtime)
         runtime = dict(resolved["runtime"])
         runtime.update(queue=kind.name, capacity=arguments["capacity"],
                        independent=arguments.get("independent", False),
                        positive_bias=arguments.get("positive_bias", 0.0))
-        return {**{key: value for key, value in resolved.items() if key not in ("buffer", "clip")},
-                "runtime": runtime}
+        dropped = ("buffer",) if cls.names_clip(cfg) else ("buffer", "clip")
+        return {**{key: value for key, value in resolved.items() if key not in dropped}, "runtime": runtime}
 
     @classmethod
     def trainer_device(cls, node, run: RunSettings) -> str:

@@ -108,7 +108,8 @@ def cell_identity(cfg: DictConfig) -> str:
        cell) and without the launch-only keys (`LAUNCH_ONLY`). The training seed is part of it: each
        (cell, seed) is its own job.
     2. Fresh-only (a store whose settings replay nothing, `ReplayStore.fresh_only`: rho = 0 with the age
-       buffer, or buffer=none): no buffer and no clip, since nothing is replayed.
+       buffer, or buffer=none): no buffer and no clip, since nothing is replayed (under runtime=async, where
+       every rollout is stale, the runtime's `identity` decides the clip).
     3. The variant groups at a plain setting (`Variant.plain`: sampling=standard, behaviour=current,
        curriculum=none, runtime=sync) and the plain loss (rloo) are left out: they compute plain
        Replay-RLOO. Another loss enters with its settings, and clip leaves (only rloo reads clip.ceiling).
@@ -142,10 +143,12 @@ def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     for key, knob in knobs_for(cfg).items():
         if knob.id_omitted_at and OmegaConf.select(cfg, key) in knob.id_omitted_at:
             _drop(resolved, key)
-    resolved = described(cfg.runtime).identity(resolved, cfg)
+    runtime = described(cfg.runtime)
+    resolved = runtime.identity(resolved, cfg)
     if described(cfg.buffer, ReplayStore).fresh_only(cfg.buffer):
         resolved.pop("buffer", None)
-        resolved.pop("clip", None)
+        if runtime.step_replays:  # under the pipeline every rollout is stale: its runtime decides the clip
+            resolved.pop("clip", None)
     for group in SUFFIX_GROUPS:
         if described(cfg[group]).plain(cfg[group]):
             resolved.pop(group, None)
