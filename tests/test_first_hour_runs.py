@@ -110,7 +110,11 @@ def _ctrl_c(process: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 def test_a_double_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it_in_its_folder(tmp_path):
-    command = [*QUICK_CHECK, f"out={tmp_path}", "evaluation.at_start=false", "trainer.checkpoint_every=1"]
+    # Step 2 made long enough (64 rollouts, about 2 s; the quick check's 8 take 0.2 s) that both Ctrl-Cs land in it
+    # however busy the machine: with the quick check's own step the run could end between the two, and the second
+    # then hit the interpreter's shutdown.
+    command = [*QUICK_CHECK, f"out={tmp_path}", "evaluation.at_start=false", "trainer.checkpoint_every=1",
+               "trainer.groups_per_step=32"]
     process, lines = _start(command), []
     for line in process.stdout:
         lines.append(line)
