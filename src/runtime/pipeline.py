@@ -169,8 +169,7 @@ class Pipeline:
             c.restarts += 1
             self._event({"event": "restart", "worker": generated.worker})
         self.queue.put(generated.key, generated.group, generated.version, self.wall(), virtual)
-        self.arrived.append(generated)
-        self._drain_queue_events()
+        self.arrived.append(generated)  # the queue's events of the put are drained before the next event
 
     def take(self) -> list[Sample] | None:
         """The next batch, or None while the queue cannot give one (the trainer waits)."""
@@ -272,10 +271,17 @@ class Pipeline:
         return self.counters.elapsed_s + time.perf_counter() - self._wall_start
 
     def _event(self, event: dict) -> None:
+        self._drain_queue_events()  # the queue's events so far come first: the log keeps the order things happened
         self.events.append(event)
 
     def _drain_queue_events(self) -> None:
         self.events += self.queue.drain_events()
+
+    def take_events(self) -> list[dict]:
+        """Every event since the last call, the queue's included, in the order they happened."""
+        self._drain_queue_events()
+        events, self.events = self.events, []
+        return events
 
     def state_dict(self) -> dict:
         counters = dataclasses.asdict(self.counters)

@@ -2,7 +2,8 @@
 
 `QueueActor` starts the run's rollout queue (the class and arguments the `buffer` option names,
 `src.buffer.store.ReplayStore.rollout_queue`: those the driver would build) as a Ray actor and
-answers the pipeline with the queue's own methods, each a `ray.get` on the actor: the pipeline cannot tell it from a queue in its process, and
+answers the pipeline with the queue's own methods, each a `ray.get` on the actor but `put`, whose answer
+nobody reads: the pipeline cannot tell it from a queue in its process, and
 the queue's logic exists once. An actor runs its calls one at a time in the order they are sent, and
 the pipeline sends them one after another, so the draws, the event log and the metrics are those of
 the local queue to the last digit. The actor asks for no CPU slot (it waits most of the time).
@@ -29,19 +30,24 @@ class QueueActor:
     def __init__(self, kind: type[RolloutQueue], arguments: dict) -> None:
         self.name, self.replays, self.capacity = kind.name, kind.replays, int(arguments["capacity"])
         self.actor = ray.remote(kind).options(num_cpus=0, max_restarts=0).remote(**arguments)
+        self.sent: list[ray.ObjectRef] = []  # calls not waited for (`put`)
         self.size()  # wait for its process: its start belongs to the session's, not to the first step
 
     def _call(self, method: str, *args):
         try:
-            return ray.get(getattr(self.actor, method).remote(*args))
+            answer = ray.get(getattr(self.actor, method).remote(*args))
+            sent, self.sent = self.sent, []
+            ray.get(sent)  # done before `method` ran (one call at a time, in order): raises what they raised
+            return answer
         except RayActorError as error:
             cause = first_line(error).split(". ")[0]  # Ray's guesses at why follow the first sentence
             raise PipelineError(f"the buffer actor died ({cause}); the run stops: run the same command again to "
                                 "resume from its last checkpoint") from None
 
-    def put(self, group_key: int, group: Group, version: int, wall: float,
-            virtual: float | None = None) -> list[Rollout]:
-        return self._call("put", group_key, group, version, wall, virtual)
+    def put(self, group_key: int, group: Group, version: int, wall: float, virtual: float | None = None) -> None:
+        """Sent without waiting (the pipeline reads no answer): a round trip a group was most of the driver's time
+        between updates. The next call that waits raises whatever it raised."""
+        self.sent.append(self.actor.put.remote(group_key, group, version, wall, virtual))
 
     def ready(self, batch: int) -> bool:
         return self._call("ready", batch)

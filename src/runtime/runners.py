@@ -385,7 +385,7 @@ class AsyncSession(Steps):
         self.work.pull(optimizer=False)
 
     def _write_events(self) -> None:
-        events, self.pipeline.events = self.pipeline.events, []
+        events = self.pipeline.take_events()
         with open(self.events_path, "a") as handle:
             for event in events:
                 handle.write(json.dumps(event, sort_keys=True) + "\n")
