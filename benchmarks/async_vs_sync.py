@@ -5,8 +5,8 @@
 
 Every update trains on B x K rollouts of the tiny policy. `sync` runs SPEC 3's fresh-only step
 (generate, then train) in this process with one torch thread and with two; `async lifo` runs seed
-001's streaming baseline in the free schedule with one worker actor (one thread) and the trainer
-(this process, one thread), the worker generating a whole batch per call as the synchronous step
+001's streaming baseline in the free schedule with one worker actor and one trainer actor (one thread
+each, this process driving them), the worker generating a whole batch per call as the synchronous step
 does: each rollout is used once, as in the fresh-only step, so both do the same work per update,
 and overlapped the pipeline should approach the slower phase alone rather than the sum of both. `async buffer` is the same pipeline with seed 001's FIFO buffer (N = 4 B):
 the trainer no longer waits for generation, so updates/s is the trainer's own speed.
