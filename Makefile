@@ -221,7 +221,7 @@ test-gpu: $(STAMP)  ## the tests that need a CUDA GPU (pytest -m gpu; skipped ev
 
 # A GPU lease (docs/benchmarks.md, "A GPU lease"). Here, with PyPI: make gpu-bundle writes GPU_BUNDLE/carry1, carry2
 # (vLLM's CUDA wheel trimmed and what the node's image lacks, launch/gpu-bundle.txt), one folder a device call.
-# On the node: make gpu-lease OUT=$$OUT [PART=1|2], in the image's python3 (LEASE_PY); DEVICE=cpu rehearses the same
+# On the node: make gpu-lease OUT=$$OUT [PART=1|2] [LEASE_SECONDS=N: the part's limit, default 470], in the image's python3 (LEASE_PY); DEVICE=cpu rehearses the same
 # stages at tiny shapes in .venv (LEASE_PY=.venv-vllm/bin/python for the CPU vLLM).
 GPU_BUNDLE ?= gpu-bundle
 PART ?= 1
@@ -233,7 +233,7 @@ gpu-bundle: $(STAMP)  ## build the lent GPU node's bundle here (vLLM trimmed + w
 gpu-lease: $(if $(filter cpu,$(LEASE_DEVICE)),$(STAMP))  ## on the lent GPU node: install the bundle, PART=1 tests + benchmarks, PART=2 torchrun + 1.5B; DEVICE=cpu rehearses
 	$(if $(OUT),,$(error OUT is needed: make gpu-lease OUT=DIR [PART=1|2] [DEVICE=cuda|cpu]; on the node OUT=$$OUT))
 	$(if $(filter 1 2,$(PART)),,$(error PART=$(PART): the lease has parts 1 and 2 (make gpu-lease OUT=DIR PART=2)))
-	$(LEASE_PY) launch/gpu_lease.py --part $(PART) --device $(LEASE_DEVICE) --out $(OUT_DIR) --bundle $(GPU_BUNDLE)
+	$(LEASE_PY) launch/gpu_lease.py --part $(PART) --device $(LEASE_DEVICE) --out $(OUT_DIR) --bundle $(GPU_BUNDLE)$(if $(LEASE_SECONDS), --seconds $(LEASE_SECONDS))
 
 sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)

@@ -54,6 +54,7 @@ from src.build import build_optimizer
 from src.loss.rloo import RlooObjective
 from src.loss.trainer import Trainer
 from src.policy.forward import Forward, autocast_context
+from src.policy.model import compile_layers
 from src.policy.packing import lanes
 from src.rollout.vllm_engine import CUDA_MAX_NUM_SEQS, vllm_problem
 
@@ -180,10 +181,12 @@ def policy_update(policy, reference, optimizer, groups, trainer_cfg, autocast):
     return trainer.update(policy, reference, optimizer, Batch(entries))
 
 
-def measure_update(policy, reference, trainer_cfg, groups, device, autocast, fused_adamw: bool) -> dict[str, float]:
-    """Seconds of the whole update and of its reference-forward and optimizer parts."""
+def measure_update(policy, reference, trainer_cfg, groups, device, autocast, fused_adamw: bool,
+                   compiled: bool = False) -> dict[str, float]:
+    """Seconds of the whole update and of its reference-forward and optimizer parts. Compiled layers warm up on
+    the whole batch, so every micro-batch shape is compiled before the timed update."""
     optimizer = make_optimizer(policy, fused_adamw)
-    policy_update(policy, reference, optimizer, groups[:2], trainer_cfg, autocast)  # warm-up, state init
+    policy_update(policy, reference, optimizer, groups if compiled else groups[:2], trainer_cfg, autocast)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     _, total = timed(device, lambda: policy_update(policy, reference, optimizer, groups, trainer_cfg,
@@ -199,6 +202,8 @@ def measure_update(policy, reference, trainer_cfg, groups, device, autocast, fus
 
     # At kl_coef = 0 the update reads no pi_ref and runs no reference forward.
     reads_reference = fresh_rows and trainer_cfg.kl_coef != 0
+    if reads_reference and compiled:
+        reference_forward()  # its head (no entropy) is a region of its own: compiled before it is timed
     _, reference_seconds = timed(device, reference_forward) if reads_reference else (None, 0.0)
     _, optimizer_seconds = timed(device, optimizer.step)
     return {"update_s": total, "reference_forward_s": reference_seconds, "optimizer_s": optimizer_seconds,
@@ -301,6 +306,8 @@ def parse_args() -> argparse.Namespace:
                         help="trainer.pack_rows=true: packed micro-batches of real tokens, no padding")
     parser.add_argument("--kl-coef", type=float, default=1e-3, help="trainer.kl_coef (0: no reference forward)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--compile", action="store_true",
+                        help="trainer.compile: torch.compile the decoder layers and the fused head of both models")
     parser.add_argument("--plain-logprobs", action="store_true",
                         help="trainer.fused_logprobs=false: full-vocabulary fp32 log_softmax on every position")
     parser.add_argument("--no-fused-adamw", action="store_true", help="AdamW's default kernels instead of fused")
@@ -341,6 +348,9 @@ def build_models(args, device: str):
     reference.load_state_dict(policy.state_dict())
     for parameter in reference.parameters():
         parameter.requires_grad_(False)
+    if args.compile:  # after the copy, as the trainer compiles (src/policy/model.py, compile_layers)
+        compile_layers(policy)
+        compile_layers(reference)
     return config, policy, reference
 
 
@@ -375,7 +385,8 @@ def measure_updates(args, config, policy, reference, device: str, autocast, peak
                                      config.vocab_size, 5, True, generator, args.spread))
         if args.profile and ratio == 0:
             profile(policy, reference, trainer_cfg, groups, device, autocast, args, config, args.profile)
-        update = measure_update(policy, reference, trainer_cfg, groups, device, autocast, not args.no_fused_adamw)
+        update = measure_update(policy, reference, trainer_cfg, groups, device, autocast, not args.no_fused_adamw,
+                                args.compile)
         flops = update_flops(config, groups, not args.plain_logprobs, args.kl_coef != 0)
         counts = token_counts([(g.prompt_ids, r) for g in groups for r in g.response_ids],
                               forward_of(trainer_cfg, autocast))
@@ -420,7 +431,8 @@ def results_text(args, device_name: str, peak_rate: float, generation: list[dict
     settings = (f"micro-batches of <= {args.micro_batch_size} rows and {args.micro_batch_tokens} {budget}, "
                 f"response lengths {args.lengths}, kl_coef {args.kl_coef:g}, "
                 f"fused_logprobs={not args.plain_logprobs}, fused AdamW={not args.no_fused_adamw}, "
-                f"gradient checkpointing={args.gradient_checkpointing}, generation engine {args.engine}")
+                f"gradient checkpointing={args.gradient_checkpointing}, trainer.compile={args.compile}, "
+                f"generation engine {args.engine}")
     lines = [f"# One step at B={args.groups} x K={args.group_size}, prompt {args.prompt_tokens} + response "
              f"{args.response_tokens} tokens; {'tiny smoke model' if args.tiny else 'Qwen2.5-0.5B architecture'}",
              f"device {device_name}, torch {torch.__version__}, measured bf16 matmul rate "

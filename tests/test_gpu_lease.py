@@ -139,6 +139,22 @@ def test_each_call_stashes_its_carry_folder_and_the_bundle_unpacks_once_all_are_
     assert on_disk["stages"]["install"]["status"] == "ok"
 
 
+def test_the_call_that_carries_the_first_pieces_runs_the_plain_loop_and_the_next_call_reads_it_back(tmp_path):
+    script = b"import json, sys; json.dump({'results': [{'seconds': 1.5}]}, open(sys.argv[2], 'w'))\n"
+    fake_bundle(tmp_path, piece_bytes=40_000, carry_bytes=100_000, extras={"update_reference.py": script})
+    carried = tmp_path / "call" / "gpu-bundle"
+    carried.mkdir(parents=True)
+    (tmp_path / "bundle" / "carry1").rename(carried / "carry1")
+    args = lease_args(tmp_path, carried)
+    assert gpu_lease.lease_main(args) == 3  # incomplete: the plain loop ran meanwhile
+    stages = json.loads((tmp_path / "out" / "part1.json").read_text())["stages"]
+    assert stages["install"]["status"] == "incomplete" and stages["update_reference"]["status"] == "ok"
+    lease = gpu_lease.Lease(args)
+    gpu_lease.reference_stage(lease, "python-not-run")  # the next call on the warm machine
+    again = lease.summary["stages"]["update_reference"]
+    assert "reused" in again and again["figures"]["results"][0]["seconds"] == 1.5
+
+
 def test_a_stage_that_hangs_is_stopped_at_its_limit_and_the_next_one_runs(tmp_path, monkeypatch):
     monkeypatch.setitem(gpu_lease.LIMITS, "hang", 2)
     lease = gpu_lease.Lease(lease_args(tmp_path, tmp_path))
@@ -175,6 +191,8 @@ def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, par
         steps = stages["gpu_step"]["figures"]
         assert sorted(steps) == ["gpu_step_cpu_16", "gpu_step_cpu_8"]
         assert all(row["update_s"] > 0 for saved in steps.values() for row in saved["rows"])
+        compiled = stages["gpu_step:compile"]["figures"]["gpu_step_cpu_8_compile"]
+        assert compiled["args"]["compile"] == "True" and compiled["rows"][0]["update_s"] > 0
         if bundle.REFERENCE.is_file():  # ../shared/bench beside the checkout
             assert stages["update_reference"]["figures"]["results"][0]["seconds"] > 0
         else:
