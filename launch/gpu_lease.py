@@ -183,7 +183,8 @@ def part_one(lease: Lease, python: str) -> None:
     # The lever trainer.compile on the same card: the update at 256 tokens with compiled decoder layers and head.
     compiled = work / "gpu_step_compile"
     shutil.rmtree(compiled, ignore_errors=True)
-    step = ["--engine", "vllm", "--response-tokens", "256"] if cuda else ["--tiny", "--device", "cpu", "--response-tokens", "8"]
+    step = (["--engine", "vllm", "--response-tokens", "256"] if cuda else
+            ["--tiny", "--device", "cpu", "--response-tokens", "8"])
     lease.run("gpu_step:compile", [python, "-m", "benchmarks.gpu_step", *step, "--ratios", "0", "--compile", "--label",
                                    "compile",
                                    "--save", "--results", str(compiled)],
