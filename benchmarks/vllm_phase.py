@@ -34,10 +34,15 @@ def drain() -> None:
 
 
 def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    """A tokenizer with one word per id (`t<id>`): prompts are written as words and every sampled id decodes."""
+    """A tokenizer with one word per id (`t<id>`): prompts are written as words and every sampled id decodes.
+
+    A special token is matched anywhere in the text, before words are split, so each one is a word that is no
+    other word's start: `t0` (no id starts with 0) and the last id (a longer number would be past the vocabulary).
+    EOS as `t1` would cut `t126172` into `t1` and an unknown word, and a 128-word prompt into up to 194 ids."""
     backend = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", pad_token="t0", eos_token="t1")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", pad_token="t0",
+                                   eos_token=f"t{vocab_size - 1}")
 
 
 def policy_folder(policy, tokenizer, folder: Path) -> Path:

@@ -236,8 +236,9 @@ def extract(data: bytes, site: Path) -> None:
         archive.extractall(site, filter="data")
 
 
-def requirements_of(wheel: Path) -> list[str]:
-    """A wheel's unconditional requirements on Linux x86_64 under CPython 3.12 (extras left out), by name."""
+def requirements_of(wheel: Path) -> list:
+    """A wheel's unconditional requirements on Linux x86_64 under CPython 3.12 (extras left out), as
+    `packaging` Requirements."""
     from packaging.markers import default_environment
     from packaging.requirements import Requirement
 
@@ -246,13 +247,13 @@ def requirements_of(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as archive:
         metadata = next(n for n in archive.namelist() if re.match(r"^[^/]+\.dist-info/METADATA$", n))
         lines = archive.read(metadata).decode("utf-8", "replace").splitlines()
-    names = []
+    found = []
     for line in lines:
         if line.startswith("Requires-Dist:"):
             requirement = Requirement(line.split(":", 1)[1].strip())
             if requirement.marker is None or requirement.marker.evaluate(environment):
-                names.append(canonical(requirement.name))
-    return names
+                found.append(requirement)
+    return found
 
 
 def uncovered(wheels: list[Path], image: set[str], omitted: set[str]) -> dict[str, list[str]]:
@@ -260,10 +261,24 @@ def uncovered(wheels: list[Path], image: set[str], omitted: set[str]) -> dict[st
     bundled = {canonical(w.name.split("-")[0]) for w in wheels}
     gaps: dict[str, list[str]] = {}
     for wheel in wheels:
-        for name in requirements_of(wheel):
+        for name in (canonical(r.name) for r in requirements_of(wheel)):
             if name not in bundled | image | omitted:
                 gaps.setdefault(name, []).append(wheel.name.split("-")[0])
     return gaps
+
+
+def mismatched(wheels: list[Path], pins: list[tuple[str, str]], overridden: set[str]) -> list[str]:
+    """Each bundled wheel's requirement that the pinned version of a bundled package does not satisfy, unless the
+    list overrides that package on purpose (`# override: name (why)`): on the node the first import finds out."""
+    pinned = {canonical(name): version for name, version in pins}
+    found = []
+    for wheel in wheels:
+        for requirement in requirements_of(wheel):
+            name = canonical(requirement.name)
+            if name in pinned and name not in overridden and not requirement.specifier.contains(pinned[name], True):
+                found.append(f"{wheel.name.split('-')[0]} needs {requirement.name}{requirement.specifier}, "
+                             f"the list pins {pinned[name]}")
+    return found
 
 
 def image_names(path: Path = IMAGE) -> set[str]:
@@ -271,12 +286,13 @@ def image_names(path: Path = IMAGE) -> set[str]:
             if line.strip() and not line.startswith("#")}
 
 
-def omitted_names(path: Path = LIST) -> set[str]:
-    """The `# omit: name, name` lines of the list: requirements left out on purpose (the reason beside them)."""
-    names = set()
+def omitted_names(path: Path = LIST, word: str = "omit") -> set[str]:
+    """The `# omit: name, name` lines of the list: requirements left out on purpose (the reason beside them);
+    with word="override", the `# override:` lines: packages pinned against a requirement on purpose."""
+    names, prefix = set(), f"# {word}:"
     for line in path.read_text().splitlines():
-        if line.startswith("# omit:"):
-            names |= {canonical(n) for n in line[len("# omit:"):].split("(")[0].replace(",", " ").split()}
+        if line.startswith(prefix):
+            names |= {canonical(n) for n in line[len(prefix):].split("(")[0].replace(",", " ").split()}
     return names
 
 
@@ -292,6 +308,10 @@ def build(args) -> None:
     wheels_dir, site = args.out / "wheels", args.out / "site"
     download(pins, wheels_dir, args.python)
     wheels = [wheel_present(wheels_dir, name, version) for name, version in pins]
+    conflicts = mismatched(wheels, pins, omitted_names(args.list, "override"))
+    if conflicts:
+        raise BundleError(f"{args.list}: {'; '.join(conflicts)}: pin a version that satisfies them, or declare the "
+                          "package on a `# override: name (why)` line")
     gaps = uncovered(wheels, image_names(args.image), omitted_names(args.list))
     for name, needers in sorted(gaps.items()):
         print(f"warning: {name} (needed by {', '.join(needers)}) is neither bundled, on the image nor omitted "

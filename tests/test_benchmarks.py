@@ -85,3 +85,17 @@ def test_gpu_step_spread_lengths_show_real_and_computed_tokens_padded_and_packed
     # packed, one micro-batch whose short rows share lanes as long as its longest row.
     assert counted[False].startswith("tokens: 892 real, 1,228 computed in 2 micro-batches (27.4% padding)")
     assert counted[True].startswith("tokens: 892 real, 1,040 computed in 1 micro-batches (14.2% padding)")
+
+
+def test_the_vllm_phase_prompts_are_one_id_a_word_at_the_full_vocabulary():
+    """Each prompt word is one id, so the engine's context (prompt + response + 16) holds every prompt: special
+    tokens that prefixed other words once cut 128-word prompts into up to 194 ids on the card."""
+    from benchmarks.vllm_phase import prompts, word_tokenizer
+
+    vocab = 151_936  # Qwen2.5's
+    tokenizer = word_tokenizer(vocab)
+    texts = prompts(64, 128, vocab, torch.Generator().manual_seed(2))
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        assert len(ids) == 128 and tokenizer.decode(ids) == text
+    assert tokenizer.eos_token_id == vocab - 1 and tokenizer.pad_token_id == 0

@@ -88,3 +88,20 @@ def test_trainer_compile_compiles_the_layers_of_policy_and_reference_only(random
         assert all(layer._compiled_call_impl is not None for layer in model.get_decoder().layers)
     assert parts.behaviour.stale_model.get_decoder().layers[0]._compiled_call_impl is None  # copied before
     assert parts.reference.get_decoder().layers[0] is not parts.policy.get_decoder().layers[0]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_scoring_passes_hand_the_layers_no_kv_cache(random_policy_dir, fused):
+    """A KV cache in a scoring pass is wasted work, and compiled layers recompile on its writes until the
+    recompile limit leaves the rest eager: the trainer's forwards ask for none."""
+    policy, _ = load_policy(str(random_policy_dir), "cpu", "float32")
+    assert policy.config.use_cache  # the saved config asks for a cache; the forward must say no
+    seen = []
+    layer = policy.get_decoder().layers[0]
+    hook = layer.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("past_key_values")),
+                                           with_kwargs=True)
+    try:
+        Forward(0, 2, fused=fused).token_stats(policy, [((3, 4), (5, 6, 7)), ((3,), (5, 6))], with_entropy=True)
+    finally:
+        hook.remove()
+    assert seen and all(cache is None for cache in seen)

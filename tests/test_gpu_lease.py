@@ -99,6 +99,18 @@ def test_a_requirement_nothing_covers_is_named_with_the_wheels_that_need_it(tmp_
     assert gaps == {"delta": ["alpha"], "delta-pkg": ["beta"]}
 
 
+def test_a_pin_that_a_bundled_wheel_rejects_is_named_unless_overridden_on_purpose(tmp_path):
+    # The bundle once pinned apache-tvm-ffi 0.1.10 (vLLM's pin) where xgrammar needs >= 0.1.11: vLLM failed to import.
+    wheels = [write_wheel(tmp_path, "engine", {}, ("ffi==0.1.10", "other>=2; python_version < '3.8'")),
+              write_wheel(tmp_path, "grammar", {}, ("ffi>=0.1.11",)), write_wheel(tmp_path, "ffi", {})]
+    pins = [("engine", "1.0"), ("grammar", "1.0"), ("ffi", "0.1.10"), ("other", "1.0")]
+    assert bundle.mismatched(wheels, pins, overridden=set()) == ["grammar needs ffi>=0.1.11, the list pins 0.1.10"]
+    pins[2] = ("ffi", "0.1.15.post2")
+    assert bundle.mismatched(wheels, pins, overridden=set()) == ["engine needs ffi==0.1.10, the list pins 0.1.15.post2"]
+    assert bundle.mismatched(wheels, pins, overridden={"ffi"}) == []
+    assert "apache-tvm-ffi" in bundle.omitted_names(bundle.LIST, "override")
+
+
 def test_the_list_is_exact_pins_and_its_omissions_are_read(tmp_path):
     listed = tmp_path / "list.txt"
     listed.write_text("# omit: Foo_Bar, baz (why)\nvllm==0.26.0  # the engine\n\nhydra-core==1.3.8\n")

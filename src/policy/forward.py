@@ -41,7 +41,7 @@ def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temp
     if fused:
         return fused_response_token_stats(model, sequences, input_ids, response_mask, with_entropy, temperature)
     input_ids, response_mask = on_device(device, input_ids, response_mask)
-    logits = upcast(model(input_ids=input_ids).logits[:, :-1])
+    logits = upcast(model(input_ids=input_ids, use_cache=False).logits[:, :-1])
     if temperature != 1.0:
         logits = logits / temperature
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
@@ -65,7 +65,7 @@ def fused_response_token_stats(model, sequences, input_ids, response_mask, with_
     input_ids, response_mask, predicting, placed, targets = on_device(
         next(model.parameters()).device, input_ids, response_mask, response_positions(sequences, width),
         response_positions(sequences, width - 1), targets)
-    hidden = final_hidden_states(model, input_ids=input_ids)
+    hidden = final_hidden_states(model, input_ids=input_ids, use_cache=False)
     chosen, entropy = response_head(model)(hidden.flatten(0, 1), predicting, targets, temperature)
     token_logprobs = laid_out(chosen, placed, response_mask.shape)
     return token_logprobs, (laid_out(entropy, placed, response_mask.shape) if with_entropy else None), response_mask
