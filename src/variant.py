@@ -51,6 +51,8 @@ class Knob:
     # A knob added after cell ids were fixed names the value every earlier cell computed: at it, the knob
     # stays out of the cell id (`src.study.sweep.cell_identity`), so adding a knob keeps every existing id.
     id_omitted_at: tuple = ()
+    # The runtimes under which the knob acts (empty: every one); under another, setting it is refused.
+    runtimes: tuple = ()
 
 
 def int_knob(low=-INF, high=INF, example="", **kw) -> Knob:

@@ -110,6 +110,8 @@ MISTAKES = [
     (["runtime=async", "runtime.queue=lifo"], {},  # a setting that moved to the buffer group: its new spelling
      ["runtime.queue=lifo: the buffer group holds this setting", "buffer=none (its LIFO pipe)"]),
     (["buffer=age2", "buffer.ratio=-1"], {}, ["buffer.ratio=-1: out of range"]),
+    (["buffer=none", "buffer.capacity=512"], {},  # the LIFO queue's bound: runtime=async's alone
+     ["buffer.capacity=512: buffer=none reads capacity under runtime=async only", "add runtime=async"]),
     (["buffer=none", "buffer.max_age=2"], {},
      ["buffer.max_age=2: buffer=none has no knob max_age (its knobs: capacity, ratio)", "e.g. buffer=age"]),
     (["loss.eps_low=0.2"], {},

@@ -278,6 +278,8 @@ def check_unused_settings(cfg: DictConfig, overrides: list[str], choices, descri
             continue
         group, name = key.split(".")
         chosen = describe(cfg.get(group)) if group in VARIANT_GROUPS else None
+        if chosen is not None and name in chosen.knobs:
+            _check_runtime(word, group, name, chosen.knobs[name], choices)
         if chosen is None or name in chosen.knobs:
             continue
         users = _options_declaring(group, name, describe, (CONFIG_DIR, *roots))
@@ -285,6 +287,15 @@ def check_unused_settings(cfg: DictConfig, overrides: list[str], choices, descri
             raise SchemaError(f"{word}: {group}={choices.get(group, '?')} has no knob {name} (its knobs: "
                               f"{', '.join(sorted(chosen.knobs)) or 'none'}), so the setting would change nothing; "
                               f"pick a {group} that uses it, e.g. {group}={users[0]}, or drop {key}")
+
+
+def _check_runtime(word: str, group: str, name: str, knob, choices) -> None:
+    """A knob that acts under some runtimes only (`Knob.runtimes`), set under another: it would change nothing."""
+    runtime = choices.get("runtime", "sync")
+    if knob.runtimes and runtime not in knob.runtimes:
+        acting = " or ".join(f"runtime={r}" for r in knob.runtimes)
+        raise SchemaError(f"{word}: {group}={choices.get(group, '?')} reads {name} under {acting} only, so under "
+                          f"runtime={runtime} the setting would change nothing; add {acting}, or drop {group}.{name}")
 
 
 def _options_declaring(group: str, name: str, describe, roots) -> list[str]:
