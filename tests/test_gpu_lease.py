@@ -201,10 +201,9 @@ def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, par
     if part == 1:
         assert stages["pytest"]["figures"]["counts"]["skipped"] == 3  # no CUDA here
         steps = stages["gpu_step"]["figures"]
-        assert sorted(steps) == ["gpu_step_cpu_16", "gpu_step_cpu_8"]
+        assert sorted(steps) == ["gpu_step_cpu_16_compile", "gpu_step_cpu_8_compile"]
         assert all(row["update_s"] > 0 for saved in steps.values() for row in saved["rows"])
-        compiled = stages["gpu_step:compile"]["figures"]["gpu_step_cpu_8_compile"]
-        assert compiled["args"]["compile"] == "True" and compiled["rows"][0]["update_s"] > 0
+        assert all(saved["args"]["compile"] == "True" for saved in steps.values())
         if bundle.REFERENCE.is_file():  # ../shared/bench beside the checkout
             assert stages["update_reference"]["figures"]["results"][0]["seconds"] > 0
         else:
