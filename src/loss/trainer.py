@@ -103,10 +103,14 @@ class MicroBatch:
     # log mu per token on truncated rows (zeros elsewhere) where the batch is weighed per token; None: per response
     behaviour_tokens: torch.Tensor | None = None
     state: object = None  # what the loss's own `prepare` fixed for the batch (None for most losses)
+    _sequence: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def sequence_logprobs(self) -> torch.Tensor:
-        """log pi_theta(y|x) per response, detached (on the device: reading it would be a host sync)."""
-        return (self.policy * self.mask).sum(-1).detach()
+        """log pi_theta(y|x) per response, detached (on the device: reading it would be a host sync); computed
+        once a micro-batch, however many of the loss's terms and the trainer's diagnostics read it."""
+        if self._sequence is None:
+            self._sequence = (self.policy * self.mask).sum(-1).detach()
+        return self._sequence
 
 
 @dataclass(frozen=True)
@@ -354,8 +358,10 @@ def row_inputs(lp: MicroBatch, rows: RowInputs) -> MicroBatch:
     truncated = [rows.truncated[i] for i in index]
     tokens = (place_tokens(lp.chunk, [rows.behaviour_tokens[i] for i in index], torch.zeros_like(mask))
               if rows.token_level else None)
-    return replace(lp, advantages=on_device(mask.device, rows.advantages[index])[0], behaviour=mu,
+    laid = replace(lp, advantages=on_device(mask.device, rows.advantages[index])[0], behaviour=mu,
                    truncated=truncated, behaviour_tokens=tokens)
+    laid._sequence = current  # the same log-probs and mask: not summed again
+    return laid
 
 
 def penalised(out: Loss, lp: MicroBatch, totals: Totals, kl_coef: float, entropy_coef: float, estimator) -> Loss:
