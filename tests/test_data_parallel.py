@@ -42,9 +42,10 @@ def test_any_loss_is_wrapped_with_rank_aware_micro_batches():
     class NewLoss(Objective):  # a researcher's loss: the shared trainer splits it over ranks as it is
         pass
 
-    loss = NewLoss()
-    wrapped = DataParallelTrainer(Trainer(loss, Forward(0, 4, fused=True)), reducer=Reducer())
-    assert loss.reducer is wrapped.reducer and wrapped.forward.inner.micro_batch_size == 4
+    loss, reducer = NewLoss(), Reducer()
+    wrapped = DataParallelTrainer(Trainer(loss, Forward(0, 4, fused=True)), reducer=reducer)
+    assert wrapped.reducer is reducer and wrapped.forward.inner.micro_batch_size == 4
+    assert vars(loss).keys() == vars(NewLoss()).keys()  # the trainer lends its reducer (`Shared`), writes nothing
     assert wrapped.forward.fused  # the fused head runs through the sharded model's own forward
 
 

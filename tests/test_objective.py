@@ -189,6 +189,7 @@ def test_eq3_kl_term_uses_the_estimator_it_is_given():
 
 @pytest.mark.parametrize("loss", ["rloo", "grpo", "ipo"])
 def test_trainer_kl_estimator_reaches_every_objective(compose_config, loss):
+    from src.batch import Batch
     from src.build import build
     from src.loss.kl import kl_k2
     from src.loss.trainer import Trainer
@@ -196,6 +197,9 @@ def test_trainer_kl_estimator_reaches_every_objective(compose_config, loss):
     cfg = compose_config(f"loss={loss}", "trainer.kl_estimator=k2")
     objective = build(cfg.loss)
     trainer = Trainer(objective, forward=None, kl_estimator=cfg.trainer.kl_estimator)
-    assert trainer.kl_tokens is kl_k2 and objective.kl_tokens is kl_k2  # IPO reports its KL with it
+    assert trainer.kl_tokens is kl_k2 and trainer.shared().kl_tokens is kl_k2  # lent to `prepare`
+    state = objective.prepare(Batch([]), trainer.shared())
+    if loss == "ipo":  # IPO reports its KL itself, with the trainer's estimate
+        assert state.shared.kl_tokens is kl_k2
     with pytest.raises(ValueError, match="trainer.kl_estimator='k4': choose one of k1, k2, k3"):
         Trainer(build(cfg.loss), forward=None, kl_estimator="k4")

@@ -15,11 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from src.batch import Batch
-from src.loss.inputs import Needs
-from src.loss.kl import KL_ESTIMATORS
+from src.loss.inputs import Needs, Shared
 from src.loss.rloo_math import leave_one_out_advantages
 from src.validate.checks import check_choice
-from src.loss.reducer import Reducer
 from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.variant import Variant
 
@@ -71,10 +69,6 @@ class Objective(Variant):
         # `name` is the YAML's label for people (MLflow tags); the objective describes itself by its class.
         self.truncation = truncation or Truncation()
         self.needs = Needs(behaviour_tokens=self.truncation.is_level == "token")
-        # Batch-wide totals over the ranks that share the batch, and the per-token KL estimate for a loss that
-        # reports its KL itself: the trainer's (`Trainer.use_reducer`); one process and k3 until one runs it.
-        self.reducer = Reducer()
-        self.kl_tokens = KL_ESTIMATORS["k3"]
 
     def __call__(self, lp: MicroBatch, totals: Totals) -> Loss:
         """One micro-batch's loss, each term normalised by `totals` (its share of the mini-batch's loss)."""
@@ -88,9 +82,10 @@ class Objective(Variant):
         """
         return leave_one_out_advantages(rewards)
 
-    def prepare(self, batch: Batch):
-        """Numbers the loss fixes for the whole batch, handed to `observe`, `result` and each micro-batch
-        (`MicroBatch.state`); None: none."""
+    def prepare(self, batch: Batch, shared: Shared):
+        """Numbers the loss fixes for the whole batch, handed to `observe`, `trains`, `skips`, `result` and each
+        micro-batch (`MicroBatch.state`); None: none. `shared`: the trainer's reducer over ranks and KL estimate,
+        for a state that needs them."""
         return None
 
     def observe(self, state, lp: MicroBatch) -> None:

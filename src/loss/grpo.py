@@ -10,7 +10,7 @@ import torch
 from src.batch import Batch
 from src.validate.checks import check_choice
 from src.loss.base import Objective
-from src.loss.inputs import Needs
+from src.loss.inputs import Needs, Shared
 from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.loss.variant_math import clipped_surrogate, group_normalised_advantages
 from src.policy.forward import place_tokens, upcast
@@ -76,9 +76,10 @@ class ClippedObjective(Objective):
         """GRPO's group-normalised advantages (POPO eq. 3; seed 001 eq. 6)."""
         return group_normalised_advantages(rewards)
 
-    def prepare(self, batch: Batch) -> "_FixedTokens":
+    def prepare(self, batch: Batch, shared: Shared) -> "_FixedTokens":
         """3.: mu per token where it is stored (pi_prox, from the first pass, elsewhere)."""
-        return _FixedTokens(stored_behaviour_tokens(batch), [torch.empty(0)] * len(batch.rows), _Diagnostics())
+        return _FixedTokens(stored_behaviour_tokens(batch), [torch.empty(0)] * len(batch.rows), _Diagnostics(),
+                            shared.reducer)
 
     def observe(self, fixed: "_FixedTokens", lp: MicroBatch) -> None:
         """2. pi_prox per response token of one micro-batch."""
@@ -114,7 +115,7 @@ class ClippedObjective(Objective):
         return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=tally.kl_sums,
                             token_counts=token_counts, reference_tokens=tally.reference_tokens,
                             behaviour_tokens=[tuple(p.tolist()) for p in prox],
-                            extras=fixed.diagnostics.over(self.reducer).extras(optimizer_steps),
+                            extras=fixed.diagnostics.over(fixed.reducer).extras(optimizer_steps),
                             token_raw_weights=token_raw, token_weights=token_used,
                             optimizer_steps=optimizer_steps, **tally.totals)
 
@@ -144,6 +145,7 @@ class _FixedTokens:
     stored_behaviour: list[torch.Tensor | None]  # None: a fresh group's, mu = pi_prox
     prox: list[torch.Tensor]
     diagnostics: "_Diagnostics"
+    reducer: object  # the trainer's, over the ranks that share the batch (the diagnostics' sums)
 
     def behaviour(self, row: int) -> torch.Tensor:
         stored = self.stored_behaviour[row]

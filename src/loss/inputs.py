@@ -50,6 +50,16 @@ class Needs:
         return [off_policy or age > 0 for off_policy, age in zip(batch.row_off_policy(), batch.row_ages())]
 
 
+@dataclass(frozen=True)
+class Shared:
+    """What the trainer lends a loss's batch-wide hooks (`prepare` and, through its state, the others): the
+    reducer that sums over the ranks sharing the batch, and the trainer's per-token KL estimate
+    (`trainer.kl_estimator`) for a loss that reports its KL itself (IPO)."""
+
+    reducer: object                 # src.loss.reducer.Reducer
+    kl_tokens: object               # (log pi, log pi_ref) -> [rows, T]
+
+
 @dataclass
 class RowInputs:
     """Per trained row of a batch, what a loss reads besides the log-probs (laid out by the trainer)."""

@@ -28,7 +28,7 @@ import torch
 
 from src.batch import Batch, Group
 from src.loss.base import Objective
-from src.loss.inputs import Needs
+from src.loss.inputs import Needs, Shared
 from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
 from src.policy.forward import row_values, upcast
 
@@ -85,15 +85,16 @@ class IpoObjective(Objective):
         # the margin to pi_ref is IPO's regulariser. No importance weight: no truncated row.
         self.needs = Needs(truncates="none", first_pass=(True, True), reads=(False, False), penalised=False)
 
-    def prepare(self, batch: Batch) -> "_IpoInputs":
+    def prepare(self, batch: Batch, shared: Shared) -> "_IpoInputs":
         if any(entry.responses is not None for entry in batch.entries):
             raise ValueError("loss=ipo pairs whole groups; a FIFO positive-bias draw trains only some responses. "
                              "Use buffer.positive_bias=0 with loss=ipo")
         # L is the mean over the whole batch's pairs: a shard's pairs weigh by their share of them.
         pairs, count = batch_pairs(batch.groups), len(batch.rows)
-        all_pairs = self.reducer.total(len(pairs))
+        all_pairs = shared.reducer.total(len(pairs))
         stats = _SequenceStats(torch.zeros(count), torch.zeros(count), torch.zeros(count), [()] * count)
-        return _IpoInputs(batch.groups, pairs, all_pairs, len(pairs) / all_pairs if all_pairs else 0.0, self.tau, stats)
+        return _IpoInputs(batch.groups, pairs, all_pairs, len(pairs) / all_pairs if all_pairs else 0.0, self.tau, stats,
+                          shared)
 
     def observe(self, inputs: "_IpoInputs", lp: MicroBatch) -> None:
         """Pass 1 (no grad): log pi and log pi_ref per response, KL and entropy for the logs."""
@@ -101,7 +102,7 @@ class IpoObjective(Objective):
         token_logprobs, ref = upcast(lp.policy), upcast(lp.reference)
         stats.logprobs[index] = (token_logprobs * mask).sum(-1).cpu()
         stats.reference_sums[index] = (ref * mask).sum(-1).cpu()
-        stats.kl_sums[index] = (self.kl_tokens(token_logprobs, ref) * mask).sum(-1).cpu()
+        stats.kl_sums[index] = (inputs.shared.kl_tokens(token_logprobs, ref) * mask).sum(-1).cpu()
         stats.entropy += (upcast(lp.entropy) * mask).sum().item()
         for i, tokens in zip(index, row_values(ref, mask)):
             stats.reference_tokens[i] = tokens
@@ -111,7 +112,7 @@ class IpoObjective(Objective):
 
     def skips(self, inputs: "_IpoInputs", index: list[int]) -> bool:
         # responses in no pair (or with zero gradient) need no backward pass
-        return self.reducer.every(not inputs.gradients[index].any())
+        return inputs.shared.reducer.every(not inputs.gradients[index].any())
 
     def __call__(self, lp: MicroBatch, totals: Totals) -> Loss:
         """Pass 2: sum_i g_i log pi(y_i|x); log pi_ref is a constant, so its gradient is dL/dtheta."""
@@ -121,20 +122,23 @@ class IpoObjective(Objective):
     def result(self, inputs: "_IpoInputs", tally: Tally, token_counts: torch.Tensor,
                optimizer_steps: int) -> UpdateResult:
         stats, loss = inputs.stats, inputs.loss
-        total_tokens = max(self.reducer.total(float(token_counts.sum())), 1.0)
+        reducer = inputs.shared.reducer
+        total_tokens = max(reducer.total(float(token_counts.sum())), 1.0)
         ones = torch.ones(len(token_counts))
         return UpdateResult(
             logprobs=stats.logprobs, raw_weights=ones, weights=ones, kl_sums=stats.kl_sums, token_counts=token_counts,
             reference_tokens=stats.reference_tokens, loss=loss, policy_loss=loss,
             kl=float(stats.kl_sums.sum()) / total_tokens, entropy=stats.entropy / total_tokens,
-            optimizer_steps=optimizer_steps, extras=self._extras(inputs.groups, inputs.pairs, inputs.all_pairs, stats))
+            optimizer_steps=optimizer_steps, extras=self._extras(inputs.groups, inputs.pairs, inputs.all_pairs, stats,
+                                                                  reducer))
 
-    def _extras(self, groups: list[Group], pairs, all_pairs: int, stats: "_SequenceStats") -> dict[str, float]:
+    def _extras(self, groups: list[Group], pairs, all_pairs: int, stats: "_SequenceStats",
+                reducer) -> dict[str, float]:
         """The batch's pair counts and mean margin h, summed over the ranks that share it."""
         ratios = stats.logprobs - stats.reference_sums
-        margin_sum = self.reducer.total(float(sum(ratios[w] - ratios[l] for w, l in pairs)))
+        margin_sum = reducer.total(float(sum(ratios[w] - ratios[l] for w, l in pairs)))
         return {"ipo/pairs": float(all_pairs),
-                "ipo/groups_with_pairs": float(self.reducer.total(sum(bool(ipo_pairs(list(g.rewards))) for g in groups))),
+                "ipo/groups_with_pairs": float(reducer.total(sum(bool(ipo_pairs(list(g.rewards))) for g in groups))),
                 "ipo/margin_mean": margin_sum / all_pairs if all_pairs else float("nan"),
                 "ipo/target_margin": 1.0 / (2.0 * self.tau)}
 
@@ -160,6 +164,7 @@ class _IpoInputs:
     share: float  # this shard's pairs' share of the batch's
     tau: float
     stats: _SequenceStats
+    shared: Shared  # the trainer's reducer over ranks and KL estimate
 
     @cached_property
     def _gradients_and_loss(self) -> tuple[torch.Tensor, float]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from src.batch import Batch, Group
-from src.loss.inputs import RowInputs
+from src.loss.inputs import RowInputs, Shared
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.reducer import Reducer
 from src.loss.rloo_math import interleaved_mini_batches
@@ -238,9 +238,12 @@ class Trainer:
         self.use_reducer(Reducer())  # one process: the totals are this process's
 
     def use_reducer(self, reducer: Reducer) -> None:
-        """Batch-wide totals from `reducer`, for the trainer and its objective alike."""
-        self.reducer = self.objective.reducer = reducer
-        self.objective.kl_tokens = self.kl_tokens
+        """Batch-wide totals from `reducer`: the trainer's, lent to the objective's `prepare` (`Shared`)."""
+        self.reducer = reducer
+
+    def shared(self) -> Shared:
+        """What the objective's batch-wide hooks borrow: this trainer's reducer and KL estimate."""
+        return Shared(self.reducer, self.kl_tokens)
 
     def train_reads(self) -> tuple[bool, bool]:
         """(entropy, pi_ref) of each training micro-batch's forward pass: the objective's own, and what eq. 3's
@@ -294,7 +297,7 @@ class Trainer:
         objective, reducer, needs = self.objective, self.reducer, self.objective.needs
         sequences, cached, token_counts = batch_sequences(batch)
         inputs = _BatchInputs(sequences, cached, RowInputs.of(batch, objective.advantages, needs),
-                              objective.prepare(batch))  # 1.
+                              objective.prepare(batch, self.shared()))  # 1.
         plans = [[[mini[k] for k in chunk] for chunk in self.forward.batches([sequences[i] for i in mini])]
                  for mini in self.mini_batches(len(sequences))]
         policy.train()
