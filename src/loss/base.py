@@ -18,7 +18,7 @@ from src.batch import Batch
 from src.loss.inputs import Needs, Shared
 from src.loss.rloo_math import leave_one_out_advantages
 from src.validate.checks import check_choice
-from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
+from src.loss.trainer import Loss, MicroBatch, Tally, Totals
 from src.variant import Variant
 
 IS_LEVELS = ("sequence", "token")  # truncated importance weights per response or per token (seed 002 eq. 3)
@@ -99,6 +99,7 @@ class Objective(Variant):
         """Whether a training micro-batch contributes nothing (decided alike on every rank: a collective)."""
         return False
 
-    def result(self, state, tally: Tally, token_counts: torch.Tensor, optimizer_steps: int) -> UpdateResult:
-        """The update's per-row numbers: by default those the micro-batches' `Loss`es left in `tally`."""
-        return tally.result(token_counts, optimizer_steps)
+    def result(self, state, tally: Tally, token_counts: torch.Tensor, optimizer_steps: int) -> dict:
+        """The update's numbers the loss fixes itself, as `UpdateResult` fields over those its micro-batches'
+        `Loss`es left in `tally` (the trainer builds the result); by default none."""
+        return {}

@@ -11,7 +11,7 @@ from src.batch import Batch
 from src.validate.checks import check_choice
 from src.loss.base import Objective
 from src.loss.inputs import Needs, Shared
-from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
+from src.loss.trainer import Loss, MicroBatch, Tally, Totals
 from src.loss.variant_math import clipped_surrogate, group_normalised_advantages
 from src.policy.forward import place_tokens, upcast
 from src.variant import float_knob, int_knob
@@ -103,7 +103,7 @@ class ClippedObjective(Objective):
         return Loss(policy_loss, policy_loss)
 
     def result(self, fixed: "_FixedTokens", tally: Tally, token_counts: torch.Tensor,
-               optimizer_steps: int) -> UpdateResult:
+               optimizer_steps: int) -> dict:
         """Per-response numbers: raw = sequence pi_prox/mu, weights = mean capped token weight used. The
         weight diagnostics are per token (`token_raw_weights`), where the cap acts."""
         prox, behaviour = fixed.prox, [fixed.behaviour(i) for i in range(len(fixed.prox))]
@@ -112,12 +112,10 @@ class ClippedObjective(Objective):
         token_raw = [(p - b).exp() for p, b in zip(prox, behaviour)]
         token_used = [tokens.clamp(max=self.behaviour_cap) for tokens in token_raw]
         weights = torch.stack([tokens.mean() if len(tokens) else torch.tensor(1.0) for tokens in token_used])
-        return UpdateResult(logprobs=logprobs, raw_weights=raw_weights, weights=weights, kl_sums=tally.kl_sums,
-                            token_counts=token_counts, reference_tokens=tally.reference_tokens,
-                            behaviour_tokens=[tuple(p.tolist()) for p in prox],
-                            extras=fixed.diagnostics.over(fixed.reducer).extras(optimizer_steps),
-                            token_raw_weights=token_raw, token_weights=token_used,
-                            optimizer_steps=optimizer_steps, **tally.totals)
+        return {"logprobs": logprobs, "raw_weights": raw_weights, "weights": weights,
+                "behaviour_tokens": [tuple(p.tolist()) for p in prox],
+                "extras": fixed.diagnostics.over(fixed.reducer).extras(optimizer_steps),
+                "token_raw_weights": token_raw, "token_weights": token_used}
 
 
 def stored_behaviour_tokens(batch: Batch) -> list[torch.Tensor | None]:

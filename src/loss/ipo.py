@@ -29,7 +29,7 @@ import torch
 from src.batch import Batch, Group
 from src.loss.base import Objective
 from src.loss.inputs import Needs, Shared
-from src.loss.trainer import Loss, MicroBatch, Tally, Totals, UpdateResult
+from src.loss.trainer import Loss, MicroBatch, Tally, Totals
 from src.policy.forward import row_values, upcast
 
 
@@ -120,17 +120,15 @@ class IpoObjective(Objective):
         return Loss((lp.state.gradients[lp.index].to(sequence.device) * sequence).sum())
 
     def result(self, inputs: "_IpoInputs", tally: Tally, token_counts: torch.Tensor,
-               optimizer_steps: int) -> UpdateResult:
+               optimizer_steps: int) -> dict:
         stats, loss = inputs.stats, inputs.loss
         reducer = inputs.shared.reducer
         total_tokens = max(reducer.total(float(token_counts.sum())), 1.0)
         ones = torch.ones(len(token_counts))
-        return UpdateResult(
-            logprobs=stats.logprobs, raw_weights=ones, weights=ones, kl_sums=stats.kl_sums, token_counts=token_counts,
-            reference_tokens=stats.reference_tokens, loss=loss, policy_loss=loss,
-            kl=float(stats.kl_sums.sum()) / total_tokens, entropy=stats.entropy / total_tokens,
-            optimizer_steps=optimizer_steps, extras=self._extras(inputs.groups, inputs.pairs, inputs.all_pairs, stats,
-                                                                  reducer))
+        return {"logprobs": stats.logprobs, "raw_weights": ones, "weights": ones, "kl_sums": stats.kl_sums,
+                "reference_tokens": stats.reference_tokens, "loss": loss, "policy_loss": loss,
+                "kl": float(stats.kl_sums.sum()) / total_tokens, "entropy": stats.entropy / total_tokens,
+                "extras": self._extras(inputs.groups, inputs.pairs, inputs.all_pairs, stats, reducer)}
 
     def _extras(self, groups: list[Group], pairs, all_pairs: int, stats: "_SequenceStats",
                 reducer) -> dict[str, float]:

@@ -25,6 +25,10 @@ from src.policy.forward import place_tokens
 from src.policy.token_stats import on_device
 
 
+# The batch-wide totals where no micro-batch measured them (every one skipped, as IPO skips rows in no pair).
+UNMEASURED = {"loss": float("nan"), "policy_loss": float("nan"), "kl": float("nan"), "entropy": float("nan")}
+
+
 @dataclass
 class UpdateResult:
     """Per-response numbers from the update, in the batch's row order (detached, on the CPU)."""
@@ -213,7 +217,7 @@ class Tally:
                             behaviour_tokens=self.current_tokens if self.keep_token_logprobs else None,
                             token_raw_weights=self.token_raw if self.token_level else None,
                             token_weights=self.token_used if self.token_level else None,
-                            optimizer_steps=optimizer_steps, **self.totals)
+                            optimizer_steps=optimizer_steps, **{**UNMEASURED, **self.totals})
 
 
 class Trainer:
@@ -325,7 +329,7 @@ class Trainer:
                     out.loss.backward()
                     tally.add(lp, out)  # kept on the device: read once, after the update
                 weights.step(lambda: self.optimizer_step(policy, optimizer))
-        return objective.result(inputs.state, tally, token_counts, steps)
+        return replace(tally.result(token_counts, steps), **objective.result(inputs.state, tally, token_counts, steps))
 
     def optimizer_step(self, policy, optimizer) -> None:
         """Reduce the accumulated gradients over ranks (where the reducer must), clip them, step."""
