@@ -265,6 +265,13 @@ def test_make_ui_names_an_empty_store_and_prints_its_url_once_the_server_answers
     output = "".join(lines) + rest
     assert lines and f"store {typo}/mlruns.db holds no run of experiment 'replay-rloo'" in lines[0], output
     assert "Traceback" not in output, output
+    # Its 4 workers started and stopped: still nothing but log lines (no library's warning, once a worker).
+    assert [line for line in output.strip().splitlines()[1:] if not UI_LOG_LINE.match(line)] == [], output
+
+
+# What `make ui` may print: our own lines, MLflow's and uvicorn's INFO logs.
+UI_LOG_LINE = re.compile(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO[: ]|Registry store URI|\[MLflow\] "
+                         r"|MLflow UI: |MLflow UI \(Ctrl-C stops it\): http")
 
 
 @pytest.mark.slow
@@ -277,8 +284,7 @@ def test_ctrl_c_while_make_ui_starts_is_quiet(tmp_path):
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
     # Quiet: our own lines and MLflow's and uvicorn's INFO logs (how many depends on whether the Ctrl-C came
     # before or after its 4 workers started: 16 lines after), nothing else.
-    logged = re.compile(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO[: ]|Registry store URI|\[MLflow\] |MLflow UI: ")
-    assert all(logged.match(line) for line in output.strip().splitlines()), output
+    assert all(UI_LOG_LINE.match(line) for line in output.strip().splitlines()), output
     assert not _answers(port)
 
 

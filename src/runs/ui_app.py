@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 EXPERIMENT_ENV = "REPLAY_RLOO_EXPERIMENT"  # the experiment whose study view the home route opens
@@ -103,6 +104,9 @@ def study_experiment() -> str | None:
 
 def create_app():
     """MLflow's ASGI app, with GET / answered by the landing page (uvicorn calls this in each worker)."""
+    # MLflow's app imports starlette.middleware.wsgi, which warns (a UserWarning, so shown) in each of the 4
+    # workers that its module is deprecated: nothing a user of `make ui` can act on.
+    warnings.filterwarnings("ignore", message="starlette.middleware.wsgi is deprecated", category=UserWarning)
     import mlflow.server
     from mlflow.server.fastapi_app import app as mlflow_app
     from starlette.responses import HTMLResponse
