@@ -91,17 +91,28 @@ def test_trainer_compile_compiles_the_layers_of_policy_and_reference_only(random
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_scoring_passes_hand_the_layers_no_kv_cache(random_policy_dir, fused):
-    """A KV cache in a scoring pass is wasted work, and compiled layers recompile on its writes until the
-    recompile limit leaves the rest eager: the trainer's forwards ask for none."""
+def test_compiled_layers_get_no_kv_cache_and_eager_ones_keep_transformers_default(random_policy_dir, fused):
+    """A compiled layer handed a KV cache recompiles on its writes until the recompile limit leaves the rest
+    eager: compiled layers score without one. Eager layers keep the default, whose forward has no host sync
+    (without a cache transformers checks the positions for packed rows with one: test_update_ops counts)."""
     policy, _ = load_policy(str(random_policy_dir), "cpu", "float32")
-    assert policy.config.use_cache  # the saved config asks for a cache; the forward must say no
-    seen = []
-    layer = policy.get_decoder().layers[0]
-    hook = layer.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("past_key_values")),
-                                           with_kwargs=True)
-    try:
-        Forward(0, 2, fused=fused).token_stats(policy, [((3, 4), (5, 6, 7)), ((3,), (5, 6))], with_entropy=True)
-    finally:
-        hook.remove()
-    assert seen and all(cache is None for cache in seen)
+    assert policy.config.use_cache  # the saved config asks for a cache
+    rows = [((3, 4), (5, 6, 7)), ((3,), (5, 6))]
+
+    def caches_seen() -> list:
+        seen = []
+        layer = policy.get_decoder().layers[0]
+        hook = layer.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("past_key_values")),
+                                               with_kwargs=True)
+        try:
+            Forward(0, 2, fused=fused).token_stats(policy, rows, with_entropy=True)
+        finally:
+            hook.remove()
+        return seen
+
+    eager = caches_seen()
+    assert eager and all(cache is not None for cache in eager)
+    torch._dynamo.reset()
+    compile_layers(policy, backend="eager")
+    compiled = caches_seen()
+    assert compiled and all(cache is None for cache in compiled)

@@ -41,12 +41,22 @@ def response_token_stats(model, sequences, pad_id: int, with_entropy: bool, temp
     if fused:
         return fused_response_token_stats(model, sequences, input_ids, response_mask, with_entropy, temperature)
     input_ids, response_mask = on_device(device, input_ids, response_mask)
-    logits = upcast(model(input_ids=input_ids, use_cache=False).logits[:, :-1])
+    logits = upcast(model(input_ids=input_ids, **cache_setting(model)).logits[:, :-1])
     if temperature != 1.0:
         logits = logits / temperature
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     entropy = token_entropy(logits) if with_entropy else None
     return token_logprobs, entropy, response_mask
+
+
+def cache_setting(model) -> dict:
+    """The scoring forward's `use_cache`: transformers' default (a KV cache) for eager layers, none for compiled
+    ones (`trainer.compile`). Handed a cache, a compiled layer recompiles on each layer's first write (its
+    `is_initialized` guard) until TorchDynamo's limit of 16 leaves the rest eager (seen on an H200). Without a
+    cache, transformers checks the position ids for packed rows with one host sync a forward
+    (masking_utils.find_packed_sequence_indices), which the eager update keeps out (benchmarks/update_ops.py)."""
+    layers = model.get_decoder().layers
+    return {"use_cache": False} if getattr(layers[0], "_compiled_call_impl", None) is not None else {}
 
 
 def fused_response_token_stats(model, sequences, input_ids, response_mask, with_entropy: bool, temperature: float):
@@ -65,7 +75,7 @@ def fused_response_token_stats(model, sequences, input_ids, response_mask, with_
     input_ids, response_mask, predicting, placed, targets = on_device(
         next(model.parameters()).device, input_ids, response_mask, response_positions(sequences, width),
         response_positions(sequences, width - 1), targets)
-    hidden = final_hidden_states(model, input_ids=input_ids, use_cache=False)
+    hidden = final_hidden_states(model, input_ids=input_ids, **cache_setting(model))
     chosen, entropy = response_head(model)(hidden.flatten(0, 1), predicting, targets, temperature)
     token_logprobs = laid_out(chosen, placed, response_mask.shape)
     return token_logprobs, (laid_out(entropy, placed, response_mask.shape) if with_entropy else None), response_mask

@@ -159,9 +159,7 @@ def final_hidden_states(model, **inputs) -> torch.Tensor:
     whose head runs on one position only (`logits_to_keep=1`): a model sharded by FSDP2 gathers its root's
     parameters (embeddings, final norm, head) in that forward, which calling the decoder apart would skip.
     A hook rather than output_hidden_states, which would keep every layer's output alive in no-grad passes.
-    Callers pass use_cache=False: a scoring pass needs no KV cache, and a compiled layer handed one recompiles
-    for each layer's first write (transformers' `is_initialized` guard) until TorchDynamo's recompile limit
-    leaves the rest eager (seen on an H200: 16 of 24 layers)."""
+    Callers pass the forward's cache setting (`src.policy.forward.cache_setting`)."""
     kept = []
     hook = model.get_decoder().register_forward_hook(lambda module, args, output: kept.append(output.last_hidden_state))
     try:
