@@ -55,8 +55,10 @@ def cache_setting(model) -> dict:
     `is_initialized` guard) until TorchDynamo's limit of 16 leaves the rest eager (seen on an H200). Without a
     cache, transformers checks the position ids for packed rows with one host sync a forward
     (masking_utils.find_packed_sequence_indices), which the eager update keeps out (benchmarks/update_ops.py)."""
-    layers = model.get_decoder().layers
-    return {"use_cache": False} if getattr(layers[0], "_compiled_call_impl", None) is not None else {}
+    decoder = getattr(model, "get_decoder", None)  # a module that only wraps a policy (a test's) keeps the default
+    layers = getattr(decoder(), "layers", ()) if decoder is not None else ()
+    compiled = len(layers) > 0 and getattr(layers[0], "_compiled_call_impl", None) is not None
+    return {"use_cache": False} if compiled else {}
 
 
 def fused_response_token_stats(model, sequences, input_ids, response_mask, with_entropy: bool, temperature: float):
