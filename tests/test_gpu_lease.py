@@ -220,3 +220,15 @@ def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, par
         bare = name in ("install", "imports", "update_ops", "preset_1.5b:weights")  # statuses, versions, a folder
         assert bare or numbers(stage.get("figures", stage)), name
     assert not stages["imports"]["figures"]["failed"] and stages["imports"]["figures"]["versions"]["hydra"]
+
+
+def test_lease_seconds_bounds_a_part_as_typed(tmp_path):
+    """`make gpu-lease ... LEASE_SECONDS=N` (docs/benchmarks.md, call 3): a part given no time skips every stage."""
+    out = tmp_path / "out"
+    command = ["make", "gpu-lease", "DEVICE=cpu", f"OUT={out}", "PART=1", "LEASE_SECONDS=1",
+               f"GPU_BUNDLE={tmp_path / 'none'}"]
+    done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+    stages = json.loads((out / "part1.json").read_text())["stages"]
+    assert {name: stage["status"] for name, stage in stages.items() if name != "install"} == {
+        "imports": "skipped", "gpu_step": "skipped", "update_reference": "skipped", "pytest": "skipped"}
