@@ -58,8 +58,9 @@ def time_sync(cfg, threads: int, phases: dict[str, float] | None = None) -> tupl
     return time.perf_counter() - started, state.step - 1, state.fresh_evaluations - evaluations
 
 
-def time_async(cfg, tmp) -> tuple[float, int, int]:
-    """Seconds for steps 1.. of the pipeline, updates and rollouts generated in them."""
+def time_async(cfg, tmp, phases: dict[str, float] | None = None) -> tuple[float, int, int]:
+    """Seconds for steps 1.. of the pipeline, updates and rollouts generated in them; the trainer's update seconds
+    in them into `phases`."""
     from src.runtime.base import RunContext
 
     torch.set_num_threads(1)
@@ -74,6 +75,8 @@ def time_async(cfg, tmp) -> tuple[float, int, int]:
             times.append((time.perf_counter(), outcome.metrics))
     (first, m0), (last, m1) = times[0], times[-1]
     rollouts = m1["runtime/generated_rollouts"] - m0["runtime/generated_rollouts"]
+    if phases is not None:  # the trainer actor's own update seconds in the timed steps
+        phases["train"] = sum(metrics["time/train"] for _, metrics in times[1:])
     return last - first, len(times) - 1, int(rollouts)
 
 
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     base = config(args.groups, args.group_size, args.steps)
     phases: dict[str, float] = {}
+    busy: list[str] = []
     for threads in (1, 2):
         rows.append((f"sync, {threads} thread{'s' if threads > 1 else ''}",
                      *time_sync(base, threads, phases if threads == 1 else None)))
@@ -103,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
                      "buffer.mode=without_replacement" if buffer == "fifo" else "buffer.ratio=0",
                      f"runtime.groups_per_request={args.groups}", "runtime.depth=2", "hardware.threads=1")
         with tempfile.TemporaryDirectory() as tmp:
-            rows.append((f"async {queue}, W=1 T=1 free", *time_async(cfg, Path(tmp))))
+            rows.append((f"async {queue}, W=1 T=1 free", *time_async(cfg, Path(tmp), trainer := {})))
+        busy.append(f"{queue} {trainer['train'] / rows[-1][2]:.2f} s of {rows[-1][1] / rows[-1][2]:.2f} s")
     reference = rows[0][2] / rows[0][1]
     for name, seconds, updates, rollouts in rows:
         rate = updates / seconds
@@ -114,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     console.print(f"sync (1 thread) per step: generate + score {phases['generate'] / args.steps:.2f} s, train "
                   f"{phases['train'] / args.steps:.2f} s; fully overlapped, the slower phase alone allows "
                   f"{1 / slower:.3f} updates/s ({rows[0][1] / args.steps * (1 / slower):.2f}x sync)")
+    console.print(f"async, the trainer actor's update per step, of the step's wall time: {'; '.join(busy)}",
+                  soft_wrap=True)
 
 
 if __name__ == "__main__":

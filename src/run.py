@@ -281,7 +281,7 @@ class CellRun:
         state.advance(outcome.counts)  # the one place a step is counted
         metrics = outcome.metrics
         self.tracker.log_step(metrics, state.step - 1)
-        self.log_completions(outcome.collection)
+        self.log_completions(outcome.completions)
         state.history.append({key: metrics[key] for key in ("train/reward", "budget/fresh_evaluations")})
         bar.update(state.step, _progress_info(metrics))
         every = run.trainer.checkpoint_every
@@ -292,14 +292,15 @@ class CellRun:
         if requested and state.step < run.trainer.steps:  # keep this step, then go
             raise StopRequested(requested)
 
-    def log_completions(self, collection) -> None:
-        """The step's sample completions: `tracking.completions_per_step` to MLflow, `print_completions` printed."""
+    def log_completions(self, picked: dict[int, list]) -> None:
+        """The step's sample completions: `tracking.completions_per_step` to MLflow, `print_completions` printed,
+        each its own draw (`outcome.completions`), so what is logged does not depend on what is printed."""
         run, task = self.settings, self.parts.task
-        logged, shown = run.tracking.completions_per_step, run.tracking.print_completions
-        rows = completion_rows(collection, task, logged, run.policy.max_new_tokens)
+        logged, shown = run.tracking.completion_counts
+        rows = completion_rows(picked.get(logged, []), task, run.policy.max_new_tokens)
         self.tracker.log_completions(rows, self.state.step - 1)
-        if shown > logged:  # a draw of its own: what is logged does not depend on what is printed
-            rows = completion_rows(collection, task, shown, run.policy.max_new_tokens)
+        if shown > logged:
+            rows = completion_rows(picked[shown], task, run.policy.max_new_tokens)
         for row in rows[:shown]:
             log.info("%s", completion_line(row))
 

@@ -118,6 +118,11 @@ class TrackingSettings:
     completions_per_step: int = 0
     print_completions: int = 0
 
+    @property
+    def completion_counts(self) -> tuple[int, int]:
+        """The completions a step logs and prints: each its own draw (`src.train.picked_completions`)."""
+        return self.completions_per_step, self.print_completions
+
 
 class RunSettings:
     """A validated config's typed settings: one frozen dataclass per group without a component, the nodes of

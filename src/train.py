@@ -15,6 +15,7 @@ fresh-rollout collection (`sampling`: standard, DAPO rounds) with its behaviour 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -49,6 +50,45 @@ class StepBatch:
     gap_fill: int                                   # fresh groups generated in place of missing replays
     laps: dict[str, float] = field(default_factory=dict)
     update: UpdateResult | None = None              # set by `learn`: per-row weights (the completions table reads them)
+
+    def completions(self, count: int) -> list["Completion"]:
+        """Up to `count` responses the step trained on (every generated one when nothing was trained), a draw seeded
+        by the step, so a resumed run that redoes the step picks the same ones."""
+        update = self.update
+        rows = [(entry.group, j, entry.source, entry.age) for entry in self.batch.entries for j in entry.trained] \
+            if update is not None else [(group, j, "fresh", 0) for group in self.collected.generated
+                                        for j in range(group.size)]
+        picked = sorted(random.Random(self.step).sample(range(len(rows)), min(count, len(rows))))
+        return [Completion(self.step, *rows[row], row_weight(update, row)) for row in picked]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One response of a step for the run's completions table: its group and index in the group, where it came
+    from, and the importance weight its gradient used (the mean over tokens where the objective weights tokens;
+    NaN when nothing was trained)."""
+
+    step: int
+    group: Group
+    index: int
+    source: str
+    age: int
+    weight: float
+
+
+def row_weight(update: UpdateResult | None, row: int) -> float:
+    """The importance weight an update used for a batch row; NaN without an update."""
+    if update is None:
+        return float("nan")
+    if update.token_weights is not None:
+        return float(update.token_weights[row].float().mean()) if len(update.token_weights[row]) else float("nan")
+    return float(update.weights[row])
+
+
+def picked_completions(collection: StepBatch, counts: tuple[int, ...]) -> dict[int, list[Completion]]:
+    """The step's completions for each count the run logs or prints (`TrackingSettings.completion_counts`): each its own
+    draw, so what is logged does not depend on what is printed."""
+    return {count: collection.completions(count) for count in set(counts) if count}
 
 
 def collect(parts: Components, step: int) -> StepBatch:

@@ -44,7 +44,7 @@ def test_completion_rows_carry_the_verifier_reason_the_failure_category_the_sour
                           token_counts=torch.ones(4), reference_tokens=[()] * 4, loss=0.0, policy_loss=0.0, kl=0.0,
                           entropy=0.0)
     collection = StepBatch(4, batch, FreshGroups([fresh], [fresh], False), 0, update=update)
-    rows = pd.DataFrame(completion_rows(collection, CountdownTask(), 10, max_new_tokens=16))
+    rows = pd.DataFrame(completion_rows(collection.completions(10), CountdownTask(), max_new_tokens=16))
     assert list(rows.columns) == list(TRAIN_COLUMNS)
     assert len(rows) == 4 and set(rows.step) == {4}
     assert set(rows.problem) == {"numbers 3, 5; target 8"}  # the task's words, not the prompt's opening
@@ -55,8 +55,8 @@ def test_completion_rows_carry_the_verifier_reason_the_failure_category_the_sour
     assert (wrong.reward, wrong.category) == (0.1, "wrong_target") and wrong.reason != "correct"
     replayed = by_response.loc[("replay", "no answer at all")]
     assert (replayed.reward, replayed.category, replayed.age, replayed.weight) == (0.0, "format_error", 2, 0.5)
-    assert len(completion_rows(collection, CountdownTask(), 2, 16)) == 2  # the configured count
-    assert completion_rows(collection, CountdownTask(), 0, 16) == []  # 0 turns it off
+    assert len(completion_rows(collection.completions(2), CountdownTask(), 16)) == 2  # the configured count
+    assert completion_rows(collection.completions(0), CountdownTask(), 16) == []  # 0 turns it off
 
 
 def test_a_math_group_is_briefed_by_its_problem_not_its_instructions():

@@ -170,7 +170,7 @@ class FakeWork:
     published, groups_per_request = 0, 1
 
     def __init__(self):
-        self.running, self.preloaded, self.trained, self.versions_loaded = {}, {}, [], []
+        self.running, self.preloaded, self.updates, self.versions_loaded = {}, {}, [], []
 
     def start(self, worker, key, version):
         version = self.published if version is None else version
@@ -189,9 +189,14 @@ class FakeWork:
     def poll(self, timeout):  # each worker finishes its oldest request
         return [g for w in sorted(self.running) if self.running[w] for g in self.running[w].pop(0)]
 
-    def train(self, step, samples, arrived):
-        self.trained.append((step, [(s.rollout.uid, s.rollout.version) for s in samples]))
-        return {"train/reward": 0.0}
+    def train(self, step, samples, arrived, publish):
+        self.updates.append((step, [(s.rollout.uid, s.rollout.version) for s in samples]))
+        self.publishing = publish
+
+    def trained(self):
+        if self.publishing is not None:
+            self.publish(self.publishing)
+        return {"train/reward": 0.0}, None if self.publishing is None else 0.0
 
     def publish(self, version):
         self.versions_loaded.append(version)
@@ -233,9 +238,9 @@ def test_lockstep_is_deterministic_and_versions_never_exceed_the_trainers():
     for _ in range(2):
         pipeline = lockstep(workers=2, mu=3.0, capacity=24, sync_every=2)
         metrics = [pipeline.next_step() for _ in range(12)]
-        runs.append(repr((pipeline.events, machine_free(metrics), pipeline.work.trained)))  # repr: nan == nan
+        runs.append(repr((pipeline.events, machine_free(metrics), pipeline.work.updates)))  # repr: nan == nan
     assert runs[0] == runs[1]
-    for step, used in pipeline.work.trained:
+    for step, used in pipeline.work.updates:
         assert all(version <= step for _, version in used)
     assert max(m["offpolicy/max"] for m in metrics) >= 2  # sync_every=2 lets versions lag
 
@@ -244,7 +249,7 @@ def test_lockstep_lifo_uses_each_rollout_once_and_workers_wait_when_full():
     pipeline = lockstep("lifo", capacity=16, workers=3, mu=1.0)
     for _ in range(20):
         pipeline.next_step()
-    used = [uid for _, batch in pipeline.work.trained for uid, _ in batch]
+    used = [uid for _, batch in pipeline.work.updates for uid, _ in batch]
     assert len(used) == len(set(used)) == 160
     assert len(pipeline.queue) + 4 * len(pipeline.counters.in_flight) <= 16
 
@@ -338,7 +343,7 @@ def test_free_pipeline_finishes_and_counts_every_group():
     for _ in range(5):
         metrics = pipeline.next_step()
     assert pipeline.counters.version == 5 and metrics["runtime/generated_rollouts"] >= 8
-    assert all(v <= step for step, used in pipeline.work.trained for _, v in used)
+    assert all(v <= step for step, used in pipeline.work.updates for _, v in used)
 
 
 def test_the_planner_prints_table1_and_the_expected_replay_count(capsys):

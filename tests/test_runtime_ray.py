@@ -89,9 +89,8 @@ def drive(session, recorder: Recorder, until: int | None = None) -> None:
         outcome = session.next()
         state.advance(outcome.counts)  # as the loop counts each step
         recorder.log_step(outcome.metrics, state.step - 1)
-        recorder.log_completions(completion_rows(outcome.collection, context.parts.task,
-                                                 run.tracking.completions_per_step, run.policy.max_new_tokens),
-                                 state.step - 1)
+        picked = outcome.completions.get(run.tracking.completions_per_step, [])
+        recorder.log_completions(completion_rows(picked, context.parts.task, run.policy.max_new_tokens), state.step - 1)
 
 
 def run(compose_config, tmp_path, *overrides, crash_after: int | None = None):
@@ -136,9 +135,16 @@ def queue_history(queue) -> list:
     seen = []
     for key in range(6):
         queue.put(key, group(key, correct=(key % 3,)), key // 2, float(key), float(key))
-        if queue.ready(8):
-            samples = queue.take(8, key)
+        seen.append(queue.ready(8))
+        samples = queue.take_ready(8, key)
+        if samples is not None:
+            measures = [(s.off_policiness, s.since_last_use) for s in samples]  # what the driver reads
+            samples = ray.get(samples.ref) if hasattr(samples, "ref") else samples  # the trainer's copy
+            assert measures == [(s.off_policiness, s.since_last_use) for s in samples]
             seen.append([(s.rollout.uid, s.off_policiness, s.since_last_use, s.group.prompt) for s in samples])
+        if key == 4:  # a put after a draw: its events still come in the order things happened
+            queue.put(10, group(10, correct=(1,)), 2, 4.5, 4.5)
+        seen.append(queue.drain_events())
         queue.drop_stale(key, 2)
         seen += [queue.age(key), queue.size(), queue.room(4, 4), queue.drain_events()]
     return seen + [queue.replay_count_distribution(), queue.distributions(), queue.state_dict()]

@@ -154,6 +154,11 @@ class RolloutQueue:
         self._after_take(chosen)
         return samples
 
+    def take_ready(self, batch: int, step: int) -> list[Sample] | None:
+        """`take` if the queue holds a batch (`ready`), else None: one call where a queue answers from another
+        process."""
+        return self.take(batch, step) if self.ready(batch) else None
+
     def drop_stale(self, step: int, eta: int) -> list[Rollout]:
         """SPEC 11's `drop` bound: evict every rollout whose off-policiness at `step` would exceed eta."""
         keep = [i for i, r in enumerate(self.rollouts) if step - r.version <= eta]

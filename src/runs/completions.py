@@ -8,9 +8,6 @@ writes.
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
-
 from mlflow.tracking import MlflowClient
 
 
@@ -22,30 +19,21 @@ TRAIN_COLUMNS = ("step", "problem", "prompt", "response", "reward", "reason", "c
 EVAL_COLUMNS = ("step", "problem", "prompt", "response", "reward", "reason", "category")
 
 
-def completion_rows(collection, task, count: int, max_new_tokens: int) -> list[dict]:
-    """Up to `count` trained responses of a step (`src.train.StepBatch` after `learn`), one row each.
-
-    The rows are a seeded draw over the batch's rows (the same ones when a resumed run redoes the step).
-    The reward is the one trained on; the verifier's reason and the failure category (empty for a correct
-    response) come from verifying the response again; the weight is the importance weight the gradient used
-    (the mean over tokens where the objective weights tokens), NaN when nothing was trained.
-    """
-    batch, update, step = collection.batch, collection.update, collection.step
-    entries = [(entry, j) for entry in batch.entries for j in entry.trained] if update is not None else \
-        [(BatchEntry(group), j) for group in collection.collected.generated for j in range(group.size)]
-    picked = sorted(random.Random(step).sample(range(len(entries)), min(count, len(entries))))
+def completion_rows(picked: list, task, max_new_tokens: int) -> list[dict]:
+    """The rows of a step's picked responses (`src.train.Completion`s), one each: the reward trained on, and the
+    verifier's reason and the failure category (empty for a correct response) from verifying the response again."""
     rows = []
-    for row in picked:
-        entry, j = entries[row]
-        group, response = entry.group, entry.group.responses[j]
+    for done in picked:
+        group, j = done.group, done.index
+        response = group.responses[j]
         instance = task.instance_of(group)
         verdict = task.verify(response, instance)
         correct = group.rewards[j] == task.correct_reward
         truncated = len(group.response_ids[j]) >= max_new_tokens
-        rows.append({"step": step, "problem": task.brief(instance), "prompt": group.prompt, "response": response,
+        rows.append({"step": done.step, "problem": task.brief(instance), "prompt": group.prompt, "response": response,
                      "reward": group.rewards[j], "reason": verdict.reason,
                      "category": "" if correct else task.classify_failure(response, verdict, truncated),
-                     "source": entry.source, "age": entry.age, "weight": row_weight(update, row)})
+                     "source": done.source, "age": done.age, "weight": done.weight})
     return rows
 
 
@@ -59,24 +47,6 @@ def completion_line(row: dict, width: int = 160) -> str:
     reason = f", {row['category']}" if row["category"] else ""
     return (f"completion, step {row['step'] + 1}: reward {row['reward']:g} ({row['source']}, age {row['age']}{reason})"
             f"\n  prompt: ...{cut(row['prompt'][-width:])}\n  response: {cut(row['response'])}")
-
-
-@dataclass(frozen=True)
-class BatchEntry:
-    """A generated group that no update trained on (its rows in the completions table)."""
-
-    group: object
-    source: str = "fresh"
-    age: int = 0
-
-
-def row_weight(update, row: int) -> float:
-    """The importance weight an update used for a batch row; NaN without an update."""
-    if update is None:
-        return float("nan")
-    if update.token_weights is not None:
-        return float(update.token_weights[row].float().mean()) if len(update.token_weights[row]) else float("nan")
-    return float(update.weights[row])
 
 
 def log_completions(run_id: str, rows: list[dict], artifact_file: str) -> None:

@@ -34,12 +34,13 @@ class RunContext:
 
 @dataclass
 class StepOutcome:
-    """One trained step: its metrics, its batch (the run logs a sample of the batch's rows) and what it adds to
-    the run's counters, which the loop adds (`TrainState.advance`)."""
+    """One trained step: its metrics, what it adds to the run's counters, which the loop adds
+    (`TrainState.advance`), and the responses it picked for the run's completions table, by count
+    (`src.train.picked_completions`: picked where the step trained, so its batch need not travel)."""
 
     metrics: dict[str, float]
-    collection: object                 # src.train.StepBatch
     counts: object                     # src.batch.StepCounts
+    completions: dict[int, list]       # count -> [src.train.Completion]
 
 
 class Steps(ABC):

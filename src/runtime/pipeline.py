@@ -10,12 +10,18 @@ actors and the trainer's `learn` in `src.runtime.ray_work`, a stand-in in the te
                                         #   when the worker starts it)
     work.result(worker) -> [Generated]  # lockstep: that worker's groups, once they are done
     work.poll(timeout) -> [Generated]   # free: the groups of whatever requests are done
-    work.train(step, samples, arrived)  # one update on the batch; `arrived`: groups put since the last one
+    work.train(step, samples, arrived, publish)  # begin one update on the batch; `arrived`: groups put since
+                                        #   the last one; `publish`: the version its weights become, the workers'
+                                        #   next load, once it is done (None: not with this update)
+    work.trained() -> (metrics, seconds)  # wait for that update: its metrics, and the seconds its publish took
     work.publish(version) -> seconds    # make the trainer's weights the workers' next load
 
 The queue is any object with `src.buffer.rollouts.RolloutQueue`'s methods: the queue itself here and
 in the pure tests, `src.runtime.queue_actor.QueueActor` (the queue in a Ray actor, each call a
-`ray.get`) under `runtime=async`. The pipeline's calls are sequential, so both give the same run.
+`ray.get`) under `runtime=async`. The pipeline's calls are sequential, so both give the same run. What
+the pipeline reads of a drawn batch is each sample's off-policiness and steps since its last use; the
+batch itself it hands to `work.train` (the buffer actor's: a reference, so the samples go from the
+buffer actor to the trainer actor without passing through the driver).
 
 `LockstepPipeline` runs the virtual clock of `src.runtime.schedule` (real work in event order,
 so the same seed gives the same event log and metrics); `FreePipeline` lets every role go as
@@ -76,7 +82,8 @@ class Work(Protocol):
     def start(self, worker: int, key: int, version: int | None) -> None: ...  # None: the latest published
     def result(self, worker: int) -> list[Generated]: ...
     def poll(self, timeout: float | None) -> list[Generated]: ...
-    def train(self, step: int, samples: list[Sample], arrived: list[Generated]) -> dict[str, float]: ...
+    def train(self, step: int, samples, arrived: list[Generated], publish: int | None) -> None: ...
+    def trained(self) -> tuple[dict[str, float], float]: ...
     def publish(self, version: int) -> float: ...
     def peek(self, worker: int) -> list[Generated]: ...             # lockstep checkpoint: in-flight result, kept
     def preload(self, worker: int, groups: list[Generated]) -> None: ...  # lockstep resume: `result` returns it
@@ -176,31 +183,44 @@ class Pipeline:
         s, c = self.settings, self.counters
         if s.staleness is not None and s.staleness_mode == "drop":
             self.queue.drop_stale(c.version, s.staleness)
-        if not self.queue.ready(s.batch):
-            self._drain_queue_events()
+        samples = self.queue.take_ready(s.batch, c.version)
+        self._drain_queue_events()
+        if samples is None:
             return None
         if c.trained_samples:  # the first batch waited for the queue to fill: not a steady-state R
             c.added_between_trains += c.added_since_train
         c.added_since_train = 0
-        samples = self.queue.take(s.batch, c.version)
-        self._drain_queue_events()
         return samples
 
     def train(self, samples: list[Sample]) -> dict[str, float]:
-        c = self.counters
-        started = time.perf_counter()
-        arrived, self.arrived = self.arrived, []
-        metrics = self.work.train(c.version, samples, arrived)
-        c.trainer_busy_s += time.perf_counter() - started
-        c.trained_samples += len(samples)
-        self._event({"event": "update", "step": c.version, "rollouts": len(samples)})
+        """One update on `samples`, waited for, with its measures (the lockstep schedule publishes on its clock)."""
+        self.begin_update(samples)
+        metrics, _ = self.end_update()
         return {**metrics, **self.measures(samples)}
 
-    def finish_update(self) -> None:
+    def begin_update(self, samples: list[Sample], publish: bool = False) -> None:
+        """Start the trainer's update on `samples`; with `publish`, its weights are published when it is done
+        if `runtime.sync_every` says so (the free schedule: the trainer goes on at once, with no call between)."""
+        c = self.counters
+        self._update_started = time.perf_counter()
+        arrived, self.arrived = self.arrived, []
+        due = publish and (c.version + 1) % self.settings.sync_every == 0
+        self.work.train(c.version, samples, arrived, c.version + 1 if due else None)
+        c.trained_samples += len(samples)
+        self._event({"event": "update", "step": c.version, "rollouts": len(samples)})
+
+    def end_update(self) -> tuple[dict[str, float], float | None]:
+        """Wait for the update: its metrics, and the seconds its publish took (None: it published nothing)."""
+        metrics, seconds = self.work.trained()
+        self.counters.trainer_busy_s += time.perf_counter() - self._update_started
+        return metrics, seconds
+
+    def finish_update(self, published_s: float | None = None) -> None:
+        """Count the update; publish its weights when due, unless it did so itself (`published_s`, its seconds)."""
         c = self.counters
         c.version += 1
         if c.version % self.settings.sync_every == 0:
-            self._last_sync = self.work.publish(c.version)
+            self._last_sync = self.work.publish(c.version) if published_s is None else published_s
             c.sync_seconds += self._last_sync
             c.published = c.version
             self._event({"event": "publish", "version": c.version})
@@ -208,7 +228,11 @@ class Pipeline:
     # ---- seed 001's measures ----
     def measures(self, samples: list[Sample]) -> dict[str, float]:
         """Per trainer step: this batch's off-policiness and reuse, the run's replay counts, rates, mu, gamma."""
-        s, c = self.settings, self.counters
+        return {**self.batch_measures(samples), **self.rate_measures()}
+
+    def batch_measures(self, samples: list[Sample]) -> dict[str, float]:
+        """The batch's off-policiness and reuse, the replay counts and the queue's age (the queue's state)."""
+        c = self.counters
         off = [sample.off_policiness for sample in samples]
         repeats = [sample.since_last_use for sample in samples if sample.since_last_use is not None]
         out = {"offpolicy/mean": sum(off) / len(off), "offpolicy/p95": percentile(off, 95),
@@ -221,7 +245,6 @@ class Pipeline:
                     "reuse/since_last_use_p95": percentile(repeats, 95)})
         out.update(self.replay_measures())
         out.update(self.queue.age(c.version))
-        out.update(self.rate_measures())
         return out
 
     def replay_measures(self) -> dict[str, float]:
@@ -365,17 +388,23 @@ class FreePipeline(Pipeline):
     """Every role as fast as it can: the trainer trains whenever the queue gives a batch."""
 
     def next_step(self) -> dict[str, float]:
+        """Put what arrived, start the update as soon as the queue gives a batch (its weights published by the same
+        call), and keep the workers busy and read the queue's measures while it runs."""
         s = self.settings
         while True:
             if self.counters.in_flight:  # whatever finished while the trainer trained
                 for generated in self.work.poll(0):
                     self.arrive(generated)
-            self._fill_workers()
             samples = self.take()
             if samples is not None:
-                metrics = self.train(samples)
-                self.finish_update()
+                self.begin_update(samples, publish=True)
+                self._fill_workers()
+                measures = self.batch_measures(samples)  # the queue as drawn: nothing is put until the next step
+                metrics, published_s = self.end_update()
+                metrics = {**metrics, **measures, **self.rate_measures()}
+                self.finish_update(published_s)
                 return {**metrics, **self.wall_measures()}
+            self._fill_workers()
             if not self.counters.in_flight:
                 raise PipelineError(f"the free pipeline stalled: the trainer waits for {s.batch} rollouts, the "
                                     f"{self.queue.name} queue holds {self.queue.size()} and no worker may start; "

@@ -14,16 +14,19 @@
   weight transfer) is another class with the same two methods.
 * `TrainerActor` (Ray actors, one a trainer rank): the policy, optimizer, reference and objective, built
   by `src.build.build_components` from the same config as the driver's, updated with the step's own
-  `learn` half on a `StepBatch` made of the drawn rollouts; it publishes its weights itself. With
+  `learn` half on a `StepBatch` it makes of the drawn rollouts, which Ray hands it from the buffer
+  actor; it publishes its weights itself (the free schedule: in the same call, right after the update). With
   `hardware.ranks` = T > 1 the T actors train data-parallel (FSDP2) over their own process group.
   On CUDA rank r sits at `hardware.device` + r, after the workers' GPUs.
 * `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
   loop), where the pipeline itself runs; the rollout queue it puts into and draws from is the buffer
-  actor (`src.runtime.queue_actor.QueueActor`), so groups go from a worker through the driver to the
-  buffer actor, and drawn rollouts from it through the driver to the trainer actor. It picks each
-  request's prompt from the run's prompt sampler (in event order, so the lockstep schedule is
-  reproducible), tells the sampler each group's rewards, sends each batch to the trainer actor and
-  takes back the step's metrics and what it adds to the driver's counters. The driver's policy, optimizer and torch
+  actor (`src.runtime.queue_actor.QueueActor`). A group goes from a worker through the driver (whose
+  prompt sampler hears its rewards) to the buffer actor; a drawn batch goes from the buffer actor to the
+  trainer actor as an object reference, and the driver reads only each sample's off-policiness and
+  steps since its last use. It picks each request's prompt from the run's prompt sampler (in event
+  order, so the lockstep schedule is reproducible), tells the sampler each group's rewards, starts each
+  update on the trainer actor and takes back the step's metrics, what it adds to the driver's counters
+  and the completions the run logs (picked in the actor). The driver's policy, optimizer and torch
   RNG are its copy for checkpoints and evaluation: `pull` brings them up to the actor's on demand
   (before a checkpoint, an evaluation and the run's end), not every step; the actor starts from the
   driver's (a resumed run: the checkpoint's), so the same seed gives the same metrics as a trainer
@@ -56,7 +59,7 @@ from src.runtime.ray_session import first_line
 from src.buffer.rollouts import Sample
 from src.sampling.collection import FreshGroups
 from src.settings import RunSettings
-from src.train import StepBatch, learn
+from src.train import StepBatch, learn, picked_completions
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +216,9 @@ class TrainerActor:
     FSDP2): the driver calls every method on every rank, since the ranks' collectives must match, and reads
     rank 0's answer.
 
-    learn(collection, sampler_metrics, state) -> (metrics, counts, update)   one update on a drawn batch; `state`:
-                                         the driver's counters, which it only reads (the driver's loop counts)
+    learn(step, samples, ...) -> (metrics, counts, completions, published)   one update on a drawn batch, taken
+                                         from the buffer actor; `state`: the driver's counters, which it only
+                                         reads (the driver's loop counts); then a publish, when asked
     publish(version) -> [object ref]     its whole weights on the object store and the WeightBoard (rank 0)
     state() / load_state(state)          policy, optimizer and torch RNG (checkpoints)
     weights()                            the policy's whole weights (the driver's evaluation copy)
@@ -233,14 +237,25 @@ class TrainerActor:
         self.parts = data_parallel(parts) if self.sharded else parts
         torch.set_num_threads(threads)  # the driver's count: the update's sums then add in the same order
         self.board = board
+        self.completion_counts = run.tracking.completion_counts
 
     def pid(self) -> int:
         return os.getpid()
 
-    def learn(self, collection: StepBatch, sampler_metrics: dict, state: TrainState) -> tuple[dict, StepCounts, object]:
+    def learn(self, step: int, samples: list[Sample], generated: list, waited: float, sampler_metrics: dict,
+              state: TrainState, publish: int | None) -> tuple[dict, StepCounts, dict, list | None]:
+        """Update step `step` on the drawn `samples` (Ray hands them over from the buffer actor), with the groups
+        `generated` since the last update counted as its fresh evaluations; with `publish`, publish the weights as
+        that version at once. Returns the metrics, the counts, the completions the run logs, and the publish."""
         self.sampler.latest = sampler_metrics
+        collected = FreshGroups(fresh=[], generated=generated, off_policy=False, timings={"wait_for_rollouts": waited})
+        collection = StepBatch(step, batch_of(samples), collected, gap_fill=0)
         metrics, counts = learn(self.parts, state, collection)
-        return metrics, counts, collection.update
+        published = None
+        if publish is not None:
+            started = time.perf_counter()
+            published = self.publish(publish) + [time.perf_counter() - started]
+        return metrics, counts, picked_completions(collection, self.completion_counts), published
 
     def publish(self, version: int) -> list:
         ref = ObjectStoreSync.publish(trainer_weights(self.parts.policy), lead=not self.rank)
@@ -337,8 +352,9 @@ class RayWork:
         self.preloaded: dict[int, list[Generated]] = {}
         self.published: tuple[int, ray.ObjectRef] | None = None
         self.wait_s = 0.0
-        self.last: StepBatch | None = None  # the last trained step's batch (the run logs a sample of its rows)
-        self.last_counts: StepCounts | None = None  # ... and what it adds to the driver's counters
+        self.training: tuple | None = None  # (step, publish, [call per rank]) of the update under way
+        self.last_counts: StepCounts | None = None  # what the last update adds to the driver's counters
+        self.last_completions: dict[int, list] = {}  # ... and the completions the run logs of it
         self.version = state.step  # the trainer's policy version: the steps it has trained
 
     # ---- workers ----
@@ -397,17 +413,24 @@ class RayWork:
         return payload
 
     # ---- trainer ----
-    def train(self, step: int, samples: list[Sample], arrived: list[Generated]) -> dict[str, float]:
-        """One update in the trainer actor with the step's `learn` half on the drawn rollouts (a rollout drawn
-        twice trains twice); the driver's loop counts the step (`last_counts`)."""
+    def train(self, step: int, samples, arrived: list[Generated], publish: int | None) -> None:
+        """Begin an update in the trainer actor(s) with the step's `learn` half on the drawn rollouts (a rollout
+        drawn twice trains twice): `samples` is the buffer actor's reference to them (`DrawnBatch`), or the
+        samples themselves; the driver's loop counts the step (`last_counts`)."""
         waited, self.wait_s = self.wait_s, 0.0
-        collected = FreshGroups(fresh=[], generated=[g.group for g in arrived], off_policy=False,
-                              timings={"wait_for_rollouts": waited})
-        self.last = StepBatch(step, batch_of(samples), collected, gap_fill=0)
-        metrics, self.last_counts, self.last.update = self._trainer(
-            "learn", self.last, self.parts.sampler.metrics(), dataclasses.replace(self.state, history=[]))
+        self.training = (step, publish, self._send(
+            "learn", step, getattr(samples, "ref", samples), [g.group for g in arrived], waited,
+            self.parts.sampler.metrics(), dataclasses.replace(self.state, history=[]), publish))
+
+    def trained(self) -> tuple[dict[str, float], float | None]:
+        """Wait for the update begun: its metrics, and the seconds its publish took (None: none asked)."""
+        step, publish, refs = self.training
+        metrics, self.last_counts, self.last_completions, published = self._answer(refs)
         self.version = step + 1
-        return metrics
+        if publish is None:
+            return metrics, None
+        self.published = (publish, published[0])  # the trainer actor has told the board
+        return metrics, published[1]
 
     def publish(self, version: int) -> float:
         """The trainer actor puts its weights on the object store and the board; returns the seconds it took."""
@@ -433,7 +456,12 @@ class RayWork:
 
     def _trainer(self, method: str, *args):
         """`method(*args)` on every trainer rank (their collectives must match); rank 0's answer."""
-        refs = [getattr(trainer, method).remote(*args) for trainer in self.trainers]
+        return self._answer(self._send(method, *args))
+
+    def _send(self, method: str, *args) -> list:
+        return [getattr(trainer, method).remote(*args) for trainer in self.trainers]
+
+    def _answer(self, refs: list):
         try:
             waiting = refs
             while waiting:  # a dead rank is seen at once, not after the others give up on a collective

@@ -50,13 +50,14 @@ class SyncSteps(Steps):
 
     def __init__(self, context: RunContext) -> None:
         self.parts, self.state = context.parts, context.state
+        self.completion_counts = context.run.tracking.completion_counts
 
     def next(self) -> StepOutcome:
-        from src.train import collect, learn
+        from src.train import collect, learn, picked_completions
 
         collection = collect(self.parts, self.state.step)
-        metrics, counts = learn(self.parts, self.state, collection)
-        return StepOutcome(metrics, collection, counts)  # = train_step, counted by the loop
+        metrics, counts = learn(self.parts, self.state, collection)  # = train_step, counted by the loop
+        return StepOutcome(metrics, counts, picked_completions(collection, self.completion_counts))
 
 
 
@@ -376,7 +377,7 @@ class AsyncSession(Steps):
         self._write_events()
         if self.context.state.step + 1 >= self.context.run.trainer.steps:  # the loop counts this step on return
             self.log_artifacts()
-        return StepOutcome(metrics, self.work.last, self.work.last_counts)
+        return StepOutcome(metrics, self.work.last_counts, self.work.last_completions)
 
     def before_checkpoint(self) -> None:
         self.work.pull()  # the checkpoint's policy and optimizer are the trainer actor's
