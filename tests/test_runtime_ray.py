@@ -448,3 +448,26 @@ def test_two_fsdp_trainer_actors_log_the_one_trainer_numbers(compose_config_modu
             torch.testing.assert_close(got["state"][position][key], moments[key], rtol=1e-9, atol=1e-12)
     for name, tensor in one.parts.policy.state_dict().items():
         torch.testing.assert_close(two.parts.policy.state_dict()[name], tensor, rtol=1e-9, atol=1e-12)
+
+
+def test_workers_compute_log_pi_ref_once_where_a_buffer_replays_rollouts(compose_config_module, tmp_path, ray_cpus):
+    """With a buffer (a rollout drawn again and again) and the KL term on, a worker computes log pi_ref of its
+    rollouts at generation, with the frozen start weights, as the trainer would; the trainer then reads it from the
+    group (`Forward.reference_tokens` skips cached rows)."""
+    from src.build import build_forward
+    from src.batch import Group
+
+    runtime, context, recorder = make_run(compose_config_module, tmp_path, "trainer.steps=4")
+    with runtime.session(context) as session:
+        drive(session, recorder)
+    groups = [Group(**g) for _, g in runtime.state_dict()["pipeline"]["queue"]["groups"]]
+    assert groups and all(g.reference_logprobs is not None for g in groups)
+    parts, forward = context.parts, build_forward(context.run, context.parts.tokenizer)
+    chunk = [(g.prompt_ids, ids) for g in groups for ids in g.response_ids]
+
+    def under(model) -> torch.Tensor:  # every response token's log-prob under `model`, in this process
+        return torch.tensor([value for tokens in forward.sampled_token_logprobs(model, chunk, 1.0) for value in tokens])
+
+    workers = torch.tensor([value for g in groups for tokens in g.reference_logprobs for value in tokens])
+    assert torch.allclose(workers, under(parts.reference), atol=1e-5)  # pi_ref's, the start weights
+    assert not torch.allclose(workers, under(parts.policy), atol=1e-5)  # not the trained policy's

@@ -208,6 +208,17 @@ class Forward:
             model.train(was_training)
         return out
 
+    def with_reference_logprobs(self, groups: list[Group], reference) -> list[Group]:
+        """Copies of `groups` carrying log pi_ref per response token (the trainer's `reference_tokens` reads them)."""
+        sequences = [(group.prompt_ids, ids) for group in groups for ids in group.response_ids]
+        tokens = self.sampled_token_logprobs(reference, sequences, 1.0)
+        out, start = [], 0
+        for group in groups:
+            out.append(group.with_behaviour_logprobs(group.behaviour_logprobs, tokens[start : start + group.size],
+                                                     group.behaviour_token_logprobs))
+            start += group.size
+        return out
+
     def with_sampled_logprobs(self, groups: list[Group], model, temperature: float) -> list[Group]:
         """Copies of `groups` carrying log mu (per response and per token) under `model` at `temperature`."""
         sequences = [(group.prompt_ids, ids) for group in groups for ids in group.response_ids]

@@ -142,9 +142,9 @@ class _Unobserved:
 class RolloutWorker:
     """One rollout worker: a policy copy, its engine, and the step's collection, forward and objective."""
 
-    def __init__(self, run: RunSettings, threads: int) -> None:
+    def __init__(self, run: RunSettings, threads: int, reference: bool = False) -> None:
         from src.build import build_forward, build_rollout
-        from src.policy.model import load_policy
+        from src.policy.model import frozen_copy, load_policy
         from src.rollout.engine import build_engine
         from src.task.base import build_task
         from src.task.prompts import PromptFormat
@@ -163,6 +163,10 @@ class RolloutWorker:
         prompts = PromptFormat(task, tokenizer, policy.use_chat_template)
         self.behaviour, self.sampling = build_rollout(run, self.policy, self.engine, _Unobserved(), prompts,
                                                       self.forward, task)
+        # pi_ref, the start checkpoint's weights, frozen: with `reference`, log pi_ref is computed here once per
+        # rollout, as the synchronous store keeps it from a group's first use, where the trainer would compute it
+        # again at every draw of the rollout from a buffer.
+        self.reference = frozen_copy(self.policy) if reference else None
         self.version = None  # the initial weights are the start checkpoint's, not a published version
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
@@ -178,6 +182,8 @@ class RolloutWorker:
             self.version = version
         collected = self.sampling.generate_groups(instances, step=version, seed=seed)
         groups = self.forward.with_sampled_logprobs(collected.fresh, self.policy, self.behaviour.training_temperature)
+        if self.reference is not None:
+            groups = self.forward.with_reference_logprobs(groups, self.reference)
         restarted, self.restarted = self.restarted, False
         busy = (time.perf_counter() - started) / len(groups)
         return [{"key": key + i, "request": key, "version": version, "group": group, "busy_s": busy,
@@ -336,13 +342,15 @@ class RayWork:
 
     def __init__(self, run: RunSettings, parts: Components, state: TrainState, settings: PipelineSettings,
                  max_restarts: int, threads: int, cpus_per_worker: float, gpus_per_worker: float = 0.0,
-                 trainer_ranks: int = 1) -> None:
+                 trainer_ranks: int = 1, replays: bool = False) -> None:
         self.parts, self.state, self.settings = parts, state, settings
         self.seed = run.trainer.seed
         actor = ray.remote(RolloutWorker).options(max_restarts=max_restarts, max_task_retries=max_restarts,
                                                   num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
-        self.workers = [actor.remote(run, threads) for _ in range(settings.workers)]
+        # A buffer draws a rollout again and again, and the KL term reads log pi_ref: the workers compute it once.
+        reference = bool(run.trainer.kl_coef) and replays
+        self.workers = [actor.remote(run, threads, reference) for _ in range(settings.workers)]
         self.trainers = start_trainers(run, cpus_per_worker, self.board, parts, state, trainer_ranks)
         log.info("trainer actor(s) started at step %d (pid %s)", state.step,
                  ", ".join(str(pid) for pid in ray.get([trainer.pid.remote() for trainer in self.trainers])))

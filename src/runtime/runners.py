@@ -333,7 +333,8 @@ class AsyncSession(Steps):
         settings = runtime.settings
         cpus = runtime.num_cpus / (settings.workers + 1)  # a share for each worker and the trainer actor
         self.work = RayWork(context.run, context.parts, context.state, settings, runtime.max_restarts,
-                            runtime.worker_threads, cpus, runtime.gpus_per_worker, runtime.trainer_ranks)
+                            runtime.worker_threads, cpus, runtime.gpus_per_worker, runtime.trainer_ranks,
+                            runtime.queue_kind.replays)
         self.queue = QueueActor(runtime.queue_kind, {**runtime.queue_arguments, "seed": context.run.trainer.seed})
         self.pipeline = runtime.build_pipeline(self.work, self.queue)
         self.events_path = context.output_dir / EVENT_LOG
