@@ -5,7 +5,8 @@
   behaviour, sampling component and forward helper built by `src.build` from the same config. For
   a request it loads the published weights if it holds another version, generates and scores the
   group (`StandardSampling.generate_groups`) and computes log mu under those weights with the
-  trainer's forward code: what the trainer reads. The advantages the trainer computes itself, from
+  trainer's forward code: what the trainer reads. Where the run's queue replays rollouts and the KL term
+  is on, it also computes log pi_ref, once per rollout, under a frozen copy of the start weights. The advantages the trainer computes itself, from
   the group's K rewards, which generation fixed (seed 001 D.2's generation-time advantage).
 * `ObjectStoreSync`: the trainer publishes its weights on the object store, in chunks of up to 256 MiB
   (over T ranks each parameter gathered whole in turn, `trainer_weights`, so no process holds a second
