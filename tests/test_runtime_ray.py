@@ -471,3 +471,30 @@ def test_workers_compute_log_pi_ref_once_where_a_buffer_replays_rollouts(compose
     workers = torch.tensor([value for g in groups for tokens in g.reference_logprobs for value in tokens])
     assert torch.allclose(workers, under(parts.reference), atol=1e-5)  # pi_ref's, the start weights
     assert not torch.allclose(workers, under(parts.policy), atol=1e-5)  # not the trained policy's
+
+
+def test_a_workers_groups_reach_the_buffer_and_trainer_actors_without_the_driver_reading_them(
+        compose_config_module, tmp_path, ray_cpus, monkeypatch):
+    """The driver reads a group's size, instance and rewards; the group itself goes from the worker's return to the
+    buffer actor and the trainer actor by reference: no group is unpickled in this process while the steps run
+    (the completions table would bring some: it is off here)."""
+    from src.batch import Group
+
+    unpickled = []
+
+    def counted(group, state):  # pickle calls it when it rebuilds a Group in this process (not in the actors)
+        unpickled.append(state.get("prompt"))
+        group.__dict__.update(state)
+
+    runtime, context, recorder = make_run(compose_config_module, tmp_path, "trainer.steps=3",
+                                          "tracking.completions_per_step=0")
+    with runtime.session(context) as session:
+        monkeypatch.setattr(Group, "__setstate__", counted, raising=False)
+        drive(session, recorder)
+        assert unpickled == []
+        counters = session.pipeline.counters
+        assert counters.generated_rollouts > 0 and counters.trained_samples > 0  # groups went through
+        monkeypatch.undo()
+    # The trainer counted, as fresh evaluations, the workers' groups it read by reference.
+    evaluations = [m["budget/fresh_evaluations"] for _, m in recorder.steps]
+    assert evaluations == sorted(evaluations) and 0 < evaluations[-1] <= counters.generated_rollouts

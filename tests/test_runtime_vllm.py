@@ -55,9 +55,10 @@ def test_a_vllm_worker_samples_from_each_version_it_is_sent(compose_config):
         # Perturbed first, then back: each version is an in-place load into the running engine.
         for version, (sent, other) in enumerate((("perturbed", "original"), ("original", "perturbed")), start=1):
             weights = ObjectStoreSync.publish(trainer_weights(models[sent]))  # as the trainer actor publishes
-            out = ray.get(worker.generate.remote(0, instances, request_seed(0, version), version, [weights]))
-            groups = [item["group"] for item in out]
-            assert [item["version"] for item in out] == [version] * len(instances)
+            heads, *groups = ray.get(worker.generate.options(num_returns=1 + len(instances)).remote(
+                0, instances, request_seed(0, version), version, [weights]))
+            assert [head["version"] for head in heads] == [version] * len(instances)
+            assert [head["rewards"] for head in heads] == [list(group.rewards) for group in groups]
             assert all(group.size == 4 for group in groups)
             under_sent = log_likelihoods(models[sent], groups, tokenizer.pad_token_id)
             under_other = log_likelihoods(models[other], groups, tokenizer.pad_token_id)

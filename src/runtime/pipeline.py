@@ -62,13 +62,16 @@ class Generated:
     key: int                      # the group's id
     worker: int
     version: int                  # the weights it was generated with
-    group: Group                  # K responses, rewards, log mu per response and token
+    group: Group                  # K responses, rewards, log mu per response and token; from Ray workers a
+                                  #   handle to it in the object store (its size, and `get()`: the group)
     busy_s: float = 0.0           # the worker's wall seconds on it
     restarted: bool = False       # the worker's actor was restarted since its previous group
     request: int | None = None    # the request it came with (its seed derives from it); None: its own key
 
     def state(self) -> dict:
-        return {**dataclasses.asdict(self), "group": dataclasses.asdict(self.group)}
+        group = self.group if isinstance(self.group, Group) else self.group.get()
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "group"},
+                "group": dataclasses.asdict(group)}
 
     @classmethod
     def from_state(cls, state: dict) -> "Generated":

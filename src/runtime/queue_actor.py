@@ -19,7 +19,7 @@ taken with `state_dict` through this proxy) when relaunched.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import ray
 from ray.exceptions import RayActorError
@@ -51,14 +51,31 @@ class DrawnBatch:
         return iter(self.drawn)
 
 
+@dataclass(frozen=True)
+class Stored:
+    """A group a rollout worker left in Ray's object store: what the driver reads of it (its size; its instance and
+    rewards, which the prompt sampler hears) and its reference, which Ray resolves in the buffer actor and the
+    trainer actor. The driver never deserializes the group itself (Ray keeps an object under 100 KiB in the
+    owner's in-process store and inlines it into the calls that take it, `max_direct_call_object_size`)."""
+
+    ref: ray.ObjectRef
+    size: int
+    instance: Any
+    rewards: list[float]
+
+    def get(self) -> Group:
+        return ray.get(self.ref)
+
+
 def hosted(kind: type[RolloutQueue]) -> type[RolloutQueue]:
-    """`kind` with `put_many` (the puts since the last call, in one call) and `take_apart` (`take_ready` as two
-    objects, two return values of a Ray call: the draw's measures with the queue's events, and the samples)."""
+    """`kind` with `put_many` (the puts since the last call, in one call; each put's group an argument of its own,
+    so that Ray resolves a worker's reference to it here) and `take_apart` (`take_ready` as two objects, two
+    return values of a Ray call: the draw's measures with the queue's events, and the samples)."""
 
     class Hosted(kind):
-        def put_many(self, puts: list[tuple]) -> None:
-            for arguments in puts:
-                self.put(*arguments)
+        def put_many(self, puts: list[tuple], *groups: Group) -> None:
+            for (group_key, version, wall, virtual), group in zip(puts, groups, strict=True):
+                self.put(group_key, group, version, wall, virtual)
 
         def take_apart(self, batch: int, step: int) -> tuple[tuple[list[Drawn] | None, list[dict]], list | None]:
             samples = self.take_ready(batch, step)
@@ -87,7 +104,8 @@ class QueueActor:
         try:
             if self.unsent:
                 puts, self.unsent = self.unsent, []
-                self.sent.append(self.actor.put_many.remote(puts))
+                groups = [group.ref if isinstance(group, Stored) else group for _, group, *_ in puts]
+                self.sent.append(self.actor.put_many.remote([(key, *rest) for key, _, *rest in puts], *groups))
             return getattr(self.actor, method).options(num_returns=returns).remote(*args)
         except RayActorError as error:
             raise self._died(error) from None
@@ -110,9 +128,11 @@ class QueueActor:
         return PipelineError(f"the buffer actor died ({cause}); the run stops: run the same command again to "
                              "resume from its last checkpoint")
 
-    def put(self, group_key: int, group: Group, version: int, wall: float, virtual: float | None = None) -> None:
+    def put(self, group_key: int, group: Group | Stored, version: int, wall: float, virtual: float | None = None
+            ) -> None:
         """Held back and sent with the next call (the pipeline reads no answer): a round trip a group was most of
-        the driver's time between updates, and a call a group most of the buffer actor's."""
+        the driver's time between updates, and a call a group most of the buffer actor's. A `Stored` group goes
+        from the object store to the actor."""
         self.unsent.append((group_key, group, version, wall, virtual))
 
     def ready(self, batch: int) -> bool:

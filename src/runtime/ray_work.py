@@ -21,10 +21,11 @@
   On CUDA rank r sits at `hardware.device` + r, after the workers' GPUs.
 * `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
   loop), where the pipeline itself runs; the rollout queue it puts into and draws from is the buffer
-  actor (`src.runtime.queue_actor.QueueActor`). A group goes from a worker through the driver (whose
-  prompt sampler hears its rewards) to the buffer actor; a drawn batch goes from the buffer actor to the
-  trainer actor as an object reference, and the driver reads only each sample's off-policiness and
-  steps since its last use. It picks each request's prompt from the run's prompt sampler (in event
+  actor (`src.runtime.queue_actor.QueueActor`). A group goes from a worker to the buffer actor, and to the
+  trainer actor, which counts it as a fresh evaluation, as an object reference: the driver reads only its
+  size, its instance and its rewards (its prompt sampler hears them). A drawn batch goes from the buffer
+  actor to the trainer actor as an object reference, and the driver reads only each sample's
+  off-policiness and steps since its last use. It picks each request's prompt from the run's prompt sampler (in event
   order, so the lockstep schedule is reproducible), tells the sampler each group's rewards, starts each
   update on the trainer actor and takes back the step's metrics, what it adds to the driver's counters
   and the completions the run logs (picked in the actor). The driver's policy, optimizer and torch
@@ -56,6 +57,7 @@ from src.batch import Batch, BatchGroup, StepCounts, TrainState
 from src.components import Components
 from src.policy.model import trainer_names, trainer_weights
 from src.runtime.pipeline import Generated, PipelineError, PipelineSettings
+from src.runtime.queue_actor import Stored
 from src.runtime.ray_session import first_line
 from src.buffer.rollouts import Sample
 from src.sampling.collection import FreshGroups
@@ -160,10 +162,10 @@ class RolloutWorker:
         self.engine = build_engine(policy.engine, self.policy, tokenizer, policy.generation_batch_size,
                                    max_new_tokens=policy.max_new_tokens, **policy.vllm)
         self.forward = build_forward(run, tokenizer)
-        task = build_task(run.groups["task"])  # the verifier the worker scores with (no data is loaded)
-        prompts = PromptFormat(task, tokenizer, policy.use_chat_template)
+        self.task = build_task(run.groups["task"])  # the verifier the worker scores with (no data is loaded)
+        prompts = PromptFormat(self.task, tokenizer, policy.use_chat_template)
         self.behaviour, self.sampling = build_rollout(run, self.policy, self.engine, _Unobserved(), prompts,
-                                                      self.forward, task)
+                                                      self.forward, self.task)
         # pi_ref, the start checkpoint's weights, frozen: with `reference`, log pi_ref is computed here once per
         # rollout, as the synchronous store keeps it from a group's first use, where the trainer would compute it
         # again at every draw of the rollout from a buffer.
@@ -171,10 +173,13 @@ class RolloutWorker:
         self.version = None  # the initial weights are the start checkpoint's, not a published version
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
-    def generate(self, key: int, instances: list, seed: int, version: int | None, weights: list) -> list[dict]:
+    def generate(self, key: int, instances: list, seed: int, version: int | None, weights: list) -> tuple:
         """Groups key, key + 1, ... for `instances` in one generate call, with published weights `version`
         (`weights` holds their object ref); `version=None`: the newest ones on the board (`weights` holds
-        its handle) when the request starts."""
+        its handle) when the request starts.
+
+        Returns 1 + len(instances) objects, a Ray return each (the caller asks for that many): what the driver
+        reads of each group, then the groups, which stay in the object store for the buffer and trainer actors."""
         started = time.perf_counter()
         if version is None:
             version, weights = ray.get(weights[0].get.remote())
@@ -185,10 +190,15 @@ class RolloutWorker:
         groups = self.forward.with_sampled_logprobs(collected.fresh, self.policy, self.behaviour.training_temperature)
         if self.reference is not None:
             groups = self.forward.with_reference_logprobs(groups, self.reference)
+        if len(groups) != len(instances):
+            raise ValueError(f"{len(instances)} prompts gave {len(groups)} groups: the asynchronous runtime needs "
+                             "one group a prompt (sampling=standard)")
         restarted, self.restarted = self.restarted, False
         busy = (time.perf_counter() - started) / len(groups)
-        return [{"key": key + i, "request": key, "version": version, "group": group, "busy_s": busy,
-                 "restarted": restarted and i == 0} for i, group in enumerate(groups)]
+        heads = [{"key": key + i, "request": key, "version": version, "busy_s": busy, "restarted": restarted and i == 0,
+                  "size": group.size, "instance": self.task.instance_of(group), "rewards": list(group.rewards)}
+                 for i, group in enumerate(groups)]
+        return (heads, *groups)
 
     def crash(self) -> None:
         """End this actor's process (tests: Ray restarts it under max_restarts)."""
@@ -252,10 +262,11 @@ class TrainerActor:
     def learn(self, step: int, samples: list[Sample], generated: list, waited: float, sampler_metrics: dict,
               state: TrainState, publish: int | None) -> tuple[dict, StepCounts, dict, list | None]:
         """Update step `step` on the drawn `samples` (Ray hands them over from the buffer actor), with the groups
-        `generated` since the last update counted as its fresh evaluations; with `publish`, publish the weights as
+        `generated` since the last update (references to the workers' objects, or groups a checkpoint kept) counted
+        as its fresh evaluations; with `publish`, publish the weights as
         that version at once. Returns the metrics, the counts, the completions the run logs, and the publish."""
         self.sampler.latest = sampler_metrics
-        collected = FreshGroups(fresh=[], generated=generated, off_policy=False, timings={"wait_for_rollouts": waited})
+        collected = FreshGroups(fresh=[], generated=resolved(generated), off_policy=False, timings={"wait_for_rollouts": waited})
         collection = StepBatch(step, batch_of(samples), collected, gap_fill=0)
         metrics, counts = learn(self.parts, state, collection)
         published = None
@@ -334,7 +345,8 @@ def on_cpu(value):
 class Pending:
     worker: int
     key: int
-    ref: ray.ObjectRef
+    ref: ray.ObjectRef            # what the driver reads of the request's groups
+    groups: list[ray.ObjectRef]   # the groups, left in the object store
 
 
 class RayWork:
@@ -373,8 +385,9 @@ class RayWork:
         if version is not None and published_version != version:
             raise ValueError(f"request {key} wants version {version}, the published weights are {published_version}")
         weights = [self.board] if version is None else [ref]
-        call = self.workers[worker].generate.remote(key, instances, request_seed(self.seed, key), version, weights)
-        self.pending.append(Pending(worker, key, call))
+        head, *groups = self.workers[worker].generate.options(num_returns=1 + len(instances)).remote(
+            key, instances, request_seed(self.seed, key), version, weights)
+        self.pending.append(Pending(worker, key, head, groups))
 
     def result(self, worker: int) -> list[Generated]:
         if worker in self.preloaded:
@@ -403,16 +416,18 @@ class RayWork:
         self.pending.remove(pending)
         return self._arrived(self._generated(pending, payload))
 
-    def _generated(self, pending: Pending, payload: list[dict]) -> list[Generated]:
-        return [Generated(worker=pending.worker, **group) for group in payload]
+    def _generated(self, pending: Pending, heads: list[dict]) -> list[Generated]:
+        return [Generated(worker=pending.worker, group=Stored(ref, head.pop("size"), head.pop("instance"),
+                                                              head.pop("rewards")), **head)
+                for head, ref in zip(heads, pending.groups, strict=True)]
 
     def _arrived(self, generated: list[Generated]) -> list[Generated]:
         if generated and generated[0].restarted:
             log.warning("rollout worker %d was restarted by Ray (max_restarts); its request %d was retried",
                         generated[0].worker, generated[0].request)
-        groups = [g.group for g in generated]
-        self.parts.sampler.observe([self.parts.task.instance_of(g) for g in groups], [g.rewards for g in groups],
-                                   self.version)
+        groups = [g.group for g in generated]  # `Stored` but where a resumed lockstep run preloaded them
+        instances = [g.instance if isinstance(g, Stored) else self.parts.task.instance_of(g) for g in groups]
+        self.parts.sampler.observe(instances, [g.rewards for g in groups], self.version)
         return generated
 
     def _get(self, ref):
@@ -428,7 +443,8 @@ class RayWork:
         samples themselves; the driver's loop counts the step (`last_counts`)."""
         waited, self.wait_s = self.wait_s, 0.0
         self.training = (step, publish, self._send(
-            "learn", step, getattr(samples, "ref", samples), [g.group for g in arrived], waited,
+            "learn", step, getattr(samples, "ref", samples),
+            [g.group.ref if isinstance(g.group, Stored) else g.group for g in arrived], waited,
             self.parts.sampler.metrics(), dataclasses.replace(self.state, history=[]), publish))
 
     def trained(self) -> tuple[dict[str, float], float | None]:
@@ -534,6 +550,12 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def resolved(items: list) -> list:
+    """`items` with each object reference among them replaced by its object, fetched in one call."""
+    objects = iter(ray.get([item for item in items if isinstance(item, ray.ObjectRef)]))
+    return [next(objects) if isinstance(item, ray.ObjectRef) else item for item in items]
 
 
 def batch_of(samples: list[Sample]) -> Batch:
