@@ -5,9 +5,10 @@
   behaviour, sampling component and forward helper built by `src.build` from the same config. For
   a request it loads the published weights if it holds another version, generates and scores the
   group (`StandardSampling.generate_groups`) and computes log mu under those weights with the
-  trainer's forward code: what the trainer reads. Where the run's queue replays rollouts and the KL term
-  is on, it also computes log pi_ref, once per rollout, under a frozen copy of the start weights. The advantages the trainer computes itself, from
-  the group's K rewards, which generation fixed (seed 001 D.2's generation-time advantage).
+  trainer's forward code: what the trainer reads. Where the run's queue replays rollouts and the KL
+  term is on, it also computes log pi_ref, once per rollout, under a frozen copy of the start weights.
+  The advantages the trainer computes itself, from the group's K rewards, which generation fixed
+  (seed 001 D.2's generation-time advantage).
 * `ObjectStoreSync`: the trainer publishes its weights on the object store, in chunks of up to 256 MiB
   (over T ranks each parameter gathered whole in turn, `trainer_weights`, so no process holds a second
   whole model); every worker loads them into its policy chunk by chunk and hands them to its engine
@@ -21,12 +22,12 @@
   On CUDA rank r sits at `hardware.device` + r, after the workers' GPUs.
 * `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
   loop), where the pipeline itself runs; the rollout queue it puts into and draws from is the buffer
-  actor (`src.runtime.queue_actor.QueueActor`). A group goes from a worker to the buffer actor, and to the
-  trainer actor, which counts it as a fresh evaluation, as an object reference: the driver reads only its
-  size, its instance and its rewards (its prompt sampler hears them). A drawn batch goes from the buffer
-  actor to the trainer actor as an object reference, and the driver reads only each sample's
-  off-policiness and steps since its last use. It picks each request's prompt from the run's prompt sampler (in event
-  order, so the lockstep schedule is reproducible), tells the sampler each group's rewards, starts each
+  actor (`src.runtime.queue_actor.QueueActor`). A group goes from a worker to the buffer actor, and
+  to the trainer actor, which counts it as a fresh evaluation, as an object reference: the driver
+  reads only its size, its instance and its rewards (its prompt sampler hears them). A drawn batch
+  goes from the buffer actor to the trainer actor as an object reference, and the driver reads only
+  each sample's off-policiness and steps since its last use. It picks each request's prompt from the
+  run's prompt sampler (in event order, so the lockstep schedule is reproducible), tells the sampler each group's rewards, starts each
   update on the trainer actor and takes back the step's metrics, what it adds to the driver's counters
   and the completions the run logs (picked in the actor). The driver's policy, optimizer and torch
   RNG are its copy for checkpoints and evaluation: `pull` brings them up to the actor's on demand
@@ -266,7 +267,8 @@ class TrainerActor:
         as its fresh evaluations; with `publish`, publish the weights as
         that version at once. Returns the metrics, the counts, the completions the run logs, and the publish."""
         self.sampler.latest = sampler_metrics
-        collected = FreshGroups(fresh=[], generated=resolved(generated), off_policy=False, timings={"wait_for_rollouts": waited})
+        collected = FreshGroups(fresh=[], generated=resolved(generated), off_policy=False,
+                                timings={"wait_for_rollouts": waited})
         collection = StepBatch(step, batch_of(samples), collected, gap_fill=0)
         metrics, counts = learn(self.parts, state, collection)
         published = None
