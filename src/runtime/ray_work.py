@@ -27,9 +27,9 @@
   reads only its size, its instance and its rewards (its prompt sampler hears them). A drawn batch
   goes from the buffer actor to the trainer actor as an object reference, and the driver reads only
   each sample's off-policiness and steps since its last use. It picks each request's prompt from the
-  run's prompt sampler (in event order, so the lockstep schedule is reproducible), tells the sampler each group's rewards, starts each
-  update on the trainer actor and takes back the step's metrics, what it adds to the driver's counters
-  and the completions the run logs (picked in the actor). The driver's policy, optimizer and torch
+  run's prompt sampler (in event order, so the lockstep schedule is reproducible), tells the sampler
+  each group's rewards, starts each update on the trainer actor and takes back the step's metrics,
+  what it adds to the driver's counters and the completions the run logs (picked in the actor). The driver's policy, optimizer and torch
   RNG are its copy for checkpoints and evaluation: `pull` brings them up to the actor's on demand
   (before a checkpoint, an evaluation and the run's end), not every step; the actor starts from the
   driver's (a resumed run: the checkpoint's), so the same seed gives the same metrics as a trainer
