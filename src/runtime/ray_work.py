@@ -22,19 +22,19 @@
   On CUDA rank r sits at `hardware.device` + r, after the workers' GPUs.
 * `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
   loop), where the pipeline itself runs; the rollout queue it puts into and draws from is the buffer
-  actor (`src.runtime.queue_actor.QueueActor`). A group goes from a worker to the buffer actor, and
-  to the trainer actor, which counts it as a fresh evaluation, as an object reference: the driver
-  reads only its size, its instance and its rewards (its prompt sampler hears them). A drawn batch
-  goes from the buffer actor to the trainer actor as an object reference, and the driver reads only
-  each sample's off-policiness and steps since its last use. It picks each request's prompt from the
-  run's prompt sampler (in event order, so the lockstep schedule is reproducible), tells the sampler
-  each group's rewards, starts each update on the trainer actor and takes back the step's metrics,
-  what it adds to the driver's counters and the completions the run logs (picked in the actor). The driver's policy, optimizer and torch
-  RNG are its copy for checkpoints and evaluation: `pull` brings them up to the actor's on demand
-  (before a checkpoint, an evaluation and the run's end), not every step; the actor starts from the
-  driver's (a resumed run: the checkpoint's), so the same seed gives the same metrics as a trainer
-  in the driver would. A dead trainer is not restarted (its updates since the checkpoint are gone):
-  the run stops with one line and resumes from its checkpoint when relaunched.
+  actor (`src.runtime.queue_actor.QueueActor`). A group goes from a worker to the buffer actor, and to
+  the trainer actor, which counts it as a fresh evaluation, as an object reference: the driver reads
+  only its size, its instance and its rewards (its prompt sampler hears them). A drawn batch goes from
+  the buffer actor to the trainer actor as an object reference, and the driver reads only each sample's
+  off-policiness and steps since its last use. It picks each request's prompt from the run's prompt
+  sampler (in event order, so the lockstep schedule is reproducible), tells the sampler each group's
+  rewards, starts each update on the trainer actor and takes back the step's metrics, what it adds to
+  the driver's counters and the completions the run logs (picked in the actor). The driver's policy,
+  optimizer and torch RNG are its copy for checkpoints and evaluation: `pull` brings them up to the
+  actor's on demand (before a checkpoint, an evaluation and the run's end), not every step; the actor
+  starts from the driver's (a resumed run: the checkpoint's), so the same seed gives the same metrics as
+  a trainer in the driver would. A dead trainer is not restarted (its updates since the checkpoint are
+  gone): the run stops with one line and resumes from its checkpoint when relaunched.
 
 A request's sampling seed derives from (run seed, request key), so a group does not depend on
 which worker generated it, and a retried request (a worker restarted by Ray's `max_restarts`)
