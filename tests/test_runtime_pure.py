@@ -386,3 +386,41 @@ def test_seed001s_lifo_baseline_keeps_every_worker_generating(compose_config):
     assert [crowded.next_step() for _ in range(40)][-1]["runtime/idle_workers"] == pytest.approx(0.5, abs=0.05)
     buffered = [seed001_lockstep(compose_config).next_step() for _ in range(3)][-1]
     assert buffered["replay/ratio_predicted"] > 0
+
+
+def test_leaving_for_rays_process_group_survives_a_group_that_is_gone_when_coming_back():
+    """A run started by a shell's `( python -m src.run ... & )`: the subshell that led the run's process group
+    has exited, so when the run moves to a group of its own for Ray's daemons, the group it left vanishes."""
+    import pathlib
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os
+        from src.runtime.ray_session import own_process_group
+        reaped_r, reaped_w = os.pipe()
+        done_r, done_w = os.pipe()
+        leader = os.fork()
+        if leader == 0:
+            os.setpgid(0, 0)                 # the leader of a new group, as a job-control shell makes one
+            os.close(reaped_w)
+            if os.fork() == 0:               # the run, a member of that group
+                os.read(reaped_r, 1)         # end of file once the leader is gone and reaped
+                left = os.getpgrp()
+                try:
+                    with own_process_group():
+                        inside = os.getpgrp()
+                    os.write(done_w, f"ok {left != inside} {os.getpgrp() == inside}".encode())
+                except Exception as error:
+                    os.write(done_w, repr(error).encode())
+                os._exit(0)
+            os._exit(0)
+        os.close(reaped_r)
+        os.waitpid(leader, 0)                # a zombie leader would keep its group alive
+        os.close(reaped_w)
+        print(os.read(done_r, 200).decode())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "ok True True", out.stdout + out.stderr

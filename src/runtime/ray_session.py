@@ -34,7 +34,7 @@ def first_line(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def own_process_group() -> Iterator[None]:
-    """Start Ray's daemons in a process group of their own, then rejoin this process's group.
+    """Start Ray's daemons in a process group of their own, then rejoin this process's group if it is still there.
 
     `timeout`, a terminal's Ctrl-C and `kill -- -PGID` signal a whole process group. Were the raylet in
     ours, it would die with the signal and take the trainer and buffer actors with it before the run
@@ -52,7 +52,12 @@ def own_process_group() -> Iterator[None]:
     try:
         yield
     finally:
-        os.setpgid(0, group)
+        try:
+            os.setpgid(0, group)
+        except PermissionError:
+            # Our group is gone: its leader exited (a shell's `( run & )`) and we were its last member, so no
+            # signal can be sent to it any more. The run stays in the group it made for Ray.
+            pass
 
 
 @contextlib.contextmanager
