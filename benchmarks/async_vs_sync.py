@@ -2,6 +2,7 @@
 
     python -m benchmarks.async_vs_sync                      # B = 8 groups of K = 8, 6 timed steps
     python -m benchmarks.async_vs_sync --groups 16 --steps 10
+    python -m benchmarks.async_vs_sync --groups 16 --steps 10 --repeats 5   # runtimes in turn, the median
 
 Every update trains on B x K rollouts of the tiny policy. `sync` runs SPEC 3's fresh-only step
 (generate, then train) in this process with one torch thread and with two; `async lifo` runs seed
@@ -17,6 +18,7 @@ The first step of each runtime is left out of the timing (model load, actor star
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -80,47 +82,81 @@ def time_async(cfg, tmp, phases: dict[str, float] | None = None) -> tuple[float,
     return last - first, len(times) - 1, int(rollouts)
 
 
-def main(argv: list[str] | None = None) -> None:
+def one_round(args, base) -> tuple[dict[str, tuple[float, int, int]], dict[str, float], list[str]]:
+    """Every runtime once: its (seconds, updates, rollouts), sync's phases with one thread, the trainer's busy."""
     import tempfile
     from pathlib import Path
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--groups", type=int, default=8, help="B, groups per update")
-    parser.add_argument("--group-size", type=int, default=8, help="K")
-    parser.add_argument("--steps", type=int, default=6, help="timed updates (after one warm-up step)")
-    args = parser.parse_args(argv)
-    batch = args.groups * args.group_size
-    table = Table(title=f"updates of B x K = {args.groups} x {args.group_size} rollouts, tiny policy, "
-                        f"{args.steps} timed steps")
-    for column in ("runtime", "updates/s", "rollouts/s", "vs sync (1 thread)"):
-        table.add_column(column, justify="right" if column != "runtime" else "left")
-    rows = []
-    base = config(args.groups, args.group_size, args.steps)
-    phases: dict[str, float] = {}
-    busy: list[str] = []
+    batch, rows, phases, busy = args.groups * args.group_size, {}, {}, []
     for threads in (1, 2):
-        rows.append((f"sync, {threads} thread{'s' if threads > 1 else ''}",
-                     *time_sync(base, threads, phases if threads == 1 else None)))
+        rows[f"sync, {threads} thread{'s' if threads > 1 else ''}"] = time_sync(base, threads,
+                                                                                phases if threads == 1 else None)
     for queue, buffer in (("lifo", "none"), ("buffer", "fifo")):
         cfg = config(args.groups, args.group_size, args.steps, "runtime=async", "runtime.workers=1",
                      "runtime.schedule=free", f"buffer={buffer}", f"buffer.capacity={4 * batch}",
                      "buffer.mode=without_replacement" if buffer == "fifo" else "buffer.ratio=0",
                      f"runtime.groups_per_request={args.groups}", "runtime.depth=2", "hardware.threads=1")
         with tempfile.TemporaryDirectory() as tmp:
-            rows.append((f"async {queue}, W=1 T=1 free", *time_async(cfg, Path(tmp), trainer := {})))
-        busy.append(f"{queue} {trainer['train'] / rows[-1][2]:.2f} s of {rows[-1][1] / rows[-1][2]:.2f} s")
-    reference = rows[0][2] / rows[0][1]
-    for name, seconds, updates, rollouts in rows:
-        rate = updates / seconds
-        table.add_row(name, f"{rate:.3f}", f"{rollouts / seconds:.1f}", f"{rate / reference:.2f}x")
-    console = Console()
-    console.print(table)
-    slower = max(phases.values()) / args.steps
-    console.print(f"sync (1 thread) per step: generate + score {phases['generate'] / args.steps:.2f} s, train "
-                  f"{phases['train'] / args.steps:.2f} s; fully overlapped, the slower phase alone allows "
-                  f"{1 / slower:.3f} updates/s ({rows[0][1] / args.steps * (1 / slower):.2f}x sync)")
-    console.print(f"async, the trainer actor's update per step, of the step's wall time: {'; '.join(busy)}",
-                  soft_wrap=True)
+            name = f"async {queue}, W=1 T=1 free"
+            rows[name] = seconds, updates, _ = time_async(cfg, Path(tmp), trainer := {})
+        busy.append(f"{queue} {trainer['train'] / updates:.2f} s of {seconds / updates:.2f} s")
+    return rows, phases, busy
+
+
+def gains(rows: dict[str, tuple[float, int, int]], phases: dict[str, float], steps: int) -> dict[str, float]:
+    """Each runtime's updates/s over sync's with one thread, and `ideal`: the slower synchronous phase alone."""
+    rate = {name: updates / seconds for name, (seconds, updates, _) in rows.items()}
+    reference = rate["sync, 1 thread"]
+    return {**{name: r / reference for name, r in rate.items()}, "ideal": steps / max(phases.values()) / reference}
+
+
+def share(ratio: float, ideal: float) -> str:
+    return f"{(ratio - 1) / (ideal - 1):.0%}" if ideal > 1 else "n/a"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--groups", type=int, default=8, help="B, groups per update")
+    parser.add_argument("--group-size", type=int, default=8, help="K")
+    parser.add_argument("--steps", type=int, default=6, help="timed updates (after one warm-up step)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of every runtime in turn, so that drifts in the machine's speed hit them alike")
+    args = parser.parse_args(argv)
+    # A wide table whatever the terminal: a log or a pipe would wrap it at 80 columns.
+    base, console, rounds = config(args.groups, args.group_size, args.steps), Console(width=140), []
+    for index in range(args.repeats):
+        rows, phases, busy = one_round(args, base)
+        rounds.append((rows, gains(rows, phases, args.steps)))
+        ratio = rounds[-1][1]
+        console.print(f"round {index + 1}: sync (1 thread) {args.steps / rows['sync, 1 thread'][0]:.3f} updates/s, "
+                      f"generate + score {phases['generate'] / args.steps:.2f} s and train "
+                      f"{phases['train'] / args.steps:.2f} s a step; the slower phase alone allows "
+                      f"{ratio['ideal']:.2f}x; " + "; ".join(f"{name} {ratio[name]:.2f}x ({share(ratio[name], ratio['ideal'])})"
+                                                     for name in rows if name.startswith("async")), soft_wrap=True)
+        console.print(f"  the trainer actor's update per step, of the step's wall time: {'; '.join(busy)}",
+                      soft_wrap=True)
+    console.print(summary(args, rounds))
+
+
+def summary(args, rounds: list) -> Table:
+    """The median over rounds of each runtime's rates, its ratio to sync and its share of the possible gain."""
+    table = Table(title=f"updates of B x K = {args.groups} x {args.group_size} rollouts, tiny policy, {args.steps} "
+                        f"timed steps, median of {len(rounds)} round{'s' if len(rounds) > 1 else ''}")
+    for column in ("runtime", "updates/s", "rollouts/s", "vs sync (1 thread)", "min-max", "of the possible gain"):
+        table.add_column(column, justify="right" if column != "runtime" else "left")
+    for name in rounds[0][0]:
+        rates = [(updates / seconds, rollouts / seconds) for (seconds, updates, rollouts) in
+                 (rows[name] for rows, _ in rounds)]
+        ratios = [ratio[name] for _, ratio in rounds]
+        shares = [(r - 1) / (ratio["ideal"] - 1) for r, (_, ratio) in zip(ratios, rounds)]
+        table.add_row(name, f"{statistics.median(u for u, _ in rates):.3f}",
+                      f"{statistics.median(r for _, r in rates):.1f}", f"{statistics.median(ratios):.2f}x",
+                      f"{min(ratios):.2f}-{max(ratios):.2f}x",
+                      "" if name.startswith("sync, 1") else f"{statistics.median(shares):.0%}")
+    ideals = [ratio["ideal"] for _, ratio in rounds]
+    table.caption = (f"fully overlapped, the slower synchronous phase alone allows {statistics.median(ideals):.2f}x "
+                     f"({min(ideals):.2f}-{max(ideals):.2f}x); the possible gain is that less 1")
+    return table
 
 
 if __name__ == "__main__":
