@@ -417,6 +417,7 @@ def test_leaving_for_rays_process_group_survives_a_group_that_is_gone_when_comin
                 os._exit(0)
             os._exit(0)
         os.close(reaped_r)
+        os.close(done_w)                     # end of file, not a wait, if the member dies before it writes
         os.waitpid(leader, 0)                # a zombie leader would keep its group alive
         os.close(reaped_w)
         print(os.read(done_r, 200).decode())
