@@ -21,20 +21,19 @@ import argparse
 import statistics
 import time
 
-import torch
-from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
-import src.command.config  # noqa: F401  (the ${root:} resolver)
-from src.build import build_components, build_runtime
-from src.paths import CONFIG_DIR
-from src.batch import TrainState
-from src.task import countdown
-from src.settings import RunSettings
+# torch, Hydra and the project's builders are imported where they are used, so that a bad argument gets its one
+# line before they load.
 
 
 def config(groups: int, group_size: int, steps: int, *overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    import src.command.config  # noqa: F401  (the ${root:} resolver)
+    from src.paths import CONFIG_DIR
+
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("config", overrides=[f"trainer.groups_per_step={groups}", f"trainer.group_size={group_size}",
                                             f"trainer.steps={steps + 1}", "task.train_size=2000", *overrides])
@@ -45,6 +44,12 @@ PHASES = {"generate": ("time/generate", "time/score"), "train": ("time/train",)}
 
 def time_sync(cfg, threads: int, phases: dict[str, float] | None = None) -> tuple[float, int, int]:
     """Seconds for steps 1.. of the synchronous loop, updates and rollouts in them; adds up its phases."""
+    import torch
+
+    from src.batch import TrainState
+    from src.build import build_components
+    from src.settings import RunSettings
+    from src.task import countdown
     from src.train import train_step
 
     torch.set_num_threads(threads)
@@ -63,7 +68,13 @@ def time_sync(cfg, threads: int, phases: dict[str, float] | None = None) -> tupl
 def time_async(cfg, tmp, phases: dict[str, float] | None = None) -> tuple[float, int, int]:
     """Seconds for steps 1.. of the pipeline, updates and rollouts generated in them; the trainer's update seconds
     in them into `phases`."""
+    import torch
+
+    from src.batch import TrainState
+    from src.build import build_components, build_runtime
     from src.runtime.base import RunContext
+    from src.settings import RunSettings
+    from src.task import countdown
 
     torch.set_num_threads(1)
     train_set, _ = countdown.train_and_heldout(cfg.task)
@@ -114,12 +125,19 @@ def share(ratio: float, ideal: float) -> str:
     return f"{(ratio - 1) / (ideal - 1):.0%}" if ideal > 1 else "n/a"
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (argparse names the option in its one-line error)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more (e.g. 5)")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--groups", type=int, default=8, help="B, groups per update")
-    parser.add_argument("--group-size", type=int, default=8, help="K")
-    parser.add_argument("--steps", type=int, default=6, help="timed updates (after one warm-up step)")
-    parser.add_argument("--repeats", type=int, default=1,
+    parser.add_argument("--groups", type=at_least_one, default=8, help="B, groups per update")
+    parser.add_argument("--group-size", type=at_least_one, default=8, help="K")
+    parser.add_argument("--steps", type=at_least_one, default=6, help="timed updates (after one warm-up step)")
+    parser.add_argument("--repeats", type=at_least_one, default=1,
                         help="rounds of every runtime in turn, so that drifts in the machine's speed hit them alike")
     args = parser.parse_args(argv)
     # A wide table whatever the terminal: a log or a pipe would wrap it at 80 columns.

@@ -729,6 +729,12 @@ def test_async_vs_sync_benchmark_prints_both_runtimes():
         assert re.search(rf"{runtime}.*\d\.\d\dx", out), (runtime, out[-2000:])  # its ratio to sync in the table
 
 
+def test_async_vs_sync_benchmark_refuses_a_bad_count_in_one_line():
+    done = run([sys.executable, "-m", "benchmarks.async_vs_sync", "--repeats", "0"], timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "argument --repeats: '0' is not a whole number of 1 or more" in done.stderr.splitlines()[-1], done.stderr
+
+
 @pytest.mark.vllm
 def test_make_check_engine_on_cpu():
     out = make("check-engine", args("--dtype", "float32", "--prompts", "8", "--samples", "4", "--max-new-tokens",
