@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -99,3 +100,18 @@ def test_the_vllm_phase_prompts_are_one_id_a_word_at_the_full_vocabulary():
         ids = tokenizer(text)["input_ids"]
         assert len(ids) == 128 and tokenizer.decode(ids) == text
     assert tokenizer.eos_token_id == vocab - 1 and tokenizer.pad_token_id == 0
+
+
+def test_async_vs_sync_overlap_is_the_share_of_the_shorter_role_hidden():
+    """1 when a step takes the slower role alone, 0 when it takes both in turn; the workers' busy seconds come back
+    from the pipeline's running rates and idle share."""
+    from benchmarks.async_vs_sync import overlap, workers_busy
+
+    roles = {"train": 10.0, "generate": 6.0}  # over 10 updates: 1.0 s and 0.6 s an update
+    assert overlap(10.0, 10, roles) == pytest.approx(1.0)
+    assert overlap(16.0, 10, roles) == pytest.approx(0.0)
+    assert overlap(13.0, 10, roles) == pytest.approx(0.5)
+    assert math.isnan(overlap(13.0, 10, {"train": 10.0, "generate": 0.0}))  # no worker seconds: no share to give
+    # 40 rollouts at 4/s: 10 s of wall; 2 workers idle a quarter of it: 15 busy seconds
+    metrics = {"runtime/generated_rollouts": 40.0, "time/rollouts_per_s": 4.0, "time/idle_workers": 0.25}
+    assert workers_busy(metrics, 2) == pytest.approx(15.0)

@@ -727,6 +727,10 @@ def test_async_vs_sync_benchmark_prints_both_runtimes():
     assert "round 1:" in out and "round 2:" in out and "median of 2 rounds" in out, out[-2000:]
     for runtime in ("sync, 1 thread", "sync, 2 threads", "async lifo", "async buffer"):
         assert re.search(rf"{runtime}.*\d\.\d\dx", out), (runtime, out[-2000:])  # its ratio to sync in the table
+    assert "sync (1 thread, before and after)" in out, out[-2000:]
+    # LIFO's share of its shorter role hidden, from its own run: per round, and its median and range in the table
+    assert len(re.findall(r"lifo: the trainer's update \d\.\d\d s .* -?\d+% of the shorter hidden", out)) == 2, out
+    assert re.search(r"async lifo.*│ +-?\d+% \(-?\d+%--?\d+%\) │", out), out[-2000:]
 
 
 def test_async_vs_sync_benchmark_refuses_a_bad_count_in_one_line():
