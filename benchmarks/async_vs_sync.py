@@ -9,8 +9,12 @@ Every update trains on B x K rollouts of the tiny policy. `sync` runs SPEC 3's f
 001's streaming baseline in the free schedule with one worker actor and one trainer actor (one thread
 each, this process driving them), the worker generating a whole batch per call as the synchronous step
 does: each rollout is used once, as in the fresh-only step, so both do the same work per update,
-and overlapped the pipeline should approach the slower phase alone rather than the sum of both. `async buffer` is the same pipeline with seed 001's FIFO buffer (N = 4 B):
-the trainer no longer waits for generation, so updates/s is the trainer's own speed.
+and overlapped the pipeline should approach the slower phase alone rather than the sum of both. The
+workers take log mu from the engine's own logits (`runtime.behaviour_logprobs=engine`, checked against
+the trainer's forward pass on each worker's first request), as the synchronous step makes no pass for
+it either; `--log-mu forward` gives them the forward pass of their own. `async buffer` is the same
+pipeline with seed 001's FIFO buffer (N = 4 B): the trainer does not wait for generation, so updates/s
+is the trainer's own speed.
 
 The first step of each runtime is left out of the timing (model load, actor start, warm-up). A round runs
 sync with one thread first and again last, and takes their mean as the baseline, so that a drift in the
@@ -126,7 +130,8 @@ def one_round(args, base) -> tuple[dict[str, tuple[float, int, int]], dict[str, 
         cfg = config(args.groups, args.group_size, args.steps, "runtime=async", "runtime.workers=1",
                      "runtime.schedule=free", f"buffer={buffer}", f"buffer.capacity={4 * batch}",
                      "buffer.mode=without_replacement" if buffer == "fifo" else "buffer.ratio=0",
-                     f"runtime.groups_per_request={args.groups}", "runtime.depth=2", "hardware.threads=1")
+                     f"runtime.groups_per_request={args.groups}", "runtime.depth=2", "hardware.threads=1",
+                     f"runtime.behaviour_logprobs={args.log_mu}")
         with tempfile.TemporaryDirectory() as tmp:
             name = f"async {queue}, W=1 T=1 free"
             rows[name] = seconds, updates, _ = time_async(cfg, Path(tmp), roles := {})
@@ -165,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--groups", type=at_least_one, default=8, help="B, groups per update")
     parser.add_argument("--group-size", type=at_least_one, default=8, help="K")
     parser.add_argument("--steps", type=at_least_one, default=6, help="timed updates (after one warm-up step)")
+    parser.add_argument("--log-mu", choices=("engine", "forward"), default="engine",
+                        help="the workers' log mu: from the engine's logits (the synchronous step's work) or from a "
+                             "forward pass of their own (runtime.behaviour_logprobs)")
     parser.add_argument("--repeats", type=at_least_one, default=1,
                         help="rounds of every runtime in turn, so that drifts in the machine's speed hit them alike")
     args = parser.parse_args(argv)

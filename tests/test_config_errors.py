@@ -284,3 +284,17 @@ def test_hardware_h100_without_a_gpu_names_the_device_before_the_engine(compose_
     with pytest.raises(ConfigError) as error:
         validate(compose_config("hardware=h100"))
     assert "hardware.device='cuda'" in str(error.value) and "hardware=cpu" in str(error.value)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["runtime.behaviour_logprobs=both"], "runtime.behaviour_logprobs='both': behaviour_logprobs must be one of "
+                                          "forward, engine"),
+    (["runtime.behaviour_logprobs=engine", "policy.engine=vllm"],
+     "runtime.behaviour_logprobs=engine with policy.engine=vllm: log mu from the engine reads the HF engine's "
+     "logits; use runtime.behaviour_logprobs=forward"),
+])
+def test_log_mu_from_the_engine_is_refused_before_any_compute_where_it_cannot_hold(compose_config, overrides, message):
+    validate(compose_config("runtime=async", "runtime.behaviour_logprobs=engine"))  # the HF engine's: accepted
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config("runtime=async", *overrides))
+    assert str(error.value) == message

@@ -70,3 +70,29 @@ def test_stopping_criterion_keeps_a_finished_row_finished_without_decoding_it_ag
     padded = torch.tensor([prompt + done + [tokenizer.pad_token_id] * 2])
     assert criterion(padded, None).tolist() == [True]
     assert decoded == []
+
+
+def test_engine_log_mu_agrees_with_the_trainers_forward_pass_and_leaves_the_sample_alone(random_policy_dir):
+    """`SamplingParams.logprobs`: each sampled token's log-prob from generate's own logits, at the sampling
+    temperature, as the trainer's forward pass computes it (runtime.behaviour_logprobs=engine); left-padded prompts
+    of different lengths, responses of different lengths, two temperatures. Asking for them draws the same tokens."""
+    import dataclasses
+
+    from src.policy.forward import Forward
+
+    model, tokenizer = load_policy(str(random_policy_dir))
+    engine, forward = HFGenerateEngine(model, tokenizer, batch_size=12), Forward(tokenizer.pad_token_id, 8)
+    texts = [prompts(6)[i] + " extra words" * i for i in range(6)]  # prompts of six lengths: left padding
+    for temperature in (1.0, 0.7):
+        sampling = dataclasses.replace(SAMPLING, temperature=temperature)
+        plain = engine.generate(texts, 4, sampling, seed=5)
+        asked = engine.generate(texts, 4, dataclasses.replace(sampling, logprobs=True), seed=5)
+        assert [[c.token_ids for c in g] for g in asked.completions] == [[c.token_ids for c in g] for g in plain.completions]
+        assert all(c.logprobs is None for g in plain.completions for c in g)
+        rows = [c for g in asked.completions for c in g]
+        assert len({len(c.token_ids) for c in rows}) > 1  # responses of several lengths
+        sequences = [(ids, c.token_ids) for ids, g in zip(asked.prompt_ids, asked.completions) for c in g]
+        by_forward = forward.sampled_token_logprobs(model, sequences, temperature)
+        for completion, expected in zip(rows, by_forward):
+            assert len(completion.logprobs) == len(completion.token_ids) == len(expected)
+            assert max(abs(a - b) for a, b in zip(completion.logprobs, expected)) < 1e-4

@@ -7,6 +7,7 @@ the worker actors (each imports torch and loads the policy), so the runs are few
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import time
@@ -498,3 +499,34 @@ def test_a_workers_groups_reach_the_buffer_and_trainer_actors_without_the_driver
     # The trainer counted, as fresh evaluations, the workers' groups it read by reference.
     evaluations = [m["budget/fresh_evaluations"] for _, m in recorder.steps]
     assert evaluations == sorted(evaluations) and 0 < evaluations[-1] <= counters.generated_rollouts
+
+
+def test_log_mu_from_the_engine_trains_as_log_mu_from_the_forward_pass(compose_config_module, tmp_path, lockstep_w2):
+    """runtime.behaviour_logprobs=engine: the workers take log mu from generate's own logits, with no second
+    forward pass; on the lockstep clock the run draws the same rollouts and logs the same metrics as the forward
+    pass's log mu gives, to float32's rounding of the two computations."""
+    recorder, events = run(compose_config_module, tmp_path, "runtime.behaviour_logprobs=engine")
+    forward, forward_events = lockstep_w2
+    assert events == forward_events
+    assert [step for step, _ in recorder.steps] == [step for step, _ in forward.steps] == [0, 1, 2, 3, 4]
+    for (_, got), (_, expected) in zip(recorder.steps, forward.steps):
+        assert got.keys() == expected.keys()
+        for key in (key for key in got if not wall_clock(key)):
+            assert (math.isnan(got[key]) and math.isnan(expected[key])) or math.isclose(
+                got[key], expected[key], rel_tol=1e-3, abs_tol=1e-5), (key, got[key], expected[key])
+
+
+def test_log_mu_from_the_engine_is_refused_where_it_strays_from_the_forward_pass():
+    from src.batch import Group
+    from src.runtime.ray_work import check_engine_logprobs
+
+    def group(token_logprobs):
+        made = Group(prompt="p", prompt_ids=(1,), truth=None, responses=("a", "b"), response_ids=((2, 3), (4,)),
+                     rewards=(1.0, 0.0), step=0)
+        return made.with_behaviour_logprobs([sum(t) for t in token_logprobs], None, token_logprobs)
+
+    forward = group([(-1.0, -2.0), (-0.5,)])
+    check_engine_logprobs([group([(-1.0 + 1e-5, -2.0), (-0.5,)])], [forward])  # float32's rounding: accepted
+    with pytest.raises(ValueError, match=r"runtime.behaviour_logprobs=engine: .* strays 0.01 nats a token .* "
+                                         r"use runtime.behaviour_logprobs=forward"):
+        check_engine_logprobs([group([(-1.0, -2.0), (-0.49,)])], [forward])

@@ -84,16 +84,27 @@ class HFGenerateEngine:
             stopping_criteria=StoppingCriteriaList([StopAfterAnswer(tokenizer, self.closing, prompt_length)]),
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
+            output_logits=sampling.logprobs,
+            return_dict_in_generate=True,
         )
-        new_tokens = output[:, prompt_length:].tolist()
+        new_tokens = output.sequences[:, prompt_length:]
+        logprobs = sampled_logprobs(output.logits, new_tokens, sampling.temperature) if sampling.logprobs else None
         completions = []
-        for index, token_ids in enumerate(new_tokens):
-            token_ids = token_ids[: response_end(token_ids, tokenizer, self.stop_ids, self.closing)]
-            text = tokenizer.decode(token_ids, skip_special_tokens=True)
+        for index, token_ids in enumerate(new_tokens.tolist()):
+            end = response_end(token_ids, tokenizer, self.stop_ids, self.closing)
+            text = tokenizer.decode(token_ids[:end], skip_special_tokens=True)
             if index % samples_per_prompt == 0:
                 completions.append([])
-            completions[-1].append(Completion(token_ids=tuple(token_ids), text=text))
+            completions[-1].append(Completion(token_ids=tuple(token_ids[:end]), text=text,
+                                              logprobs=None if logprobs is None else tuple(logprobs[index][:end])))
         return completions
+
+
+def sampled_logprobs(logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, temperature: float) -> list[list[float]]:
+    """Each sampled token's log-prob under generate's raw logits (before top-p/top-k) at `temperature`, as the
+    trainer's forward pass computes it (`src.policy.forward`'s token stats): one row a sequence."""
+    steps = torch.stack(logits, dim=1).float()  # [sequences, new tokens, vocabulary]
+    return torch.log_softmax(steps / temperature, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
 
 
 def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,

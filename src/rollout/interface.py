@@ -21,6 +21,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int | None = None
     max_new_tokens: int = 1024
+    # Also return each sampled token's log-prob under the raw logits at `temperature`, the trainer's forward
+    # convention (`Forward.sampled_token_logprobs`): an async worker's log mu without a forward pass of its own.
+    logprobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class Completion:
 
     token_ids: tuple[int, ...]
     text: str
+    logprobs: tuple[float, ...] | None = None  # per token, when `SamplingParams.logprobs` asked for them
 
 
 @dataclass(frozen=True)

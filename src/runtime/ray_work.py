@@ -54,7 +54,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from src.batch import Batch, BatchGroup, StepCounts, TrainState
+from src.batch import Batch, BatchGroup, Group, StepCounts, TrainState
 from src.components import Components
 from src.policy.model import trainer_names, trainer_weights
 from src.runtime.pipeline import Generated, PipelineError, PipelineSettings
@@ -146,7 +146,7 @@ class _Unobserved:
 class RolloutWorker:
     """One rollout worker: a policy copy, its engine, and the step's collection, forward and objective."""
 
-    def __init__(self, run: RunSettings, threads: int, reference: bool = False) -> None:
+    def __init__(self, run: RunSettings, threads: int, reference: bool = False, engine_logprobs: bool = False) -> None:
         from src.build import build_forward, build_rollout
         from src.policy.model import frozen_copy, load_policy
         from src.rollout.engine import build_engine
@@ -171,6 +171,9 @@ class RolloutWorker:
         # rollout, as the synchronous store keeps it from a group's first use, where the trainer would compute it
         # again at every draw of the rollout from a buffer.
         self.reference = frozen_copy(self.policy) if reference else None
+        # log mu from the engine's own logits (`runtime.behaviour_logprobs=engine`), checked against the trainer's
+        # forward pass on this worker's first request (SPEC 11: where they agree).
+        self.engine_logprobs, self.checked = engine_logprobs, False
         self.version = None  # the initial weights are the start checkpoint's, not a published version
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
 
@@ -187,8 +190,15 @@ class RolloutWorker:
         if version != self.version:
             ObjectStoreSync.load(ray.get(weights[0]), self.policy, self.engine)  # [chunk refs]
             self.version = version
-        collected = self.sampling.generate_groups(instances, step=version, seed=seed)
-        groups = self.forward.with_sampled_logprobs(collected.fresh, self.policy, self.behaviour.training_temperature)
+        collected = self.sampling.generate_groups(instances, step=version, seed=seed, logprobs=self.engine_logprobs)
+        groups = collected.fresh
+        if not self.engine_logprobs or not self.checked:
+            forward = self.forward.with_sampled_logprobs(groups, self.policy, self.behaviour.training_temperature)
+            if self.engine_logprobs:
+                check_engine_logprobs(groups, forward)
+                self.checked = True
+            else:
+                groups = forward
         if self.reference is not None:
             groups = self.forward.with_reference_logprobs(groups, self.reference)
         if len(groups) != len(instances):
@@ -204,6 +214,22 @@ class RolloutWorker:
     def crash(self) -> None:
         """End this actor's process (tests: Ray restarts it under max_restarts)."""
         os._exit(1)
+
+
+# How far the engine's log mu may stray from the trainer's forward pass, in nats a token. In float32 on the CPU the
+# two agree to about 1e-5 (tests/test_engine.py); bf16 on a GPU strays further and is refused.
+ENGINE_LOGPROB_TOLERANCE = 1e-3
+
+
+def check_engine_logprobs(engine: list[Group], forward: list[Group]) -> None:
+    """Refuse the engine's per-token log mu where it strays from the trainer's forward pass on the same tokens."""
+    gap = max((abs(a - b) for e, f in zip(engine, forward)
+               for e_row, f_row in zip(e.behaviour_token_logprobs, f.behaviour_token_logprobs)
+               for a, b in zip(e_row, f_row)), default=0.0)
+    if gap > ENGINE_LOGPROB_TOLERANCE:
+        raise ValueError(f"runtime.behaviour_logprobs=engine: the engine's log mu strays {gap:.2g} nats a token from "
+                         f"the trainer's forward pass (at most {ENGINE_LOGPROB_TOLERANCE:g}); use "
+                         "runtime.behaviour_logprobs=forward")
 
 
 class _NoEngine:
@@ -357,7 +383,7 @@ class RayWork:
 
     def __init__(self, run: RunSettings, parts: Components, state: TrainState, settings: PipelineSettings,
                  max_restarts: int, threads: int, cpus_per_worker: float, gpus_per_worker: float = 0.0,
-                 trainer_ranks: int = 1, replays: bool = False) -> None:
+                 trainer_ranks: int = 1, replays: bool = False, engine_logprobs: bool = False) -> None:
         self.parts, self.state, self.settings = parts, state, settings
         self.seed = run.trainer.seed
         actor = ray.remote(RolloutWorker).options(max_restarts=max_restarts, max_task_retries=max_restarts,
@@ -365,7 +391,7 @@ class RayWork:
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
         # A buffer draws a rollout again and again, and the KL term reads log pi_ref: the workers compute it once.
         reference = bool(run.trainer.kl_coef) and replays
-        self.workers = [actor.remote(run, threads, reference) for _ in range(settings.workers)]
+        self.workers = [actor.remote(run, threads, reference, engine_logprobs) for _ in range(settings.workers)]
         self.trainers = start_trainers(run, cpus_per_worker, self.board, parts, state, trainer_ranks)
         log.info("trainer actor(s) started at step %d (pid %s)", state.step,
                  ", ".join(str(pid) for pid in ray.get([trainer.pid.remote() for trainer in self.trainers])))

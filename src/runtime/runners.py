@@ -37,7 +37,7 @@ from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, Lock
                                   PipelineError, PipelineSettings)
 from src.settings import RunSettings, TrainerSettings
 from src.runtime.base import RunContext, Runtime, StepOutcome, Steps
-from src.variant import described, float_knob, int_knob
+from src.variant import Knob, described, float_knob, int_knob
 
 log = logging.getLogger(__name__)
 EVENT_LOG = "events.jsonl"
@@ -117,6 +117,11 @@ def worker_gpus(workers: int, per_worker: float, device: str) -> int:
     return needed
 
 
+# Where a worker's log mu comes from (SPEC 11): the trainer's forward code, or the engine's sampled-token log-probs,
+# checked against it on each worker's first request.
+MU_SOURCES = ("forward", "engine")
+
+
 class AsyncRuntime(Runtime):
     """`runtime=async`: seed 001's pipeline of W workers, one queue and the trainer, on Ray."""
 
@@ -130,7 +135,8 @@ class AsyncRuntime(Runtime):
              "staleness": int_knob(0, 100_000, "4 or null", nullable=True), "depth": int_knob(1, 64, "8"),
              "groups_per_request": int_knob(1, 65_536, "4"), "num_cpus": int_knob(1, 4_096, "2"),
              "worker_threads": int_knob(1, 1_024, "1"), "max_restarts": int_knob(-1, 1_000, "3 (-1: without limit)"),
-             "gpus_per_worker": float_knob(0, 8, "1 (0: workers on the CPU)")}
+             "gpus_per_worker": float_knob(0, 8, "1 (0: workers on the CPU)"),
+             "behaviour_logprobs": Knob("text", example="forward (or engine)", id_omitted_at=("forward",))}
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:
@@ -196,7 +202,7 @@ class AsyncRuntime(Runtime):
                  worker_cost: float | None = None,
                  trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
                  depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
-                 max_restarts: int = 3, gpus_per_worker: float = 0.0) -> None:
+                 max_restarts: int = 3, gpus_per_worker: float = 0.0, behaviour_logprobs: str = "forward") -> None:
         self.run, self.name = run, name
         self.saved: dict | None = None     # the pipeline's state from a checkpoint, or when its session closed
         self.live: AsyncSession | None = None
@@ -217,6 +223,10 @@ class AsyncRuntime(Runtime):
         self.worker_threads = check_int("runtime.worker_threads", worker_threads, 1)
         self.max_restarts = check_int("runtime.max_restarts", max_restarts, -1)
         self.gpus_per_worker = float(gpus_per_worker)
+        self.engine_logprobs = check_choice("runtime.behaviour_logprobs", behaviour_logprobs, MU_SOURCES) == "engine"
+        if self.engine_logprobs and run.policy.engine != "hf":
+            raise ValueError(f"runtime.behaviour_logprobs=engine with policy.engine={run.policy.engine}: log mu from the "
+                             "engine reads the HF engine's logits; use runtime.behaviour_logprobs=forward")
         self.worker_gpus = worker_gpus(self.settings.workers, self.gpus_per_worker, run.hardware.device)
         self.trainer_ranks = run.hardware.ranks  # T trainer actors training data-parallel, or one
         self._check(run.groups)
@@ -334,7 +344,7 @@ class AsyncSession(Steps):
         cpus = runtime.num_cpus / (settings.workers + 1)  # a share for each worker and the trainer actor
         self.work = RayWork(context.run, context.parts, context.state, settings, runtime.max_restarts,
                             runtime.worker_threads, cpus, runtime.gpus_per_worker, runtime.trainer_ranks,
-                            runtime.queue_kind.replays)
+                            runtime.queue_kind.replays, runtime.engine_logprobs)
         self.queue = QueueActor(runtime.queue_kind, {**runtime.queue_arguments, "seed": context.run.trainer.seed})
         self.pipeline = runtime.build_pipeline(self.work, self.queue)
         self.events_path = context.output_dir / EVENT_LOG

@@ -9,6 +9,7 @@ outcome, and attach log mu when the sampler was not the policy being trained.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -89,14 +90,16 @@ class StandardSampling(Variant):
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k,
                               max_new_tokens=self.max_new_tokens)
 
-    def generate_groups(self, instances, step: int, seed: int) -> FreshGroups:
-        """`instances`' groups from the engine's current weights at the behaviour temperature, scored once each.
+    def generate_groups(self, instances, step: int, seed: int, logprobs: bool = False) -> FreshGroups:
+        """`instances`' groups from the engine's current weights at the behaviour temperature, scored once each;
+        with `logprobs`, carrying log mu per response and token from the engine's own logits.
 
         An asynchronous rollout worker's unit of work (SPEC 11): whoever calls it chose the prompts and
         the seed and tells the prompt sampler the outcome, so nothing here depends on which worker ran it.
         """
         timings = {"generate": 0.0, "score": 0.0}
-        groups = self.score_groups(instances, self.sampling_params(self.behaviour.temperature), seed, step, timings)
+        sampling = dataclasses.replace(self.sampling_params(self.behaviour.temperature), logprobs=logprobs)
+        groups = self.score_groups(instances, sampling, seed, step, timings)
         return FreshGroups(groups, groups, False, 0, self.behaviour.temperature, timings)
 
     def rounds(self, count: int, step: int, sampling: SamplingParams, timings) -> tuple[list, list, int]:
@@ -122,9 +125,13 @@ class StandardSampling(Variant):
         for instance, prompt, prompt_ids, completions in zip(instances, prompts, generated.prompt_ids,
                                                              generated.completions):
             rewards = [verdict.reward for verdict in self.task.verify_all([c.text for c in completions], instance)]
-            groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, truth=self.task.truth(instance),
-                                responses=[c.text for c in completions],
-                                response_ids=[c.token_ids for c in completions], rewards=rewards, step=step))
+            group = Group(prompt=prompt, prompt_ids=prompt_ids, truth=self.task.truth(instance),
+                          responses=[c.text for c in completions], response_ids=[c.token_ids for c in completions],
+                          rewards=rewards, step=step)
+            if sampling.logprobs:
+                tokens = [c.logprobs for c in completions]
+                group = group.with_behaviour_logprobs([sum(t) for t in tokens], None, tokens)
+            groups.append(group)
         timings["generate"] += generate_done - started
         timings["score"] += time.perf_counter() - generate_done
         return groups
