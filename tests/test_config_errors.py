@@ -298,3 +298,17 @@ def test_log_mu_from_the_engine_is_refused_before_any_compute_where_it_cannot_ho
     with pytest.raises(ConfigError) as error:
         validate(compose_config("runtime=async", *overrides))
     assert str(error.value) == message
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_log_mu_from_the_vllm_engine_in_one_line(tmp_path):
+    """The words a user types (docs/async.md, "log mu from the engine"), as a subprocess: one line, before any model."""
+    result = subprocess.run([sys.executable, "-m", "src.run", "runtime=async", "runtime.behaviour_logprobs=engine",
+                             "policy.engine=vllm", f"hydra.run.dir={tmp_path}/run",
+                             f"tracking.uri=sqlite:///{tmp_path}/m.db"], cwd=PROJECT_ROOT, capture_output=True,
+                            text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output and "Loading weights" not in output, output[-2000:]
+    assert output.strip().splitlines()[-1] == (
+        "error: runtime.behaviour_logprobs=engine with policy.engine=vllm: log mu from the engine reads the HF "
+        "engine's logits; use runtime.behaviour_logprobs=forward")

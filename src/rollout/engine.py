@@ -103,8 +103,10 @@ class HFGenerateEngine:
 def sampled_logprobs(logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, temperature: float) -> list[list[float]]:
     """Each sampled token's log-prob under generate's raw logits (before top-p/top-k) at `temperature`, as the
     trainer's forward pass computes it (`src.policy.forward`'s token stats): one row a sequence."""
-    steps = torch.stack(logits, dim=1).float()  # [sequences, new tokens, vocabulary]
-    return torch.log_softmax(steps / temperature, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
+    # One step at a time: never a [sequences, new tokens, vocabulary] copy, which a real vocabulary makes large.
+    per_step = [torch.log_softmax(step.float() / temperature, dim=-1).gather(-1, tokens[:, [index]])
+                for index, step in enumerate(logits)]
+    return torch.cat(per_step, dim=1).tolist()
 
 
 def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,

@@ -455,9 +455,9 @@ class VLLMEngine:
                  first_index: int = 0) -> Generation:
         """Sample `samples_per_prompt` responses per prompt in one vLLM call; seeded per prompt from `seed` and the
         prompt's place in the whole call (`first_index`: where `prompts` start in it, for a rank's share)."""
-        if sampling.logprobs:  # vLLM's own log-probs are not the trainer's forward convention unless checked
-            raise ValueError("runtime.behaviour_logprobs=engine reads the HF engine's logits; with policy.engine=vllm "
-                             "use runtime.behaviour_logprobs=forward")
+        if sampling.logprobs:  # the runtime refuses this first; vLLM's log-probs are not checked against the trainer's
+            raise ValueError("SamplingParams.logprobs: the vLLM engine does not return the trainer's log-probs; "
+                             "compute them with the trainer's forward pass")
         prompt_ids = [tuple(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]) for prompt in prompts]
         if not prompts:
             return Generation(prompt_ids=[], completions=[])
