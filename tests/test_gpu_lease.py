@@ -167,6 +167,23 @@ def test_the_call_that_carries_the_first_pieces_runs_the_plain_loop_and_the_next
     assert "reused" in again and again["figures"]["results"][0]["seconds"] == 1.5
 
 
+def test_a_passing_import_check_is_read_back_on_the_warm_machine_and_a_failing_one_runs_again(tmp_path):
+    args = lease_args(tmp_path, tmp_path)
+    lease = gpu_lease.Lease(args)
+    lease.cuda = True  # the node's rule; the command below stands in for the import check
+    target = tmp_path / "work" / "imports.json"
+    target.write_text(json.dumps({"versions": {"vllm": "0.26.0"}, "failed": {}}))
+    gpu_lease.imports_stage(lease, "python-not-run")
+    stage = lease.summary["stages"]["imports"]
+    assert stage["status"] == "ok" and "reused" in stage and stage["figures"]["versions"]["vllm"] == "0.26.0"
+    target.write_text(json.dumps({"versions": {}, "failed": {"vllm": "ImportError: tvm_ffi"}}))
+    lease = gpu_lease.Lease(args)
+    lease.cuda = True
+    gpu_lease.imports_stage(lease, "false")  # a Python that fails: the check ran again, not reused
+    stage = lease.summary["stages"]["imports"]
+    assert stage["status"] == "failed" and "reused" not in stage and not target.exists()
+
+
 def test_a_stage_that_hangs_is_stopped_at_its_limit_and_the_next_one_runs(tmp_path, monkeypatch):
     monkeypatch.setitem(gpu_lease.LIMITS, "hang", 2)
     lease = gpu_lease.Lease(lease_args(tmp_path, tmp_path))
