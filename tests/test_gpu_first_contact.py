@@ -6,6 +6,7 @@ torch and vLLM, and checked against torch's own parsing of them.
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 
 import pytest
@@ -201,3 +202,18 @@ def test_the_step_puts_its_engine_to_sleep_once_before_it_trains(random_policy_d
     del events[:]
     train_step(parts, state)  # the fifo buffer's extra update (R = 2) trains under the same sleep
     assert events == ["generate", "sleep", "update", "update", "sync"]
+
+
+@pytest.mark.parametrize("joined", [True, False])
+def test_one_rank_under_torchrun_hosts_the_store_of_its_engines_own_group(joined):
+    """vLLM 0.26's engine in one torchrun process makes its own tcp:// group; torchrun's agent-store setting made
+    that process a client of a store nobody hosts, and on an H200 it waited ten minutes. After `join` the group
+    forms; without it (the negative control) it fails at the probe's 5 s timeout."""
+    import subprocess
+
+    from src.paths import PROJECT_ROOT
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+               "tests/one_rank_store.py", "join" if joined else "none"]
+    done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert ("group made" in done.stdout) is joined and (done.returncode == 0) is joined, done.stderr[-2000:]

@@ -26,7 +26,8 @@ SUMMARY_COLUMNS = ("pass_at_1", "pass_at_k", "k", "final_reward", "fresh_evals",
 
 
 def study_columns() -> list[str]:
-    """The runs table's columns in the study view, as the UI names them (`<type>.\`<key>\``)."""
+    """The runs table's columns in the study view, as the UI names them: the type, a dot, the key in backquotes
+    (attributes.`Source`)."""
     return ["attributes.`Source`", *[f"params.`{key}`" for key in KNOB_COLUMNS],
             *[f"metrics.`{key}`" for key in SUMMARY_COLUMNS], *[f"params.`{key}`" for key in NAME_COLUMNS]]
 

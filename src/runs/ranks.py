@@ -168,6 +168,7 @@ def join(want: int, device: str, error=ValueError) -> Ranks:
     if problem:
         raise error(problem)
     if world == 1:
+        own_store()
         return Ranks()
     ranks = Ranks(world, int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
@@ -175,6 +176,16 @@ def join(want: int, device: str, error=ValueError) -> Ranks:
             torch.cuda.set_device(ranks.local)
         dist.init_process_group(**group_options(device, ranks.local))
     return ranks
+
+
+def own_store() -> None:
+    """One process under torchrun (`--nproc_per_node 1`) makes no group of ours, but a colocated vLLM 0.26 makes its
+    own over `tcp://<host ip>:<free port>` (vllm/v1/executor/uniproc_executor.py:73). torchrun sets
+    TORCHELASTIC_USE_AGENT_STORE=True, and with it every rank of any tcp:// group is a client of a store the agent
+    is assumed to host at that address (torch/distributed/rendezvous.py, `_create_c10d_store`): nobody hosts
+    vLLM's, and the engine waited the store's ten minutes on an H200 (benchmarks/results/README.md). The agent's
+    store serves only the groups torchrun's own address names, none here: the process hosts its own."""
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
 
 
 @contextlib.contextmanager
