@@ -3,8 +3,8 @@
 On the lent node, in one device call per part, each part under 8 minutes (PART_SECONDS bounds it):
 
   part 1: install the bundle, check the imports, `benchmarks.gpu_step --compile` at 256 and 1024 tokens (vLLM
-          colocated), shared/bench's update_reference.py beside it (run by the call that carried only the
-          first pieces, read back here), `pytest -m gpu`                                  (estimate 6 min)
+          colocated, 1024 sequences a wave), shared/bench's update_reference.py beside it (run by the call that
+          carried only the first pieces, read back here), `pytest -m gpu`                 (estimate 6 min)
   part 2: install, imports, 3 steps under torchrun (vLLM asleep while training) read back from MLflow, one
           step of the 1.5B preset with its peak beside the memory plan, `benchmarks.update_ops`   (estimate 6 min)
 
@@ -177,12 +177,14 @@ def part_one(lease: Lease, python: str) -> None:
     work, cuda = lease.work, lease.cuda
     results = work / "gpu_step"
     shutil.rmtree(results, ignore_errors=True)
-    # The update with trainer.compile (the eager one measured 26.7 % MFU at 256 tokens on the H200, 2026-11-29;
-    # benchmarks/results/README.md), vLLM colocated, beside the plain loop's bf16 + compile.
-    step = (["--engine", "vllm", "--response-tokens", "256,1024"] if cuda else
+    # The compiled update, vLLM colocated, beside the plain loop's bf16 + compile (47.4 % MFU against 41.9 % on the
+    # H200, 2026-11-30; benchmarks/results/README.md), and vLLM's next lever: the 1024 rows in one wave of 1024
+    # sequences, CUDA graphs captured up to 1024 (37.7k tokens/s in two waves of 512 that day).
+    step = (["--engine", "vllm", "--response-tokens", "256,1024", "--vllm-max-num-seqs", "1024"] if cuda else
             ["--tiny", "--device", "cpu", "--response-tokens", "8,16"])
     lease.run("gpu_step", [python, "-m", "benchmarks.gpu_step", *step, "--ratios", "0", "--compile", "--label",
-                           "compile", "--save", "--results", str(results)], lambda: saved_figures(results))
+                           "compile-seqs1024" if cuda else "compile", "--save", "--results", str(results)],
+              lambda: saved_figures(results))
     reference_stage(lease, python)
     pytest_xml = work / "pytest.xml"
     pytest_xml.unlink(missing_ok=True)  # a run stopped at its limit must not be read as an earlier call's outcome

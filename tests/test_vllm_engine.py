@@ -159,6 +159,17 @@ def test_build_engine_starts_one_in_process_vllm_on_the_policy_folder(fake_vllm,
     assert llm.multiprocessing_env == "0"  # the engine core runs in this process
 
 
+@pytest.mark.parametrize("max_num_seqs, eager, capture", [(None, False, 512), (1024, False, 1024), (1024, True, None)])
+def test_cuda_graphs_cover_every_decode_batch_the_engine_can_run(fake_vllm, policy, max_num_seqs, eager, capture):
+    """vLLM captures graphs up to min(2 x max_num_seqs, 512) by default: a 1024-sequence wave decoded outside them.
+    The engine asks for graphs up to its max_num_seqs (512 on a GPU when unset); an eager engine captures none."""
+    model, tokenizer = policy
+    build_engine("vllm", model, tokenizer, batch_size=8, max_num_seqs=max_num_seqs, enforce_eager=eager)
+    options = FakeLLM.instances[-1].kwargs
+    assert options["max_num_seqs"] == (max_num_seqs or 512)
+    assert options.get("compilation_config", {}).get("max_cudagraph_capture_size") == capture
+
+
 def test_multiprocessing_left_on_by_the_environment_is_turned_off(fake_vllm, policy, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     model, tokenizer = policy

@@ -322,6 +322,11 @@ class VLLMEngine:
             max_num_seqs = CUDA_MAX_NUM_SEQS
         if max_num_seqs is not None:
             options["max_num_seqs"] = max_num_seqs
+            if not self.on_cpu and not enforce_eager:
+                # Every decode batch the engine can run in a CUDA graph: vLLM captures up to min(2 x max_num_seqs,
+                # 512) by default, so a 1024-sequence batch decoded outside them (30k tokens/s against 48k at 512
+                # on an H200, benchmarks/results/README.md). 512 stays vLLM's own capture.
+                options["compilation_config"] = {"max_cudagraph_capture_size": max_num_seqs}
         if kv_cache_gib is not None:  # on CPU, gpu_memory_utilization would be a share of the machine's RAM
             options["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         if self.on_cpu:
