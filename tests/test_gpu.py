@@ -32,6 +32,32 @@ def run_module(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return result
 
 
+# First the check without an engine: each vLLM test starts one (about a minute), so a lease stage's limit that
+# cuts the run short still leaves this one's outcome.
+def test_the_trainers_logprobs_on_the_gpu_equal_the_cpus_plain_and_fused():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from src.policy.forward import response_token_stats
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(1)
+    sequences = [(torch.randint(3, 512, (int(n),), generator=generator).tolist(),
+                  torch.randint(3, 512, (int(m),), generator=generator).tolist())
+                 for n, m in zip(torch.randint(4, 20, (6,), generator=generator),
+                                 torch.randint(1, 30, (6,), generator=generator))]
+    with torch.no_grad():
+        on_cpu, _, mask = response_token_stats(model, sequences, 0, with_entropy=False)
+        model.cuda()
+        for fused in (False, True):
+            on_gpu, _, gpu_mask = response_token_stats(model, sequences, 0, with_entropy=False, fused=fused)
+            assert torch.equal(gpu_mask.cpu(), mask)
+            gap = (on_gpu.cpu() - on_cpu)[mask].abs().max().item()
+            assert gap < 1e-4, f"fused={fused}: |log-prob gap| {gap}"
+
+
 def test_the_vllm_engine_on_the_gpu_samples_syncs_weights_in_place_and_matches_the_trainers_logprobs():
     needs_vllm()
     result = run_module("benchmarks.check_engine", "--device", "cuda")
@@ -55,27 +81,3 @@ def test_the_step_benchmark_times_every_phase_with_vllm_colocated(tmp_path):
             assert generated["engine"] == "vllm" and generated["rows"] == row["fresh_groups"] * 2
             assert 0 < generated["tokens"] <= generated["rows"] * tokens
             assert row["step_s"] == pytest.approx(row["generation_s"] + row["sync_s"] + row["update_s"])
-
-
-def test_the_trainers_logprobs_on_the_gpu_equal_the_cpus_plain_and_fused():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from src.policy.forward import response_token_stats
-
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
-    model = Qwen2ForCausalLM(config).eval()
-    generator = torch.Generator().manual_seed(1)
-    sequences = [(torch.randint(3, 512, (int(n),), generator=generator).tolist(),
-                  torch.randint(3, 512, (int(m),), generator=generator).tolist())
-                 for n, m in zip(torch.randint(4, 20, (6,), generator=generator),
-                                 torch.randint(1, 30, (6,), generator=generator))]
-    with torch.no_grad():
-        on_cpu, _, mask = response_token_stats(model, sequences, 0, with_entropy=False)
-        model.cuda()
-        for fused in (False, True):
-            on_gpu, _, gpu_mask = response_token_stats(model, sequences, 0, with_entropy=False, fused=fused)
-            assert torch.equal(gpu_mask.cpu(), mask)
-            gap = (on_gpu.cpu() - on_cpu)[mask].abs().max().item()
-            assert gap < 1e-4, f"fused={fused}: |log-prob gap| {gap}"
