@@ -183,8 +183,8 @@ def own_store() -> None:
     own over `tcp://<host ip>:<free port>` (vllm/v1/executor/uniproc_executor.py:73). torchrun sets
     TORCHELASTIC_USE_AGENT_STORE=True, and with it every rank of any tcp:// group is a client of a store the agent
     is assumed to host at that address (torch/distributed/rendezvous.py, `_create_c10d_store`): nobody hosts
-    vLLM's, and the engine waited the store's ten minutes on an H200 (benchmarks/results/README.md). The agent's
-    store serves only the groups torchrun's own address names, none here: the process hosts its own."""
+    vLLM's, so the engine would wait out the store's ten-minute timeout (benchmarks/results/README.md, 2026-11-30).
+    The agent's store serves only the groups torchrun's own address names, none here: the process hosts its own."""
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
 
 
