@@ -3,6 +3,7 @@
     python -m benchmarks.async_vs_sync                      # B = 8 groups of K = 8, 6 timed steps
     python -m benchmarks.async_vs_sync --groups 16 --steps 10
     python -m benchmarks.async_vs_sync --groups 16 --steps 10 --repeats 5   # runtimes in turn, the median
+    python -m benchmarks.async_vs_sync --groups 16 --steps 10 --repeats 3 --lifo-batches 2   # a shallower LIFO
 
 Every update trains on B x K rollouts of the tiny policy. `sync` runs SPEC 3's fresh-only step
 (generate, then train) in this process with one torch thread and with two; `async lifo` runs seed
@@ -14,7 +15,9 @@ workers take log mu from the engine's own logits (`runtime.behaviour_logprobs=en
 the trainer's forward pass on each worker's first request), as the synchronous step makes no pass for
 it either; `--log-mu forward` gives them the forward pass of their own. `async buffer` is the same
 pipeline with seed 001's FIFO buffer (N = 4 B): the trainer does not wait for generation, so updates/s
-is the trainer's own speed.
+is the trainer's own speed. The LIFO queue holds `--lifo-batches` batches (4 B by default), queued and
+being generated: newest first, it trains the newest batch and keeps the older ones it never trains, and
+its worker generates without a pause while it fills.
 
 The first step of each runtime is left out of the timing (model load, actor start, warm-up). A round runs
 sync with one thread first and again last, and takes their mean as the baseline, so that a drift in the
@@ -126,9 +129,9 @@ def one_round(args, base) -> tuple[dict[str, tuple[float, int, int]], dict[str, 
     batch, rows, phases, hidden = args.groups * args.group_size, {}, {}, {}
     before = time_sync(base, 1, phases)
     rows["sync, 2 threads"] = time_sync(base, 2)
-    for queue, buffer in (("lifo", "none"), ("buffer", "fifo")):
+    for queue, buffer, capacity in (("lifo", "none", args.lifo_batches * batch), ("buffer", "fifo", 4 * batch)):
         cfg = config(args.groups, args.group_size, args.steps, "runtime=async", "runtime.workers=1",
-                     "runtime.schedule=free", f"buffer={buffer}", f"buffer.capacity={4 * batch}",
+                     "runtime.schedule=free", f"buffer={buffer}", f"buffer.capacity={capacity}",
                      "buffer.mode=without_replacement" if buffer == "fifo" else "buffer.ratio=0",
                      f"runtime.groups_per_request={args.groups}", "runtime.depth=2", "hardware.threads=1",
                      f"runtime.behaviour_logprobs={args.log_mu}")
@@ -173,6 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-mu", choices=("engine", "forward"), default="engine",
                         help="the workers' log mu: from the engine's logits (the synchronous step's work) or from a "
                              "forward pass of their own (runtime.behaviour_logprobs)")
+    parser.add_argument("--lifo-batches", type=at_least_one, default=4,
+                        help="the LIFO queue's bound (buffer.capacity) in batches of B x K rollouts, queued and being "
+                             "generated; 2: one batch ready and one being generated")
     parser.add_argument("--repeats", type=at_least_one, default=1,
                         help="rounds of every runtime in turn, so that drifts in the machine's speed hit them alike")
     args = parser.parse_args(argv)
@@ -195,7 +201,8 @@ def summary(args, rounds: list) -> Table:
     """The median over rounds of each runtime's rates, its ratio to sync, its share of the possible gain, and how
     much of the shorter role the pipeline hid in its own run."""
     table = Table(title=f"updates of B x K = {args.groups} x {args.group_size} rollouts, tiny policy, {args.steps} "
-                        f"timed steps, median of {len(rounds)} round{'s' if len(rounds) > 1 else ''}")
+                        f"timed steps, LIFO of {args.lifo_batches} B, median of {len(rounds)} "
+                        f"round{'s' if len(rounds) > 1 else ''}")
     for column in ("runtime", "updates/s", "rollouts/s", "vs sync (1 thread)", "min-max", "of the possible gain",
                    "shorter role hidden"):
         table.add_column(column, justify="right" if column != "runtime" else "left")

@@ -140,6 +140,7 @@ DOCUMENTED = {
     "make sweep-ratoi": "test_a_mistyped_make_target_names_the_nearest_ones",  # docs/runs.md: a mistyped target
     "python -m src.runtime.plan": "test_runtime_plan_prints_table_1",
     "python -m benchmarks.async_vs_sync": "test_async_vs_sync_benchmark_prints_both_runtimes",
+    "python -m benchmarks.weight_sync": "test_weight_sync_benchmark_prints_publish_and_load",
     "python -m benchmarks.first_answer": "test_first_answer_benchmark_times_each_refusal",
     "make check-engine": "test_make_check_engine_on_cpu",
     "make test-vllm-cpu": "test_make_test_vllm_cpu_builds_the_asked_vllm_then_runs_the_vllm_tests",
@@ -723,8 +724,8 @@ def test_runtime_plan_prints_table_1():
 @pytest.mark.slow  # in make test: a benchmark that drives a session itself must count its steps, or it never ends
 def test_async_vs_sync_benchmark_prints_both_runtimes():
     out = ok(run([sys.executable, "-m", "benchmarks.async_vs_sync", "--groups", "2", "--group-size", "2",
-                  "--steps", "1", "--repeats", "2"], timeout=400))
-    assert "round 1:" in out and "round 2:" in out and "median of 2 rounds" in out, out[-2000:]
+                  "--steps", "1", "--repeats", "2", "--lifo-batches", "2"], timeout=400))
+    assert "round 1:" in out and "round 2:" in out and "LIFO of 2 B, median of 2 rounds" in out, out[-2000:]
     for runtime in ("sync, 1 thread", "sync, 2 threads", "async lifo", "async buffer"):
         assert re.search(rf"{runtime}.*\d\.\d\dx", out), (runtime, out[-2000:])  # its ratio to sync in the table
     assert "sync (1 thread, before and after)" in out, out[-2000:]
@@ -737,6 +738,15 @@ def test_async_vs_sync_benchmark_refuses_a_bad_count_in_one_line():
     done = run([sys.executable, "-m", "benchmarks.async_vs_sync", "--repeats", "0"], timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "argument --repeats: '0' is not a whole number of 1 or more" in done.stderr.splitlines()[-1], done.stderr
+
+
+def test_weight_sync_benchmark_prints_publish_and_load():
+    out = ok(run([sys.executable, "-m", "benchmarks.weight_sync", "--repeats", "2"], timeout=200))
+    for name in ("publish", "load"):
+        assert re.search(rf"^{name}: median \d+\.\d ms \(\d+\.\d-\d+\.\d ms\) over 2 rounds$", out, re.M), out
+    done = run([sys.executable, "-m", "benchmarks.weight_sync", "--repeats", "-1"], timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "argument --repeats: '-1' is not a whole number of 1 or more" in done.stderr.splitlines()[-1], done.stderr
 
 
 @pytest.mark.vllm

@@ -530,3 +530,41 @@ def test_log_mu_from_the_engine_is_refused_where_it_strays_from_the_forward_pass
     with pytest.raises(ValueError, match=r"runtime.behaviour_logprobs=engine: .* strays 0.01 nats a token .* "
                                          r"use runtime.behaviour_logprobs=forward"):
         check_engine_logprobs([group([(-1.0, -2.0), (-0.49,)])], [forward])
+
+
+class _Mixed(torch.nn.Module):
+    """Parameters of three dtypes, one of an odd byte count, so that a flat chunk must align each tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = torch.nn.Linear(3, 5)
+        self.scale = torch.nn.Parameter(torch.randn(3, dtype=torch.bfloat16))  # 6 bytes
+        self.table = torch.nn.Parameter(torch.randn(2, 2, dtype=torch.float64))
+
+
+def test_published_weights_load_bit_for_bit_over_several_chunks_and_dtypes(ray_cpus, monkeypatch):
+    from src.policy.model import trainer_weights
+    from src.runtime.ray_work import ObjectStoreSync, _NoEngine, unflatten
+
+    torch.manual_seed(0)
+    sent, received = _Mixed(), _Mixed()
+    monkeypatch.setattr(ObjectStoreSync, "CHUNK_BYTES", 40)
+    published = ray.get(ObjectStoreSync.publish(trainer_weights(sent)))
+    assert len(published) == 2  # the 6-byte scale, the table at byte 64 and the weight matrix; then the bias
+    ObjectStoreSync.load(published, received, _NoEngine())
+    for (name, mine), (_, theirs) in zip(sent.named_parameters(), received.named_parameters(), strict=True):
+        assert theirs.dtype == mine.dtype and torch.equal(theirs, mine), name
+    fetched = ObjectStoreSync.fetch(published)  # a checkpoint's copy: its own memory, which may be written
+    fetched["scale"].zero_()
+    assert torch.equal(received.scale, sent.scale) and sorted(fetched) == sorted(dict(sent.named_parameters()))
+
+    class Smaller(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = torch.nn.Linear(3, 5)
+
+    with pytest.raises(RuntimeError, match="name scale, which this worker's policy does not have"):
+        ObjectStoreSync.load(published, Smaller(), _NoEngine())
+    index, flat = ray.get(published[0])
+    with pytest.raises(RuntimeError, match="dtype 'os.system' for scale"):
+        list(unflatten(([(index[0][0], "os.system", *index[0][2:])], flat)))

@@ -44,8 +44,10 @@ generates the same group again.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
+import warnings
 import dataclasses
 from dataclasses import dataclass
 
@@ -73,36 +75,46 @@ def request_seed(base_seed: int, key: int) -> int:
     return int(np.random.SeedSequence([int(base_seed), int(key), 29]).generate_state(1)[0])
 
 
+# The dtypes a published chunk may name. An index read back from the object store names its dtype as text, which is
+# looked up here, never evaluated.
+WEIGHT_DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in
+                 (torch.float32, torch.bfloat16, torch.float16, torch.float64)}
+CHUNK_ALIGN = 64  # bytes: each tensor starts at a multiple, so a view of any dtype above lines up
+
+
 class ObjectStoreSync:
     """Weight sync through Ray's object store: the weights put once, in chunks, and every worker loads the same
-    objects. A put costs about 1 ms whatever its size on this project's CPU machine (the tiny policy's 38
-    parameters: 28 ms a publish one object a parameter, against a few in one chunk), so a chunk holds up to
-    `CHUNK_BYTES` of parameters: one object for a small policy, and bounded memory for a large one."""
+    objects. A chunk is one flat byte array and its index (name, dtype, shape, offset a tensor): Ray puts a numpy
+    array out of band and a worker reads it where it lies, where a dict of tensors is pickled one tensor at a time
+    (`python -m benchmarks.weight_sync`, figures in docs/async.md, "Weight sync"). A put costs about 1 ms whatever
+    its size on this project's CPU machine, so a chunk holds up to `CHUNK_BYTES` of parameters: one object for a
+    small policy, and bounded memory for a large one."""
 
     CHUNK_BYTES = 256 << 20
 
     @staticmethod
     def publish(weights, lead: bool = True) -> ray.ObjectRef | None:
         """`weights` (name, tensor) one at a time (`trainer_weights`: every rank gathers each in turn), put on the
-        object store from their CPU copies by the `lead` rank, a chunk of up to CHUNK_BYTES at a time; the
-        published object lists the chunks ({name: tensor} each)."""
-        chunks, chunk, size = [], {}, 0
+        object store by the `lead` rank a chunk of up to CHUNK_BYTES at a time; the published object lists the
+        chunks."""
+        chunks, named, size = [], [], 0
         for name, tensor in weights:
             if not lead:
                 continue
-            chunk[name] = tensor.detach().cpu()
-            size += chunk[name].numel() * chunk[name].element_size()
+            named.append((name, tensor.detach()))
+            size += tensor.numel() * tensor.element_size()
             if size >= ObjectStoreSync.CHUNK_BYTES:
-                chunks.append(ray.put(chunk))
-                chunk, size = {}, 0
-        if chunk:
-            chunks.append(ray.put(chunk))
+                chunks.append(ray.put(flat_chunk(named)))
+                named, size = [], 0
+        if named:
+            chunks.append(ray.put(flat_chunk(named)))
         return ray.put(chunks) if lead else None
 
     @staticmethod
     def fetch(published: list) -> dict[str, torch.Tensor]:
-        """The published tensors themselves (a checkpoint keeps them for workers that lag the trainer)."""
-        return {name: tensor for ref in published for name, tensor in ray.get(ref).items()}
+        """The published tensors themselves, copied out of the object store (a checkpoint keeps them for workers
+        that lag the trainer)."""
+        return {name: tensor.clone() for ref in published for name, tensor in unflatten(ray.get(ref))}
 
     @staticmethod
     @torch.no_grad()
@@ -110,7 +122,7 @@ class ObjectStoreSync:
         """Into `policy` one chunk at a time (a tied head shares its embedding's), then into its engine."""
         parameters, loaded = dict(trainer_names(policy)), set()
         for ref in published:
-            for name, tensor in ray.get(ref).items():
+            for name, tensor in unflatten(ray.get(ref)):
                 if name not in parameters:
                     raise RuntimeError(f"published weights name {name}, which this worker's policy does not have: "
                                        "a worker of another policy?")
@@ -120,6 +132,34 @@ class ObjectStoreSync:
             raise RuntimeError(f"published weights lack {sorted(set(parameters) - loaded)[:3]}...: a worker of "
                                "another policy?")
         engine.sync_weights(policy)  # HF: the same module; vLLM: in-place load_weights
+
+
+def flat_chunk(named: list[tuple[str, torch.Tensor]]) -> tuple[list[tuple], np.ndarray]:
+    """Tensors as one byte array on the CPU (gathered on their device, then copied over at once) and its index."""
+    index, offset = [], 0
+    for name, tensor in named:
+        index.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset))
+        offset += -(-tensor.numel() * tensor.element_size() // CHUNK_ALIGN) * CHUNK_ALIGN
+    flat = torch.empty(offset, dtype=torch.uint8, device=named[0][1].device)
+    for (_, tensor), (_, _, _, start) in zip(named, index):
+        data = tensor.reshape(-1).view(torch.uint8)
+        flat[start:start + data.numel()].copy_(data)
+    return index, flat.cpu().numpy()
+
+
+def unflatten(chunk: tuple[list[tuple], np.ndarray]):
+    """(name, tensor) of a chunk, each a view of its byte array (read-only where it lies in the object store: the
+    caller copies out of it)."""
+    index, flat = chunk
+    with warnings.catch_warnings():  # torch warns of a read-only array once; nothing here writes to it
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        data = torch.from_numpy(flat)
+    for name, dtype, shape, start in index:
+        if dtype not in WEIGHT_DTYPES:
+            raise RuntimeError(f"published weights name dtype {dtype!r} for {name}; known: {sorted(WEIGHT_DTYPES)}")
+        kind = WEIGHT_DTYPES[dtype]
+        count = math.prod(shape) * torch.empty(0, dtype=kind).element_size()
+        yield name, data[start:start + count].view(kind).view(shape)
 
 
 class WeightBoard:
