@@ -158,8 +158,7 @@ def unflatten(chunk: tuple[list[tuple], np.ndarray]):
         if dtype not in WEIGHT_DTYPES:
             raise RuntimeError(f"published weights name dtype {dtype!r} for {name}; known: {sorted(WEIGHT_DTYPES)}")
         kind = WEIGHT_DTYPES[dtype]
-        count = math.prod(shape) * torch.empty(0, dtype=kind).element_size()
-        yield name, data[start:start + count].view(kind).view(shape)
+        yield name, data[start:start + math.prod(shape) * kind.itemsize].view(kind).view(shape)
 
 
 class WeightBoard:
