@@ -373,6 +373,12 @@ def metrics_main(args) -> int:
     return 0
 
 
+# The rehearsal's 1.5B-shaped policy: heads of 32 dims, the smallest that vLLM's CPU attention lists
+# (vllm/v1/attention/backends/cpu_attn.py, CPUAttentionBackend.get_supported_head_sizes); 16 was refused on a
+# host without AVX-512 ("Unsupported CPU attention configuration: head_dim=16").
+TINY_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=4096)
+
 def random_policy_main(args) -> int:
     """The preset's architecture (conf/policy/shapes) with random bf16 weights and a byte-level tokenizer over its
     vocabulary; --tiny: 2 narrow layers, the same vocabulary (the CPU rehearsal)."""
@@ -383,8 +389,7 @@ def random_policy_main(args) -> int:
 
     shape = json.loads(shape_file(PRESET).read_text())
     if args.tiny:
-        shape.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=4096)
+        shape.update(TINY_SHAPE)
     config = AutoConfig.for_model(**shape)
     torch.manual_seed(0)
     with torch.device(args.device):

@@ -249,3 +249,13 @@ def test_lease_seconds_bounds_a_part_as_typed(tmp_path):
     stages = json.loads((out / "part1.json").read_text())["stages"]
     assert {name: stage["status"] for name, stage in stages.items() if name != "install"} == {
         "imports": "skipped", "gpu_step": "skipped", "update_reference": "skipped", "pytest": "skipped"}
+
+
+@pytest.mark.vllm
+def test_the_rehearsals_tiny_preset_has_heads_that_vllms_cpu_attention_lists():
+    """The CPU rehearsal under LEASE_PY=.venv-vllm/bin/python starts vLLM on this policy: a head size its CPU
+    attention lacks stops part 2's 1.5B stage on some hosts only (16 did, on one without AVX-512)."""
+    cpu_attention = pytest.importorskip("vllm.v1.attention.backends.cpu_attn", reason="vLLM is in .venv-vllm only")
+    shape = gpu_lease.TINY_SHAPE
+    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+    assert head_dim in cpu_attention.CPUAttentionBackend.get_supported_head_sizes()
