@@ -379,6 +379,7 @@ def metrics_main(args) -> int:
 TINY_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=4096)
 
+
 def random_policy_main(args) -> int:
     """The preset's architecture (conf/policy/shapes) with random bf16 weights and a byte-level tokenizer over its
     vocabulary; --tiny: 2 narrow layers, the same vocabulary (the CPU rehearsal)."""
