@@ -8,6 +8,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -203,12 +204,15 @@ def numbers(value) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("part", [1, 2])
-def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, part):
+@pytest.mark.parametrize("part, lease_py", [(1, None), (2, None),
+                                            # in the vLLM suite, as docs/benchmarks.md types it with .venv-vllm
+                                            pytest.param(2, sys.executable, marks=pytest.mark.vllm, id="2-vllm")])
+def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, part, lease_py):
     # The install stage unpacks it; update_reference.py comes from ../shared/bench, as the bundle's copy would.
     fake_bundle(tmp_path, piece_bytes=100_000, carry_bytes=400_000, extras={})
     out = tmp_path / "out"
-    command = ["make", "gpu-lease", "DEVICE=cpu", f"OUT={out}", f"PART={part}", f"GPU_BUNDLE={tmp_path / 'bundle'}"]
+    command = ["make", "gpu-lease", "DEVICE=cpu", f"OUT={out}", f"PART={part}", f"GPU_BUNDLE={tmp_path / 'bundle'}",
+               *([f"LEASE_PY={lease_py}"] if lease_py else [])]
     # A cap, not a speed target: a part took 5-10 minutes on 2 cores shared with other jobs (load average 12).
     done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
@@ -232,6 +236,7 @@ def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, par
         preset = stages["preset_1.5b"]
         assert preset["status"] == "ok" and preset["figures"]["host_peak_rss_gib"] > 0
         assert preset["plan"]["training_gib"] > 0 and len(preset["metrics"]["time"]["time/train"]) == 1
+        assert ("policy.engine=vllm" in (out / "part2.log").read_text()) == bool(lease_py)
     for name, stage in stages.items():
         assert stage["status"] in ("ok", "missing"), (name, stage)
         bare = name in ("install", "imports", "update_ops", "preset_1.5b:weights")  # statuses, versions, a folder
