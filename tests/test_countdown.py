@@ -170,9 +170,11 @@ ADVERSARIAL = {
 @pytest.mark.parametrize("name", list(ADVERSARIAL))
 def test_adversarial_inputs_are_fast_and_safe(name):
     response = ADVERSARIAL[name]
-    start = time.perf_counter()
+    # CPU time of this process, not wall time: the bound is on the verifier's work, and a suite running beside
+    # other processes (parallel workers) would otherwise charge it for time it spent descheduled.
+    start = time.process_time()
     value = score(response, [1, 2, 3], 6)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert value in (0.0, 0.1)
     assert elapsed < 0.05, f"{name}: {elapsed * 1000:.1f} ms"
 

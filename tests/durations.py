@@ -1,0 +1,105 @@
+"""Where the suite's time goes: the slowest tests of a `make test`, read from pytest's JUnit XML files.
+
+    python -m tests.durations [--top 30] [--write tests/durations.json] REPORT.xml [REPORT.xml ...]
+
+prints a Markdown table of the `--top` slowest tests (setup, call and teardown added up, as pytest's
+`--durations` counts them) with the first line of each test's docstring, the slowest files, and the total per
+report. With `--write` it also records each test's seconds: tests/conftest.py hands the heaviest tests to the
+parallel workers first from that record. `make test-durations` runs both halves and calls this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+import xml.etree.ElementTree as ElementTree
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Tests quicker than this are left out of the record: tests/conftest.py counts each of them as 0.1 s.
+RECORD_FLOOR = 0.5
+
+
+def read_cases(report: Path) -> list[dict]:
+    """Each test case of one JUnit file: its node id, file, seconds and outcome."""
+    cases = []
+    for case in ElementTree.parse(report).getroot().iter("testcase"):
+        module, name = case.get("classname", ""), case.get("name", "")
+        path = module.replace(".", "/") + ".py"
+        outcome = "skipped" if case.find("skipped") is not None else (
+            "failed" if case.find("failure") is not None or case.find("error") is not None else "passed")
+        cases.append({"id": f"{path}::{name}", "file": path, "name": name, "seconds": float(case.get("time", 0)),
+                      "outcome": outcome})
+    return cases
+
+
+def docstring_line(path: str, name: str) -> str:
+    """The first line of the test function's docstring, else its name in words."""
+    function = name.split("[", 1)[0]
+    try:
+        tree = ast.parse((ROOT / path).read_text())
+    except (OSError, SyntaxError):
+        return function.removeprefix("test_").replace("_", " ")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
+            doc = ast.get_docstring(node)
+            if doc:
+                return doc.strip().splitlines()[0]
+    return function.removeprefix("test_").replace("_", " ")
+
+
+def table(cases: list[dict], top: int) -> str:
+    rows = ["| # | seconds | test | what it checks |", "|---:|---:|---|---|"]
+    for rank, case in enumerate(sorted(cases, key=lambda c: -c["seconds"])[:top], 1):
+        what = docstring_line(case["file"], case["name"]).replace("|", "\\|")
+        rows.append(f"| {rank} | {case['seconds']:.1f} | `{case['id']}` | {what} |")
+    return "\n".join(rows)
+
+
+def per_file(cases: list[dict]) -> dict[str, float]:
+    seconds: dict[str, float] = defaultdict(float)
+    for case in cases:
+        seconds[case["file"]] += case["seconds"]
+    return {path: round(total, 1) for path, total in sorted(seconds.items(), key=lambda item: -item[1])}
+
+
+def record(cases: list[dict], floor: float = RECORD_FLOOR) -> dict[str, float]:
+    """Each test's seconds, heaviest first, for the tests that took at least `floor` (the rest count 0.1 s)."""
+    kept = [case for case in cases if case["seconds"] >= floor]
+    return {case["id"]: round(case["seconds"], 1) for case in sorted(kept, key=lambda c: -c["seconds"])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.durations", description=__doc__.split("\n\n")[0])
+    parser.add_argument("reports", nargs="+", type=Path, help="JUnit XML files written by pytest --junitxml")
+    parser.add_argument("--top", type=int, default=30, help="how many of the slowest tests to list (default 30)")
+    parser.add_argument("--write", type=Path, help="also write each test's seconds to this JSON file "
+                        "(tests/durations.json: the order tests/conftest.py hands tests to the workers)")
+    args = parser.parse_args(argv)
+    if args.top < 1:
+        parser.error(f"--top {args.top}: give a whole number of tests >= 1, e.g. --top 30")
+    missing = [str(report) for report in args.reports if not report.is_file()]
+    if missing:
+        parser.error(f"no such report: {', '.join(missing)} (pytest --junitxml=FILE writes one; make test-durations runs both halves)")
+    cases = []
+    for report in args.reports:
+        found = read_cases(report)
+        print(f"{report.name}: {len(found)} tests, {sum(c['seconds'] for c in found) / 60:.1f} min of test time "
+              f"({sum(c['outcome'] == 'failed' for c in found)} failed)")
+        cases += found
+    print()
+    print(table(cases, args.top))
+    print("\n| file | seconds |\n|---|---:|")
+    for path, seconds in list(per_file(cases).items())[:args.top]:
+        print(f"| `{path}` | {seconds:.0f} |")
+    if args.write:
+        args.write.write_text(json.dumps(record(cases), indent=0) + "\n")
+        print(f"\neach test's seconds (those over {RECORD_FLOOR} s): {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
