@@ -174,21 +174,23 @@ test-durations: $(STAMP) $(VLLM_STAMP)  ## make test, then the 30 slowest tests 
 	$(PY) -m tests.durations --top 30 --write tests/durations.json $(DURATIONS_DIR)/venv.xml $(DURATIONS_DIR)/vllm.xml
 
 # make coverage: both halves under coverage.py ([tool.coverage] in pyproject.toml: every Python subprocess the
-# tests start is measured too), then the line coverage of src/, analysis/, launch/ and hydra_plugins/ against the
-# floor in tests/coverage_floor.json (docs/testing.md). About twice make test's time.
+# tests start is measured too), then the line coverage of src/, analysis/, launch/ and hydra_plugins/, the
+# commands tested as typed and the tests marked long, each against tests/coverage_floor.json (docs/testing.md).
 COVERAGE_DIR ?= .coverage-data
 coverage: $(STAMP) $(VLLM_STAMP)  ## make test under coverage.py (subprocesses included): line coverage per tree against its floor
 	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
 	COVERAGE_ROOT=$(CURDIR) COVERAGE_FILE=$(abspath $(COVERAGE_DIR))/.coverage $(PY) -m coverage run -m pytest -q $(XDIST) -m "not vllm and not long" $(PYTEST_ARGS) || true
 	COVERAGE_ROOT=$(CURDIR) COVERAGE_FILE=$(abspath $(COVERAGE_DIR))/.coverage $(VLLM_PY) -m coverage run -m pytest -q $(XDIST) -m "vllm and not long" $(PYTEST_ARGS) || true
-	$(PY) -m tests.coverage_floor $(COVERAGE_DIR)
+	$(PY) -m pytest --collect-only -q -p no:xdist -m long > $(COVERAGE_DIR)/long-venv.txt || true
+	$(VLLM_PY) -m pytest --collect-only -q -p no:xdist -m long > $(COVERAGE_DIR)/long-vllm.txt || true
+	$(PY) -m tests.coverage_floor $(COVERAGE_DIR) --long $(COVERAGE_DIR)/long-venv.txt $(COVERAGE_DIR)/long-vllm.txt
 
 test-long: $(STAMP) $(VLLM_STAMP)  ## by hand: the longest end-to-end variants make test leaves out (docs/testing.md)
 	$(PY) -m pytest -q -m "long and not vllm"
 	$(VLLM_PY) -m pytest -q -m "vllm and long"
 
-test-fast: $(STAMP)  ## unit tests only (skips the end-to-end runs and real vLLM)
-	$(PY) -m pytest -q -m "not slow and not vllm"
+test-fast: $(STAMP)  ## the unit tests (tests/unit/, a few minutes): no training run, no command as typed, no real vLLM
+	$(PY) -m pytest -q $(XDIST) tests/unit -m "not slow and not vllm" $(PYTEST_ARGS)
 
 # make ui [PORT=5001]: the default stays off 5000, which `make mlflow-server` uses. The UI listens on this
 # machine only; UI_HOST=0.0.0.0 opens it to every machine that reaches this one (MLflow has no authentication).
@@ -244,7 +246,7 @@ bench-gpu: $(STAMP)  ## one step at the paper's scale per phase, 256 and 1024 to
 	$(PY) -m benchmarks.gpu_step --engine vllm --response-tokens 256,1024 --hf-baseline-tokens 256 --save
 
 test-gpu: $(STAMP)  ## the tests that need a CUDA GPU (pytest -m gpu; skipped everywhere else, CI included)
-	$(PY) -m pytest -q -m gpu tests/test_gpu.py
+	$(PY) -m pytest -q -m gpu tests/e2e/test_gpu.py
 
 # A GPU lease (docs/benchmarks.md, "A GPU lease"). Here, with PyPI: make gpu-bundle writes GPU_BUNDLE/carry1, carry2
 # (vLLM's CUDA wheel trimmed and what the node's image lacks, launch/gpu-bundle.txt), one folder a device call.

@@ -22,7 +22,7 @@ The claim's verdict:
 
 Runs from different commits are never pooled: `commit_refusal` says so in one line. Everything here is a pure
 function of pandas objects; `analysis/reproduce.py` reads MLflow and writes the report section. The papers'
-numbers are quoted with their lines (the seed texts beside the checkout; `tests/test_verdicts.py` finds each).
+numbers are quoted with their lines (the seed texts beside the checkout; `tests/unit/test_verdicts.py` finds each).
 """
 
 from __future__ import annotations

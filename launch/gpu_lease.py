@@ -188,7 +188,7 @@ def part_one(lease: Lease, python: str) -> None:
     reference_stage(lease, python)
     pytest_xml = work / "pytest.xml"
     pytest_xml.unlink(missing_ok=True)  # a run stopped at its limit must not be read as an earlier call's outcome
-    lease.run("pytest", [python, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider",
+    lease.run("pytest", [python, "-m", "pytest", "-q", "-m", "gpu", "tests/e2e/test_gpu.py", "-p", "no:cacheprovider",
                          f"--junitxml={pytest_xml}"], lambda: junit_figures(pytest_xml))
 
 

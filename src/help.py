@@ -215,7 +215,7 @@ def knob_reference(config_dir: Path = CONFIG_DIR) -> str:
            "when every option that sets it agrees), the range `src/validate/schema.py` checks, and the comment on its line",
            "in `conf/`. Set any of them on the command line: `python -m src.run trainer.steps=50 buffer.ratio=2`;",
            "`python -m src.run --cfg job` prints the composed values. Written by `python -m src.help --knobs`;",
-           "`tests/test_commands.py` checks that it lists every knob.", ""]
+           "`tests/commands/test_commands.py` checks that it lists every knob.", ""]
     for group in sorted({key.split(".", 1)[0] for key in sources}):
         out += [f"## {group}", "", "| knob | value | checked | what it sets |", "| --- | --- | --- | --- |"]
         for key in sorted(k for k in sources if k.split(".", 1)[0] == group):

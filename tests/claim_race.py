@@ -1,4 +1,4 @@
-"""One contender of tests/test_claims.py's race: start a cell together with the others, say whether it trains.
+"""One contender of tests/e2e/test_claims.py's race: start a cell together with the others, say whether it trains.
 
     python -m tests.claim_race <store uri> <folder> <name> <contenders> lock|nolock
 

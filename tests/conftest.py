@@ -124,8 +124,15 @@ def worker_group(item: pytest.Item) -> str | None:
     return None
 
 
+TIERS = ("unit", "e2e", "commands")  # tests/<tier>/: each test carries its folder's marker
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = Path(str(item.path)).parent.name
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # one process: the files' own order
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}

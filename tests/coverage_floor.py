@@ -1,12 +1,15 @@
-"""What the suite checks, in lines: the line coverage of each tree by `make test`, held against its floor.
+"""What the suite checks: the line coverage of each tree by `make test`, held against its floor, and the two
+counts that say nothing moved out of it (commands tested as typed, tests left to `make test-long`).
 
-    python -m tests.coverage_floor DATA_DIR [--root DIR] [--floor FILE] [--record]
+    python -m tests.coverage_floor DATA_DIR [--root DIR] [--floor FILE] [--record] [--long LIST ...]
 
 combines the coverage.py data files in DATA_DIR (one per process that `make coverage` measured), counts the
 statements of every Python file under src/, analysis/, launch/ and hydra_plugins/ of --root (default: this
-checkout) and the ones the suite ran, prints a line per tree and the total, and exits 1 if a tree's covered
-lines fell below tests/coverage_floor.json. A file the suite never imported counts with all its lines missed.
-`--record` writes today's figures as the new floor (after a change that adds tested code).
+checkout) and the ones the suite ran, prints a line per tree and the total, and exits 1 if a tree's coverage
+fell below tests/coverage_floor.json. A file the suite never imported counts with all its lines missed. It also
+counts the documented commands tests/commands/test_commands.py runs as typed (no fewer than the floor's) and,
+from `--long` lists (`pytest --collect-only -q -m long` in each environment), the tests marked `long` (no more
+than the floor's). `--record` writes today's coverage as the new floor (after a change that adds tested code).
 """
 
 from __future__ import annotations
@@ -42,6 +45,33 @@ def measure(data_dir: Path, root: Path) -> dict[str, dict[str, int]]:
     return figures
 
 
+def long_tests(lists: list[Path]) -> int:
+    """The distinct test ids in `pytest --collect-only -q` listings (one environment each)."""
+    return len({line.strip() for path in lists for line in path.read_text().splitlines() if "::" in line})
+
+
+def documented_commands() -> int:
+    from tests.commands.test_commands import DOCUMENTED
+
+    return len(DOCUMENTED)
+
+
+def counts_hold(floor: dict, long_lists: list[Path]) -> list[str]:
+    """Print the two counts against the floor; the names of those that moved the wrong way."""
+    moved = []
+    documented = documented_commands()
+    least = floor.get("documented_commands_at_least", 0)
+    print(f"{'as typed':14s} {documented} documented commands tested as typed (at least {least})")
+    if documented < least:
+        moved.append("commands tested as typed")
+    if long_lists:
+        count, most = long_tests(long_lists), floor.get("long_tests_at_most")
+        print(f"{'long':14s} {count} tests marked long, left to make test-long (at most {most})")
+        if most is not None and count > most:
+            moved.append("tests moved to long")
+    return moved
+
+
 def percent(figure: dict[str, int]) -> float:
     return 100.0 * figure["covered"] / max(figure["statements"], 1)
 
@@ -52,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose trees were measured")
     parser.add_argument("--record", action="store_true", help="write today's figures as the floor")
     parser.add_argument("--floor", type=Path, default=FLOOR, help="the floor's file (default tests/coverage_floor.json)")
+    parser.add_argument("--long", type=Path, nargs="*", default=[], metavar="LIST",
+                        help="pytest --collect-only -q -m long listings, one per environment")
     args = parser.parse_args(argv)
     if not args.data_dir.is_dir():
         parser.error(f"{args.data_dir}: no such folder (make coverage writes .coverage-data)")
@@ -65,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{tree:14s} {percent(figure):5.1f} %  {figure['covered']:6d} of {figure['statements']:6d} lines{against}")
         if known and round(percent(figure), 1) < round(percent(known), 1):
             fell.append(tree)
+    fell += counts_hold(floor, args.long)
     if args.record:
-        args.floor.write_text(json.dumps({**figures, "total": total}, indent=1) + "\n")
+        kept = {key: value for key, value in floor.items() if key.endswith(("_at_least", "_at_most"))}
+        args.floor.write_text(json.dumps({**figures, "total": total, **kept}, indent=1) + "\n")
         print(f"recorded as the floor: {args.floor}")
     elif fell:
-        print(f"coverage fell below its floor in {', '.join(fell)}: a check the suite made is gone", file=sys.stderr)
+        print(f"below the floor: {', '.join(fell)}: a check the suite made is gone", file=sys.stderr)
         return 1
     return 0
 

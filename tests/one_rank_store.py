@@ -1,6 +1,6 @@
 """Under `torchrun --nproc_per_node 1`: make a process group over tcp:// as vLLM 0.26's uni-process executor does
 (its own host and free port), after `src.runs.ranks.join(1, ...)` (argument `join`) or without it (`none`).
-tests/test_gpu_first_contact.py runs it."""
+tests/e2e/test_gpu_first_contact.py runs it."""
 
 import datetime
 import socket

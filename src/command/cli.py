@@ -3,7 +3,7 @@ then Hydra and the training in `src.run`.
 
 A mistake on the command line (a mistyped option or key, a value out of range, a setting the chosen option does not
 use, a policy folder that does not exist) is one line and exit 2 within a second or two: this module and what it
-imports load no torch, transformers or MLflow (`tests/test_cli.py` checks; `python -m benchmarks.first_answer`
+imports load no torch, transformers or MLflow (`tests/commands/test_cli.py` checks; `python -m benchmarks.first_answer`
 times it). `src.run` imports them only after these checks pass, and `src.command.config.validate` checks the whole config
 again there, with every component class loaded.
 """

@@ -10,7 +10,7 @@ taken through log pi only, as autograd does on sampled rollouts) answer differen
   k3 = e^d - 1 - d   KL[pi || ref]  (unbiased)    grad KL[ref || pi] (E_pi[(1 - r) grad log pi] = -sum ref grad log pi)
 
 so k3, the usual choice (TRL, GRPO), estimates the reverse KL's value but, as a loss, pulls pi
-with the forward KL's gradient. tests/test_losses.py checks all of this exactly over a 5-token vocabulary.
+with the forward KL's gradient. tests/unit/test_losses.py checks all of this exactly over a 5-token vocabulary.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ SDPA with a document mask, flex_attention's block mask or flash-attention's varl
 the model was loaded with), so no row sees another. Lanes no longer than the longest row keep SDPA's
 dense-mask attention at the padded path's cost per token; one sequence of the whole budget would
 make it quadratic in the budget. The values are the padded path's to float rounding
-(tests/test_packing.py), laid out the same way: [rows, longest row - 1], row-major, zeros off the
+(tests/unit/test_packing.py), laid out the same way: [rows, longest row - 1], row-major, zeros off the
 response.
 """
 

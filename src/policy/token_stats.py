@@ -10,7 +10,7 @@ and backward, in fp32. The gradient is written out by hand from
     d log p_y / d z = onehot(y) - p,        d H / d z = -p * (log p + H),
 
 so the result equals the autograd of the plain expressions to fp32 rounding (tested in float64
-against autograd in tests/test_token_stats.py).
+against autograd in tests/unit/test_token_stats.py).
 """
 
 from __future__ import annotations

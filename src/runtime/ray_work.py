@@ -256,7 +256,7 @@ class RolloutWorker:
 
 
 # How far the engine's log mu may stray from the trainer's forward pass, in nats a token. In float32 on the CPU the
-# two agree to about 1e-5 (tests/test_engine.py); bf16 on a GPU strays further and is refused.
+# two agree to about 1e-5 (tests/unit/test_engine.py); bf16 on a GPU strays further and is refused.
 ENGINE_LOGPROB_TOLERANCE = 1e-3
 
 

@@ -42,7 +42,7 @@ LAUNCH_ONLY = (
     "hardware.ranks",  # data-parallel ranks: the same numbers as one process (src/runs/ranks.py)
     "hardware.activation_checkpointing",  # each layer's forward again in backward: the same numbers, less memory
     "policy.vllm.sleep",  # frees the engine's GPU memory between generations: the same engine when awake
-    "policy.vllm.tensor_parallel_size",  # one engine over several GPUs: one engine's samples (tests/test_vllm_ranks.py)
+    "policy.vllm.tensor_parallel_size",  # one engine over several GPUs: one engine's samples (tests/e2e/test_vllm_ranks.py)
     "trainer.resume_from",
     "trainer.auto_resume",
     "trainer.rerun",  # train a finished cell again: a new run of the same cell
@@ -97,7 +97,7 @@ def _reads_clip(objective: type) -> bool:
 
 # The identity rules below are version 1. A change to them that would give an existing cell another id
 # must raise the version, which then enters the hash: every cell of version 1 keeps its id, and
-# tests/test_cell_identity.py lists the ids that must survive.
+# tests/unit/test_cell_identity.py lists the ids that must survive.
 CELL_ID_VERSION = 1
 
 

@@ -4,7 +4,7 @@ keeps nothing (fresh-only), under runtime=async seed 001's LIFO pipe (B.1), newe
 It subclasses only the two interfaces, `ReplayStore` (the step's store) and `RolloutQueue` (the pipeline's queue,
 which keeps the rollouts, their use statistics and events), and names its rollout form itself
 (`rollout_queue`), so one `buffer` option plugs into both runtimes with no file under src/ listing it
-(tests/test_outside_variant.py, tests/test_runtime_ray.py).
+(tests/e2e/test_outside_variant.py, tests/e2e/test_runtime_ray.py).
 """
 
 from __future__ import annotations

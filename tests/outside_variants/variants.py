@@ -4,7 +4,7 @@ Nothing in src/ lists them: each class subclasses only its interface (`ReplaySto
 describes itself (cell label, budget plan, checks, knobs) as the originals do, so one module and one
 YAML per variant (tests/outside_variants/conf/) is all a new variant takes. The code is copied, not
 inherited (the loss reuses only src's maths of eqs. 2 and 3), so that no isinstance or name check in
-src/ could be what makes them work (tests/test_outside_variant.py). The shared trainer runs the loss's
+src/ could be what makes them work (tests/e2e/test_outside_variant.py). The shared trainer runs the loss's
 micro-batches, backward passes and optimizer steps, so the loss is its per-micro-batch function alone.
 """
 

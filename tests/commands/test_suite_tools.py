@@ -1,0 +1,148 @@
+"""The suite's own tools, as docs/testing.md types them: `python -m tests.durations` (where the time goes) and
+`python -m tests.coverage_floor` (what the suite checks, in lines), and the rule that spreads the suite over
+parallel workers (tests/conftest.py: which tests share a worker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import worker_group
+
+ROOT = Path(__file__).resolve().parents[2]
+# A measured child must not be measured again by a `make coverage` around this test.
+ENV = {key: value for key, value in os.environ.items() if not key.startswith("COVERAGE")}
+
+
+def run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=120)
+
+
+def test_python_m_tests_durations_prints_the_slowest_tests_and_records_them(tmp_path):
+    """The slowest tests first with their docstring's first line, the files' totals, and the record of every test
+    over half a second that tests/conftest.py orders the workers' tests by."""
+    report = tmp_path / "venv.xml"
+    this = "test_python_m_tests_durations_prints_the_slowest_tests_and_records_them"
+    report.write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
+        f'<testcase classname="tests.commands.test_suite_tools" name="{this}" time="0.7"/>'
+        '<testcase classname="tests.unit.test_countdown" name="test_slow_one[a]" time="12.5"/>'
+        '<testcase classname="tests.unit.test_countdown" name="test_quick" time="0.2"><skipped/></testcase>'
+        '<testcase classname="tests.unit.test_buffer" name="test_broken" time="3.0"><failure message="x"/></testcase>'
+        "</testsuite></testsuites>")
+    record = tmp_path / "durations.json"
+    done = run("-m", "tests.durations", "--top", "2", "--write", str(record), str(report))
+    assert done.returncode == 0, done.stderr
+    assert "venv.xml: 4 tests, 0.3 min of test time (1 failed)" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert rows[0].startswith("| 1 | 12.5 | `tests/unit/test_countdown.py::test_slow_one[a]` | slow one |"), rows
+    assert rows[1].startswith("| 2 | 3.0 | `tests/unit/test_buffer.py::test_broken` |"), rows
+    assert "| `tests/unit/test_countdown.py` | 13 |" in done.stdout  # the file's total, skipped test included
+    assert json.loads(record.read_text()) == {"tests/unit/test_countdown.py::test_slow_one[a]": 12.5,
+                                              "tests/unit/test_buffer.py::test_broken": 3.0,
+                                              f"tests/commands/test_suite_tools.py::{this}": 0.7}
+    top = run("-m", "tests.durations", "--top", "1", str(report)).stdout
+    assert "| 1 |" in top and "| 2 |" not in top and "The slowest tests first" not in top
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--top", "0", "x.xml"], "--top 0: give a whole number of tests >= 1"),
+    (["nothing.xml"], "no such report: nothing.xml (pytest --junitxml=FILE writes one"),
+])
+def test_python_m_tests_durations_refuses_bad_input_in_one_line(argv, said):
+    done = run("-m", "tests.durations", *argv)
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def measured_tree(tmp_path: Path) -> tuple[Path, Path]:
+    """A checkout of four trees whose one module ran under coverage.py with one of its five lines missed."""
+    root = tmp_path / "checkout"
+    for tree in ("src", "analysis", "launch", "hydra_plugins"):
+        (root / tree).mkdir(parents=True)
+    (root / "src" / "module.py").write_text(
+        "def used():\n    return 1\n\n\ndef unused():\n    return 2\n\n\nused()\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    done = run("-m", "coverage", "run", f"--data-file={data}/.coverage.one", f"--source={root}",
+               str(root / "src" / "module.py"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    return root, data
+
+
+def test_python_m_tests_coverage_floor_counts_lines_and_refuses_a_fall(tmp_path):
+    """Every file of the four trees counts (a file never run has all its lines missed), and a tree below its
+    recorded floor fails the command; --record writes the floor."""
+    root, data = measured_tree(tmp_path)
+    (root / "launch" / "never_run.py").write_text("x = 1\ny = 2\n")
+    floor = tmp_path / "floor.json"
+    recorded = run("-m", "tests.coverage_floor", str(data), "--root", str(root), "--floor", str(floor), "--record")
+    assert recorded.returncode == 0, recorded.stderr
+    assert "src             80.0 %       4 of      5 lines" in recorded.stdout, recorded.stdout
+    assert "launch           0.0 %       0 of      2 lines" in recorded.stdout
+    assert "total           57.1 %       4 of      7 lines" in recorded.stdout
+    assert json.loads(floor.read_text())["src"] == {"statements": 5, "covered": 4}
+    same = run("-m", "tests.coverage_floor", str(data), "--root", str(root), "--floor", str(floor))
+    assert same.returncode == 0 and "(floor 80.0 %, 4 lines)" in same.stdout, same.stdout + same.stderr
+    floor.write_text(json.dumps({"src": {"statements": 5, "covered": 5}}))  # a floor the suite once reached
+    fell = run("-m", "tests.coverage_floor", str(data), "--root", str(root), "--floor", str(floor))
+    assert fell.returncode == 1 and "below the floor: src:" in fell.stderr, fell.stdout + fell.stderr
+
+
+def test_the_guard_counts_commands_tested_as_typed_and_tests_left_to_long(tmp_path):
+    """The documented commands with a test as typed may not fall below the floor's count, and the tests marked
+    `long` (one collect-only listing per environment, counted once) may not grow past it."""
+    from tests.commands.test_commands import DOCUMENTED
+
+    root, data = measured_tree(tmp_path)
+    venv, vllm = tmp_path / "venv.txt", tmp_path / "vllm.txt"
+    venv.write_text("tests/e2e/test_a.py::test_one\ntests/e2e/test_a.py::test_two\n\n2/9 tests collected\n")
+    vllm.write_text("tests/e2e/test_a.py::test_two\ntests/e2e/test_v.py::test_three\n")
+    floor = tmp_path / "floor.json"
+    floor.write_text(json.dumps({"documented_commands_at_least": len(DOCUMENTED), "long_tests_at_most": 3}))
+    held = run("-m", "tests.coverage_floor", str(data), "--root", str(root), "--floor", str(floor),
+               "--long", str(venv), str(vllm))
+    assert held.returncode == 0, held.stdout + held.stderr
+    assert f"{len(DOCUMENTED)} documented commands tested as typed (at least {len(DOCUMENTED)})" in held.stdout
+    assert "3 tests marked long, left to make test-long (at most 3)" in held.stdout
+    floor.write_text(json.dumps({"documented_commands_at_least": len(DOCUMENTED) + 1, "long_tests_at_most": 2}))
+    moved = run("-m", "tests.coverage_floor", str(data), "--root", str(root), "--floor", str(floor),
+                "--long", str(venv), str(vllm))
+    assert moved.returncode == 1, moved.stdout + moved.stderr
+    assert "below the floor: commands tested as typed, tests moved to long:" in moved.stderr
+
+
+def test_python_m_tests_coverage_floor_refuses_a_folder_without_data(tmp_path):
+    done = run("-m", "tests.coverage_floor", str(tmp_path / "none"))
+    assert done.returncode == 2 and "none: no such folder (make coverage writes .coverage-data)" in done.stderr
+    empty = run("-m", "tests.coverage_floor", str(tmp_path))
+    assert empty.returncode == 1 and "no coverage data in" in empty.stderr and "Traceback" not in empty.stderr
+
+
+class _Fixture:
+    def __init__(self, scope: str):
+        self.scope = scope
+
+
+class _Info:
+    def __init__(self, scopes: dict[str, str]):
+        self.name2fixturedefs = {name: [_Fixture(scope)] for name, scope in scopes.items()}
+
+
+class _Item:
+    def __init__(self, nodeid: str, scopes: dict[str, str]):
+        self.nodeid, self.fixturenames, self._fixtureinfo = nodeid, list(scopes), _Info(scopes)
+
+
+def test_a_test_that_uses_a_fixture_built_once_per_module_shares_its_modules_worker():
+    """A module-scoped fixture is built once per worker that runs one of its tests: its tests go together; the
+    local SLURM cluster's tests go together whatever their module; the rest go anywhere."""
+    assert worker_group(_Item("tests/test_a.py::test_x", {"store": "module", "tmp_path": "function"})) == \
+        "tests/test_a.py"
+    assert worker_group(_Item("tests/test_b.py::test_y", {"slurm_env": "function"})) == "slurm"
+    assert worker_group(_Item("tests/test_c.py::test_z", {"random_policy_dir": "session",
+                                                          "tmp_path": "function"})) is None
