@@ -118,10 +118,15 @@ def worker_group(item: pytest.Item) -> str | None:
     if any(name in item.fixturenames for name in SLURM_FIXTURES):
         return "slurm"
     definitions = getattr(item, "_fixtureinfo", None)
-    for defs in (definitions.name2fixturedefs.values() if definitions else ()):
-        if any(fixture.scope in SHARED_SCOPES for fixture in defs):
-            return item.nodeid.split("::", 1)[0]
-    return None
+    shared = [(name, fixture) for name, defs in (definitions.name2fixturedefs.items() if definitions else ())
+              for fixture in defs if fixture.scope in SHARED_SCOPES]
+    if not shared:
+        return None
+    module = item.nodeid.split("::", 1)[0]
+    # A parametrized module fixture is built once per value: each value's tests can go to a worker of their own.
+    values = [f"{name}={item.callspec.params[name]}" for name, fixture in shared
+              if getattr(fixture, "params", None) and name in getattr(getattr(item, "callspec", None), "params", {})]
+    return f"{module}[{','.join(values)}]" if values else module
 
 
 TIERS = ("unit", "e2e", "commands")  # tests/<tier>/: each test carries its folder's marker

@@ -124,18 +124,21 @@ def test_python_m_tests_coverage_floor_refuses_a_folder_without_data(tmp_path):
 
 
 class _Fixture:
-    def __init__(self, scope: str):
-        self.scope = scope
+    def __init__(self, scope: str, params=None):
+        self.scope, self.params = scope, params
 
 
 class _Info:
-    def __init__(self, scopes: dict[str, str]):
-        self.name2fixturedefs = {name: [_Fixture(scope)] for name, scope in scopes.items()}
+    def __init__(self, scopes: dict[str, str], params: dict):
+        self.name2fixturedefs = {name: [_Fixture(scope, [params[name]] if name in params else None)]
+                                 for name, scope in scopes.items()}
 
 
 class _Item:
-    def __init__(self, nodeid: str, scopes: dict[str, str]):
-        self.nodeid, self.fixturenames, self._fixtureinfo = nodeid, list(scopes), _Info(scopes)
+    def __init__(self, nodeid: str, scopes: dict[str, str], params: dict | None = None):
+        self.nodeid, self.fixturenames, self._fixtureinfo = nodeid, list(scopes), _Info(scopes, params or {})
+        if params:
+            self.callspec = type("CallSpec", (), {"params": params})()
 
 
 def test_a_test_that_uses_a_fixture_built_once_per_module_shares_its_modules_worker():
@@ -146,3 +149,6 @@ def test_a_test_that_uses_a_fixture_built_once_per_module_shares_its_modules_wor
     assert worker_group(_Item("tests/test_b.py::test_y", {"slurm_env": "function"})) == "slurm"
     assert worker_group(_Item("tests/test_c.py::test_z", {"random_policy_dir": "session",
                                                           "tmp_path": "function"})) is None
+    # A module fixture built once per CPU code path: each path's tests together, the paths apart.
+    assert worker_group(_Item("tests/test_d.py::test_w[avx2]", {"computed": "module"}, {"computed": "avx2"})) == \
+        "tests/test_d.py[computed=avx2]"
