@@ -242,7 +242,9 @@ def _free_port() -> int:
 
 def _answers(port: int) -> bool:
     try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+        # A loaded machine (parallel workers, the UI's own four starting) may take seconds to answer; a refused
+        # connection still says "no" at once.
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=15).close()
         return True
     except OSError:
         return False
