@@ -126,27 +126,32 @@ def worker_group(item: pytest.Item) -> str | None:
     # A parametrized module fixture is built once per value: each value's tests can go to a worker of their own.
     values = [f"{name}={item.callspec.params[name]}" for name, fixture in shared
               if getattr(fixture, "params", None) and name in getattr(getattr(item, "callspec", None), "params", {})]
-    return f"{module}[{','.join(values)}]" if values else module
+    # No "]" at the end: xdist takes what follows the last "@" of a test id as its group only past the last "]".
+    return f"{module}::{','.join(values)}" if values else module
 
 
 TIERS = ("unit", "e2e", "commands")  # tests/<tier>/: each test carries its folder's marker
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
+def pytest_itemcollected(item):
+    """Each test's tier marker and worker group, set as it is collected: before any collection_modifyitems hook,
+    xdist's included (it reads the groups into the test ids there)."""
+    tier = Path(str(item.path)).parent.name
+    if tier in TIERS:
+        item.add_marker(getattr(pytest.mark, tier))
+    group = worker_group(item)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        tier = Path(str(item.path)).parent.name
-        if tier in TIERS:
-            item.add_marker(getattr(pytest.mark, tier))
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # one process: the files' own order
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     unit_of, seconds, first = {}, {}, {}
     for index, item in enumerate(items):
         group = worker_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
         unit = unit_of[item.nodeid] = group or item.nodeid
-        seconds[unit] = seconds.get(unit, 0.0) + recorded.get(item.nodeid, 0.1)
+        seconds[unit] = seconds.get(unit, 0.0) + recorded.get(item.nodeid.split("@", 1)[0], 0.1)
         first.setdefault(unit, index)
     items.sort(key=lambda item: (-seconds[unit_of[item.nodeid]], first[unit_of[item.nodeid]]))

@@ -151,4 +151,4 @@ def test_a_test_that_uses_a_fixture_built_once_per_module_shares_its_modules_wor
                                                           "tmp_path": "function"})) is None
     # A module fixture built once per CPU code path: each path's tests together, the paths apart.
     assert worker_group(_Item("tests/test_d.py::test_w[avx2]", {"computed": "module"}, {"computed": "avx2"})) == \
-        "tests/test_d.py[computed=avx2]"
+        "tests/test_d.py::computed=avx2"
