@@ -157,7 +157,9 @@ demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1,
 # whole suite passes on a fresh clone (docs/testing.md). PYTEST_ARGS: more pytest options for both halves.
 TEST_WORKERS ?= 0
 PYTEST_ARGS ?=
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+XDIST = $(strip $(if $(shell [[ "$(TEST_WORKERS)" =~ ^[0-9]+$$ ]] && echo ok),\
+	$(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder),\
+	$(error TEST_WORKERS=$(TEST_WORKERS): how many pytest-xdist workers per half, a whole number (0: one process; e.g. TEST_WORKERS=3))))
 MAIN_HALF = -m pytest -q $(XDIST) -m "not vllm and not long" $(PYTEST_ARGS)
 VLLM_HALF = -m pytest -q $(XDIST) -m "vllm and not long" $(PYTEST_ARGS)
 test: $(STAMP) $(VLLM_STAMP)  ## the test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
