@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -533,25 +534,30 @@ def _alive(pid: int) -> bool:
 
 
 def _start_server(command: list[str], port: int, env: dict) -> tuple[subprocess.Popen, set[int]]:
-    """make ... in its own process group, until /health answers: (make, its processes, what it printed)."""
+    """make ... in its own process group, until it prints the address to open: what a user waits for (the
+    server answers /health a moment before src.runs.serve's next look notices). Its output is read on a thread
+    into `proc.lines`, so that nothing it prints blocks it."""
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
+    proc.lines = []
+    proc.reader = threading.Thread(target=lambda: [proc.lines.append(line) for line in proc.stdout], daemon=True)
+    proc.reader.start()
     deadline = time.time() + 180
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                pytest.fail(f"no answer on port {port}: {proc.stdout.read()[-3000:]}")
-            time.sleep(0.5)
+    while not any("(Ctrl-C stops it): http://" in line for line in list(proc.lines)):
+        if proc.poll() is not None or time.time() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.reader.join(10)
+            pytest.fail(f"no address printed for port {port}: {''.join(proc.lines)[-3000:]}")
+        time.sleep(0.2)
+    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10)  # it answers once announced
     return proc, _descendants(proc.pid)
 
 
 def _stop_and_check(proc: subprocess.Popen, processes: set[int], port: int, signum: int) -> str:
     os.killpg(proc.pid, signum)  # what Ctrl-C (SIGINT) or a scheduler's SIGTERM does to the foreground group
-    output, _ = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    proc.reader.join(30)
+    output = "".join(proc.lines)
     deadline = time.time() + 30
     while any(map(_alive, processes)) and time.time() < deadline:
         time.sleep(0.2)
