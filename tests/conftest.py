@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -102,12 +104,18 @@ def wall_clock(key: str) -> bool:
 
 
 # --------------------------------------------------------------------------- parallel workers
-# `make test` spreads the tests over pytest-xdist workers (`--dist loadgroup --no-loadscope-reorder`). A test that
-# uses a fixture built once per module (a trained store, a Ray instance, a subprocess's output) runs on the worker
-# that built it: every test of that module gets the module's group. The local SLURM cluster is one per machine
-# in spirit (its daemons take minutes to install and start): its tests share the group "slurm". Every other
-# test is a unit of its own. The units are handed out heaviest first, from the seconds each test took in the
-# last `make test-durations` (tests/durations.json): a long unit started last would otherwise run alone at the end.
+# `make test TEST_WORKERS=N` spreads the tests over pytest-xdist workers (`--dist loadgroup
+# --no-loadscope-reorder`). A test that uses a fixture built once per module (a trained store, a Ray instance, a
+# subprocess's output) runs on the worker that built it: every test of that module gets the module's group. The
+# local SLURM cluster is one per machine in spirit (its daemons take minutes to install and start): its tests
+# share the group "slurm". Every other test is a unit of its own. The units are handed out heaviest first, from
+# the seconds each test took in the last `make test-durations` (tests/durations.json): a long unit started last
+# would otherwise run alone at the end.
+#
+# xdist's own loadgroup reads a group from the test id, which it extends with "@group" on the worker; pytest 9
+# builds `Item.nodeid` from `_id` (_pytest/nodes.py:292), so the extension never reaches the scheduler and no
+# group holds. The workers write each test's unit to a file instead, and `GroupScheduling` (below) reads it.
+GROUPS_ENV = "REPLAY_TEST_GROUPS"
 DURATIONS = Path(__file__).with_name("durations.json")
 SHARED_SCOPES = ("module", "class", "package")
 SLURM_FIXTURES = ("slurm_cluster", "slurm_env")
@@ -126,7 +134,6 @@ def worker_group(item: pytest.Item) -> str | None:
     # A parametrized module fixture is built once per value: each value's tests can go to a worker of their own.
     values = [f"{name}={item.callspec.params[name]}" for name, fixture in shared
               if getattr(fixture, "params", None) and name in getattr(getattr(item, "callspec", None), "params", {})]
-    # No "]" at the end: xdist takes what follows the last "@" of a test id as its group only past the last "]".
     return f"{module}::{','.join(values)}" if values else module
 
 
@@ -134,24 +141,59 @@ TIERS = ("unit", "e2e", "commands")  # tests/<tier>/: each test carries its fold
 
 
 def pytest_itemcollected(item):
-    """Each test's tier marker and worker group, set as it is collected: before any collection_modifyitems hook,
-    xdist's included (it reads the groups into the test ids there)."""
+    """Each test's tier marker, set as it is collected: `-m unit` selects by it."""
     tier = Path(str(item.path)).parent.name
     if tier in TIERS:
         item.add_marker(getattr(pytest.mark, tier))
-    group = worker_group(item)
-    if group is not None:
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_modifyitems(config, items):
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
         return  # one process: the files' own order
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     unit_of, seconds, first = {}, {}, {}
     for index, item in enumerate(items):
         group = worker_group(item)
         unit = unit_of[item.nodeid] = group or item.nodeid
-        seconds[unit] = seconds.get(unit, 0.0) + recorded.get(item.nodeid.split("@", 1)[0], 0.1)
+        seconds[unit] = seconds.get(unit, 0.0) + recorded.get(item.nodeid, 0.1)
         first.setdefault(unit, index)
     items.sort(key=lambda item: (-seconds[unit_of[item.nodeid]], first[unit_of[item.nodeid]]))
+    if os.environ.get(GROUPS_ENV):  # before this worker reports its collection: the scheduler reads it then
+        target = Path(os.environ[GROUPS_ENV]) / f"{worker}.json"
+        target.with_suffix(".tmp").write_text(json.dumps(unit_of))
+        target.with_suffix(".tmp").replace(target)
+
+
+def pytest_configure(config):
+    """On the controller of a loadgroup run: the folder where the workers write their tests' units."""
+    if hasattr(config, "workerinput") or getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    os.environ[GROUPS_ENV] = tempfile.mkdtemp(prefix="replay-test-groups-")
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput") and os.environ.get(GROUPS_ENV):
+        shutil.rmtree(os.environ.pop(GROUPS_ENV), ignore_errors=True)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """loadgroup with the units the workers wrote (GROUPS_ENV); any other --dist: xdist's own scheduler."""
+    if config.option.dist != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """Whole units to a worker, in the workers' collection order (heaviest first): LoadScopeScheduling with
+        the scope of a test read from the units its workers wrote."""
+
+        units: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.units is None:  # every worker has reported its collection: each wrote its file before
+                files = sorted(Path(os.environ[GROUPS_ENV]).glob("*.json"))
+                assert files, f"no worker wrote its tests' units to {os.environ[GROUPS_ENV]}"
+                self.units = json.loads(files[0].read_text())
+            return self.units.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)

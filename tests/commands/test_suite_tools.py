@@ -163,3 +163,43 @@ def test_make_test_refuses_a_worker_count_that_is_not_a_whole_number():
     assert done.returncode == 2, done.stdout + done.stderr
     assert "TEST_WORKERS=x: how many pytest-xdist workers per half, a whole number" in done.stderr
     assert "-m pytest" not in done.stdout  # no half of the suite was planned
+
+
+SHARED_MODULE = '''
+import os, time, pytest
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    with open(os.environ["PROBE_LOG"], "a") as log:
+        log.write(f"built {os.environ['PYTEST_XDIST_WORKER']}\\n")
+
+@pytest.mark.parametrize("n", range(6))
+def test_shared(built, n):
+    with open(os.environ["PROBE_LOG"], "a") as log:
+        log.write(f"shared {os.environ['PYTEST_XDIST_WORKER']}\\n")
+    time.sleep(0.2)  # both workers ask for more meanwhile
+'''
+
+
+@pytest.mark.parametrize("dist, together", [("loadgroup", True), ("load", False)])
+def test_a_modules_shared_fixture_is_built_once_over_two_workers_with_loadgroup(tmp_path, dist, together):
+    """`make test TEST_WORKERS=2`'s scheduling, in a folder of its own: the six tests of a module with a
+    module-scoped fixture run on one worker, which builds it once, while the free tests spread. xdist's `load`
+    splits the module (the fixture built on both workers), which shows that the check can fail."""
+    (tmp_path / "test_shared.py").write_text(SHARED_MODULE)
+    (tmp_path / "test_free.py").write_text("import pytest\n\n@pytest.mark.parametrize('n', range(12))\n"
+                                           "def test_free(n):\n    pass\n")
+    log = tmp_path / "probe.log"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-n", "2", "--dist", dist,
+                           "--no-loadscope-reorder", "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
+                          cwd=ROOT, env={**ENV, "PROBE_LOG": str(log), "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "18 passed" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = log.read_text().splitlines()
+    built, shared = [line for line in lines if line.startswith("built")], [line for line in lines
+                                                                            if line.startswith("shared")]
+    assert len(shared) == 6
+    if together:
+        assert len(built) == 1 and set(shared) == {built[0].replace("built", "shared")}, lines
+    else:
+        assert len(built) == 2, lines
