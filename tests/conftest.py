@@ -177,6 +177,7 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ.pop(GROUPS_ENV), ignore_errors=True)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: unknown under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     """loadgroup with the units the workers wrote (GROUPS_ENV); any other --dist: xdist's own scheduler."""
     if config.option.dist != "loadgroup":
