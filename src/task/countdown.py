@@ -20,9 +20,11 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, Collection, Sequence
 
 from src.task.base import Task
+from src.task.set_cache import cached_sets
 from src.task.countdown_failures import CATEGORIES, classify_failure
 from src.task.countdown_verdict import (  # noqa: F401  (part of this module's interface)
     ANSWER_CLOSE, ANSWER_OPEN, REASON_CORRECT, REASON_DIVISION_BY_ZERO, REASON_EMPTY_ANSWER, REASON_MALFORMED,
@@ -469,6 +471,28 @@ def _cfg(cfg: Any, key: str, default: Any = None) -> Any:
     return getattr(cfg, key, default)
 
 
+def generated_splits(train_size: int, heldout_size: int, seed: int, heldout_seed: int,
+                     ranges: dict[str, Any]) -> tuple[list[Instance], list[Instance]]:
+    """The generator's training and held-out sets, made once and then read from src/task/set_cache.py's files."""
+
+    def make() -> dict[str, list]:
+        heldout = generate_instances(heldout_size, heldout_seed, **ranges)
+        train = generate_instances(train_size, seed, exclude={inst.key for inst in heldout}, **ranges)
+        return {name: [[inst.target, list(inst.numbers)] for inst in rows]
+                for name, rows in (("train", train), ("heldout", heldout))}
+
+    def row_ok(row: Any) -> bool:
+        return (isinstance(row, list) and len(row) == 2 and type(row[0]) is int and isinstance(row[1], list)
+                and len(row[1]) in ranges["number_counts"] and all(type(n) is int for n in row[1]))
+
+    settings = dict(ranges, train_size=train_size, heldout_size=heldout_size, seed=seed, heldout_seed=heldout_seed)
+    sets = cached_sets("countdown", settings, Path(__file__), {"train": train_size, "heldout": heldout_size},
+                       row_ok, make)
+    train, heldout = ([Instance(tuple(numbers), target) for target, numbers in sets[name]]
+                      for name in ("train", "heldout"))
+    return train, heldout
+
+
 def heldout_instances(cfg: Any) -> list[Instance]:
     """Only the held-out set (evaluation needs no training data; generating it costs seconds)."""
     if _cfg(cfg, "source", "generator") == "generator":
@@ -492,11 +516,7 @@ def train_and_heldout(cfg: Any, train_size: int | None = None) -> tuple[list[Ins
             min_target=int(_cfg(cfg, "min_target", 1)),
             max_target=int(_cfg(cfg, "max_target", 99)),
         )
-        heldout = generate_instances(heldout_size, heldout_seed, **ranges)
-        train = generate_instances(
-            train_size, seed, exclude={inst.key for inst in heldout}, **ranges
-        )
-        return train, heldout
+        return generated_splits(train_size, heldout_size, seed, heldout_seed, ranges)
 
     if source == "hub":
         rows = load_hub_instances(_cfg(cfg, "dataset"), split=_cfg(cfg, "split", "train"))
