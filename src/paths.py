@@ -10,6 +10,7 @@ site-packages is no place for a user's runs (and is often read-only).
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -18,6 +19,16 @@ from omegaconf import OmegaConf
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = PROJECT_ROOT / "conf"
 INSTALL_FOLDERS = ("site-packages", "dist-packages")  # pip's and Debian's folders for installed packages
+CACHE_ENV = "REPLAY_RLOO_CACHE"
+
+
+def cache_folder() -> Path | None:
+    """Where what a run makes once and reuses is kept (src/task/set_cache.py, src/runs/store.py): the folder
+    `REPLAY_RLOO_CACHE` names, else the user's cache folder; None when the variable is set empty (no cache)."""
+    chosen = os.environ.get(CACHE_ENV)
+    if chosen is not None:
+        return Path(chosen).expanduser() if chosen.strip() else None
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "replay-rloo"
 
 
 def is_source_checkout(root: Path) -> bool:

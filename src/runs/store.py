@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import os
+import shutil
+import sqlite3
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from src.paths import cache_folder
 from src.runs.diskspace import out_of_space
 
 # A store write needs room for SQLite's journal and new pages; a new store's schema alone is about 1 MB.
@@ -70,6 +74,32 @@ def sqlite_store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def copy_empty_store(db: Path) -> None:
+    """Start a new SQLite store as a copy of an empty one that MLflow made once for its version, in the cache
+    folder (src/paths.py, `cache_folder`): MLflow's schema migrations take about 3 s on each new file, the copy a
+    hundredth of that. The copy's Default experiment then gets the artifact folder MLflow gives a new store (the
+    working directory's `mlruns/0`). No cache folder, or one that cannot be written: MLflow makes the store."""
+    folder = cache_folder()
+    if folder is None:
+        return
+    template = folder / f"mlflow-{mlflow.__version__}-empty-store.db"
+    try:
+        if not template.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as scratch:
+                MlflowClient(f"sqlite:///{scratch}/empty.db").search_experiments()
+                os.replace(f"{scratch}/empty.db", template)  # whole or not at all, for a process doing the same
+        shutil.copyfile(template, db)
+        with closing(sqlite3.connect(db)) as store, store:
+            store.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                          (str(Path.cwd().resolve() / "mlruns" / "0"),))
+    except sqlite3.Error:  # not a store (a damaged file): made again next time; MLflow makes this one
+        db.unlink(missing_ok=True)
+        template.unlink(missing_ok=True)
+    except (OSError, MlflowException):
+        db.unlink(missing_ok=True)  # MLflow makes it itself
+
+
 # The experiment tag the MLflow UI (3.x) reads to choose between its GenAI view (traces, token usage)
 # and its model-training view (the runs table); "custom_model_development" is the training kind.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -80,6 +110,8 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None) -> str
     """The experiment id, creating the store and the experiment (with its artifact folder) on first use."""
     mlflow.set_tracking_uri(uri)
     with sqlite_store_lock(uri):
+        if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+            copy_empty_store(Path(uri.removeprefix("sqlite:///")))
         client = MlflowClient(uri)
         experiment = client.get_experiment_by_name(name)
         if experiment is not None:

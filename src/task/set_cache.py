@@ -20,17 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-CACHE_ENV = "REPLAY_RLOO_CACHE"
+from src.paths import cache_folder
+
 Rows = list[list[Any]]
-
-
-def cache_folder() -> Path | None:
-    """Where the sets go: `REPLAY_RLOO_CACHE`, else the user's cache folder; None when the variable is empty."""
-    chosen = os.environ.get(CACHE_ENV)
-    if chosen is not None:
-        return Path(chosen).expanduser() if chosen.strip() else None
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "replay-rloo"
 
 
 def cache_file(kind: str, settings: dict, source: Path) -> Path | None:

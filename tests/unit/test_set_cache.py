@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from src.paths import CACHE_ENV, cache_folder
 from src.task import countdown, set_cache
 
 SIZES = {"train_size": 40, "heldout_size": 6, "seed": 3, "heldout_seed": 4}
@@ -18,7 +19,7 @@ def splits():
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(set_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -30,9 +31,9 @@ def no_generator(monkeypatch):
 
 
 def test_the_second_run_reads_the_sets_the_first_generated(cache, monkeypatch):
-    monkeypatch.setenv(set_cache.CACHE_ENV, "")
+    monkeypatch.setenv(CACHE_ENV, "")
     uncached = splits()
-    monkeypatch.setenv(set_cache.CACHE_ENV, str(cache))
+    monkeypatch.setenv(CACHE_ENV, str(cache))
     assert splits() == uncached
     (written,) = cache.iterdir()
     assert written.name.startswith("countdown-") and written.suffix == ".json"
@@ -66,16 +67,16 @@ def test_other_settings_or_other_generator_code_name_another_file(cache, tmp_pat
 
 
 def test_an_empty_variable_turns_the_cache_off_and_an_unwritable_folder_is_skipped(tmp_path, monkeypatch):
-    monkeypatch.setenv(set_cache.CACHE_ENV, "")
-    assert set_cache.cache_folder() is None
+    monkeypatch.setenv(CACHE_ENV, "")
+    assert cache_folder() is None
     expected = splits()
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv(set_cache.CACHE_ENV, str(blocker / "cache"))  # a folder under a file cannot be made
+    monkeypatch.setenv(CACHE_ENV, str(blocker / "cache"))  # a folder under a file cannot be made
     assert splits() == expected and blocker.read_text() == ""
 
 
 def test_the_default_folder_is_the_users_cache(monkeypatch, tmp_path):
-    monkeypatch.delenv(set_cache.CACHE_ENV, raising=False)
+    monkeypatch.delenv(CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert set_cache.cache_folder() == tmp_path / "replay-rloo"
+    assert cache_folder() == tmp_path / "replay-rloo"
