@@ -125,8 +125,21 @@ def create_app():
     return app
 
 
+# MLflow's server runs GenAI jobs (scorers, prompt optimisation, issue detection, GenAI evaluation:
+# mlflow/server/jobs/__init__.py, `_SUPPORTED_JOB_FUNCTION_LIST`) in a job runner and one Huey consumer process
+# per kind of job, each importing MLflow: about 30 s of CPU at every start and seven processes the whole time,
+# for features no run of this project uses. Off unless the user's environment turns them on.
+JOB_EXECUTION_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+
+
+def without_job_runners(environ: dict) -> None:
+    """Turn MLflow's job execution off in `environ`, unless it already says."""
+    environ.setdefault(JOB_EXECUTION_ENV, "false")
+
+
 def main(argv: list[str]) -> None:
     """The `mlflow` command line, with this app in place of MLflow's own in the uvicorn command it builds."""
+    without_job_runners(os.environ)
     import mlflow.server
     from mlflow.cli import cli
 

@@ -526,6 +526,13 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -574,10 +581,9 @@ def test_make_ui_serves_the_store_and_stops_whole_on_ctrl_c(store):
     from mlflow.tracking import MlflowClient
 
     port = free_port()
-    env = {**ENV, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job-runner processes: starts faster
     proc, processes = _start_server(
         [*MAKE, "ui", f"PORT={port}", f"UI_STORE={store['uri']}", f"UI_ARTIFACTS={store['folder']}/artifacts",
-         "UI_ARGS=--workers 1"], port, env)
+         "UI_ARGS=--workers 1"], port, ENV)
     assert len(processes) >= 3, "make, src.runs.serve, mlflow ui and its uvicorn"
     page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read().decode()
     assert "<html" in page.lower()
@@ -600,7 +606,8 @@ def test_make_mlflow_server_stops_with_all_its_workers_on_sigterm(tmp_path):
     listening = [line for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
                  if line.split()[1].endswith(f":{port:04X}") and line.split()[3] == "0A"]
     assert listening and all(line.split()[1].startswith("0100007F") for line in listening)  # 127.0.0.1 only
-    assert len(processes) >= 5, "make, src.runs.serve, mlflow server, uvicorn and its 2 workers (and job runners)"
+    assert len(processes) >= 5, "make, src.runs.serve, mlflow server, uvicorn and its 2 workers"
+    assert not [pid for pid in processes if b"mlflow.server.jobs" in _command_line(pid)]  # GenAI job runners off
     busy = run([*MAKE, "mlflow-server", f"MLFLOW_PORT={port}"])
     output = _stop_and_check(proc, processes, port, signal.SIGTERM)
     assert f"MLflow tracking server (Ctrl-C stops it): http://127.0.0.1:{port}" in output

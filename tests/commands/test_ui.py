@@ -83,8 +83,7 @@ def start_ui(store: str, artifacts: Path, port: int, wait: bool = True) -> subpr
                "--backend-store-uri", store, "--default-artifact-root", str(artifacts), "--host", "127.0.0.1",
                "--port", str(port), "--workers", "1"]
     with open(artifacts.parent / "server.log", "w") as log:  # a file: a pipe nobody reads would fill and block it
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job-runner processes: starts faster
-        server = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT)
     if wait:
         wait_for(server, port)
     return server
@@ -183,6 +182,19 @@ def test_the_landing_page_saves_training_mode_and_the_study_columns_where_the_br
     assert "getItem(key) === null" in script  # a browser's own choice stays
     bare = landing_page("<html><head></head></html>", None)  # no experiment yet: the mode only, no redirect
     assert VIEW_KEY.split("[")[0] not in bare and ", page = null," in bare
+
+
+def test_mlflows_genai_job_runners_are_off_unless_the_environment_says():
+    """`make ui` and `make mlflow-server` start no job runner (tests/commands/test_commands.py checks the processes
+    of a running server); a user's MLFLOW_SERVER_ENABLE_JOB_EXECUTION stays."""
+    from src.runs.ui_app import JOB_EXECUTION_ENV, without_job_runners
+
+    environ = {}
+    without_job_runners(environ)
+    assert environ == {JOB_EXECUTION_ENV: "false"}
+    chosen = {JOB_EXECUTION_ENV: "true"}
+    without_job_runners(chosen)
+    assert chosen == {JOB_EXECUTION_ENV: "true"}
 
 
 @pytest.mark.slow
