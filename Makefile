@@ -202,7 +202,7 @@ UI_HOST ?= 127.0.0.1
 UI_STORE ?= sqlite:///$(OUT_DIR)/mlruns.db
 UI_ARTIFACTS ?= $(OUT_DIR)/mlartifacts
 UI_EXPERIMENT ?= replay-rloo
-UI_ARGS ?=                # more `mlflow ui` options, e.g. UI_ARGS="--workers 1"
+UI_ARGS ?=                # more `mlflow ui` options, e.g. UI_ARGS="--workers 4" (one by default: src/runs/ui_app.py)
 ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050] [UI_HOST=0.0.0.0] [OUT=DIR]; prints its URL
 	@$(SERVE) --name "MLflow UI" --host $(UI_HOST) --port $(PORT) --knob PORT --host-knob UI_HOST --target ui \
 		--store $(UI_STORE) --experiment $(UI_EXPERIMENT) -- \

@@ -582,9 +582,11 @@ def test_make_ui_serves_the_store_and_stops_whole_on_ctrl_c(store):
 
     port = free_port()
     proc, processes = _start_server(
-        [*MAKE, "ui", f"PORT={port}", f"UI_STORE={store['uri']}", f"UI_ARTIFACTS={store['folder']}/artifacts",
-         "UI_ARGS=--workers 1"], port, ENV)
+        [*MAKE, "ui", f"PORT={port}", f"UI_STORE={store['uri']}", f"UI_ARTIFACTS={store['folder']}/artifacts"],
+        port, ENV)
     assert len(processes) >= 3, "make, src.runs.serve, mlflow ui and its uvicorn"
+    workers = [pid for pid in processes if b"multiprocessing" in _command_line(pid)]  # uvicorn's spawned workers
+    assert len(workers) <= 1, "one uvicorn worker for a browser on this machine (src/runs/ui_app.py)"
     page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read().decode()
     assert "<html" in page.lower()
     busy = run([*MAKE, "ui", f"PORT={port}", f"UI_STORE={store['uri']}"])

@@ -197,6 +197,14 @@ def test_mlflows_genai_job_runners_are_off_unless_the_environment_says():
     assert chosen == {JOB_EXECUTION_ENV: "true"}
 
 
+def test_the_ui_gets_one_worker_unless_told_and_the_tracking_server_mlflows_count():
+    from src.runs.ui_app import one_worker_for_the_ui
+
+    assert one_worker_for_the_ui(["ui", "--port", "5050"]) == ["ui", "--port", "5050", "--workers", "1"]
+    for told in (["ui", "--workers", "3"], ["ui", "--workers=3"], ["ui", "-w", "3"], ["server", "--port", "5000"]):
+        assert one_worker_for_the_ui(told) == told
+
+
 @pytest.mark.slow
 def test_make_ui_opens_on_the_runs_table_with_knob_and_summary_columns(tmp_path, random_policy_dir,
                                                                           compose_config):
