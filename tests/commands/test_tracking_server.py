@@ -28,7 +28,10 @@ def tracking_server(tmp_path):
     port = free_port()
     server = subprocess.Popen(["make", "--no-print-directory", "mlflow-server", "MLFLOW_HOST=127.0.0.1",
                                f"MLFLOW_PORT={port}", f"MLFLOW_BACKEND=sqlite:///{tmp_path}/server.db",
-                               f"MLFLOW_ARTIFACTS={tmp_path}/server-artifacts"],
+                               f"MLFLOW_ARTIFACTS={tmp_path}/server-artifacts",
+                               # one worker: what is checked is a run logging over HTTP (test_commands.py stops a
+                               # server of two workers); MLflow's four would each import its server
+                               "MLFLOW_ARGS=--workers 1"],
                               cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
