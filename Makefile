@@ -153,15 +153,20 @@ demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1,
 	$(if $(DRY),,@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=$(DEMO_SWEEP)$(if $(OUT), OUT=$(OUT_DIR)))")
 
 # TEST_WORKERS=N spreads each half over N pytest-xdist processes (tests/conftest.py says which tests share one and
-# hands out the heaviest first); the default 0 runs each half in one process, as CI does until a parallel run of the
-# whole suite passes on a fresh clone (docs/testing.md). PYTEST_ARGS: more pytest options for both halves.
-TEST_WORKERS ?= 0
+# hands out the heaviest first). 2 on 2 cores: one process keeps them about 59 % busy, the rest of its time waits on
+# servers, daemons and subprocesses to start (docs/testing.md). TEST_WORKERS=0: each half in one process.
+# PYTEST_ARGS: more pytest options for both halves.
+TEST_WORKERS ?= 2
+# The vLLM half in one process: its engines each take both cores (8 min 39 s on two workers, 6 min in one).
+VLLM_TEST_WORKERS ?= 0
 PYTEST_ARGS ?=
-XDIST = $(strip $(if $(shell [[ "$(TEST_WORKERS)" =~ ^[0-9]+$$ ]] && echo ok),\
-	$(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder),\
-	$(error TEST_WORKERS=$(TEST_WORKERS): how many pytest-xdist workers per half, a whole number (0: one process; e.g. TEST_WORKERS=3))))
+WORKERS_FLAGS = $(strip $(if $(shell [[ "$(1)" =~ ^[0-9]+$$ ]] && echo ok),\
+	$(if $(filter 0,$(1)),-p no:xdist,-n $(1) --dist loadgroup --no-loadscope-reorder),\
+	$(error $(2)=$(1): how many pytest-xdist workers per half, a whole number (0: one process; e.g. $(2)=2))))
+XDIST = $(call WORKERS_FLAGS,$(TEST_WORKERS),TEST_WORKERS)
+VLLM_XDIST = $(call WORKERS_FLAGS,$(VLLM_TEST_WORKERS),VLLM_TEST_WORKERS)
 MAIN_HALF = -m pytest -q $(XDIST) -m "not vllm and not long" $(PYTEST_ARGS)
-VLLM_HALF = -m pytest -q $(XDIST) -m "vllm and not long" $(PYTEST_ARGS)
+VLLM_HALF = -m pytest -q $(VLLM_XDIST) -m "vllm and not long" $(PYTEST_ARGS)
 test: $(STAMP) $(VLLM_STAMP)  ## the test suite (what CI runs): .venv, then the real-vLLM tests in .venv-vllm
 	$(PY) $(MAIN_HALF)
 	$(VLLM_PY) $(VLLM_HALF)
@@ -183,7 +188,7 @@ COVERAGE_DIR ?= .coverage-data
 coverage: $(STAMP) $(VLLM_STAMP)  ## make test under coverage.py (subprocesses included): line coverage per tree against its floor
 	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
 	COVERAGE_ROOT=$(CURDIR) COVERAGE_FILE=$(abspath $(COVERAGE_DIR))/.coverage $(PY) -m coverage run -m pytest -q $(XDIST) -m "not vllm and not long" $(PYTEST_ARGS) || true
-	COVERAGE_ROOT=$(CURDIR) COVERAGE_FILE=$(abspath $(COVERAGE_DIR))/.coverage $(VLLM_PY) -m coverage run -m pytest -q $(XDIST) -m "vllm and not long" $(PYTEST_ARGS) || true
+	COVERAGE_ROOT=$(CURDIR) COVERAGE_FILE=$(abspath $(COVERAGE_DIR))/.coverage $(VLLM_PY) -m coverage run -m pytest -q $(VLLM_XDIST) -m "vllm and not long" $(PYTEST_ARGS) || true
 	$(PY) -m pytest --collect-only -q -p no:xdist -m long > $(COVERAGE_DIR)/long-venv.txt || true
 	$(VLLM_PY) -m pytest --collect-only -q -p no:xdist -m long > $(COVERAGE_DIR)/long-vllm.txt || true
 	$(PY) -m tests.coverage_floor $(COVERAGE_DIR) --long $(COVERAGE_DIR)/long-venv.txt $(COVERAGE_DIR)/long-vllm.txt

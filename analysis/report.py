@@ -67,7 +67,7 @@ DYNAMICS_KEYS = [key for key, _ in figures.DYNAMICS_PANELS]
 FIGURES = ["frontier", "compute_frontier", "heatmap_age", "heatmap_ratio", "best_of_n", "dynamics", "diversity",
            "failure_shares", "failure_totals"]
 
-console = Console()
+console = Console(soft_wrap=True)  # a path or store URI stays whole on one line, however narrow the terminal or log
 
 
 def read_report_data(runs: pd.DataFrame, client: MlflowClient) -> ReportData:

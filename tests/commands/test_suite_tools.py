@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import worker_group
+from tests.conftest import GROUPS_ENV, worker_group
 
 ROOT = Path(__file__).resolve().parents[2]
 # A measured child must not be measured again by a `make coverage` around this test.
@@ -186,13 +186,17 @@ def test_a_modules_shared_fixture_is_built_once_over_two_workers_with_loadgroup(
     """`make test TEST_WORKERS=2`'s scheduling, in a folder of its own: the six tests of a module with a
     module-scoped fixture run on one worker, which builds it once, while the free tests spread. xdist's `load`
     splits the module (the fixture built on both workers), which shows that the check can fail."""
-    (tmp_path / "test_shared.py").write_text(SHARED_MODULE)
-    (tmp_path / "test_free.py").write_text("import pytest\n\n@pytest.mark.parametrize('n', range(12))\n"
-                                           "def test_free(n):\n    pass\n")
+    # The shared module first (tests/conftest.py also hands the heaviest unit out first): xdist's `load` then gives
+    # each worker two of its tests in its first batch (xdist/scheduler/load.py, `schedule`), so it is split for sure.
+    (tmp_path / "test_a_shared.py").write_text(SHARED_MODULE)
+    (tmp_path / "test_b_free.py").write_text("import pytest\n\n@pytest.mark.parametrize('n', range(12))\n"
+                                             "def test_free(n):\n    pass\n")
     log = tmp_path / "probe.log"
+    # Not this run's own workers' variables (when the suite itself runs under xdist): a run of its own.
+    env = {key: value for key, value in ENV.items() if not key.startswith("PYTEST_") and key != GROUPS_ENV}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-n", "2", "--dist", dist,
                            "--no-loadscope-reorder", "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
-                          cwd=ROOT, env={**ENV, "PROBE_LOG": str(log), "PYTHONPATH": str(ROOT)},
+                          cwd=ROOT, env={**env, "PROBE_LOG": str(log), "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "18 passed" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     lines = log.read_text().splitlines()

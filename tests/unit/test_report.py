@@ -220,7 +220,10 @@ def test_every_figure_is_a_png(store):
 
 
 def test_cli_report_without_finished_runs(store, tmp_path, capsys):
-    """A sweep whose only run was killed gets every table and no figure; report.md says what is missing."""
+    """A sweep whose only run was killed gets every table and no figure; report.md says what is missing. The
+    printed path stays whole on one line, longer than a log's 80 columns."""
+    tmp_path = tmp_path / ("a-report-folder-" * 5)
+    tmp_path.mkdir()
     stale = tmp_path / "frontier.png"  # a figure an earlier report wrote into the same folder
     stale.write_bytes(PNG_SIGNATURE)
     code = report.main(["--experiment", EXPERIMENT, "--sweep", "stress", "--out", str(tmp_path),
