@@ -54,11 +54,14 @@ def write_sets(path: Path, sets: dict[str, Rows]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+    except OSError:
+        return
+    try:
         with os.fdopen(handle, "w") as stream:
             json.dump(sets, stream, separators=(",", ":"))
         os.replace(temporary, path)
-    except OSError:
-        return
+    except OSError:  # a full disk mid-write: no half file left behind
+        Path(temporary).unlink(missing_ok=True)
 
 
 def cached_sets(kind: str, settings: dict, source: Path, sizes: dict[str, int], row_ok: Callable[[Any], bool],
