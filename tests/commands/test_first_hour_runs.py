@@ -48,9 +48,18 @@ def printed_folder(text: str) -> list[str]:
 def quick_check(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """The README's quick check, `python -m src.run trainer=smoke`, into its own `out` folder."""
     out = tmp_path_factory.mktemp("quick")
-    done = run([*QUICK_CHECK, f"out={out}"])
+    # docs/install.md's REPLAY_RLOO_CACHE=DIR, as typed before the command: an empty folder of its own
+    done = subprocess.run([*QUICK_CHECK, f"out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**ENV, "REPLAY_RLOO_CACHE": str(out / "cache")})
     assert done.returncode == 0, done.stderr[-3000:]
     return out, done
+
+
+@pytest.mark.slow
+def test_the_quick_check_keeps_its_generated_prompts_and_empty_store_in_the_cache_folder_it_is_given(quick_check):
+    out, _ = quick_check
+    kept = sorted(path.name.split("-")[0] for path in (out / "cache").iterdir())
+    assert kept == ["countdown", "mlflow"], kept  # the generated sets and MLflow's empty store, nothing half-written
 
 
 # --------------------------------------------------------------------------- trap 9: the run's folder
