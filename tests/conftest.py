@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -24,6 +25,24 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def share_the_cores() -> None:
+    """Under pytest-xdist, each worker and every process it starts get their share of the cores as torch's
+    intra-op threads (OMP_NUM_THREADS, which torch and MKL read), unless the caller set it. Two workers that
+    each ran two OpenMP threads on 2 cores kept four spinning threads on two cores: `make reproduce-seed000`'s
+    tiny study took 52 s beside a 2-thread torch process and 24 s with one thread each (23 s alone, idle)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if not os.environ.get("PYTEST_XDIST_WORKER") or workers < 1 or "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch = sys.modules.get("torch")  # torch reads the variable when it first starts its threads
+    if torch is not None:
+        torch.set_num_threads(threads)
+
+
+share_the_cores()
+
+
 def through_checkpoint(store, empty, path):
     """`empty` after loading `store`'s state the way a training checkpoint does (torch.save, weights_only load)."""
     import torch
@@ -37,14 +56,27 @@ def through_checkpoint(store, empty, path):
 def default_dtype_kept():
     """Torch's default dtype back as it was after each test: a test that builds a hardware.dtype=float64 run in
     this process (`src.build` sets the default dtype, a process-wide setting) must not make later tests float64."""
-    import sys
-
     torch = sys.modules.get("torch")  # not imported here: tests that never load torch stay light
     before = torch.get_default_dtype() if torch is not None else None
     yield
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_default_dtype(before or torch.float32)
+
+
+KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_kept():
+    """The signal handlers back as they were after each test: a run stopped in this process leaves a Ctrl-C
+    handler that exits at once (`StopOnSignal.hand_on`, for a process that is ending), and the next test in the
+    same worker would inherit it."""
+    before = {signum: signal.getsignal(signum) for signum in KEPT_SIGNALS}
+    yield
+    for signum, handler in before.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
 
 
 @pytest.fixture
