@@ -152,11 +152,12 @@ demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1,
 	$(if $(DRY),,$(PY) -m analysis.report --sweep $(DEMO_SWEEP) --out $(DEMO_REPORT) $(OUT_FLAG) $(ARGS))
 	$(if $(DRY),,@echo "the demo's report: $(abspath $(DEMO_REPORT))/report.md (again after more runs: make report SWEEP=$(DEMO_SWEEP)$(if $(OUT), OUT=$(OUT_DIR)))")
 
-# TEST_WORKERS=N spreads each half over N pytest-xdist processes (tests/conftest.py says which tests share one and
-# hands out the heaviest first). 2 on 2 cores: one process keeps them about 59 % busy, the rest of its time waits on
-# servers, daemons and subprocesses to start (docs/testing.md). TEST_WORKERS=0: each half in one process.
-# PYTEST_ARGS: more pytest options for both halves.
-TEST_WORKERS ?= 2
+# TEST_WORKERS=N spreads each half over N pytest-xdist processes (tests/conftest.py says which tests share one,
+# hands out the heaviest first, and gives each worker its share of the cores as torch threads). 3 on 2 cores: one
+# process keeps them about 59 % busy, the rest of its time waits on servers, daemons and subprocesses to start;
+# the third worker fills those waits (the .venv half in 16 min 47 s against 18 min 23 s on two; docs/testing.md).
+# TEST_WORKERS=0: each half in one process. PYTEST_ARGS: more pytest options for both halves.
+TEST_WORKERS ?= 3
 # The vLLM half in one process: its engines each take both cores (8 min 39 s on two workers, 6 min in one).
 VLLM_TEST_WORKERS ?= 0
 PYTEST_ARGS ?=
