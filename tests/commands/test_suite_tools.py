@@ -207,3 +207,57 @@ def test_a_modules_shared_fixture_is_built_once_over_two_workers_with_loadgroup(
         assert len(built) == 1 and set(shared) == {built[0].replace("built", "shared")}, lines
     else:
         assert len(built) == 2, lines
+
+
+THREADS_MODULE = '''
+import os, subprocess, sys
+
+def test_threads(tmp_path):
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('OMP_NUM_THREADS'))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.environ["PROBE_LOG"], "a") as log:
+        log.write(f"{os.environ.get('OMP_NUM_THREADS')} {child}\\n")
+'''
+
+
+@pytest.mark.parametrize("given", [None, "3"])
+def test_each_worker_and_what_it_starts_get_their_share_of_the_cores(tmp_path, given):
+    """Under xdist each worker sets OMP_NUM_THREADS to its share of the cores (tests/conftest.py,
+    `share_the_cores`) and the processes it starts inherit it; a value the caller set is kept."""
+    (tmp_path / "test_threads.py").write_text(THREADS_MODULE)
+    log = tmp_path / "probe.log"
+    env = {key: value for key, value in ENV.items()
+           if not key.startswith("PYTEST_") and key not in (GROUPS_ENV, "OMP_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-n", "2", "--rootdir",
+                           str(tmp_path), "-c", os.devnull, str(tmp_path)],
+                          cwd=ROOT, env={**env, "PROBE_LOG": str(log), "PYTHONPATH": str(ROOT),
+                                         **({"OMP_NUM_THREADS": given} if given else {})},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    share = given or str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert log.read_text().split() == [share, share]
+
+
+SIGNALS_MODULE = '''
+import signal
+
+def test_a_leaves_a_handler():
+    signal.signal(signal.SIGINT, lambda *_: None)  # as a run stopped by Ctrl-C in this process leaves one
+
+def test_b_finds_pythons_own():
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+'''
+
+
+@pytest.mark.parametrize("plugin, passes", [("tests.conftest", True), ("no:cacheprovider", False)])
+def test_a_signal_handler_a_test_leaves_is_gone_before_the_next(tmp_path, plugin, passes):
+    """Every test gets the signal handlers it started with back (tests/conftest.py, `signal_handlers_kept`): in
+    one process, a SIGINT handler one test leaves does not reach the next. Without the conftest the second fails,
+    which shows the check can fail."""
+    (tmp_path / "test_signals.py").write_text(SIGNALS_MODULE)
+    env = {key: value for key, value in ENV.items() if not key.startswith("PYTEST_") and key != GROUPS_ENV}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", plugin, "--rootdir",
+                           str(tmp_path), "-c", os.devnull, str(tmp_path)],
+                          cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert (done.returncode == 0) == passes, done.stdout[-2000:] + done.stderr[-2000:]
+    assert ("2 passed" if passes else "1 failed, 1 passed") in done.stdout, done.stdout[-2000:]
