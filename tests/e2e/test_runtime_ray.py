@@ -47,6 +47,7 @@ class Recorder:
     completions: list = field(default_factory=list)
     saves: int = 0
     parts: object = None  # the driver's components once the session closed (policy, optimizer pulled)
+    pipeline: dict | None = None  # the runtime's state once the session closed (`run`)
 
     def log_step(self, metrics, step):
         self.steps.append((step, metrics))
@@ -101,6 +102,7 @@ def run(compose_config, tmp_path, *overrides, crash_after: int | None = None):
             drive(session, recorder, until=crash_after)
             session.work.crash_worker(0)
         drive(session, recorder)
+    recorder.pipeline = runtime.state_dict()
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     return recorder, events
 
@@ -217,25 +219,30 @@ def test_a_killed_worker_is_restarted_and_the_lockstep_run_is_unchanged(lockstep
     assert machine_free(crashed) == machine_free(recorder)  # the retried request regenerated the same group
 
 
-def test_lifo_w1_with_two_groups_a_request_uses_every_rollout_once(compose_config_module, tmp_path, ray_cpus):
-    recorder, events = run(compose_config_module, tmp_path, "buffer=none", "buffer.capacity=32", "runtime.workers=1",
-                           "runtime.groups_per_request=2")
+LIFO_W1 = ("buffer=none", "buffer.capacity=32", "runtime.workers=1", "runtime.groups_per_request=2")
+
+
+@pytest.fixture(scope="module")
+def lifo_w1(compose_config_module, tmp_path_factory, ray_cpus):
+    return run(compose_config_module, tmp_path_factory.mktemp("lifo"), *LIFO_W1)
+
+
+def test_lifo_w1_with_two_groups_a_request_uses_every_rollout_once(lifo_w1):
+    recorder, events = lifo_w1
     used = [uid for e in events if e["event"] == "sample" for uid in e["ids"]]
     assert len(used) == len(set(used)) == 5 * 8
     assert all(m["reuse/new_fraction"] == 1.0 for _, m in recorder.steps)
 
 
-def test_a_store_written_outside_src_runs_the_pipeline_as_its_original(compose_config_module, tmp_path, ray_cpus):
+def test_a_store_written_outside_src_runs_the_pipeline_as_its_original(compose_config_module, tmp_path, lifo_w1):
     """buffer=lifocopy (tests/outside_variants/rollouts.py) names its own rollout form, a copy of the LIFO pipe:
     under runtime=async it logs buffer=none's metrics and event log, step for step (lockstep)."""
     from src.paths import PROJECT_ROOT
 
     outside = f"hydra.searchpath=[file://{PROJECT_ROOT / 'tests' / 'outside_variants' / 'conf'}]"
-    (tmp_path / "copy").mkdir()
-    (tmp_path / "original").mkdir()
-    copy, copy_events = run(compose_config_module, tmp_path / "copy", outside, "buffer=lifocopy",
-                            "buffer.capacity=32")
-    original, events = run(compose_config_module, tmp_path / "original", "buffer=none", "buffer.capacity=32")
+    copy, copy_events = run(compose_config_module, tmp_path, outside, "buffer=lifocopy",
+                            *(word for word in LIFO_W1 if word != "buffer=none"))
+    original, events = lifo_w1
     assert machine_free(copy) == machine_free(original) and len(copy.steps) == 5
     assert copy_events == events and any(e["event"] == "consume" for e in events)  # each rollout used once
 
@@ -451,19 +458,19 @@ def test_two_fsdp_trainer_actors_log_the_one_trainer_numbers(compose_config_modu
         torch.testing.assert_close(two.parts.policy.state_dict()[name], tensor, rtol=1e-9, atol=1e-12)
 
 
-def test_workers_compute_log_pi_ref_once_where_a_buffer_replays_rollouts(compose_config_module, tmp_path, ray_cpus):
+def test_workers_compute_log_pi_ref_once_where_a_buffer_replays_rollouts(compose_config_module, lockstep_w2):
     """With a buffer (a rollout drawn again and again) and the KL term on, a worker computes log pi_ref of its
     rollouts at generation, with the frozen start weights, as the trainer would; the trainer then reads it from the
     group (`Forward.reference_tokens` skips cached rows)."""
     from src.build import build_forward
     from src.batch import Group
+    from src.settings import RunSettings
 
-    runtime, context, recorder = make_run(compose_config_module, tmp_path, "trainer.steps=4")
-    with runtime.session(context) as session:
-        drive(session, recorder)
-    groups = [Group(**g) for _, g in runtime.state_dict()["pipeline"]["queue"]["groups"]]
+    recorder, _ = lockstep_w2
+    groups = [Group(**g) for _, g in recorder.pipeline["pipeline"]["queue"]["groups"]]
     assert groups and all(g.reference_logprobs is not None for g in groups)
-    parts, forward = context.parts, build_forward(context.run, context.parts.tokenizer)
+    parts = recorder.parts
+    forward = build_forward(RunSettings(compose_config_module(*TINY, *FIFO)), parts.tokenizer)
     chunk = [(g.prompt_ids, ids) for g in groups for ids in g.response_ids]
 
     def under(model) -> torch.Tensor:  # every response token's log-prob under `model`, in this process
