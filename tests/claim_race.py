@@ -35,7 +35,8 @@ def main(uri: str, folder: Path, name: str, contenders: int, mode: str) -> None:
         claim.store_has_lock = lambda _: False
         claim.CLAIM_SETTLE_S = 1.0
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"tracking.uri={uri}", "trainer.steps=3"])
+        cfg = compose("config", overrides=[f"tracking.uri={uri}", f"tracking.artifact_location={folder}/artifacts",
+                                            "trainer.steps=3"])
     names = [f"c{index}" for index in range(contenders)]
     (folder / f"{name}.ready").touch()
     wait_for([folder / f"{other}.ready" for other in names])

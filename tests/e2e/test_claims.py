@@ -155,7 +155,7 @@ def test_two_processes_started_together_claim_one_cell_and_exactly_one_trains(tm
     from src.runs.store import ensure_experiment
 
     uri = store(tmp_path)
-    ensure_experiment(uri, "replay-rloo", None)
+    ensure_experiment(uri, "replay-rloo", str(tmp_path / "artifacts"))  # tests/claim_race.py's
     contenders = [subprocess.Popen([sys.executable, "-m", "tests.claim_race", uri, str(tmp_path), f"c{index}", "2",
                                     mode], cwd=PROJECT_ROOT, stderr=subprocess.PIPE, text=True) for index in range(2)]
     errors = [process.communicate(timeout=300)[1] for process in contenders]

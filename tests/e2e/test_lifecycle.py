@@ -138,7 +138,7 @@ def make_run(uri: str, cfg, status: str, output_dir: Path, **tags) -> str:
     """An MLflow run of the cell `cfg`, as a job would have left it."""
     from src.runs.store import ensure_experiment
 
-    experiment = ensure_experiment(uri, "replay-rloo", None)
+    experiment = ensure_experiment(uri, "replay-rloo", cfg.tracking.artifact_location)
     client = MlflowClient(uri)
     run = client.create_run(experiment, tags={"cell_id": cell_identity(cfg), "output_dir": str(output_dir),
                                               "slurm_job": "-", **tags})
@@ -148,7 +148,9 @@ def make_run(uri: str, cfg, status: str, output_dir: Path, **tags) -> str:
 
 
 def tiny_cfg(compose_config, tmp_path, *overrides):
-    return compose_config(f"tracking.uri={store(tmp_path)}", "trainer.steps=3", *overrides)
+    """A 3-step cell whose store and artifacts are under tmp_path (the default artifact folder is the checkout's)."""
+    return compose_config(f"tracking.uri={store(tmp_path)}", f"tracking.artifact_location={tmp_path}/artifacts",
+                          "trainer.steps=3", *overrides)
 
 
 def test_a_checkpoint_path_from_a_shared_store_cannot_run_code(tmp_path, compose_config):
