@@ -158,8 +158,10 @@ demo: $(STAMP)  ## the default CPU experiment: fresh-only vs replay (rho=1, L=1,
 # the third worker fills those waits (the .venv half in 16 min 47 s against 18 min 23 s on two; docs/testing.md).
 # TEST_WORKERS=0: each half in one process. PYTEST_ARGS: more pytest options for both halves.
 TEST_WORKERS ?= 3
-# The vLLM half in one process: its engines each take both cores (8 min 39 s on two workers, 6 min in one).
-VLLM_TEST_WORKERS ?= 0
+# The vLLM half on two workers: vLLM's CPU build runs its kernels on one thread and keeps the other core for its
+# scheduler (vllm/utils/ompmultiprocessing.py, reserve_cpu_num), which runs in the test's process here, so one
+# process kept the 2 cores 65 % busy (6 min 41 s; 3 min 44 s on two workers, 3 min 55 s on three; docs/testing.md).
+VLLM_TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 WORKERS_FLAGS = $(strip $(if $(shell [[ "$(1)" =~ ^[0-9]+$$ ]] && echo ok),\
 	$(if $(filter 0,$(1)),-p no:xdist,-n $(1) --dist loadgroup --no-loadscope-reorder),\

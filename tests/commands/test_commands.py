@@ -789,9 +789,10 @@ def test_make_bench_engines_on_cpu():
 
 # --------------------------------------------------------------------------- what cannot run in the suite
 WORKERS = "-n 3 --dist loadgroup --no-loadscope-reorder"  # make test's default TEST_WORKERS=3
+VLLM_WORKERS = "-n 2 --dist loadgroup --no-loadscope-reorder"  # and VLLM_TEST_WORKERS=2
 NOT_RUN_HERE = {  # target: (why, what its recipe must run)
     "test": ("the suite itself", [".venv/bin/python -m pytest -q " + WORKERS + " -m \"not vllm and not long\"",
-                                  ".venv-vllm/bin/python -m pytest -q -p no:xdist -m \"vllm and not long\""]),
+                                  ".venv-vllm/bin/python -m pytest -q " + VLLM_WORKERS + " -m \"vllm and not long\""]),
     "test-durations": ("the suite itself", ["--junitxml=.test-durations/venv.xml",
                                             "--junitxml=.test-durations/vllm.xml",
                                             "-m tests.durations --top 30 --write tests/durations.json "
