@@ -154,14 +154,15 @@ def test_a_test_that_uses_a_fixture_built_once_per_module_shares_its_modules_wor
         "tests/test_d.py::computed=avx2"
 
 
-def test_make_test_refuses_a_worker_count_that_is_not_a_whole_number():
-    """`make test TEST_WORKERS=x` is one line naming the knob and its fix, before anything runs (`-n`: nothing
-    would run anyway; the refusal comes while make reads the recipe)."""
+@pytest.mark.parametrize("knob", ["TEST_WORKERS", "VLLM_TEST_WORKERS"])
+def test_make_test_refuses_a_worker_count_that_is_not_a_whole_number(knob):
+    """`make test TEST_WORKERS=x` (or the vLLM half's VLLM_TEST_WORKERS=x) is one line naming the knob and its fix,
+    before anything runs (`-n`: nothing would run anyway; the refusal comes while make reads the recipe)."""
     env = {key: value for key, value in ENV.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    done = subprocess.run(["make", "-n", "-B", "--no-print-directory", "test", "TEST_WORKERS=x", "TORCH_INDEX="],
+    done = subprocess.run(["make", "-n", "-B", "--no-print-directory", "test", f"{knob}=x", "TORCH_INDEX="],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "TEST_WORKERS=x: how many pytest-xdist workers per half, a whole number" in done.stderr
+    assert f"{knob}=x: how many pytest-xdist workers per half, a whole number" in done.stderr
     assert "-m pytest" not in done.stdout  # no half of the suite was planned
 
 
