@@ -62,6 +62,7 @@ from src.policy.model import trainer_names, trainer_weights
 from src.runtime.pipeline import Generated, PipelineError, PipelineSettings
 from src.runtime.queue_actor import Stored
 from src.runtime.ray_session import first_line
+from src.runtime.weight_board import WeightBoard
 from src.buffer.rollouts import Sample
 from src.sampling.collection import FreshGroups
 from src.settings import RunSettings
@@ -159,20 +160,6 @@ def unflatten(chunk: tuple[list[tuple], np.ndarray]):
             raise RuntimeError(f"published weights name dtype {dtype!r} for {name}; known: {sorted(WEIGHT_DTYPES)}")
         kind = WEIGHT_DTYPES[dtype]
         yield name, data[start:start + math.prod(shape) * kind.itemsize].view(kind).view(shape)
-
-
-class WeightBoard:
-    """A small actor holding the newest published weights' (version, [object ref]): a worker of the free
-    schedule asks it when it starts a group, so a group queued early still starts with the newest weights."""
-
-    def __init__(self) -> None:
-        self.latest: tuple[int, list] | None = None
-
-    def set(self, version: int, weights: list) -> None:
-        self.latest = (version, weights)
-
-    def get(self) -> tuple[int, list]:
-        return self.latest
 
 
 class _Unobserved:
