@@ -158,8 +158,9 @@ class Tally:
         def keep(name: str, values: torch.Tensor, per_token: bool = False) -> None:
             self.pieces.append((name, lp.index, lp.chunk if per_token else None, values.detach()))
 
-        if out.logprobs is not None:
-            keep("logprobs", out.logprobs)
+        # log pi_theta(y|x) of every row, which a fresh group stores as its log mu: the trainer's own, where the
+        # loss gives none, so no loss can leave a stored row's behaviour log-prob at the default 0.0.
+        keep("logprobs", out.logprobs if out.logprobs is not None else lp.sequence_logprobs())
         if out.weights is not None:
             keep("raw_weights", out.weights[0])
             keep("weights", out.weights[1])

@@ -280,3 +280,28 @@ def test_token_budget_counts_every_generated_and_every_trained_token(random_poli
     assert metrics["budget/generated_tokens"] == sum(len(ids) for step in collected for group in step.generated
                                                      for ids in group.response_ids)
     assert metrics["budget/generated_tokens"] > 0
+
+
+class PolicyTermOnly(RlooObjective):
+    """A loss that returns its term and nothing else: no per-row log-probs, no weights."""
+
+    def __call__(self, lp, totals):
+        full = super().__call__(lp, totals)
+        return dataclasses.replace(full, logprobs=None, weights=None)
+
+
+def test_a_loss_that_returns_no_logprobs_still_stores_the_behaviour_logprobs(random_policy_dir, compose_config):
+    """The trainer records log mu of every fresh row itself: a group stored after the update carries the
+    log-probs its responses were sampled with, whatever the loss returns (else every later replay weight is
+    exp(log pi - 0))."""
+    cfg = small_config(compose_config)
+    parts = make_parts(random_policy_dir, cfg)
+    group = sample_groups(parts.tokenizer)[0]
+    frozen = torch.optim.SGD(parts.policy.parameters(), lr=0.0)
+    stored = []
+    for objective in (RlooObjective(3.0), PolicyTermOnly(3.0)):
+        result = Trainer(objective, Forward(0, 3)).update(parts.policy, parts.reference, frozen,
+                                                          Batch([BatchGroup(group, "fresh")]))
+        stored.append(result.stored(group, 0).behaviour_logprobs)
+    assert all(value < 0 for value in stored[0])  # log-probs of sampled responses under the policy
+    assert stored[1] == pytest.approx(stored[0], abs=1e-6)
