@@ -21,6 +21,12 @@ from src.runtime.pipeline import PipelineError
 
 log = logging.getLogger(__name__)
 
+# Ray starts its workers at niceness 15 (its `worker_niceness`, so that a driver keeps the CPU). Here the workers
+# and the trainer actor are the run's compute and the driver mostly waits on them; at 15 they got a few percent of
+# a core beside any other busy process (a test suite's 3 workers on 2 cores: the one-loop test of
+# tests/e2e/test_runtime_ray.py took 497 s there, 44 s alone).
+SYSTEM_CONFIG = {"worker_niceness": 0}
+
 
 def first_line(error: BaseException) -> str:
     """The line of a Ray error that says what happened (its cause for an error raised inside a task)."""
@@ -76,7 +82,8 @@ def ray_session(num_cpus: int, num_gpus: int = 0) -> Iterator[None]:
         try:
             with own_process_group():
                 ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
-                         runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})
+                         runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}},
+                         _system_config=SYSTEM_CONFIG)
         except Exception as error:  # noqa: BLE001  (Ray raises many types when it cannot start)
             raise PipelineError(f"Ray could not start a session with runtime.num_cpus={num_cpus}, {num_gpus} GPUs "
                                 f"({first_line(error)}); check that this machine can run Ray "

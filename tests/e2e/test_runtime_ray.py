@@ -25,6 +25,7 @@ from src.settings import RunSettings  # noqa: E402
 from src.build import build_components, build_runtime  # noqa: E402
 from src.runs.completions import completion_rows  # noqa: E402
 from src.runtime.base import RunContext  # noqa: E402
+from src.runtime.ray_session import ray_session  # noqa: E402
 from src.batch import TrainState  # noqa: E402
 from src.task import countdown  # noqa: E402
 
@@ -65,9 +66,8 @@ class NoStop:
 
 @pytest.fixture(scope="module")
 def ray_cpus():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with ray_session(2):  # the session `src.run` starts, shared by the module's runs
+        yield
 
 
 def make_run(compose_config, tmp_path: Path, *overrides: str, recorder: Recorder | None = None):
@@ -151,6 +151,11 @@ def queue_history(queue) -> list:
         queue.drop_stale(key, 2)
         seen += [queue.age(key), queue.size(), queue.room(4, 4), queue.drain_events()]
     return seen + [queue.replay_count_distribution(), queue.distributions(), queue.state_dict()]
+
+
+def test_the_sessions_workers_run_at_the_drivers_priority(ray_cpus):
+    """Ray would start its workers at niceness 15: beside any busy process they got a few percent of a core."""
+    assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
 
 
 def test_the_buffer_actor_answers_as_the_queue_in_this_process_and_its_death_is_one_line(ray_cpus):
