@@ -79,7 +79,7 @@ def test_help_marks_defaults_lists_studies_and_leaves_out_the_config(help_page):
     assert "prompt_template" not in help_page and "Using the Hydra" not in help_page.split("More:")[0]
     for command, _ in cli_help.FIRST_COMMANDS:
         assert command in help_page
-    assert len(help_page.splitlines()) < 95
+    assert len(help_page.splitlines()) < 100  # a line an option: no config dump, no Hydra page
 
 
 def test_describe_skips_the_package_header(tmp_path):
