@@ -39,6 +39,7 @@ the target here: <= 12 s per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import json
@@ -214,7 +215,10 @@ def generate_once(model, rows: int, prompt_tokens: int, response_tokens: int, vo
                   static_cache: bool) -> float:
     input_ids = torch.randint(10, vocab, (rows, prompt_tokens), device=device)
     options = {"cache_implementation": "static"} if static_cache else {}
-    with torch.no_grad(), autocast_context(model, autocast):
+    # As the HF engine samples (src/rollout/engine.py): the update's compiled layers eager, transformers' own
+    # compile of a static cache left alone.
+    stance = contextlib.nullcontext() if static_cache else torch.compiler.set_stance("force_eager")
+    with torch.no_grad(), autocast_context(model, autocast), stance:
         return timed(device, lambda: model.generate(
             input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
             top_p=1.0, top_k=0, max_new_tokens=response_tokens, min_new_tokens=response_tokens,

@@ -57,10 +57,13 @@ class HFGenerateEngine:
         was_training = self.model.training
         self.model.eval()
         torch.manual_seed(seed)  # generate() draws from the global RNG
+        # Layers compiled for the update (trainer.compile) run eagerly here: handed generate's KV cache they would
+        # recompile at each write until torch's recompile limit, which then leaves the update's own shapes eager.
         try:
-            for start in range(0, len(prompts), prompts_per_call):
-                chunk = prompt_ids[start : start + prompts_per_call]
-                completions += self._generate_chunk(chunk, samples_per_prompt, sampling)
+            with torch.compiler.set_stance("force_eager"):
+                for start in range(0, len(prompts), prompts_per_call):
+                    chunk = prompt_ids[start : start + prompts_per_call]
+                    completions += self._generate_chunk(chunk, samples_per_prompt, sampling)
         finally:
             self.model.train(was_training)
         self.generated += len(prompts) * samples_per_prompt

@@ -116,3 +116,20 @@ def test_compiled_layers_get_no_kv_cache_and_eager_ones_keep_transformers_defaul
     compile_layers(policy, backend="eager")
     compiled = caches_seen()
     assert compiled and all(cache is None for cache in compiled)
+
+
+def test_the_hf_engine_samples_eagerly_from_compiled_layers(random_policy_dir):
+    """Generate hands each layer its KV cache: compiled, the layers would recompile at each write until torch's
+    recompile limit, which would then leave the update's own shapes eager. The engine samples with them eager."""
+    from src.rollout.engine import HFGenerateEngine
+    from src.rollout.interface import SamplingParams
+
+    torch._dynamo.reset()
+    policy, tokenizer = load_policy(str(random_policy_dir), "cpu", "float32")
+    graphs = []
+    compile_layers(policy, backend=counting("eager", graphs), dynamic=True)
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12, logprobs=True)
+    generation = HFGenerateEngine(policy, tokenizer).generate(["1 2 3", "4 5"], 2, sampling, seed=0)
+    assert [len(group) for group in generation.completions] == [2, 2] and graphs == []
+    Forward(0, 2).token_stats(policy, [((3, 4), (5, 6, 7)), ((3,), (5, 6))], with_entropy=True)
+    assert graphs  # the same layers still compile for the update
