@@ -198,12 +198,18 @@ class Batch:
         next_trained = next(trained_iter, None)
         out = []
         for group in collected:  # both lists keep generation order: merge them back
-            if next_trained is not None and next_trained[0] is group:
+            if next_trained is not None and grown_from(next_trained[0], group):
                 out.append(stored(*next_trained))
                 next_trained = next(trained_iter, None)
             else:
                 out.append(next(dropped_iter))
         return out
+
+
+def grown_from(composed: Group, group: Group) -> bool:
+    """Whether a composed batch's group is `group`, or `group` with responses appended (RLEP's G + M)."""
+    return composed is group or (composed.step == group.step and composed.prompt_ids == group.prompt_ids
+                                 and composed.response_ids[:group.size] == group.response_ids)
 
 
 def plan_batch(groups_per_step: int, ratio: float) -> tuple[int, int]:

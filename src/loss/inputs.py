@@ -74,15 +74,28 @@ class RowInputs:
     def of(cls, batch: Batch, advantages, needs: Needs) -> "RowInputs":
         """The batch's rows: advantages from each group's K rewards by `advantages` (eq. 1 by default)."""
         groups, rows = batch.groups, batch.rows
-        per_group = advantages(torch.tensor([g.rewards for g in groups]))
+        per_group = group_advantages(groups, advantages)
         truncated = needs.truncated_rows(batch)
         token_level = any(truncated) and needs.behaviour_tokens
-        return cls(advantages=per_group[[g for g, _ in rows], [j for _, j in rows]],
+        return cls(advantages=torch.stack([per_group[g][j] for g, j in rows]) if rows else torch.zeros(0),
                    behaviour=[groups[g].behaviour_logprobs[j] if groups[g].behaviour_logprobs is not None else None
                               for g, j in rows],
                    behaviour_tokens=[stored_token_logprobs(groups[g], j) if token_level and on else None
                                      for (g, j), on in zip(rows, truncated)],
                    truncated=list(truncated), token_level=token_level)
+
+
+def group_advantages(groups: list[Group], advantages) -> list[torch.Tensor]:
+    """Each group's advantages from its own rewards. An estimator takes a [groups, K] tensor, so groups of one
+    size go in one call; a batch may hold groups of several sizes (RLEP appends M successes to some of its G)."""
+    by_size: dict[int, list[int]] = {}
+    for index, group in enumerate(groups):
+        by_size.setdefault(group.size, []).append(index)
+    out: list[torch.Tensor] = [torch.zeros(0)] * len(groups)
+    for indices in by_size.values():
+        for index, values in zip(indices, advantages(torch.tensor([groups[i].rewards for i in indices]))):
+            out[index] = values
+    return out
 
 
 def stored_token_logprobs(group: Group, response: int) -> tuple[float, ...]:
