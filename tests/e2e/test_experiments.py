@@ -20,6 +20,8 @@ from src.paths import CONFIG_DIR, PROJECT_ROOT
 
 # "seed 001 line 2290": a line of the paper's plain text (docs/papers.md lists what each cited line says).
 S000, S001, S002, S003, S004 = ("seed 000 line", "seed 001 line", "seed 002 line", "seed 003 line", "seed 004 line")
+RLEP, RLEP_SCRIPT = "RLEP section", "RLEP's recipe/rlep/rlep_training.sh l."
+M2PO_SCRIPT = "M2PO's train-scripts/m2po-qwen-math-7b-s256.sh l."
 
 ONPOLICY_002 = {  # seed 002 Table 1's on-policy RLOO (line 140) and what every row of it shares (line 121)
     "trainer.steps": (60, f"{S002} 121"),
@@ -152,10 +154,45 @@ PAPERS = {
         "evaluation.estimator": ("first_k", f"{S004} 137"),
         "evaluation.repeats": (1, f"{S004} 137"),
     },
+    # The newer reuse methods (docs/papers.md#newer-reuse-methods): RLEP's report by section, M2PO's authors' script.
+    "rlep": {
+        "policy.name_or_path": ("Qwen/Qwen2.5-Math-7B", f"{RLEP} 4.1"),
+        "policy.max_new_tokens": (3072, f"{RLEP} 4.1"),
+        "trainer.groups_per_step": (512, f"{RLEP} 4.1"),
+        "trainer.group_size": (16, f"{RLEP} 4.2"),
+        "buffer.name": ("rlep", f"{RLEP} 3.2"),
+        "buffer.replays": (2, f"{RLEP} 4.2"),
+        "buffer.min_successes": (2, f"{RLEP} 4.2"),
+        "buffer.per_prompt": (64, f"{RLEP} 4.2"),
+        "loss.name": ("grpo", f"{RLEP} 3.1, Eq. 3"),
+        "loss.eps_low": (0.2, f"{RLEP_SCRIPT} 10"),
+        "loss.eps_high": (0.28, f"{RLEP_SCRIPT} 11"),
+        "trainer.learning_rate": (1e-6, f"{RLEP_SCRIPT} 73"),
+        "trainer.weight_decay": (0.1, f"{RLEP_SCRIPT} 88"),
+        "trainer.max_grad_norm": (1.0, f"{RLEP_SCRIPT} 80"),
+        "trainer.kl_coef": (0.0, f"{RLEP_SCRIPT} 38-41"),
+        "trainer.entropy_coef": (0.0, f"{RLEP_SCRIPT} 79"),
+        "trainer.rollout.temperature": (1.0, f"{RLEP} 4.1"),
+        "trainer.rollout.top_p": (1.0, f"{RLEP} 4.1"),
+    },
+    "m2po": {
+        "policy.name_or_path": ("Qwen/Qwen2.5-Math-7B", f"{M2PO_SCRIPT} 36"),
+        "task.preset": ("deepscaler", "M2PO's train-scripts/m2po-qwen-math-7b-s256.sh"),
+        "trainer.groups_per_step": (256, f"{M2PO_SCRIPT} 30"),
+        "trainer.group_size": (8, f"{M2PO_SCRIPT} 54"),
+        "trainer.learning_rate": (1e-6, f"{M2PO_SCRIPT} 37"),
+        "trainer.kl_coef": (0.0, "M2PO's train-scripts/m2po-qwen-math-7b-s256.sh"),
+        "trainer.entropy_coef": (0.0, "M2PO's train-scripts/m2po-qwen-math-7b-s256.sh"),
+        "loss.name": ("m2po", f"{M2PO_SCRIPT} 42"),
+        "loss.m2_threshold": (0.04, "M2PO project page, footnote"),
+        "behaviour.name": ("stale", f"{M2PO_SCRIPT} 33"),
+        "behaviour.lag": (64, f"{M2PO_SCRIPT} 33"),  # 64 steps x 4 updates = 256 updates stale
+    },
 }
 
 # Mini-batch sizes (prompts) are the batch over loss.updates_per_step.
-MINI_BATCHES = {"seed003-deepscaler": (128, f"{S003} 270"), "seed003-countdown": (64, f"{S003} 270")}
+MINI_BATCHES = {"seed003-deepscaler": (128, f"{S003} 270"), "seed003-countdown": (64, f"{S003} 270"),
+                "rlep": (64, f"{RLEP} 4.1"), "m2po": (64, f"{M2PO_SCRIPT} 39")}
 
 # Each study's cells (hydra.sweeper.grids): the paper's grid.
 GRIDS = {
@@ -164,6 +201,8 @@ GRIDS = {
     "seed003-deepscaler": 3,      # POPO, GRPO, DAPO (seed 003 line 69)
     "seed003-countdown": 3,
     "seed004-frontier": 6,        # frontier and vanilla RLOO, IPO, rho in {0.05, 0.12, 0.15} (004 Tables 1, 2)
+    "rlep": 2,                    # RLEP and its baseline (RLEP section 4.2, Figure 4)
+    "m2po": 4,                    # M2PO and GRPO at s = 256 and s = 0 (M2PO's Table 1)
 }
 
 # What a tiny variant keeps from its paper preset: every ratio and coefficient, not the sizes.
