@@ -7,7 +7,7 @@ with the advantage standardised over all G' rewards (Eq. 5). The paper fills the
 finished run's samples; this store fills it online, from this run's own verified successes (the form the
 paper's Figure 2 draws with the pool beside the loop, and the issue's second form):
 
-* `store` keeps every fresh response whose reward reaches the task's correct reward (`Task.correct_reward`),
+* `store` keeps every fresh response whose reward is the task's correct reward (`Task.correct_reward`),
   as sampled (the paper's pool keeps each verified-correct sample of 64; it says nothing of duplicates), the
   newest `per_prompt` of a prompt and the newest `capacity` in all. An appended success is not stored again.
 * `compose` appends, to each fresh group whose prompt has at least max(M, min_successes) stored successes,
@@ -15,8 +15,11 @@ paper's Figure 2 draws with the pool beside the loop, and the issue's second for
   each load; the paper's pool admits a question with at least 2 successes, section 4.2). A group whose
   prompt has too few keeps its G responses: groups of G and of G + M then share a batch, and each group's
   advantages come from its own rewards (`src.loss.inputs.RowInputs.of`).
-* A replayed response is trained as a fresh one: the authors' trainer recomputes the old log-probs of the
-  whole G' with the current actor, so no importance weight corrects towards the pool's policy. Where the
+* In the batch the grown group is one fresh entry for its G rows and one replayed entry a success (its age
+  the steps since it was sampled), so the fresh and replay splits of the metrics stay apart; the advantage
+  of every row comes from the group's G + M rewards. A replayed success is weighted as a fresh response:
+  the authors' trainer recomputes log pi_theta_old of the whole G' with the current actor, so no
+  importance weight corrects towards the pool's policy (its log mu is left unset: mu = pi_theta now). Where the
   fresh rows carry a stale behaviour's log mu (behaviour=stale), the replayed rows get the current policy's
   (`measure`), which is what the trainer computes for fresh rows otherwise.
 * The stored reward is reused: the verifier is deterministic, so re-scoring (as the authors' code does) would
@@ -112,10 +115,14 @@ class RlepPool(ReplayStore):
             if len(pooled) < max(self.replays, self.min_successes):
                 entries.append(entry)
                 continue
-            drawn = self._rng.sample(pooled, self.replays)
+            drawn, size = self._rng.sample(pooled, self.replays), entry.group.size
             grown = self._appended(entry.group, drawn, measure)
-            self._grown[(grown.step, grown.prompt_ids, grown.response_ids)] = entry.group.size
-            entries.append(dataclasses.replace(entry, group=grown))
+            self._grown[(grown.step, grown.prompt_ids, grown.response_ids)] = size
+            # One group, so one baseline over G + M (Eq. 5); its appended rows are replayed rows of their own age,
+            # right after the fresh ones (a store keeps the group's rows in that order).
+            entries.append(dataclasses.replace(entry, group=grown, responses=tuple(range(size))))
+            entries += [BatchGroup(grown, "replay", step - success.step, (size + i,))
+                        for i, success in enumerate(drawn)]
             self._merged_now += 1
         self.merged_groups += self._merged_now
         return Batch(entries + replayed)
@@ -139,7 +146,7 @@ class RlepPool(ReplayStore):
         for group in groups:
             fresh = self._grown.get((group.step, group.prompt_ids, group.response_ids), group.size)
             for response, ids, reward in list(zip(group.responses, group.response_ids, group.rewards))[:fresh]:
-                if reward >= self.correct_reward:
+                if reward == self.correct_reward:  # the task's correct answer (`Task.correct_reward`)
                     self._add(tuple(group.prompt_ids), Success(response, tuple(ids), float(reward), group.step))
 
     def _add(self, prompt: tuple[int, ...], success: Success) -> None:

@@ -37,6 +37,8 @@ def test_rlep_appends_earlier_successes_to_fresh_groups_on_the_tiny_math_policy(
     assert merged[0] == 0.0 and max(merged[1:]) > 0.0, merged
     for step in steps:
         assert step["rlep/replayed_rollouts"] == 2 * step["rlep/merged_groups"] and math.isfinite(step["train/loss"])
+        if step["rlep/merged_groups"]:  # the appended rows are the replay split: verified successes only
+            assert step["train/correct_fraction/replay"] == 1.0 and step["train/reward/replay"] == 1.0
     assert [step["budget/fresh_evaluations"] for step in steps] == [8.0, 16.0, 24.0]
     tokens = [(step["budget/generated_tokens"], step["budget/trained_tokens"]) for step in steps]
     assert tokens[0][0] == tokens[0][1] and tokens[-1][1] > tokens[-1][0], tokens

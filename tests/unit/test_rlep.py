@@ -35,6 +35,11 @@ def test_the_advantage_of_a_group_and_its_appended_successes_is_over_all_g_plus_
     grown = batch.groups[0]
     assert grown.rewards == (0.0, 0.0, 1.0, 0.0, 1.0, 1.0)
     assert sorted(grown.response_ids[4:]) == [(20,), (21,)]  # the two successes, not the failure
+    # One fresh entry for the G rows, one replayed entry (age 1) a success, all of the one grown group.
+    assert [(e.source, e.age, e.trained) for e in batch.entries] == [("fresh", 0, (0, 1, 2, 3)), ("replay", 1, (4,)),
+                                                                       ("replay", 1, (5,))]
+    assert all(e.group is grown for e in batch.entries) and batch.rows == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 4),
+                                                                           (2, 5)]
     rows = RowInputs.of(batch, group_normalised_advantages, Needs())
     a = 0.5 / math.sqrt(6 * 0.25 / 5)
     assert a == pytest.approx(0.9129, abs=1e-4)
@@ -59,15 +64,19 @@ def test_a_prompt_is_appended_to_only_with_enough_earlier_successes():
     assert [g.size for g in pool.compose(fresh_entries(fresh), [], 1, not_measured).groups] == [2, 2, 2]
     pool.store([group([1.0, 0.0], step=1, first=22)], step=1)  # the third success of prompt (3, 4)
     assert pool.compose(fresh_entries(fresh), [], 1, not_measured).groups[0].size == 2  # sampled at step 1
-    assert [g.size for g in pool.compose(fresh_entries(fresh), [], 2, not_measured).groups] == [4, 2, 2]
+    composed = pool.compose(fresh_entries(fresh), [], 2, not_measured)
+    assert [(e.source, e.group.size, e.trained) for e in composed.entries] == [
+        ("fresh", 4, (0, 1)), ("replay", 4, (2,)), ("replay", 4, (3,)), ("fresh", 2, (0, 1)), ("fresh", 2, (0, 1))]
     assert pool.metrics(2)["rlep/merged_groups"] == 1.0 and pool.metrics(2)["rlep/replayed_rollouts"] == 2.0
 
 
 def test_the_pool_keeps_fresh_successes_only_and_drops_the_oldest_over_its_bounds():
     pool = RlepPool(replays=2, per_prompt=3, capacity=4, correct_reward=1.0, seed=0)
     pool.store([group([1.0, 0.5, 1.0], step=0, first=20)], step=0)  # 0.5 is below the task's correct reward
-    batch = pool.compose(fresh_entries([group([1.0, 0.0], step=1, first=40)]), [], 1, not_measured)
-    pool.store(batch.groups, step=1)  # the appended (20,) and (22,) are in the pool already: only (40,) is new
+    fresh = group([1.0, 0.0], step=1, first=40)
+    batch = pool.compose(fresh_entries([fresh]), [], 1, not_measured)
+    # As the step stores it: the grown group once. (20,) and (22,) are in the pool already: only (40,) is new.
+    pool.store(batch.fresh_to_store([fresh], lambda grown, row: grown), step=1)
     assert [s.response_ids for s in pool.successes((3, 4), 2)] == [(20,), (22,), (40,)]
     pool.store([group([1.0, 1.0], step=2, first=50)], step=2)  # 3 a prompt: (20,) and (22,) go
     assert [s.response_ids for s in pool.successes((3, 4), 3)] == [(40,), (50,), (51,)]
@@ -88,8 +97,9 @@ def test_appended_rows_of_a_stale_sampler_get_the_current_policys_log_mu():
         return [g.with_behaviour_logprobs([-9.0] * g.size, tokens=[[-9.0]] * g.size) for g in groups]
 
     stale = group([0.0, 1.0], 1, logprobs=[-1.0, -2.0])
-    grown = pool.compose(fresh_entries([stale], off_policy=True), [], 1, measure).entries[0]
-    assert grown.off_policy and grown.group.behaviour_logprobs == (-1.0, -2.0, -9.0, -9.0)
+    fresh, *appended = pool.compose(fresh_entries([stale], off_policy=True), [], 1, measure).entries
+    assert fresh.off_policy and fresh.group.behaviour_logprobs == (-1.0, -2.0, -9.0, -9.0)
+    assert [(e.source, e.off_policy, e.trained) for e in appended] == [("replay", False, (2,)), ("replay", False, (3,))]
     assert [g.size for g in measured] == [4]
 
 
