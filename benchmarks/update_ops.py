@@ -1,4 +1,4 @@
-"""Operator counts of one policy update, the trainer's against a plain reference loop (issue 51).
+"""Operator counts of one policy update, the trainer's against a plain reference loop.
 
     python -m benchmarks.update_ops                                # CPU, float32, a tiny Qwen2-shaped model
     python -m benchmarks.update_ops --dtype bfloat16               # fp32 weights + bf16 compute, as hardware=h100
@@ -20,7 +20,7 @@ update is profiled (torch.profiler) after a warm-up update, and the table counts
 - casts: `aten::_to_copy` + `aten::copy_` + `aten::_foreach_copy_` (one call each);
 - ops: every `aten::` operator call.
 
-Targets (issue 51, against the plain loop): syncs <= optimizer steps + 2; casts and ops each within 1.5x.
+Targets (against the plain loop): syncs <= optimizer steps + 2; casts and ops each within 1.5x.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def table(ours: dict, reference: dict) -> list[str]:
 
 
 def targets(ours: dict, reference: dict, optimizer_steps: int) -> dict[str, bool]:
-    """Issue 51's targets: syncs <= optimizer steps + 2, casts and ops within 1.5x of the plain loop's."""
+    """The targets: syncs <= optimizer steps + 2, casts and ops within 1.5x of the plain loop's."""
     return {"syncs": ours["syncs"] <= optimizer_steps + EXTRA_SYNCS,
             "casts": ours["casts"] <= TARGET_RATIO * reference["casts"],
             "ops": ours["ops"] <= TARGET_RATIO * reference["ops"]}

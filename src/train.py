@@ -155,7 +155,8 @@ def learn(parts: Components, state: TrainState, collection: StepBatch) -> tuple[
         trained_tokens=sum(int(done.token_counts.sum()) for done in updates),
         groups_trained=len(batch),
         effective_groups_trained=sum(is_effective(group) for group in batch.groups))
-    metrics = {**step_metrics(batch, update, parts.objective.weight_ceiling, collected.generated),
+    metrics = {**step_metrics(batch, update, parts.objective.weight_ceiling, collected.generated,
+                              parts.task.correct_reward),
                **collected.metrics, **parts.behaviour.metrics(collected, batch, update),
                **parts.sampler.metrics(), **parts.store.metrics(step),
                **batch_metrics(state.counted(counts), collected, batch, collection.gap_fill),
@@ -206,12 +207,13 @@ def batch_metrics(state: TrainState, collected: FreshGroups, batch: Batch, gap_f
     }
 
 
-def step_metrics(batch: Batch, update: UpdateResult | None, weight_ceiling: float,
-                 generated: list[Group]) -> dict[str, float]:
-    """SPEC 6 per-step diagnostics, overall and split by source (fresh/replay) and by age bucket."""
+def step_metrics(batch: Batch, update: UpdateResult | None, weight_ceiling: float, generated: list[Group],
+                 correct_reward: float) -> dict[str, float]:
+    """SPEC 6 per-step diagnostics, overall and split by source (fresh/replay) and by age bucket; a reward is
+    correct when it equals the task's `correct_reward`."""
     if update is None:  # nothing trained this step: the sampled rewards still show where the policy is
         rewards = torch.tensor([r for group in generated for r in group.rewards])
-        return {"train/reward": rewards.mean().item(), "train/correct_fraction": (rewards == 1.0).float().mean().item()}
+        return {"train/reward": rewards.mean().item(), "train/correct_fraction": (rewards == correct_reward).float().mean().item()}
     groups = batch.groups
     rewards = torch.tensor([groups[g].rewards[j] for g, j in batch.rows])
     response_ages = torch.tensor(batch.row_ages())
@@ -227,7 +229,7 @@ def step_metrics(batch: Batch, update: UpdateResult | None, weight_ceiling: floa
         raw, clipped = update.weights_of(selected)
         metrics.update({
             f"train/reward{suffix}": rewards[selected].mean().item(),
-            f"train/correct_fraction{suffix}": (rewards[selected] == 1.0).float().mean().item(),
+            f"train/correct_fraction{suffix}": (rewards[selected] == correct_reward).float().mean().item(),
             f"train/kl_per_token{suffix}": (update.kl_sums[selected].sum() / update.token_counts[selected].sum()).item(),
             f"weights/raw_mean{suffix}": raw.mean().item(),
             f"weights/raw_max{suffix}": raw.max().item(),

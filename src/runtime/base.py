@@ -75,6 +75,12 @@ class Runtime(Variant, ABC):
         return run.hardware.device
 
     @classmethod
+    def gpus_needed(cls, node, ranks: int, device: str) -> int:
+        """The GPUs a cell occupies on `device` with `ranks` trainer ranks: one a rank, unless the runtime places
+        more on GPUs of their own."""
+        return ranks
+
+    @classmethod
     def processes(cls, node, ranks: int | None) -> int:
         """How many processes run the cell for `hardware.ranks=ranks`."""
         return int(ranks or 1) if cls.ranks_run_the_loop else 1

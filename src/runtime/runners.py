@@ -127,6 +127,14 @@ class AsyncRuntime(Runtime):
 
     step_replays = False  # the buffer option's rollout queue replays; the trainer's step keeps nothing
 
+    @classmethod
+    def gpus_needed(cls, node, ranks: int, device: str) -> int:
+        """The workers' Ray GPU slots come first (`worker_gpus`), the trainer's ranks after them."""
+        if not device.startswith("cuda"):
+            return ranks
+        index = device.partition(":")[2]
+        return (int(index) if index else math.ceil(node.workers * node.gpus_per_worker - 1e-9)) + ranks
+
     knobs = {"workers": int_knob(1, 1_024, "2"), "trainers": int_knob(1, 1_024, "1"),
              "batch_rollouts": int_knob(1, 100_000_000, "60 or null", nullable=True),
              "sync_every": int_knob(1, 100_000, "1"), "mu": float_knob(0, 1e6, "5.28", low_open=True),

@@ -16,6 +16,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from src.paths import PROJECT_ROOT
+from src.variant import described
 
 SLURM_COMMANDS = ("sbatch", "srun")  # submitit submits with sbatch and starts each task with srun
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results"
@@ -164,8 +165,8 @@ def engine_share(cfg: DictConfig):
     transformers engine samples with the trainer's own weights, and runtime=async's engines sit on the workers' GPUs."""
     from src.distributed.memory import EngineShare
 
-    synchronous = str(cfg.runtime.get("_target_", "")).endswith("SyncRuntime")
-    if cfg.policy.engine != "vllm" or not synchronous or not str(cfg.hardware.device).startswith("cuda"):
+    beside = described(cfg.runtime).ranks_run_the_loop  # each rank's loop samples with its own engine
+    if cfg.policy.engine != "vllm" or not beside or not str(cfg.hardware.device).startswith("cuda"):
         return None
     return EngineShare(float(cfg.policy.vllm.gpu_memory_utilization), bool(cfg.policy.vllm.get("sleep", False)),
                        int(cfg.policy.vllm.get("tensor_parallel_size", 1)), bool(cfg.policy.vllm.get("enforce_eager")))
@@ -174,11 +175,7 @@ def engine_share(cfg: DictConfig):
 def gpus_needed(cfg: DictConfig) -> int:
     """The GPUs a cell occupies: one a rank, and under runtime=async its workers' Ray slots before the trainer's."""
     ranks = int(cfg.hardware.get("ranks", 1) or 1)
-    if str(cfg.runtime.get("_target_", "")).endswith("SyncRuntime") or not str(cfg.hardware.device).startswith("cuda"):
-        return ranks
-    index = str(cfg.hardware.device).partition(":")[2]
-    first = int(index) if index else math.ceil(cfg.runtime.workers * cfg.runtime.gpus_per_worker - 1e-9)
-    return first + ranks
+    return described(cfg.runtime).gpus_needed(cfg.runtime, ranks, str(cfg.hardware.device))
 
 
 def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str | None:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
+from src.variant import described
+
 # The keys that set what a step and an evaluation cost; seed, buffer, clip, loss and curriculum do not change
 # the shape of the work (a replay cell generates less: see the module's docstring).
 SHAPE = ("policy.name_or_path", "policy.engine", "policy.max_new_tokens", "policy.generation_batch_size",
@@ -180,7 +182,7 @@ def probe_refusal(cfg: DictConfig) -> str | None:
     device = str(cfg.hardware.device)
     if int(cfg.hardware.ranks) != 1:
         return "a probe times one-process cells only (hardware.ranks > 1)"
-    if not str(cfg.runtime.get("_target_", "")).endswith("SyncRuntime"):
+    if not described(cfg.runtime).ranks_run_the_loop:  # its steps run in this process, which the probe times
         return f"a probe times the synchronous runtime only (runtime={cfg.runtime.name})"
     if cfg.policy.engine != "hf":
         return f"a probe times the transformers engine only (policy.engine={cfg.policy.engine})"

@@ -1,4 +1,4 @@
-"""A researcher's first hour, second pass (issue 54): what a new user types on a fresh clone, as typed.
+"""A researcher's first hour, second pass: what a new user types on a fresh clone, as typed.
 
 Previews that preview (`make ... DRY_RUN=1`), a study without `-m`, a base config, Hydra's own errors (a lexer
 error, a group without `+`, a key given twice, another trainer's key names) and a missing policy, store or sweep

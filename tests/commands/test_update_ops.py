@@ -1,4 +1,4 @@
-"""The update shaped for the card (issue 51): no host sync in the micro-batch loop, bf16 compute weights cast once
+"""The update shaped for the card: no host sync in the micro-batch loop, bf16 compute weights cast once
 per update with fp32 master weights, the fused head in the compiled region, and the counts of
 `benchmarks.update_ops` against the plain reference loop."""
 
@@ -23,7 +23,7 @@ needs_reference = pytest.mark.skipif(not update_ops.REFERENCE_PATH.is_file(),
 @needs_reference
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_update_has_no_host_sync_and_the_plain_loops_casts_and_ops(dtype):
-    """Issue 51's targets at a tiny size: no `.item()` and no boolean-mask indexing outside the optimizer step
+    """The update's targets at a tiny size: no `.item()` and no boolean-mask indexing outside the optimizer step
     (the plain loop has none either), casts and aten ops within 1.5x of the plain loop's."""
     result = update_ops.measure(update_ops.parse([*TINY, "--dtype", dtype]))
     ours, reference = result["ours"], result["reference"]

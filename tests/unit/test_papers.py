@@ -1,4 +1,4 @@
-"""Every citation resolves inside the repository (issue 42, point 6).
+"""Every citation resolves inside the repository.
 
 The code, the YAML and the docs cite the five papers ("seed 001 eq. 2", "seed 004 app. B.3") and the
 method contract ("SPEC 11"). Their texts are not shipped with the repository: docs/papers.md is where

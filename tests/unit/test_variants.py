@@ -162,7 +162,7 @@ def test_grpo_weight_diagnostics_are_per_token_where_the_cap_acts(random_policy_
         stored = replay.with_behaviour_logprobs([sum(row) for row in mu], tokens=mu)
         batch = Batch([BatchGroup(fresh), BatchGroup(stored, "replay", 1)])
         update = parts.trainer.update(parts.policy, parts.reference, parts.optimizer, batch)
-        metrics = step_metrics(batch, update, parts.objective.weight_ceiling, [])
+        metrics = step_metrics(batch, update, parts.objective.weight_ceiling, [], parts.task.correct_reward)
         assert metrics["weights/clip_fraction"] == capped
         assert metrics["weights/raw_mean/replay"] == pytest.approx(ratio, rel=1e-4)
         assert metrics["weights/clipped_max/replay"] == pytest.approx(min(ratio, 2.0), rel=1e-4)
