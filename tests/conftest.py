@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -167,6 +168,30 @@ def worker_group(item: pytest.Item) -> str | None:
     values = [f"{name}={item.callspec.params[name]}" for name, fixture in shared
               if getattr(fixture, "params", None) and name in getattr(getattr(item, "callspec", None), "params", {})]
     return f"{module}::{','.join(values)}" if values else module
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of every child it has waited for (a command a test ran, and what that
+    command waited for), user and system."""
+    return sum(usage.ru_utime + usage.ru_stime
+               for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+
+
+CPU_STARTED = pytest.StashKey[float]()
+
+
+def pytest_runtest_setup(item):
+    item.stash[CPU_STARTED] = cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's CPU-seconds (setup to teardown, the commands it waited for included) as the `cpu_seconds`
+    property of its JUnit record: `python -m tests.durations` ranks by them beside the wall seconds. Processes
+    nothing waits for (Ray's actors, a server left to its own group) are not counted."""
+    if call.when == "teardown" and CPU_STARTED in item.stash:
+        item.user_properties.append(("cpu_seconds", round(cpu_seconds() - item.stash[CPU_STARTED], 2)))
+    yield
 
 
 TIERS = ("unit", "e2e", "commands")  # tests/<tier>/: each test carries its folder's marker

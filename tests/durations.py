@@ -31,8 +31,9 @@ def read_cases(report: Path) -> list[dict]:
         path = module.replace(".", "/") + ".py"
         outcome = "skipped" if case.find("skipped") is not None else (
             "failed" if case.find("failure") is not None or case.find("error") is not None else "passed")
+        cpu = [float(prop.get("value", "nan")) for prop in case.iter("property") if prop.get("name") == "cpu_seconds"]
         cases.append({"id": f"{path}::{name}", "file": path, "name": name, "seconds": float(case.get("time", 0)),
-                      "outcome": outcome})
+                      "cpu": cpu[0] if cpu else None, "outcome": outcome})
     return cases
 
 
@@ -51,19 +52,28 @@ def docstring_line(path: str, name: str) -> str:
     return function.removeprefix("test_").replace("_", " ")
 
 
+def cpu_text(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds:.0f}"
+
+
 def table(cases: list[dict], top: int) -> str:
-    rows = ["| # | seconds | test | what it checks |", "|---:|---:|---|---|"]
+    """The `top` slowest tests by wall seconds, each with its CPU-seconds (tests/conftest.py records them: the
+    test's process and the commands it waited for; blank in a report written without them)."""
+    rows = ["| # | seconds | CPU-s | test | what it checks |", "|---:|---:|---:|---|---|"]
     for rank, case in enumerate(sorted(cases, key=lambda c: -c["seconds"])[:top], 1):
         what = docstring_line(case["file"], case["name"]).replace("|", "\\|")
-        rows.append(f"| {rank} | {case['seconds']:.1f} | `{case['id']}` | {what} |")
+        rows.append(f"| {rank} | {case['seconds']:.1f} | {cpu_text(case.get('cpu'))} | `{case['id']}` | {what} |")
     return "\n".join(rows)
 
 
-def per_file(cases: list[dict]) -> dict[str, float]:
+def per_file(cases: list[dict]) -> dict[str, tuple[float, float | None]]:
+    """Each file's wall seconds and CPU-seconds (None where a report has no CPU figures), slowest first."""
     seconds: dict[str, float] = defaultdict(float)
+    cpu: dict[str, float | None] = defaultdict(float)
     for case in cases:
         seconds[case["file"]] += case["seconds"]
-    return {path: round(total, 1) for path, total in sorted(seconds.items(), key=lambda item: -item[1])}
+        cpu[case["file"]] = None if cpu[case["file"]] is None or case.get("cpu") is None else cpu[case["file"]] + case["cpu"]
+    return {path: (round(total, 1), cpu[path]) for path, total in sorted(seconds.items(), key=lambda item: -item[1])}
 
 
 def record(cases: list[dict], floor: float = RECORD_FLOOR) -> dict[str, float]:
@@ -87,14 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     for report in args.reports:
         found = read_cases(report)
-        print(f"{report.name}: {len(found)} tests, {sum(c['seconds'] for c in found) / 60:.1f} min of test time "
-              f"({sum(c['outcome'] == 'failed' for c in found)} failed)")
+        cpu = [c["cpu"] for c in found if c.get("cpu") is not None]
+        print(f"{report.name}: {len(found)} tests, {sum(c['seconds'] for c in found) / 60:.1f} min of test time"
+              + (f", {sum(cpu) / 60:.1f} CPU-min" if cpu else "")
+              + f" ({sum(c['outcome'] == 'failed' for c in found)} failed)")
         cases += found
     print()
     print(table(cases, args.top))
-    print("\n| file | seconds |\n|---|---:|")
-    for path, seconds in list(per_file(cases).items())[:args.top]:
-        print(f"| `{path}` | {seconds:.0f} |")
+    print("\n| file | seconds | CPU-s |\n|---|---:|---:|")
+    for path, (seconds, cpu) in list(per_file(cases).items())[:args.top]:
+        print(f"| `{path}` | {seconds:.0f} | {cpu_text(cpu)} |")
     if args.write:
         args.write.write_text(json.dumps(record(cases), indent=0) + "\n")
         print(f"\neach test's seconds (those over {RECORD_FLOOR} s): {args.write}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -115,3 +116,29 @@ def test_async_vs_sync_overlap_is_the_share_of_the_shorter_role_hidden():
     # 40 rollouts at 4/s: 10 s of wall; 2 workers idle a quarter of it: 15 busy seconds
     metrics = {"runtime/generated_rollouts": 40.0, "time/rollouts_per_s": 4.0, "time/idle_workers": 0.25}
     assert workers_busy(metrics, 2) == pytest.approx(15.0)
+
+
+def test_async_vs_sync_summary_takes_each_runtimes_median_and_range_over_rounds():
+    """Rounds of every runtime in turn (--repeats): the table gives each runtime's median over rounds, the range
+    of its ratio to sync and of the share it hid, and how many rounds it read. The command's own test runs one."""
+    import argparse
+
+    from rich.console import Console
+
+    from benchmarks.async_vs_sync import gains, summary
+
+    args = argparse.Namespace(groups=2, group_size=2, steps=4, lifo_batches=2)
+    phases = {"train": 4.0, "generate": 2.0}  # 1.0 s and 0.5 s a step: fully overlapped, 1.5x the sync rate
+    rounds = []
+    for sync_s, lifo_s, hidden in ((6.0, 5.0, 0.2), (6.0, 4.0, 0.6), (6.0, 4.5, 0.5)):
+        rows = {"sync, 1 thread": (sync_s, 4, 16), "async lifo, W=1 T=1 free": (lifo_s, 4, 16)}
+        rounds.append((rows, gains(rows, phases, 4), {"async lifo, W=1 T=1 free": hidden}))
+    assert rounds[0][1]["ideal"] == pytest.approx(1.5) and rounds[1][1]["async lifo, W=1 T=1 free"] == pytest.approx(1.5)
+    console = Console(record=True, width=200)
+    console.print(summary(args, rounds))
+    text = console.export_text()
+    assert "LIFO of 2 B, median of 3 rounds" in text, text
+    lifo = next(line for line in text.splitlines() if "async lifo" in line)
+    # ratios 1.20, 1.50, 1.33: median 1.33x, range 1.20-1.50x; shares of the 0.5 possible: 40 %, 100 %, 67 %
+    assert re.search(r"1\.33x .*1\.20-1\.50x .*67% .*50% \(20%-60%\)", lifo), lifo
+    assert "the slower synchronous phase alone allows 1.50x (1.50-1.50x)" in text, text

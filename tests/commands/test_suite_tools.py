@@ -24,25 +24,28 @@ def run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def test_python_m_tests_durations_prints_the_slowest_tests_and_records_them(tmp_path):
-    """The slowest tests first with their docstring's first line, the files' totals, and the record of every test
-    over half a second that tests/conftest.py orders the workers' tests by."""
+    """The slowest tests first with their docstring's first line and CPU-seconds where the report has them
+    (tests/conftest.py writes them), the files' totals, and the record of every test over half a second that
+    tests/conftest.py orders the workers' tests by."""
     report = tmp_path / "venv.xml"
     this = "test_python_m_tests_durations_prints_the_slowest_tests_and_records_them"
     report.write_text(
         '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
         f'<testcase classname="tests.commands.test_suite_tools" name="{this}" time="0.7"/>'
-        '<testcase classname="tests.unit.test_countdown" name="test_slow_one[a]" time="12.5"/>'
+        '<testcase classname="tests.unit.test_countdown" name="test_slow_one[a]" time="12.5">'
+        '<properties><property name="cpu_seconds" value="20.4"/></properties></testcase>'
         '<testcase classname="tests.unit.test_countdown" name="test_quick" time="0.2"><skipped/></testcase>'
         '<testcase classname="tests.unit.test_buffer" name="test_broken" time="3.0"><failure message="x"/></testcase>'
         "</testsuite></testsuites>")
     record = tmp_path / "durations.json"
     done = run("-m", "tests.durations", "--top", "2", "--write", str(record), str(report))
     assert done.returncode == 0, done.stderr
-    assert "venv.xml: 4 tests, 0.3 min of test time (1 failed)" in done.stdout
+    assert "venv.xml: 4 tests, 0.3 min of test time, 0.3 CPU-min (1 failed)" in done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
-    assert rows[0].startswith("| 1 | 12.5 | `tests/unit/test_countdown.py::test_slow_one[a]` | slow one |"), rows
-    assert rows[1].startswith("| 2 | 3.0 | `tests/unit/test_buffer.py::test_broken` |"), rows
-    assert "| `tests/unit/test_countdown.py` | 13 |" in done.stdout  # the file's total, skipped test included
+    assert rows[0].startswith("| 1 | 12.5 | 20 | `tests/unit/test_countdown.py::test_slow_one[a]` | slow one |"), rows
+    assert rows[1].startswith("| 2 | 3.0 |  | `tests/unit/test_buffer.py::test_broken` |"), rows
+    # The file's total, skipped test included; its CPU is blank, since one of its tests has no figure.
+    assert "| `tests/unit/test_countdown.py` | 13 |  |" in done.stdout
     assert json.loads(record.read_text()) == {"tests/unit/test_countdown.py::test_slow_one[a]": 12.5,
                                               "tests/unit/test_buffer.py::test_broken": 3.0,
                                               f"tests/commands/test_suite_tools.py::{this}": 0.7}
