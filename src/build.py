@@ -71,8 +71,8 @@ def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, e
         compile_layers(policy)
         compile_layers(reference)
     return Components(policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
-                      optimizer=build_optimizer(policy, trainer), store=build_store(run, task),
-                      objective=learner.objective, trainer=learner, sampling=sampling, sampler=sampler,
+                      optimizer=build_optimizer(policy, trainer), buffer=build_store(run, task),
+                      loss=learner.objective, trainer=learner, sampling=sampling, curriculum=sampler,
                       behaviour=behaviour, forward=forward, groups_per_step=trainer.groups_per_step, task=task)
 
 

@@ -25,11 +25,11 @@ class Components:
     tokenizer: object
     engine: RolloutEngine
     optimizer: torch.optim.Optimizer
-    store: ReplayStore                     # buffer group
-    objective: Objective                   # loss group: the loss of a micro-batch
+    buffer: ReplayStore                    # buffer group: the replay store
+    loss: Objective                        # loss group: the loss of a micro-batch
     trainer: Trainer                       # trainer group: the update that runs it (over ranks: its data-parallel twin)
     sampling: StandardSampling              # the sampling group, with the behaviour policy
-    sampler: object                        # curriculum group: PromptSampler or CurriculumSampler
+    curriculum: object                     # curriculum group: PromptSampler or CurriculumSampler
     behaviour: object                      # behaviour group: CurrentBehaviour or BehaviourPolicy
     forward: Forward
     groups_per_step: int                   # B

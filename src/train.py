@@ -99,12 +99,12 @@ def collect(parts: Components, step: int) -> StepBatch:
     """
     clock = Clock()
     # 1. Plan: B_fresh = round(B / (1 + rho)), B_replay = B - B_fresh.
-    planned_fresh, planned_replay = plan_batch(parts.groups_per_step, parts.store.ratio)
+    planned_fresh, planned_replay = plan_batch(parts.groups_per_step, parts.buffer.ratio)
 
     # 2. Draw replayed groups (ageL: age in [1, L], uniform without replacement). Drawn before
     #    generating, so fresh and gap-fill groups share one generate call: the draw cannot depend on
     #    this step's fresh groups, which the store only sees after the update.
-    replayed = parts.store.draw(planned_replay, step)
+    replayed = parts.buffer.draw(planned_replay, step)
     gap_fill = planned_replay - int(whole_groups(replayed))  # too few eligible (e.g. step 0): fill with fresh
     clock.lap("replay_draw")
 
@@ -114,7 +114,7 @@ def collect(parts: Components, step: int) -> StepBatch:
     clock.lap("collect")
 
     # 4. Compose the batch: fresh groups first, then replayed ones (POPO drops and refills here).
-    batch = parts.store.compose(fresh_entries(collected.fresh, collected.off_policy), replayed, step,
+    batch = parts.buffer.compose(fresh_entries(collected.fresh, collected.off_policy), replayed, step,
                                 measure=parts.measure_behaviour)
     clock.lap("compose")
     return StepBatch(step, batch, collected, gap_fill, clock.laps)
@@ -133,7 +133,7 @@ def learn(parts: Components, state: TrainState, collection: StepBatch) -> tuple[
     updates = [update] if update else []
     collection.update = update
     updates += [parts.trainer.update(parts.policy, parts.reference, parts.optimizer, extra)
-                for extra in parts.store.extra_batches(step)]
+                for extra in parts.buffer.extra_batches(step)]
     parts.optimizer.zero_grad(set_to_none=True)  # their memory back before a sleeping vLLM engine wakes
     clock.lap("train")
     parts.engine.sync_weights(parts.policy)  # vLLM: the updated weights into its own copy (HF: nothing to do)
@@ -142,7 +142,7 @@ def learn(parts: Components, state: TrainState, collection: StepBatch) -> tuple[
     # 6. Store the fresh groups with log mu and log pi_ref from this step's forward pass (so they
     #    cannot be replayed at the step that sampled them); the store drops what it can no longer draw.
     if update is not None:
-        parts.store.store(batch.fresh_to_store(collected.fresh, update.stored), step)
+        parts.buffer.store(batch.fresh_to_store(collected.fresh, update.stored), step)
     clock.lap("buffer_update")
 
     # 7. Bookkeeping (SPEC 6): budget in verifier calls, optimizer steps and tokens (seed 001's compute).
@@ -155,10 +155,10 @@ def learn(parts: Components, state: TrainState, collection: StepBatch) -> tuple[
         trained_tokens=sum(int(done.token_counts.sum()) for done in updates),
         groups_trained=len(batch),
         effective_groups_trained=sum(is_effective(group) for group in batch.groups))
-    metrics = {**step_metrics(batch, update, parts.objective.weight_ceiling, collected.generated,
+    metrics = {**step_metrics(batch, update, parts.loss.weight_ceiling, collected.generated,
                               parts.task.correct_reward),
                **collected.metrics, **parts.behaviour.metrics(collected, batch, update),
-               **parts.sampler.metrics(), **parts.store.metrics(step),
+               **parts.curriculum.metrics(), **parts.buffer.metrics(step),
                **batch_metrics(state.counted(counts), collected, batch, collection.gap_fill),
                **clock.metrics(collection.laps, collected)}
     return metrics, counts

@@ -48,8 +48,8 @@ def save_checkpoint(path: Path, parts: Components, state: TrainState, run_id: st
         "policy": None if shards else parts.policy.state_dict(),
         "optimizer": None if shards else parts.optimizer.state_dict(),
         "shards": str(shards.relative_to(path.parent)) if shards else None,
-        "buffer": parts.store.state_dict(),
-        "sampler": parts.sampler.state_dict(),
+        "buffer": parts.buffer.state_dict(),
+        "sampler": parts.curriculum.state_dict(),
         "behaviour": parts.behaviour.state_dict(),
         "runtime": runtime,
         "torch_rng": torch.get_rng_state(),
@@ -159,8 +159,8 @@ def restore_checkpoint(payload: dict, parts: Components, sharded: bool = False) 
     else:
         parts.policy.load_state_dict(payload["policy"])
         parts.optimizer.load_state_dict(payload["optimizer"])
-    parts.store.load_state_dict(payload["buffer"])
-    parts.sampler.load_state_dict(payload["sampler"])
+    parts.buffer.load_state_dict(payload["buffer"])
+    parts.curriculum.load_state_dict(payload["sampler"])
     parts.behaviour.load_state_dict(payload["behaviour"])
     # The engine was built from the policy's folder before these weights went in: without this the first
     # resumed step would sample from the folder's weights (the vLLM engine keeps its own copy).

@@ -434,7 +434,7 @@ class RayWork:
 
     # ---- workers ----
     def start(self, worker: int, key: int, version: int | None) -> None:
-        instances = self.parts.sampler.sample(self.settings.groups_per_request)
+        instances = self.parts.curriculum.sample(self.settings.groups_per_request)
         published_version, ref = self.published
         if version is not None and published_version != version:
             raise ValueError(f"request {key} wants version {version}, the published weights are {published_version}")
@@ -481,7 +481,7 @@ class RayWork:
                         generated[0].worker, generated[0].request)
         groups = [g.group for g in generated]  # `Stored` but where a resumed lockstep run preloaded them
         instances = [g.instance if isinstance(g, Stored) else self.parts.task.instance_of(g) for g in groups]
-        self.parts.sampler.observe(instances, [g.rewards for g in groups], self.version)
+        self.parts.curriculum.observe(instances, [g.rewards for g in groups], self.version)
         return generated
 
     def _get(self, ref):
@@ -499,7 +499,7 @@ class RayWork:
         self.training = (step, publish, self._send(
             "learn", step, getattr(samples, "ref", samples),
             [g.group.ref if isinstance(g.group, Stored) else g.group for g in arrived], waited,
-            self.parts.sampler.metrics(), dataclasses.replace(self.state, history=[]), publish))
+            self.parts.curriculum.metrics(), dataclasses.replace(self.state, history=[]), publish))
 
     def trained(self) -> tuple[dict[str, float], float | None]:
         """Wait for the update begun: its metrics, and the seconds its publish took (None: none asked)."""

@@ -74,8 +74,8 @@ def test_the_heartbeat_thread_renews_the_file(tmp_path):
 def fake_parts(seed: int):
     torch.manual_seed(seed)
     policy = torch.nn.Linear(3, 2)
-    return SimpleNamespace(policy=policy, optimizer=torch.optim.AdamW(policy.parameters()), store=NoReplay(),
-                           sampler=SimpleNamespace(state_dict=lambda: {"rng": [3, list(range(5)), None]}),
+    return SimpleNamespace(policy=policy, optimizer=torch.optim.AdamW(policy.parameters()), buffer=NoReplay(),
+                           curriculum=SimpleNamespace(state_dict=lambda: {"rng": [3, list(range(5)), None]}),
                            behaviour=CurrentBehaviour())
 
 

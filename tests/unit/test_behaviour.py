@@ -142,7 +142,7 @@ def test_stale_behaviour_runs_the_step_with_off_policy_fresh_weights(random_poli
     assert all(m["weights/clipped_max/fresh"] <= cfg.behaviour.is_max + 1e-6 for m in metrics[1:])
     assert "behaviour/truncated_fraction" in metrics[1] and "time/behaviour_logprobs" in metrics[1]
     # Stored groups keep the stale sampler's log mu, not the log pi the update saw.
-    stored = [g for g in parts.store.groups if g.step == 2]
+    stored = [g for g in parts.buffer.groups if g.step == 2]
     assert stored and all(g.behaviour_token_logprobs is not None for g in stored)
     assert state.fresh_evaluations == 4 * 2 + 2 * 2 * 2  # B=4 at step 0, then B_fresh=2, K=2
 

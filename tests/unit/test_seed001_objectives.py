@@ -39,7 +39,7 @@ def test_asymre_shifts_the_group_mean_baseline_and_ignores_importance_ratios(com
     train_set, _ = countdown.train_and_heldout(cfg.task)
     parts = build_components(RunSettings(cfg), train_set)
     rewards = torch.tensor([[1.0, 0.0, 0.1, 0.1]])
-    assert parts.objective.advantages(rewards)[0].tolist() == pytest.approx([0.8, -0.2, -0.1, -0.1])
+    assert parts.loss.advantages(rewards)[0].tolist() == pytest.approx([0.8, -0.2, -0.1, -0.1])
     fresh = collect(parts, 0).batch.groups
     stale = [g.with_behaviour_logprobs([v + 3.0 for v in g.behaviour_logprobs], None, g.behaviour_token_logprobs)
              for g in parts.forward.with_sampled_logprobs(fresh, parts.policy, 1.0)]

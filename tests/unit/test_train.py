@@ -216,8 +216,8 @@ def test_counted_fresh_evaluations_equal_the_planned_budget(random_policy_dir, c
     plan = plan_fresh_evaluations(6, 2, 4, ratio, max(cfg.buffer.max_age, 1))
     assert state.fresh_evaluations == plan.fresh_evaluations
     assert tuple(replayed) == plan.replay_groups_per_step
-    if parts.store is not None:  # every stored group carries mu's log-probs from the trainer's forward
-        assert all(g.behaviour_logprobs is not None for g in parts.store.groups)
+    if parts.buffer is not None:  # every stored group carries mu's log-probs from the trainer's forward
+        assert all(g.behaviour_logprobs is not None for g in parts.buffer.groups)
 
 
 def assert_resumed_like_straight(straight, resumed, keys, stop_at=2):
@@ -240,7 +240,7 @@ def straight_and_resumed(make_parts, policy_dir, cfg, tmp_path, steps=4, stop_at
     payload = read_checkpoint(tmp_path / "checkpoint.pt")  # weights_only=True: every part is plain data
     resumed_state, run_id = restore_checkpoint(payload, resumed_parts), payload["run_id"]
     restored = {"run_id": run_id, "step": resumed_state.step,
-                "buffer_sizes": (len(resumed_parts.store or ()), len(first_parts.store or ()))}
+                "buffer_sizes": (len(resumed_parts.buffer or ()), len(first_parts.buffer or ()))}
     resumed = [train_step(resumed_parts, resumed_state) for _ in range(steps - stop_at)]
     return straight, resumed, restored
 

@@ -162,7 +162,7 @@ def test_grpo_weight_diagnostics_are_per_token_where_the_cap_acts(random_policy_
         stored = replay.with_behaviour_logprobs([sum(row) for row in mu], tokens=mu)
         batch = Batch([BatchGroup(fresh), BatchGroup(stored, "replay", 1)])
         update = parts.trainer.update(parts.policy, parts.reference, parts.optimizer, batch)
-        metrics = step_metrics(batch, update, parts.objective.weight_ceiling, [], parts.task.correct_reward)
+        metrics = step_metrics(batch, update, parts.loss.weight_ceiling, [], parts.task.correct_reward)
         assert metrics["weights/clip_fraction"] == capped
         assert metrics["weights/raw_mean/replay"] == pytest.approx(ratio, rel=1e-4)
         assert metrics["weights/clipped_max/replay"] == pytest.approx(min(ratio, 2.0), rel=1e-4)
@@ -188,8 +188,8 @@ def test_variants_run_the_step_and_count_fresh_evaluations_as_planned(random_pol
     assert [m["budget/gradient_steps"] for m in metrics] == [per_update, 2 * per_update, 3 * per_update]
     if loss == "grpo":
         assert all("grpo/ratio_mean" in m for m in metrics)
-        if parts.store is not None:
-            assert all(g.behaviour_token_logprobs is not None for g in parts.store.groups)
+        if parts.buffer is not None:
+            assert all(g.behaviour_token_logprobs is not None for g in parts.buffer.groups)
     if buffer == "fifo":
         assert metrics[-1]["fifo/age_at_use_mean"] >= 1 and metrics[-1]["fifo/replay_count_max"] >= 1
         assert metrics[-1]["fifo/draws"] == plan.replay_groups_per_step[-1]
@@ -306,7 +306,7 @@ def test_seed_002_aggressive_cell_truncates_replayed_tokens_at_rho_max_2(random_
     tokens = torch.cat([torch.cat(result.token_weights) for result in replay_results])
     raw = torch.cat([torch.cat(result.token_raw_weights) for result in replay_results])
     torch.testing.assert_close(tokens, raw.clamp(max=2.0))
-    assert all(group.behaviour_token_logprobs is not None for group in parts.store.groups)
+    assert all(group.behaviour_token_logprobs is not None for group in parts.buffer.groups)
 
 
 def test_seed_002_replay_cell_plans_table_1s_rollouts(compose_config):
@@ -421,7 +421,7 @@ def test_popo_drops_ineffective_groups_and_refills_from_memory(random_policy_dir
     for _ in range(cfg.trainer.steps):
         metrics.append(train_step(parts, state))
         # The memory holds only effective groups, each with the log-probs a later replay needs.
-        assert all(is_effective(g) and g.behaviour_token_logprobs is not None for g in parts.store.groups)
+        assert all(is_effective(g) and g.behaviour_token_logprobs is not None for g in parts.buffer.groups)
     assert state.fresh_evaluations == 4 * 6 * 2  # every step samples all B groups online, each counted
     for m in metrics:
         online, replayed, dropped = m["popo/online_groups"], m["popo/replayed_groups"], m["popo/dropped_groups"]
@@ -451,7 +451,7 @@ def test_popo_ineff_memory_keeps_every_online_group_with_its_log_mu(random_polic
     validate(cfg)
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     metrics = [train_step(parts, state) for _ in range(cfg.trainer.steps)]
-    stored = parts.store.groups
+    stored = parts.buffer.groups
     assert len(stored) == 6  # capacity B: the last step's six online groups, effective or not
     assert any(not is_effective(g) for g in stored)
     assert all(g.behaviour_logprobs is not None and g.behaviour_token_logprobs is not None for g in stored)

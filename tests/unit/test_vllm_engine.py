@@ -451,7 +451,7 @@ def test_a_restored_checkpoint_reaches_the_engine_before_the_first_resumed_step(
     synced = []
     policy = torch.nn.Linear(2, 2)
     engine = types.SimpleNamespace(sync_weights=lambda model: synced.append(model.weight.detach().clone()))
-    parts = types.SimpleNamespace(policy=policy, optimizer=Part(), store=Part(), sampler=Part(), behaviour=Part(),
+    parts = types.SimpleNamespace(policy=policy, optimizer=Part(), buffer=Part(), curriculum=Part(), behaviour=Part(),
                                   engine=engine)
     saved = {"weight": torch.full((2, 2), 3.0), "bias": torch.zeros(2)}
     payload = {"policy": saved, "optimizer": {}, "buffer": {}, "sampler": {}, "behaviour": {},
