@@ -51,8 +51,9 @@ class Knob:
     # A knob added after cell ids were fixed names the value every earlier cell computed: at it, the knob
     # stays out of the cell id (`src.study.sweep.cell_identity`), so adding a knob keeps every existing id.
     id_omitted_at: tuple = ()
-    # The runtimes under which the knob acts (empty: every one); under another, setting it is refused.
-    runtimes: tuple = ()
+    # The knob sizes the rollout queue a runtime keeps for itself (`Runtime.step_replays` false): under a runtime
+    # whose step replays from the store, setting it is refused.
+    queue_only: bool = False
 
 
 def int_knob(low=-INF, high=INF, example="", **kw) -> Knob:

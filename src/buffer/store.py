@@ -175,8 +175,8 @@ class NoReplay(ReplayStore):
 
     # No age window and no capacity: `buffer=none buffer.max_age=2` is refused as a setting with no effect.
     knobs = {"ratio": ReplayStore.knobs["ratio"],
-             "capacity": int_knob(1, 100_000_000, "1024", runtimes=("async",), why="runtime=async only: the LIFO "
-                                  "queue's bound in rollouts, queued plus in flight (workers wait above it)")}
+             "capacity": int_knob(1, 100_000_000, "1024", queue_only=True, why="the LIFO queue's bound in "
+                                  "rollouts, queued plus in flight (workers wait above it)")}
 
     @classmethod
     def rollout_queue(cls, node, shards: int) -> tuple[type, dict]:

@@ -30,8 +30,6 @@ import math
 from contextlib import contextmanager
 from typing import Iterator
 
-import torch
-
 from src.validate.checks import check_choice, check_int
 from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
                                   PipelineError, PipelineSettings)
@@ -109,7 +107,8 @@ def worker_gpus(workers: int, per_worker: float, device: str) -> int:
         raise ValueError(f"runtime=async with hardware.device={device} and runtime.gpus_per_worker=0: each worker "
                          "needs a GPU of its own; set runtime.gpus_per_worker=1 (hardware=h100x8: W <= 7)")
     needed = math.ceil(workers * per_worker - 1e-9)
-    index = torch.device(device).index
+    written = device.partition(":")[2]  # `cuda:K` names device K; a bare `cuda` none
+    index = int(written) if written else None
     if index is not None and index < needed:  # a bare `cuda` is placed after them (`AsyncRuntime.trainer_device`)
         raise ValueError(f"hardware.device={device} with runtime.workers={workers} x runtime.gpus_per_worker="
                          f"{per_worker:g}: the workers hold cuda:0..{needed - 1}; put the trainer after them "
@@ -320,6 +319,8 @@ class AsyncRuntime(Runtime):
     @contextmanager
     def session(self, context: RunContext) -> Iterator["AsyncSession | SyncSteps"]:
         """A Ray session for the run's remaining trainer steps; none is started when no step remains."""
+        import torch  # here, so that describing the runtime (the config checks) loads no model library
+
         from src.runtime.ray_session import ray_session
 
         if context.state.step >= context.run.trainer.steps:

@@ -290,27 +290,36 @@ def check_unused_settings(cfg: DictConfig, overrides: list[str], choices, descri
         group, name = key.split(".")
         chosen = describe(cfg.get(group)) if group in VARIANT_GROUPS else None
         if chosen is not None and name in chosen.knobs:
-            _check_runtime(word, group, name, chosen.knobs[name], choices)
+            _check_queue_only(word, group, name, chosen.knobs[name], cfg, choices, describe, roots)
         if chosen is None or name in chosen.knobs:
             continue
-        users = _options_declaring(group, name, describe, (CONFIG_DIR, *roots))
+        users = _options_where(group, lambda option: name in option.knobs, describe, (CONFIG_DIR, *roots))
         if users:
             raise SchemaError(f"{word}: {group}={choices.get(group, '?')} has no knob {name} (its knobs: "
                               f"{', '.join(sorted(chosen.knobs)) or 'none'}), so the setting would change nothing; "
                               f"pick a {group} that uses it, e.g. {group}={users[0]}, or drop {key}")
 
 
-def _check_runtime(word: str, group: str, name: str, knob, choices) -> None:
-    """A knob that acts under some runtimes only (`Knob.runtimes`), set under another: it would change nothing."""
-    runtime = choices.get("runtime", "sync")
-    if knob.runtimes and runtime not in knob.runtimes:
-        acting = " or ".join(f"runtime={r}" for r in knob.runtimes)
-        raise SchemaError(f"{word}: {group}={choices.get(group, '?')} reads {name} under {acting} only, so under "
-                          f"runtime={runtime} the setting would change nothing; add {acting}, or drop {group}.{name}")
+def _keeps_its_queue(runtime) -> bool:
+    """Whether a runtime class keeps the replay itself, in the option's rollout queue (`Runtime.step_replays`)."""
+    return getattr(runtime, "step_replays", True) is False
 
 
-def _options_declaring(group: str, name: str, describe, roots) -> list[str]:
-    """The options of `group` (under each config root) whose class declares the knob `name`."""
+def _check_queue_only(word: str, group: str, name: str, knob, cfg, choices, describe, roots) -> None:
+    """A knob that sizes a runtime's own rollout queue (`Knob.queue_only`), set under a runtime whose step replays
+    from the store instead: it would change nothing."""
+    runtime = describe(cfg.get("runtime")) if knob.queue_only else None
+    if runtime is None or _keeps_its_queue(runtime):
+        return
+    acting = " or ".join(f"runtime={option}" for option in
+                         _options_where("runtime", _keeps_its_queue, describe, (CONFIG_DIR, *roots)))
+    raise SchemaError(f"{word}: {group}={choices.get(group, '?')} reads {name} under {acting} only, so under "
+                      f"runtime={choices.get('runtime', '?')} the setting would change nothing; add {acting}, or "
+                      f"drop {group}.{name}")
+
+
+def _options_where(group: str, test, describe, roots) -> list[str]:
+    """The options of `group` (under each config root) whose class passes `test`."""
     found = []
     for root in roots:
         for path in sorted((Path(root) / group).glob("*.yaml")):
@@ -319,7 +328,7 @@ def _options_declaring(group: str, name: str, describe, roots) -> list[str]:
                 described_class = describe({"_target_": target}) if target else None
             except (ImportError, AttributeError):  # an option that cannot be picked: its own check names it
                 continue
-            if described_class is not None and name in described_class.knobs:
+            if described_class is not None and test(described_class):
                 found.append(path.stem)
     return found
 
