@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group, is_effective
-from src.buffer.store import Measure, ReplayStore, age_stand_in, replayed
+from src.buffer.store import Measure, ReplayStore, replayed
 from src.validate.checks import check_choice, check_int
 from src.variant import check_recipe, described, int_knob
 
@@ -213,6 +213,7 @@ class PopoStore(EffectiveGroupMemory):
     """`buffer=popo`: the batch keeps the step's effective online groups and refills from the memory (seed 003)."""
 
     knobs = {**ReplayStore.knobs, "stale_factor": int_knob(1, 1_000, "2", why="n of POPO-stale(n)")}
+    plans_replay = False  # rho = 0: the memory refills the batch, no replay is planned
     STALE = "popo-stale"
 
     @classmethod
@@ -229,14 +230,6 @@ class PopoStore(EffectiveGroupMemory):
     @classmethod
     def check(cls, node, run) -> None:
         check_recipe("buffer", "POPO", "drop-and-refill", node, run)
-
-    @classmethod
-    def plan_window(cls, node, steps: int) -> int | None:
-        return 1  # no planned replay (rho = 0): the budget table's rows at rho > 0 plan the age buffer's, L = 1
-
-    @classmethod
-    def plan_store(cls, node, ratio: float, groups_per_step: int) -> ReplayStore:
-        return age_stand_in(node)
 
     def __init__(self, variant: str = "popo", stale_factor: int = 1, groups_per_step: int = 1, seed: int = 0,
                  name: str = "popo", ratio: float = 0.0, max_age: int = 0, allow_infeasible: bool = False,

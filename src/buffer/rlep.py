@@ -33,7 +33,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from src.batch import Batch, BatchGroup, Group
-from src.buffer.store import Measure, ReplayStore, age_stand_in
+from src.buffer.store import Measure, ReplayStore
 from src.validate.checks import check_int
 from src.variant import int_knob
 
@@ -59,6 +59,7 @@ class RlepPool(ReplayStore):
              "per_prompt": int_knob(1, 100_000, "64", why="successes kept per prompt (RLEP's pool: up to 64)"),
              "capacity": int_knob(1, 100_000_000, "100000", why="successes kept in all, oldest dropped first")}
     cell_tag = "rlep"
+    plans_replay = False  # rho = 0: the successes join fresh groups, no replay is planned
     reader_tag = "RLEP"
 
     @classmethod
@@ -68,14 +69,6 @@ class RlepPool(ReplayStore):
     @classmethod
     def reader_label(cls, node, cfg) -> str:
         return f"RLEP (M={node.replays})"
-
-    @classmethod
-    def plan_window(cls, node, steps: int) -> int | None:
-        return 1  # no planned replay (rho = 0): the budget table's rows at rho > 0 plan the age buffer's, L = 1
-
-    @classmethod
-    def plan_store(cls, node, ratio: float, groups_per_step: int) -> ReplayStore:
-        return age_stand_in(node)
 
     def __init__(self, replays: int = 2, min_successes: int = 2, per_prompt: int = 64, capacity: int = 100_000,
                  correct_reward: float = 1.0, name: str = "rlep", ratio: float = 0.0, max_age: int = 0,

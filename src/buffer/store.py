@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Callable, Iterable
+from typing import Callable, ClassVar, Iterable
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -54,16 +54,22 @@ class ReplayStore(Variant):
         or name (`src.study.sweep`). False by default: a store's settings then always name its cell."""
         return False
 
+    # False for a store that never replays by plan (rho is 0 by its settings): the budget table's rows at rho > 0
+    # then plan the age buffer with L = 1 (`age_stand_in`), so they show what replay would cost.
+    plans_replay: ClassVar[bool] = True
+
     @classmethod
     def plan_window(cls, node, steps: int) -> int | None:
         """The age window L the budget plan simulates (groups of age 1..L are drawn), or None for a store that
         draws from every stored group of age >= 1, whose next draw then depends on how many it holds."""
-        return None
+        return None if cls.plans_replay else 1
 
     @classmethod
     def plan_store(cls, node, ratio: float, groups_per_step: int) -> "ReplayStore":
         """The store the budget planner drives through `draw` and `store`: this one, with the group's settings
         at the planned rho (placeholder groups carry rewards 0 and K = 2)."""
+        if not cls.plans_replay:
+            return age_stand_in(node)
         try:
             return instantiate(node, ratio=float(ratio), groups_per_step=int(groups_per_step), seed=0)
         except InstantiationException as error:  # a bad setting: the constructor's own one-line message
@@ -173,6 +179,8 @@ class ReplayStore(Variant):
 class NoReplay(ReplayStore):
     """`buffer=none`: fresh-only training; nothing is drawn or kept, and the buffer metrics stay empty."""
 
+    plans_replay = False
+
     # No age window and no capacity: `buffer=none buffer.max_age=2` is refused as a setting with no effect.
     knobs = {"ratio": ReplayStore.knobs["ratio"],
              "capacity": int_knob(1, 100_000_000, "1024", queue_only=True, why="the LIFO queue's bound in "
@@ -188,14 +196,6 @@ class NoReplay(ReplayStore):
                              "rollouts each used once; set runtime.sharded=false, or buffer=fifo for one FIFO per "
                              "trainer")
         return LifoQueue, {"capacity": node.capacity}
-
-    @classmethod
-    def plan_window(cls, node, steps: int) -> int | None:
-        return 1  # the budget table's rows at rho > 0 plan the replay it would take: the age buffer's, L = 1
-
-    @classmethod
-    def plan_store(cls, node, ratio: float, groups_per_step: int) -> ReplayStore:
-        return age_stand_in(node)
 
     @classmethod
     def fresh_only(cls, node) -> bool:
