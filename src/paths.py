@@ -90,8 +90,11 @@ def searchpath_folders(overrides: list[str]) -> list[Path]:
     return [folder for folder in folders if folder.is_dir()]
 
 
-def folder_problem(key: str, folder: str) -> str | None:
-    """Why `folder` (the value of `key`) cannot hold a job's outputs, or None when it can (it is made here)."""
+def folder_problem(key: str, folder: str, keep: bool = True) -> str | None:
+    """Why `folder` (the value of `key`) cannot hold a job's outputs, or None when it can. The folder is made
+    here to try it; `keep=False` removes again what the check made (a sweep makes its folder only when it
+    launches, so a dry run leaves none)."""
+    made = [path for path in (Path(folder), *Path(folder).parents) if not path.exists()]  # deepest first
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
@@ -99,6 +102,12 @@ def folder_problem(key: str, folder: str) -> str | None:
     except OSError as error:
         return (f"{key}={folder}: cannot write there ({error.strerror or error}); give {key}= a folder you can "
                 "write to (out=DIR moves the store and outputs/ under DIR; the default is the project folder)")
+    finally:
+        for path in made if not keep else ():
+            try:
+                path.rmdir()
+            except OSError:  # something else wrote there meanwhile: it stays
+                break
     return None
 
 

@@ -109,6 +109,8 @@ class SkipFinishedSweeper(Sweeper):
         checked_s = time.perf_counter() - started
         times = self.plan_times(planned, jobs) if self.dry_run and not uses_slurm(self.config) else None
         print_plan(planned, tracking, checked_s, self.dry_run, times)
+        if self.dry_run:
+            say(f"sweep folder, made at launch: {self.config.hydra.sweep.dir}")
         to_launch = [index for index, cell in enumerate(planned) if cell.status in ("launch", "resume")]
         if uses_slurm(self.config):
             for line in slurm_plan_lines(self.config, [jobs[index][1] for index in to_launch]):

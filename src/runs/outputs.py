@@ -19,7 +19,8 @@ class CheckOutputFolders(Callback):
         _exit_if(_out_problem(config) or folder_problem("hydra.run.dir", config.hydra.run.dir))
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        _exit_if(_out_problem(config) or folder_problem("hydra.sweep.dir", config.hydra.sweep.dir))
+        # The sweeper makes the sweep folder as it launches: a dry run, or a sweep with every cell finished, none.
+        _exit_if(_out_problem(config) or folder_problem("hydra.sweep.dir", config.hydra.sweep.dir, keep=False))
 
 
 def _out_problem(config: DictConfig) -> str | None:

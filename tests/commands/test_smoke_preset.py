@@ -49,4 +49,6 @@ def test_a_smoke_sweep_plans_each_cell(tmp_path):
     assert done.returncode == 0, printed[-3000:]
     assert "2 jobs, 2 to launch" in printed and "rho0" in printed and "rho1-L1-c10" in printed
     assert f"against sqlite:///{tmp_path}/mlruns.db" in printed
-    assert list((tmp_path / "outputs" / "multirun").iterdir())  # the sweep folder is under out too
+    # The sweep folder is under out too, and a dry run leaves none (nor the folders above it).
+    assert f"sweep folder, made at launch: {tmp_path}/outputs/multirun/" in printed
+    assert not (tmp_path / "outputs").exists()

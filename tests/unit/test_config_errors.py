@@ -271,7 +271,10 @@ def test_resume_from_a_folder_or_a_file_that_is_no_checkpoint_is_named(tmp_path)
 def test_an_unwritable_output_folder_is_named(tmp_path):
     from src.runs.outputs import folder_problem
 
-    assert folder_problem("hydra.run.dir", str(tmp_path / "a" / "b")) is None
+    assert folder_problem("hydra.run.dir", str(tmp_path / "a" / "b")) is None and (tmp_path / "a" / "b").is_dir()
+    # keep=False takes back what the check made, and only that: a/ was there before, c/ and d/ were not.
+    assert folder_problem("hydra.sweep.dir", str(tmp_path / "a" / "c" / "d"), keep=False) is None
+    assert (tmp_path / "a" / "b").is_dir() and not (tmp_path / "a" / "c").exists()
     problem = folder_problem("hydra.sweep.dir", "/proc/no-such/sweep")
     assert problem.startswith("hydra.sweep.dir=/proc/no-such/sweep: cannot write there")
 
