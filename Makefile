@@ -55,8 +55,11 @@ SWEEP_FLAGS = $(call UNLESS_IN_ARGS,$(OUT_FLAG) hardware=$(HARDWARE) $(DRY_FLAG)
 SWEEP ?=
 EXPERIMENT ?=
 # The tracking server listens on this machine only unless MLFLOW_HOST says otherwise: cluster jobs on other
-# nodes need MLFLOW_HOST=0.0.0.0 (all interfaces; MLflow has no authentication, see launch/README.md).
+# nodes need MLFLOW_HOST=0.0.0.0 (all interfaces). Beyond this machine it asks for a password (MLflow's basic-auth
+# app; the admin's, made on first use, in ~/.mlflow/credentials, which clients read themselves: docs/mlflow.md).
+# MLFLOW_AUTH=on asks for it on 127.0.0.1 too; MLFLOW_AUTH=off serves without one (anyone reaching the port).
 MLFLOW_HOST ?= 127.0.0.1
+MLFLOW_AUTH ?= auto
 MLFLOW_PORT ?= 5000
 MLFLOW_BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 MLFLOW_ARTIFACTS ?= $(CURDIR)/mlflow-server-artifacts
@@ -204,7 +207,7 @@ test-fast: $(STAMP)  ## the unit tests (tests/unit/, a few minutes): no training
 	$(PY) -m pytest -q $(XDIST) tests/unit -m "not slow and not vllm" $(PYTEST_ARGS)
 
 # make ui [PORT=5001]: the default stays off 5000, which `make mlflow-server` uses. The UI listens on this
-# machine only; UI_HOST=0.0.0.0 opens it to every machine that reaches this one (MLflow has no authentication).
+# machine only; UI_HOST=0.0.0.0 opens it to every machine that reaches this one, behind a password as MLFLOW_AUTH says.
 PORT ?= 5050
 UI_HOST ?= 127.0.0.1
 UI_STORE ?= sqlite:///$(OUT_DIR)/mlruns.db
@@ -212,7 +215,7 @@ UI_ARTIFACTS ?= $(OUT_DIR)/mlartifacts
 UI_EXPERIMENT ?= replay-rloo
 UI_ARGS ?=                # more `mlflow ui` options, e.g. UI_ARGS="--workers 4" (one by default: src/runs/ui_app.py)
 ui: $(STAMP)  ## MLflow UI on the project's embedded store: make ui [PORT=5050] [UI_HOST=0.0.0.0] [OUT=DIR]; prints its URL
-	@$(SERVE) --name "MLflow UI" --host $(UI_HOST) --port $(PORT) --knob PORT --host-knob UI_HOST --target ui \
+	@$(SERVE) --name "MLflow UI" --host $(UI_HOST) --port $(PORT) --knob PORT --host-knob UI_HOST --target ui --auth $(MLFLOW_AUTH) \
 		--store $(UI_STORE) --experiment $(UI_EXPERIMENT) -- \
 		$(PY) -m src.runs.ui_app ui --backend-store-uri $(UI_STORE) --default-artifact-root $(UI_ARTIFACTS) \
 		--host $(UI_HOST) --port $(PORT) $(UI_ARGS)
@@ -294,7 +297,7 @@ ziprc: $(STAMP)  ## ZIP-RC-Lite, every stage (seed 004): make ziprc [ARGS="polic
 
 mlflow-server: $(STAMP)  ## a tracking server (tracking.uri=http://<host>:<port>); MLFLOW_HOST=0.0.0.0 for cluster jobs
 	@$(SERVE) --name "MLflow tracking server" --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --knob MLFLOW_PORT \
-		--host-knob MLFLOW_HOST --target mlflow-server --store $(MLFLOW_BACKEND) --experiment $(UI_EXPERIMENT) -- \
+		--host-knob MLFLOW_HOST --target mlflow-server --auth $(MLFLOW_AUTH) --store $(MLFLOW_BACKEND) --experiment $(UI_EXPERIMENT) -- \
 		$(PY) -m src.runs.ui_app server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --backend-store-uri $(MLFLOW_BACKEND) \
 		--artifacts-destination $(MLFLOW_ARTIFACTS) --serve-artifacts \
 		$(if $(strip $(MLFLOW_ALLOWED_HOSTS)),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS)) $(MLFLOW_ARGS)

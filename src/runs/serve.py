@@ -6,7 +6,8 @@
 Before anything starts, the port is tried: one taken by another program is refused with one line
 naming the port and the make variable that picks another (MLflow itself would log "Address already
 in use" and exit 0, leaving the address to the other program). A host other than the loopback gets
-a line saying that MLflow has no authentication.
+MLflow's basic-auth app (src/runs/auth.py: a password, made on first use, that clients read from MLflow's own
+credentials file) unless `--auth off` says otherwise on purpose; `--auth on` asks for it on the loopback too.
 
 `mlflow ui` / `mlflow server` start uvicorn (or gunicorn) workers and job-runner consumers, several
 processes deep. The command runs in its own process group; Ctrl-C, SIGTERM, SIGHUP or the death of
@@ -31,6 +32,8 @@ import urllib.request
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
+
+from src.runs import auth
 
 GRACE_S = 10.0  # how long the server's processes get to shut down before they are killed
 LOOPBACK_NAMES = ("localhost",)
@@ -211,8 +214,25 @@ def describe_store(name: str, store: str, experiment: str) -> str:
            "it answers)"
 
 
-def announce(name: str, host: str, port: int, store: str | None, experiment: str | None) -> None:
-    """The address to open (the experiment's runs table when a store is given) and the no-auth warning."""
+def with_auth(command: list[str], mode: str, host: str, store: str | None) -> tuple[list[str], auth.Credentials | None]:
+    """`command` with MLflow's basic-auth app where `mode` asks for it (`auth.wanted`), its secrets put in this
+    process's environment for the server to inherit; raises AuthError (one line) where it cannot start."""
+    if not auth.wanted(mode, is_loopback(host)):
+        return command, None
+    auth.check_installed()
+    credentials, made = auth.load_or_make()
+    if made:
+        print(f"made {credentials.path} (mode 600, yours alone): the admin's name and password, which MLflow's "
+              "clients on machines sharing this home folder read themselves", flush=True)
+    path = Path(store.removeprefix("sqlite:///")) if store and store.startswith("sqlite:///") else None
+    folder, stem = (path.parent, path.stem) if path else (Path.cwd(), "mlflow-server")
+    os.environ.update(auth.server_settings(credentials, folder, stem))
+    return [*command, "--app-name", "basic-auth"], credentials
+
+
+def announce(name: str, host: str, port: int, store: str | None, experiment: str | None,
+             credentials: auth.Credentials | None = None) -> None:
+    """The address to open (the experiment's runs table when a store is given) and who may come in."""
     address = base_address(host, port)
     if store and experiment:
         try:
@@ -223,9 +243,12 @@ def announce(name: str, host: str, port: int, store: str | None, experiment: str
             pass
     elsewhere = f" (from other machines: http://{socket.gethostname()}:{port})" if host in ("0.0.0.0", "::") else ""
     print(f"{name} (Ctrl-C stops it): {address}{elsewhere}", flush=True)
-    if not is_loopback(host):
-        print(f"warning: listening on {host}: MLflow has no authentication, so anyone who can reach this machine "
-              f"on port {port} can read, change and delete every run", flush=True)
+    if credentials is not None:
+        print(f"sign in as {credentials.username} with the password in {credentials.path}; a request without it is "
+              "refused (401). A colleague's own user: docs/mlflow.md", flush=True)
+    elif not is_loopback(host):
+        print(f"warning: listening on {host} with MLFLOW_AUTH=off: anyone who can reach this machine on port "
+              f"{port} can read, change and delete every run", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,11 +265,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds the server's processes get to exit after a stop signal before they are killed")
     parser.add_argument("--check", action="store_true",
                         help="only try the port: print the problem on stdout (nothing when it is free); exit 0")
+    parser.add_argument("--auth", default="auto", help="auto (a password beyond the loopback), on or off")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the server's command line")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command and not args.check:
         parser.error("give the server's command after --")
+    credentials = None
     try:
         try:
             port = int(args.port)
@@ -254,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
             raise PortError(f"{args.knob}={args.port}: a port is a number from 1 to 65535, "
                             f"e.g. make {args.target} {args.knob}=5051") from None
         check_port(args.host, port, args.knob, args.host_knob, args.target)
-    except PortError as error:
+        if not args.check:
+            command, credentials = with_auth(command, args.auth, args.host, args.store)
+    except (PortError, auth.AuthError) as error:
         if args.check:
             print(error)
             return 0
@@ -268,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["REPLAY_RLOO_EXPERIMENT"] = args.experiment
     # The address once the server answers: MLflow takes seconds to import, and a page opened before shows an error.
     code = supervise(command, args.grace, f"{base_address(args.host, port)}/health",
-                     lambda: announce(args.name, args.host, port, args.store, args.experiment))
+                     lambda: announce(args.name, args.host, port, args.store, args.experiment, credentials))
     if code:
         print(f"error: the {args.name} stopped by itself (exit code {code}); its messages are above", file=sys.stderr,
               flush=True)

@@ -177,13 +177,26 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
         return
     import requests
 
+    from src.runs.auth import client_credentials
+
+    credentials = client_credentials()
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)  # any HTTP answer means a server is there
+        # A server behind a password (src/runs/auth.py) answers 401 where the client's credentials are missing or
+        # wrong: say so now, not after MLflow's retries.
+        answer = requests.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
+                              auth=credentials, timeout=timeout_s)
     except requests.RequestException as error:
         raise StoreUnreachable(
             f"tracking.uri={uri}: no MLflow server answers within {timeout_s:g} s ({error.__class__.__name__}). "
             "Start it (make mlflow-server), or set tracking.uri to a running server or a "
             "sqlite:///path/mlruns.db file") from None
+    if answer.status_code in (401, 403):
+        sent = f"refused the password of user '{credentials[0]}'" if credentials else "asks for a password, and none was found"
+        raise StoreUnreachable(
+            f"tracking.uri={uri}: the server {sent} (HTTP {answer.status_code}); set MLFLOW_TRACKING_USERNAME and "
+            "MLFLOW_TRACKING_PASSWORD, or put them in ~/.mlflow/credentials (docs/mlflow.md, \"A server behind a "
+            "password\")")
 
 
 def finished_runs_tagged(uri: str, experiment: str, tag: str, value: str) -> list:

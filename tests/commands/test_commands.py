@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from src.runs import auth
 from src.runs.serve import announce, port_free
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -666,14 +667,19 @@ def test_a_server_whose_parent_dies_is_stopped_with_its_whole_group(tmp_path):
     assert not left
 
 
-def test_the_ui_on_all_interfaces_warns_that_mlflow_has_no_authentication(capsys):
-    announce("MLflow UI", "0.0.0.0", 5050, None, None)
+def test_a_server_beyond_this_machine_names_its_password_or_warns_that_it_has_none(capsys, tmp_path):
+    """With the auth app (src/runs/auth.py): where the password is; MLFLOW_AUTH=off beyond the loopback: a warning."""
+    made = auth.Credentials("admin", "secret", "key", tmp_path / "credentials")
+    announce("MLflow UI", "0.0.0.0", 5050, None, None, made)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"MLflow UI (Ctrl-C stops it): http://127.0.0.1:5050 (from other machines: " \
                      f"http://{socket.gethostname()}:5050)"
-    assert "no authentication" in out[1] and "0.0.0.0" in out[1]
+    assert out[1].startswith(f"sign in as admin with the password in {tmp_path / 'credentials'}") and len(out) == 2
+    announce("MLflow UI", "0.0.0.0", 5050, None, None)  # served with MLFLOW_AUTH=off
+    warned = capsys.readouterr().out.splitlines()[1]
+    assert "MLFLOW_AUTH=off" in warned and "anyone who can reach" in warned and "0.0.0.0" in warned
     announce("MLflow UI", "127.0.0.1", 5050, None, None)
-    assert "no authentication" not in capsys.readouterr().out
+    assert len(capsys.readouterr().out.splitlines()) == 1
 
 
 @pytest.mark.parametrize("variables, message", [
