@@ -27,9 +27,16 @@ def test_two_cell_sweep_runs_on_slurm_then_is_skipped(tmp_path, slurm_cluster, r
                "evaluation.ks=[1]", "hardware.threads=1", f"tracking.uri={store}",
                f"tracking.artifact_location={tmp_path}/artifacts", "tracking.sweep=slurm"]
 
-    first = subprocess.run(command, cwd=PROJECT_ROOT, env=slurm_cluster.env, capture_output=True, text=True,
-                           timeout=900)
+    # A tracking server's credentials as MLflow's client reads them from the environment (docs/mlflow.md, "A server
+    # behind a password"): the jobs inherit them, and no file the sweep, submitit or a run writes holds them.
+    password = "sentinel-" + "x" * 24
+    signed_in = {**slurm_cluster.env, "MLFLOW_TRACKING_USERNAME": "ada", "MLFLOW_TRACKING_PASSWORD": password}
+    first = subprocess.run(command, cwd=PROJECT_ROOT, env=signed_in, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+    written = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert any(path.name.endswith("_submitted.pkl") for path in written) and any(p.suffix == ".sh" for p in written)
+    for path in written:
+        assert password.encode() not in path.read_bytes(), path
     assert "2 to launch" in first.stdout
     submitted = list((tmp_path / "multirun" / ".submitit").glob("*/*_submitted.pkl"))
     assert len(submitted) == 2  # both cells went out as SLURM jobs (one array)
