@@ -24,6 +24,7 @@ under; the trainer, optimizer, sampler and RNG states are the checkpoint's own (
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -290,9 +291,15 @@ class AsyncRuntime(Runtime):
                 f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} eta={s.staleness} {s.staleness_mode} "
                 f"g={s.groups_per_request}")
 
-    def build_queue(self, seed: int | None = None):
+    def queue_arguments_for(self, task) -> dict:
+        """The queue's arguments, with what `task` counts as correct where the queue keeps correct rollouts (the
+        FIFO's positive bias), as the synchronous store gets it (`src.build.build_store`)."""
+        takes = task is not None and "correct_reward" in inspect.signature(self.queue_kind).parameters
+        return {**self.queue_arguments, **({"correct_reward": task.correct_reward} if takes else {})}
+
+    def build_queue(self, seed: int | None = None, task=None):
         """The run's rollout queue in this process (default seed: the run's)."""
-        return self.queue_kind(**self.queue_arguments, seed=self.run.trainer.seed if seed is None else seed)
+        return self.queue_kind(**self.queue_arguments_for(task), seed=self.run.trainer.seed if seed is None else seed)
 
     def build_pipeline(self, work, queue=None) -> Pipeline:
         """The pipeline of the configured schedule around `queue` (default: the run's queue in this process;
@@ -354,7 +361,8 @@ class AsyncSession(Steps):
         self.work = RayWork(context.run, context.parts, context.state, settings, runtime.max_restarts,
                             runtime.worker_threads, cpus, runtime.gpus_per_worker, runtime.trainer_ranks,
                             runtime.queue_kind.replays, runtime.engine_logprobs)
-        self.queue = QueueActor(runtime.queue_kind, {**runtime.queue_arguments, "seed": context.run.trainer.seed})
+        self.queue = QueueActor(runtime.queue_kind, {**runtime.queue_arguments_for(context.parts.task),
+                                                     "seed": context.run.trainer.seed})
         self.pipeline = runtime.build_pipeline(self.work, self.queue)
         self.events_path = context.output_dir / EVENT_LOG
         self._restore(runtime.saved)

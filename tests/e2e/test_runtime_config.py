@@ -31,6 +31,16 @@ def test_sync_is_the_default_and_keeps_the_cell_ids_and_no_state_of_its_own(comp
 FIFO = ("buffer=fifo", "buffer.mode=without_replacement")
 
 
+def test_the_async_queue_counts_as_correct_what_the_task_does_as_the_sync_store(compose_config):
+    """buffer=fifo's positive bias keeps correct rollouts: under both runtimes by the task's own correct_reward."""
+    cfg = compose_config("runtime=async", *FIFO, "buffer.positive_bias=0.5", "buffer.capacity=1024")
+    task = build_task(cfg.task)
+    task.correct_reward = 0.75  # a task whose full reward is not 1.0
+    queue = build_runtime(RunSettings(cfg)).build_queue(task=task)
+    store = build_store(RunSettings(compose_config(*FIFO, "buffer.positive_bias=0.5", "buffer.capacity=8")), task)
+    assert queue.correct_reward == store.correct_reward == 0.75
+
+
 def test_async_keeps_the_pipeline_state_under_its_own_name_and_names_its_own_cells(compose_config):
     cfg = compose_config("runtime=async", *FIFO, "runtime.workers=6", "runtime.trainers=2", "buffer.capacity=768")
     validate(cfg, check_device=False)
