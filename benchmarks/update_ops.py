@@ -44,13 +44,14 @@ TARGET_RATIO = 1.5  # casts and ops of ours over the plain loop's
 EXTRA_SYNCS = 2  # syncs allowed beyond one per optimizer step: reading the update's tallies
 
 
-def reference_module():
-    """The plain loop (shared/bench/update_reference.py beside the repository) as a module, or SystemExit with one
-    line saying where it was looked for."""
-    if not REFERENCE_PATH.is_file():
-        raise SystemExit(f"update_ops: the plain reference loop is missing: expected {REFERENCE_PATH} "
-                         "(shared/bench in the folder beside the repository)")
-    spec = importlib.util.spec_from_file_location("update_reference", REFERENCE_PATH)
+def reference_module(path: Path | None = None):
+    """The plain loop as a module: `path` (`--reference`; a GPU lease gives the copy its bundle carried), else
+    shared/bench/update_reference.py beside the repository; SystemExit with one line saying where it looked."""
+    path = REFERENCE_PATH if path is None else path
+    if not path.is_file():
+        raise SystemExit(f"update_ops: the plain reference loop is missing: expected {path} "
+                         "(shared/bench in the folder beside the repository, or --reference PATH)")
+    spec = importlib.util.spec_from_file_location("update_reference", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -132,7 +133,7 @@ def reference_update(ref, model, optimizer, ids, advantages, size: dict, autocas
 
 def measure_reference(args, size: dict) -> dict[str, int]:
     """The plain loop's counts: bf16 weights where `--dtype bfloat16` (its fastest variant), else fp32."""
-    ref = reference_module()
+    ref = reference_module(args.reference)
     device = args.device
     model = qwen_model(device, getattr(torch, args.dtype), args.layers)
     if args.compile:
@@ -220,6 +221,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--pack", action="store_true", help="ours with trainer.pack_rows")
     parser.add_argument("--compile", action="store_true", help="trainer.compile; the plain loop's bf16+compile")
     parser.add_argument("--json", type=Path, default=None, help="write every figure to this file")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help=f"the plain loop's file (default: {REFERENCE_PATH.relative_to(PROJECT_ROOT.parent)} "
+                             "beside the repository)")
     args = parser.parse_args(argv)
     for key in ("groups", "group_size", "prompt", "response", "micro", "layers"):
         if getattr(args, key) < 1:
@@ -240,6 +244,7 @@ def measure(args) -> dict:
     ratios = {key: (ours[key] / reference[key] if reference[key] else None) for key in ours}
     return {"device": args.device, "dtype": args.dtype, "compile": args.compile, "pack": args.pack,
             "kl_coef": args.kl_coef, "torch": torch.__version__, "size": size, "optimizer_steps": 1,
+            "reference_file": str(args.reference or REFERENCE_PATH),
             "ours": ours, "reference": reference, "ratios": ratios, "targets": targets(ours, reference, 1)}
 
 

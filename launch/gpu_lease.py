@@ -22,6 +22,8 @@ once all pieces are in. A part that finds pieces missing says which carry folder
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import importlib.util
 import json
 import os
@@ -29,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -247,8 +250,10 @@ def part_two(lease: Lease, python: str) -> None:
     target = work / "update_ops.json"
     target.unlink(missing_ok=True)
     dtype = "bfloat16" if cuda else "float32"  # the card's update runs bf16 compute weights under autocast
+    script = reference_script(lease)  # the bundle's copy: shared/bench does not travel to the node
     lease.run("update_ops", [python, "-m", "benchmarks.update_ops", "--device", lease.args.device, "--dtype", dtype,
-                             "--json", str(target)], lambda: read_json(target))
+                             "--json", str(target), *(["--reference", str(script)] if script else [])],
+              lambda: read_json(target))
 
 
 def one_point_five(lease: Lease, python: str) -> None:
@@ -265,8 +270,8 @@ def one_point_five(lease: Lease, python: str) -> None:
               ["trainer.groups_per_step=2", "trainer.group_size=2", "policy.max_new_tokens=4", "hardware.threads=1"])
     command = [python, str(Path(__file__)), "peak", "--json", str(peak), "--", "src.run", "policy=qwen2.5-1.5b",
                f"policy.name_or_path={policy}", "trainer.steps=1", *run_overrides(lease, folder), *shapes]
-    lease.run("preset_1.5b", command, lambda: {**read_json(peak), "plan": memory_plan(), **metric_figures(
-        python, folder, lease)})
+    lease.run("preset_1.5b", command, lambda: {**read_json(peak), "plan": plan_figures(python, lease),
+                                               **metric_figures(python, folder, lease)})
 
 
 def metric_figures(python: str, folder: Path, lease: Lease) -> dict:
@@ -275,6 +280,21 @@ def metric_figures(python: str, folder: Path, lease: Lease) -> dict:
     subprocess.run([python, str(Path(__file__)), "metrics", "--store", f"sqlite:///{folder}/mlruns.db", "--json",
                     str(target)], cwd=ROOT, env=lease.env(), stdout=lease.log, stderr=subprocess.STDOUT, timeout=120)
     return {"metrics": json.loads(target.read_text())}
+
+
+def plan_figures(python: str, lease: Lease) -> dict:
+    """The preset's memory plan (`memory_plan`), worked out in a child: it reads the config with omegaconf, which
+    the node's image lacks and only the bundle's path gives."""
+    target = lease.work / "plan_1.5b.json"
+    target.unlink(missing_ok=True)
+    subprocess.run([python, str(Path(__file__)), "plan", "--json", str(target)], cwd=ROOT, env=lease.env(),
+                   stdout=lease.log, stderr=subprocess.STDOUT, timeout=120)
+    return json.loads(target.read_text())
+
+
+def plan_main(args) -> int:
+    Path(args.json).write_text(json.dumps(memory_plan(), indent=1))
+    return 0
 
 
 def memory_plan() -> dict:
@@ -417,40 +437,78 @@ def byte_tokenizer(vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<|t256|>", eos_token="<|t257|>")
 
 
-def peak_main(args) -> int:
-    """`python -m MODULE ARGS` in this process, its memory peaks written to --json as it runs and at exit: torch's
-    allocator peak and the whole device's used memory (vLLM's pool included) on CUDA, the host's peak RSS."""
-    import atexit
-    import resource
-    import runpy
-    import threading
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
-    import torch
 
-    figures, lock = {"device_used_peak_gib": 0.0}, threading.Lock()
+@functools.lru_cache(maxsize=1)
+def _nvml():
+    """The driver's NVML library, initialised once; None where there is none (a CPU machine)."""
+    try:
+        library = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    return library if library.nvmlInit_v2() == 0 else None
 
-    def dump() -> None:
-        with lock:
-            measure()
-            partial = Path(f"{args.json}.partial")
-            partial.write_text(json.dumps(figures, indent=1))
-            os.replace(partial, args.json)  # a reader never sees half a file
 
-    def measure() -> None:
+def nvml_used_gib(index: int = 0) -> float | None:
+    """The used memory of GPU `index` (NVML's numbering: the lease node's one GPU is 0) in GiB, or None. NVML
+    asks the driver, not a CUDA context, so a thread may call it while vLLM captures CUDA graphs."""
+    library, handle, memory = _nvml(), ctypes.c_void_p(), _NvmlMemory()
+    if library is None or library.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0 \
+            or library.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
+        return None
+    return memory.used / 2**30
+
+
+class MemoryPeaks:
+    """The peaks a `peak` stage records in `path`, rewritten as they grow. A thread polls the whole device's used
+    memory (vLLM's pool included) through NVML and the host's peak RSS: no CUDA call, since vLLM captures its CUDA
+    graphs in global mode, where a CUDA call from another thread can break the capture. torch's allocator peaks
+    are read once, on the main thread as the process exits."""
+
+    def __init__(self, path: Path, device_used=nvml_used_gib) -> None:
+        self.path, self.device_used = Path(path), device_used
+        self.figures, self.lock = {"device_used_peak_gib": 0.0}, threading.Lock()
+
+    def poll(self) -> None:
+        import resource
+
+        used = self.device_used()
+        with self.lock:
+            if used is not None:
+                self.figures["device_used_peak_gib"] = max(self.figures["device_used_peak_gib"], used)
+            self.figures["host_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            partial = self.path.with_name(self.path.name + ".partial")
+            partial.write_text(json.dumps(self.figures, indent=1))
+            os.replace(partial, self.path)  # a reader never sees half a file
+
+    def at_exit(self) -> None:
+        import torch
+
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            free, total = torch.cuda.mem_get_info()
-            figures["device_used_peak_gib"] = max(figures["device_used_peak_gib"], (total - free) / 2**30)
-            figures["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            figures["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-        figures["host_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            self.figures["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            self.figures["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        self.poll()
 
-    def poll() -> None:
-        while True:
-            dump()
-            time.sleep(0.5)
+    def start(self, every_s: float = 0.5) -> None:
+        def loop() -> None:
+            while True:
+                self.poll()
+                time.sleep(every_s)
 
-    threading.Thread(target=poll, daemon=True).start()
-    atexit.register(dump)
+        threading.Thread(target=loop, daemon=True).start()
+
+
+def peak_main(args) -> int:
+    """`python -m MODULE ARGS` in this process, its memory peaks (`MemoryPeaks`) written to --json as it runs and
+    at exit."""
+    import atexit
+    import runpy
+
+    peaks = MemoryPeaks(Path(args.json))
+    peaks.start()
+    atexit.register(peaks.at_exit)
     module, *rest = args.command[1:] if args.command[:1] == ["--"] else args.command
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -476,12 +534,14 @@ def main(argv: list[str] | None = None) -> int:
     made.add_argument("--folder", required=True)
     made.add_argument("--device", default="cpu")
     made.add_argument("--tiny", action="store_true")
+    planned = verbs.add_parser("plan")
+    planned.add_argument("--json", required=True)
     measured = verbs.add_parser("peak")
     measured.add_argument("--json", required=True)
     measured.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     helpers = {"imports": imports_main, "metrics": metrics_main, "random-policy": random_policy_main,
-               "peak": peak_main}
+               "plan": plan_main, "peak": peak_main}
     if args.verb:
         return helpers[args.verb](args)
     if args.out is None:

@@ -208,13 +208,23 @@ def numbers(value) -> list[float]:
                                             # in the vLLM suite, as docs/benchmarks.md types it with .venv-vllm
                                             pytest.param(2, sys.executable, marks=pytest.mark.vllm, id="2-vllm")])
 def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, part, lease_py):
-    # The install stage unpacks it; update_reference.py comes from ../shared/bench, as the bundle's copy would.
-    fake_bundle(tmp_path, piece_bytes=100_000, carry_bytes=400_000, extras={})
+    # The install stage unpacks it. Part 1 finds update_reference.py in ../shared/bench, where the bundle carries
+    # none; part 2's bundle carries the copy, which update_ops must read (shared/bench does not reach the node).
+    carried = part == 2 and bundle.REFERENCE.is_file()
+    fake_bundle(tmp_path, piece_bytes=100_000, carry_bytes=400_000,
+                extras={"update_reference.py": bundle.REFERENCE.read_bytes()} if carried else {})
     out = tmp_path / "out"
     command = ["make", "gpu-lease", "DEVICE=cpu", f"OUT={out}", f"PART={part}", f"GPU_BUNDLE={tmp_path / 'bundle'}",
                *([f"LEASE_PY={lease_py}"] if lease_py else [])]
+    # The node's image has no omegaconf, hydra or mlflow: only the stages' own processes get the bundle's. The
+    # part's own process runs here with the three blocked, as there.
+    blocked = tmp_path / "image-lacks"
+    for module in ("omegaconf", "hydra", "mlflow"):
+        (blocked / module).mkdir(parents=True)
+        (blocked / module / "__init__.py").write_text(f"raise ImportError('{module}: not in the GPU image')\n")
     # A cap, not a speed target: a part took 5-10 minutes on 2 cores shared with other jobs (load average 12).
-    done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1500)
+    done = subprocess.run(command, cwd=ROOT, env={**ENV, "PYTHONPATH": str(blocked)}, capture_output=True, text=True,
+                          timeout=1500)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == [f"part{part}.json", f"part{part}.log"]
     stages = json.loads((out / f"part{part}.json").read_text())["stages"]
@@ -231,6 +241,9 @@ def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, par
             assert stages["update_reference"]["status"] == "missing"
     else:
         assert stages["update_ops"]["status"] == "ok"
+        if carried:
+            assert stages["update_ops"]["figures"]["reference_file"] == str(out / "work" / "pieces" /
+                                                                            "update_reference.py")
         times = stages["torchrun"]["metrics"]["time"]
         assert len(times["time/train"]) == len(times["time/weight_sync"]) == 3 and min(times["time/train"]) > 0
         preset = stages["preset_1.5b"]
@@ -242,6 +255,40 @@ def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, par
         bare = name in ("install", "imports", "update_ops", "preset_1.5b:weights")  # statuses, versions, a folder
         assert bare or numbers(stage.get("figures", stage)), name
     assert not stages["imports"]["figures"]["failed"] and stages["imports"]["figures"]["versions"]["hydra"]
+
+
+def test_the_peak_poller_reads_the_device_through_nvml_and_leaves_cuda_to_the_main_thread(tmp_path, monkeypatch):
+    """A CUDA call from another thread can break vLLM's graph capture (global mode): the poller thread makes
+    none, and torch's allocator peaks are read at exit, on the main thread."""
+    import threading
+
+    import torch
+
+    main = threading.main_thread()
+
+    def main_thread_only(value):
+        def call(*args, **kwargs):
+            assert threading.current_thread() is main, "a CUDA call from the poller's thread"
+            return value
+        return call
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", main_thread_only((2**30, 4 * 2**30)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", main_thread_only(2 * 2**30))
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", main_thread_only(3 * 2**30))
+    readings = iter([1.5, 2.5, 2.0])
+    peaks = gpu_lease.MemoryPeaks(tmp_path / "peak.json", device_used=lambda: next(readings))
+    for _ in range(3):
+        poller = threading.Thread(target=peaks.poll)
+        poller.start()
+        poller.join()
+    assert json.loads((tmp_path / "peak.json").read_text())["device_used_peak_gib"] == 2.5
+    peaks.device_used = lambda: None  # no NVML (a CPU machine): the peak so far stays
+    peaks.at_exit()
+    figures = json.loads((tmp_path / "peak.json").read_text())
+    assert figures["device_used_peak_gib"] == 2.5 and figures["max_memory_allocated_gib"] == 2.0
+    assert figures["max_memory_reserved_gib"] == 3.0 and figures["host_peak_rss_gib"] > 0
 
 
 def test_lease_seconds_bounds_a_part_as_typed(tmp_path):

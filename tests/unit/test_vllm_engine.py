@@ -170,6 +170,21 @@ def test_cuda_graphs_cover_every_decode_batch_the_engine_can_run(fake_vllm, poli
     assert options.get("compilation_config", {}).get("max_cudagraph_capture_size") == capture
 
 
+@pytest.fixture
+def installed_compilation_config():
+    """The installed vLLM's CompilationConfig, taken before `fake_vllm` stands in for the package."""
+    return pytest.importorskip("vllm.config", reason="the real vLLM is in .venv-vllm").CompilationConfig
+
+
+@pytest.mark.vllm  # in the vLLM half, against the vLLM installed there (the GPU bundle's may differ)
+def test_the_capture_option_is_one_the_installed_vllm_reads(installed_compilation_config, fake_vllm, policy):
+    """The GPU engine's `compilation_config` builds vLLM's own CompilationConfig, and its capture bound holds."""
+    model, tokenizer = policy
+    build_engine("vllm", model, tokenizer, batch_size=8, max_num_seqs=1024, enforce_eager=False)
+    options = FakeLLM.instances[-1].kwargs["compilation_config"]
+    assert installed_compilation_config(**options).max_cudagraph_capture_size == 1024
+
+
 def test_multiprocessing_left_on_by_the_environment_is_turned_off(fake_vllm, policy, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     model, tokenizer = policy
