@@ -2,11 +2,14 @@
 
 On the lent node, in one device call per part, each part under 8 minutes (PART_SECONDS bounds it):
 
-  part 1: install the bundle, check the imports, `benchmarks.gpu_step --compile` at 256 and 1024 tokens (vLLM
-          colocated, 1024 sequences a wave), shared/bench's update_reference.py beside it (run by the call that
-          carried only the first pieces, read back here), `pytest -m gpu`                 (estimate 6 min)
-  part 2: install, imports, 3 steps under torchrun (vLLM asleep while training) read back from MLflow, one
-          step of the 1.5B preset with its peak beside the memory plan, `benchmarks.update_ops`   (estimate 6 min)
+  part 1: install the bundle, check the imports, `benchmarks.vllm_probe` (vLLM's host overhead, at most 150 s),
+          `benchmarks.gpu_step --compile` at 256 and 1024 tokens (vLLM colocated, 1024 sequences a wave),
+          shared/bench's update_reference.py beside it (read back when part 1 ran before on the same warm
+          machine), `pytest -m gpu`                                                          (estimate 8 min)
+  part 2: install, imports, 3 steps under torchrun on the ranked path in a group of one (hardware.ranked: FSDP2,
+          vLLM asleep while training) read back from MLflow, a whole `src.run` cell of the 0.5B shape (3 steps,
+          smoke evaluation, final checkpoint, per-phase times, peak), one step of the 1.5B preset with its
+          peak beside the memory plan, `benchmarks.update_ops`                               (estimate 7 min)
 
 Every stage runs in its own process group under a time limit (the smaller of its own and what the part has
 left), so a hang costs that stage alone; a failed stage is recorded and the next one runs. Everything lands in
@@ -44,8 +47,9 @@ from launch import bundle  # noqa: E402
 PART_SECONDS = {"cuda": 470, "cpu": 1200}  # the whole part, install included: under 8 minutes on the GPU
 SLACK = {"cuda": 1, "cpu": 4}  # the rehearsal checks the wiring, not the time: a busy CPU may take 4 times longer
 LIMITS = {"install": 120, "imports": 90, "pytest": 200, "gpu_step": 300, "update_reference": 150,
-          "update_ops": 120, "torchrun": 200, "preset_1.5b": 260}
+          "update_ops": 120, "torchrun": 200, "cell_0.5b": 200, "preset_1.5b": 260, "vllm_probe": 150}
 PRESET = "Qwen/Qwen2.5-1.5B"   # conf/policy/qwen2.5-1.5b.yaml's policy
+CELL = "Qwen/Qwen2.5-0.5B"     # conf/policy/qwen2.5-0.5b.yaml's: the papers' shape, a whole cell of it
 TINY_RUN = ["trainer.groups_per_step=4", "trainer.group_size=2", "policy.max_new_tokens=6", "hardware.threads=1"]
 
 
@@ -176,7 +180,23 @@ def read_json(path: Path) -> dict:
     return {"figures": json.loads(path.read_text())}
 
 
+def probe_stage(lease: Lease, python: str) -> None:
+    """vLLM's host overhead (benchmarks/vllm_probe.py): one engine start, each variant's call at 512 and 1024
+    sequences, a profile; at tiny shapes where the rehearsal's Python has the CPU vLLM."""
+    if not lease.cuda and importlib.util.find_spec("vllm") is None:
+        lease.record("vllm_probe", {"status": "missing", "reason": "no vLLM in this Python (LEASE_PY="
+                                    ".venv-vllm/bin/python rehearses it with the CPU build)"})
+        return
+    target = lease.work / "vllm_probe.json"
+    target.unlink(missing_ok=True)
+    sizes = [] if lease.cuda else ["--tiny", "--device", "cpu", "--waves", "8,16", "--response-tokens", "8",
+                                   "--prompt-tokens", "16"]
+    lease.run("vllm_probe", [python, "-m", "benchmarks.vllm_probe", "--folder", str(lease.work / "probe-policy"),
+                             "--json", str(target), *sizes], lambda: read_json(target))
+
+
 def part_one(lease: Lease, python: str) -> None:
+    probe_stage(lease, python)  # what part 2 leaves of the window goes first to vLLM's host overhead
     work, cuda = lease.work, lease.cuda
     results = work / "gpu_step"
     shutil.rmtree(results, ignore_errors=True)
@@ -200,8 +220,8 @@ def saved_figures(folder: Path) -> dict:
 
 
 def reference_stage(lease: Lease, python: str) -> None:
-    """The plain loop update_reference.py beside the trainer; it needs only the image's torch and transformers, so
-    the call that carries the first pieces runs it, and a later call on the same warm machine reads it back."""
+    """The plain loop update_reference.py beside the trainer, in part 1 (speed claims are ratios on one card in
+    one lease); a part 1 run again on the same warm machine reads its figures back."""
     script, target = reference_script(lease), lease.work / "update_reference.json"
     if script is None:
         lease.record("update_reference", {"status": "missing", "reason": f"no {bundle.REFERENCE}"})
@@ -243,9 +263,13 @@ def part_two(lease: Lease, python: str) -> None:
     """First contacts first (torchrun with vLLM asleep, the 1.5B preset), the operator counts last."""
     work, cuda = lease.work, lease.cuda
     folder = work / f"torchrun-{time.strftime('%H%M%S')}"
+    # One GPU holds one NCCL rank: hardware.ranked puts the one process on the ranked path (a group of one, FSDP2
+    # over a mesh of one, vLLM's external_launcher, asleep while training).
     ranks = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "src.run",
-             "hardware.ranks=1", "trainer.steps=3", *run_overrides(lease, folder), *([] if cuda else TINY_RUN)]
+             "hardware.ranks=1", "hardware.ranked=true", "trainer.steps=3", *run_overrides(lease, folder),
+             *([] if cuda else TINY_RUN)]
     lease.run("torchrun", ranks, lambda: metric_figures(python, folder, lease))
+    whole_cell(lease, python)
     one_point_five(lease, python)
     target = work / "update_ops.json"
     target.unlink(missing_ok=True)
@@ -256,13 +280,37 @@ def part_two(lease: Lease, python: str) -> None:
               lambda: read_json(target))
 
 
+def random_policy(lease: Lease, python: str, preset: str, name: str) -> Path | None:
+    """The preset's architecture on random weights in the work folder (tiny on the CPU); None if that failed."""
+    policy = lease.work / (f"policy-{name}" if lease.cuda else f"policy-{name}-tiny")
+    made = lease.run(f"{'cell_' if preset == CELL else 'preset_'}{name}:weights",
+                     [python, str(Path(__file__)), "random-policy", "--preset", preset, "--folder", str(policy),
+                      "--device", lease.args.device, *([] if lease.cuda else ["--tiny"])])
+    return policy if made["status"] == "ok" else None
+
+
+def whole_cell(lease: Lease, python: str) -> None:
+    """`python -m src.run` as a study's job runs it, on the 0.5B shape (random weights) with vLLM colocated and
+    asleep while training: 3 steps, the smoke evaluation, the final checkpoint; its status, every phase's time
+    per step from its MLflow store, and its peak."""
+    policy = random_policy(lease, python, CELL, "0.5b")
+    if policy is None:
+        return
+    folder, peak = lease.work / f"cell-{time.strftime('%H%M%S')}", lease.work / "peak_0.5b.json"
+    peak.unlink(missing_ok=True)
+    shapes = (["policy.max_new_tokens=256"] if lease.cuda else
+              ["trainer.groups_per_step=2", "trainer.group_size=2", "policy.max_new_tokens=4", "hardware.threads=1"])
+    command = [python, str(Path(__file__)), "peak", "--json", str(peak), "--", "src.run", "policy=qwen2.5-0.5b",
+               f"policy.name_or_path={policy}", "trainer.steps=3", *run_overrides(lease, folder), *shapes]
+    lease.run("cell_0.5b", command, lambda: {**read_json(peak), **metric_figures(python, folder, lease),
+                                             "checkpoints": [str(path) for path in folder.rglob("checkpoint.pt")]})
+
+
 def one_point_five(lease: Lease, python: str) -> None:
     """One step of the 1.5B preset on random weights (the node has no hub), its peak beside the memory plan."""
     work, cuda = lease.work, lease.cuda
-    policy = work / ("policy-1.5b" if cuda else "policy-1.5b-tiny")
-    made = lease.run("preset_1.5b:weights", [python, str(Path(__file__)), "random-policy", "--folder", str(policy),
-                                             "--device", lease.args.device, *([] if cuda else ["--tiny"])])
-    if made["status"] != "ok":
+    policy = random_policy(lease, python, PRESET, "1.5b")
+    if policy is None:
         return
     folder, peak = work / f"preset-{time.strftime('%H%M%S')}", work / "peak_1.5b.json"
     peak.unlink(missing_ok=True)
@@ -324,9 +372,7 @@ def lease_main(args) -> int:
     lease = Lease(args)
     python = sys.executable
     lease.note(f"part {args.part} on {args.device}, work folder {lease.work}, {PART_SECONDS[args.device]} s at most")
-    if not install(lease):
-        if lease.cuda and lease.summary["stages"]["install"]["status"] == "incomplete":
-            reference_stage(lease, python)  # while the next pieces are on their way: the image's torch suffices
+    if not install(lease):  # the call that carries the first pieces only stashes them: seconds, not minutes
         lease.write()
         return 3
     imports_stage(lease, python)
@@ -401,14 +447,14 @@ TINY_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, n
 
 
 def random_policy_main(args) -> int:
-    """The preset's architecture (conf/policy/shapes) with random bf16 weights and a byte-level tokenizer over its
-    vocabulary; --tiny: 2 narrow layers, the same vocabulary (the CPU rehearsal)."""
+    """--preset's architecture (conf/policy/shapes) with random bf16 weights and a byte-level tokenizer over its
+    vocabulary; --tiny: 2 narrow layers, a vocabulary of 4,096 (the CPU rehearsal)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from src.distributed.memory import shape_file
 
-    shape = json.loads(shape_file(PRESET).read_text())
+    shape = json.loads(shape_file(args.preset).read_text())
     if args.tiny:
         shape.update(TINY_SHAPE)
     config = AutoConfig.for_model(**shape)
@@ -532,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     read.add_argument("--json", required=True)
     made = verbs.add_parser("random-policy")
     made.add_argument("--folder", required=True)
+    made.add_argument("--preset", default=PRESET, help="the hub id whose architecture conf/policy/shapes holds")
     made.add_argument("--device", default="cpu")
     made.add_argument("--tiny", action="store_true")
     planned = verbs.add_parser("plan")

@@ -52,7 +52,7 @@ def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, e
         # Every float tensor the step makes (advantages, weights, sums) in float64 too, not only the weights:
         # the numbers then agree to ~1e-12 whichever CPU kernels (AVX2, AVX-512, plain) compute them.
         torch.set_default_dtype(torch.float64)
-    ranked = under_ranks()
+    ranked = under_ranks() or hardware.ranked  # hardware.ranked: the ranked path in a group of one
     if policy is None:  # under ranks on the host: sharding moves it to the GPU a unit at a time (`shard_policy`)
         policy, tokenizer = load_policy(run.policy.name_or_path, "cpu" if ranked else hardware.device, hardware.dtype)
     if trainer.gradient_checkpointing:

@@ -96,7 +96,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     run = run.on_device(runtime.trainer_device(run.groups["runtime"], run))
     warn_short_replay_pool(run)
     wanted = runtime.processes(run.groups["runtime"], run.hardware.ranks)
-    with joined(wanted, run.hardware.device, ConfigError) as ranks:  # torchrun's ranks, or this process alone
+    with joined(wanted, run.hardware.device, ConfigError, run.hardware.ranked) as ranks:  # torchrun's, or this process
         return train_ranks(run, cell, ranks)
 
 

@@ -84,6 +84,7 @@ class HardwareSettings:
     threads: int | None
     ranks: int
     activation_checkpointing: bool = False
+    ranked: bool = False  # one torchrun process on the ranked path (a group of one: src/runs/ranks.py)
 
 
 @dataclass(frozen=True)

@@ -278,6 +278,12 @@ def _validate_ranks(cfg: DictConfig) -> None:
     """What data-parallel training over `hardware.ranks` ranks can run: torchrun's processes under runtime=sync
     (src/runs/ranks.py), the trainer actors under runtime=async (src/runtime/ray_work.py)."""
     ranks = int(cfg.hardware.ranks)
+    if cfg.hardware.get("ranked", False):
+        _check(ranks == 1, f"hardware.ranked=true with hardware.ranks={ranks}: {ranks} ranks take the ranked path "
+                           "already; drop hardware.ranked")
+        _check(described(cfg.runtime).ranks_run_the_loop,
+               "hardware.ranked=true under a runtime whose ranks are not the loop's processes (runtime=async: its "
+               "trainer actors); drop hardware.ranked, or use runtime=sync under torchrun")
     if ranks == 1:
         return
     key = f"hardware.ranks={ranks}"

@@ -161,7 +161,8 @@ def tensor_parallel_options(size: int) -> dict[str, Any]:
     started, on GPU LOCAL_RANK (`ExecutorWithExternalLauncher._distributed_args`,
     vllm/v1/executor/uniproc_executor.py:184-197 in 0.32), so the engine stays in-process and its weights load by
     reference. Without it, under ranks, the uni-process executor takes local rank 0 from the device name
-    (uniproc_executor.py:78-88): every rank's engine would sit on GPU 0. It is used at every size, 1 included.
+    (uniproc_executor.py:78-88): every rank's engine would sit on GPU 0. It is used at every size, 1 included, and
+    in a group of one rank (`hardware.ranked`).
 
     No `data_parallel_size` is given: N ranks then hold N / size independent engines, vLLM's "ExternalDP"
     (the layout comment in `initialize_model_parallel`, vllm/distributed/parallel_state.py:2126-2133). With
@@ -174,12 +175,12 @@ def tensor_parallel_options(size: int) -> dict[str, Any]:
     """
     import torch.distributed as dist
 
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    if not dist.is_initialized():  # one process, no group (hardware.ranked makes a group of one)
+        return {}
+    world = dist.get_world_size()
     if world % size:
         raise ValueError(f"policy.vllm.tensor_parallel_size={size} with {world} torchrun rank(s): each engine takes "
                          f"{size} ranks; launch a multiple of {size} (hardware.ranks)")
-    if world == 1:
-        return {}
     return {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
 
 

@@ -40,6 +40,7 @@ class Ranks:
     world: int = 1
     rank: int = 0
     local: int = 0
+    ranked: bool = False  # `hardware.ranked`: one process on the ranked path, in a process group of one
 
     @property
     def lead(self) -> bool:
@@ -47,7 +48,8 @@ class Ranks:
 
     @property
     def many(self) -> bool:
-        return self.world > 1
+        """Whether the ranked path runs: several ranks, or one by `hardware.ranked` (a group and a mesh of one)."""
+        return self.world > 1 or self.ranked
 
     def share(self, value=None):
         """Rank 0's `value` on every rank (pickled between the ranks of one job: trusted peers)."""
@@ -158,19 +160,23 @@ def mismatch(want: int, world: int) -> str | None:
             f"hardware.ranks={world}, or start torchrun with --nproc_per_node {want}")
 
 
-def join(want: int, device: str, error=ValueError) -> Ranks:
+def join(want: int, device: str, error=ValueError, ranked: bool = False) -> Ranks:
     """Join torchrun's process group (gloo on the CPU; on GPUs NCCL for CUDA tensors and gloo for CPU ones, each
     rank on GPU LOCAL_RANK: `src.distributed.group`); `error`
-    with one line when the run's `want` processes (`processes`) are not the ones torchrun started."""
+    with one line when the run's `want` processes (`processes`) are not the ones torchrun started. One process
+    makes no group unless `ranked` (`hardware.ranked`) asks for the ranked path in a group of one."""
     export_slurm_tasks()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     problem = mismatch(want, world)
     if problem:
         raise error(problem)
-    if world == 1:
+    if ranked and "RANK" not in os.environ:
+        raise error("hardware.ranked=true but this process was not started by torchrun (RANK unset): launch "
+                    "`torchrun --standalone --nproc_per_node 1 -m src.run ... hardware.ranked=true`")
+    if world == 1 and not ranked:
         own_store()
         return Ranks()
-    ranks = Ranks(world, int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")))
+    ranks = Ranks(world, int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), ranked=ranked)
     if not dist.is_initialized():
         if str(device).startswith("cuda"):
             torch.cuda.set_device(ranks.local)
@@ -189,9 +195,9 @@ def own_store() -> None:
 
 
 @contextlib.contextmanager
-def joined(want: int, device: str, error=ValueError):
+def joined(want: int, device: str, error=ValueError, ranked: bool = False):
     """`join` for the length of a run: the ranks leave the group when it ends, as it ended."""
-    ranks = join(want, device, error)
+    ranks = join(want, device, error, ranked)
     try:
         yield ranks
     except BaseException:

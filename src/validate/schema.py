@@ -92,6 +92,7 @@ KNOBS: dict[str, Knob] = {
     "hardware.threads": _int(1, 4_096, "2 or null", nullable=True),
     "hardware.ranks": _int(1, 1_024, "1, or the GPUs of the job"),
     "hardware.activation_checkpointing": Knob("bool", example="true or false"),
+    "hardware.ranked": Knob("bool", example="true or false"),
     "tracking.policy_artifact_max_mb": _float(0, INF, "200 (0: never upload, tags only)"),
     "tracking.completions_per_step": _int(0, 10_000, "4 (0: none)"),
     "tracking.print_completions": _int(0, 1_000, "2 (0: none)"),

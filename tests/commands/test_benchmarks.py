@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -142,3 +143,33 @@ def test_async_vs_sync_summary_takes_each_runtimes_median_and_range_over_rounds(
     # ratios 1.20, 1.50, 1.33: median 1.33x, range 1.20-1.50x; shares of the 0.5 possible: 40 %, 100 %, 67 %
     assert re.search(r"1\.33x .*1\.20-1\.50x .*67% .*50% \(20%-60%\)", lifo), lifo
     assert "the slower synchronous phase alone allows 1.50x (1.50-1.50x)" in text, text
+
+
+PROBE = "python -m benchmarks.vllm_probe --tiny --device cpu --waves 8,16 --response-tokens 8 --prompt-tokens 16 " \
+        "--json probe.json"  # docs/benchmarks.md's rehearsal, as typed
+
+
+@pytest.mark.slow  # one vLLM engine start on the CPU
+@pytest.mark.vllm  # in .venv-vllm, with the CPU build of vLLM
+def test_the_vllm_probe_times_each_variant_of_a_wave_and_profiles_one_call(tmp_path):
+    """One engine, each variant's call of each wave (the same tokens whatever the variant: every sequence runs to
+    its length), and the profiled call's functions, as docs/benchmarks.md types it for the CPU."""
+    words = PROBE.split()
+    done = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    figures = json.loads((tmp_path / "probe.json").read_text())
+    assert figures["engine_start_s"] > 0 and sorted(figures["waves"]) == ["16", "8"]
+    for wave, variants in figures["waves"].items():
+        assert list(variants) == ["project", "unseeded", "token_stop", "gc_frozen"]
+        assert {row["tokens"] for row in variants.values()} == {int(wave) * 8}, variants
+        assert all(row["seconds"] > 0 and row["tokens_per_s"] > 0 for row in variants.values())
+    assert "generate" in " ".join(row["function"] for row in figures["profile"][:5]) and len(figures["profile"]) == 25
+    assert "16 sequences x 8 tokens: tokens/s project" in done.stdout
+
+
+def test_the_vllm_probe_refuses_a_wave_that_is_not_whole_groups():
+    done = subprocess.run([sys.executable, "-m", "benchmarks.vllm_probe", "--waves", "12"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--waves=12: each wave is prompts x 8 samples" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -143,6 +143,7 @@ DOCUMENTED = {
     "python -m src.runtime.plan": "test_runtime_plan_prints_table_1",
     "python -m benchmarks.async_vs_sync": "test_async_vs_sync_benchmark_prints_both_runtimes",
     "python -m benchmarks.weight_sync": "test_weight_sync_benchmark_prints_publish_and_load",
+    "python -m benchmarks.vllm_probe": "tests/commands/test_benchmarks.py::test_the_vllm_probe_times_each_variant_of_a_wave_and_profiles_one_call",
     "python -m benchmarks.first_answer": "test_first_answer_benchmark_times_each_refusal",
     "make check-engine": "test_make_check_engine_on_cpu",
     "make test-vllm-cpu": "test_make_test_vllm_cpu_builds_the_asked_vllm_then_runs_the_vllm_tests",

@@ -132,6 +132,22 @@ def test_two_ranks_sigkilled_together_resume_on_two_ranks_into_the_one_process_r
     assert_resumed_as_uninterrupted(store, killed[0].info.run_id, out, uninterrupted)
 
 
+@pytest.mark.slow  # one launch under torchrun (+ the shared one-process run)
+def test_one_process_on_the_ranked_path_logs_the_one_process_run(tmp_path, uninterrupted):
+    """`torchrun --nproc_per_node 1 -m src.run hardware.ranked=true`: a process group of one, FSDP2 over a mesh of
+    one, DCP shards (the GPU lease's form of the ranked path on one GPU), with every metric of one process."""
+    store = f"sqlite:///{tmp_path}/ranked.db"
+    one = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1")
+    finished(launch(tmp_path, store, "ranked", *one, extra=("hardware.ranked=true",)))
+    assert list((tmp_path / "ranked" / "shards").glob("step-*"))  # the ranked path's checkpoint
+    (run,), got = histories(store)
+    assert run.info.status == "FINISHED" and got.keys() == uninterrupted.keys()
+    for key, values in uninterrupted.items():
+        if not wall_clock(key):
+            assert [v for _, v in got[key]] == pytest.approx([v for _, v in values], rel=1e-9, abs=1e-12,
+                                                             nan_ok=True), key
+
+
 @pytest.mark.slow  # one launch of the tiny policy, one under torchrun
 @pytest.mark.long  # make test-long (docs/testing.md): test_data_parallel trains the fused head over two ranks
 def test_the_fused_head_over_two_ranks_logs_the_one_process_run(tmp_path):
@@ -162,6 +178,8 @@ def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_confi
     assert "set hardware.ranks=3, or start torchrun with --nproc_per_node 2" in mismatch(want, 3)
     with pytest.raises(ValueError, match="torchrun --standalone --nproc_per_node 2 -m src.run"):
         join(want, cfg.hardware.device)  # this test's process has no WORLD_SIZE
+    with pytest.raises(ValueError, match="hardware.ranked=true but this process was not started by torchrun"):
+        join(1, cfg.hardware.device, ranked=True)
 
 
 @pytest.mark.parametrize("overrides, named", [
@@ -173,6 +191,7 @@ def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_confi
     (("trainer.compile=true",), "trainer.compile=false"),
     (("hardware.device=cuda:1",), "each rank takes GPU LOCAL_RANK; set hardware.device=cuda"),
     (("trainer.groups_per_step=1",), "raise trainer.groups_per_step to at least 2"),
+    (("hardware.ranked=true",), "hardware.ranked=true with hardware.ranks=2: 2 ranks take the ranked path already"),
 ])
 def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config, overrides, named):
     from src.command.config import ConfigError, validate
@@ -180,6 +199,14 @@ def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config,
     validate(compose_config("hardware.ranks=2"))
     with pytest.raises(ConfigError, match=named):
         validate(compose_config("hardware.ranks=2", *overrides), check_device=False)
+
+
+def test_the_ranked_path_of_one_process_is_refused_where_it_cannot_act(compose_config):
+    from src.command.config import ConfigError, validate
+
+    validate(compose_config("hardware.ranked=true"), check_device=False)
+    with pytest.raises(ConfigError, match="hardware.ranked=true under a runtime whose ranks are not the loop's"):
+        validate(compose_config("hardware.ranked=true", "runtime=async"), check_device=False)
 
 
 def test_every_loss_trains_over_ranks_a_new_one_included(compose_config):
