@@ -59,8 +59,9 @@ def build_components(run: RunSettings, train_set, policy=None, tokenizer=None, e
         policy.gradient_checkpointing_enable()
     reference = sharded_with_reference(policy, hardware) if ranked else frozen_copy(policy)
     forward = build_forward(run, tokenizer)
+    ranked_engine = {"ranked": True} if hardware.ranked and run.policy.engine == "vllm" else {}
     engine = engine or build_engine(run.policy.engine, policy, tokenizer, run.policy.generation_batch_size,
-                                    max_new_tokens=run.policy.max_new_tokens, **run.policy.vllm)
+                                    max_new_tokens=run.policy.max_new_tokens, **run.policy.vllm, **ranked_engine)
     task = task or build_task(run.groups["task"])
     task.check_curriculum(run.groups["curriculum"].name)
     if sampler is None:

@@ -153,7 +153,7 @@ def request_seed(seed: int, prompt_index: int) -> int:
     return int.from_bytes(digest, "big") >> 2  # 62 bits: seed + n stays a valid int64 and torch seed
 
 
-def tensor_parallel_options(size: int) -> dict[str, Any]:
+def tensor_parallel_options(size: int, ranked: bool = False) -> dict[str, Any]:
     """vLLM's options for this rank's engine under torchrun: one engine over `size` consecutive ranks
     (`policy.vllm.tensor_parallel_size`), or over this rank alone (`size` 1).
 
@@ -162,7 +162,8 @@ def tensor_parallel_options(size: int) -> dict[str, Any]:
     vllm/v1/executor/uniproc_executor.py:184-197 in 0.32), so the engine stays in-process and its weights load by
     reference. Without it, under ranks, the uni-process executor takes local rank 0 from the device name
     (uniproc_executor.py:78-88): every rank's engine would sit on GPU 0. It is used at every size, 1 included, and
-    in a group of one rank (`hardware.ranked`).
+    in torchrun's group of one rank where `ranked` (`hardware.ranked`) says so: a group of one is otherwise
+    vLLM's own, which its first engine in a process makes.
 
     No `data_parallel_size` is given: N ranks then hold N / size independent engines, vLLM's "ExternalDP"
     (the layout comment in `initialize_model_parallel`, vllm/distributed/parallel_state.py:2126-2133). With
@@ -175,12 +176,12 @@ def tensor_parallel_options(size: int) -> dict[str, Any]:
     """
     import torch.distributed as dist
 
-    if not dist.is_initialized():  # one process, no group (hardware.ranked makes a group of one)
-        return {}
-    world = dist.get_world_size()
+    world = dist.get_world_size() if dist.is_initialized() else 1
     if world % size:
         raise ValueError(f"policy.vllm.tensor_parallel_size={size} with {world} torchrun rank(s): each engine takes "
                          f"{size} ranks; launch a multiple of {size} (hardware.ranks)")
+    if not dist.is_initialized() or (world == 1 and not ranked):  # one process: vLLM's own executor
+        return {}
     return {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
 
 
@@ -260,7 +261,7 @@ class VLLMEngine:
                  max_model_len: int | None = None, max_num_seqs: int | None = None, seed: int = 0,
                  per_request_seeds: bool = True, allow_untested_version: bool = False,
                  kv_cache_gib: float | None = None, model_path: str | None = None, sleep: bool = False,
-                 tensor_parallel_size: int = 1, max_new_tokens: int | None = None):
+                 tensor_parallel_size: int = 1, max_new_tokens: int | None = None, ranked: bool = False):
         vllm = import_vllm(allow_untested_version)
         self._vllm = vllm
         self.on_cpu = on_cpu_platform()
@@ -277,6 +278,7 @@ class VLLMEngine:
             log.warning("VLLM_ENABLE_V1_MULTIPROCESSING is set; the colocated vLLM engine needs it off, setting 0")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.tensor_parallel_size = tensor_parallel_size
+        self.ranked = ranked  # hardware.ranked: external_launcher in torchrun's group of one
         # The weight sync sends the trainer's weights in the engine's dtype ("auto" or an unknown name: as they are).
         named = getattr(torch, dtype, None)
         self.weight_dtype = named if isinstance(named, torch.dtype) else None
@@ -316,7 +318,7 @@ class VLLMEngine:
         )
         if self.sleeps:
             options["enable_sleep_mode"] = True
-        options.update(tensor_parallel_options(self.tensor_parallel_size))
+        options.update(tensor_parallel_options(self.tensor_parallel_size, self.ranked))
         if max_model_len is not None:
             options["max_model_len"] = max_model_len
         if max_num_seqs is None and not self.on_cpu:

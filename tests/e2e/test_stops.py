@@ -120,7 +120,7 @@ def test_a_checkpoint_on_a_really_full_disk(tiny_tmpfs):
     torch.manual_seed(0)
     policy = torch.nn.Linear(400, 256)  # about 400 KB of weights
     parts = SimpleNamespace(policy=policy, optimizer=torch.optim.SGD(policy.parameters(), lr=0.1), **{
-        key: getattr(fake_parts(0), key) for key in ("store", "sampler", "behaviour")})
+        key: getattr(fake_parts(0), key) for key in ("buffer", "curriculum", "behaviour")})
     path = tiny_tmpfs / "checkpoint.pt"
     save_checkpoint(path, parts, TrainState(step=1), "run-1", "cell-1")
     save_checkpoint(path, parts, TrainState(step=2), "run-1", "cell-1")

@@ -473,3 +473,20 @@ def test_a_restored_checkpoint_reaches_the_engine_before_the_first_resumed_step(
                "torch_rng": torch.get_rng_state(), "state": {}}
     restore_checkpoint(payload, parts)
     assert len(synced) == 1 and torch.equal(synced[0], saved["weight"])
+
+
+def test_a_group_of_one_takes_external_launcher_only_on_the_ranked_path():
+    """In one process a group of one is vLLM's own (its first engine makes it) unless hardware.ranked made it:
+    only then does the engine join it through external_launcher."""
+    import torch.distributed as dist
+
+    from src.rollout.vllm_engine import tensor_parallel_options
+
+    assert tensor_parallel_options(1) == {} and tensor_parallel_options(1, ranked=True) == {}  # no group yet
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert tensor_parallel_options(1) == {}
+        assert tensor_parallel_options(1, ranked=True) == {"tensor_parallel_size": 1,
+                                                            "distributed_executor_backend": "external_launcher"}
+    finally:
+        dist.destroy_process_group()
