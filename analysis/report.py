@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from src.validate.checks import composition_error
     from src.paths import CONFIG_DIR, register_root_resolver
-    from src.runs.store import StoreUnreachable, check_store
+    from src.runs.store_check import StoreUnreachable, check_store
 
     # The ${root:} resolver from src.paths, not src.command.config: importing src.command.config would pull in torch
     # and transformers (seconds) for a command that only reads MLflow.

@@ -55,14 +55,14 @@ from src.runs.artifacts import log_final_policy, log_run_artifact
 from src.runs.completions import completion_line, completion_rows
 from src.runs.ending import close_active_run, disk_full_error, leave_run_end
 from src.runs.links import run_link, ui_command
-from src.runs.store import StoreUnreachable, check_store
+from src.runs.store_check import StoreUnreachable, check_store
 from src.study.budget import budget_is_floor, plan_for, replay_demand_met
 from src.buffer.store import ReplayStore
 from src.variant import described
 from src.validate.checks import exit_with_message
 from src.command.config import ConfigError, check_settings_take_effect, validate
 from src.runs.diskspace import DiskFull, quiet_log_files_when_full, writing
-from src.runs.lifecycle import LATEST_CHECKPOINT, Heartbeat, remove_stale_temporaries
+from src.runs.lifecycle import LATEST_CHECKPOINT, Heartbeat, check_resume_from, remove_stale_temporaries
 from src.eval.standalone import evaluate_policy
 from src.runs.cells import Cell, slurm_job_key
 from src.study.sweep import Skipped, cell_identity
@@ -74,7 +74,7 @@ from src.build import build_components, build_runtime
 from src.runtime.base import RunContext, Runtime, Steps
 from src.runtime.runners import PipelineError
 from src.study.labels import cell_of, hydra_job
-from src.runs.checkpoint import CheckpointError, check_resume_from, payload_bytes, save_checkpoint
+from src.runs.checkpoint import CheckpointError, payload_bytes, save_checkpoint
 from src.components import Components
 from src.runs.claim import fail_unopened_claim, withdraw_unopened_claim
 from src.runs.resume import NothingToTrain, RunAlive, choose_start

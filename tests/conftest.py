@@ -9,6 +9,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -178,10 +179,12 @@ def cpu_seconds() -> float:
 
 
 CPU_STARTED = pytest.StashKey[float]()
+WALL_STARTED = pytest.StashKey[float]()
 
 
 def pytest_runtest_setup(item):
     item.stash[CPU_STARTED] = cpu_seconds()
+    item.stash[WALL_STARTED] = time.time()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -191,6 +194,9 @@ def pytest_runtest_makereport(item, call):
     nothing waits for (Ray's actors, a server left to its own group) are not counted."""
     if call.when == "teardown" and CPU_STARTED in item.stash:
         item.user_properties.append(("cpu_seconds", round(cpu_seconds() - item.stash[CPU_STARTED], 2)))
+        # when and where it ran: `python -m tests.durations --timeline` shows how busy the workers were
+        item.user_properties.append(("started", round(item.stash[WALL_STARTED], 1)))
+        item.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
     yield
 
 

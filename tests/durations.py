@@ -32,8 +32,11 @@ def read_cases(report: Path) -> list[dict]:
         outcome = "skipped" if case.find("skipped") is not None else (
             "failed" if case.find("failure") is not None or case.find("error") is not None else "passed")
         cpu = [float(prop.get("value", "nan")) for prop in case.iter("property") if prop.get("name") == "cpu_seconds"]
+        properties = {prop.get("name"): prop.get("value") for prop in case.iter("property")}
         cases.append({"id": f"{path}::{name}", "file": path, "name": name, "seconds": float(case.get("time", 0)),
-                      "cpu": cpu[0] if cpu else None, "outcome": outcome})
+                      "cpu": cpu[0] if cpu else None, "outcome": outcome,
+                      "started": float(properties["started"]) if "started" in properties else None,
+                      "worker": properties.get("worker")})
     return cases
 
 
@@ -76,6 +79,31 @@ def per_file(cases: list[dict]) -> dict[str, tuple[float, float | None]]:
     return {path: (round(total, 1), cpu[path]) for path, total in sorted(seconds.items(), key=lambda item: -item[1])}
 
 
+def timeline(cases: list[dict]) -> str:
+    """How busy the workers of one report were: its span from the first test's start to the last one's end, each
+    worker's busy seconds, and the tail (from when the first worker ran out of tests to the end), with the tests
+    still running in it. Empty for a report written without the start times (tests/conftest.py records them)."""
+    timed = [case for case in cases if case.get("started") is not None]
+    if not timed:
+        return ""
+    first = min(case["started"] for case in timed)
+    end = max(case["started"] + case["seconds"] for case in timed)
+    busy: dict[str, float] = defaultdict(float)
+    last_end: dict[str, float] = defaultdict(float)
+    for case in timed:
+        busy[case["worker"]] += case["seconds"]
+        last_end[case["worker"]] = max(last_end[case["worker"]], case["started"] + case["seconds"])
+    tail_from = min(last_end.values())
+    lines = [f"span {(end - first) / 60:.1f} min; each worker's busy minutes: "
+             + ", ".join(f"{worker} {seconds / 60:.1f}" for worker, seconds in sorted(busy.items())),
+             f"tail: {(end - tail_from) / 60:.1f} min after the first worker ran out of tests, still running then:"]
+    for case in sorted(timed, key=lambda c: -(c["started"] + c["seconds"])):
+        if case["started"] + case["seconds"] <= tail_from:
+            break
+        lines.append(f"  {case['worker']} {case['started'] - first:7.0f} s +{case['seconds']:6.1f} s  {case['id']}")
+    return "\n".join(lines)
+
+
 def record(cases: list[dict], floor: float = RECORD_FLOOR) -> dict[str, float]:
     """Each test's seconds, heaviest first, for the tests that took at least `floor` (the rest count 0.1 s)."""
     kept = [case for case in cases if case["seconds"] >= floor]
@@ -102,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
               + (f", {sum(cpu) / 60:.1f} CPU-min" if cpu else "")
               + f" ({sum(c['outcome'] == 'failed' for c in found)} failed)")
         cases += found
+        shown = timeline(found)
+        if shown:
+            print(shown)
     print()
     print(table(cases, args.top))
     print("\n| file | seconds | CPU-s |\n|---|---:|---:|")

@@ -109,8 +109,11 @@ def check_settings_take_effect(cfg: DictConfig, overrides: list[str], choices) -
 def check_before_imports(cfg: DictConfig, overrides: list[str]) -> None:
     """`validate`'s checks that need no model library, for `src.command.cli` to answer before torch, transformers and
     MLflow load: keys, types and ranges (of the groups whose class loads without them), command-line settings the
-    chosen option does not use, the trainer's sizes and the policy's files. `validate` runs them all again."""
+    chosen option does not use, the trainer's sizes, the policy's files, the tracking store (a server that does not
+    answer, a folder that cannot be written) and `trainer.resume_from`. `validate` and the run check them again."""
     from src.paths import searchpath_folders
+    from src.runs.lifecycle import CheckpointError, check_resume_from
+    from src.runs.store_check import StoreUnreachable, check_store
     from src.variant import described_without_heavy_modules as describe, load_target_without_heavy_modules
 
     _check_targets(cfg, load_target_without_heavy_modules)  # first: a `_target_` that names nothing, in one line
@@ -120,6 +123,11 @@ def check_before_imports(cfg: DictConfig, overrides: list[str]) -> None:
             cfg)
     _check_sizes(cfg)
     validate_policy_files(cfg.policy.name_or_path)
+    try:
+        check_store(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.artifact_location)
+        check_resume_from(cfg.trainer.resume_from)
+    except (StoreUnreachable, CheckpointError) as error:
+        raise ConfigError(str(error)) from None
 
 
 def _check_sizes(cfg: DictConfig) -> None:

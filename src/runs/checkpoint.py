@@ -12,21 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import zipfile
 from pathlib import Path
 
 import torch
 
 from src.runs.diskspace import writing
-from src.runs.lifecycle import LATEST_CHECKPOINT, PREVIOUS_CHECKPOINT, checkpoint_files, temporary_path
+from src.runs.lifecycle import LATEST_CHECKPOINT, CheckpointError, PREVIOUS_CHECKPOINT, checkpoint_files, temporary_path
 from src.components import Components
 from src.batch import TrainState
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointError(RuntimeError):
-    """No checkpoint of a run folder loads, or the one found belongs to another run or cell."""
 
 
 # What a checkpoint's layout is: 2 keeps a group's ground truth as the task's one opaque value and a runtime's
@@ -169,22 +164,3 @@ def restore_checkpoint(payload: dict, parts: Components, sharded: bool = False) 
     return TrainState(**payload["state"])
 
 
-def check_resume_from(path: str | None) -> None:
-    """`trainer.resume_from` names a checkpoint file; CheckpointError naming the key, the value and the fix.
-
-    Cheap on purpose (no unpickling): a folder, a missing file or a file that is not a torch archive is
-    refused before any model loads; a damaged archive is named when it is read.
-    """
-    if not path:
-        return
-    file, key = Path(path), f"trainer.resume_from={path}"
-    if file.is_dir():
-        inside = [candidate for candidate in checkpoint_files(file) if candidate.is_file()]
-        fix = (f"name the checkpoint file inside it: trainer.resume_from={inside[0]}" if inside else
-               f"it holds no {LATEST_CHECKPOINT}: name a run folder's {LATEST_CHECKPOINT}")
-        raise CheckpointError(f"{key} is a folder; {fix}")
-    if not file.is_file():
-        raise CheckpointError(f"{key}: no such file; name a run folder's {LATEST_CHECKPOINT}")
-    if not zipfile.is_zipfile(file):
-        raise CheckpointError(f"{key} is not a training checkpoint (not a torch archive); name a run folder's "
-                              f"{LATEST_CHECKPOINT}, or drop trainer.resume_from to resume this cell's own run")

@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 import uuid
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,3 +220,28 @@ def run_liveness(run_id: str, folder: Path | None, started_s: float, slurm_job: 
     if slurm_job_gone(slurm_job or ""):
         return Liveness(False, f"its SLURM job {slurm_job} no longer runs")
     return Liveness(True, f"{where}, last heartbeat {age:.0f} s ago", wait_s=timeout_s - age)
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint of a run folder loads, or the one found belongs to another run or cell."""
+
+
+def check_resume_from(path: str | None) -> None:
+    """`trainer.resume_from` names a checkpoint file; CheckpointError naming the key, the value and the fix.
+
+    Cheap on purpose (no unpickling): a folder, a missing file or a file that is not a torch archive is
+    refused before any model loads; a damaged archive is named when it is read.
+    """
+    if not path:
+        return
+    file, key = Path(path), f"trainer.resume_from={path}"
+    if file.is_dir():
+        inside = [candidate for candidate in checkpoint_files(file) if candidate.is_file()]
+        fix = (f"name the checkpoint file inside it: trainer.resume_from={inside[0]}" if inside else
+               f"it holds no {LATEST_CHECKPOINT}: name a run folder's {LATEST_CHECKPOINT}")
+        raise CheckpointError(f"{key} is a folder; {fix}")
+    if not file.is_file():
+        raise CheckpointError(f"{key}: no such file; name a run folder's {LATEST_CHECKPOINT}")
+    if not zipfile.is_zipfile(file):
+        raise CheckpointError(f"{key} is not a training checkpoint (not a torch archive); name a run folder's "
+                              f"{LATEST_CHECKPOINT}, or drop trainer.resume_from to resume this cell's own run")

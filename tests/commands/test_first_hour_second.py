@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -158,6 +159,25 @@ def test_src_run_refuses_in_one_line_before_torch(refused, index):
     folder, done = refused
     one_line(done[index], *REFUSED[index][1])
     assert not (folder / "m.db").exists() and not (folder / "run").exists()
+
+
+def test_tracking_settings_and_a_resume_file_that_cannot_work_are_refused_before_torch(tmp_path):
+    """A store URI without a scheme, a server that does not answer, a resume file that is no checkpoint: each one
+    line in about a second, before torch, transformers and MLflow load (the run checks the store again)."""
+    with socket.socket() as sock:  # a port nothing listens on once the socket is closed
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    store = f"tracking.uri=sqlite:///{tmp_path}/m.db"
+    cases = [(["tracking.uri=garbage"], ["tracking.uri=garbage: not a store URI (no scheme)"]),
+             ([f"tracking.uri=http://127.0.0.1:{closed}"], ["no MLflow server answers", "make mlflow-server"]),
+             (["trainer.resume_from=/etc/hostname", store], ["trainer.resume_from=/etc/hostname is not a training "
+                                                             "checkpoint (not a torch archive)"]),
+             (["trainer.resume_from=/no/such/checkpoint.pt", store], ["trainer.resume_from=/no/such/checkpoint.pt: "
+                                                                      "no such file"])]
+    done = run_all([[*as_main("src.run", HEAVY), *argv, f"hydra.run.dir={tmp_path}/run"] for argv, _ in cases])
+    for result, (_, words) in zip(done, cases):
+        one_line(result, *words)
+    assert not (tmp_path / "m.db").exists() and not (tmp_path / "run").exists()
 
 
 def test_option_lists_offer_no_base_config():

@@ -127,8 +127,8 @@ def a_colleague_reads_and_logs_once_granted(uri: str, experiment_id: str, monkey
 
 
 def test_a_run_without_the_password_is_refused_in_one_line(tmp_path, tracking_server, monkeypatch):
-    """Before any compute, where MLflow would retry for minutes (src.runs.store.check_reachable)."""
-    from src.runs.store import StoreUnreachable, check_reachable
+    """Before any compute, where MLflow would retry for minutes (src.runs.store_check.check_reachable)."""
+    from src.runs.store_check import StoreUnreachable, check_reachable
 
     monkeypatch.setenv("HOME", str(tmp_path / "nobody"))  # no credentials file
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)

@@ -231,7 +231,7 @@ def test_a_target_that_does_not_take_its_groups_settings_is_named_before_any_com
     ("sqlite:///{tmp}/m.db", "e", "/proc/no-such/artifacts", "tracking.artifact_location=/proc/no-such/artifacts"),
 ])
 def test_a_tracking_setting_that_cannot_work_is_named(tmp_path, uri, experiment, artifacts, key):
-    from src.runs.store import StoreUnreachable, check_store
+    from src.runs.store_check import StoreUnreachable, check_store
 
     with pytest.raises(StoreUnreachable) as error:
         check_store(uri.format(tmp=tmp_path), experiment, artifacts)
@@ -240,7 +240,7 @@ def test_a_tracking_setting_that_cannot_work_is_named(tmp_path, uri, experiment,
 
 
 def test_good_tracking_settings_pass(tmp_path):
-    from src.runs.store import check_store
+    from src.runs.store_check import check_store
 
     check_store(f"sqlite:///{tmp_path}/new/m.db", "replay-rloo", str(tmp_path / "artifacts"))
     assert (tmp_path / "new").is_dir() and (tmp_path / "artifacts").is_dir()
@@ -250,7 +250,7 @@ def test_good_tracking_settings_pass(tmp_path):
 def test_resume_from_a_folder_or_a_file_that_is_no_checkpoint_is_named(tmp_path):
     import torch
 
-    from src.runs.checkpoint import CheckpointError, check_resume_from
+    from src.runs.lifecycle import CheckpointError, check_resume_from
 
     (tmp_path / "empty").mkdir()
     run = tmp_path / "run"
