@@ -53,6 +53,25 @@ def test_python_m_tests_durations_prints_the_slowest_tests_and_records_them(tmp_
     assert "| 1 |" in top and "| 2 |" not in top and "The slowest tests first" not in top
 
 
+def test_python_m_tests_durations_shows_how_busy_the_workers_were(tmp_path):
+    """From the start time and worker each test's record keeps (tests/conftest.py): the span, each worker's busy
+    minutes, and the tail after the first worker ran out of tests, with the tests still running in it."""
+    def case(name: str, worker: str, started: float, seconds: float) -> str:
+        return (f'<testcase classname="tests.unit.test_x" name="{name}" time="{seconds}"><properties>'
+                f'<property name="started" value="{started}"/><property name="worker" value="{worker}"/>'
+                "</properties></testcase>")
+    report = tmp_path / "venv.xml"
+    report.write_text('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
+                      + case("test_a", "gw0", 1000.0, 30.0) + case("test_b", "gw0", 1030.0, 30.0)
+                      + case("test_long", "gw1", 1000.0, 120.0) + "</testsuite></testsuites>")
+    done = run("-m", "tests.durations", "--top", "1", str(report))
+    assert done.returncode == 0, done.stderr
+    assert "span 2.0 min; each worker's busy minutes: gw0 1.0, gw1 2.0" in done.stdout, done.stdout
+    tail = done.stdout.split("tail: 1.0 min after the first worker ran out of tests, still running then:\n", 1)
+    assert len(tail) == 2 and tail[1].splitlines()[0].split() == ["gw1", "0", "s", "+", "120.0", "s",
+                                                                  "tests/unit/test_x.py::test_long"], done.stdout
+
+
 @pytest.mark.parametrize("argv, said", [
     (["--top", "0", "x.xml"], "--top 0: give a whole number of tests >= 1"),
     (["nothing.xml"], "no such report: nothing.xml (pytest --junitxml=FILE writes one"),
