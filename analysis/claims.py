@@ -9,15 +9,15 @@ metric, with what the paper says of the difference. Agreement needs evidence (SP
 - "flat" (equivalence): two one-sided tests (TOST) reject "outside +- the margin".
 
 Each margin is fixed here, before any run, and tied to the paper's own numbers where it gives them; for "higher"
-and "lower" the margin is the paper's effect, the size the seeds must be able to detect. A comparison that is
-true by construction (rollout counts fixed by a schedule) is a `ScheduleCheck`, shown apart, never evidence.
-The claim's verdict:
+and "lower" the margin is the paper's effect. A comparison rejects the claim only by a test of its own at 5 %: an
+effect the paper's size or larger is excluded ("higher" / "lower"), the method is worse by more than the margin
+("at least"), or the difference lies outside the margin ("flat"). Each row shows the 90 % interval, whose ends
+are the one-sided 95 % bounds these tests read. A comparison that is true by construction (rollout counts fixed
+by a schedule) is a `ScheduleCheck`, shown apart, never evidence. The claim's verdict:
 
 - reproduced: every comparison's test rejects its null;
-- not reproduced: some comparison is significantly the other way, or fails to reject where the seeds had the
-  power (80 %) to detect its margin;
-- too few seeds to decide: no comparison against, and some cannot be decided: their seeds' detectable
-  difference exceeds the margin (the row names the seed count that would decide);
+- not reproduced: some comparison rejects the claim;
+- undecided: neither; the row names the seed count that would give its test 80 % power at its margin;
 - not testable at this scale: the baseline does not learn, a role has no runs, or the seeds do not vary.
 
 Runs from different commits are never pooled: `commit_refusal` says so in one line. Everything here is a pure
@@ -33,11 +33,11 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from analysis.seeds import claim_outcomes, detectable, one_sided_p, seeds_to_decide, t_interval
+from analysis.seeds import CLAIM_CONFIDENCE, claim_outcomes, detectable, one_sided_p, seeds_to_decide, t_interval
 
 REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
-TOO_FEW_SEEDS, NOT_TESTABLE = "too few seeds to decide", "not testable at this scale"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, TOO_FEW_SEEDS, NOT_TESTABLE)
+UNDECIDED, NOT_TESTABLE = "undecided", "not testable at this scale"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, UNDECIDED, NOT_TESTABLE)
 EXPECTATIONS = ("higher", "at least", "flat", "lower")
 COMMIT_TAG = "tags.mlflow.source.git.commit"  # set by MLflow's resolve_tags (src/runs/claim.py, create_claim_run)
 DEFAULT_MARGIN = 0.02  # one of 50 held-out prompts: the resolution of the quick evaluation's per-prompt scores
@@ -75,20 +75,21 @@ class Comparison:
     substitution: str = ""
 
     def judged(self) -> dict:
-        """The paired difference (mean, 95 % two-sided half-width), the claim's one-sided test (p), the smallest
-        difference the seeds detect (80 % power, 5 %), the seeds that would decide, and the outcome."""
+        """The paired difference (mean, 90 % two-sided half-width: its ends are the one-sided tests' 95 % bounds),
+        the claim's one-sided test (p), the smallest difference the seeds detect (80 % power, 5 %), the seeds
+        that would decide an undecided row, and the outcome."""
         shared = self.method.dropna().index.intersection(self.baseline.dropna().index)
         d = (self.method[shared] - self.baseline[shared]).to_numpy(dtype=float)
-        mean, half_width = t_interval(d)
+        mean, half_width = t_interval(d, CLAIM_CONFIDENCE)
         sd = float(np.std(d, ddof=1)) if d.size > 1 else np.nan
         outcome = str(claim_outcomes(d[None, :], self.expect, self.margin)[0]) if d.size else "no data"
         equivalence = self.expect == "flat"
         row = {"n_pairs": int(d.size), "diff": mean, "diff_hw": half_width, "p_value": claim_p(d, self.expect,
                                                                                              self.margin),
                "detectable": float(detectable(sd, d.size, equivalence)) if d.size > 1 else np.nan,
-               "seeds_needed": seeds_to_decide(sd, self.margin, equivalence) if outcome == "too few seeds" else None,
+               "seeds_needed": seeds_to_decide(sd, self.margin, equivalence) if outcome == "undecided" else None,
                "outcome": outcome}
-        agrees = {"agrees": True, "against": False, "not shown": False}.get(outcome)
+        agrees = {"agrees": True, "against": False}.get(outcome)
         return {**row, "agrees": agrees}
 
 
@@ -219,20 +220,32 @@ def verdict(judged: list[dict]) -> tuple[str, str]:
         return NOT_TESTABLE, "a comparison has fewer than two seeds with both roles' runs"
     by = lambda outcome: [row for row in judged if row["outcome"] == outcome]
     if by("against"):
-        return NOT_REPRODUCED, "significantly the other way: " + "; ".join(row["label"] for row in by("against"))
+        return NOT_REPRODUCED, "; ".join(rejection(row) for row in by("against"))
     if not [row for row in judged if row["outcome"] != "agrees"]:
         return REPRODUCED, "every comparison's one-sided test rejects its null at 5 % (paired over training seeds)"
-    if by("not shown"):
-        return NOT_REPRODUCED, ("no evidence where the seeds had 80 % power to find it: "
-                                + "; ".join(f"{row['label']} ({row['diff']:+.3f})" for row in by("not shown")))
     if by("no spread"):
         return NOT_TESTABLE, ("every seed gives the same difference, so there is no test: "
                               + "; ".join(row["label"] for row in by("no spread")))
-    open_rows = by("too few seeds")
+    open_rows = by("undecided")
     needed = [row["seeds_needed"] for row in open_rows]
     count = f"{max(needed)} seeds would decide" if None not in needed else "more than 10,000 seeds would be needed"
-    return TOO_FEW_SEEDS, (f"{count}: " + "; ".join(
-        f"{row['label']} detects {row['detectable']:.3f} > margin {row['margin']:.3f}" for row in open_rows))
+    return UNDECIDED, (f"{count}: " + "; ".join(
+        f"{row['label']} detects {row['detectable']:.3f} > margin {row['margin']:.3f}"
+        if row["detectable"] > row["margin"] else f"{row['label']} ({row['diff']:+.3f}) rejects neither"
+        for row in open_rows))
+
+
+def rejection(row: dict) -> str:
+    """Why a comparison rejects the claim, with the one-sided 95 % bound its test read."""
+    low, high = row["diff"] - row["diff_hw"], row["diff"] + row["diff_hw"]
+    margin, label = row["margin"], row["label"]
+    if row["expect"] == "higher":
+        return f"{label}: no effect as large as the paper's (95 % upper bound {high:+.3f} < {margin:+.3f})"
+    if row["expect"] == "lower":
+        return f"{label}: no effect as large as the paper's (95 % lower bound {low:+.3f} > {-margin:+.3f})"
+    if row["expect"] == "at least":
+        return f"{label}: worse by more than the margin (95 % upper bound {high:+.3f} < {-margin:+.3f})"
+    return f"{label}: outside +- {margin:g} (90 % interval {low:+.3f} to {high:+.3f})"
 
 
 # --------------------------------------------------------------------------- the runs' roles

@@ -70,14 +70,14 @@ def finished_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return done.assign(seed=seeds.astype(int)).reset_index(drop=True)
 
 
-OUTCOME_WORDS = {"agrees": "yes", "against": "no: the other way", "not shown": "no: not shown with power",
-                 "too few seeds": "too few seeds", "no spread": "no spread: no test", "no data": "no data"}
+OUTCOME_WORDS = {"agrees": "yes", "against": "no: the claim is rejected", "undecided": "undecided",
+                 "no spread": "no spread: no test", "no data": "no data"}
 
 
 def comparison_table(judged: list[dict]) -> list[str]:
     """One row a comparison: the paired difference, the claim's one-sided test, the smallest difference its seeds
     detect (80 % power at 5 %) against the margin, the outcome and what stands in for the paper."""
-    lines = ["| comparison | paper | expected (margin) | difference (95 %, paired) | p (one-sided) "
+    lines = ["| comparison | paper | expected (margin) | difference (90 %, paired) | p (one-sided) "
              "| detectable (80 %) | seeds | agrees | substitution |", "| --- |" + " --- |" * 8]
     for row in judged:
         hw = f" ± {row['diff_hw']:.3f}" if not np.isnan(row["diff_hw"]) else ""

@@ -25,8 +25,9 @@ SUMMARY_COLUMNS = ["pass@1", "pass@k_max", "reward", "correction_rate", "unique_
                    "gradient_steps", "effective_ratio", "replay_ess", "generated_tokens", "trained_tokens", "wall_time_s"]
 
 
-def t_interval(values) -> tuple[float, float]:
-    """(mean, 95 % t half-width) of independent values; the half-width is NaN for fewer than two values."""
+def t_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """(mean, t half-width at `confidence`, two-sided) of independent values; the half-width is NaN for fewer
+    than two values."""
     values = np.asarray(pd.Series(values).dropna(), dtype=float)
     if values.size == 0:
         return np.nan, np.nan
@@ -34,7 +35,7 @@ def t_interval(values) -> tuple[float, float]:
     if values.size < 2:
         return mean, np.nan
     sem = float(values.std(ddof=1)) / np.sqrt(values.size)
-    return mean, float(stats.t.ppf(0.5 + CONFIDENCE / 2, values.size - 1) * sem)
+    return mean, float(stats.t.ppf(0.5 + confidence / 2, values.size - 1) * sem)
 
 
 def per_seed_means(table: pd.DataFrame, value: str, seed: str = "seed") -> pd.Series:
@@ -155,11 +156,19 @@ def mean_per_run(history: pd.DataFrame, key: str) -> pd.Series:
 #   higher / lower  H0: mean difference <= 0 (>= 0), rejected -> the claim's direction is shown;
 #   at least        H0: mean difference <= -margin (non-inferiority), rejected -> not worse than the margin;
 #   flat            H0: |mean difference| >= margin, both one-sided tests rejected (TOST) -> equivalent.
-# The arrays' last axis is the seeds, so one call judges one study or thousands of simulated ones.
+# The claim itself is rejected by the opposite one-sided test at ALPHA, never by a test that merely fails:
+#   higher / lower  H0: mean difference >= the paper's effect (<= minus it), rejected -> no effect as large
+#                   as the paper's (the 95 % one-sided bound lies inside the paper's effect);
+#   at least        H0: mean difference >= -margin, rejected -> worse by more than the margin;
+#   flat            either H0: mean difference <= margin (>= -margin) rejected -> outside the margin.
+# A comparison neither test decides is undecided. Its interval is the one its tests read: 90 % two-sided, whose
+# ends are the 95 % one-sided bounds. The arrays' last axis is the seeds, so one call judges one study or
+# thousands of simulated ones.
 ALPHA = 0.05
 POWER = 0.80
 CLAIM_TEST = "paired t over training seeds, one-sided at 5 % (TOST for equivalence)"
-OUTCOMES = ("agrees", "against", "too few seeds", "not shown", "no spread", "no data")
+CLAIM_CONFIDENCE = 1 - 2 * ALPHA  # the two-sided interval whose ends are the one-sided tests' bounds
+OUTCOMES = ("agrees", "against", "undecided", "no spread", "no data")
 
 
 def one_sided_p(differences: np.ndarray, shift: float, greater: bool) -> np.ndarray:
@@ -193,19 +202,18 @@ def seeds_to_decide(sd: float, margin: float, equivalence: bool = False, most: i
 def claim_outcomes(differences: np.ndarray, expect: str, margin: float) -> np.ndarray:
     """Each study's outcome (OUTCOMES) from its seed-wise differences (last axis: seeds; no NaN).
 
-    'agrees': the rule above rejects; 'against': the opposite one-sided test rejects (significantly lower for
-    higher, below -margin for at least, outside the margin for flat); else 'too few seeds' when the seeds'
-    detectable difference exceeds the margin (for higher / lower: the paper's effect), else 'not shown'.
-    'no spread': every seed gives the same difference, so no t-test exists; 'no data': fewer than two seeds."""
+    'agrees': the rule above rejects its null; 'against': the claim is rejected (for higher / lower: an effect the
+    size of `margin`, the paper's, is excluded; for at least: worse by more than the margin; for flat: outside the
+    margin); else 'undecided'. 'no spread': every seed gives the same difference, so no t-test exists; 'no data':
+    fewer than two seeds."""
     d = np.atleast_2d(np.asarray(differences, dtype=float))
-    n = d.shape[-1]
-    if n < 2:
+    if d.shape[-1] < 2:
         return np.full(d.shape[0], "no data", dtype=object)
     sd = d.std(axis=-1, ddof=1)
-    if expect in ("higher", "lower"):
-        up, down = one_sided_p(d, 0.0, True), one_sided_p(d, 0.0, False)
-        agrees, against = (up, down) if expect == "higher" else (down, up)
-        agrees, against = agrees < ALPHA, against < ALPHA
+    if expect == "higher":
+        agrees, against = one_sided_p(d, 0.0, True) < ALPHA, one_sided_p(d, margin, False) < ALPHA
+    elif expect == "lower":
+        agrees, against = one_sided_p(d, 0.0, False) < ALPHA, one_sided_p(d, -margin, True) < ALPHA
     elif expect == "at least":
         agrees = one_sided_p(d, -margin, True) < ALPHA
         against = one_sided_p(d, -margin, False) < ALPHA
@@ -214,7 +222,5 @@ def claim_outcomes(differences: np.ndarray, expect: str, margin: float) -> np.nd
         against = (one_sided_p(d, margin, True) < ALPHA) | (one_sided_p(d, -margin, False) < ALPHA)
     else:
         raise ValueError(f"expect={expect!r}: choose one of higher, lower, at least, flat")
-    underpowered = detectable(sd, n, equivalence=expect == "flat") > margin
-    outcome = np.where(agrees, "agrees", np.where(against, "against",
-                                                  np.where(underpowered, "too few seeds", "not shown")))
+    outcome = np.where(agrees, "agrees", np.where(against, "against", "undecided"))
     return np.where(np.isclose(sd, 0.0, atol=1e-12), "no spread", outcome).astype(object)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.claims import CLAIMS, NOT_TESTABLE, REPRODUCED, TOO_FEW_SEEDS, VERDICTS, Comparison, assign_roles
+from analysis.claims import CLAIMS, NOT_TESTABLE, REPRODUCED, UNDECIDED, VERDICTS, Comparison, assign_roles
 from analysis.reproduce import comparison_table
 from tests.conftest import PROJECT_ROOT
 
@@ -27,7 +27,7 @@ def compared(expect: str, differences, margin: float = 0.02) -> dict:
 
 def test_the_table_gives_the_claims_test_its_power_and_the_seeds_that_would_decide():
     open_row = comparison_table([compared("at least", [0.03, -0.02, 0.01])])[-1]
-    assert "| at least (0.02: why) |" in open_row and "| 3 | too few seeds (" in open_row
+    assert "| at least (0.02: why) |" in open_row and "| 3 | undecided (" in open_row
     assert "would decide) |" in open_row and "worse" not in open_row
     constant = comparison_table([compared("lower", [-300.0, -300.0, -300.0], 0.26)])[-1]
     assert "| none | 0.000 | 3 | no spread: no test |" in constant  # a constant difference is no p = 0
@@ -70,10 +70,10 @@ EXTRA = {
 # score alike at both seeds (no spread: no test), and seed 000's baseline ends where it started (it does not
 # learn), so no claim is testable. Seed 001's study trains on the fraction problems (conf/reproduce/seed001.yaml):
 # there its FIFO at (6, 2) differs from LIFO by seed (+0.167 +- 1.059 over seeds 0 and 1), so a test exists but
-# 2 seeds detect only 0.641 against a margin of 0.02. A fixture that starts to give another verdict has changed
+# 2 seeds detect only 0.641 against a margin of 0.02 (undecided). A fixture that starts to give another verdict has changed
 # what it measures.
 TINY_VERDICT: dict[str, str] = {name: NOT_TESTABLE for name in ("seed000", "seed002", "seed003", "seed004")}
-TINY_VERDICT["seed001"] = TOO_FEW_SEEDS
+TINY_VERDICT["seed001"] = UNDECIDED
 
 
 # The suite runs seed 000's study (its cells, curves, verdict, and a rerun that trains nothing); the other four

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.claims import (CLAIMS, NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED, TOO_FEW_SEEDS, Comparison,
+from analysis.claims import (CLAIMS, NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED, UNDECIDED, Comparison,
                              ScheduleCheck, Study, assign_roles, commit_refusal, verdict)
 from analysis.reproduce import section
-from analysis.seeds import ALPHA, POWER, claim_outcomes, detectable, seeds_to_decide
+from analysis.seeds import ALPHA, POWER, claim_outcomes, detectable, one_sided_p, seeds_to_decide
 from analysis.verdict_null import reproduced_rate
 from tests.conftest import PROJECT_ROOT
 
@@ -28,17 +28,23 @@ def judged(expect: str, differences, margin: float = 0.02) -> dict:
 
 @pytest.mark.parametrize("expect, differences, margin, outcome", [
     ("higher", [0.05, 0.06, 0.055], 0.08, "agrees"),            # one-sided p < 0.05
-    ("higher", [0.05, -0.04, 0.01], 0.08, "too few seeds"),     # within noise, and 3 seeds cannot see 0.08
+    ("higher", [0.05, -0.04, 0.01], 0.08, "undecided"),         # within noise: neither 0 nor 0.08 is excluded
     ("higher", [0.011, 0.009, 0.010, 0.0, 0.02, -0.001], 0.08, "agrees"),
-    ("higher", [0.001, -0.002, 0.0005, 0.002, -0.001, 0.0], 0.08, "not shown"),  # could see 0.08: did not
+    ("higher", [0.001, -0.002, 0.0005, 0.002, -0.001, 0.0], 0.08, "against"),  # 95 % bound far below 0.08
+    # Not significant, and the seeds' spread says 0.08 was detectable (the old rule's "not shown with power"), but
+    # the one-sided 95 % bound, 0.084, does not exclude the paper's 0.08: undecided, not rejected.
+    ("higher", [0.066, 0.014, 0.04], 0.08, "undecided"),
+    ("higher", [0.03, 0.01, 0.02, 0.025], 0.08, "agrees"),       # above 0, if smaller than the paper's 0.08
     ("higher", [-0.05, -0.06, -0.055], 0.08, "against"),
     ("lower", [-0.05, -0.06, -0.055], 0.26, "agrees"),
     ("lower", [0.05, 0.06, 0.055], 0.26, "against"),
+    ("lower", [-0.05, 0.02, -0.02], 0.26, "against"),            # a drop of 0.26 is excluded (bound -0.079)
+    ("lower", [-0.25, 0.05, -0.10], 0.26, "undecided"),          # neither 0 nor -0.26 excluded
     ("at least", [0.01, -0.005, 0.004], 0.02, "agrees"),        # mean above -0.02 beyond its noise
-    ("at least", [0.03, -0.02, 0.01], 0.02, "too few seeds"),   # mean >= 0 is not evidence (the old rule agreed)
+    ("at least", [0.03, -0.02, 0.01], 0.02, "undecided"),       # mean >= 0 is not evidence (an older rule agreed)
     ("at least", [-0.05, -0.06, -0.055], 0.02, "against"),      # significantly below -0.02
     ("flat", [0.002, -0.002, 0.001], 0.02, "agrees"),           # both one-sided tests reject (TOST)
-    ("flat", [0.03, -0.03, 0.005], 0.02, "too few seeds"),    # no significant difference is not equivalence
+    ("flat", [0.03, -0.03, 0.005], 0.02, "undecided"),          # no significant difference is not equivalence
     ("flat", [0.05, 0.06, 0.055], 0.02, "against"),             # significantly above +0.02
     ("lower", [-300.0, -300.0, -300.0], 0.26, "no spread"),     # a constant difference has no test (p is not 0)
     ("higher", [0.05], 0.08, "no data"),
@@ -46,7 +52,26 @@ def judged(expect: str, differences, margin: float = 0.02) -> dict:
 def test_each_rule_agrees_only_when_its_one_sided_test_rejects(expect, differences, margin, outcome):
     row = judged(expect, differences, margin)
     assert row["outcome"] == outcome
-    assert row["agrees"] is {"agrees": True, "against": False, "not shown": False}.get(outcome)
+    assert row["agrees"] is {"agrees": True, "against": False}.get(outcome)
+
+
+def test_a_rows_interval_is_the_90_percent_one_whose_ends_are_its_one_sided_bounds():
+    from scipy import stats
+
+    d = np.array([0.066, 0.014, 0.04])
+    row = judged("higher", d, 0.08)
+    se = np.std(d, ddof=1) / np.sqrt(3)
+    assert row["diff_hw"] == pytest.approx(stats.t.ppf(0.95, 2) * se)
+    # the upper end is where the one-sided test of "the paper's 0.08 or more" sits at exactly 5 %
+    assert one_sided_p(d, row["diff"] + row["diff_hw"], False) == pytest.approx(0.05)
+
+
+def test_a_rejected_claim_names_the_bound_against_the_papers_effect():
+    row = judged("higher", [0.001, -0.002, 0.0005, 0.002, -0.001, 0.0], 0.08)
+    outcome, reason = verdict([{**row, "label": "m vs b", "margin": 0.08, "expect": "higher"}])
+    bound = row["diff"] + row["diff_hw"]
+    assert outcome == NOT_REPRODUCED and f"no effect as large as the paper's (95 % upper bound {bound:+.3f} < +0.080)" \
+        in reason
 
 
 def test_a_row_too_few_to_decide_names_the_seed_count_that_decides():
@@ -56,7 +81,7 @@ def test_a_row_too_few_to_decide_names_the_seed_count_that_decides():
     needed = row["seeds_needed"]
     assert detectable(sd, needed) <= 0.02 < detectable(sd, needed - 1)
     outcome, reason = verdict([{**row, "label": "m vs b", "margin": 0.02}])
-    assert outcome == TOO_FEW_SEEDS and f"{needed} seeds would decide" in reason
+    assert outcome == UNDECIDED and f"{needed} seeds would decide" in reason
 
 
 def test_the_detectable_difference_is_found_with_the_stated_power():
@@ -71,16 +96,16 @@ def test_the_detectable_difference_is_found_with_the_stated_power():
 
 
 def rows(*outcomes: str) -> list[dict]:
-    return [{"label": f"c{i}", "outcome": o, "diff": 0.01, "detectable": 0.1, "margin": 0.02,
-             "seeds_needed": 9 if o == "too few seeds" else None} for i, o in enumerate(outcomes)]
+    return [{"label": f"c{i}", "outcome": o, "diff": 0.01, "diff_hw": 0.005, "detectable": 0.1, "margin": 0.02,
+             "expect": "at least", "seeds_needed": 9 if o == "undecided" else None} for i, o in enumerate(outcomes)]
 
 
 def test_the_claims_verdict_follows_its_comparisons():
     assert verdict(rows("agrees", "agrees"))[0] == REPRODUCED
     assert verdict(rows("agrees", "against"))[0] == NOT_REPRODUCED
-    assert verdict(rows("agrees", "not shown", "too few seeds"))[0] == NOT_REPRODUCED
-    outcome, reason = verdict(rows("agrees", "too few seeds"))
-    assert outcome == TOO_FEW_SEEDS and "9 seeds would decide" in reason and "c1" in reason
+    assert verdict(rows("agrees", "against", "undecided"))[0] == NOT_REPRODUCED
+    outcome, reason = verdict(rows("agrees", "undecided"))
+    assert outcome == UNDECIDED and "9 seeds would decide" in reason and "c1" in reason
     assert verdict(rows("agrees", "no spread"))[0] == NOT_TESTABLE
     assert verdict(rows("agrees", "no data"))[0] == NOT_TESTABLE and verdict([])[0] == NOT_TESTABLE
 
