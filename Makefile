@@ -282,9 +282,12 @@ sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants swe
 	$(PY) -m src.run -m +sweep=$* $(SWEEP_FLAGS)
 
 # Reproductions (docs/reproductions.md): the study +reproduce=seedNNN at the tiny presets over SEEDS training seeds
-# (3 unless SEEDS says otherwise), finished cells skipped and interrupted ones resumed, then the claim's report section.
+# (its planned count unless SEEDS says fewer), finished cells skipped and interrupted ones resumed, then the claim's
+# report section.
 REPRODUCTIONS = reproduce-seed000 reproduce-seed001 reproduce-seed002 reproduce-seed003 reproduce-seed004
-$(REPRODUCTIONS): SEEDS = 3
+# Each study's training seeds are planned before its runs (hydra.sweeper.planned_seeds in conf/reproduce/; more are
+# refused): SEEDS defaults to that count.
+$(REPRODUCTIONS): SEEDS = $(shell sed -n 's/^ *planned_seeds: *\([0-9]*\).*/\1/p' conf/reproduce/$(@:reproduce-%=%).yaml)
 reproduce-seed000 reproduce-seed001 reproduce-seed002 reproduce-seed003 reproduce-seed004: reproduce-%: $(STAMP)  ## a paper's headline claim in miniature on the CPU, its verdict in reports/reproduce-seedNNN/
 	$(PY) -m src.run -m +reproduce=$* $(call UNLESS_IN_ARGS,$(OUT_FLAG) $(SEED_FLAG) $(DRY_FLAG)) $(ARGS)
 	$(if $(DRY),$(DRY_NOTE),$(PY) -m analysis.reproduce $* $(OUT_FLAG) $(filter tracking.%,$(ARGS)))

@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from analysis.seeds import CLAIM_CONFIDENCE, claim_outcomes, detectable, one_sided_p, seeds_to_decide, t_interval
 
@@ -41,6 +42,14 @@ VERDICTS = (REPRODUCED, NOT_REPRODUCED, UNDECIDED, NOT_TESTABLE)
 EXPECTATIONS = ("higher", "at least", "flat", "lower")
 COMMIT_TAG = "tags.mlflow.source.git.commit"  # set by MLflow's resolve_tags (src/runs/claim.py, create_claim_run)
 DEFAULT_MARGIN = 0.02  # one of 50 held-out prompts: the resolution of the quick evaluation's per-prompt scores
+# The committed studies' ten comparisons, each a 95 % t half-width over 3 seeds (docs/reproductions.md, "Findings"):
+# seed 000 L = 1 and 2, seed 001, seed 002 stale, replay and aggressive, seed 003 against DAPO and GRPO, seed 004
+# pass@1 and pass@32. A comparison's seed-wise sd is hw sqrt(3) / t_0.975(2); DIFF_SD is their RMS (pooled over
+# 20 degrees of freedom), PLAN_SD its 80 % upper confidence bound, which the studies' seed counts are planned at.
+COMMITTED_HALF_WIDTHS = (0.076, 0.057, 0.064, 0.024, 0.036, 0.067, 0.052, 0.040, 0.029, 0.029)
+_POOLED_DF = 2 * len(COMMITTED_HALF_WIDTHS)
+DIFF_SD = float(np.sqrt(np.mean((np.array(COMMITTED_HALF_WIDTHS) * np.sqrt(3) / stats.t.ppf(0.975, 2)) ** 2)))
+PLAN_SD = float(DIFF_SD * np.sqrt(_POOLED_DF / stats.chi2.ppf(0.20, _POOLED_DF)))
 
 
 @dataclass(frozen=True)
@@ -212,6 +221,15 @@ def baseline_learns(study: Study, role: str) -> str | None:
     if start.dropna().empty or final.dropna().empty or final.mean() > start.mean():
         return None
     return f"the baseline {role} ends at {final.mean():.3f}, not above its start {start.mean():.3f}: it does not learn"
+
+
+def planned_seeds(claim: "Claim", sd: float = PLAN_SD) -> int:
+    """The training seeds a study is run at, fixed before its runs: the fewest with 80 % power at 5 % on every
+    comparison of the claim (its margin, or the paper's effect for higher / lower) at seed-wise sd `sd`."""
+    counts = [seeds_to_decide(sd, spec.margin, spec.expect == "flat") for spec in claim.specs]
+    if None in counts:
+        raise ValueError(f"{claim.name}: no seed count up to 10,000 gives a comparison 80 % power at sd {sd:.4f}")
+    return max(counts)
 
 
 def verdict(judged: list[dict]) -> tuple[str, str]:

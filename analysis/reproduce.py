@@ -42,7 +42,7 @@ import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from analysis.claims import (CLAIMS, NOT_TESTABLE, Claim, Study, assign_roles, baseline_learns,  # noqa: E402
-                             commit_refusal, verdict)
+                             commit_refusal, planned_seeds, verdict)
 from analysis.seeds import CLAIM_TEST  # noqa: E402
 
 console = Console()
@@ -99,11 +99,21 @@ def role_table(study: Study, metrics: list[str]) -> list[str]:
     return lines
 
 
+def unplanned_refusal(seeds: int, planned: int) -> str | None:
+    """More training seeds than the study was planned for: judging them would be a second look that no preset
+    level allows for (optional stopping), so no verdict is given."""
+    if seeds <= planned:
+        return None
+    return (f"runs of {seeds} training seeds, more than the {planned} planned before the runs "
+            "(hydra.sweeper.planned_seeds): judge the planned seeds' runs alone (out=DIR of a study run at its plan)")
+
+
 def section(claim: Claim, study: Study, figure: Path | None, command: str) -> str:
     """The report section: claim, our numbers, comparisons, schedule checks, substitutions, verdict, figure and
     the command that made it. Runs of several commits get no verdict, only the line that refuses one."""
     judged = [{**vars(comparison), **comparison.judged()} for comparison in claim.compare(study)]
-    refused = commit_refusal(study.runs)
+    planned, seeds = planned_seeds(claim), study.runs["seed"].nunique()
+    refused = commit_refusal(study.runs) or unplanned_refusal(seeds, planned)
     untestable = baseline_learns(study, claim.baseline)
     outcome, reason = ("refused", refused) if refused else (NOT_TESTABLE, untestable) if untestable \
         else verdict(judged)
@@ -111,7 +121,7 @@ def section(claim: Claim, study: Study, figure: Path | None, command: str) -> st
                            "budget/fresh_evaluations")
                if "metrics." + m in study.runs]
     lines = [f"## {claim.paper}: {outcome}", "", f"**The paper** (line {claim.source[0]}): {claim.statement}", "",
-             f"**The miniature** (`{command}`): {study.runs['seed'].nunique()} training seed(s), "
+             f"**The miniature** (`{command}`): {seeds} training seed(s) of the {planned} planned, "
              f"{len(study.runs)} finished run(s). Substitutions: " + "; ".join(claim.substitutions) + ".", "",
              *role_table(study, metrics), "", *comparison_table(judged), "",
              f"Tests: {CLAIM_TEST}; each margin fixed in analysis/claims.py before any run.", ""]

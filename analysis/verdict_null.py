@@ -24,15 +24,11 @@ import sys
 import numpy as np
 from scipy import stats
 
-from analysis.claims import CLAIMS, DEFAULT_MARGIN, Claim
+from analysis.claims import CLAIMS, DEFAULT_MARGIN, DIFF_SD, Claim
 from analysis.seeds import ALPHA, claim_outcomes, detectable, one_sided_p
 
 SEED_SD, RUN_SD = 0.02, 0.03  # about the spread of the committed studies' held-out rewards (docs/reproductions.md)
-# The committed studies' comparisons, each a 95 % t half-width over 3 seeds (docs/reproductions.md, "Findings"):
-# seed 000 L = 1 and 2, seed 001, seed 002 stale, replay and aggressive, seed 003 against DAPO and GRPO, seed 004
-# pass@1 and pass@32. The sd of the seed-wise differences is hw sqrt(3) / t_0.975(2); DIFF_SD is their RMS.
-COMMITTED_HALF_WIDTHS = (0.076, 0.057, 0.064, 0.024, 0.036, 0.067, 0.052, 0.040, 0.029, 0.029)
-DIFF_SD = float(np.sqrt(np.mean((np.array(COMMITTED_HALF_WIDTHS) * np.sqrt(3) / stats.t.ppf(0.975, 2)) ** 2)))
+
 # The replaced claims' rows: (method, baseline, metric, expect, margin for the edge); None: a schedule row, always
 # agreeing. Rows on one metric share their roles' draws (seed 003's POPO against DAPO and GRPO); other metrics
 # are drawn apart.

@@ -54,6 +54,7 @@ class SkipFinishedSweeperConf:
     dry_run: bool = False  # print the plan, launch nothing
     skip_finished: bool = True  # false: run every cell even if MLflow has it FINISHED
     probe: bool = False  # a dry run times one training step here for a shape no finished run in the store has
+    planned_seeds: Optional[int] = None  # training seeds fixed before the runs (conf/reproduce/); more are refused
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="skip_finished", node=SkipFinishedSweeperConf,
@@ -63,7 +64,7 @@ ConfigStore.instance().store(group="hydra/sweeper", name="skip_finished", node=S
 class SkipFinishedSweeper(Sweeper):
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, Any]] = None,
                  grids: Optional[List[Dict[str, Any]]] = None, dry_run: bool = False, skip_finished: bool = True,
-                 probe: bool = False):
+                 probe: bool = False, planned_seeds: Optional[int] = None):
         super().__init__()
         self.max_batch_size = max_batch_size
         self.params = dict(params or {})
@@ -71,6 +72,7 @@ class SkipFinishedSweeper(Sweeper):
         self.dry_run = dry_run
         self.skip_finished = skip_finished
         self.probe = probe
+        self.planned_seeds = planned_seeds
         self.hydra_context: Optional[HydraContext] = None
         self.config: Optional[DictConfig] = None
         self.launcher = None
@@ -102,6 +104,9 @@ class SkipFinishedSweeper(Sweeper):
         started = time.perf_counter()
         if not self.dry_run and missing_slurm(self.config):  # before any config is composed or store read
             stop(missing_slurm(self.config), 2)
+        unplanned = more_seeds_than_planned(self.job_overrides(arguments), self.planned_seeds)
+        if unplanned:  # before any config is composed
+            stop(unplanned, 2)
         jobs = self.composed_jobs(arguments)
         known = self.known_runs() if self.skip_finished else CellRuns({}, {})
         planned = plan_cells(jobs, known, rerun=not self.skip_finished)
@@ -233,6 +238,20 @@ def launch_overrides(cell, rerun_all: bool) -> List[str]:
     job trains it into a new run instead of stopping at the FINISHED one."""
     rerun = (cell.rerun or rerun_all) and not any(override.startswith("trainer.rerun=") for override in cell.overrides)
     return list(cell.overrides) + (["trainer.rerun=true"] if rerun else [])
+
+
+def more_seeds_than_planned(jobs: List[List[str]], planned: Optional[int]) -> Optional[str]:
+    """One line when the sweep's jobs (their overrides) train more training seeds than the study was planned
+    for: adding seeds after seeing a verdict is optional stopping, which raises the false-agreement rate above
+    the tests' 5 % (docs/reproductions.md, "Seed counts, fixed before the runs"). A job without a
+    `trainer.seed` override trains the config's own seed."""
+    seeds = sorted({next((word.split("=", 1)[1] for word in overrides if word.startswith("trainer.seed=")), "its own")
+                    for overrides in jobs}, key=lambda seed: (not seed.isdigit(), int(seed) if seed.isdigit() else 0))
+    if planned is None or len(seeds) <= planned:
+        return None
+    return (f"trainer.seed={','.join(map(str, seeds))}: {len(seeds)} training seeds, but this study was planned "
+            f"for {planned} before its runs (hydra.sweeper.planned_seeds); run at most {planned} (make "
+            f"reproduce-NAME SEEDS={planned}, the default) and judge the study once")
 
 
 def stop(message: str, code: int) -> None:

@@ -118,10 +118,25 @@ def test_make_reproduce_dry_run_prints_the_plan_and_trains_nothing(tmp_path):
     # 3. the time of each cell and of the study, from one step timed here (a new store has no past run)
     minutes = r"(\d+ min|\d+ h \d\d min)"
     assert re.search(rf"│ 0 │ rho0-frontier │ 0 │ 30,720 │ {minutes} │ launch", out), out[-3000:]
-    assert re.search(rf"estimated time on this machine: about {minutes} for 6 job\(s\)", out), out[-3000:]
+    # its planned 14 training seeds (hydra.sweeper.planned_seeds) times 2 cells
+    assert re.search(rf"estimated time on this machine: about {minutes} for 28 job\(s\)", out), out[-3000:]
     assert "from a probe here: rho0-frontier's model built in" in out, out[-3000:]
     assert runs_in(tmp_path / "mlruns.db") == 0 and not (tmp_path / "outputs" / "runs").exists()
     assert not (tmp_path / "reports").exists()
+
+
+def test_more_seeds_than_a_study_was_planned_for_are_refused_in_one_line(tmp_path):
+    """Seeds added after a verdict are optional stopping: SEEDS above the plan is refused before any config is
+    composed, naming the seeds, the plan and the fix."""
+    done = subprocess.run([*MAKE, "reproduce-seed004", "SEEDS=15", "DRY_RUN=1", f"OUT={tmp_path}"], cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-3000:]
+    line = [text for text in out.splitlines() if text.startswith("error:")]
+    assert line == [f"error: trainer.seed={','.join(map(str, range(15)))}: 15 training seeds, but this study was "
+                    "planned for 14 before its runs (hydra.sweeper.planned_seeds); run at most 14 (make "
+                    "reproduce-NAME SEEDS=14, the default) and judge the study once"], out[-3000:]
+    assert "Traceback" not in out and runs_in(tmp_path / "mlruns.db") == 0
 
 
 # --------------------------------------------------------------------------- 2, 7, 8. src.run's command line

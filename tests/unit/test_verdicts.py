@@ -84,6 +84,30 @@ def test_a_row_too_few_to_decide_names_the_seed_count_that_decides():
     assert outcome == UNDECIDED and f"{needed} seeds would decide" in reason
 
 
+@pytest.mark.parametrize("name", sorted(CLAIMS))
+def test_each_study_states_the_seed_count_planned_before_its_runs(name):
+    """conf/reproduce/NAME.yaml's planned_seeds is the plan's own arithmetic: 80 % power at 5 % on every
+    comparison at the committed studies' spread (its 80 % upper bound), and no fewer seeds would do."""
+    import yaml
+
+    from analysis.claims import DIFF_SD, PLAN_SD, planned_seeds
+
+    stated = yaml.safe_load((PROJECT_ROOT / "conf" / "reproduce" / f"{name}.yaml").read_text())["hydra"]["sweeper"]
+    n = planned_seeds(CLAIMS[name])
+    assert stated["planned_seeds"] == n
+    assert round(DIFF_SD, 3) == 0.020 and round(PLAN_SD, 3) == 0.024
+    specs = CLAIMS[name].specs
+    assert all(detectable(PLAN_SD, n, s.expect == "flat") <= s.margin for s in specs)
+    assert any(detectable(PLAN_SD, n - 1, s.expect == "flat") > s.margin for s in specs)
+
+
+def test_a_study_of_more_seeds_than_planned_gets_no_verdict():
+    from analysis.reproduce import unplanned_refusal
+
+    assert unplanned_refusal(14, 14) is None and unplanned_refusal(3, 14) is None
+    assert "runs of 15 training seeds, more than the 14 planned" in unplanned_refusal(15, 14)
+
+
 def test_the_detectable_difference_is_found_with_the_stated_power():
     from scipy import stats
 
