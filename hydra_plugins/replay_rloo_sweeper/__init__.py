@@ -245,6 +245,9 @@ def more_seeds_than_planned(jobs: List[List[str]], planned: Optional[int]) -> Op
     for: adding seeds after seeing a verdict is optional stopping, which raises the false-agreement rate above
     the tests' 5 % (docs/reproductions.md, "Seed counts, fixed before the runs"). A job without a
     `trainer.seed` override trains the config's own seed."""
+    if planned is not None and planned < 1:
+        return (f"hydra.sweeper.planned_seeds={planned}: a study is planned for at least 1 training seed (the "
+                "reproductions' counts are in conf/reproduce/)")
     seeds = sorted({next((word.split("=", 1)[1] for word in overrides if word.startswith("trainer.seed=")), "its own")
                     for overrides in jobs}, key=lambda seed: (not seed.isdigit(), int(seed) if seed.isdigit() else 0))
     if planned is None or len(seeds) <= planned:

@@ -101,6 +101,16 @@ def test_each_study_states_the_seed_count_planned_before_its_runs(name):
     assert any(detectable(PLAN_SD, n - 1, s.expect == "flat") > s.margin for s in specs)
 
 
+def test_the_sweeper_counts_the_seeds_its_jobs_train_against_the_plan():
+    from hydra_plugins.replay_rloo_sweeper import more_seeds_than_planned
+
+    jobs = [[f"trainer.seed={seed}", f"buffer={buffer}"] for seed in range(12) for buffer in ("none", "age1")]
+    assert more_seeds_than_planned(jobs, 12) is None and more_seeds_than_planned(jobs, None) is None
+    assert more_seeds_than_planned(jobs, 11).startswith("trainer.seed=0,1,2,3,4,5,6,7,8,9,10,11: 12 training seeds")
+    assert more_seeds_than_planned([["buffer=none"], ["buffer=age1"]], 1) is None  # the config's own seed: one
+    assert "hydra.sweeper.planned_seeds=0: a study is planned for at least 1" in more_seeds_than_planned(jobs, 0)
+
+
 def test_a_study_of_more_seeds_than_planned_gets_no_verdict():
     from analysis.reproduce import unplanned_refusal
 
