@@ -78,7 +78,7 @@ from src.runs.checkpoint import CheckpointError, payload_bytes, save_checkpoint
 from src.components import Components
 from src.runs.claim import fail_unopened_claim, withdraw_unopened_claim
 from src.runs.resume import NothingToTrain, RunAlive, choose_start
-from src.runs.ranks import NoHeartbeat, Ranks, joined
+from src.runs.ranks import NoHeartbeat
 from src.settings import RunSettings
 from src.batch import TrainState
 
@@ -92,22 +92,22 @@ def train(cfg: DictConfig) -> dict[str, float]:
     validate(cfg)  # config mistakes fail here, before any model is loaded
     cell = cell_of(cfg, cell_identity(cfg))  # what the run trains for, as MLflow names it
     run = RunSettings(cfg)  # from here on the run's typed settings, not the config
-    runtime = described(run.groups["runtime"], Runtime)  # its placement, before anything is built
-    run = run.on_device(runtime.trainer_device(run.groups["runtime"], run))
+    placement = described(run.groups["runtime"], Runtime)  # where the trainer sits, before anything is built
+    run = run.on_device(placement.trainer_device(run.groups["runtime"], run))
     warn_short_replay_pool(run)
-    wanted = runtime.processes(run.groups["runtime"], run.hardware.ranks)
-    with joined(wanted, run.hardware.device, ConfigError, run.hardware.ranked) as ranks:  # torchrun's, or this process
-        return train_ranks(run, cell, ranks)
+    runtime = build_runtime(run)  # conf/runtime: what supplies the steps (SPEC 3 here, or SPEC 11's pipeline)
+    with runtime.joined(run, ConfigError):  # the processes that run the loop: torchrun's ranks, or this one
+        return train_joined(run, cell, runtime)
 
 
-def train_ranks(run: RunSettings, cell: Cell, ranks: Ranks) -> dict[str, float]:
+def train_joined(run: RunSettings, cell: Cell, runtime: Runtime) -> dict[str, float]:
     progress.silence_library_bars()
     quiet_log_files_when_full()
-    ranks.lead_only(check_store, run.tracking.uri, run.tracking.experiment, run.tracking.artifact_location)
+    runtime.lead_only(check_store, run.tracking.uri, run.tracking.experiment, run.tracking.artifact_location)
     check_resume_from(run.trainer.resume_from)
     with StopOnSignal() as stop:
         try:
-            summary = train_cell(run, cell, stop, ranks)
+            summary = train_cell(run, cell, stop, runtime)
         except StopRequested as request:  # before the MLflow run opened: nothing to save
             log.warning("%s before training began: nothing to save%s; %s", signal_name(request.signum),
                         end_unopened_run(), stop.finish_line())
@@ -143,32 +143,27 @@ def warn_short_replay_pool(run: RunSettings) -> None:
                     "logged (batch/gap_fill_groups)", groups_per_step, buffer.ratio, window)
 
 
-def train_cell(run: RunSettings, cell: Cell, stop: StopOnSignal, ranks: Ranks = Ranks()) -> dict[str, float]:
+def train_cell(run: RunSettings, cell: Cell, stop: StopOnSignal, runtime: Runtime) -> dict[str, float]:
     """Find where the cell starts, load the model, and train it inside its MLflow run.
 
-    Over several ranks, rank 0 decides where the cell starts and owns the MLflow run (src/runs/ranks.py)."""
+    The lead process decides where the cell starts and owns the MLflow run (src/runtime/base.py)."""
     with stop.abandonable():  # until the run opens, a stop loses nothing: the next start redoes it
-        start = ranks.lead_only(choose_start, run, cell, Path(HydraConfig.get().runtime.output_dir))
-    ranks.lead_only(open_folder, start, run)
+        start = runtime.lead_only(choose_start, run, cell, Path(HydraConfig.get().runtime.output_dir))
+    runtime.lead_only(open_folder, start, run)
     # A resumed run was claimed by its heartbeat: keep it alive through model loading (a new run gets its
     # id, and the heartbeat with it, once MLflow opens it).
     heartbeat = Heartbeat(start.folder, start.run_id, run.trainer.heartbeat_every_s)
-    with ranks.lead_context(heartbeat, elsewhere=NoHeartbeat()) as beat:
+    with runtime.lead_context(heartbeat, elsewhere=NoHeartbeat()) as beat:
         with stop.abandonable():
             task = build_task(run.groups["task"])
             train_set, heldout = task.splits()
-            parts = ranks.shard(build_components(run, train_set, task=task))
-            runtime = build_runtime(run)  # conf/runtime: what supplies the steps (SPEC 3 here, or SPEC 11's pipeline)
-            state = TrainState()
-            if start.checkpoint:
-                state = ranks.restore(start.checkpoint, parts)
-                runtime.load_state_dict(start.checkpoint.get("runtime"))
+            parts, state = runtime.place(build_components(run, train_set, task=task), start.checkpoint)
         start.checkpoint = None  # the policy holds it now; free the copy
         opened = tracking.start_run(run.tracking, cell.labels, start.run_id, *hydra_job(), folder=start.folder)
-        with ranks.tracking(opened) as tracker:
+        with runtime.tracking(opened) as tracker:
             beat.beat_for(tracker.run_id)
-            ranks.lead_only(hold_run, run.tracking.uri, tracker.run_id)
-            cell_run = CellRun(run, cell, parts, runtime, state, heldout, tracker, start.folder, stop, ranks)
+            runtime.lead_only(hold_run, run.tracking.uri, tracker.run_id)
+            cell_run = CellRun(run, cell, parts, runtime, state, heldout, tracker, start.folder, stop)
             try:
                 return cell_run.run()
             except StopRequested as request:
@@ -216,7 +211,6 @@ class CellRun:
     tracker: tracking.Tracker
     folder: Path
     stop: StopOnSignal
-    ranks: Ranks = Ranks()
     saved_at: int = -1  # the step of the checkpoint this process last wrote
     steps: Steps | None = None  # the runtime's open session
 
@@ -231,13 +225,13 @@ class CellRun:
             before = self.evaluate("start", step=0)
         self.train_steps()
         self.checkpoint()
-        final_dir = save_final_policy(self.parts, self.folder / "policy", self.ranks)
+        final_dir = self.save_policy()
         after = self.evaluate("final", step=state.step)
         # The generation work of this process's engine: over ranks with vLLM, rank 0's share of every call.
         tracker.set_tags({"fresh_evaluations": str(state.fresh_evaluations),
                           "engine_sequences": str(getattr(self.parts.engine, "generated", "-"))})
         tracker.log_summary(after, state, run.evaluation.ks)
-        if not self.ranks.lead:
+        if not self.runtime.lead:
             return after.summary
         log_final_policy(tracker.run_id, final_dir, run.tracking.policy_artifact_max_mb)
         if tracker.redone_mismatches:
@@ -288,7 +282,7 @@ class CellRun:
         if every and state.step % every == 0 and state.step < run.trainer.steps:
             self.checkpoint()
         self.evaluate_if_due()
-        requested = self.ranks.most(self.stop.requested or 0)  # every rank stops after the same step
+        requested = self.runtime.agreed_stop(self.stop.requested or 0)  # every process stops after the same step
         if requested and state.step < run.trainer.steps:  # keep this step, then go
             raise StopRequested(requested)
 
@@ -327,7 +321,7 @@ class CellRun:
         if self.saved_at != self.state.step:
             if self.steps is not None:
                 self.steps.before_checkpoint()
-            self.ranks.save(self.folder, self.parts, self.state.step, self.write_checkpoint)
+            self.runtime.save(self.folder, self.parts, self.state.step, self.write_checkpoint)
             self.saved_at = self.state.step
 
     def write_checkpoint(self, shards: Path | None) -> None:
@@ -335,12 +329,17 @@ class CellRun:
         save_checkpoint(self.folder / LATEST_CHECKPOINT, self.parts, self.state, self.tracker.run_id,
                         self.cell.identity, shards, runtime=self.runtime.state_dict())
 
+    def save_policy(self) -> Path:
+        """The final policy folder: over ranks every rank takes part in gathering the shards; the lead writes it."""
+        whole, folder = self.runtime.whole_policy(self.parts.policy), self.folder / "policy"
+        return save_final_policy(self.parts, folder, whole) if self.runtime.lead else folder
+
     def stop_here(self, request: StopRequested) -> None:
         """Checkpoint (unless the step broke off half done), mark the run KILLED, say how to resume, and pass the
         signal on (or exit 128 + signal)."""
         if not request.mid_step:
             self.checkpoint()
-        if not self.ranks.lead:  # rank 0 closes the run and says how to resume it
+        if not self.runtime.lead:  # the lead process closes the run and says how to resume it
             self.stop.requested = self.stop.requested or request.signum  # the signal may have reached rank 0 only
             self.stop.hand_on()
         problem = close_active_run(self.tracker.run_id, "KILLED")
@@ -355,12 +354,9 @@ class CellRun:
         self.stop.hand_on()
 
 
-def save_final_policy(parts: Components, folder: Path, ranks: Ranks = Ranks()) -> Path:
-    """The trained policy and tokenizer as a `from_pretrained` folder; a full disk leaves no half of it.
-    Over several ranks their shards are gathered, and rank 0 writes the folder."""
-    whole = ranks.gathered_state(parts.policy)
-    if not ranks.lead:
-        return folder
+def save_final_policy(parts: Components, folder: Path, whole: dict | None = None) -> Path:
+    """The trained policy and tokenizer as a `from_pretrained` folder, with `whole` weights where its shards lie
+    over ranks (else its own); a full disk leaves no half of it."""
     try:
         with writing("the final policy", folder, payload_bytes(whole or parts.policy.state_dict())):
             parts.policy.save_pretrained(folder, **({} if whole is None else {"state_dict": whole}))

@@ -13,7 +13,8 @@ policy; what the others must know of its answers (which run, which checkpoint, w
 logged already, whether a stop came) it broadcasts. The policy and optimizer are checkpointed by every
 rank as DCP shards (`src.distributed.checkpoint`), which any number of ranks, one included, reads back.
 One process (`hardware.ranks=1`, no torchrun) goes through the same calls, which then do only their
-one-process part: `Ranks` is the one interface `src.run` reaches the ranks through.
+one-process part. `src.run` reaches the ranks only through its runtime (`src.runtime.base.Runtime`: `joined`,
+`lead_only`, `place`, `save`, ...), which holds this process's `Ranks`.
 """
 
 from __future__ import annotations

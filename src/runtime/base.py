@@ -1,10 +1,15 @@
 """The runtime interface: what every option of the `runtime` group gives `src.run`'s one loop (SPEC 11).
 
-A runtime answers three things, and the loop asks nothing else of it:
+A runtime answers four things, and the loop asks nothing else of it:
 
 * placement, before anything is built (class methods, from the group's node): where the trainer sits
   (`trainer_device`) and in how many processes the cell runs (`processes`: torchrun's ranks each run the
   loop, or one driver process whose trainer ranks live elsewhere);
+* the processes that run the loop, for the run's length (`joined`): what only the lead process does
+  (`lead`, `lead_only`, `lead_context`), the parts placed over them and restored from a checkpoint (`place`),
+  one tracker for all (`tracking`), a checkpoint (`save`), one stop for all (`agreed_stop`) and the whole policy
+  (`whole_policy`). In one process each call does its one-process part; over torchrun's ranks `src.runs.ranks`
+  does the rest. The loop never asks how many processes there are;
 * steps: `session(context)` opens what supplies the loop's steps and yields `Steps`, whose `next()` trains
   one step; the session closes when the loop leaves it, however it leaves;
 * its own state for the checkpoint (`state_dict`, `load_state_dict`), beside the trainer's.
@@ -13,10 +18,10 @@ A runtime answers three things, and the loop asks nothing else of it:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Iterator
 
 from src.variant import Variant
 
@@ -95,6 +100,70 @@ class Runtime(Variant, ABC):
     def identity(cls, resolved: dict, cfg) -> dict:
         """The resolved config a cell id hashes (`src.study.sweep.cell_identity`), as this runtime spells it."""
         return resolved
+
+    # ---- the processes that run the loop (src.runs.ranks: torchrun's ranks, or this one process)
+    _ranks = None  # set by `joined`; one process until then
+
+    @property
+    def ranks(self):
+        """This process's place among the processes that run the loop (`src.runs.ranks.Ranks`)."""
+        if self._ranks is None:
+            from src.runs.ranks import Ranks  # here: describing a runtime (the config checks) loads no torch
+
+            self._ranks = Ranks()
+        return self._ranks
+
+    @contextmanager
+    def joined(self, run, error=ValueError) -> Iterator["Runtime"]:
+        """The run's processes (`processes`: torchrun's ranks where they run the loop, else this one) joined for
+        the run's length; `error` with one line when torchrun started other processes than the run wants."""
+        from src.runs.ranks import joined
+
+        wanted = self.processes(run.groups["runtime"], run.hardware.ranks)
+        with joined(wanted, run.hardware.device, error, run.hardware.ranked) as ranks:
+            self._ranks = ranks
+            yield self
+
+    @property
+    def lead(self) -> bool:
+        """Whether this process leads: it alone talks to MLflow, writes the run's files and prints its results."""
+        return self.ranks.lead
+
+    def lead_only(self, work, *args, **kwargs):
+        """`work(*args, **kwargs)` in the lead process, its result (or the exception it raised) in every one."""
+        return self.ranks.lead_only(work, *args, **kwargs)
+
+    def lead_context(self, context, elsewhere=None):
+        """`context` entered in the lead process only (the heartbeat); `elsewhere` in the others."""
+        return self.ranks.lead_context(context, elsewhere)
+
+    def place(self, parts, checkpoint: dict | None):
+        """`parts` placed over the processes (FSDP2 shards over ranks), a checkpoint's state restored into them and
+        into this runtime; returns the parts and the run's `src.batch.TrainState` (a fresh one without a checkpoint)."""
+        parts = self.ranks.shard(parts)
+        if not checkpoint:
+            from src.batch import TrainState
+
+            return parts, TrainState()
+        state = self.ranks.restore(checkpoint, parts)
+        self.load_state_dict(checkpoint.get("runtime"))
+        return parts, state
+
+    def tracking(self, opened):
+        """The lead process's MLflow run (`opened`, a context giving its Tracker) as every process's tracker."""
+        return self.ranks.tracking(opened)
+
+    def save(self, folder: Path, parts, step: int, write: Callable) -> None:
+        """A checkpoint at `step`: each rank's shards first, then the lead's checkpoint file (`write(shards)`)."""
+        self.ranks.save(folder, parts, step, write)
+
+    def agreed_stop(self, requested: int) -> int:
+        """The stop signal any process got (0: none), the same in every process, so they stop after one step."""
+        return self.ranks.most(requested)
+
+    def whole_policy(self, policy) -> dict | None:
+        """The whole policy's weights where its shards lie over ranks (every rank calls it); None in one process."""
+        return self.ranks.gathered_state(policy)
 
     @abstractmethod
     def session(self, context: RunContext) -> AbstractContextManager[Steps]:
