@@ -69,8 +69,8 @@ EXTRA = {
 # on one commit (the one that pinned seeds 000-002): at two steps the methods and baselines of seeds 001-004
 # score alike at both seeds (no spread: no test), and seed 000's baseline ends where it started (it does not
 # learn), so no claim is testable. Seed 001's study trains on the fraction problems (conf/reproduce/seed001.yaml):
-# there its FIFO at (6, 2) differs from LIFO by seed (+0.167 +- 1.059 over seeds 0 and 1), so a test exists but
-# 2 seeds detect only 0.641 against a margin of 0.02 (undecided). A fixture that starts to give another verdict has changed
+# there its FIFO at (6, 2) differs from LIFO by seed (+0.167 +- 1.059 over seeds 0 and 1), so a test exists, and at
+# 2 of the 11 planned seeds it is withheld (undecided). A fixture that starts to give another verdict has changed
 # what it measures.
 TINY_VERDICT: dict[str, str] = {name: NOT_TESTABLE for name in ("seed000", "seed002", "seed003", "seed004")}
 TINY_VERDICT["seed001"] = UNDECIDED

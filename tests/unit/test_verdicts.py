@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from analysis.claims import (CLAIMS, NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED, UNDECIDED, Comparison,
-                             ScheduleCheck, Study, assign_roles, commit_refusal, verdict)
+                             ScheduleCheck, Study, assign_roles, commit_refusal, planned_seeds, verdict)
 from analysis.reproduce import section
 from analysis.seeds import ALPHA, POWER, claim_outcomes, detectable, one_sided_p, seeds_to_decide
 from analysis.verdict_null import reproduced_rate
@@ -203,6 +203,30 @@ def test_runs_of_two_commits_get_no_verdict_only_the_line_naming_the_commits():
     assert text.startswith("## Seed 000 (Replay-RLOO): refused") and f"**Verdict: refused.** {refusal}." in text
     one = runs.assign(**{"tags.mlflow.source.git.commit": "aaaaaaa1111"})
     assert commit_refusal(one) is None and commit_refusal(seed000_runs()) is None
+
+
+def replay_clearly_better(seeds: int) -> pd.DataFrame:
+    """Seed 000's three roles over `seeds` training seeds, replay 0.05 above fresh-only at every seed (+- 0.002)."""
+    rows = [{"tags.cell": cell, "seed": seed, "metrics.budget/fresh_evaluations": 200.0 if cell == "rho0" else 100.0,
+             "metrics.quick/final/pass_at_8": 0.3 + 0.01 * (seed % 4) + lift + 0.002 * ((seed * 7 + index) % 3)}
+            for seed in range(seeds) for index, (cell, lift) in enumerate(
+                (("rho0", 0.0), ("rho1-L1-c1", 0.05), ("rho1-L2-c1", 0.05)))]
+    return assign_roles(pd.DataFrame([{"run_id": f"r{i}", **r} for i, r in enumerate(rows)]), CLAIMS["seed000"])
+
+
+def test_a_claim_is_tested_once_at_its_planned_seeds_and_fewer_show_their_differences_untested():
+    claim = CLAIMS["seed000"]
+    planned = planned_seeds(claim)
+    early = section(claim, Study(replay_clearly_better(3)), None, "make reproduce-seed000 SEEDS=3")
+    assert f"**Verdict: {UNDECIDED}.** 3 of the {planned} planned training seeds: the claim is tested once" in early
+    rows = [line for line in early.splitlines() if line.startswith("| rho1-L") and " vs fresh-only" in line]
+    assert len(rows) == 2 and all("+0.050 ± " in row and "| withheld |" in row for row in rows)
+    assert "would decide" not in early and "| yes" not in early
+    at_plan = section(claim, Study(replay_clearly_better(planned)), None, "make reproduce-seed000")
+    assert f"**Verdict: {REPRODUCED}.**" in at_plan and "withheld" not in at_plan
+    flat = replay_clearly_better(3).assign(**{"metrics.quick/start/mean_reward": 0.5,
+                                              "metrics.quick/final/mean_reward": 0.4})
+    assert f"**Verdict: {NOT_TESTABLE}.**" in section(claim, Study(flat), None, "x")  # no test, early or not
 
 
 def test_a_baseline_that_does_not_learn_makes_the_claim_not_testable():
