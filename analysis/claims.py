@@ -159,6 +159,8 @@ class Study:
     a reader of a run's learning curve (evaluation reward against fresh evaluations, for seed 000's figure)."""
     runs: pd.DataFrame
     curve: Callable[[str], pd.DataFrame] = field(default=lambda run_id: pd.DataFrame(columns=["fresh", "reward"]))
+    # run_id, metric -> the value the run logged at each of its steps (none: the reader reads no history)
+    history: Callable[[str, str], list[float]] = field(default=lambda run_id, metric: [])
 
     def of(self, role: str) -> pd.DataFrame:
         return self.runs[self.runs["role"] == role]
@@ -192,9 +194,17 @@ class Study:
                 return f"pass@{k} for the paper's pass@{paper_k}: the largest k the quick evaluation logs"
         return spec.substitution
 
-    def spread(self, role: str, metric: str) -> str:
-        """'0.312 ± 0.021 (3 seeds)': mean and 95 % t half-width over seeds."""
-        values = self.values(role, metric).dropna()
+    def step_means(self, role: str, metric: str) -> pd.Series:
+        """One value per training seed of the role's runs: the mean of what the run logged at each step (NaN where
+        it logged none)."""
+        rows = self.of(role)
+        means = [float(np.mean(steps)) if (steps := self.history(run_id, metric)) else np.nan
+                 for run_id in rows["run_id"]]
+        return pd.Series(means, index=rows["seed"].to_numpy(), dtype=float).sort_index()
+
+    def spread(self, role: str, metric: str, values: pd.Series | None = None) -> str:
+        """'0.312 ± 0.021 (3 seeds)': mean and 95 % t half-width over seeds (of `values`, else the metric's)."""
+        values = (self.values(role, metric) if values is None else values).dropna()
         mean, half_width = t_interval(values)
         if values.empty:
             return "no runs"
@@ -341,8 +351,15 @@ def seed003_notes(study: Study) -> list[str]:
 
 
 def seed004_notes(study: Study) -> list[str]:
+    """The held-out reward, and how many frontier prompts the curriculum injected: with its memory nearly empty
+    the frontier arm samples uniformly, the two arms are one run, and "not raised" tests nothing."""
+    injected, asked = (study.spread("frontier", metric, study.step_means("frontier", metric))
+                       for metric in ("curriculum/retrieved", "curriculum/requested"))
     return ["held-out mean reward (the paper's average score, 0.46 -> 0.52): " + ", ".join(
-        f"{role} {study.spread(role, COUNTDOWN_REWARD)}" for role in ("uniform", "frontier"))]
+        f"{role} {study.spread(role, COUNTDOWN_REWARD)}" for role in ("uniform", "frontier")),
+            f"frontier prompts injected a step (curriculum/retrieved, each run's mean over its steps): {injected}, "
+            f"of {asked} replacements asked (curriculum/requested); the rest were drawn uniformly; memory at the "
+            f"end (curriculum/memory_size): {study.spread('frontier', 'curriculum/memory_size')}"]
 
 
 SEED000_LINE11 = ("Replay at  $\\rho = 1$  cuts fresh verifier evaluations from 102.4K to 51.7K per run, about half, "

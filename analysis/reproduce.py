@@ -63,6 +63,14 @@ def curve_reader(client, protocol: str = "quick"):
     return curve
 
 
+def history_reader(client):
+    """(run_id, metric) -> the value the run logged at each step, in step order (a step logged twice: its last)."""
+    def history(run_id: str, metric: str) -> list[float]:
+        return [value for _, value in sorted({point.step: point.value
+                                              for point in client.get_metric_history(run_id, metric)}.items())]
+    return history
+
+
 def finished_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """The newest FINISHED run of each (cell, seed): the reproduction's data points, with a numeric `seed`."""
     done = runs[runs["status"] == "FINISHED"].drop_duplicates("tags.cell_id")
@@ -221,7 +229,8 @@ def report(claim: Claim, overrides: list[str], err: Console) -> int:
         err.print(f"error: no finished runs of {sweep} in {uri}: run make reproduce-{claim.name} first",
                   highlight=False, markup=False)
         return 1
-    study = Study(assign_roles(runs, claim), curve_reader(MlflowClient(uri)))
+    client = MlflowClient(uri)
+    study = Study(assign_roles(runs, claim), curve_reader(client), history_reader(client))
     out_dir = Path(cfg.out) / "reports" / sweep
     out_dir.mkdir(parents=True, exist_ok=True)
     figure = plot_curves(study, out_dir / f"{claim.name}-curves.png") if claim.name == "seed000" else None

@@ -173,6 +173,32 @@ def test_seed001_reports_each_cells_busy_share_of_workers_from_the_logged_idle_r
     assert "fifo-W6T2 1.00" in busy and "lifo-W6T2 0.50" in busy
 
 
+def test_seed004_reports_how_many_frontier_prompts_each_step_injected():
+    # With an empty memory the frontier arm draws uniformly and is the uniform run: the note must show it.
+    runs = pd.DataFrame([{"run_id": f"{role}{seed}", "role": role, "seed": seed, "metrics.quick/final/mean_reward": 0.3,
+                          "metrics.curriculum/memory_size": 10.0 + seed} for role in ("uniform", "frontier")
+                         for seed in range(3)])
+    logged = {"curriculum/retrieved": [[0, 1, 2], [1, 1, 1], [2, 2, 2]], "curriculum/requested": [[2, 2, 2]] * 3}
+    study = Study(runs, history=lambda run_id, metric: logged[metric][int(run_id[-1])] if run_id.startswith(
+        "frontier") else [])
+    assert list(study.step_means("frontier", "curriculum/retrieved")) == [1.0, 1.0, 2.0]
+    assert study.step_means("uniform", "curriculum/retrieved").isna().all()  # no history: no value, not 0
+    note = CLAIMS["seed004"].notes(study)[1]
+    assert note.startswith("frontier prompts injected a step (curriculum/retrieved, each run's mean over its "
+                           "steps): 1.333 ± 1.434 (3 seeds), of 2.000 ± 0.000 (3 seeds) replacements asked")
+    assert note.endswith("memory at the end (curriculum/memory_size): 11.000 ± 2.484 (3 seeds)")
+
+
+def test_a_runs_history_is_read_in_step_order_with_a_step_logged_twice_counted_once():
+    from types import SimpleNamespace
+
+    from analysis.reproduce import history_reader
+
+    points = [SimpleNamespace(step=step, value=value) for step, value in ((1, 5.0), (0, 4.0), (1, 6.0), (2, 7.0))]
+    client = SimpleNamespace(get_metric_history=lambda run_id, metric: points)
+    assert history_reader(client)("run", "curriculum/retrieved") == [4.0, 6.0, 7.0]
+
+
 def seed000_runs(ks=(1, 4, 8)) -> pd.DataFrame:
     rows = []
     for seed in (0, 1, 2):
