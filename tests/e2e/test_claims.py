@@ -195,6 +195,12 @@ def test_slurm_plan_names_the_request_warns_on_unset_site_settings_and_counts_gp
     step_s = json.loads(committed.read_text())["rows"][0]["step_s"]
     hours = next(line for line in lines if line.startswith("GPU-hours"))
     assert f"about {2 * 100 * step_s / 3600:,.1f} for 2 job(s)" in hours and committed.name in hours
+    spread = compose_config("hardware=h100", "hardware.nodes=2", "hardware.ranks=2", "policy=qwen-sft-countdown",
+                            "buffer=none", hydra=True)  # one GPU on each of two nodes: twice the GPU-hours a job
+    lines = slurm_plan_lines(spread, [spread])
+    assert "each asks for 2 nodes x 1 task, 2 GPUs in all, 8 CPUs and 64 GB a node" in lines[0]
+    hours = next(line for line in lines if line.startswith("GPU-hours"))
+    assert f"about {2 * 100 * step_s / 3600:,.1f} for 1 job(s) x 2 GPU (2 nodes)" in hours
 
     sited = compose_config("hardware=h100", "hydra.launcher.partition=gpu", "hydra.launcher.account=lab", hydra=True)
     lines = slurm_plan_lines(sited, [sited])
