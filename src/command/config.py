@@ -171,6 +171,10 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
     _check(ranks % tp == 0,
            f"{key} with hardware.ranks={ranks}: each engine takes {tp} of the ranks (one GPU each); set "
            f"hardware.ranks to a multiple of {tp} (torchrun --nproc_per_node), or tensor_parallel_size=1")
+    nodes = int(cfg.hardware.get("nodes", 1) or 1)
+    _check((ranks // nodes) % tp == 0,
+           f"{key} with hardware.ranks={ranks} over hardware.nodes={nodes}: an engine takes {tp} consecutive ranks, "
+           f"which must sit on one node of {ranks // nodes}; set tensor_parallel_size to a divisor of {ranks // nodes}")
 
 
 POLICY_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",

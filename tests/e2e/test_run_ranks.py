@@ -218,6 +218,9 @@ def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_confi
     (("hardware.ranked=true",), "hardware.ranked=true with hardware.ranks=2: 2 ranks take the ranked path already"),
     (("hardware.nodes=3",), r"hardware.nodes=3 with hardware.ranks=2: every node runs the same number of ranks \(one "
      r"a GPU\); set hardware.ranks to a multiple of 3 \(hardware=h100x8: hardware.ranks=24\)"),
+    (("hardware.nodes=2", "policy.engine=vllm", "policy.vllm.tensor_parallel_size=2"),
+     "policy.vllm.tensor_parallel_size=2 with hardware.ranks=2 over hardware.nodes=2: an engine takes 2 consecutive "
+     "ranks, which must sit on one node of 1; set tensor_parallel_size to a divisor of 1"),
     (("hardware.nodes=2", "runtime=async", "runtime.trainers=2", "buffer=none"), "hardware.nodes=2 with "
      "runtime=async: the pipeline's workers and trainer actors run in one Ray session on one node; set "
      "hardware.nodes=1, or train over several nodes with runtime=sync"),
