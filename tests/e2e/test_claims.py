@@ -217,6 +217,28 @@ def test_slurm_plan_names_the_request_warns_on_unset_site_settings_and_counts_gp
     assert f"about {100 * 80 / 3600:,.1f} for 1 job(s)" in hours and "gpu_step_x.json" in hours
 
 
+def test_a_cell_over_two_nodes_asks_sbatch_for_two_nodes_of_eight_tasks(compose_config, tmp_path):
+    """The sbatch script submitit writes for hardware=h100x8 hardware.nodes=2 hardware.ranks=16, the launcher's
+    settings passed as hydra-submitit-launcher's `launch` passes them: 2 nodes, 8 tasks and 8 GPUs a node, and
+    one srun that starts all 16 tasks."""
+    import submitit
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+
+    cfg = compose_config("hardware=h100x8", "hardware.nodes=2", "hardware.ranks=16", hydra=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    executor = submitit.AutoExecutor(cluster="slurm", folder=tmp_path,
+                                     slurm_max_num_timeout=launcher["max_num_timeout"])
+    queue = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{key if key in queue else f"slurm_{key}": value for key, value in launcher.items()
+                                  if key not in ("_target_", "submitit_folder", "max_num_timeout")})
+    lines = executor._executor._make_submission_file_text("python -m src.run", "uid").splitlines()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --cpus-per-task=8", "#SBATCH --mem=512GB"):
+        assert line in lines, "\n".join(lines)
+    assert [line.split()[0] for line in lines if line.startswith("srun")] == ["srun"]  # one srun: every task
+
+
 def test_the_sweeper_refuses_slurm_without_sbatch_before_composing_any_cell(compose_config, monkeypatch, capsys):
     import shutil
 
