@@ -85,6 +85,7 @@ class HardwareSettings:
     ranks: int
     activation_checkpointing: bool = False
     ranked: bool = False  # one torchrun process on the ranked path (a group of one: src/runs/ranks.py)
+    nodes: int = 1  # the nodes the ranks span (SLURM's nodes, torchrun's --nnodes): src/runs/ranks.py checks it
 
 
 @dataclass(frozen=True)

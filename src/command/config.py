@@ -54,6 +54,10 @@ if not OmegaConf.has_resolver("mini_batches"):
 if not OmegaConf.has_resolver("per_task"):
     # `${per_task:64,${.tasks_per_node}}`: a node's CPUs split over its SLURM tasks (one task a rank).
     OmegaConf.register_new_resolver("per_task", lambda total, tasks: max(1, int(total) // max(1, int(tasks))))
+if not OmegaConf.has_resolver("per_node"):
+    # `${per_node:${hardware.ranks},${hardware.nodes}}`: a job's ranks split over its nodes (SLURM tasks a node);
+    # a split that is not even is refused by `_validate_nodes` before anything runs.
+    OmegaConf.register_new_resolver("per_node", lambda ranks, nodes: max(1, int(ranks) // max(1, int(nodes))))
 
 ENGINES = ("hf", "vllm")
 HUB_TIMEOUT_S = 10  # the one request that asks the hub whether a policy name exists
@@ -167,6 +171,10 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
     _check(ranks % tp == 0,
            f"{key} with hardware.ranks={ranks}: each engine takes {tp} of the ranks (one GPU each); set "
            f"hardware.ranks to a multiple of {tp} (torchrun --nproc_per_node), or tensor_parallel_size=1")
+    nodes = int(cfg.hardware.get("nodes", 1) or 1)
+    _check((ranks // nodes) % tp == 0,
+           f"{key} with hardware.ranks={ranks} over hardware.nodes={nodes}: an engine takes {tp} consecutive ranks, "
+           f"which must sit on one node of {ranks // nodes}; set tensor_parallel_size to a divisor of {ranks // nodes}")
 
 
 POLICY_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
@@ -286,6 +294,7 @@ def _validate_ranks(cfg: DictConfig) -> None:
     """What data-parallel training over `hardware.ranks` ranks can run: torchrun's processes under runtime=sync
     (src/runs/ranks.py), the trainer actors under runtime=async (src/runtime/ray_work.py)."""
     ranks = int(cfg.hardware.ranks)
+    _validate_nodes(cfg, ranks)
     if cfg.hardware.get("ranked", False):
         _check(ranks == 1, f"hardware.ranked=true with hardware.ranks={ranks}: {ranks} ranks take the ranked path "
                            "already; drop hardware.ranked")
@@ -305,6 +314,21 @@ def _validate_ranks(cfg: DictConfig) -> None:
     _check(cfg.trainer.groups_per_step >= ranks,
            f"{key} with trainer.groups_per_step={cfg.trainer.groups_per_step}: every rank trains whole groups; "
            f"raise trainer.groups_per_step to at least {ranks}")
+
+
+def _validate_nodes(cfg: DictConfig, ranks: int) -> None:
+    """A cell over `hardware.nodes` nodes: the same number of ranks on each, and ranks that run the loop (SLURM's
+    tasks or torchrun's processes meet in one process group); seed 001's pipeline keeps its Ray session on one node."""
+    nodes = int(cfg.hardware.get("nodes", 1) or 1)
+    if nodes == 1:
+        return
+    key = f"hardware.nodes={nodes}"
+    _check(described(cfg.runtime).ranks_run_the_loop,
+           f"{key} with runtime={cfg.runtime.get('name')}: the pipeline's workers and trainer actors run in one Ray "
+           "session on one node; set hardware.nodes=1, or train over several nodes with runtime=sync")
+    _check(ranks % nodes == 0 and ranks >= nodes,
+           f"{key} with hardware.ranks={ranks}: every node runs the same number of ranks (one a GPU); set "
+           f"hardware.ranks to a multiple of {nodes} (hardware=h100x8: hardware.ranks={8 * nodes})")
 
 
 def _validate_across_groups(run: RunSettings) -> None:

@@ -372,10 +372,11 @@ def generation_plan(shape: Shape, gpus: int, engine: EngineShare, cell: Cell = C
                           profile, graphs, context, sequence / tp, startup)
 
 
-def job_plan_lines(names: list[str], gpus: int, engine: EngineShare | None = None, cell: Cell = Cell()) -> list[str]:
+def job_plan_lines(names: list[str], gpus: int, engine: EngineShare | None = None, cell: Cell = Cell(),
+                   nodes: int = 1) -> list[str]:
     """The memory plan of each distinct policy in `names` that has a written architecture, trained data-parallel
-    over `gpus` GPUs (the job's trainer ranks) with the cell's settings, with each rank's vLLM engine (`engine`)
-    when it has one."""
+    over `gpus` GPUs (the job's trainer ranks, on `nodes` nodes: the host memory counts a node's) with the cell's
+    settings, with each rank's vLLM engine (`engine`) when it has one."""
     lines = []
     for name in sorted(set(names)):
         if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
@@ -383,11 +384,13 @@ def job_plan_lines(names: list[str], gpus: int, engine: EngineShare | None = Non
         shape = policy_shape(name)
         room = engine.training_gib(H100_GIB) if engine else H100_GIB
         peak = peak_gib(shape, gpus, cell)
-        where = f"memory plan: {name} trained data-parallel (FSDP) over the job's {gpus} GPU(s)"
+        where = (f"memory plan: {name} trained data-parallel (FSDP) over the job's {gpus} GPU(s)"
+                 + (f" on {nodes} nodes" if nodes > 1 else ""))
         fits = (f"training {peak:.1f} GiB per GPU of {room:.1f} at {describe(cell)}" if peak <= room else
                 f"does not fit, training needs {peak:.1f} GiB per GPU of {room:.1f} at {describe(cell)}; "
                 + (f"fits with {fix}" if (fix := cell_fix(shape, gpus, cell, room)) else "no setting of it fits"))
-        lines.append(f"{where}: {fits}; host: {host_gib(shape, gpus, engine):.0f} GiB (each rank loads it in fp32"
+        host = f"{host_gib(shape, gpus // nodes, engine):.0f} GiB" + (" a node" if nodes > 1 else "")
+        lines.append(f"{where}: {fits}; host: {host} (each rank loads it in fp32"
                      + ("; a sleeping engine pins its bf16 weights there)" if engine and engine.sleep else ")"))
         if engine is not None:
             lines.append(generation_line(name, generation_plan(shape, gpus, engine, cell), gpus, engine))

@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node 2 -m src.run hardware.ranks=2 ...
     python -m src.run -m hardware=h100x4 ...     # SLURM: one task a rank (submitit's tasks_per_node)
+    python -m src.run -m hardware=h100x8 hardware.nodes=2 hardware.ranks=16 ...   # SLURM: 2 nodes of 8 tasks
 
 Every rank runs the whole step: it samples the same prompts and holds the same rollouts (the generation
 seed comes from (seed, step)): a vLLM engine on each rank samples its share of them and the shares are
@@ -161,14 +162,28 @@ def mismatch(want: int, world: int) -> str | None:
             f"hardware.ranks={world}, or start torchrun with --nproc_per_node {want}")
 
 
-def join(want: int, device: str, error=ValueError, ranked: bool = False) -> Ranks:
+def node_mismatch(nodes: int, world: int, local: int | None) -> str | None:
+    """The one-line refusal when the ranks span other than `nodes` nodes (`hardware.nodes`): each node runs
+    LOCAL_WORLD_SIZE of the WORLD_SIZE ranks (torchrun and submitit's export set both); None when they agree or
+    the launcher did not say."""
+    if local is None or local < 1 or world // local == nodes:
+        return None
+    return (f"hardware.nodes={nodes} but the {world} ranks run {local} a node, on {world // local} node(s) "
+            f"(WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local}): set hardware.nodes={world // local}, or start "
+            f"{nodes} node(s) of {world // nodes} rank(s) (SLURM: hydra.launcher.nodes; torchrun --nnodes {nodes} "
+            f"--nproc_per_node {world // nodes})")
+
+
+def join(want: int, device: str, error=ValueError, ranked: bool = False, nodes: int = 1) -> Ranks:
     """Join torchrun's process group (gloo on the CPU; on GPUs NCCL for CUDA tensors and gloo for CPU ones, each
     rank on GPU LOCAL_RANK: `src.distributed.group`); `error`
-    with one line when the run's `want` processes (`processes`) are not the ones torchrun started. One process
-    makes no group unless `ranked` (`hardware.ranked`) asks for the ranked path in a group of one."""
+    with one line when the run's `want` processes (`processes`) over `nodes` nodes are not the ones torchrun or
+    SLURM started. One process makes no group unless `ranked` (`hardware.ranked`) asks for the ranked path in a
+    group of one."""
     export_slurm_tasks()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    problem = mismatch(want, world)
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    problem = mismatch(want, world) or node_mismatch(nodes, world, int(local) if local else None)
     if problem:
         raise error(problem)
     if ranked and "RANK" not in os.environ:
@@ -196,9 +211,9 @@ def own_store() -> None:
 
 
 @contextlib.contextmanager
-def joined(want: int, device: str, error=ValueError, ranked: bool = False):
+def joined(want: int, device: str, error=ValueError, ranked: bool = False, nodes: int = 1):
     """`join` for the length of a run: the ranks leave the group when it ends, as it ended."""
-    ranks = join(want, device, error, ranked)
+    ranks = join(want, device, error, ranked, nodes)
     try:
         yield ranks
     except BaseException:
@@ -216,7 +231,10 @@ def export_slurm_tasks() -> None:
     from submitit.helpers import TorchDistributedEnvironment
 
     if JobEnvironment().num_tasks > 1:
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # each rank picks GPU LOCAL_RANK
+        # A site's job script often fixes MASTER_PORT (submitit takes its port from it: `_get_master_port` in
+        # submitit/helpers.py), and `export` refuses to set any variable already there unless told to overwrite;
+        # WORLD_SIZE unset (above) means no launcher set the others, so they are rewritten with the same meaning.
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)  # GPU LOCAL_RANK
 
 
 class RankTracker:

@@ -120,7 +120,7 @@ class Runtime(Variant, ABC):
         from src.runs.ranks import joined
 
         wanted = self.processes(run.groups["runtime"], run.hardware.ranks)
-        with joined(wanted, run.hardware.device, error, run.hardware.ranked) as ranks:
+        with joined(wanted, run.hardware.device, error, run.hardware.ranked, run.hardware.nodes) as ranks:
             self._ranks = ranks
             yield self
 

@@ -57,6 +57,10 @@ def job_request(launcher: DictConfig) -> str:
               if launcher.get("mem_per_gpu") else "the partition's default memory")
     where = ", ".join(f"{key} {launcher.get(key) or '(unset)'}" for key in ("partition", "account", "qos", "constraint"))
     hours, minutes = divmod(int(launcher.timeout_min), 60)
+    nodes = int(launcher.get("nodes", 1) or 1)
+    if nodes > 1:  # sbatch's tasks, CPUs and memory are a node's
+        return (f"{nodes} nodes x {tasks} task{'s' if tasks > 1 else ''}, {gpus_per_job(launcher)} GPUs in all, {cpus or 'default'} CPUs and "
+                f"{memory} a node, {launcher.timeout_min} min ({hours}:{minutes:02d}:00), {where}")
     return (f"{launcher.get('nodes', 1)} node x {tasks} task, {gpus_per_job(launcher)} GPU, "
             f"{cpus or 'default'} CPUs, {memory}, {launcher.timeout_min} min ({hours}:{minutes:02d}:00), {where}")
 
@@ -110,7 +114,8 @@ def find_step_benchmark(cfg: DictConfig, results: Path = RESULTS_DIR) -> StepBen
 
 def gpu_hour_lines(cfgs: list[DictConfig], launcher: DictConfig, results: Path = RESULTS_DIR) -> list[str]:
     """The sweep's GPU-hours from the step benchmark (training steps only), and warnings on the time limit."""
-    gpus = gpus_per_job(launcher)
+    gpus, nodes = gpus_per_job(launcher), int(launcher.get("nodes", 1) or 1)
+    on_nodes = f" ({nodes} nodes)" if nodes > 1 else ""
     if not cfgs:
         return ["GPU-hours: 0 (nothing to launch)"]
     if gpus == 0:
@@ -127,7 +132,7 @@ def gpu_hour_lines(cfgs: list[DictConfig], launcher: DictConfig, results: Path =
     lines = []
     if used:
         lines.append(f"GPU-hours: about {hours:,.1f} for {len(cfgs) - sum(_count(cfgs, key) for key in missing)} "
-                     f"job(s) x {gpus} GPU: steps x step time from {'; '.join(map(describe, sorted(used, key=lambda found: found.path)))}; "
+                     f"job(s) x {gpus} GPU{on_nodes}: steps x step time from {'; '.join(map(describe, sorted(used, key=lambda found: found.path)))}; "
                      "training steps only, not evaluations or model loading; resumed cells counted in full")
         limit_s = float(launcher.timeout_min) * 60
         if longest > limit_s:
@@ -188,13 +193,18 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
 
     ranks, gpus, name = int(cfg.hardware.get("ranks", 1) or 1), gpus_per_job(launcher), cfg.policy.name_or_path
     tasks, wanted = int(launcher.get("tasks_per_node", 1) or 1), processes(ranks, cfg.runtime)
-    if tasks != wanted:
-        return (f"hydra.launcher.tasks_per_node={tasks} with runtime={cfg.runtime.get('name')} and "
+    nodes = int(launcher.get("nodes", 1) or 1)
+    if tasks * nodes != wanted:
+        spread = f" on hydra.launcher.nodes={nodes}" if nodes > 1 else ""
+        fix = f"{wanted // nodes}" if wanted % nodes == 0 else f"{wanted} and hydra.launcher.nodes=1"
+        return (f"hydra.launcher.tasks_per_node={tasks}{spread} with runtime={cfg.runtime.get('name')} and "
                 f"hardware.ranks={ranks}: the cell runs {wanted} process(es) (runtime=async: one driver, its "
-                f"trainer ranks are Ray actors); set hydra.launcher.tasks_per_node={wanted}")
+                f"trainer ranks are Ray actors); set hydra.launcher.tasks_per_node={fix}")
     if gpus and ranks > gpus:
+        more = (f", or hardware.nodes={math.ceil(ranks / (gpus // nodes))} to span more nodes"
+                if described(cfg.runtime).ranks_run_the_loop and ranks % (gpus // nodes) == 0 else "")
         return (f"hardware.ranks={ranks} on hardware={hardware}: the job asks for {gpus} GPU(s), one a rank; "
-                f"set hardware.ranks={gpus}, or use a hardware option with more GPUs")
+                f"set hardware.ranks={gpus}{more}, or use a hardware option with more GPUs")
     if gpus and gpus_needed(cfg) > gpus:
         return (f"runtime.workers={cfg.runtime.workers} x runtime.gpus_per_worker={cfg.runtime.gpus_per_worker:g} "
                 f"and {ranks} trainer rank(s) after them on hardware={hardware}: {gpus_needed(cfg)} GPUs, the job "
@@ -220,18 +230,19 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
         problem = generation_plan(shape, ranks, engine, cell).problem(H100_GIB)
         if problem:
             return f"{on}: {problem}"
-    return host_refusal(on, name, ranks, launcher, engine)
+    return host_refusal(on, name, ranks, launcher, engine, nodes)
 
 
-def host_refusal(on: str, name: str, ranks: int, launcher: DictConfig, engine=None) -> str | None:
-    """The refusal when the node's ranks, each loading the whole fp32 policy at once (and a sleeping engine's
-    pinned weights after it), need more than `mem_gb`."""
+def host_refusal(on: str, name: str, ranks: int, launcher: DictConfig, engine=None, nodes: int = 1) -> str | None:
+    """The refusal when a node's ranks (`ranks` over `nodes`), each loading the whole fp32 policy at once (and a
+    sleeping engine's pinned weights after it), need more than `mem_gb` (sbatch's memory, a node's)."""
     from src.distributed.memory import host_gib, policy_shape
 
-    host, asked = host_gib(policy_shape(name), ranks, engine), launcher.get("mem_gb")
+    host, asked = host_gib(policy_shape(name), ranks // nodes, engine), launcher.get("mem_gb")
+    where = "in all" if nodes == 1 else f"a node for its {ranks // nodes} ranks"
     if asked and host > float(asked):
         return (f"{on}: each rank loads the whole policy in fp32 on the host before sharding it, {math.ceil(host)} "
-                f"GiB in all, and the job asks for hydra.launcher.mem_gb={asked}; raise hydra.launcher.mem_gb to at "
+                f"GiB {where}, and the job asks for hydra.launcher.mem_gb={asked}; raise hydra.launcher.mem_gb to at "
                 f"least {math.ceil(host)}")
     return None
 
@@ -249,6 +260,7 @@ def slurm_plan_lines(config: DictConfig, cfgs: list[DictConfig], results: Path =
     for cfg in cfgs:  # each cell's own micro-batch, checkpointing, head, dtype and vLLM context
         key = (int(cfg.hardware.get("ranks", 1) or 1), engine_share(cfg), Cell.of(cfg))
         plans.setdefault(key, []).append(cfg.policy.name_or_path)
+    nodes = int(launcher.get("nodes", 1) or 1)
     for (ranks, engine, cell), names in sorted(plans.items(), key=lambda item: (item[0][0], str(item[0][1:]))):
-        lines += job_plan_lines(names, ranks, engine, cell)
+        lines += job_plan_lines(names, ranks, engine, cell, nodes)
     return lines + gpu_hour_lines(cfgs, launcher, results)

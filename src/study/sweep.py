@@ -40,6 +40,7 @@ LAUNCH_ONLY = (
     "hardware.threads",
     "hardware.name",
     "hardware.ranks",  # data-parallel ranks: the same numbers as one process (src/runs/ranks.py)
+    "hardware.nodes",  # the nodes those ranks span: the same numbers (tests/e2e/test_run_ranks.py)
     "hardware.activation_checkpointing",  # each layer's forward again in backward: the same numbers, less memory
     "hardware.ranked",  # one process on the ranked path: the one-process numbers (tests/e2e/test_run_ranks.py)
     "policy.vllm.sleep",  # frees the engine's GPU memory between generations: the same engine when awake

@@ -91,6 +91,7 @@ KNOBS: dict[str, Knob] = {
     "policy.vllm.tensor_parallel_size": _int(1, 64, "2 (hardware.ranks a multiple of it)"),
     "hardware.threads": _int(1, 4_096, "2 or null", nullable=True),
     "hardware.ranks": _int(1, 1_024, "1, or the GPUs of the job"),
+    "hardware.nodes": _int(1, 128, "1, or 2 with hardware.ranks=16 on hardware=h100x8"),
     "hardware.activation_checkpointing": Knob("bool", example="true or false"),
     "hardware.ranked": Knob("bool", example="true or false"),
     "tracking.policy_artifact_max_mb": _float(0, INF, "200 (0: never upload, tags only)"),

@@ -299,3 +299,50 @@ def test_the_dry_run_of_8_ranks_plans_each_ranks_vllm_share_and_the_weight_sync(
             "started beside the trainer's 19.7 GiB") in said
     assert "awake beside the trainer's 26.8 GiB" in said
     assert "weight sync per step: 28.4 GiB gathered on each rank" in said and "nothing launched" in said
+
+
+@pytest.mark.slow  # a Hydra sweep composes in a subprocess: ~10 s
+def test_the_dry_run_of_a_cell_over_two_nodes_plans_each_node(tmp_path):
+    """docs/distributed.md's two-node command, as typed there: SLURM is asked for 2 nodes of 8 tasks, the plan
+    shards over the 16 GPUs and counts each node's host memory."""
+    import subprocess
+    import sys
+
+    from src.paths import PROJECT_ROOT
+
+    command = [sys.executable, "-m", "src.run", "-m", "hardware=h100x8", "hardware.nodes=2", "hardware.ranks=16",
+               "policy=qwen2.5-7b", "hydra.sweeper.dry_run=true", f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
+               f"hydra.sweep.dir={tmp_path}/sweep"]
+    done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "each asks for 2 nodes x 8 tasks, 16 GPUs in all, 64 CPUs and 512 GB a node" in said
+    # 16 shards of the fp32 weights and AdamW's moments instead of 8; each node's 8 ranks load it on its host
+    assert ("over the job's 16 GPU(s) on 2 nodes: training 51.8 GiB per GPU of 77.0 at micro-batch 12288 tokens, "
+            "activation checkpointing on, fused head; host: 251 GiB a node") in said
+    assert "a vLLM engine on each of the 16 GPU(s), each sampling 1/16 of every step's groups" in said
+    assert "nothing launched" in said and "hardware.nodes=2" in said
+
+
+def test_a_cell_over_more_ranks_than_a_node_is_told_to_span_nodes(compose_config):
+    from src.command.config import validate
+    from src.study.slurm import memory_refusal
+
+    def refusal(*overrides):
+        cfg = compose_config(*overrides, hydra=True)
+        job = compose_config(*overrides)
+        validate(job, check_device=False)
+        return memory_refusal(job, cfg.hydra.launcher, cfg.hydra.runtime.choices.hardware)
+
+    assert refusal("hardware=h100x8", "hardware.ranks=16") == (
+        "hardware.ranks=16 on hardware=h100x8: the job asks for 8 GPU(s), one a rank; set hardware.ranks=8, or "
+        "hardware.nodes=2 to span more nodes, or use a hardware option with more GPUs")
+    assert refusal("hardware=h100x8", "hardware.ranks=16", "hardware.nodes=2", "policy=qwen2.5-7b") is None
+    # 8 ranks a node each load the 7B's 28 GiB of fp32 weights beside 3 GiB of their own: 251 GiB a node
+    host = refusal("hardware=h100x8", "hardware.ranks=16", "hardware.nodes=2", "policy=qwen2.5-7b",
+                   "hydra.launcher.mem_gb=200")
+    assert "251 GiB a node for its 8 ranks, and the job asks for hydra.launcher.mem_gb=200" in host
+    tasks = refusal("hardware=h100x8", "hardware.ranks=16", "hardware.nodes=2", "hydra.launcher.tasks_per_node=16")
+    assert tasks.startswith("hydra.launcher.tasks_per_node=16 on hydra.launcher.nodes=2 with runtime=sync and "
+                            "hardware.ranks=16: the cell runs 16 process(es)")
+    assert tasks.endswith("set hydra.launcher.tasks_per_node=8")

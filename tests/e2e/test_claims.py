@@ -195,6 +195,12 @@ def test_slurm_plan_names_the_request_warns_on_unset_site_settings_and_counts_gp
     step_s = json.loads(committed.read_text())["rows"][0]["step_s"]
     hours = next(line for line in lines if line.startswith("GPU-hours"))
     assert f"about {2 * 100 * step_s / 3600:,.1f} for 2 job(s)" in hours and committed.name in hours
+    spread = compose_config("hardware=h100", "hardware.nodes=2", "hardware.ranks=2", "policy=qwen-sft-countdown",
+                            "buffer=none", hydra=True)  # one GPU on each of two nodes: twice the GPU-hours a job
+    lines = slurm_plan_lines(spread, [spread])
+    assert "each asks for 2 nodes x 1 task, 2 GPUs in all, 8 CPUs and 64 GB a node" in lines[0]
+    hours = next(line for line in lines if line.startswith("GPU-hours"))
+    assert f"about {2 * 100 * step_s / 3600:,.1f} for 1 job(s) x 2 GPU (2 nodes)" in hours
 
     sited = compose_config("hardware=h100", "hydra.launcher.partition=gpu", "hydra.launcher.account=lab", hydra=True)
     lines = slurm_plan_lines(sited, [sited])
@@ -209,6 +215,28 @@ def test_slurm_plan_names_the_request_warns_on_unset_site_settings_and_counts_gp
     replay = compose_config("hardware=h100", "policy=qwen-sft-countdown", "buffer=age1", hydra=True)  # rho = 1
     hours = next(line for line in slurm_plan_lines(replay, [replay], results) if line.startswith("GPU-hours"))
     assert f"about {100 * 80 / 3600:,.1f} for 1 job(s)" in hours and "gpu_step_x.json" in hours
+
+
+def test_a_cell_over_two_nodes_asks_sbatch_for_two_nodes_of_eight_tasks(compose_config, tmp_path):
+    """The sbatch script submitit writes for hardware=h100x8 hardware.nodes=2 hardware.ranks=16, the launcher's
+    settings passed as hydra-submitit-launcher's `launch` passes them: 2 nodes, 8 tasks and 8 GPUs a node, and
+    one srun that starts all 16 tasks."""
+    import submitit
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+
+    cfg = compose_config("hardware=h100x8", "hardware.nodes=2", "hardware.ranks=16", hydra=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    executor = submitit.AutoExecutor(cluster="slurm", folder=tmp_path,
+                                     slurm_max_num_timeout=launcher["max_num_timeout"])
+    queue = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{key if key in queue else f"slurm_{key}": value for key, value in launcher.items()
+                                  if key not in ("_target_", "submitit_folder", "max_num_timeout")})
+    lines = executor._executor._make_submission_file_text("python -m src.run", "uid").splitlines()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --cpus-per-task=8", "#SBATCH --mem=512GB"):
+        assert line in lines, "\n".join(lines)
+    assert [line.split()[0] for line in lines if line.startswith("srun")] == ["srun"]  # one srun: every task
 
 
 def test_the_sweeper_refuses_slurm_without_sbatch_before_composing_any_cell(compose_config, monkeypatch, capsys):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,12 +23,29 @@ SETTINGS = ("trainer.steps=5", "trainer.groups_per_step=4", "trainer.group_size=
             "evaluation.samples_per_prompt=2", "evaluation.ks=[1,2]")
 
 
-def launch(tmp_path, store: str, folder: str, *prefix: str, extra=(), group: bool = False) -> subprocess.Popen:
+def launch(tmp_path, store: str, folder: str, *prefix: str, extra=(), group: bool = False,
+           env: dict | None = None) -> subprocess.Popen:
     """`python -m src.run` (under `prefix`: torchrun); `group`: in a process group of its own, to kill it whole."""
     command = [*prefix, "-m", "src.run", *SETTINGS, *extra, f"tracking.uri={store}",
                f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/{folder}"]
     return subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=group)
+                            start_new_session=group, env=env)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def slurm_node(node: int, nodes: int, port: int) -> dict[str, str]:
+    """The environment SLURM's srun gives the one task of node `node` in a job of `nodes` nodes, as submitit's job
+    sees it (SUBMITIT_EXECUTOR=slurm): every node is this machine, so the ranks meet at localhost."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+    return {**env, "SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": str(nodes),
+            "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_NODEID": str(node), "SLURM_PROCID": str(node),
+            "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": ",".join(["localhost"] * nodes), "MASTER_PORT": str(port)}
 
 
 def finished(process: subprocess.Popen, timeout: float = 300) -> str:
@@ -112,22 +131,27 @@ def test_one_process_killed_and_resumed_on_two_ranks_logs_the_one_process_run(tm
 
 
 @pytest.mark.slow  # as above
-def test_two_ranks_sigkilled_together_resume_on_two_ranks_into_the_one_process_run(tmp_path, uninterrupted):
-    """A node failure: torchrun and both ranks die at once by SIGKILL (no handler runs, no checkpoint is written
-    then), after the second checkpoint. The same command relaunched continues the run from its last checkpoint
-    into the same MLflow run, and logs every metric of the one-process run, each step once."""
-    store = f"sqlite:///{tmp_path}/two.db"
-    process = launch(tmp_path, store, "first", *TORCHRUN, extra=("hardware.ranks=2",), group=True)
+def test_two_nodes_sigkilled_together_resume_on_two_torchrun_ranks_into_the_one_process_run(tmp_path, uninterrupted):
+    """A cell over two nodes (hardware.nodes=2), each node's task started as SLURM's srun starts it: the two ranks
+    meet through the rendezvous a SLURM job uses (submitit's environment, src/runs/ranks.py), train on gloo and
+    checkpoint. A node failure then kills both at once by SIGKILL (no handler runs, no checkpoint is written then),
+    after the second checkpoint. Relaunched on one node as two torchrun ranks, the run continues from its last
+    checkpoint into the same MLflow run, and logs every metric of the one-process run, each step once."""
+    store, port = f"sqlite:///{tmp_path}/two.db", free_port()
+    nodes = [launch(tmp_path, store, "first", sys.executable, extra=("hardware.ranks=2", "hardware.nodes=2"),
+                    group=True, env=slurm_node(node, 2, port)) for node in range(2)]
     second = tmp_path / "first" / "checkpoint.prev.pt"
     deadline = time.time() + 300
-    while not second.exists() and process.poll() is None and time.time() < deadline:
+    while not second.exists() and all(node.poll() is None for node in nodes) and time.time() < deadline:
         time.sleep(0.05)
-    assert process.poll() is None, "finished before it could be killed"
-    kill_tree(process.pid)  # torchrun starts each rank in a session of its own: a process group is not enough
-    process.communicate(timeout=60)
+    assert all(node.poll() is None for node in nodes), "finished before it could be killed"
+    for node in nodes:
+        kill_tree(node.pid)
+    outs = [node.communicate(timeout=60)[0] for node in nodes]
     killed, logged = histories(store)
-    assert [run.info.status for run in killed] == ["RUNNING"]  # as SIGKILL leaves it
+    assert [run.info.status for run in killed] == ["RUNNING"], outs[0][-3000:]  # as SIGKILL leaves it
     assert 1 <= len(logged["train/reward"]) < 5
+    assert "hardware.nodes" in killed[0].data.params and killed[0].data.params["hardware.nodes"] == "2"
     out = finished(launch(tmp_path, store, "resumed", *TORCHRUN, extra=("hardware.ranks=2",)))
     assert_resumed_as_uninterrupted(store, killed[0].info.run_id, out, uninterrupted)
 
@@ -192,6 +216,14 @@ def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_confi
     (("hardware.device=cuda:1",), "each rank takes GPU LOCAL_RANK; set hardware.device=cuda"),
     (("trainer.groups_per_step=1",), "raise trainer.groups_per_step to at least 2"),
     (("hardware.ranked=true",), "hardware.ranked=true with hardware.ranks=2: 2 ranks take the ranked path already"),
+    (("hardware.nodes=3",), r"hardware.nodes=3 with hardware.ranks=2: every node runs the same number of ranks \(one "
+     r"a GPU\); set hardware.ranks to a multiple of 3 \(hardware=h100x8: hardware.ranks=24\)"),
+    (("hardware.nodes=2", "policy.engine=vllm", "policy.vllm.tensor_parallel_size=2"),
+     "policy.vllm.tensor_parallel_size=2 with hardware.ranks=2 over hardware.nodes=2: an engine takes 2 consecutive "
+     "ranks, which must sit on one node of 1; set tensor_parallel_size to a divisor of 1"),
+    (("hardware.nodes=2", "runtime=async", "runtime.trainers=2", "buffer=none"), "hardware.nodes=2 with "
+     "runtime=async: the pipeline's workers and trainer actors run in one Ray session on one node; set "
+     "hardware.nodes=1, or train over several nodes with runtime=sync"),
 ])
 def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config, overrides, named):
     from src.command.config import ConfigError, validate
@@ -237,3 +269,33 @@ def test_a_slurm_job_of_several_tasks_joins_as_torchrun_ranks(monkeypatch, compo
     assert os.environ["MASTER_ADDR"] == "gpu-node7"
     h100x4 = compose_config("hardware=h100x4")
     assert mismatch(processes(h100x4.hardware.ranks, h100x4.runtime), int(os.environ["WORLD_SIZE"])) is None
+
+
+def test_a_slurm_job_over_two_nodes_joins_as_one_group_of_all_their_tasks(monkeypatch, compose_config):
+    """hardware=h100x8 hardware.nodes=2: SLURM starts 8 tasks a node; task 3 of the second node is rank 11 of 16,
+    every rank meets at the first node (a MASTER_PORT the site fixed is kept), and a job whose ranks span other
+    than hardware.nodes nodes is refused in one line."""
+    import os
+
+    from src.runs.ranks import export_slurm_tasks, node_mismatch
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "43", "SLURM_NTASKS": "16", "SLURM_JOB_NUM_NODES": "2",
+             "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu-node[7-8]", "SLURM_PROCID": "11", "SLURM_LOCALID": "3",
+             "MASTER_PORT": "29555"}
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    export_slurm_tasks()
+    exported = {name: os.environ[name] for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                    "MASTER_ADDR", "MASTER_PORT")}
+    assert exported == {"WORLD_SIZE": "16", "RANK": "11", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8",
+                        "MASTER_ADDR": "gpu-node7", "MASTER_PORT": "29555"}
+    cell = compose_config("hardware=h100x8", "hardware.nodes=2", "hardware.ranks=16")
+    assert node_mismatch(cell.hardware.nodes, 16, 8) is None
+    assert node_mismatch(1, 16, 8) == (
+        "hardware.nodes=1 but the 16 ranks run 8 a node, on 2 node(s) (WORLD_SIZE=16, LOCAL_WORLD_SIZE=8): set "
+        "hardware.nodes=2, or start 1 node(s) of 16 rank(s) (SLURM: hydra.launcher.nodes; torchrun --nnodes 1 "
+        "--nproc_per_node 16)")
+    assert node_mismatch(2, 2, None) is None  # a launcher that does not say how many ranks a node runs
