@@ -193,7 +193,8 @@ def test_the_slurm_dry_run_prints_the_memory_plan_of_the_job(compose_config):
     assert not any(line.startswith("memory plan") for line in slurm_plan_lines(tiny, [tiny]))
 
 
-def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_that_fits(compose_config):
+def job_refusal(compose_config):
+    """`refusal(*overrides)`: the one-line refusal of their SLURM job (`memory_refusal`), after the checks."""
     from src.command.config import validate
     from src.study.slurm import memory_refusal
 
@@ -203,6 +204,11 @@ def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_th
         validate(job, check_device=False)
         return memory_refusal(job, cfg.hydra.launcher, cfg.hydra.runtime.choices.hardware)
 
+    return refusal
+
+
+def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_that_fits(compose_config):
+    refusal = job_refusal(compose_config)
     assert refusal("hardware=h100x4", "policy=qwen2.5-7b") is None
     assert refusal("hardware=h100x8", "policy=qwen2.5-7b", *EIGHT_RANKS) is None
     assert refusal("hardware=h100", "policy=qwen2.5-0.5b") is None
@@ -325,15 +331,7 @@ def test_the_dry_run_of_a_cell_over_two_nodes_plans_each_node(tmp_path):
 
 
 def test_a_cell_over_more_ranks_than_a_node_is_told_to_span_nodes(compose_config):
-    from src.command.config import validate
-    from src.study.slurm import memory_refusal
-
-    def refusal(*overrides):
-        cfg = compose_config(*overrides, hydra=True)
-        job = compose_config(*overrides)
-        validate(job, check_device=False)
-        return memory_refusal(job, cfg.hydra.launcher, cfg.hydra.runtime.choices.hardware)
-
+    refusal = job_refusal(compose_config)
     assert refusal("hardware=h100x8", "hardware.ranks=16") == (
         "hardware.ranks=16 on hardware=h100x8: the job asks for 8 GPU(s), one a rank; set hardware.ranks=8, or "
         "hardware.nodes=2 to span more nodes, or use a hardware option with more GPUs")
