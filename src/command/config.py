@@ -51,13 +51,19 @@ def mini_batches(batch: int, mini_batch: int) -> int:
 
 if not OmegaConf.has_resolver("mini_batches"):
     OmegaConf.register_new_resolver("mini_batches", mini_batches)
-if not OmegaConf.has_resolver("per_task"):
-    # `${per_task:64,${.tasks_per_node}}`: a node's CPUs split over its SLURM tasks (one task a rank).
-    OmegaConf.register_new_resolver("per_task", lambda total, tasks: max(1, int(total) // max(1, int(tasks))))
-if not OmegaConf.has_resolver("per_node"):
-    # `${per_node:${hardware.ranks},${hardware.nodes}}`: a job's ranks split over its nodes (SLURM tasks a node);
-    # a split that is not even is refused by `_validate_nodes` before anything runs.
-    OmegaConf.register_new_resolver("per_node", lambda ranks, nodes: max(1, int(ranks) // max(1, int(nodes))))
+
+
+def each_share(total, parts) -> int:
+    """`total` split over `parts` (at least 1 each): the launchers' `${per_task:...}` and `${per_node:...}`."""
+    return max(1, int(total) // max(1, int(parts)))
+
+
+# `${per_task:64,${.tasks_per_node}}`: a node's CPUs split over its SLURM tasks (one task a rank).
+# `${per_node:${hardware.ranks},${hardware.nodes}}`: a job's ranks split over its nodes (SLURM tasks a node); a
+# split that is not even is refused by `_validate_nodes` before anything runs.
+for _name in ("per_task", "per_node"):
+    if not OmegaConf.has_resolver(_name):
+        OmegaConf.register_new_resolver(_name, each_share)
 
 ENGINES = ("hf", "vllm")
 HUB_TIMEOUT_S = 10  # the one request that asks the hub whether a policy name exists

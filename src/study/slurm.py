@@ -46,7 +46,12 @@ def missing_slurm(config: DictConfig, which=None) -> str | None:
 
 def gpus_per_job(launcher: DictConfig) -> int:
     per_node = launcher.get("gpus_per_node") or (launcher.get("gpus_per_task") or 0) * launcher.get("tasks_per_node", 1)
-    return int(per_node or 0) * int(launcher.get("nodes", 1) or 1)
+    return int(per_node or 0) * nodes_per_job(launcher)
+
+
+def nodes_per_job(launcher: DictConfig) -> int:
+    """The nodes a job asks for (`hydra.launcher.nodes`, which `hardware.nodes` sets)."""
+    return int(launcher.get("nodes", 1) or 1)
 
 
 def job_request(launcher: DictConfig) -> str:
@@ -57,11 +62,11 @@ def job_request(launcher: DictConfig) -> str:
               if launcher.get("mem_per_gpu") else "the partition's default memory")
     where = ", ".join(f"{key} {launcher.get(key) or '(unset)'}" for key in ("partition", "account", "qos", "constraint"))
     hours, minutes = divmod(int(launcher.timeout_min), 60)
-    nodes = int(launcher.get("nodes", 1) or 1)
+    nodes = nodes_per_job(launcher)
     if nodes > 1:  # sbatch's tasks, CPUs and memory are a node's
-        return (f"{nodes} nodes x {tasks} task{'s' if tasks > 1 else ''}, {gpus_per_job(launcher)} GPUs in all, {cpus or 'default'} CPUs and "
-                f"{memory} a node, {launcher.timeout_min} min ({hours}:{minutes:02d}:00), {where}")
-    return (f"{launcher.get('nodes', 1)} node x {tasks} task, {gpus_per_job(launcher)} GPU, "
+        return (f"{nodes} nodes x {tasks} task{'s' if tasks > 1 else ''}, {gpus_per_job(launcher)} GPUs in all, "
+                f"{cpus or 'default'} CPUs and {memory} a node, {launcher.timeout_min} min ({hours}:{minutes:02d}:00), {where}")
+    return (f"1 node x {tasks} task, {gpus_per_job(launcher)} GPU, "
             f"{cpus or 'default'} CPUs, {memory}, {launcher.timeout_min} min ({hours}:{minutes:02d}:00), {where}")
 
 
@@ -114,7 +119,7 @@ def find_step_benchmark(cfg: DictConfig, results: Path = RESULTS_DIR) -> StepBen
 
 def gpu_hour_lines(cfgs: list[DictConfig], launcher: DictConfig, results: Path = RESULTS_DIR) -> list[str]:
     """The sweep's GPU-hours from the step benchmark (training steps only), and warnings on the time limit."""
-    gpus, nodes = gpus_per_job(launcher), int(launcher.get("nodes", 1) or 1)
+    gpus, nodes = gpus_per_job(launcher), nodes_per_job(launcher)
     on_nodes = f" ({nodes} nodes)" if nodes > 1 else ""
     if not cfgs:
         return ["GPU-hours: 0 (nothing to launch)"]
@@ -193,7 +198,7 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
 
     ranks, gpus, name = int(cfg.hardware.get("ranks", 1) or 1), gpus_per_job(launcher), cfg.policy.name_or_path
     tasks, wanted = int(launcher.get("tasks_per_node", 1) or 1), processes(ranks, cfg.runtime)
-    nodes = int(launcher.get("nodes", 1) or 1)
+    nodes = nodes_per_job(launcher)
     if tasks * nodes != wanted:
         spread = f" on hydra.launcher.nodes={nodes}" if nodes > 1 else ""
         fix = f"{wanted // nodes}" if wanted % nodes == 0 else f"{wanted} and hydra.launcher.nodes=1"
@@ -260,7 +265,7 @@ def slurm_plan_lines(config: DictConfig, cfgs: list[DictConfig], results: Path =
     for cfg in cfgs:  # each cell's own micro-batch, checkpointing, head, dtype and vLLM context
         key = (int(cfg.hardware.get("ranks", 1) or 1), engine_share(cfg), Cell.of(cfg))
         plans.setdefault(key, []).append(cfg.policy.name_or_path)
-    nodes = int(launcher.get("nodes", 1) or 1)
+    nodes = nodes_per_job(launcher)
     for (ranks, engine, cell), names in sorted(plans.items(), key=lambda item: (item[0][0], str(item[0][1:]))):
         lines += job_plan_lines(names, ranks, engine, cell, nodes)
     return lines + gpu_hour_lines(cfgs, launcher, results)
