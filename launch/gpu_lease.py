@@ -2,14 +2,14 @@
 
 On the lent node, in one device call per part, each part under 8 minutes (PART_SECONDS bounds it):
 
-  part 1: install the bundle, check the imports, `benchmarks.vllm_probe` (vLLM's host overhead, at most 150 s),
+  part 1: install the bundle, check the imports, `benchmarks.vllm_probe` (vLLM's host overhead, at most 270 s),
           `benchmarks.gpu_step --compile` at 256 and 1024 tokens (vLLM colocated, 1024 sequences a wave),
           shared/bench's update_reference.py beside it (read back when part 1 ran before on the same warm
           machine), `pytest -m gpu`                                                          (estimate 8 min)
-  part 2: install, imports, 3 steps under torchrun on the ranked path in a group of one (hardware.ranked: FSDP2,
-          vLLM asleep while training) read back from MLflow, a whole `src.run` cell of the 0.5B shape (3 steps,
-          smoke evaluation, final checkpoint, per-phase times, peak), one step of the 1.5B preset with its
-          peak beside the memory plan, `benchmarks.update_ops`                               (estimate 7 min)
+  part 2: install, imports, a whole `src.run` cell of the 0.5B shape (3 steps, smoke evaluation, final
+          checkpoint, per-phase times, peak), one step of the 1.5B preset with its peak beside the memory plan,
+          3 steps under torchrun on the ranked path in a group of one (hardware.ranked: FSDP2, vLLM asleep
+          while training) read back from MLflow, `benchmarks.update_ops`                     (estimate 9 min)
 
 Every stage runs in its own process group under a time limit (the smaller of its own and what the part has
 left), so a hang costs that stage alone; a failed stage is recorded and the next one runs. Everything lands in
@@ -46,8 +46,12 @@ from launch import bundle  # noqa: E402
 
 PART_SECONDS = {"cuda": 470, "cpu": 1200}  # the whole part, install included: under 8 minutes on the GPU
 SLACK = {"cuda": 1, "cpu": 4}  # the rehearsal checks the wiring, not the time: a busy CPU may take 4 times longer
+# Measured on the H200 of 2026-12-04 (benchmarks/results/README.md): a fresh process with vLLM reached its first
+# step after about 130 s (imports, about 30 s of vLLM's first look at an architecture, the engine's 43-64 s);
+# the 0.5B cell's three steps took 82 s more, so 200 s stopped it before its evaluation and checkpoint. The
+# probe's engine was ready after 120 s, so 150 s held one wave.
 LIMITS = {"install": 120, "imports": 90, "pytest": 200, "gpu_step": 300, "update_reference": 150,
-          "update_ops": 120, "torchrun": 200, "cell_0.5b": 200, "preset_1.5b": 260, "vllm_probe": 150}
+          "update_ops": 120, "torchrun": 200, "cell_0.5b": 330, "preset_1.5b": 260, "vllm_probe": 270}
 PRESET = "Qwen/Qwen2.5-1.5B"   # conf/policy/qwen2.5-1.5b.yaml's policy
 CELL = "Qwen/Qwen2.5-0.5B"     # conf/policy/qwen2.5-0.5b.yaml's: the papers' shape, a whole cell of it
 TINY_RUN = ["trainer.groups_per_step=4", "trainer.group_size=2", "policy.max_new_tokens=6", "hardware.threads=1"]
@@ -260,24 +264,28 @@ def run_overrides(lease: Lease, folder: Path) -> list[str]:
 
 
 def part_two(lease: Lease, python: str) -> None:
-    """First contacts first (torchrun with vLLM asleep, the 1.5B preset), the operator counts last."""
-    work, cuda = lease.work, lease.cuda
-    folder = work / f"torchrun-{time.strftime('%H%M%S')}"
-    # One GPU holds one NCCL rank: hardware.ranked puts the one process on the ranked path (a group of one, FSDP2
-    # over a mesh of one, vLLM's external_launcher, asleep while training).
-    ranks = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "src.run",
-             "hardware.ranks=1", "hardware.ranked=true", "trainer.steps=3", *run_overrides(lease, folder),
-             *([] if cuda else TINY_RUN)]
-    lease.run("torchrun", ranks, lambda: metric_figures(python, folder, lease))
+    """What no lease has finished first (the whole 0.5B cell, the 1.5B preset), then the ranked path in a group of
+    one (on record: benchmarks/results/README.md), the operator counts last."""
     whole_cell(lease, python)
     one_point_five(lease, python)
-    target = work / "update_ops.json"
+    ranked_path(lease, python)
+    target = lease.work / "update_ops.json"
     target.unlink(missing_ok=True)
-    dtype = "bfloat16" if cuda else "float32"  # the card's update runs bf16 compute weights under autocast
+    dtype = "bfloat16" if lease.cuda else "float32"  # the card's update runs bf16 compute weights under autocast
     script = reference_script(lease)  # the bundle's copy: shared/bench does not travel to the node
     lease.run("update_ops", [python, "-m", "benchmarks.update_ops", "--device", lease.args.device, "--dtype", dtype,
                              "--json", str(target), *(["--reference", str(script)] if script else [])],
               lambda: read_json(target))
+
+
+def ranked_path(lease: Lease, python: str) -> None:
+    """3 steps under torchrun in a group of one. One GPU holds one NCCL rank: hardware.ranked puts the one process
+    on the ranked path (FSDP2 over a mesh of one, vLLM's external_launcher, asleep while training)."""
+    folder = lease.work / f"torchrun-{time.strftime('%H%M%S')}"
+    ranks = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "src.run",
+             "hardware.ranks=1", "hardware.ranked=true", "trainer.steps=3", *run_overrides(lease, folder),
+             *([] if lease.cuda else TINY_RUN)]
+    lease.run("torchrun", ranks, lambda: metric_figures(python, folder, lease))
 
 
 def random_policy(lease: Lease, python: str, preset: str, name: str) -> Path | None:
@@ -371,7 +379,8 @@ def memory_plan() -> dict:
 def lease_main(args) -> int:
     lease = Lease(args)
     python = sys.executable
-    lease.note(f"part {args.part} on {args.device}, work folder {lease.work}, {PART_SECONDS[args.device]} s at most")
+    lease.note(f"part {args.part} on {args.device}, work folder {lease.work}, "
+               f"{args.seconds or PART_SECONDS[args.device]:.0f} s at most")
     if not install(lease):  # the call that carries the first pieces only stashes them: seconds, not minutes
         lease.write()
         return 3

@@ -153,7 +153,8 @@ PROBE = "python -m benchmarks.vllm_probe --tiny --device cpu --waves 8,16 --resp
 @pytest.mark.vllm  # in .venv-vllm, with the CPU build of vLLM
 def test_the_vllm_probe_times_each_variant_of_a_wave_and_profiles_one_call(tmp_path):
     """One engine, each variant's call of each wave (the same tokens whatever the variant: every sequence runs to
-    its length), and the profiled call's functions, as docs/benchmarks.md types it for the CPU."""
+    its length), and the profiled call's functions after the first wave, as docs/benchmarks.md types it for the
+    CPU."""
     words = PROBE.split()
     done = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
@@ -164,7 +165,10 @@ def test_the_vllm_probe_times_each_variant_of_a_wave_and_profiles_one_call(tmp_p
         assert list(variants) == ["project", "unseeded", "token_stop", "gc_frozen"]
         assert {row["tokens"] for row in variants.values()} == {int(wave) * 8}, variants
         assert all(row["seconds"] > 0 and row["tokens_per_s"] > 0 for row in variants.values())
-    assert "generate" in " ".join(row["function"] for row in figures["profile"][:5]) and len(figures["profile"]) == 25
+    profiled = figures["profile"]
+    assert profiled["sequences"] == 8, "the profile follows the first wave, so a probe cut short still has one"
+    assert "generate" in " ".join(row["function"] for row in profiled["functions"][:5])
+    assert len(profiled["functions"]) == 25
     assert "16 sequences x 8 tokens: tokens/s project" in done.stdout
 
 
@@ -173,3 +177,31 @@ def test_the_vllm_probe_refuses_a_wave_that_is_not_whole_groups():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--waves=12: each wave is prompts x 8 samples" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_vllm_probe_stopped_after_its_first_wave_keeps_that_wave_and_its_profile(tmp_path, monkeypatch):
+    """The lease stops the probe at its limit (launch/gpu_lease.py): the figures are written after every wave, so
+    what was measured before the stop comes back. The engine is a stand-in; the second wave never ends."""
+    from benchmarks import vllm_probe
+
+    calls = []
+
+    def one_call(engine, variant, wave, args, profile=None):
+        calls.append((variant, wave))
+        if wave == 16:
+            raise KeyboardInterrupt  # the limit's signal, in the second wave
+        if profile is not None:
+            profile.enable()
+            sum(range(1000))
+            profile.disable()
+        return {"seconds": 1.0, "sequences": wave, "tokens": wave * 8, "tokens_per_s": wave * 8.0}
+
+    monkeypatch.setattr(vllm_probe, "start_engine", lambda args: (object(), 12.5))
+    monkeypatch.setattr(vllm_probe, "one_call", one_call)
+    target = tmp_path / "probe.json"
+    with pytest.raises(KeyboardInterrupt):
+        vllm_probe.main(["--waves", "8,16", "--json", str(target)])
+    figures = json.loads(target.read_text())
+    assert list(figures["waves"]) == ["8"] and list(figures["waves"]["8"]) == list(vllm_probe.VARIANTS)
+    assert figures["profile"]["sequences"] == 8 and figures["engine_start_s"] == 12.5
+    assert ("project", 16) in calls and ("unseeded", 16) not in calls
