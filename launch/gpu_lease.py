@@ -440,10 +440,17 @@ def metrics_main(args) -> int:
     if not runs:
         raise SystemExit(f"no run in {args.store}")
     run = max(runs, key=lambda r: r.info.start_time)
-    figures = {"run_id": run.info.run_id, "status": run.info.status, "time": {}}
+    figures = {"run_id": run.info.run_id, "status": run.info.status, "time": {}, "budget": {}}
+
+    def history(key: str) -> list[float]:
+        return [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+
     for key in sorted(k for k in run.data.metrics if k.startswith("time/")):
-        figures["time"][key] = [m.value for m in sorted(client.get_metric_history(run.info.run_id, key),
-                                                        key=lambda m: m.step)]
+        figures["time"][key] = history(key)
+    # The tokens beside the seconds: a phase's rate (generated tokens/s, the update's tokens/s) from the record.
+    for key in ("budget/generated_tokens", "budget/trained_tokens"):
+        if key in run.data.metrics:
+            figures["budget"][key] = history(key)
     Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0
 

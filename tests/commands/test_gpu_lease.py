@@ -253,6 +253,8 @@ def test_the_cpu_rehearsal_runs_every_stage_and_writes_its_figures(tmp_path, par
         cell = stages["cell_0.5b"]  # a whole cell: FINISHED, each phase's time at each of its 3 steps, a checkpoint
         assert cell["status"] == "ok" and cell["metrics"]["status"] == "FINISHED" and cell["checkpoints"]
         assert all(len(cell["metrics"]["time"][key]) == 3 for key in ("time/step", "time/generate", "time/train"))
+        generated = cell["metrics"]["budget"]["budget/generated_tokens"]  # cumulative: each step's rate follows
+        assert len(generated) == 3 and 0 < generated[0] < generated[1] < generated[2]
         assert cell["figures"]["host_peak_rss_gib"] > 0
         preset = stages["preset_1.5b"]
         assert preset["status"] == "ok" and preset["figures"]["host_peak_rss_gib"] > 0
