@@ -463,8 +463,8 @@ TINY_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, n
 
 
 def random_policy_main(args) -> int:
-    """--preset's architecture (conf/policy/shapes) with random bf16 weights and a byte-level tokenizer over its
-    vocabulary; --tiny: 2 narrow layers, a vocabulary of 4,096 (the CPU rehearsal)."""
+    """--preset's architecture (conf/policy/shapes) with random bf16 weights and a BPE tokenizer learnt here
+    (`text_tokenizer`) over its vocabulary; --tiny: 2 narrow layers, a vocabulary of 4,096 (the CPU rehearsal)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -479,24 +479,34 @@ def random_policy_main(args) -> int:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     folder = Path(args.folder)
     model.save_pretrained(folder)
-    byte_tokenizer(config.vocab_size).save_pretrained(folder)
+    text_tokenizer(config.vocab_size).save_pretrained(folder)
     print(f"{sum(p.numel() for p in model.parameters()) / 1e9:.3f} B random parameters in {folder}")
     return 0
 
 
-def byte_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer with no merges over `vocab_size` ids: the 256 bytes first, then filler tokens.
-    Loaded back as the Qwen2 tokenizer that config.json's model type names, it reads the task's prompts byte by
-    byte and decodes every id a random policy samples."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def text_tokenizer(vocab_size: int, merges: int = 16_000):
+    """A byte-level BPE learnt from the repository's own English (README.md, docs/*.md), then filler ids up to
+    `vocab_size`. The node has no hub, and one id a byte made a countdown prompt 567 ids where a hub tokenizer
+    merges whole words (benchmarks/results/README.md): learnt merges give the task's prompts a hub
+    tokenizer's order of length, so a lease cell's step is timed on rows of a real run's length. Loaded back as
+    the Qwen2 tokenizer that config.json's model type names; it decodes every id a random policy samples."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    vocab = {char: index for index, char in enumerate(bytes_to_unicode().values())}
-    vocab.update({f"<|t{index}|>": index for index in range(len(vocab), vocab_size)})
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    text = [path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+    learnt = Tokenizer(models.BPE())
+    learnt.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=min(vocab_size - 2, 256 + merges), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    learnt.train_from_iterator(text, trainer)
+    model = json.loads(learnt.to_str())["model"]
+    vocab = dict(model["vocab"])
+    vocab.update({f"<|t{index}|>": index for index in range(len(vocab), vocab_size)})  # never produced by merges
+    merged = [tuple(pair.split(" ")) if isinstance(pair, str) else tuple(pair) for pair in model["merges"]]
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merged))
     backend.pre_tokenizer, backend.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<|t256|>", eos_token="<|t257|>")
+    filler = len(model["vocab"])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=f"<|t{filler}|>", eos_token=f"<|t{filler + 1}|>")
 
 
 class _NvmlMemory(ctypes.Structure):

@@ -323,3 +323,21 @@ def test_the_rehearsals_tiny_preset_has_heads_that_vllms_cpu_attention_lists():
     shape = gpu_lease.TINY_SHAPE
     head_dim = shape["hidden_size"] // shape["num_attention_heads"]
     assert head_dim in cpu_attention.CPUAttentionBackend.get_supported_head_sizes()
+
+
+def test_the_lease_policys_tokenizer_reads_a_prompt_in_words_and_decodes_it_back():
+    """The node has no hub: the random policy's tokenizer is a BPE learnt from the repository's docs, so the task's
+    prompts take about as many ids as a hub tokenizer gives them (one id a byte made a countdown prompt 567 ids,
+    and the lease's cell step twice as long as the same batch's at a real length). Its last ids are fillers that
+    no merge produces; pad and end of sequence are two of them."""
+    from src.task.countdown import Instance, format_prompt
+
+    prompt = format_prompt(Instance(numbers=(3, 25, 7, 50), target=81))
+    for vocab_size in (4096, 151_936):  # the rehearsal's tiny vocabulary and Qwen2.5's
+        tokenizer = gpu_lease.text_tokenizer(vocab_size)
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        assert len(tokenizer) == vocab_size and max(ids) < vocab_size
+        assert len(ids) < len(prompt.encode()) / 3, (vocab_size, len(ids))
+        assert tokenizer.decode(ids) == prompt
+        assert {tokenizer.pad_token_id, tokenizer.eos_token_id}.isdisjoint(ids)
+        assert tokenizer.eos_token_id == tokenizer.pad_token_id + 1 < vocab_size
