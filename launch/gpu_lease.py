@@ -384,14 +384,44 @@ def lease_main(args) -> int:
     if not install(lease):  # the call that carries the first pieces only stashes them: seconds, not minutes
         lease.write()
         return 3
+    warming = warm_registry(lease, python)
     imports_stage(lease, python)
     (part_one if args.part == 1 else part_two)(lease, python)
+    record_warm(lease, warming)
     lease.summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     lease.write()
     failed = [name for name, stage in lease.summary["stages"].items() if stage["status"] in ("failed", "timed out")]
     lease.note(f"part {args.part} done: {len(lease.summary['stages'])} stages, "
                + (f"failed: {', '.join(failed)}" if failed else "none failed") + f"; figures in {args.out}")
     return 1 if failed else 0
+
+
+# vLLM inspects a model class in a child process the first time it meets its architecture on a machine, and keeps
+# the answer under VLLM_CACHE_ROOT/modelinfos (vllm/model_executor/models/registry.py, `inspect_model_cls` and
+# `_run_in_subprocess`): about 30 s for each engine's first architecture on the H200 (benchmarks/results/README.md).
+# Inspected in the background beside the import check, one process an architecture, the stages' engines find it.
+WARM_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")  # the Qwen cells' and the tiny policy's
+WARM_CODE = ("import sys, time; from vllm.model_executor.models.registry import ModelRegistry; start = time.time(); "
+             "ModelRegistry.models[sys.argv[1]].inspect_model_cls(); "
+             "print(f'registry: {sys.argv[1]} inspected in {time.time() - start:.1f} s', flush=True)")
+
+
+def warm_registry(lease: Lease, python: str) -> list[tuple[str, subprocess.Popen]]:
+    if not lease.cuda and importlib.util.find_spec("vllm") is None:  # the node's vLLM is on the children's path
+        return []
+    return [(arch, subprocess.Popen([python, "-c", WARM_CODE, arch], cwd=ROOT, env=lease.env(), stdout=lease.log,
+                                    stderr=subprocess.STDOUT, start_new_session=True))
+            for arch in WARM_ARCHITECTURES]
+
+
+def record_warm(lease: Lease, warming: list[tuple[str, subprocess.Popen]]) -> None:
+    """Each background inspection's outcome (its seconds are in the log); one still running is stopped."""
+    for arch, process in warming:
+        code = process.poll()
+        if code is None:
+            stop_group(process)
+        lease.record(f"registry:{arch}", {"status": "ok" if code == 0 else "timed out" if code is None else "failed",
+                                          "returncode": code})
 
 
 def imports_stage(lease: Lease, python: str) -> None:
