@@ -46,10 +46,9 @@ from launch import bundle  # noqa: E402
 
 PART_SECONDS = {"cuda": 470, "cpu": 1200}  # the whole part, install included: under 8 minutes on the GPU
 SLACK = {"cuda": 1, "cpu": 4}  # the rehearsal checks the wiring, not the time: a busy CPU may take 4 times longer
-# Measured on the H200 of 2026-12-04 (benchmarks/results/README.md): a fresh process with vLLM reached its first
-# step after about 130 s (imports, about 30 s of vLLM's first look at an architecture, the engine's 43-64 s);
-# the 0.5B cell's three steps took 82 s more, so 200 s stopped it before its evaluation and checkpoint. The
-# probe's engine was ready after 120 s, so 150 s held one wave.
+# Sized by what an H200 takes (benchmarks/results/README.md): a fresh process with vLLM needs about 130 s to its
+# first step (imports, vLLM's first look at an architecture, the engine's 43-64 s), the 0.5B cell's three steps
+# 82 s more, then its evaluation and checkpoint; the probe's engine is ready after about 120 s.
 LIMITS = {"install": 120, "imports": 90, "pytest": 200, "gpu_step": 300, "update_reference": 150,
           "update_ops": 120, "torchrun": 200, "cell_0.5b": 330, "preset_1.5b": 260, "vllm_probe": 270}
 PRESET = "Qwen/Qwen2.5-1.5B"   # conf/policy/qwen2.5-1.5b.yaml's policy
@@ -516,9 +515,9 @@ def random_policy_main(args) -> int:
 
 def text_tokenizer(vocab_size: int, merges: int = 16_000):
     """A byte-level BPE learnt from the repository's own English (README.md, docs/*.md), then filler ids up to
-    `vocab_size`. The node has no hub, and one id a byte made a countdown prompt 567 ids where a hub tokenizer
-    merges whole words (benchmarks/results/README.md): learnt merges give the task's prompts a hub
-    tokenizer's order of length, so a lease cell's step is timed on rows of a real run's length. Loaded back as
+    `vocab_size`. The node has no hub; one id a byte would make a countdown prompt 567 ids where a hub tokenizer
+    merges whole words (benchmarks/results/README.md), and learnt merges give the task's prompts a hub
+    tokenizer's order of length (150 ids), so a lease cell's step is timed on rows of a real run's length. Loaded back as
     the Qwen2 tokenizer that config.json's model type names; it decodes every id a random policy samples."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
