@@ -72,7 +72,9 @@ class Lease:
                         time.gmtime()), "python": sys.executable, "stages": {}}
 
     def env(self) -> dict:
-        paths = [str(self.site)] if (self.site / bundle.MANIFEST).is_file() else []
+        # The bundle is built for the node's Python (3.12, launch/bundle.py): the CPU rehearsal unpacks it to rehearse
+        # the install, and runs its stages on this Python's own packages.
+        paths = [str(self.site)] if self.cuda and (self.site / bundle.MANIFEST).is_file() else []
         return {**os.environ, "PYTHONPATH": os.pathsep.join(paths + [str(ROOT)]), "PYTHONUNBUFFERED": "1",
                 "VLLM_USE_FLASHINFER_SAMPLER": "0", "TOKENIZERS_PARALLELISM": "false", "HYDRA_FULL_ERROR": "1"}
 

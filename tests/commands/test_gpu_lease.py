@@ -152,6 +152,16 @@ def test_each_call_stashes_its_carry_folder_and_the_bundle_unpacks_once_all_are_
     assert on_disk["stages"]["install"]["status"] == "ok"
 
 
+def test_the_cpu_rehearsal_unpacks_the_bundle_but_keeps_it_off_its_stages_path(tmp_path):
+    """The bundle's packages are built for the node's Python 3.12: on this Python a built bundle on the stages'
+    path broke every stage of `make gpu-lease DEVICE=cpu` (pydantic_core's compiled module). The rehearsal still
+    unpacks it, and its stages run on this Python's own packages."""
+    fake_bundle(tmp_path, piece_bytes=40_000, carry_bytes=100_000)
+    lease = gpu_lease.Lease(argparse.Namespace(**{**vars(lease_args(tmp_path, tmp_path / "bundle")), "device": "cpu"}))
+    assert gpu_lease.install(lease) is True and (tmp_path / "work" / "site" / "probe" / "__init__.py").is_file()
+    assert str(tmp_path / "work" / "site") not in lease.env()["PYTHONPATH"].split(os.pathsep)
+
+
 def test_the_call_that_carries_the_first_pieces_only_stashes_them_and_part_1_reads_its_plain_loop_back(tmp_path):
     """Call 1 measures nothing (the plain loop is on record: no re-measure in a 15-minute window); a part 1 run
     again on the warm machine reads back the plain loop's figures of its first run."""
