@@ -71,15 +71,15 @@ def one(tmp_path_factory):
     return done
 
 
-@pytest.mark.slow  # two launches besides the one process's: two ranks with vLLM, two ranks with transformers
+@pytest.mark.slow  # one launch besides the one process's
 def test_two_ranks_each_sample_half_of_the_one_process_rollouts_with_their_own_vllm_engine(tmp_path, one):
     two = run(tmp_path, "two", *TORCHRUN, extra=("hardware.ranks=2", *VLLM))
     assert_one_process(one, two)
     assert_each_rank_sampled_half(two[0])
-    # Negative control: ranks that sample the whole step each (transformers on the sharded policy) fail it.
-    whole = run(tmp_path, "whole", *TORCHRUN, extra=("hardware.ranks=2", "policy.engine=hf"))
+    # Negative control: an engine that sampled every call (the one process's) fails it. A ranked run whose rank 0
+    # samples every call is the split engine's below, which counts all of them.
     with pytest.raises(AssertionError):
-        assert_each_rank_sampled_half(whole[0])
+        assert_each_rank_sampled_half(one[0])
 
 
 @pytest.mark.slow  # one launch besides the one process's
