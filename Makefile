@@ -276,6 +276,7 @@ gpu-bundle: $(STAMP)  ## build the lent GPU node's bundle here (vLLM trimmed + w
 gpu-lease: $(if $(filter cpu,$(LEASE_DEVICE)),$(STAMP))  ## on the lent GPU node: install the bundle, PART=1 tests + benchmarks, PART=2 torchrun + 1.5B; DEVICE=cpu rehearses
 	$(if $(OUT),,$(error OUT is needed: make gpu-lease OUT=DIR [PART=1|2] [DEVICE=cuda|cpu]; on the node OUT=$$OUT))
 	$(if $(filter 1 2,$(PART)),,$(error PART=$(PART): the lease has parts 1 and 2 (make gpu-lease OUT=DIR PART=2)))
+	$(if $(LEASE_SECONDS),$(if $(shell [[ "$(LEASE_SECONDS)" =~ ^[1-9][0-9]*$$ ]] && echo ok),,$(error LEASE_SECONDS=$(LEASE_SECONDS): the part's limit in seconds, a whole number of 1 or more (call 3: status's budget_left_s less about 40, e.g. LEASE_SECONDS=240))))
 	$(LEASE_PY) launch/gpu_lease.py --part $(PART) --device $(LEASE_DEVICE) --out $(OUT_DIR) --bundle $(GPU_BUNDLE)$(if $(LEASE_SECONDS), --seconds $(LEASE_SECONDS))
 
 sweep-baseline sweep-age sweep-ratio sweep-stress sweep-paper sweep-variants sweep-async: sweep-%: $(STAMP)  ## a study (SPEC 8) as one multirun

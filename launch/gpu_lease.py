@@ -618,6 +618,17 @@ def peak_main(args) -> int:
     return 0
 
 
+def positive_seconds(text: str) -> float:
+    """--seconds: a part given no time would skip every stage and report them all as skipped."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: the part's limit in seconds, a number above 0 (e.g. --seconds 240)")
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", type=int, choices=(1, 2), default=1)
@@ -625,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--bundle", type=Path, default=ROOT / "gpu-bundle")
     parser.add_argument("--work", type=Path, default=None, help="default /tmp/rr-lease (cuda), OUT/work (cpu)")
-    parser.add_argument("--seconds", type=float, default=None, help="the part's limit (default: PART_SECONDS)")
+    parser.add_argument("--seconds", type=positive_seconds, default=None, help="the part's limit (default: PART_SECONDS)")
     verbs = parser.add_subparsers(dest="verb")
     checked = verbs.add_parser("imports")
     checked.add_argument("--json", required=True)

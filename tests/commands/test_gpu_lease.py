@@ -328,6 +328,20 @@ def test_lease_seconds_bounds_a_part_as_typed(tmp_path):
         "gpu_step": "skipped", "update_reference": "skipped", "pytest": "skipped"}
 
 
+@pytest.mark.parametrize("seconds", ["abc", "0", "-5"])
+def test_a_lease_limit_that_is_no_positive_number_is_one_line_before_any_stage(tmp_path, seconds):
+    """As typed (docs/benchmarks.md, call 3), and the script's own flag: nothing runs, no stage is skipped silently."""
+    out = tmp_path / "out"
+    done = subprocess.run(["make", "gpu-lease", "DEVICE=cpu", f"OUT={out}", f"LEASE_SECONDS={seconds}"], cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and not out.exists(), done.stdout + done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "LEASE_SECONDS" in line]
+    assert f"LEASE_SECONDS={seconds}: the part's limit in seconds, a whole number of 1 or more" in line, line
+    with pytest.raises(SystemExit) as refused:
+        gpu_lease.main(["--device", "cpu", "--out", str(out), "--seconds", seconds])
+    assert refused.value.code == 2 and not out.exists()
+
+
 @pytest.mark.vllm
 def test_the_rehearsals_tiny_preset_has_heads_that_vllms_cpu_attention_lists():
     """The CPU rehearsal under LEASE_PY=.venv-vllm/bin/python starts vLLM on this policy: a head size its CPU
