@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.seeds import CLAIM_CONFIDENCE, claim_outcomes, detectable, one_sided_p, seeds_to_decide, t_interval
+from analysis.seeds import ALPHA, claim_outcomes, detectable, one_sided_p, seeds_to_decide, t_interval
 
 REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
 UNDECIDED, NOT_TESTABLE = "undecided", "not testable at this scale"
@@ -83,21 +83,21 @@ class Comparison:
     why: str = ""
     substitution: str = ""
 
-    def judged(self) -> dict:
-        """The paired difference (mean, 90 % two-sided half-width: its ends are the one-sided tests' 95 % bounds),
-        the claim's one-sided test (p), the smallest difference the seeds detect (80 % power, 5 %), the seeds
-        that would decide an undecided row, and the outcome."""
+    def judged(self, level: float = ALPHA) -> dict:
+        """The paired difference (mean, 1 - 2 level two-sided half-width, 90 % at 5 %: its ends are the one-sided
+        tests' bounds), the claim's one-sided test at `level` (p), the smallest difference the seeds detect (80 %
+        power at `level`), the seeds that would decide an undecided row, and the outcome."""
         shared = self.method.dropna().index.intersection(self.baseline.dropna().index)
         d = (self.method[shared] - self.baseline[shared]).to_numpy(dtype=float)
-        mean, half_width = t_interval(d, CLAIM_CONFIDENCE)
+        mean, half_width = t_interval(d, 1 - 2 * level)
         sd = float(np.std(d, ddof=1)) if d.size > 1 else np.nan
-        outcome = str(claim_outcomes(d[None, :], self.expect, self.margin)[0]) if d.size else "no data"
+        outcome = str(claim_outcomes(d[None, :], self.expect, self.margin, level)[0]) if d.size else "no data"
         equivalence = self.expect == "flat"
-        row = {"n_pairs": int(d.size), "diff": mean, "diff_hw": half_width, "p_value": claim_p(d, self.expect,
-                                                                                             self.margin),
-               "detectable": float(detectable(sd, d.size, equivalence)) if d.size > 1 else np.nan,
-               "seeds_needed": seeds_to_decide(sd, self.margin, equivalence) if outcome == "undecided" else None,
-               "outcome": outcome}
+        needed = seeds_to_decide(sd, self.margin, equivalence, level=level) if outcome == "undecided" else None
+        row = {"n_pairs": int(d.size), "diff": mean, "diff_hw": half_width, "level": level,
+               "p_value": claim_p(d, self.expect, self.margin),
+               "detectable": float(detectable(sd, d.size, equivalence, level)) if d.size > 1 else np.nan,
+               "seeds_needed": needed, "outcome": outcome}
         agrees = {"agrees": True, "against": False}.get(outcome)
         return {**row, "agrees": agrees}
 
@@ -146,6 +146,9 @@ class Claim:
     substitutions: tuple[str, ...] = ()              # data, evaluation protocol, model and scale
     checks: Callable[["Study"], list[ScheduleCheck]] = field(default=lambda study: [])
     notes: Callable[["Study"], list[str]] = field(default=lambda study: [])
+    # A sequential design: the seed counts of its interim looks, fixed before the runs. The claim is then tested
+    # at each of them and at its plan, each test at ALPHA / (interim looks + 1) (`look_levels`).
+    looks: tuple[int, ...] = ()
 
     def compare(self, study: "Study") -> list[Comparison]:
         return [Comparison(spec.label, spec.expect, study.values(spec.method, study.metric(spec.metric)),
@@ -234,12 +237,26 @@ def baseline_learns(study: Study, role: str) -> str | None:
 
 
 def planned_seeds(claim: "Claim", sd: float = PLAN_SD) -> int:
-    """The training seeds a study is run at, fixed before its runs: the fewest with 80 % power at 5 % on every
-    comparison of the claim (its margin, or the paper's effect for higher / lower) at seed-wise sd `sd`."""
-    counts = [seeds_to_decide(sd, spec.margin, spec.expect == "flat") for spec in claim.specs]
+    """The training seeds a study is run at, fixed before its runs: the fewest with 80 % power at its looks' level
+    (5 % for a claim tested once) on every comparison of the claim (its margin, or the paper's effect for higher /
+    lower) at seed-wise sd `sd`."""
+    level = ALPHA / (len(claim.looks) + 1)
+    counts = [seeds_to_decide(sd, spec.margin, spec.expect == "flat", level=level) for spec in claim.specs]
     if None in counts:
         raise ValueError(f"{claim.name}: no seed count up to 10,000 gives a comparison 80 % power at sd {sd:.4f}")
-    return max(counts)
+    planned = max(counts)
+    if list(claim.looks) != sorted(set(claim.looks)) or any(n < 2 or n >= planned for n in claim.looks):
+        raise ValueError(f"{claim.name}: looks={claim.looks}: interim looks are increasing seed counts from 2 to "
+                         f"below the plan's {planned}")
+    return planned
+
+
+def look_levels(claim: "Claim") -> dict[int, float]:
+    """The seed counts a claim is tested at, each with its one-sided level, all fixed before the runs: the plan at
+    5 %, or for a sequential design each interim look and the plan at 5 % / (looks + 1). Bonferroni's split: the
+    chance that a null study agrees at any look is at most the sum of the levels, 5 %, whatever the looks share."""
+    level = ALPHA / (len(claim.looks) + 1)
+    return {**{n: level for n in claim.looks}, planned_seeds(claim): level}
 
 
 def verdict(judged: list[dict]) -> tuple[str, str]:
@@ -250,7 +267,9 @@ def verdict(judged: list[dict]) -> tuple[str, str]:
     if by("against"):
         return NOT_REPRODUCED, "; ".join(rejection(row) for row in by("against"))
     if not [row for row in judged if row["outcome"] != "agrees"]:
-        return REPRODUCED, "every comparison's one-sided test rejects its null at 5 % (paired over training seeds)"
+        level = judged[0].get("level", ALPHA)
+        return REPRODUCED, (f"every comparison's one-sided test rejects its null at {100 * level:g} % (paired over "
+                            "training seeds)")
     if by("no spread"):
         return NOT_TESTABLE, ("every seed gives the same difference, so there is no test: "
                               + "; ".join(row["label"] for row in by("no spread")))
@@ -264,16 +283,17 @@ def verdict(judged: list[dict]) -> tuple[str, str]:
 
 
 def rejection(row: dict) -> str:
-    """Why a comparison rejects the claim, with the one-sided 95 % bound its test read."""
+    """Why a comparison rejects the claim, with the one-sided bound its test read (95 % at 5 %)."""
     low, high = row["diff"] - row["diff_hw"], row["diff"] + row["diff_hw"]
-    margin, label = row["margin"], row["label"]
+    margin, label, level = row["margin"], row["label"], row.get("level", ALPHA)
+    bound, interval = f"{100 * (1 - level):g} %", f"{100 * (1 - 2 * level):g} %"
     if row["expect"] == "higher":
-        return f"{label}: no effect as large as the paper's (95 % upper bound {high:+.3f} < {margin:+.3f})"
+        return f"{label}: no effect as large as the paper's ({bound} upper bound {high:+.3f} < {margin:+.3f})"
     if row["expect"] == "lower":
-        return f"{label}: no effect as large as the paper's (95 % lower bound {low:+.3f} > {-margin:+.3f})"
+        return f"{label}: no effect as large as the paper's ({bound} lower bound {low:+.3f} > {-margin:+.3f})"
     if row["expect"] == "at least":
-        return f"{label}: worse by more than the margin (95 % upper bound {high:+.3f} < {-margin:+.3f})"
-    return f"{label}: outside +- {margin:g} (90 % interval {low:+.3f} to {high:+.3f})"
+        return f"{label}: worse by more than the margin ({bound} upper bound {high:+.3f} < {-margin:+.3f})"
+    return f"{label}: outside +- {margin:g} ({interval} interval {low:+.3f} to {high:+.3f})"
 
 
 # --------------------------------------------------------------------------- the runs' roles
@@ -396,7 +416,9 @@ CLAIMS = {claim.name: claim for claim in (
           "lifo-W6T2", (TINY, "the built-in math set's fraction problems (4,000 to train, 50 held out) for "
                         "OpenR1-Math-220k (line 425)",
                         QUICK + " for the paper's test accuracy"),
-          seed001_checks, seed001_notes),
+          # Sequential: a first sitting of 8 seeds (its eight Ray cells a seed take the longest of the five
+          # studies), then the plan; each test at 2.5 %.
+          seed001_checks, seed001_notes, looks=(8,)),
     Claim("seed002", "Seed 002 (off-policy sampling for RLOO)",
           "At an equal 15,360 rollouts no reuse mechanism clearly beats on-policy RLOO (0.467): stale sampling "
           "0.471 and replay R = 2 0.457 are within a point of it, and the aggressive run's final checkpoint "

@@ -42,8 +42,8 @@ import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from analysis.claims import (CLAIMS, NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED, UNDECIDED, Claim,  # noqa: E402
-                             Study, assign_roles, baseline_learns, commit_refusal, planned_seeds, verdict)
-from analysis.seeds import CLAIM_TEST  # noqa: E402
+                             Study, assign_roles, baseline_learns, commit_refusal, look_levels, verdict)
+from analysis.seeds import ALPHA, claim_test  # noqa: E402
 
 console = Console()
 
@@ -82,11 +82,12 @@ OUTCOME_WORDS = {"agrees": "yes", "against": "no: the claim is rejected", "undec
                  "no spread": "no spread: no test", "no data": "no data"}
 
 
-def comparison_table(judged: list[dict], tested: bool = True) -> list[str]:
+def comparison_table(judged: list[dict], tested: bool = True, level: float = ALPHA) -> list[str]:
     """One row a comparison: the paired difference, the claim's one-sided test, the smallest difference its seeds
-    detect (80 % power at 5 %) against the margin, the outcome and what stands in for the paper. Not `tested`
-    (fewer seeds than planned: `early_look`), the test's p and outcome are withheld."""
-    lines = ["| comparison | paper | expected (margin) | difference (90 %, paired) | p (one-sided) "
+    detect (80 % power at the test's `level`) against the margin, the outcome and what stands in for the paper. Not
+    `tested` (fewer seeds than planned and no look: `early_look`), the test's p and outcome are withheld."""
+    interval = f"{100 * (1 - 2 * level):g} %"
+    lines = [f"| comparison | paper | expected (margin) | difference ({interval}, paired) | p (one-sided) "
              "| detectable (80 %) | seeds | agrees | substitution |", "| --- |" + " --- |" * 8]
     for row in judged:
         hw = f" ± {row['diff_hw']:.3f}" if not np.isnan(row["diff_hw"]) else ""
@@ -119,11 +120,16 @@ def unplanned_refusal(seeds: int, planned: int) -> str | None:
             "(hydra.sweeper.planned_seeds): judge the planned seeds' runs alone (out=DIR of a study run at its plan)")
 
 
-def early_look(seeds: int, planned: int) -> str | None:
-    """Fewer training seeds than planned: a claim is tested once, at its planned count, so these seeds' tests are
-    withheld (a look at 3 seeds and another at the plan agree falsely in 8.7-9.1 % of null studies, not 5 %)."""
-    if seeds >= planned:
+def early_look(seeds: int, planned: int, looks: tuple[int, ...] = ()) -> str | None:
+    """Fewer training seeds than planned, at no preset look: a claim is tested only at its looks (its planned
+    count, and a sequential design's interim looks), so these seeds' tests are withheld (a look at 3 seeds and
+    another at the plan, each at 5 %, agree falsely in 8.7-9.1 % of null studies, not 5 %)."""
+    if seeds >= planned or seeds in looks:
         return None
+    if looks:
+        at = " and ".join(str(n) for n in (*looks, planned))
+        return (f"{seeds} of the {planned} planned training seeds: the claim is tested only at its looks ({at} "
+                "seeds), so these seeds' differences are shown and their tests withheld")
     return (f"{seeds} of the {planned} planned training seeds: the claim is tested once, at its planned count, "
             "so these seeds' differences are shown and their tests withheld")
 
@@ -132,13 +138,15 @@ def section(claim: Claim, study: Study, figure: Path | None, command: str) -> st
     """The report section: claim, our numbers, comparisons, schedule checks, substitutions, verdict, figure and
     the command that made it. Runs of several commits get no verdict, only the line that refuses one; runs of
     fewer seeds than planned are undecided, their tests withheld."""
-    judged = [{**vars(comparison), **comparison.judged()} for comparison in claim.compare(study)]
-    planned, seeds = planned_seeds(claim), study.runs["seed"].nunique()
+    levels = look_levels(claim)
+    planned, seeds = max(levels), study.runs["seed"].nunique()
+    level = levels.get(seeds, min(levels.values()))  # between looks the tests are withheld: shown at a look's level
+    judged = [{**vars(comparison), **comparison.judged(level)} for comparison in claim.compare(study)]
     refused = commit_refusal(study.runs) or unplanned_refusal(seeds, planned)
     untestable = baseline_learns(study, claim.baseline)
     outcome, reason = ("refused", refused) if refused else (NOT_TESTABLE, untestable) if untestable \
         else verdict(judged)
-    early = early_look(seeds, planned)
+    early = early_look(seeds, planned, claim.looks)
     if early and outcome in (REPRODUCED, NOT_REPRODUCED, UNDECIDED):  # a test's outcome, not a missing test
         outcome, reason = UNDECIDED, early
     metrics = [m for m in ("quick/start/mean_reward", "quick/final/mean_reward", "quick/final/pass_at_1",
@@ -147,8 +155,10 @@ def section(claim: Claim, study: Study, figure: Path | None, command: str) -> st
     lines = [f"## {claim.paper}: {outcome}", "", f"**The paper** (line {claim.source[0]}): {claim.statement}", "",
              f"**The miniature** (`{command}`): {seeds} training seed(s) of the {planned} planned, "
              f"{len(study.runs)} finished run(s). Substitutions: " + "; ".join(claim.substitutions) + ".", "",
-             *role_table(study, metrics), "", *comparison_table(judged, tested=early is None), "",
-             f"Tests: {CLAIM_TEST}; each margin fixed in analysis/claims.py before any run.", ""]
+             *role_table(study, metrics), "", *comparison_table(judged, tested=early is None, level=level), "",
+             f"Tests: {claim_test(level)}; each margin fixed in analysis/claims.py before any run"
+             + (f"; a sequential design, tested at {' and '.join(map(str, levels))} seeds, each at {100 * level:g} %"
+                if claim.looks else "") + ".", ""]
     lines += [f"- schedule check, not evidence: {check.result()}" for check in claim.checks(study)]
     lines += ["", f"**Verdict: {outcome}.** {reason}.", ""]
     lines += [f"- {note}" for note in claim.notes(study)]

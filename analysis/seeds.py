@@ -163,11 +163,17 @@ def mean_per_run(history: pd.DataFrame, key: str) -> pd.Series:
 #   flat            either H0: mean difference <= margin (>= -margin) rejected -> outside the margin.
 # A comparison neither test decides is undecided. Its interval is the one its tests read: 90 % two-sided, whose
 # ends are the 95 % one-sided bounds. The arrays' last axis is the seeds, so one call judges one study or
-# thousands of simulated ones.
+# thousands of simulated ones. A sequential study tests each of its looks at a preset level below ALPHA
+# (`level`, analysis.claims.Claim.looks); the interval then widens to match (1 - 2 level).
 ALPHA = 0.05
 POWER = 0.80
-CLAIM_TEST = "paired t over training seeds, one-sided at 5 % (TOST for equivalence)"
-CLAIM_CONFIDENCE = 1 - 2 * ALPHA  # the two-sided interval whose ends are the one-sided tests' bounds
+
+
+def claim_test(level: float = ALPHA) -> str:
+    """The claims' test in words, at its one-sided level."""
+    return f"paired t over training seeds, one-sided at {100 * level:g} % (TOST for equivalence)"
+
+
 OUTCOMES = ("agrees", "against", "undecided", "no spread", "no data")
 
 
@@ -181,45 +187,47 @@ def one_sided_p(differences: np.ndarray, shift: float, greater: bool) -> np.ndar
     return stats.t.sf(t, n - 1) if greater else stats.t.cdf(t, n - 1)
 
 
-def detectable(sd, n, equivalence: bool = False):
-    """The smallest true difference (or, for equivalence, margin) n seeds detect with POWER at ALPHA, one-sided,
-    given the seed-wise differences' standard deviation sd: (t_{1-alpha} + t_{power}) sd / sqrt(n), with
+def detectable(sd, n, equivalence: bool = False, level: float = ALPHA):
+    """The smallest true difference (or, for equivalence, margin) n seeds detect with POWER at `level`, one-sided,
+    given the seed-wise differences' standard deviation sd: (t_{1-level} + t_{power}) sd / sqrt(n), with
     t_{(1+power)/2} for equivalence (both one-sided tests must reject at a true difference of 0)."""
     n = np.asarray(n, dtype=float)
     beta_quantile = (1 + POWER) / 2 if equivalence else POWER
-    return (stats.t.ppf(1 - ALPHA, n - 1) + stats.t.ppf(beta_quantile, n - 1)) * np.asarray(sd) / np.sqrt(n)
+    return (stats.t.ppf(1 - level, n - 1) + stats.t.ppf(beta_quantile, n - 1)) * np.asarray(sd) / np.sqrt(n)
 
 
-def seeds_to_decide(sd: float, margin: float, equivalence: bool = False, most: int = 10_000) -> int | None:
-    """The fewest training seeds whose detectable difference is within `margin` (None: more than `most`)."""
+def seeds_to_decide(sd: float, margin: float, equivalence: bool = False, most: int = 10_000,
+                    level: float = ALPHA) -> int | None:
+    """The fewest training seeds whose detectable difference (at `level`) is within `margin` (None: more than
+    `most`)."""
     if not np.isfinite(sd) or margin <= 0:
         return None
     counts = np.arange(2, most + 1)
-    fits = counts[detectable(sd, counts, equivalence) <= margin]
+    fits = counts[detectable(sd, counts, equivalence, level) <= margin]
     return int(fits[0]) if fits.size else None
 
 
-def claim_outcomes(differences: np.ndarray, expect: str, margin: float) -> np.ndarray:
+def claim_outcomes(differences: np.ndarray, expect: str, margin: float, level: float = ALPHA) -> np.ndarray:
     """Each study's outcome (OUTCOMES) from its seed-wise differences (last axis: seeds; no NaN).
 
     'agrees': the rule above rejects its null; 'against': the claim is rejected (for higher / lower: an effect the
     size of `margin`, the paper's, is excluded; for at least: worse by more than the margin; for flat: outside the
     margin); else 'undecided'. 'no spread': every seed gives the same difference, so no t-test exists; 'no data':
-    fewer than two seeds."""
+    fewer than two seeds. Every test is one-sided at `level`."""
     d = np.atleast_2d(np.asarray(differences, dtype=float))
     if d.shape[-1] < 2:
         return np.full(d.shape[0], "no data", dtype=object)
     sd = d.std(axis=-1, ddof=1)
     if expect == "higher":
-        agrees, against = one_sided_p(d, 0.0, True) < ALPHA, one_sided_p(d, margin, False) < ALPHA
+        agrees, against = one_sided_p(d, 0.0, True) < level, one_sided_p(d, margin, False) < level
     elif expect == "lower":
-        agrees, against = one_sided_p(d, 0.0, False) < ALPHA, one_sided_p(d, -margin, True) < ALPHA
+        agrees, against = one_sided_p(d, 0.0, False) < level, one_sided_p(d, -margin, True) < level
     elif expect == "at least":
-        agrees = one_sided_p(d, -margin, True) < ALPHA
-        against = one_sided_p(d, -margin, False) < ALPHA
+        agrees = one_sided_p(d, -margin, True) < level
+        against = one_sided_p(d, -margin, False) < level
     elif expect == "flat":
-        agrees = (one_sided_p(d, -margin, True) < ALPHA) & (one_sided_p(d, margin, False) < ALPHA)
-        against = (one_sided_p(d, margin, True) < ALPHA) | (one_sided_p(d, -margin, False) < ALPHA)
+        agrees = (one_sided_p(d, -margin, True) < level) & (one_sided_p(d, margin, False) < level)
+        against = (one_sided_p(d, margin, True) < level) | (one_sided_p(d, -margin, False) < level)
     else:
         raise ValueError(f"expect={expect!r}: choose one of higher, lower, at least, flat")
     outcome = np.where(agrees, "agrees", np.where(against, "against", "undecided"))

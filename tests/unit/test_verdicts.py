@@ -86,19 +86,21 @@ def test_a_row_too_few_to_decide_names_the_seed_count_that_decides():
 
 @pytest.mark.parametrize("name", sorted(CLAIMS))
 def test_each_study_states_the_seed_count_planned_before_its_runs(name):
-    """conf/reproduce/NAME.yaml's planned_seeds is the plan's own arithmetic: 80 % power at 5 % on every
-    comparison at the committed studies' spread (its 80 % upper bound), and no fewer seeds would do."""
+    """conf/reproduce/NAME.yaml's planned_seeds is the plan's own arithmetic: 80 % power at its looks' level (5 %
+    for a claim tested once, 5 % / 2 for seed 001's two looks) on every comparison at the committed studies'
+    spread (its 80 % upper bound), and no fewer seeds would do."""
     import yaml
 
-    from analysis.claims import DIFF_SD, PLAN_SD, planned_seeds
+    from analysis.claims import DIFF_SD, PLAN_SD, look_levels, planned_seeds
 
     stated = yaml.safe_load((PROJECT_ROOT / "conf" / "reproduce" / f"{name}.yaml").read_text())["hydra"]["sweeper"]
-    n = planned_seeds(CLAIMS[name])
+    n, claim = planned_seeds(CLAIMS[name]), CLAIMS[name]
     assert stated["planned_seeds"] == n
     assert round(DIFF_SD, 3) == 0.020 and round(PLAN_SD, 3) == 0.024
-    specs = CLAIMS[name].specs
-    assert all(detectable(PLAN_SD, n, s.expect == "flat") <= s.margin for s in specs)
-    assert any(detectable(PLAN_SD, n - 1, s.expect == "flat") > s.margin for s in specs)
+    level = look_levels(claim)[n]
+    assert level == pytest.approx(0.05 / (len(claim.looks) + 1))
+    assert all(detectable(PLAN_SD, n, s.expect == "flat", level) <= s.margin for s in claim.specs)
+    assert any(detectable(PLAN_SD, n - 1, s.expect == "flat", level) > s.margin for s in claim.specs)
 
 
 def test_the_sweeper_counts_the_seeds_its_jobs_train_against_the_plan():
@@ -253,6 +255,56 @@ def test_a_claim_is_tested_once_at_its_planned_seeds_and_fewer_show_their_differ
     flat = replay_clearly_better(3).assign(**{"metrics.quick/start/mean_reward": 0.5,
                                               "metrics.quick/final/mean_reward": 0.4})
     assert f"**Verdict: {NOT_TESTABLE}.**" in section(claim, Study(flat), None, "x")  # no test, early or not
+
+
+def replay_by(differences) -> pd.DataFrame:
+    """Seed 000's three roles, both replay cells `differences[s]` above fresh-only at training seed s."""
+    rows = [{"tags.cell": cell, "seed": seed, "metrics.budget/fresh_evaluations": 200.0 if cell == "rho0" else 100.0,
+             "metrics.quick/final/pass_at_8": 0.3 + 0.01 * seed + (0.0 if cell == "rho0" else d)}
+            for seed, d in enumerate(differences) for cell in ("rho0", "rho1-L1-c1", "rho1-L2-c1")]
+    return assign_roles(pd.DataFrame([{"run_id": f"r{i}", **r} for i, r in enumerate(rows)]), CLAIMS["seed000"])
+
+
+def test_a_sequential_claim_is_tested_at_each_preset_look_at_its_preset_level_and_withheld_between():
+    """A study with an interim look at 5 seeds: every look tests at 2.5 % (Bonferroni over two looks), the plan
+    is the count with 80 % power at 2.5 %; between the looks the tests are withheld, above the plan refused."""
+    import dataclasses
+
+    from analysis.claims import look_levels
+
+    claim = dataclasses.replace(CLAIMS["seed000"], looks=(5,))
+    planned = planned_seeds(claim)
+    assert look_levels(claim) == {5: 0.025, planned: 0.025} and planned > planned_seeds(CLAIMS["seed000"])
+    # Five seeds 0.0015 +- 0.02 (sd): non-inferiority at 0.02 has one-sided p 0.037, below 5 % and above 2.5 %.
+    five = 0.0015 + 0.02 * np.array([-2, -1, 0, 1, 2]) / np.sqrt(2.5)
+    at_look = section(claim, Study(replay_by(five)), None, "make reproduce-seed000 SEEDS=5")
+    assert f"**Verdict: {UNDECIDED}.**" in at_look and "withheld" not in at_look, at_look
+    assert "one-sided at 2.5 %" in at_look and "difference (95 %, paired)" in at_look
+    assert f"a sequential design, tested at 5 and {planned} seeds, each at 2.5 %" in at_look
+    rows = [line for line in at_look.splitlines() if line.startswith("| rho1-L") and " vs fresh-only" in line]
+    assert len(rows) == 2 and all("| 0.037 |" in row and "| undecided" in row for row in rows)
+    once = section(dataclasses.replace(claim, looks=()), Study(replay_by(five)), None, "x")  # no look at 5
+    assert "the claim is tested once, at its planned count" in once and "| withheld |" in once
+    between = section(claim, Study(replay_by(np.resize(five, 6))), None, "x")
+    assert f"6 of the {planned} planned training seeds: the claim is tested only at its looks (5 and {planned} " \
+           "seeds)" in between and "| withheld |" in between
+    final = section(claim, Study(replay_clearly_better(planned)), None, "make reproduce-seed000")
+    assert f"**Verdict: {REPRODUCED}.** every comparison's one-sided test rejects its null at 2.5 %" in final
+    assert "refused" in section(claim, Study(replay_clearly_better(planned + 1)), None, "x").split("\n")[0]
+
+
+def test_two_looks_at_their_preset_levels_keep_a_null_studys_agreement_within_5_percent():
+    """Seed 001's looks at 8 and 14 seeds, each at 2.5 %: at its least favourable null (the row at its edge,
+    -0.02, at the committed spread) it agrees at either look in at most 5 % of studies (plus Monte Carlo error);
+    the same looks each at 5 % (optional stopping) agree in about 8 %, which the bound rejects."""
+    from analysis.claims import look_levels
+    from analysis.verdict_null import any_look_agrees
+
+    claim = CLAIMS["seed001"]
+    assert claim.looks == (8,) and look_levels(claim) == {8: 0.025, 14: 0.025}
+    bound = ALPHA + 3 * np.sqrt(ALPHA * (1 - ALPHA) / 20_000)
+    assert any_look_agrees(claim, look_levels(claim)) <= bound
+    assert any_look_agrees(claim, {8: ALPHA, 14: ALPHA}) > bound
 
 
 def test_a_baseline_that_does_not_learn_makes_the_claim_not_testable():
