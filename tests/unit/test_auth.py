@@ -80,6 +80,19 @@ def test_the_servers_settings_file_holds_no_secret_and_its_user_table_is_private
     assert mode(tmp_path / "store" / "mlflow-server-auth.db") == 0o600
 
 
+def test_mlflow_reads_the_settings_file_with_its_credential_cache_on(tmp_path, monkeypatch):
+    """Without the cache MLflow hashes the password of every request (scrypt); the file turns it on, as MLflow's
+    own reader of the file sees it."""
+    from mlflow.server.auth.config import read_auth_config
+
+    made, _ = auth.load_or_make(tmp_path / "credentials")
+    environ = auth.server_settings(made, tmp_path / "store", "mlflow-server")
+    monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", environ["MLFLOW_AUTH_CONFIG_PATH"])
+    settings = read_auth_config()
+    assert settings.auth_cache_ttl_seconds == auth.CREDENTIAL_CACHE_SECONDS > 0
+    assert settings.admin_username == made.username and settings.default_permission == "READ"
+
+
 def test_the_server_command_gets_the_auth_app_and_its_environment_beyond_the_loopback(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HOME", str(tmp_path))
     for key in ("MLFLOW_AUTH_CONFIG_PATH", "MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_AUTH_ADMIN_PASSWORD",
