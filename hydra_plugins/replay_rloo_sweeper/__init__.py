@@ -254,7 +254,7 @@ def more_seeds_than_planned(jobs: List[List[str]], planned: Optional[int]) -> Op
         return None
     return (f"trainer.seed={','.join(map(str, seeds))}: {len(seeds)} training seeds, but this study was planned "
             f"for {planned} before its runs (hydra.sweeper.planned_seeds); run at most {planned} (make "
-            f"reproduce-NAME SEEDS={planned}, the default) and judge the study once")
+            f"reproduce-NAME SEEDS={planned}, the default) and judge it only at its planned looks")
 
 
 def stop(message: str, code: int) -> None:

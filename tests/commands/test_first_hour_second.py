@@ -135,7 +135,7 @@ def test_more_seeds_than_a_study_was_planned_for_are_refused_in_one_line(tmp_pat
     line = [text for text in out.splitlines() if text.startswith("error:")]
     assert line == [f"error: trainer.seed={','.join(map(str, range(15)))}: 15 training seeds, but this study was "
                     "planned for 14 before its runs (hydra.sweeper.planned_seeds); run at most 14 (make "
-                    "reproduce-NAME SEEDS=14, the default) and judge the study once"], out[-3000:]
+                    "reproduce-NAME SEEDS=14, the default) and judge it only at its planned looks"], out[-3000:]
     assert "Traceback" not in out and runs_in(tmp_path / "mlruns.db") == 0
 
 
