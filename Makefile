@@ -172,9 +172,10 @@ WORKERS_FLAGS = $(strip $(if $(shell [[ "$(1)" =~ ^[0-9]+$$ ]] && echo ok),\
 XDIST = $(call WORKERS_FLAGS,$(TEST_WORKERS),TEST_WORKERS)
 VLLM_XDIST = $(call WORKERS_FLAGS,$(VLLM_TEST_WORKERS),VLLM_TEST_WORKERS)
 # The suite's processes keep their bytecode (__pycache__, ignored by git) even where the environment says not to
-# (PYTHONDONTWRITEBYTECODE=1, as on the CI machines): otherwise each of its hundreds of Python processes compiles
-# the project's modules again, and each pytest worker rewrites every test module's asserts again (collecting the
-# .venv half took 16 CPU-seconds a worker without the cache, 8.5 with it; `import src.run` 6.0 against 5.6).
+# (PYTHONDONTWRITEBYTECODE=1, as on the machines this project is developed on): otherwise each of its hundreds of
+# Python processes compiles the project's modules again, and each pytest worker rewrites every test module's
+# asserts again (collecting the .venv half took 16 CPU-seconds a worker without the cache, 8.5 with it;
+# `import src.run` 6.0 against 5.6).
 test test-durations coverage test-long test-fast: export PYTHONDONTWRITEBYTECODE :=
 MAIN_HALF = -m pytest -q $(XDIST) -m "not vllm and not long" $(PYTEST_ARGS)
 VLLM_HALF = -m pytest -q $(VLLM_XDIST) -m "vllm and not long" $(PYTEST_ARGS)
