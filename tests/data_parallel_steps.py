@@ -9,6 +9,7 @@ step's metrics to OUT as JSON.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -47,4 +48,5 @@ def main(out: str, steps: int, overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # an abort (SIGABRT) in a rank prints where each thread was
     main(sys.argv[1], int(sys.argv[2]), sys.argv[3:])

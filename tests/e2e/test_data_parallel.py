@@ -178,6 +178,13 @@ def test_loading_a_folder_without_a_sharded_checkpoint_names_it(tmp_path):
         load_sharded(tmp_path, *ranks.fresh(shard=False))
 
 
+def launch_failure(stderr: str) -> str:
+    """What a failed launch printed: the ranks' own last words (a Python traceback, or the stacks faulthandler prints
+    for an abort) before torchrun's summary of which rank died, since the summary alone fills the last 2,000 chars."""
+    ranks, _, summary = stderr.partition("Traceback (most recent call last):\n  File \"<frozen runpy>\"")
+    return f"{ranks[-6000:]}\n--- torchrun's summary ---\n{summary[-1500:]}"
+
+
 STEP_SETTINGS = ("trainer.groups_per_step=4", "trainer.group_size=4", "policy.max_new_tokens=24",
                  "trainer.micro_batch_size=3", "trainer.learning_rate=1e-3", "trainer.kl_coef=0.05",
                  "trainer.entropy_coef=0.01", "hardware.threads=1", "buffer=age1")
@@ -206,7 +213,7 @@ def test_torchrun_two_ranks_train_steps_with_the_one_process_numbers(tmp_path, l
         done = subprocess.run([*launcher, script, str(tmp_path / f"{name}.json"), "3", *STEP_SETTINGS, f"loss={loss}",
                                f"hardware.dtype={dtype}", *extra],
                               cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.returncode == 0, launch_failure(done.stderr)
     one, two = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "two"))
     assert len(one) == len(two) == 3 and one[1]["batch/replay_groups"] == 2
     for want, got in zip(one, two):
