@@ -85,6 +85,7 @@ class RolloutQueue:
 
     name = ""
     replays = False  # whether a rollout may be drawn again (seed 001 footnote 5 predicts its reuse)
+    bound = "buffer.capacity"  # the setting that gives `capacity`, for the pipeline's messages
 
     def __init__(self, capacity: int, seed: int = 0) -> None:
         self.capacity = check_int("buffer.capacity", capacity, 1, "N counts rollouts (e.g. 512).")
@@ -99,6 +100,11 @@ class RolloutQueue:
         self.off_policiness: Counter = Counter()
         self.since_last_use: Counter = Counter()
         self.new_uses = 0
+
+    @classmethod
+    def label(cls, arguments: dict) -> str:
+        """The queue's part of a cell name under runtime=async: N252 for a buffer, lifo for the pipe."""
+        return f"N{arguments['capacity']}" if cls.replays else cls.name
 
     def __len__(self) -> int:
         return len(self.rollouts)

@@ -84,8 +84,8 @@ class ReplayStore(Variant):
         (`buffer=fifo`) and no buffer at all, the LIFO pipe (`buffer=none`). Others are refused in one line."""
         raise ValueError(f"buffer={node.get('name', cls.__name__)} with runtime=async: seed 001's pipeline keeps "
                          "rollouts and has a FIFO of them (buffer=fifo) or none, each rollout used once (buffer=none); "
-                         f"{cls.__name__} keeps groups for the synchronous step only; use buffer=fifo or buffer=none, "
-                         "or runtime=sync")
+                         f"{cls.__name__} keeps groups for the synchronous step only; use buffer=fifo or buffer=none "
+                         "(or buffer=rlep, whose pool joins the pipe), or runtime=sync")
 
     @classmethod
     def reward_dependent(cls, node) -> bool:

@@ -152,7 +152,7 @@ class AsyncRuntime(Runtime):
         ceiling names the cell (`names_clip`)."""
         kind, arguments = cls.rollout_queue(cfg, node)
         clip = f"-c{cfg.clip.ceiling:g}" if cls.names_clip(cfg) else ""
-        return f"-W{node.workers}T{node.trainers}-" + (f"N{arguments['capacity']}" if kind.replays else "lifo") + clip
+        return f"-W{node.workers}T{node.trainers}-{kind.label(arguments)}{clip}"
 
     @staticmethod
     def names_clip(cfg) -> bool:
@@ -186,6 +186,8 @@ class AsyncRuntime(Runtime):
         runtime.update(queue=kind.name, capacity=arguments["capacity"],
                        independent=arguments.get("independent", False),
                        positive_bias=arguments.get("positive_bias", 0.0))
+        # A queue's further settings (buffer=rlep's pool) name its cells too; runtime.sharded already gives shards.
+        runtime.update({key: value for key, value in arguments.items() if key not in (*runtime, "shards")})
         dropped = ("buffer",) if cls.names_clip(cfg) else ("buffer", "clip")
         return {**{key: value for key, value in resolved.items() if key not in dropped}, "runtime": runtime}
 
@@ -261,14 +263,14 @@ class AsyncRuntime(Runtime):
             raise ValueError(f"runtime.trainers={s.trainers} with runtime.schedule={self.schedule}: T > 1 runs on the "
                              "lockstep clock only (its rates count T; T trainer actors are untested without it); use "
                              "runtime.schedule=lockstep or trainers=1")
-        capacity, replays = self.queue_arguments["capacity"], self.queue_kind.replays
+        capacity, replays, bound = self.queue_arguments["capacity"], self.queue_kind.replays, self.queue_kind.bound
         if capacity < s.batch:
-            raise ValueError(f"buffer.capacity N={capacity} < B = {s.batch} rollouts a batch (runtime.batch_rollouts, "
+            raise ValueError(f"{bound} N={capacity} < B = {s.batch} rollouts a batch (runtime.batch_rollouts, "
                              "or trainer.groups_per_step x trainer.group_size): the trainer would wait forever; raise "
-                             f"buffer.capacity to >= {s.batch}")
+                             f"{bound} to >= {s.batch}")
         if not replays and capacity < s.batch + s.request_rollouts:
-            raise ValueError(f"buffer=none with buffer.capacity N={capacity} under runtime=async: workers wait while "
-                             f"the LIFO queue holds N, so N must fit a batch and a request in flight "
+            raise ValueError(f"buffer={groups['buffer'].get('name')} with {bound} N={capacity} under runtime=async: "
+                             f"workers wait while the LIFO queue holds N, so N must fit a batch and a request in flight "
                              f"(>= {s.batch + s.request_rollouts})")
         if replays and s.staleness is not None and s.staleness_mode == "block":
             raise ValueError(f"runtime.staleness={s.staleness} with runtime.staleness_mode=block and buffer=fifo: "

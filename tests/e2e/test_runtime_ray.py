@@ -70,11 +70,19 @@ def ray_cpus():
         yield
 
 
-def make_run(compose_config, tmp_path: Path, *overrides: str, recorder: Recorder | None = None):
-    """A run's runtime and what its session gets, as `src.run` builds them (without MLflow)."""
+def make_run(compose_config, tmp_path: Path, *overrides: str, recorder: Recorder | None = None,
+             train_size: int | None = None):
+    """A run's runtime and what its session gets, as `src.run` builds them (without MLflow). `train_size`: that
+    many training prompts of the configured task (else countdown's configured set)."""
     store = () if any(word.startswith("buffer=") for word in overrides) else FIFO  # one buffer, named once
-    cfg = compose_config(*TINY, *store, *overrides)
-    train_set, _ = countdown.train_and_heldout(cfg.task)
+    keys = {word.split("=", 1)[0] for word in overrides}
+    cfg = compose_config(*(word for word in TINY if word.split("=", 1)[0] not in keys), *store, *overrides)
+    if train_size is None:
+        train_set, _ = countdown.train_and_heldout(cfg.task)
+    else:
+        from src.task.base import build_task
+
+        train_set, _ = build_task(cfg.task).splits(train_size=train_size)
     recorder = recorder or Recorder()
     recorder.parts = build_components(RunSettings(cfg), train_set)
     run = RunSettings(cfg)
@@ -95,8 +103,8 @@ def drive(session, recorder: Recorder, until: int | None = None) -> None:
         recorder.log_completions(completion_rows(picked, context.parts.task, run.policy.max_new_tokens), state.step - 1)
 
 
-def run(compose_config, tmp_path, *overrides, crash_after: int | None = None):
-    runtime, context, recorder = make_run(compose_config, tmp_path, *overrides)
+def run(compose_config, tmp_path, *overrides, crash_after: int | None = None, train_size: int | None = None):
+    runtime, context, recorder = make_run(compose_config, tmp_path, *overrides, train_size=train_size)
     with runtime.session(context) as session:
         if crash_after is not None:
             drive(session, recorder, until=crash_after)
@@ -250,6 +258,23 @@ def test_a_store_written_outside_src_runs_the_pipeline_as_its_original(compose_c
     original, events = lifo_w1
     assert machine_free(copy) == machine_free(original) and len(copy.steps) == 5
     assert copy_events == events and any(e["event"] == "consume" for e in events)  # each rollout used once
+
+
+def test_rlep_under_the_pipeline_appends_earlier_successes_to_arriving_groups(compose_config_module, tmp_path,
+                                                                             ray_cpus):
+    """buffer=rlep under runtime=async on two prompts the tiny math policy often solves: groups that arrive once
+    their prompt has two successes in the pool get them appended (more rollouts trained than generated), each
+    rollout trains once, and no appended success costs a verifier call."""
+    recorder, events = run(compose_config_module, tmp_path, "task=math", "policy.max_new_tokens=80", "buffer=rlep",
+                           "buffer.queue=64", "loss=grpo", "trainer.kl_coef=0", "trainer.entropy_coef=0",
+                           "runtime.workers=1", "trainer.steps=4", train_size=2)
+    last = recorder.steps[-1][1]
+    assert last["rlep/merged_groups_total"] > 0 and last["rlep/pool"] > 0, last
+    used = [uid for e in events if e["event"] == "sample" for uid in e["ids"]]
+    assert len(used) == len(set(used)) == 4 * 8  # every rollout once, the appended ones included
+    put = sum(len(e["ids"]) for e in events if e["event"] == "put")
+    assert put > last["runtime/generated_rollouts"] and all(m["reuse/new_fraction"] == 1.0 for _, m in recorder.steps)
+    assert all(math.isfinite(m["train/loss"]) for _, m in recorder.steps)
 
 
 def test_free_schedule_w1_with_two_groups_a_request_finishes(compose_config_module, tmp_path, ray_cpus):

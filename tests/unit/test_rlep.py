@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from src.batch import Batch, BatchGroup, Group, fresh_entries
-from src.buffer.rlep import RlepPool
+from src.buffer.rlep import RlepPool, RlepQueue
 from src.loss.inputs import Needs, RowInputs
 from src.loss.variant_math import group_normalised_advantages
+from src.runtime.ray_work import batch_of
 
 
 def group(rewards, step, prompt=(3, 4), first=10, logprobs=None) -> Group:
@@ -127,3 +128,71 @@ def test_a_trained_grown_group_is_stored_as_its_step_fresh_group():
                   response_ids=[(10,), (11,), (20,)], rewards=[0.0, 1.0, 1.0], step=1)
     batch = Batch([BatchGroup(grown, "fresh")])
     assert batch.fresh_to_store([fresh], lambda g, row: (g.size, row)) == [(3, 0)]
+
+
+# ---- runtime=async: the pool in the rollout queue (RlepQueue) ----
+
+def queue(**settings) -> RlepQueue:
+    return RlepQueue(capacity=64, seed=0, **settings)
+
+
+def test_a_put_group_gets_earlier_successes_of_its_prompt_each_of_its_own_version_and_log_mu():
+    """Version 0's group leaves two successes (log mu -1 and -3) in the pool; version 2's group of the same prompt
+    gets both appended (G' = 4 + 2): its rewards are the six, the appended rollouts keep version 0 and their log mu,
+    and a batch counts their age (2) apart from the fresh rows' (0), all of the one G' group."""
+    rlep = queue(replays=2, min_successes=2)
+    rlep.put(0, group([1.0, 0.0, 1.0], step=0, first=20, logprobs=[-1.0, -2.0, -3.0]), version=0, wall=0.0)
+    assert rlep.take(3, step=0) and len(rlep.pool) == 2  # each rollout used once; the pool keeps the successes
+    rlep.put(1, group([0.0, 0.0, 1.0, 0.0], step=2, logprobs=[-5.0] * 4), version=2, wall=1.0)
+    grown = rlep.groups[1]
+    assert grown.rewards == (0.0, 0.0, 1.0, 0.0, 1.0, 1.0)
+    assert grown.response_ids[4:] in {((20,), (22,)), ((22,), (20,))}
+    appended = {grown.response_ids[r.index]: r for r in rlep.rollouts if r.index >= 4}
+    assert {ids: (r.version, r.group_key < 0) for ids, r in appended.items()} == {(20,): (0, True), (22,): (0, True)}
+    assert dict(zip(grown.response_ids, grown.behaviour_logprobs))[(20,)] == -1.0
+    assert dict(zip(grown.response_ids, grown.behaviour_logprobs))[(22,)] == -3.0
+    batch = batch_of(rlep.take(6, step=2))
+    assert sorted((e.age, tuple(sorted(e.trained))) for e in batch.entries) == [(0, (0, 1, 2, 3)), (2, (4,)),
+                                                                                 (2, (5,))]
+    assert all(e.group is grown for e in batch.entries)
+    rows = RowInputs.of(batch, group_normalised_advantages, Needs())
+    a = 0.5 / math.sqrt(6 * 0.25 / 5)  # Eq. 5 over the six rewards, as in the synchronous test above
+    by_row = dict(zip(batch.rows, rows.advantages.tolist()))
+    assert [by_row[row] for row in sorted(by_row, key=lambda row: row[1])] == pytest.approx([-a, -a, a, -a, a, a],
+                                                                                          abs=1e-5)
+    assert rlep.age(2)["rlep/merged_groups_total"] == 1.0 and len(rlep.pool) == 3  # the new group's success joined
+
+
+def test_the_queue_appends_nothing_to_a_prompt_with_too_few_successes_and_only_the_tasks_correct_reward_counts():
+    rlep = queue(replays=2, min_successes=3, correct_reward=1.0)
+    rlep.put(0, group([1.0, 1.0, 0.5], step=0, first=20), version=0, wall=0.0)  # 0.5 is below the correct reward
+    rlep.put(1, group([0.0, 0.0], step=1), version=1, wall=1.0)
+    assert rlep.groups[1].size == 2 and len(rlep.pool) == 2 and rlep.merged_groups == 0
+    rlep.put(2, group([1.0, 0.0], step=1, first=30), version=1, wall=2.0)  # the prompt's third success
+    rlep.put(3, group([0.0, 0.0], step=2), version=2, wall=3.0)
+    assert rlep.groups[3].size == 4 and rlep.merged_groups == 1
+
+
+def test_the_queue_resumes_from_its_state_dict_to_the_same_draws_and_refuses_other_pool_settings():
+    rlep = queue(replays=2, min_successes=2)
+    rlep.put(0, group([1.0] * 5, step=0, first=20, logprobs=[-1.0] * 5), version=0, wall=0.0)
+    again = queue(replays=2, min_successes=2)
+    again.load_state_dict(rlep.state_dict())
+    for each in (rlep, again):
+        each.put(1, group([0.0, 0.0], step=1, logprobs=[-2.0, -2.0]), version=1, wall=1.0)
+    assert again.groups[1] == rlep.groups[1] and again.rollouts == rlep.rollouts and again.pool.added == 5
+    with pytest.raises(ValueError, match=r"\(replays, min_successes, per_prompt, capacity\) = \[2, 2, 64, 100000\], "
+                                         r"this run's \[3, 2, 64, 100000\]"):
+        queue(replays=3).load_state_dict(rlep.state_dict())
+
+
+def test_buffer_rlep_names_its_async_cells_by_its_pool_and_refuses_a_sharded_queue(compose_config):
+    from src.runtime.runners import AsyncRuntime
+
+    cfg = compose_config("runtime=async", "buffer=rlep")
+    assert AsyncRuntime.cell_label(cfg.runtime, cfg).endswith("-rlep2")
+    kind, arguments = AsyncRuntime.rollout_queue(cfg, cfg.runtime)
+    assert kind is RlepQueue and arguments == {"capacity": 4096, "replays": 2, "min_successes": 2, "per_prompt": 64,
+                                               "pool_capacity": 100000}
+    with pytest.raises(ValueError, match="buffer=rlep with runtime.sharded=true under runtime=async"):
+        RlepPool.rollout_queue(cfg.buffer, shards=2)
