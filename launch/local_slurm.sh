@@ -21,13 +21,19 @@
 # Ports default to SLURM's 6817/6818; set LOCAL_SLURM_CTLD_PORT / LOCAL_SLURM_D_PORT to run a
 # second cluster beside another one. LOCAL_SLURM_TIMEOUT (seconds, default 60) bounds the wait
 # for the node to become idle.
+#
+# LOCAL_SLURM_NODES=N (default 1) makes N nodes of this one machine, HOST, HOST-2, ... HOST-N, each
+# with its own slurmd (slurmd -N NAME, on ports LOCAL_SLURM_D_PORT .. +N-1) and all of this
+# machine's CPUs and memory: a job can then ask for N nodes (sbatch -N N) and srun starts a task
+# on each, as on a cluster, to test what spans nodes. The nodes share the cores; nothing is faster.
 set -euo pipefail
 
 DEFAULT_DIR="${LOCAL_SLURM_DIR:-/tmp/replay-rloo-slurm}"
 CTLD_PORT="${LOCAL_SLURM_CTLD_PORT:-6817}"
 SLURMD_PORT="${LOCAL_SLURM_D_PORT:-6818}"
 START_TIMEOUT="${LOCAL_SLURM_TIMEOUT:-60}"
-DAEMONS=(munged slurmctld slurmd)   # start order; stop goes in reverse
+NODES="${LOCAL_SLURM_NODES:-1}"
+[[ "$NODES" =~ ^[1-9][0-9]*$ ]] || { echo "local_slurm: LOCAL_SLURM_NODES=$NODES: give a whole number >= 1 (e.g. 2)" >&2; exit 2; }
 
 log() { echo "local_slurm: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -76,12 +82,12 @@ cmd_install() {
 # pid of daemon $2 recorded in $1, printed only if that process is still alive *and* still that
 # program (pids get reused), so stop/status never touch a process this script did not start.
 live_pid() {
-    local dir=$1 name=$2 pid comm
+    local dir=$1 name=$2 program=${3:-$2} pid comm
     [[ -f "$dir/$name.pid" ]] || return 1
     pid=$(<"$dir/$name.pid")
     [[ "$pid" =~ ^[0-9]+$ ]] || return 1
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-    [[ "$comm" == "$name" ]] || return 1
+    [[ "$comm" == "$program" ]] || return 1
     # A killed daemon whose parent has not reaped it yet is a zombie: dead, not running.
     [[ "$(proc_state "$pid")" != Z ]] || return 1
     echo "$pid"
@@ -95,6 +101,26 @@ short_hostname() {
     echo "${name%%.*}"
 }
 
+# The nodes' names: this machine's short hostname, then HOST-2 .. HOST-N (LOCAL_SLURM_NODES).
+node_names() {
+    local host=$1 i
+    echo "$host"
+    for (( i = 2; i <= NODES; i++ )); do echo "$host-$i"; done
+}
+
+# The daemons by their pid-file names, in start order: munged, slurmctld, then slurmd alone or
+# slurmd-NAME for each node. The program of a name is what precedes its first dash.
+daemons() {
+    local node
+    echo munged slurmctld
+    if (( NODES == 1 )); then echo slurmd; return; fi
+    for node in $(node_names "$1"); do echo "slurmd-$node"; done
+}
+
+running() {  # live_pid of a daemon by its pid-file name
+    live_pid "$1" "$2" "${2%%-*}"
+}
+
 proc_state() {  # R, S, D, Z, ... (field 3 of /proc/PID/stat, after the "(comm)")
     { sed -E 's/^.*\) //' "/proc/$1/stat" | cut -d' ' -f1; } 2>/dev/null || true
 }
@@ -105,7 +131,7 @@ node_state() {  # "idle", "mixed", "down*", ... or empty when slurmctld does not
 
 show_logs() {  # the daemons' log tails, minus the harmless "no PMIx library" noise
     local dir=$1 f
-    for f in munged.out slurmctld.log slurmd.log; do
+    for f in munged.out slurmctld.log $(cd "$dir" && ls slurmd*.log 2>/dev/null || echo slurmd.log); do
         # slurm*.log only exists once the daemon has read slurm.conf; before that, .out
         [[ -s "$dir/$f" ]] || f=${f%.log}.out
         [[ -s "$dir/$f" ]] || continue
@@ -119,7 +145,7 @@ show_logs() {  # the daemons' log tails, minus the harmless "no PMIx library" no
 }
 
 write_config() {
-    local dir=$1 host=$2 cpus mem_total real_mem def_mem
+    local dir=$1 host=$2 cpus mem_total real_mem def_mem each="" nodes node port i=0
     cpus=$(nproc)
     # slurmd drains a node whose RealMemory is above what it measures (MemTotal), so leave
     # 10% (at least 1 GiB) for the OS and the daemons.
@@ -127,6 +153,18 @@ write_config() {
     real_mem=$(( mem_total - (mem_total / 10 > 1024 ? mem_total / 10 : 1024) ))
     (( real_mem >= 512 )) || die "only ${mem_total} MiB of memory: too little for a slurm node"
     def_mem=$(( real_mem / cpus ))
+    # One node: the daemon's files as they always were. Several: each slurmd's own (%n: its node's name).
+    (( NODES == 1 )) || each="-%n"
+    # A node a line; several share this machine (NodeHostname) and take a port each.
+    nodes="NodeName=${host} NodeAddr=127.0.0.1 CPUs=${cpus} RealMemory=${real_mem} State=UNKNOWN"
+    if (( NODES > 1 )); then
+        nodes=""
+        for node in $(node_names "$host"); do
+            port=$(( SLURMD_PORT + i )); i=$(( i + 1 ))
+            nodes+="NodeName=${node} NodeHostname=${host} NodeAddr=127.0.0.1 Port=${port} CPUs=${cpus} RealMemory=${real_mem} State=UNKNOWN"$'\n'
+        done
+        nodes=${nodes%$'\n'}
+    fi
 
     cat >"$dir/slurm.conf" <<EOF
 # Written by launch/local_slurm.sh; rewritten on every start.
@@ -178,20 +216,21 @@ MinJobAge=300
 KillWait=5
 # Everything stateful in STATE_DIR.
 StateSaveLocation=${dir}/state
-SlurmdSpoolDir=${dir}/spool
+SlurmdSpoolDir=${dir}/spool${each}
 SlurmctldPidFile=${dir}/run/slurmctld.pid
-SlurmdPidFile=${dir}/run/slurmd.pid
+SlurmdPidFile=${dir}/run/slurmd${each}.pid
 SlurmctldLogFile=${dir}/slurmctld.log
-SlurmdLogFile=${dir}/slurmd.log
+SlurmdLogFile=${dir}/slurmd${each}.log
 SlurmctldDebug=info
 SlurmdDebug=info
-# One node with this machine's CPUs (nproc: what this process may use, not the hardware
+# Each node with this machine's CPUs (nproc: what this process may use, not the hardware
 # count) and most of its memory. slurmd logs "Node reconfigured socket/core boundaries"
 # because CPUs= alone gives no topology; that is harmless.
-NodeName=${host} NodeAddr=127.0.0.1 CPUs=${cpus} RealMemory=${real_mem} State=UNKNOWN
-PartitionName=debug Nodes=${host} Default=YES MaxTime=INFINITE State=UP
+${nodes}
+PartitionName=debug Nodes=$(node_names "$host" | paste -sd,) Default=YES MaxTime=INFINITE State=UP
 EOF
-    log "wrote $dir/slurm.conf (node $host: CPUs=$cpus RealMemory=${real_mem}M DefMemPerCPU=${def_mem}M)"
+    log "wrote $dir/slurm.conf (node(s) $(node_names "$host" | paste -sd' ') of this machine:" \
+        "CPUs=$cpus RealMemory=${real_mem}M DefMemPerCPU=${def_mem}M each)"
 }
 
 # Start "$@" detached (own session, stdio to a file, so callers that capture our output do not
@@ -214,7 +253,7 @@ spawn() {
 # ---------------------------------------------------------------------------------- start
 
 cmd_start() {
-    local dir host running=() name pid
+    local dir host up=() name pid
     dir=$(state_dir "${1:-}")
     host=$(short_hostname)
     [[ -n "$host" ]] || die "this machine has no hostname (uname -n is empty)"
@@ -223,10 +262,12 @@ cmd_start() {
     done
     [[ $(id -u) -eq 0 ]] || die "the local cluster runs its daemons as root; run as root"
 
-    for name in "${DAEMONS[@]}"; do
-        if pid=$(live_pid "$dir" "$name"); then running+=("$name"); fi
+    local wanted=($(daemons "$host"))
+    for name in "${wanted[@]}"; do
+        if pid=$(running "$dir" "$name"); then up+=("$name"); fi
     done
-    if (( ${#running[@]} == ${#DAEMONS[@]} )); then
+    if (( ${#up[@]} == ${#wanted[@]} )) && grep -q "^NodeName=$(node_names "$host" | tail -n 1) " \
+            "$dir/slurm.conf" 2>/dev/null; then
         # idle, mixed or allocated (jobs running) all mean "up"; down/drain means restart.
         local state
         state=$(node_state "$dir" "$host")
@@ -236,12 +277,13 @@ cmd_start() {
             return 0
         fi
     fi
-    if (( ${#running[@]} > 0 )); then
-        log "partly running (${running[*]}) in $dir: restarting"
+    if (( ${#up[@]} > 0 )); then
+        log "partly running (${up[*]}) in $dir: restarting"
         cmd_stop "$dir"
     fi
 
     mkdir -p "$dir"/{state,spool,run,munge}
+    for name in $(node_names "$host"); do (( NODES == 1 )) || mkdir -p "$dir/spool-$name"; done
     # munged wants a socket directory only root can write to; the key must be private.
     chmod 755 "$dir/munge"
     write_config "$dir" "$host"
@@ -279,15 +321,24 @@ cmd_start() {
     # The first job after a start waits ~3 s for slurmctld's first scheduling pass; later
     # ones start within ~1 s.
     spawn "$dir" slurmctld slurmctld -D -c -f "$dir/slurm.conf"
-    spawn "$dir" slurmd slurmd -D -f "$dir/slurm.conf"
+    if (( NODES == 1 )); then
+        spawn "$dir" slurmd slurmd -D -f "$dir/slurm.conf"
+    else
+        for name in $(node_names "$host"); do
+            spawn "$dir" "slurmd-$name" slurmd -D -N "$name" -f "$dir/slurm.conf"
+        done
+    fi
 
-    local state=""
+    local state="" node
     t0=$SECONDS
     while :; do
-        state=$(node_state "$dir" "$host")
-        [[ "$state" == idle ]] && break  # "idle*" = slurmd not registered yet
-        for name in "${DAEMONS[@]}"; do
-            if ! live_pid "$dir" "$name" >/dev/null; then
+        for node in $(node_names "$host"); do
+            state=$(node_state "$dir" "$node")
+            [[ "$state" == idle ]] || break  # "idle*" = slurmd not registered yet
+        done
+        [[ "$state" == idle ]] && break
+        for name in "${wanted[@]}"; do
+            if ! running "$dir" "$name" >/dev/null; then
                 show_logs "$dir"
                 cmd_stop "$dir" >/dev/null 2>&1 || true
                 die "$name exited during start-up (logs above)"
@@ -296,13 +347,13 @@ cmd_start() {
         if (( SECONDS - t0 > START_TIMEOUT )); then
             show_logs "$dir"
             cmd_stop "$dir" >/dev/null 2>&1 || true
-            die "node $host not idle after ${START_TIMEOUT}s (state: '${state:-no answer}'; logs above)"
+            die "node $node not idle after ${START_TIMEOUT}s (state: '${state:-no answer}'; logs above)"
         fi
         sleep 0.5
     done
 
     echo "export SLURM_CONF=$dir/slurm.conf" >"$dir/env.sh"
-    log "node $host idle after $(( SECONDS - t0 ))s; pids in $dir/{munged,slurmctld,slurmd}.pid"
+    log "node(s) $(node_names "$host" | paste -sd' ') idle after $(( SECONDS - t0 ))s; pids in $dir/*.pid"
     echo "export SLURM_CONF=$dir/slurm.conf"
 }
 
@@ -342,8 +393,8 @@ cmd_stop() {
             done
         fi
     fi
-    for name in slurmd slurmctld munged; do
-        if pid=$(live_pid "$dir" "$name"); then
+    for name in $(cd "$dir" && ls slurmd-*.pid 2>/dev/null | sed 's/\.pid$//') slurmd slurmctld munged; do
+        if pid=$(running "$dir" "$name"); then
             stop_pid "$name" "$pid"
         fi
         rm -f "$dir/$name.pid"
@@ -360,19 +411,20 @@ cmd_stop() {
 # ---------------------------------------------------------------------------------- status
 
 cmd_status() {
-    local dir name pid up=0 host
+    local dir name pid up=0 host node
     dir=$(state_dir "${1:-}")
     host=$(short_hostname)
-    for name in "${DAEMONS[@]}"; do
-        if pid=$(live_pid "$dir" "$name"); then
+    local wanted=($(daemons "$host"))
+    for name in "${wanted[@]}"; do
+        if pid=$(running "$dir" "$name"); then
             echo "$name: running (pid $pid)"
             up=$((up + 1))
         else
             echo "$name: not running"
         fi
     done
-    if (( up == ${#DAEMONS[@]} )); then
-        echo "node $host: $(node_state "$dir" "$host")"
+    if (( up == ${#wanted[@]} )); then
+        for node in $(node_names "$host"); do echo "node $node: $(node_state "$dir" "$node")"; done
         echo "export SLURM_CONF=$dir/slurm.conf"
         return 0
     fi

@@ -1,4 +1,5 @@
-"""A real single-node SLURM cluster for tests (launch/local_slurm.sh under pytest).
+"""A real SLURM cluster for tests (launch/local_slurm.sh under pytest): two nodes of this one machine, so that a
+job may ask for two nodes as a cell over nodes does (each node its own slurmd; they share the cores).
 
     with local_slurm(tmp_dir) as cluster:          # installs slurm-wlm + munge if missing
         subprocess.run(["sbatch", "--wrap", "true"], env=cluster.env, check=True)
@@ -49,6 +50,7 @@ class LocalSlurm:
     state_dir: Path
     slurm_conf: Path
     partition: str = "debug"
+    nodes: int = 1
     # What a subprocess needs on top of os.environ: SLURM_CONF, and a PATH with the slurm
     # client tools and this interpreter's folder first (so `python` in a job is this venv's).
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -96,10 +98,24 @@ def _have_slurm() -> bool:
     return all(shutil.which(name, path=path) for name in _NEEDED)
 
 
-def _free_port() -> int:
+def _free_port(count: int = 1) -> int:
+    """A port that is free with the `count - 1` after it (node i's slurmd listens on the first + i)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            first = sock.getsockname()[1]
+        if first + count <= 65536 and all(_bindable(first + i) for i in range(1, count)):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def ensure_installed() -> None:
@@ -118,8 +134,8 @@ def ensure_installed() -> None:
 
 
 @contextlib.contextmanager
-def local_slurm(tmp_dir: str | os.PathLike) -> Iterator[LocalSlurm]:
-    """Install if needed, start a cluster with its state in tmp_dir, yield it, always stop it.
+def local_slurm(tmp_dir: str | os.PathLike, nodes: int = 1) -> Iterator[LocalSlurm]:
+    """Install if needed, start a cluster of `nodes` nodes with its state in tmp_dir, yield it, always stop it.
 
     Ports are picked free at start, so this cluster can run beside a developer's own
     `launch/local_slurm.sh start` (default ports 6817/6818).
@@ -134,7 +150,8 @@ def local_slurm(tmp_dir: str | os.PathLike) -> Iterator[LocalSlurm]:
     env = {
         **os.environ,
         "LOCAL_SLURM_CTLD_PORT": str(_free_port()),
-        "LOCAL_SLURM_D_PORT": str(_free_port()),
+        "LOCAL_SLURM_D_PORT": str(_free_port(nodes)),
+        "LOCAL_SLURM_NODES": str(nodes),
     }
     try:
         started = _script("start", str(state_dir), timeout=180, env=env)
@@ -148,6 +165,7 @@ def local_slurm(tmp_dir: str | os.PathLike) -> Iterator[LocalSlurm]:
         cluster = LocalSlurm(
             state_dir=state_dir,
             slurm_conf=slurm_conf,
+            nodes=nodes,
             extra_env={
                 "SLURM_CONF": str(slurm_conf),
                 "PATH": os.pathsep.join(p for p in path_parts if p),
@@ -164,6 +182,9 @@ def local_slurm(tmp_dir: str | os.PathLike) -> Iterator[LocalSlurm]:
             print(f"launch/local_slurm.sh stop failed:\n{stopped.stdout}\n{stopped.stderr}", file=sys.stderr)
 
 
+# The session cluster's nodes: two, so a test may submit a job over two nodes (tests/e2e/test_slurm_sweep.py).
+SESSION_NODES = 2
+
 # One cluster per process even when the fixture is imported into several test modules (pytest
 # then holds one session fixture per module): the first user starts it, the last one stops it.
 _shared: dict = {}
@@ -174,7 +195,7 @@ def slurm_cluster(tmp_path_factory) -> Iterator[LocalSlurm]:
     """One local SLURM cluster for the whole test session (started on first use)."""
     if not _shared:
         stack = contextlib.ExitStack()
-        cluster = stack.enter_context(local_slurm(tmp_path_factory.mktemp("slurm")))
+        cluster = stack.enter_context(local_slurm(tmp_path_factory.mktemp("slurm"), nodes=SESSION_NODES))
         _shared.update(cluster=cluster, stack=stack, users=0)
     _shared["users"] += 1
     try:

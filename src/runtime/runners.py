@@ -270,8 +270,8 @@ class AsyncRuntime(Runtime):
                              f"{bound} to >= {s.batch}")
         if not replays and capacity < s.batch + s.request_rollouts:
             raise ValueError(f"buffer={groups['buffer'].get('name')} with {bound} N={capacity} under runtime=async: "
-                             f"workers wait while the LIFO queue holds N, so N must fit a batch and a request in flight "
-                             f"(>= {s.batch + s.request_rollouts})")
+                             "workers wait while the LIFO queue holds N, so N must fit a batch and a request in "
+                             f"flight (>= {s.batch + s.request_rollouts})")
         if replays and s.staleness is not None and s.staleness_mode == "block":
             raise ValueError(f"runtime.staleness={s.staleness} with runtime.staleness_mode=block and buffer=fifo: "
                              "block only bounds how far generation runs ahead of the trainer, not the age of what the "

@@ -1,4 +1,4 @@
-"""The local single-node SLURM cluster (launch/local_slurm.sh) runs real jobs.
+"""The local SLURM cluster (launch/local_slurm.sh, two nodes of this machine) runs real jobs.
 
 Needs root; installs slurm-wlm + munge with apt-get on first use (about 10-60 s), then the
 cluster starts in a couple of seconds and a trivial job takes about a second.
@@ -82,3 +82,15 @@ def test_sbatch_wrap_completes(slurm_cluster: LocalSlurm, tmp_path: Path):
     assert "ExitCode=0:0" in shown.stdout, shown.stdout
     log = tmp_path / f"job-{job_id}.out"
     assert log.read_text().strip() == f"hello from {sys.executable}"
+
+
+def test_a_node_count_that_is_no_whole_number_is_refused_in_one_line(tmp_path: Path):
+    import os
+    import subprocess
+
+    from tests.slurm_cluster import SCRIPT
+
+    done = subprocess.run(["bash", str(SCRIPT), "status", str(tmp_path)], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "LOCAL_SLURM_NODES": "two"})
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "local_slurm: LOCAL_SLURM_NODES=two: give a whole number >= 1 (e.g. 2)"]

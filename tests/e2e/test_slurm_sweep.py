@@ -1,4 +1,5 @@
-"""A sweep through Hydra's submitit SLURM launcher on a real single-node SLURM: launch, then skip when finished."""
+"""Sweeps through Hydra's submitit SLURM launcher on a real SLURM of this machine: launch, then skip when finished;
+a cell over two of its nodes."""
 
 from __future__ import annotations
 
@@ -53,6 +54,43 @@ def test_two_cell_sweep_runs_on_slurm_then_is_skipped(tmp_path, slurm_cluster, r
     assert "2 finished (skipped)" in again.stdout and "0 to launch" in again.stdout
     assert len(mlflow.search_runs(experiment_names=["replay-rloo"])) == 2
     print(f"relaunch of a finished 2-cell sweep: {seconds:.1f} s")
+
+
+def test_a_cell_over_two_nodes_is_one_slurm_job_on_both_nodes(tmp_path, slurm_cluster, random_policy_dir):
+    """hardware.nodes=2 as launch/README.md types it on the local cluster's two nodes: the job asks SLURM for two
+    nodes of one task, srun starts a rank on each, the ranks meet through SLURM's environment (submitit's: the first
+    node's address, global and local ranks; src/runs/ranks.py), train on gloo and log one MLflow run, each step
+    once."""
+    assert slurm_cluster.nodes == 2 and slurm_cluster.partition == "debug"
+    readme = " ".join((PROJECT_ROOT / "launch" / "README.md").read_text().replace("\\\n", " ").split())
+    typed = next(line for line in readme.split("python -m src.run")[1:] if "hardware.nodes=2" in line).split(" ```")[0]
+    assert typed.split() == ["-m", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug",
+                             "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1", "hardware.ranks=2",
+                             "hardware.nodes=2", "hardware.threads=1", "trainer.steps=2"]
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    command = [sys.executable, "-m", "src.run", *typed.split(),  # the tiny settings and this test's folders after it
+               "hydra.launcher.timeout_min=10", "hydra.launcher.cpus_per_task=1",
+               f"hydra.sweep.dir={tmp_path}/multirun", f"policy.name_or_path={random_policy_dir}",
+               "trainer.groups_per_step=4", "trainer.group_size=2",
+               "policy.max_new_tokens=6", "evaluation.at_start=false", "evaluation.prompts=2",
+               "evaluation.samples_per_prompt=2", "evaluation.ks=[1]", f"tracking.uri={store}",
+               f"tracking.artifact_location={tmp_path}/artifacts", "tracking.sweep=nodes"]
+    done = subprocess.run(command, cwd=PROJECT_ROOT, env=slurm_cluster.env, capture_output=True, text=True,
+                          timeout=900)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and "1 cell(s) run: 1 finished" in said, said[-4000:]
+    [script] = (tmp_path / "multirun" / ".submitit").glob("*/*_submission.sh")
+    assert "#SBATCH --nodes=2" in script.read_text() and "#SBATCH --ntasks-per-node=1" in script.read_text()
+    job = script.name.split("_")[0]
+    shown = slurm_cluster.run("scontrol", "show", "job", job).stdout  # the finished job, kept for MinJobAge
+    assert "NumNodes=2 " in shown and "JobState=COMPLETED" in shown, shown
+    assert len(list(script.parent.glob(f"{job}_*_log.out"))) == 2  # a task on each node
+    mlflow.set_tracking_uri(store)
+    [run] = mlflow.MlflowClient().search_runs(
+        [mlflow.get_experiment_by_name("replay-rloo").experiment_id])
+    assert (run.info.status, run.data.params["hardware.nodes"], run.data.tags["slurm_job"]) == ("FINISHED", "2", job)
+    losses = mlflow.MlflowClient().get_metric_history(run.info.run_id, "train/loss")
+    assert sorted(m.step for m in losses) == [0, 1]
 
 
 @pytest.mark.long  # make test-long (docs/testing.md): test_sweep's preempted run resumes in the suite
