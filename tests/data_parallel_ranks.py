@@ -253,3 +253,21 @@ def shared_generation(rank: int, world_size: int, rendezvous: str, out: str) -> 
     if rank == 0:
         torch.save({"generation": generation, "counts": counts, "synced": shared.synced}, out)
     leave_group()
+
+
+def store_barrier_ranks(rank: int, world_size: int, rendezvous: str, out: str) -> None:
+    """Rank 1 reaches the store barrier a second after rank 0: each writes when it entered and left it."""
+    import json
+    import time
+
+    from src.distributed.data_parallel import store_barrier
+
+    join(rank, world_size, rendezvous)
+    if rank == 1:
+        time.sleep(1.0)
+    entered = time.time()
+    store_barrier("test/store-barrier")
+    with open(f"{out}.{rank}", "w") as handle:
+        json.dump({"entered": entered, "left": time.time()}, handle)
+    leave_group()  # both barriers, then the group is gone
+    assert not dist.is_initialized()

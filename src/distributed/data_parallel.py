@@ -30,12 +30,29 @@ PER_ROW = ("logprobs", "raw_weights", "weights", "kl_sums", "token_counts")
 def leave_group(finished: bool = True) -> None:
     """Leave the process group. A run that finished waits for every rank first: a gloo rank that destroys its
     group while a peer is still inside its last collectives can abort the process ("terminate called without an
-    active exception"). A failed run leaves at once, since the other ranks may never reach the barrier."""
+    active exception"). A failed run leaves at once, since the other ranks may never reach the barrier.
+
+    The wait is two barriers. gloo's own lets a rank out while its last message to another rank may still be
+    queued (pytorch/gloo#155, "Barrier followed by context destruction causes some participants to fail"): had
+    that rank closed its connections then, the other would abort. The second barrier goes through the
+    rendezvous store, not gloo, so no rank closes a connection before every rank is out of the first."""
     if finished:
         dist.barrier()
+        store_barrier("replay-rloo/leave")
     close_engines()  # vLLM's own teardown destroys its groups, and the default one with them
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def store_barrier(key: str, timeout_s: float = 300.0) -> None:
+    """Every rank of the default group waits here, through the group's rendezvous store (a TCP store beside
+    gloo's connections), until all have arrived. torch keeps the store with the group
+    (torch/distributed/distributed_c10d.py `_get_default_store`, which `init_process_group` fills), and torchelastic
+    ships the barrier over it (torch/distributed/elastic/utils/store.py `barrier`)."""
+    from torch.distributed.elastic.utils.store import barrier
+
+    barrier(dist.distributed_c10d._get_default_store(), dist.get_world_size(), key_prefix=key,
+            barrier_timeout=timeout_s)
 
 
 def shard_batch(batch: Batch, rank: int, world_size: int) -> Batch:
