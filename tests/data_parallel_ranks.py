@@ -256,7 +256,7 @@ def shared_generation(rank: int, world_size: int, rendezvous: str, out: str) -> 
 
 
 def store_barrier_ranks(rank: int, world_size: int, rendezvous: str, out: str) -> None:
-    """Rank 1 reaches the store barrier a second after rank 0: each writes when it entered and left it."""
+    """Rank 1 reaches the store barrier half a second after rank 0: each writes when it entered and left it."""
     import json
     import time
 
@@ -264,7 +264,7 @@ def store_barrier_ranks(rank: int, world_size: int, rendezvous: str, out: str) -
 
     join(rank, world_size, rendezvous)
     if rank == 1:
-        time.sleep(1.0)
+        time.sleep(0.5)
     entered = time.time()
     store_barrier("test/store-barrier")
     with open(f"{out}.{rank}", "w") as handle:

@@ -180,14 +180,14 @@ def test_loading_a_folder_without_a_sharded_checkpoint_names_it(tmp_path):
 
 def test_no_rank_leaves_the_store_barrier_before_the_last_one_enters_it(tmp_path):
     """`store_barrier` (the second wait of `leave_group`, through the rendezvous store rather than gloo): rank 0,
-    a second early, leaves only after rank 1 has entered."""
+    half a second early, leaves only after rank 1 has entered."""
     import json
 
     import torch.multiprocessing as mp
 
     mp.spawn(ranks.store_barrier_ranks, args=(2, str(tmp_path / "rendezvous"), str(tmp_path / "times")), nprocs=2)
     first, last = (json.loads((tmp_path / f"times.{rank}").read_text()) for rank in (0, 1))
-    assert last["entered"] - first["entered"] > 0.9 and first["left"] >= last["entered"]
+    assert last["entered"] - first["entered"] > 0.4 and first["left"] >= last["entered"]
 
 
 def launch_failure(stderr: str) -> str:
