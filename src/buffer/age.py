@@ -14,7 +14,8 @@ Age convention (one rule, used everywhere):
   step"). After a step the buffer holds the fresh groups of the last ``L + 1`` steps, ages ``0 .. L``,
   at most ``(L + 1) * B`` groups, as appendix B.3 bounds it; at the next draw the oldest generation
   is ``L + 1`` old and not eligible (eligibility is tested per group). The capacity check runs on
-  those ``L + 1`` generations.
+  those ``L + 1`` generations: a safety net of N = ``capacity`` rollouts (the newest whole groups that fit,
+  oldest dropped first; by default 4096 groups' worth, never reached at the papers' sizes).
 * Replayed groups are not re-added; they stay stored until they are over-age.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from src.batch import BatchGroup, Group
-from src.buffer.store import ReplayStore, checked_for_storing, replayed
+from src.buffer.store import ReplayStore, checked_for_storing, newest_that_fit, replayed
 from src.validate.checks import check_int
 
 
@@ -32,6 +33,7 @@ class ReplayBuffer(ReplayStore):
 
     settings = ("max_age",)
     counters = ("capacity_drops", "evicted", "added")
+    capacity_counted_groups = True
 
     @classmethod
     def fresh_only(cls, node) -> bool:
@@ -65,7 +67,8 @@ class ReplayBuffer(ReplayStore):
         super().__init__(seed)
         self.max_age = check_int("buffer.max_age", max_age, 1, "L, the age window: choose buffer=age1, age2 or "
                                  "age3, or buffer=none for fresh-only runs.")
-        self.capacity = check_int("buffer.capacity", capacity, 1, "A safety net only (default 4096).")
+        self.capacity = check_int("buffer.capacity", capacity, 1, "N rollouts, a safety net only (default 4096 "
+                                  "groups' worth).")
         self.ratio = float(ratio)
         self.capacity_drops = 0
         self.evicted = 0
@@ -99,10 +102,10 @@ class ReplayBuffer(ReplayStore):
         new = checked_for_storing(groups, "ReplayBuffer")
         self._groups.extend(new)
         self.added += len(new)
-        overflow = len(self._groups) - self.capacity
-        if overflow > 0:
+        if sum(group.size for group in self._groups) > self.capacity:
             # Safety net only (never reached with the paper's sizes): drop the oldest groups.
             self._groups.sort(key=lambda g: g.step)  # stable: ties keep insertion order
+            overflow = len(self._groups) - newest_that_fit([group.size for group in self._groups], self.capacity)
             del self._groups[:overflow]
             self.capacity_drops += overflow
 

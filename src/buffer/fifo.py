@@ -15,9 +15,11 @@ Sources (docs/papers.md summarises each cited part):
 
 Conventions shared with :class:`src.buffer.age.ReplayBuffer`:
 
-* The stored unit is :class:`~src.buffer.age.Group` (one prompt and its K responses).
-  Capacity N counts groups: the buffer keeps the last N groups added, oldest dropped first
-  (with positive bias: at most N * K responses, see below).
+* The stored unit is :class:`~src.buffer.age.Group` (one prompt and its K responses), and the
+  capacity N counts rollouts, as seed 001 counts its buffer (B.5: "the last N samples"; D.2:
+  N = 252 rollouts) and as the pipeline's FIFO does under runtime=async: the buffer keeps the
+  newest whole groups whose rollouts fit in N, floor(N / K) groups of K, oldest dropped first
+  (with positive bias the same N rollouts, some of them single correct ones, see below).
 * A group sampled at step ``s`` has age ``t - s`` at step ``t`` (seed 001's off-policiness,
   measured in gradient steps). ``sample(count, t)`` draws only groups of age >= 1: fresh groups
   are ``add``-ed after the update of the step that sampled them, and were they stored already
@@ -45,10 +47,11 @@ generated rollouts along with the freshest delta N correct rollouts not included
 (1 - delta)N trajectories, and uniformly sample from these N samples". The paper stores single
 rollouts, so the rule is per rollout, and we follow it per rollout:
 
-* With group size K the buffer's rollout capacity is N * K. The freshest ``N - round(delta N)``
-  groups are kept whole (the paper's (1 - delta) share, rounded to whole groups so that no
-  fresh group is split); older groups keep only their correct responses (reward >=
-  ``correct_reward``, the task's `Task.correct_reward`, which `src.build.build_store` passes), the freshest ``round(delta N) * K`` of them in total. Within one group
+* With group size K the buffer holds n = floor(N / K) groups' worth of rollouts. The freshest
+  ``n - round(delta n)`` groups are kept whole (the paper's (1 - delta) share, rounded to whole
+  groups so that no fresh group is split); older groups keep only their correct responses
+  (reward >= ``correct_reward``, the task's `Task.correct_reward`, which `src.build.build_store`
+  passes), the freshest ``round(delta n) * K`` of them in total. Within one group
   all responses were generated at the same step; a higher response index counts as fresher.
   A positive-bias buffer therefore needs one K for all groups. ``round`` is Python's (halves to
   even). The rule holds at all times, also before the buffer is full: as in the paper, an
@@ -80,10 +83,10 @@ from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group
 from src.buffer.positive_bias import positive_bias_keep
-from src.buffer.store import ReplayStore, checked_for_storing
+from src.buffer.store import ReplayStore, checked_for_storing, newest_that_fit
 from src.batch import plan_batch
 from src.validate.checks import check_choice, check_int
-from src.variant import float_knob, int_knob
+from src.variant import described, float_knob, int_knob
 
 SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
 
@@ -194,9 +197,12 @@ class _Slot:
 
 
 class FifoReplayBuffer(ReplayStore):
-    """`buffer=fifo`: keeps the last N groups (optionally positive-biased), draws replay groups of age >= 1."""
+    """`buffer=fifo`: keeps the last N rollouts in whole groups (optionally positive-biased), draws replay groups
+    of age >= 1."""
 
-    settings = ("capacity", "mode", "positive_bias", "correct_reward")
+    settings = ("capacity", "capacity_unit", "mode", "positive_bias", "correct_reward")
+    capacity_unit = "rollouts"  # checkpoints written before N counted rollouts have none (`load_state_dict`)
+    capacity_counted_groups = True
     counters = ("added", "dropped", "dropped_rollouts", "_next_uid", "updates")
     knobs = {**ReplayStore.knobs, "positive_bias": float_knob(0, 1, "0.5 (seed 001)", high_open=True,
                                                                         why="delta = 1 would keep no fresh group whole"),
@@ -204,8 +210,8 @@ class FifoReplayBuffer(ReplayStore):
 
     @classmethod
     def rollout_queue(cls, node, shards: int) -> tuple[type, dict]:
-        """Under `runtime=async`, seed 001's FIFO of rollouts (B.5, D.4): the N newest rollouts (so there
-        `buffer.capacity` counts rollouts, as the paper's N = 252 does), drawn without removal; `mode` says
+        """Under `runtime=async`, seed 001's FIFO of rollouts (B.5, D.4): the N newest rollouts (the paper's
+        N = 252), drawn without removal; `mode` says
         whether a batch's draws are distinct (without_replacement, Listing 5's random.sample) or independent
         (with_replacement, section 4's analysis). The pipeline's schedule sets the reuse (mu T / W, footnote 5),
         so rho does not enter; what the synchronous step alone reads is refused."""
@@ -221,7 +227,7 @@ class FifoReplayBuffer(ReplayStore):
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:
-        """e.g. fifo-rho1-N256-with_replacement-pb0.5-R2."""
+        """e.g. fifo-rho1-N4096-with_replacement-pb0.5-R2 (N in rollouts)."""
         return f"fifo-rho{node.ratio:g}-N{node.capacity}-{node.mode}" + cls._extras(node, "-pb", "-R")
 
     @classmethod
@@ -239,26 +245,36 @@ class FifoReplayBuffer(ReplayStore):
         return node.positive_bias > 0 and node.mode != "with_replacement"
 
     @classmethod
-    def short_pool(cls, node, b_replay: int, gap_fill: str) -> str:
+    def short_pool(cls, node, b_replay: int, gap_fill: str, group_size: int) -> str:
+        groups = int(node.capacity) // int(group_size)
+        held = f"N={node.capacity} rollouts ({groups} groups of K={group_size})"
         if node.positive_bias > 0:
-            kept = int(node.capacity) - round(float(node.positive_bias) * int(node.capacity))
-            return (f"formula does not hold: the positive-bias FIFO keeps incorrect rollouts only in its freshest "
-                    f"{kept} of N={node.capacity} groups, fewer than B_replay={b_replay} distinct draws "
+            kept = groups - round(float(node.positive_bias) * groups)
+            return (f"formula does not hold: the positive-bias FIFO of {held} keeps incorrect rollouts only in its "
+                    f"freshest {kept} groups, fewer than B_replay={b_replay} distinct draws "
                     f"({node.mode}), so {gap_fill} if none is correct (fewer with correct rollouts)")
-        return (f"formula does not hold: the FIFO keeps N={node.capacity} groups, fewer than B_replay={b_replay} "
+        return (f"formula does not hold: the FIFO keeps {held}, fewer than B_replay={b_replay} "
                 f"distinct draws ({node.mode}): {gap_fill}")
 
     @classmethod
     def check(cls, node, run) -> None:
-        """Distinct draws: N must cover B_replay, or every step would need gap fill."""
+        """The synchronous step's store: N rollouts must hold a group of K, and with distinct draws cover B_replay
+        groups, or every step would need gap fill. (The pipeline's FIFO checks N against its batch itself.)"""
+        if not described(run.groups["runtime"]).step_replays:
+            return
+        group_size, groups = run.trainer.group_size, node.capacity // run.trainer.group_size
+        if groups == 0:
+            raise ValueError(f"buffer.capacity N={node.capacity} rollouts < K={group_size}: the FIFO keeps whole "
+                             f"groups and would keep none; raise buffer.capacity to a multiple of {group_size}")
         if node.mode == "with_replacement" or node.get("allow_infeasible", False):
             return
         replay_groups = plan_batch(run.trainer.groups_per_step, node.ratio)[1]
-        if node.capacity < replay_groups:
+        if groups < replay_groups:
             raise ValueError(
-                f"buffer.capacity N={node.capacity} < B_replay={replay_groups}: mode={node.mode} draws distinct "
-                "groups, so every step would need gap fill; raise buffer.capacity, use mode=with_replacement, or "
-                "buffer.allow_infeasible=true")
+                f"buffer.capacity N={node.capacity} rollouts holds {groups} groups of K={group_size} < "
+                f"B_replay={replay_groups}: mode={node.mode} draws distinct groups, so every step would need gap "
+                f"fill; raise buffer.capacity to {replay_groups * group_size} or more, use mode=with_replacement, "
+                "or buffer.allow_infeasible=true")
 
     def __init__(self, capacity: int, mode: str = "with_replacement", positive_bias: float = 0.0,
                  correct_reward: float = 1.0, seed: int = 0, ratio: float = 1.0,
@@ -309,7 +325,7 @@ class FifoReplayBuffer(ReplayStore):
 
     @property
     def rollouts(self) -> int:
-        """Number of stored responses (at most N * K)."""
+        """Number of stored responses (at most N)."""
         return sum(len(s.responses) for s in self._slots)
 
     def eligible(self, step: int) -> list[Group]:
@@ -350,13 +366,14 @@ class FifoReplayBuffer(ReplayStore):
         if self.positive_bias > 0:
             self._retain_positive_bias()
         else:
-            self._remove(self._slots[: max(0, len(self._slots) - self.capacity)])
+            kept = newest_that_fit([len(slot.responses) for slot in self._slots], self.capacity)
+            self._remove(self._slots[: len(self._slots) - kept])
 
     def _retain_positive_bias(self) -> None:
         # Seed 001 D.4 on the flattened rollout stream (oldest group first, response index order).
         flat = [(slot, i) for slot in self._slots for i in slot.responses]
         correct = [slot.group.rewards[i] >= self.correct_reward for slot, i in flat]
-        keep = positive_bias_keep(correct, self.capacity, self.positive_bias, unit=self.group_size)
+        keep = positive_bias_keep(correct, self.capacity // self.group_size, self.positive_bias, unit=self.group_size)
         kept_by_uid: dict[int, list[int]] = {}
         for j in keep:
             slot, i = flat[j]
@@ -507,6 +524,17 @@ class FifoReplayBuffer(ReplayStore):
         return _histogram(s.group.age(step) for s in self._slots)
 
     # ---- persistence (ReplayStore.state_dict adds settings, counters and the RNG) ----
+
+    def load_state_dict(self, state: dict) -> None:
+        """Also a checkpoint written while N counted groups (no `capacity_unit`): its N groups of its K are N * K
+        rollouts, which a run resumed with the same buffer holds (an empty store's N decided nothing it holds)."""
+        settings = state["settings"]
+        if "capacity_unit" not in settings:
+            sizes = [len(slot["group"]["rewards"]) for slot in state["contents"]["slots"]]
+            group_size = state["contents"]["group_size"] or (sizes[0] if sizes else None)
+            rollouts = self.capacity if group_size is None else settings["capacity"] * int(group_size)
+            state = {**state, "settings": {**settings, "capacity": rollouts, "capacity_unit": "rollouts"}}
+        super().load_state_dict(state)
 
     def _contents(self) -> dict:
         return {

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Callable, ClassVar, Iterable
+from typing import Callable, ClassVar, Iterable, Sequence
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -67,7 +67,7 @@ class ReplayStore(Variant):
     @classmethod
     def plan_store(cls, node, ratio: float, groups_per_step: int) -> "ReplayStore":
         """The store the budget planner drives through `draw` and `store`: this one, with the group's settings
-        at the planned rho (placeholder groups carry rewards 0 and K = 2)."""
+        at the planned rho (placeholder groups carry rewards 0 and the run's K)."""
         if not cls.plans_replay:
             return age_stand_in(node)
         try:
@@ -93,8 +93,20 @@ class ReplayStore(Variant):
         an upper bound once its pool runs short (seed 001's positive-bias FIFO with distinct draws)."""
         return False
 
+    # True for a store whose `buffer.capacity` cell ids of version 1 hashed in groups (it counts rollouts now).
+    capacity_counted_groups: ClassVar[bool] = False
+
     @classmethod
-    def short_pool(cls, node, b_replay: int, gap_fill: str) -> str:
+    def identity(cls, node, resolved: dict, cfg) -> dict:
+        """The store's part of the config a cell id hashes (`src.study.sweep.cell_identity`): its resolved settings,
+        with N in the groups it keeps (floor(N / K)) where cell ids of version 1 hashed N in groups, so every cell
+        keeps its id (N = 256 groups then is N = 4096 rollouts at K = 16)."""
+        if not cls.capacity_counted_groups:
+            return resolved
+        return {**resolved, "capacity": int(node.capacity) // int(cfg.trainer.group_size)}
+
+    @classmethod
+    def short_pool(cls, node, b_replay: int, gap_fill: str, group_size: int) -> str:
         """Why the store's pool holds fewer than B_replay groups, for a plan without an age window."""
         return (f"formula does not hold: buffer={node.get('name', cls.__name__)} keeps fewer groups than "
                 f"B_replay={b_replay}: {gap_fill}")
@@ -214,6 +226,17 @@ class NoReplay(ReplayStore):
 
     def metrics(self, step: int) -> dict[str, float]:
         return {"buffer/size": 0}
+
+
+def newest_that_fit(sizes: Sequence[int], capacity: int) -> int:
+    """How many of the newest groups (`sizes`: their rollouts, oldest first) fit together in `capacity` rollouts:
+    a store of N rollouts keeps whole groups, floor(N / K) of K."""
+    held = 0
+    for count, size in enumerate(reversed(sizes)):
+        held += size
+        if held > capacity:
+            return count
+    return len(sizes)
 
 
 def age_stand_in(node) -> ReplayStore:

@@ -53,6 +53,16 @@ if not OmegaConf.has_resolver("mini_batches"):
     OmegaConf.register_new_resolver("mini_batches", mini_batches)
 
 
+def rollouts_in(groups: int, group_size: int) -> int:
+    """`${rollouts_in:1024,${trainer.group_size}}`: the rollouts of `groups` groups of K, for a `buffer.capacity` (which
+    counts rollouts) that a paper or a default states in groups (seed 002 line 121), kept when K changes."""
+    return int(groups) * int(group_size)
+
+
+if not OmegaConf.has_resolver("rollouts_in"):
+    OmegaConf.register_new_resolver("rollouts_in", rollouts_in)
+
+
 def each_share(total, parts) -> int:
     """`total` split over `parts` (at least 1 each): the launchers' `${per_task:...}` and `${per_node:...}`."""
     return max(1, int(total) // max(1, int(parts)))

@@ -30,7 +30,7 @@ from src.validate.checks import composition_error
 from src.settings import RunSettings
 from src.variant import VARIANT_GROUPS, described
 
-AGE_BUFFER_CAPACITY = 4096  # ReplayBuffer's default (conf/buffer/age*.yaml: a safety net)
+AGE_BUFFER_GROUPS = 4096  # conf/buffer/age.yaml's safety net: N = 4096 groups' worth of rollouts
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,11 @@ def closed_form_fresh_evaluations(groups_per_step: int, group_size: int, steps: 
 
 def plan_fresh_evaluations(
     groups_per_step: int, group_size: int, steps: int, ratio: float, max_age: int, *,
-    capacity: int = AGE_BUFFER_CAPACITY,
+    capacity: int | None = None,
 ) -> BudgetPlan:
-    """The plan of the age buffer (max_age L, `capacity` groups at most): `simulate_plan` with `ReplayBuffer`."""
+    """The plan of the age buffer (max_age L, `capacity` rollouts at most; by default 4096 groups' worth):
+    `simulate_plan` with `ReplayBuffer`."""
+    capacity = AGE_BUFFER_GROUPS * int(group_size) if capacity is None else capacity
     return simulate_plan(groups_per_step, group_size, steps, ratio,
                          lambda: ReplayBuffer(max_age=max_age, capacity=capacity), window=max_age)
 
@@ -133,7 +135,7 @@ def simulate_plan(groups_per_step: int, group_size: int, steps: int, ratio: floa
         fresh_counts.append(fresh)
         replay_counts.append(replayed)
         if buffer is not None:  # after the update, as the trainer stores them
-            buffer.store([_placeholder(step) for _ in range(fresh)], step)
+            buffer.store([_placeholder(step, group_size) for _ in range(fresh)], step)
         # An age pool holds only the last L steps' groups (draws never consume them; the capacity keeps
         # a suffix of them), so a step's counts depend on the previous L fresh counts alone; a pool without
         # an age window (every stored group) on how many it holds; no store, on nothing. Once that state
@@ -206,28 +208,29 @@ def formula_break(cfg) -> str | None:
     per_step = f"{plan.gap_fill_groups} fresh gap-fill groups over the run"
     store = described(buffer, ReplayStore)
     if store.plan_window(buffer, trainer.steps) is None:  # no age window: the store keeps too few groups
-        return store.short_pool(buffer, b_replay, per_step)
+        return store.short_pool(buffer, b_replay, per_step, trainer.group_size)
     max_age = planning_max_age(buffer, trainer.steps)
     if b_replay > max_age * b_fresh:
         why = (f"rho={buffer.ratio:g} > L={max_age}" if buffer.ratio > max_age else
                f"B_fresh=round({trainer.groups_per_step}/(1+{buffer.ratio:g}))={b_fresh} rounds down")
         return (f"formula does not hold: B_replay={b_replay} > L*B_fresh={max_age}*{b_fresh}={max_age * b_fresh} "
                 f"({why}): {per_step}")
-    return (f"formula does not hold: buffer.capacity={buffer.capacity} groups < the L*B_fresh={max_age * b_fresh} "
-            f"the pool needs: {per_step}")
+    held = f"{buffer.capacity // trainer.group_size} groups of K={trainer.group_size}"
+    return (f"formula does not hold: buffer.capacity={buffer.capacity} rollouts ({held}) < the "
+            f"L*B_fresh={max_age * b_fresh} groups the pool needs: {per_step}")
 
 
-def _placeholder(step: int) -> Group:
-    # Cheapest valid group: K=2 empty responses; only its step matters to the schedule.
+def _placeholder(step: int, group_size: int) -> Group:
+    # Cheapest valid group of the run's K (a FIFO keeps N // K of them): empty responses, only its step matters.
     return Group(
         prompt="",
         prompt_ids=(),
         truth=None,
-        responses=("", ""),
-        response_ids=((), ()),
-        rewards=(0.0, 0.0),
+        responses=("",) * group_size,
+        response_ids=((),) * group_size,
+        rewards=(0.0,) * group_size,
         step=step,
-        behaviour_logprobs=(0.0, 0.0),
+        behaviour_logprobs=(0.0,) * group_size,
     )
 
 

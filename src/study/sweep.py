@@ -145,7 +145,9 @@ def _config_hash(cfg: DictConfig, dropped: tuple[str, ...]) -> str:
     for key, knob in knobs_for(cfg).items():
         if knob.id_omitted_at and OmegaConf.select(cfg, key) in knob.id_omitted_at:
             _drop(resolved, key)
-    runtime = described(cfg.runtime)
+    runtime, store = described(cfg.runtime), described(cfg.buffer, ReplayStore)
+    if "buffer" in resolved:
+        resolved["buffer"] = store.identity(cfg.buffer, resolved["buffer"], cfg)
     resolved = runtime.identity(resolved, cfg)
     if described(cfg.buffer, ReplayStore).fresh_only(cfg.buffer):
         resolved.pop("buffer", None)

@@ -120,7 +120,7 @@ NULLABLE_TEXT = ("trainer.resume_from", "tracking.run_name", "tracking.artifact_
 # the buffer group, as under runtime=sync (docs/async.md).
 MOVED: dict[str, str] = {
     "runtime.queue": "buffer=fifo (seed 001's FIFO of rollouts) or buffer=none (its LIFO pipe)",
-    "runtime.capacity": "buffer.capacity=N (rollouts under runtime=async)",
+    "runtime.capacity": "buffer.capacity=N (rollouts)",
     "runtime.independent": "buffer.mode=with_replacement (independent draws) or buffer.mode=without_replacement",
     "runtime.positive_bias": "buffer.positive_bias=d",
 }

@@ -55,7 +55,7 @@ PAPERS = {
         "policy.max_new_tokens": (1024, f"{S000} 313"),
         "loss.name": ("rloo", f"{S000} 90"),
         "clip.ceiling": (10, f"{S000} 98"),
-        "buffer.capacity": (4096, f"{S000} 318"),
+        "buffer.capacity": (4096 * 8, f"{S000} 318"),  # 4096 groups of K = 8, in rollouts
         "evaluation.temperature": (0.6, f"{S000} 320"),
         "evaluation.top_p": (0.95, f"{S000} 320"),
         "evaluation.top_k": (20, f"{S000} 320"),
@@ -94,7 +94,7 @@ PAPERS = {
         **{key: value for key, value in ONPOLICY_002.items() if not key.startswith(("buffer.", "behaviour."))},
         "trainer.checkpoint_every": (5, f"{S002} 121"),
         "buffer.name": ("fifo", f"{S002} 83"),
-        "buffer.capacity": (1024, f"{S002} 121"),
+        "buffer.capacity": (1024 * 8, f"{S002} 121"),  # 1024 groups (its unit blank) of K = 8, in rollouts
         "buffer.ratio": (0.0, f"{S002} 97-108"),
         "buffer.extra_updates": (2 - 1, f"{S002} 142"),  # R = 2
         "loss.is_level": ("sequence", f"{S002} 85"),
@@ -247,6 +247,23 @@ def test_a_preset_sets_every_value_its_paper_states(composed, preset):
         assert cfg.trainer.groups_per_step / cfg.loss.updates_per_step == mini, where
 
 
+def _kept(cfg, key: str):
+    """A setting a tiny variant keeps, at its own K: a FIFO's or age buffer's N counts rollouts, so the groups it
+    holds; a store the synchronous step keeps nothing in (buffer=none) reads no N."""
+    from src.buffer.store import ReplayStore
+    from src.variant import described
+
+    value = _plain(OmegaConf.select(cfg, key))
+    if key != "buffer":
+        return value
+    store = described(cfg.buffer, ReplayStore)
+    if store.fresh_only(cfg.buffer) and described(cfg.runtime).step_replays:
+        return {name: setting for name, setting in value.items() if name != "capacity"}
+    if store.capacity_counted_groups:
+        return {**value, "capacity": value["capacity"] // cfg.trainer.group_size}
+    return value
+
+
 def _plain(value):
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
@@ -272,7 +289,7 @@ def test_a_study_preset_carries_its_papers_grid(composed, preset):
 def test_a_tiny_variant_keeps_its_papers_ratios_on_the_cpu(composed, preset):
     tiny, paper = composed[preset], composed[preset.removesuffix("-tiny")]
     assert tiny.hardware.device == "cpu" and tiny.policy.name_or_path.startswith("checkpoints/tiny")
-    changed = [key for key in KEPT if _plain(OmegaConf.select(tiny, key)) != _plain(OmegaConf.select(paper, key))]
+    changed = [key for key in KEPT if _kept(tiny, key) != _kept(paper, key)]
     assert not changed, f"{preset} changes {changed} from its paper's preset"
 
 

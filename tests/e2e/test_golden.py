@@ -35,7 +35,7 @@ CELLS = {
     "fresh-only": [],
     "age1": ["buffer=age1"],
     "age2-rho2-c1": ["buffer=age2", "buffer.ratio=2", "clip=tight"],
-    "fifo-positive-bias": ["buffer=fifo", "buffer.positive_bias=0.5", "buffer.capacity=6"],
+    "fifo-positive-bias": ["buffer=fifo", "buffer.positive_bias=0.5", "buffer.capacity=24"],  # 6 groups of K = 4
     "fifo-R2-at-least-once": ["buffer=fifo", "buffer.extra_updates=1", "buffer.mode=at_least_once"],
     # The golden settings keep a KL term (kl_coef 0.05) to exercise it, which POPO and DAPO drop: these cells
     # ask for the mechanism alone (mechanism_only) on the loss they pin, so their numbers stay.

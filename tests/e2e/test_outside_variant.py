@@ -68,7 +68,7 @@ def test_a_store_copy_in_both_forms_trains_the_step_as_its_original(compose_conf
 @pytest.mark.parametrize("overrides", [
     ["trainer=paper"],                                                        # 100 steps of B=128, K=8
     ["buffer.ratio=2", "buffer.allow_infeasible=true"],                       # rho > L: gap fill every step
-    ["buffer.max_age=3", "buffer.ratio=2", "buffer.capacity=40", "trainer.steps=30"],  # the capacity cuts the pool
+    ["buffer.max_age=3", "buffer.ratio=2", "buffer.capacity=640", "trainer.steps=30"],  # 40 groups of 16 cut the pool
 ])
 def test_the_copies_plan_the_same_budget(compose_config, overrides):
     copy, original = compose_config(*COPIES, *overrides), compose_config(*ORIGINALS, *overrides)

@@ -37,7 +37,7 @@ def test_the_async_queue_counts_as_correct_what_the_task_does_as_the_sync_store(
     task = build_task(cfg.task)
     task.correct_reward = 0.75  # a task whose full reward is not 1.0
     queue = build_runtime(RunSettings(cfg)).build_queue(task=task)
-    store = build_store(RunSettings(compose_config(*FIFO, "buffer.positive_bias=0.5", "buffer.capacity=8")), task)
+    store = build_store(RunSettings(compose_config(*FIFO, "buffer.positive_bias=0.5", "buffer.capacity=256")), task)
     assert queue.correct_reward == store.correct_reward == 0.75
 
 
@@ -127,6 +127,24 @@ def test_the_dry_run_of_an_8_gpu_async_job_prints_its_slurm_request(tmp_path):
     printed = " ".join((done.stdout + done.stderr).split())
     assert "each asks for 1 node x 1 task, 8 GPU, 64 CPUs, 512 GB" in printed
     assert "-W7T1-N1024" in done.stdout and "nothing launched" in done.stdout
+
+
+@pytest.mark.slow
+def test_buffer_fifo_plans_under_both_runtimes_with_the_defaults(tmp_path):
+    """`buffer.capacity` counts rollouts under both runtimes: the default N = 4096 is 256 groups of the tiny K = 16 to
+    the synchronous step and at least the pipeline's batch of B = 512 rollouts, so neither command is refused."""
+    import subprocess
+    import sys
+
+    from src.paths import PROJECT_ROOT
+
+    done = subprocess.run([sys.executable, "-m", "src.run", "-m", "runtime=sync,async", "buffer=fifo",
+                           "hydra.sweeper.dry_run=true", f"out={tmp_path}"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = " ".join(done.stdout.split())
+    assert "2 jobs, 2 to launch" in printed
+    assert "fifo-rho1-N4096-with_replacement-c10" in printed and "rho0-W2T1-N4096" in printed
 
 
 def test_the_budget_plan_of_an_async_run_follows_its_lockstep_schedule(compose_config):

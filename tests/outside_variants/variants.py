@@ -15,7 +15,7 @@ from typing import Iterable
 import torch
 
 from src.batch import BatchGroup, Group
-from src.buffer.store import ReplayStore, checked_for_storing, replayed
+from src.buffer.store import ReplayStore, checked_for_storing, newest_that_fit, replayed
 from src.validate.checks import check_int
 from src.loss.base import Objective
 from src.loss.rloo_math import importance_weights, rloo_policy_loss
@@ -29,6 +29,7 @@ class AgeCopyStore(ReplayStore):
 
     settings = ("max_age",)
     counters = ("capacity_drops", "evicted", "added")
+    capacity_counted_groups = True
 
     @classmethod
     def fresh_only(cls, node) -> bool:
@@ -62,7 +63,8 @@ class AgeCopyStore(ReplayStore):
         super().__init__(seed)
         self.max_age = check_int("buffer.max_age", max_age, 1, "L, the age window: choose buffer=age1, age2 or "
                                  "age3, or buffer=none for fresh-only runs.")
-        self.capacity = check_int("buffer.capacity", capacity, 1, "A safety net only (default 4096).")
+        self.capacity = check_int("buffer.capacity", capacity, 1, "N rollouts, a safety net only (default 4096 "
+                                  "groups' worth).")
         self.ratio = float(ratio)
         self.capacity_drops = 0
         self.evicted = 0
@@ -96,10 +98,10 @@ class AgeCopyStore(ReplayStore):
         new = checked_for_storing(groups, "AgeCopyStore")
         self._groups.extend(new)
         self.added += len(new)
-        overflow = len(self._groups) - self.capacity
-        if overflow > 0:
+        if sum(group.size for group in self._groups) > self.capacity:
             # Safety net only (never reached with the paper's sizes): drop the oldest groups.
             self._groups.sort(key=lambda g: g.step)  # stable: ties keep insertion order
+            overflow = len(self._groups) - newest_that_fit([group.size for group in self._groups], self.capacity)
             del self._groups[:overflow]
             self.capacity_drops += overflow
 

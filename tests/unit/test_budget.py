@@ -165,3 +165,15 @@ def test_the_table_of_a_store_without_planned_replay_shows_the_age1_cost_at_othe
         rows = budget_table(compose_config(option), [0.0, 1.0, 2.0])
         assert rows[1:] == age1
         assert rows[0]["fresh_evaluations"] == rows[0]["closed_form"] and rows[0]["L"] is None
+
+
+def test_the_table_says_how_many_groups_a_capacity_of_n_rollouts_holds_when_it_cuts_the_pool(compose_config):
+    """`buffer.capacity` counts rollouts for the FIFO and the age buffer alike; a note on a plan it cuts says both."""
+    from src.study.budget import budget_table
+
+    small = ("trainer.groups_per_step=8", "trainer.group_size=4", "trainer.steps=6")
+    fifo = budget_table(compose_config("buffer=fifo", "buffer.mode=without_replacement", "buffer.capacity=8",
+                                       "buffer.allow_infeasible=true", *small))[0]
+    assert "the FIFO keeps N=8 rollouts (2 groups of K=4), fewer than B_replay=4" in fifo["formula_note"]
+    age = budget_table(compose_config("buffer=age2", "buffer.capacity=12", *small))[0]
+    assert "buffer.capacity=12 rollouts (3 groups of K=4) < the L*B_fresh=8 groups the pool needs" in age["formula_note"]

@@ -74,7 +74,8 @@ def random_valid_config(compose_config, rng: random.Random):
                      f"trainer.groups_per_step={rng.randint(3, 8)}", "trainer.group_size=2",
                      f"trainer.steps={rng.randint(3, 6)}", f"trainer.seed={rng.randint(0, 99)}",
                      "trainer.micro_batch_size=16", "policy.max_new_tokens=8", "hardware.threads=1",
-                     f"buffer.capacity={rng.randint(1, 6)}", f"buffer.allow_infeasible={rng.choice(['true', 'false'])}"]
+                     f"buffer.allow_infeasible={rng.choice(['true', 'false'])}"]
+        overrides.append(f"buffer.capacity={2 * rng.randint(1, 6)}")  # N rollouts: 1 to 6 groups of K = 2
         if buffer == "fifo":
             overrides += [f"buffer.mode={rng.choice(['with_replacement', 'without_replacement', 'at_least_once'])}",
                           f"buffer.positive_bias={rng.choice([0, 0.25, 0.5])}",
@@ -104,9 +105,9 @@ def test_planned_fresh_groups_equal_the_trainers_per_step(compose_config, draw):
 
 @pytest.mark.parametrize("overrides, planned, formula", [
     # The audit's two misses (7-step and 6-step runs, B=8, K=2, rho=1: B_fresh = B_replay = 4).
-    (["buffer=fifo", "buffer.positive_bias=0.5", "buffer.mode=without_replacement", "buffer.capacity=4",
+    (["buffer=fifo", "buffer.positive_bias=0.5", "buffer.mode=without_replacement", "buffer.capacity=8",
       "trainer.steps=7"], 88, 64),
-    (["buffer=age2", "buffer.capacity=2", "buffer.allow_infeasible=true", "trainer.steps=6"], 76, 56),
+    (["buffer=age2", "buffer.capacity=4", "buffer.allow_infeasible=true", "trainer.steps=6"], 76, 56),
 ])
 def test_the_audits_misses_are_planned_as_the_trainer_counts_them(compose_config, overrides, planned, formula):
     """With a stub engine that is never correct, a positive-bias FIFO keeps only its freshest (1 - delta) N groups."""

@@ -199,7 +199,7 @@ def test_sampling_is_uniform():
 
 
 def test_capacity_safety_net_drops_oldest():
-    buf = ReplayBuffer(max_age=10, capacity=4)
+    buf = ReplayBuffer(max_age=10, capacity=8)  # N = 8 rollouts: four groups of K = 2
     buf.add([make_group(0, "a"), make_group(0, "b")])
     buf.add([make_group(1, "c"), make_group(1, "d")])
     buf.add([make_group(2, "e")])

@@ -12,9 +12,9 @@ SURVIVING = {
     'buffer=age1': ('rho1-L1-c10', '45a2bb86ab931791'),
     'buffer=age2 clip=tight': ('rho1-L2-c1', 'e9f099f585476ec0'),
     'buffer=age3 buffer.ratio=2 clip=stress': ('rho2-L3-c1000', 'fcf0aa6c6df66161'),
-    'buffer=fifo': ('fifo-rho1-N256-with_replacement-c10', '258582b864a97fc2'),
-    'buffer=fifo buffer.positive_bias=0.5': ('fifo-rho1-N256-with_replacement-pb0.5-c10', '34b75a2b126e0464'),
-    'buffer=fifo buffer.extra_updates=1': ('fifo-rho1-N256-with_replacement-R2-c10', '2ee6ecba00db6796'),
+    'buffer=fifo': ('fifo-rho1-N4096-with_replacement-c10', '258582b864a97fc2'),
+    'buffer=fifo buffer.positive_bias=0.5': ('fifo-rho1-N4096-with_replacement-pb0.5-c10', '34b75a2b126e0464'),
+    'buffer=fifo buffer.extra_updates=1': ('fifo-rho1-N4096-with_replacement-R2-c10', '2ee6ecba00db6796'),
     # `buffer=popo`, `sampling=dynamic` and `behaviour=stale` now compute seed 003's and seed 002's settings
     # (no KL, loss=grpo, rho_max 10): the cells computed before are these explicit overrides.
     'buffer=popo loss=grpo trainer.kl_coef=1e-3 buffer.mechanism_only=true': ('popo-grpo', 'aca1f97e3d1ce43a'),
@@ -57,7 +57,7 @@ def test_the_age_option_with_max_age_is_the_ageL_cell(compose_config):
 
 def test_the_implementing_class_is_not_part_of_the_cell(compose_config):
     plain = compose_config("buffer=age1")
-    moved = compose_config("buffer=age1", "buffer._target_=tests.unit.test_store_plugin.NewestGroupsStore")
+    moved = compose_config("buffer=age1", "buffer._target_=tests.outside_variants.variants.AgeCopyStore")
     assert cell_identity(moved) == cell_identity(plain)
 
 

@@ -16,6 +16,9 @@ from src.buffer.fifo import (
 from src.buffer.positive_bias import positive_bias_keep
 
 
+K = 2  # make_group's group size: a FIFO of n such groups holds N = n * K rollouts
+
+
 def make_group(step: int, tag: str = "", rewards=(1.0, 0.0), logprobs: bool = True) -> Group:
     k = len(rewards)
     return Group(
@@ -50,7 +53,7 @@ def test_constructor_rejects_bad_settings(kwargs, match):
 
 
 def test_add_requires_groups_with_behaviour_logprobs_in_step_order():
-    buf = FifoReplayBuffer(capacity=4)
+    buf = FifoReplayBuffer(capacity=4 * K)
     with pytest.raises(ValueError, match="behaviour_logprobs"):
         buf.add([make_group(0, logprobs=False)])
     with pytest.raises(TypeError, match="Group"):
@@ -62,7 +65,7 @@ def test_add_requires_groups_with_behaviour_logprobs_in_step_order():
 
 
 def test_sample_rejects_negative_count():
-    buf = FifoReplayBuffer(capacity=4)
+    buf = FifoReplayBuffer(capacity=4 * K)
     with pytest.raises(ValueError, match="count"):
         buf.sample(-1, step=1)
 
@@ -71,7 +74,7 @@ def test_sample_rejects_negative_count():
 
 
 def test_keeps_last_n_groups_and_drops_oldest_first():
-    buf = FifoReplayBuffer(capacity=3)
+    buf = FifoReplayBuffer(capacity=3 * K)
     buf.add([make_group(0, "a"), make_group(0, "b")])
     buf.add([make_group(1, "c"), make_group(1, "d")])  # 4 > 3: "p0a" leaves
     assert [g.prompt for g in buf.groups] == ["p0b", "p1c", "p1d"]
@@ -82,7 +85,7 @@ def test_keeps_last_n_groups_and_drops_oldest_first():
 
 
 def test_replayed_groups_stay_stored():
-    buf = FifoReplayBuffer(capacity=3, seed=1)
+    buf = FifoReplayBuffer(capacity=3 * K, seed=1)
     buf.add([make_group(0, "a")])
     for t in (1, 2, 3):
         assert prompts(buf.sample(1, step=t)) == ["p0a"]
@@ -90,7 +93,7 @@ def test_replayed_groups_stay_stored():
 
 
 def test_no_age_limit_only_capacity():
-    buf = FifoReplayBuffer(capacity=2)
+    buf = FifoReplayBuffer(capacity=2 * K)
     buf.add([make_group(0)])
     assert prompts(buf.sample(1, step=1000)) == ["p0"]
     assert buf.age_histogram(10) == {10: 1}
@@ -101,7 +104,7 @@ def test_no_age_limit_only_capacity():
 
 def test_group_added_this_step_is_never_drawn_this_step():
     for mode in ("with_replacement", "without_replacement", "at_least_once"):
-        buf = FifoReplayBuffer(capacity=4, mode=mode)
+        buf = FifoReplayBuffer(capacity=4 * K, mode=mode)
         assert buf.sample(3, step=0) == []
         buf.add([make_group(0, "a")])
         assert buf.sample(3, step=0) == [] and buf.eligible(0) == []
@@ -111,7 +114,7 @@ def test_group_added_this_step_is_never_drawn_this_step():
 
 
 def test_empty_draw_consumes_no_randomness():
-    buf = FifoReplayBuffer(capacity=4, seed=5)
+    buf = FifoReplayBuffer(capacity=4 * K, seed=5)
     before = buf.state_dict()["rng_state"]
     assert buf.sample(4, step=0) == [] and buf.sample(0, step=3) == []
     assert buf.state_dict()["rng_state"] == before
@@ -121,7 +124,7 @@ def test_empty_draw_consumes_no_randomness():
 
 
 def test_with_replacement_returns_count_draws_from_a_small_pool():
-    buf = FifoReplayBuffer(capacity=8, seed=2)
+    buf = FifoReplayBuffer(capacity=8 * K, seed=2)
     buf.add([make_group(0, "a"), make_group(0, "b")])
     draws = buf.sample(5, step=1)
     assert len(draws) == 5 and set(prompts(draws)) <= {"p0a", "p0b"}
@@ -129,7 +132,7 @@ def test_with_replacement_returns_count_draws_from_a_small_pool():
 
 def test_with_replacement_is_the_default_and_uniform():
     n_groups, draws, per_draw = 10, 3000, 5
-    buf = FifoReplayBuffer(capacity=n_groups, seed=123)
+    buf = FifoReplayBuffer(capacity=n_groups * K, seed=123)
     assert buf.mode == "with_replacement"
     buf.add([make_group(0, tag=str(i)) for i in range(n_groups)])
     counts = {g.prompt: 0 for g in buf.groups}
@@ -143,7 +146,7 @@ def test_with_replacement_is_the_default_and_uniform():
 
 
 def test_without_replacement_draws_distinct_groups_up_to_the_pool():
-    buf = FifoReplayBuffer(capacity=20, mode="without_replacement", seed=1)
+    buf = FifoReplayBuffer(capacity=20 * K, mode="without_replacement", seed=1)
     buf.add([make_group(4, tag=str(i)) for i in range(6)])
     drawn = buf.sample(4, step=5)
     assert len(drawn) == 4 and len(set(prompts(drawn))) == 4
@@ -152,7 +155,7 @@ def test_without_replacement_draws_distinct_groups_up_to_the_pool():
 
 
 def test_at_least_once_hand_worked():
-    buf = FifoReplayBuffer(capacity=10, mode="at_least_once", seed=0)
+    buf = FifoReplayBuffer(capacity=10 * K, mode="at_least_once", seed=0)
     buf.add([make_group(0, t) for t in "ABCDE"])
     first = set(prompts(buf.sample(3, step=1)))
     assert len(first) == 3  # three of the five never-drawn groups
@@ -170,7 +173,7 @@ def test_at_least_once_hand_worked():
 
 def test_at_least_once_never_repeats_while_a_never_drawn_group_is_left_out():
     rng = random.Random(0)
-    buf = FifoReplayBuffer(capacity=12, mode="at_least_once", seed=4)
+    buf = FifoReplayBuffer(capacity=12 * K, mode="at_least_once", seed=4)
     seen: set[str] = set()
     for t in range(60):
         never = {g.prompt for g in buf.eligible(t)} - seen
@@ -217,10 +220,10 @@ def test_positive_bias_buffer_reproduces_the_papers_example_with_groups_of_two(z
     rewards = [(z9, 1.0), (1.0, 0.0), (1.0, 1.0), (1.0, 1.0), (0.0, 0.1)]  # (z_{t-9}, z_{t-8}), ..., (z_{t-1}, z_t)
     groups = [make_group(s, rewards=r) for s, r in enumerate(rewards)]
 
-    one_by_one = FifoReplayBuffer(capacity=4, positive_bias=0.75)
+    one_by_one = FifoReplayBuffer(capacity=4 * K, positive_bias=0.75)
     for g in groups:
         one_by_one.add([g])
-    at_once = FifoReplayBuffer(capacity=4, positive_bias=0.75)
+    at_once = FifoReplayBuffer(capacity=4 * K, positive_bias=0.75)
     at_once.add(groups)
 
     for buf in (one_by_one, at_once):
@@ -234,8 +237,9 @@ def test_positive_bias_buffer_reproduces_the_papers_example_with_groups_of_two(z
 
 
 def test_positive_bias_hand_worked_k4():
-    # N = 4, delta = 0.5: the freshest 2 groups whole, plus the freshest 2 * 4 = 8 older correct responses.
-    buf = FifoReplayBuffer(capacity=4, positive_bias=0.5)
+    # N = 16 rollouts (n = 4 groups of K = 4), delta = 0.5: the freshest 2 groups whole, plus the freshest
+    # 2 * 4 = 8 older correct responses.
+    buf = FifoReplayBuffer(capacity=4 * 4, positive_bias=0.5)
     buf.add([make_group(0, "a", rewards=(1.0, 1.0, 1.0, 0.0)),  # correct: 0 1 2
              make_group(0, "b", rewards=(0.0, 0.0, 0.1, 0.0)),  # none correct
              make_group(1, "c", rewards=(1.0, 0.0, 1.0, 1.0)),  # correct: 0 2 3
@@ -249,7 +253,7 @@ def test_positive_bias_hand_worked_k4():
     # Window (e, f); older correct: a 3 + c 3 + d 2 = 8, exactly the budget.
     assert [g.prompt for g in buf.groups] == ["p0a", "p1c", "p1d", "p2e", "p2f"]
     assert buf.stored_responses == ((0, 1, 2), (0, 2, 3), (1, 2), (0, 1, 2, 3), (0, 1, 2, 3))
-    assert len(buf) == 5 > buf.capacity and buf.rollouts == 16  # more groups than N, never more than N*K rollouts
+    assert len(buf) == 5 > buf.capacity // 4 and buf.rollouts == 16  # more groups than n, never more than N rollouts
     buf.add([make_group(3, "g", rewards=(1.0, 1.0, 0.0, 0.0)),
              make_group(3, "h", rewards=(0.0, 0.0, 0.0, 0.0))])
     # Window (g, h); freshest 8 older correct, newest first: e3, d2 d1, c3 c2 c0, a2 a1 (a0 and f are gone).
@@ -259,14 +263,14 @@ def test_positive_bias_hand_worked_k4():
 
 
 def test_positive_bias_zero_is_plain_fifo():
-    plain, zero = FifoReplayBuffer(capacity=3), FifoReplayBuffer(capacity=3, positive_bias=0.0)
+    plain, zero = FifoReplayBuffer(capacity=3 * K), FifoReplayBuffer(capacity=3 * K, positive_bias=0.0)
     for buf in (plain, zero):
         buf.add([make_group(s, rewards=(0.0, 0.0)) for s in range(5)])
     assert plain.groups == zero.groups and [g.step for g in plain.groups] == [2, 3, 4]
 
 
 def test_positive_bias_needs_one_group_size():
-    buf = FifoReplayBuffer(capacity=4, positive_bias=0.5)
+    buf = FifoReplayBuffer(capacity=4 * K, positive_bias=0.5)
     with pytest.raises(ValueError, match="K=3 but got K=2"):
         buf.add([make_group(0, rewards=(1.0, 0.0, 0.0)), make_group(0, rewards=(1.0, 0.0))])
     assert len(buf) == 0 and buf.group_size is None  # a refused call changes nothing
@@ -277,7 +281,7 @@ def test_positive_bias_needs_one_group_size():
 
 def trimmed_k4_buffer(mode: str = "with_replacement", seed: int = 9) -> FifoReplayBuffer:
     """The end state of the hand-worked K = 4 example: 16 rollouts kept, three groups trimmed."""
-    buf = FifoReplayBuffer(capacity=4, positive_bias=0.5, mode=mode, seed=seed)
+    buf = FifoReplayBuffer(capacity=4 * 4, positive_bias=0.5, mode=mode, seed=seed)
     for step, tags, rewards in ((0, "ab", ((1.0, 1.0, 1.0, 0.0), (0.0, 0.0, 0.1, 0.0))),
                                 (1, "cd", ((1.0, 0.0, 1.0, 1.0), (0.0, 1.0, 1.0, 0.0))),
                                 (2, "ef", ((0.0, 0.0, 0.0, 1.0), (0.1, 0.1, 0.1, 0.1))),
@@ -327,7 +331,7 @@ def test_positive_bias_distinct_modes_draw_distinct_rollouts():
 
 def test_steps_since_last_use_follows_the_papers_illustration():
     # D.3: a rollout used once in batch B_3 and three times in B_5 maps to new, 2, 0, 0.
-    buf = FifoReplayBuffer(capacity=1)
+    buf = FifoReplayBuffer(capacity=1 * K)
     buf.add([make_group(0)])
     draws = buf.sample(1, step=3) + buf.sample(3, step=5)
     assert [d.steps_since_last_use for d in draws] == [None, 2, 0, 0]
@@ -351,7 +355,7 @@ def test_use_statistics_of_no_draws_leaves_means_undefined():
 
 
 def test_replay_counts_cover_stored_and_dropped_groups():
-    buf = FifoReplayBuffer(capacity=2, mode="without_replacement", seed=0)
+    buf = FifoReplayBuffer(capacity=2 * K, mode="without_replacement", seed=0)
     assert buf.replay_counts().mean is None
     buf.add([make_group(0, "a"), make_group(0, "b")])
     buf.sample(2, step=1)  # a: 1, b: 1
@@ -377,7 +381,7 @@ def test_extra_updates_is_r_minus_one():
 
 
 def test_extra_update_batches_follow_algorithm_1():
-    buf = FifoReplayBuffer(capacity=16, mode="without_replacement", seed=3)
+    buf = FifoReplayBuffer(capacity=16 * K, mode="without_replacement", seed=3)
     # Step 0: the buffer is empty, so no extra update is taken.
     assert buf.extra_update_batches(replay_factor=3, batch_size=2, step=0) == []
     buf.add([make_group(0, t) for t in "abc"])  # fresh batch of step 0, added after its updates
@@ -395,6 +399,9 @@ def test_extra_update_batches_follow_algorithm_1():
 # ---- save / restore ----
 
 
+RUN_K = 3  # _run's groups: a FIFO of n of them holds N = n * RUN_K rollouts
+
+
 def _run(buf: FifoReplayBuffer, start: int, stop: int) -> list:
     """Drive sample-then-add; return everything observable about each step's draws."""
     out = []
@@ -409,9 +416,9 @@ def _run(buf: FifoReplayBuffer, start: int, stop: int) -> list:
 @pytest.mark.parametrize("mode", ["with_replacement", "without_replacement", "at_least_once"])
 @pytest.mark.parametrize("delta", [0.0, 0.5])
 def test_state_dict_restores_future_draws_exactly(mode, delta):
-    reference = FifoReplayBuffer(capacity=5, mode=mode, positive_bias=delta, seed=7)
+    reference = FifoReplayBuffer(capacity=5 * RUN_K, mode=mode, positive_bias=delta, seed=7)
     _run(reference, 0, 6)
-    restored = FifoReplayBuffer(capacity=5, mode=mode, positive_bias=delta, seed=999)  # seed must not matter
+    restored = FifoReplayBuffer(capacity=5 * RUN_K, mode=mode, positive_bias=delta, seed=999)  # seed must not matter
     restored.load_state_dict(reference.state_dict())
     assert restored.groups == reference.groups
     assert restored.stored_responses == reference.stored_responses
@@ -420,36 +427,63 @@ def test_state_dict_restores_future_draws_exactly(mode, delta):
 
 
 def test_save_load_file_roundtrip_continues_identically(tmp_path):
-    reference = FifoReplayBuffer(capacity=4, mode="at_least_once", positive_bias=0.5, seed=11)
+    reference = FifoReplayBuffer(capacity=4 * RUN_K, mode="at_least_once", positive_bias=0.5, seed=11)
     _run(reference, 0, 6)
-    restored = through_checkpoint(reference, FifoReplayBuffer(capacity=4, mode="at_least_once", positive_bias=0.5),
-                                  tmp_path / "fifo.pt")
-    assert (restored.capacity, restored.mode, restored.positive_bias) == (4, "at_least_once", 0.5)
+    restored = through_checkpoint(reference, FifoReplayBuffer(capacity=4 * RUN_K, mode="at_least_once",
+                                                              positive_bias=0.5), tmp_path / "fifo.pt")
+    assert (restored.capacity, restored.mode, restored.positive_bias) == (4 * RUN_K, "at_least_once", 0.5)
     assert restored.groups == reference.groups and restored.group_size == 3
     assert restored.groups[0].behaviour_logprobs == (-1.5, -1.5, -1.5)
     assert _run(restored, 6, 20) == _run(reference, 6, 20)
 
 
 def test_uninterrupted_equals_interrupted_run():
-    straight = FifoReplayBuffer(capacity=4, seed=3)
+    straight = FifoReplayBuffer(capacity=4 * RUN_K, seed=3)
     full = _run(straight, 0, 12)
-    first = FifoReplayBuffer(capacity=4, seed=3)
+    first = FifoReplayBuffer(capacity=4 * RUN_K, seed=3)
     head = _run(first, 0, 5)
-    second = FifoReplayBuffer(capacity=4, seed=0)
+    second = FifoReplayBuffer(capacity=4 * RUN_K, seed=0)
     second.load_state_dict(first.state_dict())
     assert head + _run(second, 5, 12) == full
 
 
-@pytest.mark.parametrize("other", [dict(capacity=5), dict(mode="at_least_once"), dict(positive_bias=0.5)])
+@pytest.mark.parametrize("other", [dict(capacity=5 * RUN_K), dict(mode="at_least_once"), dict(positive_bias=0.5)])
 def test_load_state_dict_rejects_different_settings(other):
-    state = FifoReplayBuffer(capacity=4).state_dict()
+    state = FifoReplayBuffer(capacity=4 * RUN_K).state_dict()
     name = next(iter(other))
     with pytest.raises(ValueError, match=name):
-        FifoReplayBuffer(**{"capacity": 4, **other}).load_state_dict(state)
+        FifoReplayBuffer(**{"capacity": 4 * RUN_K, **other}).load_state_dict(state)
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.5])
+def test_a_checkpoint_written_while_n_counted_groups_resumes_as_n_times_k_rollouts(delta):
+    """A checkpoint of the group store written while N counted groups has no `capacity_unit`: it resumes into the
+    FIFO of N * K rollouts, which keeps what it kept, and goes on as the uninterrupted run; another N is refused."""
+    settings = dict(mode="at_least_once", positive_bias=delta)
+    full = _run(FifoReplayBuffer(capacity=4 * RUN_K, seed=3, **settings), 0, 12)
+    first = FifoReplayBuffer(capacity=4 * RUN_K, seed=3, **settings)
+    head = _run(first, 0, 5)
+    state = first.state_dict()
+    written = {name: value for name, value in state["settings"].items() if name != "capacity_unit"}
+    old = {**state, "settings": {**written, "capacity": 4}}  # N = 4 groups, as the group store wrote it
+    second = FifoReplayBuffer(capacity=4 * RUN_K, **settings)
+    second.load_state_dict(old)
+    assert head + _run(second, 5, 12) == full
+    with pytest.raises(ValueError, match=f"capacity={4 * RUN_K}, this run's has capacity={5 * RUN_K}"):
+        FifoReplayBuffer(capacity=5 * RUN_K, **settings).load_state_dict(old)
+
+
+def test_n_counts_rollouts_and_keeps_the_newest_whole_groups_that_fit():
+    buf = FifoReplayBuffer(capacity=5)  # five rollouts: two groups of K = 2, and no half of a third
+    buf.add([make_group(0, t) for t in "abc"])
+    assert [g.prompt for g in buf.groups] == ["p0b", "p0c"] and buf.rollouts == 4
+    buf.add([make_group(1, "d", rewards=(1.0, 0.0, 0.0))])  # a group of three fills the five with c
+    assert [g.prompt for g in buf.groups] == ["p0c", "p1d"] and buf.rollouts == 5
+    assert (buf.dropped, buf.dropped_rollouts) == (2, 4)
 
 
 def test_state_dict_is_plain_data():
-    buf = FifoReplayBuffer(capacity=3, positive_bias=0.5)
+    buf = FifoReplayBuffer(capacity=3 * RUN_K, positive_bias=0.5)
     _run(buf, 0, 4)
     state = buf.state_dict()
     assert all(isinstance(s["group"], dict) for s in state["contents"]["slots"])
@@ -459,7 +493,7 @@ def test_state_dict_is_plain_data():
 def test_age_at_use_in_updates_counts_every_extra_update_as_seed_001_does(tmp_path):
     """R = 3. The group sampled at step 0 (update 0; no extras then, nothing was stored) is drawn at step 1
     for its main update (update 1) and both extras (updates 2, 3): 1 step old each time, 1, 2, 3 updates old."""
-    buf = FifoReplayBuffer(capacity=8, extra_updates=2, groups_per_step=1, seed=0)
+    buf = FifoReplayBuffer(capacity=8 * K, extra_updates=2, groups_per_step=1, seed=0)
     buf.draw(1, 0)
     assert buf.extra_batches(0) == []  # nothing stored yet: no extra update, no update counted
     buf.store([make_group(0)], 0)
@@ -469,6 +503,6 @@ def test_age_at_use_in_updates_counts_every_extra_update_as_seed_001_does(tmp_pa
     assert metrics["fifo/age_at_use_mean"] == 1.0  # RL steps
     assert metrics["fifo/age_at_use_updates_mean"] == pytest.approx((1 + 2 + 3) / 3)  # updates 1, 2, 3 after 0
     assert metrics["fifo/age_at_use_updates_max"] == 3.0
-    restored = through_checkpoint(buf, FifoReplayBuffer(capacity=8, extra_updates=2, groups_per_step=1),
+    restored = through_checkpoint(buf, FifoReplayBuffer(capacity=8 * K, extra_updates=2, groups_per_step=1),
                                   tmp_path / "store.pt")
     assert restored.updates == buf.updates == 4

@@ -26,10 +26,10 @@ def a_group(step: int, rewards: list[float]) -> Group:
 
 @pytest.mark.parametrize("k, groups, delta", [(2, 4, 0.5), (2, 4, 0.75), (2, 8, 0.25), (3, 5, 0.4), (4, 2, 0.5)])
 def test_the_group_store_and_the_rollout_buffer_keep_the_same_rollouts(k, groups, delta):
-    """Where delta N is whole groups (delta N K = round(delta N) K), N groups of K and N K rollouts are the same
-    budget: after every group of a random reward stream both buffers hold the same (group, response) pairs."""
+    """Where delta n is whole groups (delta n K = round(delta n) K), both buffers of N = n K rollouts keep the same:
+    after every group of a random reward stream they hold the same (group, response) pairs."""
     rng = random.Random(k * 100 + groups)
-    store = FifoReplayBuffer(capacity=groups, positive_bias=delta, correct_reward=1.0)
+    store = FifoReplayBuffer(capacity=groups * k, positive_bias=delta, correct_reward=1.0)
     rollouts = RolloutReplayBuffer(capacity=groups * k, positive_bias=delta, correct_reward=1.0)
     for step in range(30):
         group = a_group(step, [rng.choice((0.0, 0.1, 1.0)) for _ in range(k)])

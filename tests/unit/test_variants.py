@@ -71,7 +71,8 @@ def test_variant_cells_are_distinct(compose_config):
     (["buffer=fifo", "buffer.extra_updates=-1"], ["extra_updates=-1", "0 <= value"]),
     (["buffer=fifo", "buffer.max_age=2"], ["max_age=2", "no age window"]),
     (["buffer=fifo", "buffer.ratio=0"], ["rho=0", "extra_updates"]),
-    (["buffer=fifo", "buffer.mode=without_replacement", "buffer.capacity=4"], ["N=4", "B_replay=16"]),
+    (["buffer=fifo", "buffer.mode=without_replacement", "buffer.capacity=64"], ["N=64 rollouts", "4 groups", "B_replay=16"]),
+    (["buffer=fifo", "buffer.capacity=8"], ["N=8 rollouts < K=16", "would keep none"]),
 ])
 def test_invalid_variant_configs_are_refused_with_the_value_and_the_fix(compose_config, overrides, words):
     with pytest.raises(ConfigError) as error:
@@ -276,7 +277,7 @@ def test_seed_002_replay_cell_is_one_fresh_update_then_r_minus_1_buffer_updates_
     update on B groups from the FIFO, replayed rows weighted exp(clip(log pi - log mu, log 0, log 10))."""
     cfg = small_config(compose_config, "buffer=fifo", "buffer.ratio=0", "buffer.extra_updates=1", "loss=rloo-tis",
                        "trainer.steps=3", "trainer.learning_rate=1e-3")
-    assert cell_name(cfg) == "fifo-rho0-N256-with_replacement-R2-rloo-tis"
+    assert cell_name(cfg) == "fifo-rho0-N512-with_replacement-R2-rloo-tis"  # 256 groups of K = 2
     parts, state = make_parts(random_policy_dir, cfg), TrainState()
     seen = updates_of(parts)
     metrics = [train_step(parts, state) for _ in range(3)]
@@ -342,8 +343,8 @@ def test_the_variants_study_runs_every_variant_once_sharing_the_baseline_cells()
     assert len(planned) == 19 and len({cell.cell_id for cell in planned}) == 19
     assert {"popo-grpo", "popo-ineff-grpo", "popo-stale2-grpo", "popo-c1", "rho0-grpo-dapo", "rho0-stale4",
             "rho0-T1.2", "rho0-frontier", "rho0-failure", "rho0-goldilocks", "rho0-ipo",
-            "fifo-rho0-N256-with_replacement-R2-rloo-tis",
-            "fifo-rho0-N256-with_replacement-R4-rloo-tis-stale4-tokenIS"} <= {cell.cell for cell in planned}
+            "fifo-rho0-N4096-with_replacement-R2-rloo-tis",
+            "fifo-rho0-N4096-with_replacement-R4-rloo-tis-stale4-tokenIS"} <= {cell.cell for cell in planned}
     shared = {cell.cell_id for cell in plan_cells(study_jobs("baseline") + study_jobs("age"), CellRuns({}, {}))}
     assert {cell.cell for cell in planned if cell.cell_id in shared} == {"rho0", "rho1-L1-c1"}
 
