@@ -341,7 +341,8 @@ def _validate_nodes(cfg: DictConfig, ranks: int) -> None:
     key = f"hardware.nodes={nodes}"
     _check(described(cfg.runtime).ranks_run_the_loop,
            f"{key} with runtime={cfg.runtime.get('name')}: the pipeline's workers and trainer actors run in one Ray "
-           "session on one node; set hardware.nodes=1, or train over several nodes with runtime=sync")
+           "session that the run joins from one node; set hardware.nodes=1 with runtime.address naming a Ray cluster "
+           "over the nodes as docs/async.md shows, or train over several nodes with runtime=sync")
     _check(ranks % nodes == 0 and ranks >= nodes,
            f"{key} with hardware.ranks={ranks}: every node runs the same number of ranks (one a GPU); set "
            f"hardware.ranks to a multiple of {nodes} (hardware=h100x8: hardware.ranks={8 * nodes})")

@@ -1,4 +1,6 @@
-"""One Ray session per run (SPEC 11): `ray.init(num_cpus=...)` on this machine, shut down when the run ends.
+"""One Ray session per run (SPEC 11): `ray.init(num_cpus=...)` on this machine, shut down when the run ends, or the
+driver's connection to a Ray cluster already running over several nodes (`runtime.address`: `ray start` on each,
+e.g. `python -m src.runtime.ray_cluster start`), which the run leaves running.
 
 Inside a SLURM job the session is started the same way, on the job's node. A session that is
 already running in this process (a test's shared session, or a cluster the caller connected to)
@@ -67,8 +69,9 @@ def own_process_group() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_session(num_cpus: int, num_gpus: int = 0) -> Iterator[None]:
-    """A Ray session for the body; Ray's errors inside it are re-raised as one-line PipelineErrors."""
+def ray_session(num_cpus: int, num_gpus: int = 0, address: str | None = None) -> Iterator[None]:
+    """A Ray session for the body (`address`: join that cluster's head instead of starting one here); Ray's errors
+    inside it are re-raised as one-line PipelineErrors."""
     import ray
     from ray.exceptions import RayError
 
@@ -79,15 +82,16 @@ def ray_session(num_cpus: int, num_gpus: int = 0) -> Iterator[None]:
         # ray.init installs its own SIGTERM handler, which would kill the run mid-step: keep the run's
         # (src.runs.interrupt.StopOnSignal: finish the step, checkpoint, then stop).
         handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *STOP_SIGNALS)}
+        runtime_env = {"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}}
         try:
-            with own_process_group():
-                ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
-                         runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}},
-                         _system_config=SYSTEM_CONFIG)
+            if address is not None:  # the cluster's daemons are not ours: its nodes set their own niceness
+                ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
+            else:
+                with own_process_group():
+                    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
+                             runtime_env=runtime_env, _system_config=SYSTEM_CONFIG)
         except Exception as error:  # noqa: BLE001  (Ray raises many types when it cannot start)
-            raise PipelineError(f"Ray could not start a session with runtime.num_cpus={num_cpus}, {num_gpus} GPUs "
-                                f"({first_line(error)}); check that this machine can run Ray "
-                                "(`python -c 'import ray; ray.init(num_cpus=1)'`)") from None
+            raise PipelineError(_not_started(error, num_cpus, num_gpus, address)) from None
         finally:
             for signum, handler in handlers.items():
                 if handler is not None:
@@ -99,4 +103,15 @@ def ray_session(num_cpus: int, num_gpus: int = 0) -> Iterator[None]:
                             "worker restarts; the run resumes from its last checkpoint)") from None
     finally:
         if started:
-            ray.shutdown()
+            ray.shutdown()  # a cluster's driver disconnects; the cluster runs on
+
+
+def _not_started(error: BaseException, num_cpus: int, num_gpus: int, address: str | None) -> str:
+    if address is None:
+        return (f"Ray could not start a session with runtime.num_cpus={num_cpus}, {num_gpus} GPUs "
+                f"({first_line(error)}); check that this machine can run Ray (`python -c 'import ray; ray.init(num_cpus=1)'`)")
+    # Ray 2.60 turns token authentication on where a token is found (ray/_private/authentication/
+    # authentication_token_setup.py:55-68), and a driver given an address sends none unless told to.
+    return (f"runtime.address={address}: Ray could not join the cluster there ({first_line(error)}); start it with "
+            "`python -m src.runtime.ray_cluster start`, or give the head's host:port, and run the cluster and this run "
+            "with the same RAY_AUTH_MODE (and RAY_AUTH_TOKEN where it is token)")

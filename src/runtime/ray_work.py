@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 import torch
 from ray.exceptions import RayActorError
 
@@ -202,6 +203,10 @@ class RolloutWorker:
         self.engine_logprobs, self.checked = engine_logprobs, False
         self.version = None  # the initial weights are the start checkpoint's, not a published version
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+
+    def node(self) -> str:
+        """The Ray node this worker runs on (`RayWork.placement`)."""
+        return ray.get_runtime_context().get_node_id()
 
     def generate(self, key: int, instances: list, seed: int, version: int | None, weights: list) -> tuple:
         """Groups key, key + 1, ... for `instances` in one generate call, with published weights `version`
@@ -417,8 +422,9 @@ class RayWork:
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
         # A buffer draws a rollout again and again, and the KL term reads log pi_ref: the workers compute it once.
         reference = bool(run.trainer.kl_coef) and replays
-        self.workers = [actor.remote(run, threads, reference, engine_logprobs) for _ in range(settings.workers)]
+        # The trainers first: pinned to this node (`start_trainers`), they must not find its CPUs taken by workers.
         self.trainers = start_trainers(run, cpus_per_worker, self.board, parts, state, trainer_ranks)
+        self.workers = [actor.remote(run, threads, reference, engine_logprobs) for _ in range(settings.workers)]
         log.info("trainer actor(s) started at step %d (pid %s)", state.step,
                  ", ".join(str(pid) for pid in ray.get([trainer.pid.remote() for trainer in self.trainers])))
         self.trainer_dead = False
@@ -431,6 +437,13 @@ class RayWork:
         self.last_counts: StepCounts | None = None  # what the last update adds to the driver's counters
         self.last_completions: dict[int, list] = {}  # ... and the completions the run logs of it
         self.version = state.step  # the trainer's policy version: the steps it has trained
+
+    def placement(self) -> dict:
+        """Where the actors run: the session's live nodes, and each worker's and trainer rank's node."""
+        nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+        workers = ray.get([worker.node.remote() for worker in self.workers])
+        return {"nodes": len(nodes), "worker_nodes": workers, "trainer_node": ray.get_runtime_context().get_node_id(),
+                "workers_over_nodes": len(set(workers))}
 
     # ---- workers ----
     def start(self, worker: int, key: int, version: int | None) -> None:
@@ -589,7 +602,9 @@ def start_trainers(run: RunSettings, cpus: float, board, parts: Components, stat
     ranks meet at a TCP port of this node: the Ray session is this machine's (`ray_session`).
     """
     rendezvous = f"tcp://127.0.0.1:{free_port()}" if ranks > 1 else None
-    actor = ray.remote(TrainerActor).options(max_restarts=0, num_cpus=cpus / ranks)
+    # On the driver's node, whatever node the workers run on: the GPUs past theirs and the port are this node's.
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    actor = ray.remote(TrainerActor).options(max_restarts=0, num_cpus=cpus / ranks, scheduling_strategy=here)
     trainers = [actor.remote(run, torch.get_num_threads(), board, rank, ranks, rendezvous) for rank in range(ranks)]
     whole = {"policy": on_cpu(parts.policy.state_dict()), "optimizer": on_cpu(parts.optimizer.state_dict()),
              "torch_rng": torch.get_rng_state()}

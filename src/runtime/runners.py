@@ -85,6 +85,17 @@ class SyncRuntime(Runtime):
                              f"runtime=async ({saved.get('signature', '?')})")
 
 
+def check_address(address: str | None) -> str | None:
+    """`runtime.address`: a running Ray cluster's head as host:port, or None (a session of this node's own)."""
+    if address is None:
+        return None
+    host, _, port = str(address).rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"runtime.address={address}: give the Ray cluster head's host:port (e.g. 10.1.2.3:6379, "
+                         "as `python -m src.runtime.ray_cluster start` prints it), or null for a session on this node")
+    return str(address)
+
+
 def worker_gpus(workers: int, per_worker: float, device: str) -> int:
     """The GPUs Ray hands the W workers (0 on the CPU), refused with the fix unless the trainer keeps its own.
 
@@ -144,7 +155,8 @@ class AsyncRuntime(Runtime):
              "groups_per_request": int_knob(1, 65_536, "4"), "num_cpus": int_knob(1, 4_096, "2"),
              "worker_threads": int_knob(1, 1_024, "1"), "max_restarts": int_knob(-1, 1_000, "3 (-1: without limit)"),
              "gpus_per_worker": float_knob(0, 8, "1 (0: workers on the CPU)"),
-             "behaviour_logprobs": Knob("text", example="forward (or engine)", id_omitted_at=("forward",))}
+             "behaviour_logprobs": Knob("text", example="forward (or engine)", id_omitted_at=("forward",)),
+             "address": Knob("text", nullable=True, example="10.1.2.3:6379 (a running cluster's head) or null")}
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:
@@ -212,8 +224,10 @@ class AsyncRuntime(Runtime):
                  worker_cost: float | None = None,
                  trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
                  depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
-                 max_restarts: int = 3, gpus_per_worker: float = 0.0, behaviour_logprobs: str = "forward") -> None:
+                 max_restarts: int = 3, gpus_per_worker: float = 0.0, behaviour_logprobs: str = "forward",
+                 address: str | None = None) -> None:
         self.run, self.name = run, name
+        self.address = check_address(address)
         self.saved: dict | None = None     # the pipeline's state from a checkpoint, or when its session closed
         self.live: AsyncSession | None = None
         self.schedule = check_choice("runtime.schedule", schedule, SCHEDULES)
@@ -341,7 +355,7 @@ class AsyncRuntime(Runtime):
             raise PipelineError(f"hardware.device={device} with {self.worker_gpus} GPU workers and "
                                 f"{self.trainer_ranks} trainer rank(s): this node shows {torch.cuda.device_count()} "
                                 f"GPUs; ask SLURM for {last + 1} (hardware=h100x8) or run fewer workers")
-        with ray_session(self.num_cpus, self.worker_gpus):
+        with ray_session(self.num_cpus, self.worker_gpus, self.address):
             session = AsyncSession(self, context)
             try:
                 yield session
@@ -367,6 +381,11 @@ class AsyncSession(Steps):
                                                      "seed": context.run.trainer.seed})
         self.pipeline = runtime.build_pipeline(self.work, self.queue)
         self.events_path = context.output_dir / EVENT_LOG
+        self.placement_path = context.output_dir / "ray_placement.json"  # where the actors run, this session
+        placement = self.work.placement()
+        self.placement_path.write_text(json.dumps(placement, indent=1))
+        log.info("Ray session of %d node(s): %d worker(s) on %d of them", placement["nodes"],
+                 len(placement["worker_nodes"]), placement["workers_over_nodes"])
         self._restore(runtime.saved)
         runtime.live = self
 
@@ -432,7 +451,7 @@ class AsyncSession(Steps):
             "steps": counters.version}
         path = self.context.output_dir / "runtime_distributions.json"
         path.write_text(json.dumps(distributions, indent=1, default=_json_number))
-        for artifact in (self.events_path, path):
+        for artifact in (self.events_path, path, self.placement_path):
             self.context.log_artifact(artifact)
 
     def close(self) -> None:

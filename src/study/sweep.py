@@ -58,6 +58,7 @@ LAUNCH_ONLY = (
     "buffer.mechanism_only",  # lifts a config check only: the same computation
     "sampling.mechanism_only",
     "runtime.num_cpus", "runtime.worker_threads", "runtime.max_restarts", "runtime.gpus_per_worker",  # where the async pipeline runs
+    "runtime.address",  # a Ray cluster over several nodes instead of this node's own session: the same pipeline
 )
 
 

@@ -141,6 +141,8 @@ DOCUMENTED = {
     "make sweep-async": "test_sweeps_dry_run",
     "make sweep-ratoi": "test_a_mistyped_make_target_names_the_nearest_ones",  # docs/runs.md: a mistyped target
     "python -m src.runtime.plan": "test_runtime_plan_prints_table_1",
+    "python -m src.runtime.ray_cluster":
+        "tests/e2e/test_ray_cluster.py::test_a_run_on_a_two_node_cluster_trains_on_both_is_killed_and_resumes_into_the_same_run",
     "python -m benchmarks.async_vs_sync": "test_async_vs_sync_benchmark_prints_both_runtimes",
     "python -m benchmarks.weight_sync": "test_weight_sync_benchmark_prints_publish_and_load",
     "python -m benchmarks.vllm_probe": "tests/commands/test_benchmarks.py::test_the_vllm_probe_times_each_variant_of_a_wave_and_profiles_one_call",

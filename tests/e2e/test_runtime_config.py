@@ -78,6 +78,7 @@ def test_async_keeps_the_pipeline_state_under_its_own_name_and_names_its_own_cel
     # block bounds how far generation runs ahead, not the age of a buffer's rollouts (2 -> 8 in test_runtime_pure)
     (FIFO + ("buffer.capacity=1024", "runtime.staleness=2"), "use runtime.staleness_mode=drop, or buffer=none"),
     (("runtime.mu=0",), "runtime.mu=0"),
+    (("runtime.address=headnode",), "runtime.address=headnode: give the Ray cluster head's host:port"),
     (("runtime.batch_rollouts=0",), "runtime.batch_rollouts=0"),
     (FIFO + ("buffer.capacity=1024", "runtime.batch_rollouts=2000"), "buffer.capacity N=1024 < B = 2000"),
     (FIFO + ("runtime.batch_rollouts=60", "runtime.sharded=true", "runtime.trainers=7", "buffer.capacity=252"),

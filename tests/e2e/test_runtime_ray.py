@@ -209,7 +209,10 @@ def test_lockstep_w2_consumes_no_sample_newer_than_the_trainer_and_meets_footnot
     assert last["replay/ratio_measured"] == pytest.approx(2.0) == last["replay/ratio_predicted"]
     assert last["budget/fresh_evaluations"] == last["runtime/generated_rollouts"]  # every group that reached the queue
     assert last["budget/fresh_evaluations"] == 24  # as src.runtime.plan.async_budget_plan plans it
-    assert {Path(p).name for p in recorder.artifacts} == {"events.jsonl", "runtime_distributions.json"}
+    assert {Path(p).name for p in recorder.artifacts} == {"events.jsonl", "runtime_distributions.json",
+                                                          "ray_placement.json"}
+    placement = json.loads(next(Path(p) for p in recorder.artifacts if Path(p).name == "ray_placement.json").read_text())
+    assert (placement["nodes"], len(placement["worker_nodes"]), placement["workers_over_nodes"]) == (1, 2, 1)
 
 
 @pytest.mark.long  # make test-long (docs/testing.md): golden numbers pin a seed's steps
@@ -425,6 +428,7 @@ def test_sigkill_to_the_driver_and_ray_then_relaunch_resumes_the_same_run(tmp_pa
     from src.paths import PROJECT_ROOT
     from src.runs.lifecycle import LATEST_CHECKPOINT
     from tests.conftest import kill_tree
+    from tests.preemption import relaunch_resumes_the_killed_run
 
     store = f"sqlite:///{tmp_path}/mlruns.db"
     command = [sys.executable, "-m", "src.run", *WITHOUT_STEPS, "runtime.workers=1", "trainer.steps=8",
@@ -447,16 +451,8 @@ def test_sigkill_to_the_driver_and_ray_then_relaunch_resumes_the_same_run(tmp_pa
     assert first.poll() is None, "finished before it could be killed"
     kill_tree(first.pid)
     first.wait(timeout=60)
-    killed = mlflow.search_runs(experiment_names=["replay-rloo"])
-    assert list(killed["status"]) == ["RUNNING"]  # as SIGKILL leaves it
-    again = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
-    log = again.stdout + again.stderr
-    assert again.returncode == 0, log[-3000:]
-    assert f"resuming run {killed.run_id[0]}" in log and "RESUME MISMATCH" not in log, log[-3000:]
-    runs = mlflow.search_runs(experiment_names=["replay-rloo"])
-    assert list(runs["status"]) == ["FINISHED"] and runs.run_id[0] == killed.run_id[0]
-    history = MlflowClient(store).get_metric_history(runs.run_id[0], "train/reward")
-    assert sorted(m.step for m in history) == list(range(8))  # every step once: none lost, none twice
+    relaunch_resumes_the_killed_run(command, store, steps=8)
+
 
 
 @pytest.mark.long  # make test-long (docs/testing.md): torchrun's two ranks stay

@@ -1,0 +1,166 @@
+"""A Ray cluster of several nodes for the async pipeline (`runtime.address`), started and stopped from a folder.
+
+    python -m src.runtime.ray_cluster start --dir /tmp/rc --nodes 2 --cpus 2   # prints the head's host:port
+    python -m src.run runtime=async runtime.address=127.0.0.1:PORT ...        # the run joins it, leaves it up
+    python -m src.runtime.ray_cluster stop --dir /tmp/rc                       # stops those nodes, and only them
+
+`start` runs `ray start --block` once for the head and once for each further node on this machine, each node with
+its own CPUs and a resource named after it (`node2`, ...), as nodes of a cluster over several machines have; over
+SLURM nodes each further node's command is the same `ray start --address HEAD:PORT --block` run by `srun`. The
+folder keeps each node's log and the process ids, so `stop` ends exactly these nodes: SIGTERM to each `ray start
+--block`, which stops what it started (ray/_private/node.py:629-664 in Ray 2.60), then SIGKILL to any process
+still naming the folder. `ray stop` would end every Ray process of the machine, another run's included.
+
+The nodes run with RAY_AUTH_MODE=disabled unless it is set: Ray 2.60 turns token authentication on wherever it
+finds a token file (ray/_private/authentication/authentication_token_setup.py:55-68), and a driver that joins by
+address sends a token only when told to, so the cluster and its runs must agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PIDS = "nodes.json"
+WORKER_PORTS = 2000  # each node's own range of worker ports, so two raylets on one machine never race for one
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def ray_command() -> list[str]:
+    return [str(Path(sys.executable).with_name("ray"))]
+
+
+def node_commands(nodes: int, cpus: int, port: int, first_worker_port: int) -> list[list[str]]:
+    """`ray start --block` for the head and each further node of one machine."""
+    commands = []
+    for index in range(nodes):
+        low = first_worker_port + index * WORKER_PORTS
+        shared = ["--block", f"--num-cpus={cpus}", "--disable-usage-stats", "--dashboard-agent-listen-port=0",
+                  f"--min-worker-port={low}", f"--max-worker-port={low + WORKER_PORTS - 1}"]
+        if index == 0:
+            own = ["--head", f"--port={port}", "--include-dashboard=false"]
+        else:
+            own = [f"--address=127.0.0.1:{port}", f"--resources={json.dumps({f'node{index + 1}': 1})}"]
+        commands.append([*ray_command(), "start", *own, *shared])
+    return commands
+
+
+def alive_nodes(address: str, env: dict) -> int:
+    """Nodes `ray status` lists as active (0 while the head is not up)."""
+    done = subprocess.run([*ray_command(), "status", f"--address={address}"], capture_output=True, text=True,
+                          env=env, timeout=60)
+    return len(re.findall(r"^\s*1 node_", done.stdout, flags=re.MULTILINE)) if done.returncode == 0 else 0
+
+
+def start(folder: Path, nodes: int, cpus: int, port: int | None, timeout_s: float = 120.0) -> str:
+    """Start the nodes, wait until all are active, and return the head's host:port."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / PIDS).exists():
+        raise SystemExit(f"--dir {folder}: a cluster was started from it ({PIDS}); stop it first "
+                         f"(python -m src.runtime.ray_cluster stop --dir {folder})")
+    port = port or free_port()
+    address = f"127.0.0.1:{port}"
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_TMPDIR": str(folder)}
+    pids = []
+    for index, command in enumerate(node_commands(nodes, cpus, port, first_worker_port=20_000)):
+        with open(folder / f"node{index + 1}.log", "w") as log:
+            process = subprocess.Popen([*command, f"--temp-dir={folder / 'ray'}"], stdout=log, stderr=subprocess.STDOUT,
+                                       env=env, start_new_session=True)
+        pids.append(process.pid)
+        (folder / PIDS).write_text(json.dumps({"address": address, "pids": pids}))
+        deadline = time.monotonic() + timeout_s
+        while alive_nodes(address, env) < index + 1:
+            if process.poll() is not None or time.monotonic() > deadline:
+                stop(folder)
+                raise SystemExit(f"ray node {index + 1} of {nodes} did not come up; its log: {folder}/node{index + 1}.log")
+            time.sleep(1.0)
+    return address
+
+
+def stop(folder: Path, grace_s: float = 30.0) -> int:
+    """Stop the nodes started from `folder`; returns how many processes had to be killed outright."""
+    record = folder / PIDS
+    if not record.exists():
+        return 0
+    for pid in reversed(json.loads(record.read_text())["pids"]):
+        _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    leftovers = [pid for pid in _processes_naming(folder) if pid != os.getpid()]
+    for pid in leftovers:
+        _signal(pid, signal.SIGKILL)
+    record.unlink()
+    return len(leftovers)
+
+
+def _processes_naming(folder: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in command:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)  # our own child: reap it
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m src.runtime.ray_cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("start", "stop"))
+    parser.add_argument("--dir", required=True, type=Path, help="the cluster's folder: logs, process ids, Ray's files")
+    parser.add_argument("--nodes", type=int, default=2, help="nodes on this machine, the head included (default 2)")
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs each node offers Ray (default 2)")
+    parser.add_argument("--port", type=int, default=None, help="the head's port (default: a free one)")
+    args = parser.parse_args(argv)
+    folder = args.dir.resolve()
+    if args.action == "stop":
+        killed = stop(folder)
+        print(f"stopped the cluster of {folder}" + (f" ({killed} process(es) killed outright)" if killed else ""))
+        return 0
+    if args.nodes < 1 or args.cpus < 1:
+        parser.error(f"--nodes={args.nodes} --cpus={args.cpus}: each must be at least 1")
+    print(start(folder, args.nodes, args.cpus, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Seed 001's pipeline on a Ray cluster of two nodes on this machine (`src.runtime.ray_cluster`, docs/async.md):
+the commands as the docs type them, a run that trains with workers on both nodes, a SIGKILL of its driver and
+the same command resuming it into the same MLflow run, and a stop that leaves no process of the cluster."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from src.paths import PROJECT_ROOT
+from src.runtime.ray_cluster import _processes_naming, node_commands
+
+# Three workers and the trainer actor ask one CPU each of the two nodes' 2 + 2: the trainer, pinned to the driver's
+# node, takes one of the head's, so at least one worker runs on the second node.
+RUN = ("runtime=async", "runtime.workers=3", "runtime.num_cpus=4", "runtime.groups_per_request=1", "trainer=smoke",
+       "trainer.steps=4", "trainer.checkpoint_every=1", "evaluation.at_start=false")
+
+
+def test_each_node_of_one_machine_has_its_own_worker_ports_and_resource():
+    head, second, third = node_commands(3, cpus=2, port=6390, first_worker_port=20_000)
+    assert "--head" in head and "--port=6390" in head and "--address=127.0.0.1:6390" in second
+    assert '--resources={"node2": 1}' in second and '--resources={"node3": 1}' in third
+    ranges = [[word for word in command if "worker-port" in word] for command in (head, second, third)]
+    assert ranges == [["--min-worker-port=20000", "--max-worker-port=21999"],
+                      ["--min-worker-port=22000", "--max-worker-port=23999"],
+                      ["--min-worker-port=24000", "--max-worker-port=25999"]]
+
+
+@pytest.mark.slow
+def test_a_run_on_a_two_node_cluster_trains_on_both_is_killed_and_resumes_into_the_same_run(tmp_path):
+    from src.runs.lifecycle import LATEST_CHECKPOINT
+    from tests.conftest import kill_tree
+    from tests.preemption import relaunch_resumes_the_killed_run
+
+    cluster = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths live under it
+    started = subprocess.run([sys.executable, "-m", "src.runtime.ray_cluster", "start", "--dir", str(cluster),
+                              "--nodes", "2", "--cpus", "2"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                             timeout=300)
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        address = started.stdout.split()[-1]
+        store = f"sqlite:///{tmp_path}/mlruns.db"
+        command = [sys.executable, "-m", "src.run", *RUN, f"runtime.address={address}", f"tracking.uri={store}",
+                   f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/run"]
+        first = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        checkpoint, deadline = tmp_path / "run" / LATEST_CHECKPOINT, time.time() + 600
+        while first.poll() is None and time.time() < deadline and not checkpoint.exists():
+            time.sleep(0.2)
+        assert first.poll() is None, "finished before it could be killed"
+        kill_tree(first.pid)  # the driver alone: the actors are the cluster's raylets' children, which Ray then ends
+        first.wait(timeout=60)
+        relaunch_resumes_the_killed_run(command, store, steps=4)
+        placement = json.loads((tmp_path / "run" / "ray_placement.json").read_text())
+        assert placement["nodes"] == 2 and placement["workers_over_nodes"] == 2, placement
+        assert placement["trainer_node"] in placement["worker_nodes"]
+    finally:
+        stopped = subprocess.run([sys.executable, "-m", "src.runtime.ray_cluster", "stop", "--dir", str(cluster)],
+                                 cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+        left = _processes_naming(cluster)
+        shutil.rmtree(cluster, ignore_errors=True)
+    assert stopped.returncode == 0 and "stopped the cluster" in stopped.stdout, stopped.stderr[-2000:]
+    assert left == [], f"processes of the cluster still running: {left}"
