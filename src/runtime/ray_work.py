@@ -422,9 +422,13 @@ class RayWork:
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
         # A buffer draws a rollout again and again, and the KL term reads log pi_ref: the workers compute it once.
         reference = bool(run.trainer.kl_coef) and replays
-        # The trainers first: pinned to this node (`start_trainers`), they must not find its CPUs taken by workers.
+        workers = lambda: [actor.remote(run, threads, reference, engine_logprobs) for _ in range(settings.workers)]
+        # On several nodes the trainers come first: pinned to this node (`start_trainers`), they must not find its
+        # CPUs taken by workers. On one node all fit, and the workers load their policies while the trainers do.
+        several = sum(bool(node["Alive"]) for node in ray.nodes()) > 1
+        self.workers = [] if several else workers()
         self.trainers = start_trainers(run, cpus_per_worker, self.board, parts, state, trainer_ranks)
-        self.workers = [actor.remote(run, threads, reference, engine_logprobs) for _ in range(settings.workers)]
+        self.workers = self.workers or workers()
         log.info("trainer actor(s) started at step %d (pid %s)", state.step,
                  ", ".join(str(pid) for pid in ray.get([trainer.pid.remote() for trainer in self.trainers])))
         self.trainer_dead = False
