@@ -91,11 +91,12 @@ def start(folder: Path, nodes: int, cpus: int, port: int | None, timeout_s: floa
     return address
 
 
-def stop(folder: Path, grace_s: float = 30.0) -> int:
-    """Stop the nodes started from `folder`; returns how many processes had to be killed outright."""
+def stop(folder: Path, grace_s: float = 30.0) -> int | None:
+    """Stop the nodes started from `folder`; returns how many processes had to be killed outright (None: no cluster
+    was started from it)."""
     record = folder / PIDS
     if not record.exists():
-        return 0
+        return None
     for pid in reversed(json.loads(record.read_text())["pids"]):
         _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -154,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.dir.resolve()
     if args.action == "stop":
         killed = stop(folder)
-        print(f"stopped the cluster of {folder}" + (f" ({killed} process(es) killed outright)" if killed else ""))
+        if killed is None:
+            print(f"no cluster was started from {folder} (no {PIDS} there): nothing to stop")
+        else:
+            print(f"stopped the cluster of {folder}" + (f" ({killed} process(es) killed outright)" if killed else ""))
         return 0
     if args.nodes < 1 or args.cpus < 1:
         parser.error(f"--nodes={args.nodes} --cpus={args.cpus}: each must be at least 1")

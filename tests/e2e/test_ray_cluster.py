@@ -33,6 +33,16 @@ def test_each_node_of_one_machine_has_its_own_worker_ports_and_resource():
                       ["--min-worker-port=24000", "--max-worker-port=25999"]]
 
 
+def test_a_bad_node_count_is_one_line_and_a_folder_without_a_cluster_has_nothing_to_stop(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "src.runtime.ray_cluster", "start", "--dir", str(tmp_path), "--nodes",
+                          "0"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("--nodes=0 --cpus=2: each must be at "
+                                                                                 "least 1")
+    empty = subprocess.run([sys.executable, "-m", "src.runtime.ray_cluster", "stop", "--dir", str(tmp_path)],
+                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 0 and "nothing to stop" in empty.stdout
+
+
 @pytest.mark.slow
 def test_a_run_on_a_two_node_cluster_trains_on_both_is_killed_and_resumes_into_the_same_run(tmp_path):
     from src.runs.lifecycle import LATEST_CHECKPOINT
