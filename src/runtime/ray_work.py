@@ -443,7 +443,7 @@ class RayWork:
         self.version = state.step  # the trainer's policy version: the steps it has trained
 
     def placement(self) -> dict:
-        """Where the actors run: the session's live nodes, and each worker's and trainer rank's node."""
+        """Where the actors run: the session's live nodes, each worker's node, and the trainers' (the driver's)."""
         nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
         workers = ray.get([worker.node.remote() for worker in self.workers])
         return {"nodes": len(nodes), "worker_nodes": workers, "trainer_node": ray.get_runtime_context().get_node_id(),
@@ -603,7 +603,7 @@ def start_trainers(run: RunSettings, cpus: float, board, parts: Components, stat
     Not restarted by Ray: a new trainer would have lost its updates since the checkpoint. On CUDA they hold
     no Ray GPU slot: rank r sits at `hardware.device` + r, after the workers' slots (`worker_gpus`), where it
     sees the driver's devices (Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for an actor without GPUs). The
-    ranks meet at a TCP port of this node: the Ray session is this machine's (`ray_session`).
+    ranks meet at a TCP port of this node, the driver's, to which they are pinned whatever node the workers use.
     """
     rendezvous = f"tcp://127.0.0.1:{free_port()}" if ranks > 1 else None
     # On the driver's node, whatever node the workers run on: the GPUs past theirs and the port are this node's.
