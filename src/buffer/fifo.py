@@ -83,10 +83,10 @@ from typing import Iterable, Sequence
 
 from src.batch import Batch, BatchGroup, Group
 from src.buffer.positive_bias import positive_bias_keep
-from src.buffer.store import ReplayStore, checked_for_storing, newest_that_fit
+from src.buffer.store import QUEUE_KNOBS, ReplayStore, checked_for_storing, newest_that_fit
 from src.batch import plan_batch
 from src.validate.checks import check_choice, check_int
-from src.variant import described, float_knob, int_knob
+from src.variant import Knob, described, float_knob, int_knob
 
 SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
 
@@ -206,12 +206,15 @@ class FifoReplayBuffer(ReplayStore):
     counters = ("added", "dropped", "dropped_rollouts", "_next_uid", "updates")
     knobs = {**ReplayStore.knobs, "positive_bias": float_knob(0, 1, "0.5 (seed 001)", high_open=True,
                                                                         why="delta = 1 would keep no fresh group whole"),
-             "extra_updates": int_knob(0, 100, "1 (seed 002)", why="R - 1 extra updates per step")}
+             "extra_updates": int_knob(0, 100, "1 (seed 002)", why="R - 1 extra updates per step"),
+             "batch_rollouts": QUEUE_KNOBS["batch_rollouts"],
+             "sharded": Knob("bool", example="true", queue_only=True,
+                             why="one FIFO of N/T rollouts per trainer (seed 001 D.4)")}
 
     @classmethod
-    def rollout_queue(cls, node, shards: int) -> tuple[type, dict]:
+    def rollout_queue(cls, node, trainers: int) -> tuple[type, dict]:
         """Under `runtime=async`, seed 001's FIFO of rollouts (B.5, D.4): the N newest rollouts (the paper's
-        N = 252), drawn without removal; `mode` says
+        N = 252), drawn without removal, one FIFO of N/T per trainer with `sharded`; `mode` says
         whether a batch's draws are distinct (without_replacement, Listing 5's random.sample) or independent
         (with_replacement, section 4's analysis). The pipeline's schedule sets the reuse (mu T / W, footnote 5),
         so rho does not enter; what the synchronous step alone reads is refused."""
@@ -223,7 +226,8 @@ class FifoReplayBuffer(ReplayStore):
                              "updates once per batch; use mode=with_replacement or without_replacement and "
                              "extra_updates=0, or runtime=sync")
         return RolloutReplayBuffer, {"capacity": node.capacity, "independent": node.mode == "with_replacement",
-                                     "positive_bias": node.positive_bias, "shards": shards}
+                                     "positive_bias": node.positive_bias,
+                                     "shards": int(trainers) if node.get("sharded", False) else 1}
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:
@@ -279,14 +283,16 @@ class FifoReplayBuffer(ReplayStore):
     def __init__(self, capacity: int, mode: str = "with_replacement", positive_bias: float = 0.0,
                  correct_reward: float = 1.0, seed: int = 0, ratio: float = 1.0,
                  extra_updates: int = 0, groups_per_step: int = 1, name: str = "fifo", max_age: int = 0,
-                 allow_infeasible: bool = False) -> None:
+                 allow_infeasible: bool = False, sharded: bool = False, batch_rollouts: int | None = None) -> None:
+        # `sharded` and `batch_rollouts` shape the FIFO's rollout form only (`rollout_queue`, runtime=async).
         super().__init__(seed)
         self.mode = check_choice("buffer.mode", mode, SAMPLING_MODES)
         self.positive_bias = float(positive_bias)
         self.extra_updates = int(extra_updates)
         if max_age != 0:
-            raise ValueError(f"buffer.max_age={max_age}: buffer=fifo has no age window (the capacity N bounds "
-                             "staleness); leave max_age=0, or use buffer=age1/age2/age3 for an age window")
+            raise ValueError(f"buffer.max_age={max_age}: under runtime=sync buffer=fifo has no age window (the "
+                             "capacity N bounds staleness); leave max_age=0, use buffer=age1/age2/age3 for an age "
+                             "window, or runtime=async, where rollouts older than max_age updates are dropped")
         if not (ratio > 0 or self.extra_updates > 0):
             raise ValueError(f"buffer=fifo with buffer.ratio rho={ratio} and buffer.extra_updates=0 never replays; "
                              "set rho > 0 or extra_updates >= 1, or use buffer=none")

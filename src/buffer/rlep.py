@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from src.batch import Batch, BatchGroup, Group
 from src.buffer.rollouts import LifoQueue, Rollout
-from src.buffer.store import Measure, ReplayStore
+from src.buffer.store import QUEUE_KNOBS, Measure, ReplayStore
 from src.validate.checks import check_int
 from src.variant import int_knob
 
@@ -130,6 +130,7 @@ class RlepPool(ReplayStore):
     settings = ("replays", "min_successes", "per_prompt", "capacity", "correct_reward")
     counters = ("added", "evicted", "merged_groups")
     knobs = {"ratio": ReplayStore.knobs["ratio"], "max_age": ReplayStore.knobs["max_age"],
+             "batch_rollouts": QUEUE_KNOBS["batch_rollouts"],
              "replays": int_knob(1, 1_000, "2", why="M: successes appended to each fresh group (RLEP: 2)"),
              "min_successes": int_knob(1, 1_000, "2", why="a prompt's stored successes before any is replayed"),
              "per_prompt": int_knob(1, 100_000, "64", why="successes kept per prompt (RLEP's pool: up to 64)"),
@@ -149,17 +150,15 @@ class RlepPool(ReplayStore):
         return f"RLEP (M={node.replays})"
 
     @classmethod
-    def rollout_queue(cls, node, shards: int) -> tuple[type, dict]:
+    def rollout_queue(cls, node, trainers: int) -> tuple[type, dict]:
         """Under `runtime=async`: the LIFO pipe of `buffer=none` with the pool in it (`RlepQueue`)."""
-        if shards > 1:
-            raise ValueError("buffer=rlep with runtime.sharded=true under runtime=async: the RLEP queue is one LIFO "
-                             "of rollouts, each used once; set runtime.sharded=false")
         return RlepQueue, {"capacity": node.queue, "replays": node.replays, "min_successes": node.min_successes,
                            "per_prompt": node.per_prompt, "pool_capacity": node.capacity}
 
     def __init__(self, replays: int = 2, min_successes: int = 2, per_prompt: int = 64, capacity: int = 100_000,
                  correct_reward: float = 1.0, name: str = "rlep", ratio: float = 0.0, max_age: int = 0,
-                 queue: int = 4096, allow_infeasible: bool = False, groups_per_step: int = 0, seed: int = 0) -> None:
+                 queue: int = 4096, allow_infeasible: bool = False, groups_per_step: int = 0, seed: int = 0,
+                 batch_rollouts: int | None = None) -> None:
         if ratio != 0 or max_age != 0:
             raise ValueError(f"buffer=rlep with buffer.ratio={ratio}, buffer.max_age={max_age}: RLEP samples all B "
                              "groups fresh and appends stored successes to each; leave ratio=0 and max_age=0")

@@ -29,12 +29,40 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from src.batch import Batch, BatchGroup, Group
-from src.variant import Variant, float_knob, int_knob
+from src.validate.checks import check_int
+from src.variant import Variant, described, float_knob, int_knob
 
 _STATE_VERSION = 2
 
 # Groups that carry no log mu yet -> the same groups with it (a no-grad forward pass of the current policy).
 Measure = Callable[[list[Group]], list[Group]]
+
+
+# What a store's rollout form reads under runtime=async only (`Knob.queue_only`): the rollouts a batch draws and
+# the age window, past which the pipeline drops rollouts before a draw.
+QUEUE_KNOBS = {
+    "batch_rollouts": int_knob(1, 100_000_000, "60 or null", nullable=True, queue_only=True,
+                               why="B, rollouts an update draws (null: trainer.groups_per_step x group_size)"),
+    "max_age": int_knob(0, 100_000, "2 (0: none)", queue_only=True,
+                        why="L: rollouts more than L updates old are dropped before a draw"),
+}
+
+
+def batch_rollouts(node, trainer) -> int:
+    """B under runtime=async: `buffer.batch_rollouts` (seed 001 D.2 trains on 60 rollouts from the buffer, each
+    keeping the advantage its group gave it at generation), or by default the synchronous step's work,
+    trainer.groups_per_step x trainer.group_size."""
+    value = node.get("batch_rollouts")
+    if value is None:
+        return int(trainer.groups_per_step) * int(trainer.group_size)
+    return check_int("buffer.batch_rollouts", value, 1, "60 (seed 001), or null for trainer.groups_per_step x "
+                     "trainer.group_size.")
+
+
+def age_window(node) -> int | None:
+    """L under runtime=async: rollouts more than `buffer.max_age` updates old are dropped before a draw; None
+    where it is 0 (no window: the capacity N bounds staleness)."""
+    return int(node.get("max_age", 0)) or None
 
 
 class ReplayStore(Variant):
@@ -76,9 +104,9 @@ class ReplayStore(Variant):
             raise (error.__cause__ or error) from None
 
     @classmethod
-    def rollout_queue(cls, node, shards: int) -> tuple[type, dict]:
+    def rollout_queue(cls, node, trainers: int) -> tuple[type, dict]:
         """The store's form under `runtime=async`: the rollout queue class (`src.buffer.rollouts`) and its
-        arguments but the seed (`shards`: T with runtime.sharded=true, one FIFO per trainer (D.4), else 1).
+        arguments but the seed (`trainers`: T, for a store that keeps one FIFO per trainer (D.4)).
         Seed 001's pipeline keeps rollouts, not groups (D.2), and draws its batches from the queue instead of
         the step's plan, so a store has this form only where the paper gives one: the FIFO
         (`buffer=fifo`) and no buffer at all, the LIFO pipe (`buffer=none`). Others are refused in one line."""
@@ -100,7 +128,11 @@ class ReplayStore(Variant):
     def identity(cls, node, resolved: dict, cfg) -> dict:
         """The store's part of the config a cell id hashes (`src.study.sweep.cell_identity`): its resolved settings,
         with N in the groups it keeps (floor(N / K)) where cell ids of version 1 hashed N in groups, so every cell
-        keeps its id (N = 256 groups then is N = 4096 rollouts at K = 16)."""
+        keeps its id (N = 256 groups then is N = 4096 rollouts at K = 16). Under a runtime whose step replays, the
+        settings of the store's rollout form alone (`Knob.queue_only`) change nothing and name nothing."""
+        if getattr(described(cfg.runtime), "step_replays", True):
+            resolved = {key: value for key, value in resolved.items()
+                        if not (key in cls.knobs and cls.knobs[key].queue_only)}
         if not cls.capacity_counted_groups:
             return resolved
         return {**resolved, "capacity": int(node.capacity) // int(cfg.trainer.group_size)}
@@ -193,20 +225,18 @@ class NoReplay(ReplayStore):
 
     plans_replay = False
 
-    # No age window and no capacity: `buffer=none buffer.max_age=2` is refused as a setting with no effect.
-    knobs = {"ratio": ReplayStore.knobs["ratio"],
+    # Under runtime=sync no age window and no capacity: `buffer=none buffer.max_age=2` is refused there as a
+    # setting with no effect.
+    knobs = {"ratio": ReplayStore.knobs["ratio"], "max_age": QUEUE_KNOBS["max_age"],
+             "batch_rollouts": QUEUE_KNOBS["batch_rollouts"],
              "capacity": int_knob(1, 100_000_000, "1024", queue_only=True, why="the LIFO queue's bound in "
                                   "rollouts, queued plus in flight (workers wait above it)")}
 
     @classmethod
-    def rollout_queue(cls, node, shards: int) -> tuple[type, dict]:
+    def rollout_queue(cls, node, trainers: int) -> tuple[type, dict]:
         """Seed 001's on-policy streaming baseline (B.1): no buffer, the newest rollouts first, each used once."""
         from src.buffer.rollouts import LifoQueue
 
-        if shards > 1:
-            raise ValueError("buffer=none with runtime.sharded=true under runtime=async: the LIFO pipe is one queue of "
-                             "rollouts each used once; set runtime.sharded=false, or buffer=fifo for one FIFO per "
-                             "trainer")
         return LifoQueue, {"capacity": node.capacity}
 
     @classmethod
@@ -218,7 +248,8 @@ class NoReplay(ReplayStore):
     reader_tag = "Fresh-only"
 
     def __init__(self, name: str = "none", ratio: float = 0.0, max_age: int = 0, capacity: int = 0,
-                 allow_infeasible: bool = False, groups_per_step: int = 0, seed: int = 0) -> None:
+                 allow_infeasible: bool = False, groups_per_step: int = 0, seed: int = 0,
+                 batch_rollouts: int | None = None) -> None:
         if ratio != 0:
             raise ValueError(f"buffer.ratio rho={ratio}: buffer=none replays nothing; choose buffer=age1 (or another "
                              "store) to reuse groups")

@@ -25,8 +25,8 @@ buffer actor to the trainer actor without passing through the driver).
 
 `LockstepPipeline` runs the virtual clock of `src.runtime.schedule` (real work in event order,
 so the same seed gives the same event log and metrics); `FreePipeline` lets every role go as
-fast as it can. Both apply the optional staleness bound eta (`block`: AReaL's rule,
-`src.runtime.formulas.may_start`; `drop`: stale rollouts evicted before a draw) and return,
+fast as it can. Both apply the optional staleness bound eta (AReaL's rule, `src.runtime.formulas.may_start`:
+workers wait) and the buffer's age window L (rollouts more than L updates old evicted before a draw), and return,
 per trainer step, the update's metrics with seed 001's measures (off-policiness, replay count,
 steps since last use, queue size and age, idle ratios, weight-sync time, rates, mu and gamma).
 Measures of the machine (wall-clock rates, mu from busy seconds, the free schedule's idle ratios)
@@ -47,7 +47,6 @@ from src.buffer.rollouts import RolloutQueue, Sample, percentile
 from src.runtime.schedule import LockstepClock
 
 SCHEDULES = ("lockstep", "free")
-STALENESS_MODES = ("block", "drop")
 HISTOGRAM_BINS = 8  # off-policiness histogram per step: 0..7 and "8plus"
 
 
@@ -99,8 +98,8 @@ class PipelineSettings:
     batch: int                    # B, rollouts per update
     group_size: int               # K
     sync_every: int = 1
-    staleness: int | None = None  # eta; None: no bound (seed 001)
-    staleness_mode: str = "block"
+    staleness: int | None = None  # eta, AReaL's bound on generation ahead of the trainer; None: none (seed 001)
+    max_age: int | None = None    # L, the buffer's age window: older rollouts are dropped; None: none
     mu: float = 4.0               # configured inference/trainer cost ratio (lockstep rates, predictions)
     worker_cost: float | None = None   # lockstep time of a group; None: mu T K / B
     trainer_cost: float = 1.0
@@ -152,9 +151,8 @@ class Pipeline:
     # ---- the roles' moves ----
     def may_launch(self) -> bool:
         s, c = self.settings, self.counters
-        eta = s.staleness if s.staleness_mode == "block" else None
         # The local rule first: a blocked worker then costs no call to the queue (an actor under runtime=async).
-        return (formulas.may_start(c.started_rollouts + s.request_rollouts, s.batch, c.version, eta)
+        return (formulas.may_start(c.started_rollouts + s.request_rollouts, s.batch, c.version, s.staleness)
                 and self.queue.room(s.request_rollouts, len(c.in_flight) * s.request_rollouts))
 
     def launch(self, worker: int, latest: bool = False) -> None:
@@ -184,8 +182,8 @@ class Pipeline:
     def take(self) -> list[Sample] | None:
         """The next batch, or None while the queue cannot give one (the trainer waits)."""
         s, c = self.settings, self.counters
-        if s.staleness is not None and s.staleness_mode == "drop":
-            self.queue.drop_stale(c.version, s.staleness)
+        if s.max_age is not None:
+            self.queue.drop_stale(c.version, s.max_age)
         samples = self.queue.take_ready(s.batch, c.version)
         self._drain_queue_events()
         if samples is None:
@@ -367,8 +365,8 @@ class LockstepPipeline(Pipeline):
         s = self.settings
         return (f"the lockstep pipeline stalled at virtual time {float(self.clock.now):g}: the trainer waits for "
                 f"{s.batch} rollouts, the {self.queue.name} queue holds {self.queue.size()} and no worker may start "
-                f"(buffer.capacity={self.queue.capacity}, runtime.staleness={s.staleness}); raise buffer.capacity "
-                "or the staleness bound")
+                f"(buffer.capacity={self.queue.capacity}, runtime.staleness={s.staleness}, buffer.max_age={s.max_age or 0}); "
+                "raise buffer.capacity or the staleness bound")
 
     def clock_measures(self) -> dict[str, float]:
         return {"runtime/virtual_time": float(self.clock.now),

@@ -31,10 +31,11 @@ import math
 from contextlib import contextmanager
 from typing import Iterator
 
+from src.buffer.store import age_window, batch_rollouts
 from src.validate.checks import check_choice, check_int
-from src.runtime.pipeline import (SCHEDULES, STALENESS_MODES, FreePipeline, LockstepPipeline, Pipeline,
-                                  PipelineError, PipelineSettings)
-from src.settings import RunSettings, TrainerSettings
+from src.runtime.pipeline import (SCHEDULES, FreePipeline, LockstepPipeline, Pipeline, PipelineError,
+                                  PipelineSettings)
+from src.settings import RunSettings
 from src.runtime.base import RunContext, Runtime, StepOutcome, Steps
 from src.variant import Knob, described, float_knob, int_knob
 
@@ -147,7 +148,6 @@ class AsyncRuntime(Runtime):
         return (int(index) if index else math.ceil(node.workers * node.gpus_per_worker - 1e-9)) + ranks
 
     knobs = {"workers": int_knob(1, 1_024, "2"), "trainers": int_knob(1, 1_024, "1"),
-             "batch_rollouts": int_knob(1, 100_000_000, "60 or null", nullable=True),
              "sync_every": int_knob(1, 100_000, "1"), "mu": float_knob(0, 1e6, "5.28", low_open=True),
              "worker_cost": float_knob(0, 1e6, "2.0 or null", low_open=True, nullable=True),
              "trainer_cost": float_knob(0, 1e6, "1.0", low_open=True),
@@ -180,7 +180,7 @@ class AsyncRuntime(Runtime):
     @staticmethod
     def rollout_queue(cfg, node) -> tuple[type, dict]:
         """The run's rollout queue: the `buffer` option's form under this runtime (`ReplayStore.rollout_queue`)."""
-        return described(cfg.buffer).rollout_queue(cfg.buffer, int(node.trainers) if node.sharded else 1)
+        return described(cfg.buffer).rollout_queue(cfg.buffer, int(node.trainers))
 
     @classmethod
     def store_label(cls, node, cfg, reader: bool = False) -> str:
@@ -191,17 +191,31 @@ class AsyncRuntime(Runtime):
     @classmethod
     def identity(cls, resolved: dict, cfg) -> dict:
         """The cell's config as cell ids of version 1 spelled it: the queue's settings under `runtime` (queue,
-        capacity, independent, positive_bias) and no buffer, so every async cell keeps its id; and no clip but
-        where it names the cell (`names_clip`), so cells that differ in what eq. 2 weighs differ in id."""
+        capacity, independent, positive_bias, sharded, batch_rollouts, and the age window as
+        `staleness_mode=drop`) and no buffer, so every async cell keeps its id; and no clip but where it names the
+        cell (`names_clip`), so cells that differ in what eq. 2 weighs differ in id."""
         kind, arguments = cls.rollout_queue(cfg, cfg.runtime)
         runtime = dict(resolved["runtime"])
         runtime.update(queue=kind.name, capacity=arguments["capacity"],
                        independent=arguments.get("independent", False),
-                       positive_bias=arguments.get("positive_bias", 0.0))
-        # A queue's further settings (buffer=rlep's pool) name its cells too; runtime.sharded already gives shards.
+                       positive_bias=arguments.get("positive_bias", 0.0),
+                       sharded=bool(cfg.buffer.get("sharded", False)),
+                       batch_rollouts=cfg.buffer.get("batch_rollouts"), **cls._staleness_identity(cfg))
+        # A queue's further settings (buffer=rlep's pool) name its cells too; `sharded` already gives shards.
         runtime.update({key: value for key, value in arguments.items() if key not in (*runtime, "shards")})
         dropped = ("buffer",) if cls.names_clip(cfg) else ("buffer", "clip")
         return {**{key: value for key, value in resolved.items() if key not in dropped}, "runtime": runtime}
+
+    @staticmethod
+    def _staleness_identity(cfg) -> dict:
+        """Version 1 spelled the age window as runtime.staleness=L with staleness_mode=drop, exclusive of
+        the workers' bound eta (staleness_mode=block); a cell with both names the window apart."""
+        window, eta = age_window(cfg.buffer), cfg.runtime.staleness
+        if window is None:
+            return {"staleness": eta, "staleness_mode": "block"}
+        if eta is None:
+            return {"staleness": window, "staleness_mode": "drop"}
+        return {"staleness": eta, "staleness_mode": "block", "max_age": window}
 
     @classmethod
     def trainer_device(cls, node, run: RunSettings) -> str:
@@ -219,11 +233,8 @@ class AsyncRuntime(Runtime):
         return async_budget_plan(run)
 
     def __init__(self, run: RunSettings, name: str = "async", workers: int = 2, trainers: int = 1,
-                 batch_rollouts: int | None = None, sharded: bool = False, sync_every: int = 1,
-                 schedule: str = "lockstep", mu: float = 4.0,
-                 worker_cost: float | None = None,
-                 trainer_cost: float = 1.0, staleness: int | None = None, staleness_mode: str = "block",
-                 depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
+                 sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0, worker_cost: float | None = None,
+                 trainer_cost: float = 1.0, staleness: int | None = None, depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
                  max_restarts: int = 3, gpus_per_worker: float = 0.0, behaviour_logprobs: str = "forward",
                  address: str | None = None) -> None:
         self.run, self.name = run, name
@@ -231,18 +242,16 @@ class AsyncRuntime(Runtime):
         self.saved: dict | None = None     # the pipeline's state from a checkpoint, or when its session closed
         self.live: AsyncSession | None = None
         self.schedule = check_choice("runtime.schedule", schedule, SCHEDULES)
-        group_size = run.trainer.group_size
+        buffer = run.groups["buffer"]
         self.settings = PipelineSettings(
             workers=check_int("runtime.workers", workers, 1), trainers=check_int("runtime.trainers", trainers, 1),
-            batch=self.batch_size(run.trainer, batch_rollouts), group_size=group_size, sync_every=check_int("runtime.sync_every", sync_every, 1),
+            batch=batch_rollouts(buffer, run.trainer), group_size=run.trainer.group_size,
+            sync_every=check_int("runtime.sync_every", sync_every, 1),
             staleness=None if staleness is None else check_int("runtime.staleness", staleness, 0),
-            staleness_mode=check_choice("runtime.staleness_mode", staleness_mode, STALENESS_MODES),
-            mu=float(mu), worker_cost=worker_cost, trainer_cost=float(trainer_cost),
+            max_age=age_window(buffer), mu=float(mu), worker_cost=worker_cost, trainer_cost=float(trainer_cost),
             depth=check_int("runtime.depth", depth, 1),
             groups_per_request=check_int("runtime.groups_per_request", groups_per_request, 1))
-        buffer = run.groups["buffer"]
-        shards = self.settings.trainers if sharded else 1
-        self.queue_kind, self.queue_arguments = described(buffer).rollout_queue(buffer, shards)
+        self.queue_kind, self.queue_arguments = described(buffer).rollout_queue(buffer, self.settings.trainers)
         self.num_cpus = check_int("runtime.num_cpus", num_cpus, 1, "Ray's CPU slots (e.g. 2).")
         self.worker_threads = check_int("runtime.worker_threads", worker_threads, 1)
         self.max_restarts = check_int("runtime.max_restarts", max_restarts, -1)
@@ -257,16 +266,6 @@ class AsyncRuntime(Runtime):
         # The queue checks its own settings; `ready` refuses a batch that does not split over the shards.
         self.build_queue(seed=0).ready(self.settings.batch)
 
-    @staticmethod
-    def batch_size(trainer: TrainerSettings, batch_rollouts: int | None) -> int:
-        """B, the rollouts one update draws: `runtime.batch_rollouts` (seed 001 D.2 trains on 60 rollouts from
-        the buffer, each keeping the advantage its group gave it at generation), or by default the
-        synchronous step's work, trainer.groups_per_step x trainer.group_size."""
-        if batch_rollouts is None:
-            return trainer.groups_per_step * trainer.group_size
-        return check_int("runtime.batch_rollouts", batch_rollouts, 1, "60 (seed 001), or null for "
-                         "trainer.groups_per_step x trainer.group_size.")
-
     def _check(self, groups: dict) -> None:
         s = self.settings
         if self.trainer_ranks > 1 and self.trainer_ranks != s.trainers:
@@ -279,18 +278,18 @@ class AsyncRuntime(Runtime):
                              "runtime.schedule=lockstep or trainers=1")
         capacity, replays, bound = self.queue_arguments["capacity"], self.queue_kind.replays, self.queue_kind.bound
         if capacity < s.batch:
-            raise ValueError(f"{bound} N={capacity} < B = {s.batch} rollouts a batch (runtime.batch_rollouts, "
+            raise ValueError(f"{bound} N={capacity} < B = {s.batch} rollouts a batch (buffer.batch_rollouts, "
                              "or trainer.groups_per_step x trainer.group_size): the trainer would wait forever; raise "
                              f"{bound} to >= {s.batch}")
         if not replays and capacity < s.batch + s.request_rollouts:
             raise ValueError(f"buffer={groups['buffer'].get('name')} with {bound} N={capacity} under runtime=async: "
                              "workers wait while the LIFO queue holds N, so N must fit a batch and a request in "
                              f"flight (>= {s.batch + s.request_rollouts})")
-        if replays and s.staleness is not None and s.staleness_mode == "block":
-            raise ValueError(f"runtime.staleness={s.staleness} with runtime.staleness_mode=block and buffer=fifo: "
-                             "block only bounds how far generation runs ahead of the trainer, not the age of what the "
-                             "trainer reads from a buffer (which keeps rollouts N/R steps); use "
-                             "runtime.staleness_mode=drop, or buffer=none")
+        if replays and s.staleness is not None and s.max_age is None:
+            raise ValueError(f"runtime.staleness={s.staleness} with buffer=fifo: eta only bounds how far generation "
+                             "runs ahead of the trainer, not the age of what the trainer reads from a buffer (which "
+                             f"keeps rollouts N/R steps); bound that with buffer.max_age={s.staleness} (rollouts "
+                             "older are dropped), or use buffer=none")
         # The components say whether they fit the pipeline; their YAML names only label the message.
         sampling, behaviour = groups["sampling"], groups["behaviour"]
         if not (described(sampling).plain(sampling) and described(behaviour).plain(behaviour)):
@@ -304,8 +303,15 @@ class AsyncRuntime(Runtime):
         return (f"{self.queue_kind.name} N={queue['capacity']} delta={queue.get('positive_bias', 0.0):g} "
                 f"independent={queue.get('independent', False)} shards={queue.get('shards', 1)} "
                 f"{self.schedule} W={s.workers} T={s.trainers} B={s.batch} sync_every={s.sync_every} mu={s.mu:g} "
-                f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} eta={s.staleness} {s.staleness_mode} "
+                f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} {self._staleness_signature()} "
                 f"g={s.groups_per_request}")
+
+    def _staleness_signature(self) -> str:
+        """eta and the age window as checkpoints of version 1 wrote them (`eta=2 drop`: a window of 2)."""
+        eta, window = self.settings.staleness, self.settings.max_age
+        if window is None:
+            return f"eta={eta} block"
+        return f"eta={window} drop" if eta is None else f"eta={eta} block max_age={window}"
 
     def queue_arguments_for(self, task) -> dict:
         """The queue's arguments, with what `task` counts as correct where the queue keeps correct rollouts (the

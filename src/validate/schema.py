@@ -123,6 +123,10 @@ MOVED: dict[str, str] = {
     "runtime.capacity": "buffer.capacity=N (rollouts)",
     "runtime.independent": "buffer.mode=with_replacement (independent draws) or buffer.mode=without_replacement",
     "runtime.positive_bias": "buffer.positive_bias=d",
+    "runtime.sharded": "buffer.sharded=true (one FIFO of N/T rollouts per trainer)",
+    "runtime.batch_rollouts": "buffer.batch_rollouts=B (rollouts an update draws)",
+    "runtime.staleness_mode": "buffer.max_age=L for an age window (rollouts more than L updates old dropped); "
+                              "runtime.staleness=eta alone is AReaL's bound, workers wait",
 }
 
 # Names other RL trainers give these knobs (TRL's GRPOConfig, verl's ppo_trainer.yaml), by their last dotted part

@@ -112,8 +112,10 @@ MISTAKES = [
     (["buffer=age2", "buffer.ratio=-1"], {}, ["buffer.ratio=-1: out of range"]),
     (["buffer=none", "buffer.capacity=512"], {},  # the LIFO queue's bound: runtime=async's alone
      ["buffer.capacity=512: buffer=none reads capacity under runtime=async only", "add runtime=async"]),
-    (["buffer=none", "buffer.max_age=2"], {},
-     ["buffer.max_age=2: buffer=none has no knob max_age (its knobs: capacity, ratio)", "e.g. buffer=age"]),
+    (["buffer=none", "buffer.max_age=2"], {},  # the LIFO queue's age window: runtime=async's alone
+     ["buffer.max_age=2: buffer=none reads max_age under runtime=async only", "add runtime=async"]),
+    (["runtime=async", "runtime.sharded=true"], {},
+     ["runtime.sharded=true: the buffer group holds this setting", "write buffer.sharded=true"]),
     (["loss.eps_low=0.2"], {},
      ["loss.eps_low=0.2: loss=rloo has no setting eps_low", "(loss=grpo, loss=grpo-coupled)"]),
     (["policy.name_or_path=checkpoints/tiny-countdwn"], {},

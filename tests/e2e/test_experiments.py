@@ -75,7 +75,7 @@ PAPERS = {
         "trainer.kl_coef": (0.0, f"{S001} 2331-2332"),
         "trainer.entropy_coef": (0.0, f"{S001} 2292-2330"),  # the objective has no entropy term
         "trainer.group_size": (16, f"{S001} 2332-2333"),
-        "runtime.batch_rollouts": (60, f"{S001} 2287-2288"),
+        "buffer.batch_rollouts": (60, f"{S001} 2287-2288"),
         "trainer.learning_rate": (3.37e-7, f"{S001} 2290"),
         "trainer.weight_decay": (0.0, f"{S001} 2287"),  # Adam
         "trainer.rollout.temperature": (1.0, f"{S001} 2360"),
@@ -85,7 +85,7 @@ PAPERS = {
         "buffer.mode": ("without_replacement", f"{S001} 777-779"),  # random.sample: distinct
         "buffer.positive_bias": (0.0, f"{S001} 411-412"),
         "runtime.mu": (6.84, f"{S001} 2452"),
-        "runtime.sharded": (True, f"{S001} 2465-2470"),
+        "buffer.sharded": (True, f"{S001} 2465-2470"),
         "runtime.staleness": (None, f"{S001} 2286-2362"),  # no bound
         "hardware.name": ("h100x8", f"{S001} 2264-2266"),
     },
@@ -208,8 +208,7 @@ GRIDS = {
 # What a tiny variant keeps from its paper preset: every ratio and coefficient, not the sizes.
 KEPT = ("trainer.kl_coef", "trainer.entropy_coef", "trainer.rollout.temperature", "trainer.rollout.top_p",
         "loss", "buffer", "clip", "behaviour", "sampling", "curriculum.fraction", "curriculum.name", "hydra.sweeper.grids",
-        "runtime.workers", "runtime.trainers", "runtime.batch_rollouts", "runtime.mu",
-        "runtime.sharded", "runtime.schedule")
+        "runtime.workers", "runtime.trainers", "runtime.mu", "runtime.schedule")
 
 
 def presets() -> list[str]:
@@ -334,7 +333,7 @@ def test_seed001_study_is_table_1s_splits_with_63_rollouts_at_t_7(composed):
     cells = {(int(grid["runtime.workers"]), int(grid["runtime.trainers"])): grid
              for grid in composed["seed001-async"].hydra.sweeper.grids if "buffer" not in grid}
     assert sorted(cells, reverse=True) == [(7, 1), (6, 2), (5, 3), (4, 4), (2, 6), (1, 7)]
-    assert [cell.get("runtime.batch_rollouts") for _, cell in sorted(cells.items())] == [63, None, None, None, None, None]
+    assert [cell.get("buffer.batch_rollouts") for _, cell in sorted(cells.items())] == [63, None, None, None, None, None]
 
 
 def test_the_async_study_trains_seed_001s_loss_without_kl_or_entropy():

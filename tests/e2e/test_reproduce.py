@@ -57,7 +57,7 @@ TINY = "trainer.steps=2 trainer.group_size=4 evaluation.prompts=3 evaluation.sam
 # Only seed 000's curves need the warm start's evaluation.
 EXTRA = {
     "seed000": "trainer.groups_per_step=4 evaluation.every=1",
-    "seed001": "trainer.group_size=4 runtime.batch_rollouts=8 buffer.capacity=32 evaluation.at_start=false",
+    "seed001": "trainer.group_size=4 buffer.batch_rollouts=8 buffer.capacity=32 evaluation.at_start=false",
     "seed002": "trainer.groups_per_step=4 trainer.micro_batch_size=16 evaluation.at_start=false",
     "seed003": "trainer.groups_per_step=4 loss.updates_per_step=4 evaluation.at_start=false",
     "seed004": "trainer.groups_per_step=10 evaluation.samples_per_prompt=32 evaluation.ks=[1,8,32] "

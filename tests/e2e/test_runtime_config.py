@@ -71,19 +71,18 @@ def test_async_keeps_the_pipeline_state_under_its_own_name_and_names_its_own_cel
     (("buffer=popo",), "buffer=popo with runtime=async"),
     (("buffer=fifo", "buffer.mode=at_least_once"), "buffer.mode=at_least_once"),
     (("buffer=fifo", "buffer.extra_updates=1"), "extra_updates=1"),
-    (("runtime.sharded=true", "runtime.trainers=2"), "buffer=none with runtime.sharded=true"),
     (("sampling=dynamic",), "sampling=dynamic"),
     (("runtime.workers=0",), "runtime.workers"),
-    (("runtime.staleness_mode=wait",), "runtime.staleness_mode='wait'"),
-    # block bounds how far generation runs ahead, not the age of a buffer's rollouts (2 -> 8 in test_runtime_pure)
-    (FIFO + ("buffer.capacity=1024", "runtime.staleness=2"), "use runtime.staleness_mode=drop, or buffer=none"),
+    (("buffer.max_age=-1",), "buffer.max_age=-1"),
+    # eta bounds how far generation runs ahead, not the age of a buffer's rollouts (2 -> 8 in test_runtime_pure)
+    (FIFO + ("buffer.capacity=1024", "runtime.staleness=2"), "bound that with buffer.max_age=2"),
     (("runtime.mu=0",), "runtime.mu=0"),
     (("runtime.address=headnode",), "runtime.address=headnode: give the Ray cluster head's host:port"),
-    (("runtime.batch_rollouts=0",), "runtime.batch_rollouts=0"),
-    (FIFO + ("buffer.capacity=1024", "runtime.batch_rollouts=2000"), "buffer.capacity N=1024 < B = 2000"),
-    (FIFO + ("runtime.batch_rollouts=60", "runtime.sharded=true", "runtime.trainers=7", "buffer.capacity=252"),
+    (("buffer.batch_rollouts=0",), "buffer.batch_rollouts=0"),
+    (FIFO + ("buffer.capacity=1024", "buffer.batch_rollouts=2000"), "buffer.capacity N=1024 < B = 2000"),
+    (FIFO + ("buffer.batch_rollouts=60", "buffer.sharded=true", "runtime.trainers=7", "buffer.capacity=252"),
      "cannot be split over 7 shards"),  # seed 001 D.2: 63 when T = 7
-    (FIFO + ("runtime.sharded=true", "runtime.trainers=3", "buffer.capacity=1536"), "cannot be split over 3 shards"),
+    (FIFO + ("buffer.sharded=true", "runtime.trainers=3", "buffer.capacity=1536"), "cannot be split over 3 shards"),
     (("runtime.gpus_per_worker=1",), "runtime.gpus_per_worker=1 with hardware.device=cpu"),
     (("hardware.device=cuda",), "each worker needs a GPU of its own"),
     (("hardware.device=cuda:7", "runtime.workers=8", "runtime.gpus_per_worker=1"), "hardware.device=cuda:8"),
@@ -164,16 +163,29 @@ def test_a_batch_of_rollouts_is_not_tied_to_whole_groups_and_the_plan_counts_it(
     from src.study.budget import plan_for_config
 
     seed001 = compose_config("runtime=async", "trainer.group_size=16", "trainer.groups_per_step=4",
-                             "runtime.batch_rollouts=60")
+                             "buffer.batch_rollouts=60")
     assert build_runtime(RunSettings(seed001)).settings.batch == 60 != 4 * 16
     sizes = (*FIFO, "trainer.groups_per_step=2", "trainer.group_size=4", "trainer.steps=5", "buffer.capacity=32",
              "runtime.groups_per_request=1")
     whole = plan_for_config(compose_config("runtime=async", *sizes))
-    rollouts = plan_for_config(compose_config("runtime=async", *sizes, "runtime.batch_rollouts=6"))
+    rollouts = plan_for_config(compose_config("runtime=async", *sizes, "buffer.batch_rollouts=6"))
     # W = 2, mu = 4: a group of 4 takes mu T K / B = 8/3 steps at B = 6, so the workers add R = B W / mu = 3
     # rollouts a step against 4 at B = 8; step 0 waits for the first two groups either way.
     assert whole.fresh_groups_per_step == (2, 0, 2, 0, 2) and whole.fresh_evaluations == 24
     assert rollouts.fresh_groups_per_step == (2, 0, 0, 2, 0) and rollouts.fresh_evaluations == 16
+
+
+def test_the_buffer_groups_replay_settings_reach_the_pipeline(compose_config):
+    """B, sharding and the age window are the buffer's settings; runtime.staleness is the workers' bound alone."""
+    from src.build import build_runtime
+
+    runtime = build_runtime(RunSettings(compose_config("runtime=async", *FIFO, "buffer.capacity=1536",
+                                                       "buffer.sharded=true", "runtime.trainers=3",
+                                                       "buffer.batch_rollouts=48", "buffer.max_age=2")))
+    assert (runtime.settings.batch, runtime.settings.max_age, runtime.settings.staleness) == (48, 2, None)
+    assert runtime.queue_arguments["shards"] == 3 and "eta=2 drop" in runtime.signature()
+    lifo = build_runtime(RunSettings(compose_config("runtime=async", "runtime.staleness=1")))
+    assert (lifo.settings.max_age, lifo.settings.staleness) == (None, 1) and "eta=1 block" in lifo.signature()
 
 
 def test_every_runtime_is_a_runtime_and_one_without_a_session_cannot_be_built():

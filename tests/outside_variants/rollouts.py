@@ -46,9 +46,7 @@ class LifoCopyStore(ReplayStore):
         return 1
 
     @classmethod
-    def rollout_queue(cls, node, shards: int) -> tuple[type, dict]:
-        if shards > 1:
-            raise ValueError("buffer=lifocopy with runtime.sharded=true: one queue; set runtime.sharded=false")
+    def rollout_queue(cls, node, trainers: int) -> tuple[type, dict]:
         return LifoCopyQueue, {"capacity": node.capacity}
 
     def __init__(self, capacity: int = 4096, ratio: float = 0.0, name: str = "lifocopy", groups_per_step: int = 0,

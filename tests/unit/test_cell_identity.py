@@ -29,6 +29,19 @@ SURVIVING = {
     'runtime=async': ('rho0-W2T1-lifo', '9f8750d0bdc57bd0'),
     'runtime=async buffer=fifo buffer.capacity=1024': ('rho0-W2T1-N1024', '3aaee7fcd5292e08'),
     '+experiment=seed001-async': ('rho0-grpo-coupled-W6T2-N252-math', '490685ab8e240115'),
+    # The replay settings the pipeline once read from `runtime` (sharded, batch_rollouts, staleness_mode=drop):
+    # set in `buffer`, each cell keeps the id it had when typed as runtime.sharded=true, runtime.batch_rollouts=B,
+    # runtime.staleness=L runtime.staleness_mode=drop.
+    'runtime=async buffer=fifo buffer.capacity=1536 buffer.sharded=true runtime.trainers=2':
+        ('rho0-W2T2-N1536', '00e75a12027f7dc5'),
+    'runtime=async buffer=fifo buffer.capacity=1024 buffer.max_age=2': ('rho0-W2T1-N1024', '7143602860f5f7f4'),
+    'runtime=async buffer.max_age=1': ('rho0-W2T1-lifo', '9d79876d9fa1441a'),
+    'runtime=async runtime.staleness=2': ('rho0-W2T1-lifo', 'd388e726d3cae8e6'),
+    'runtime=async buffer.batch_rollouts=64': ('rho0-W2T1-lifo', '90b2092f24211ed9'),
+    '+experiment=seed001-async runtime.workers=1 runtime.trainers=7 buffer.batch_rollouts=63':
+        ('rho0-grpo-coupled-W1T7-N252-math', '01d77c0824eed91d'),
+    '+experiment=seed001-async buffer=none buffer.capacity=252 runtime.workers=6 runtime.trainers=2':
+        ('rho0-grpo-coupled-W6T2-lifo-math', 'd78eb54fa810f5f0'),
 }
 
 
@@ -66,3 +79,18 @@ def test_a_knob_added_later_keeps_ids_at_its_old_behaviour(compose_config):
     explicit = compose_config("buffer=age2", "clip=tight", "trainer.kl_estimator=k3")
     assert cell_identity(explicit) == SURVIVING["buffer=age2 clip=tight"][1]
     assert cell_identity(compose_config("buffer=age2", "clip=tight", "trainer.kl_estimator=k2")) != cell_identity(explicit)
+
+
+def test_the_age_window_and_the_staleness_bound_together_are_a_cell_of_their_own(compose_config):
+    """Version 1 could not set both (one `staleness_mode`); together they name a cell apart from each alone."""
+    ids = {cell_identity(compose_config("runtime=async", *bounds)) for bounds in
+           (("buffer.max_age=1",), ("runtime.staleness=1",), ("buffer.max_age=1", "runtime.staleness=1"))}
+    assert len(ids) == 3
+
+
+def test_settings_of_the_rollout_form_alone_leave_a_synchronous_cell_as_it_was(compose_config):
+    """Under runtime=sync one store serves the step: sharding and B of the pipeline change nothing, name nothing."""
+    plain = cell_identity(compose_config("buffer=seed001", "buffer.sharded=false"))
+    assert cell_identity(compose_config("buffer=seed001")) == plain  # seed001 is sharded, for the pipeline
+    assert cell_identity(compose_config("buffer=seed001", "buffer.batch_rollouts=60")) == plain
+    assert cell_identity(compose_config("buffer=seed001", "buffer.capacity=256")) != plain

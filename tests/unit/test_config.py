@@ -33,7 +33,7 @@ def test_every_option_composes(compose_config, group, option, monkeypatch):
     # Seed 001's FIFO preset is the pipeline's at seed 001's batch of B = 60 rollouts (its header; D.2): its N = 252
     # rollouts are fewer than the tiny B = 512, and hold 15 groups of the tiny K = 16, fewer than the synchronous
     # step's B_replay = 16 distinct draws; validation refuses both.
-    pipeline = ["runtime=async", "runtime.batch_rollouts=60"] if (group, option) == ("buffer", "seed001") else []
+    pipeline = ["runtime=async", "buffer.batch_rollouts=60"] if (group, option) == ("buffer", "seed001") else []
     cfg = compose_config(f"{group}={option}", *pipeline, hydra=True)
     assert cfg[group] is not None
     if group == "hardware" and option != "cpu":

@@ -186,7 +186,7 @@ def test_the_queue_resumes_from_its_state_dict_to_the_same_draws_and_refuses_oth
         queue(replays=3).load_state_dict(rlep.state_dict())
 
 
-def test_buffer_rlep_names_its_async_cells_by_its_pool_and_refuses_a_sharded_queue(compose_config):
+def test_buffer_rlep_names_its_async_cells_by_its_pool(compose_config):
     from src.runtime.runners import AsyncRuntime
 
     cfg = compose_config("runtime=async", "buffer=rlep")
@@ -194,5 +194,3 @@ def test_buffer_rlep_names_its_async_cells_by_its_pool_and_refuses_a_sharded_que
     kind, arguments = AsyncRuntime.rollout_queue(cfg, cfg.runtime)
     assert kind is RlepQueue and arguments == {"capacity": 4096, "replays": 2, "min_successes": 2, "per_prompt": 64,
                                                "pool_capacity": 100000}
-    with pytest.raises(ValueError, match="buffer=rlep with runtime.sharded=true under runtime=async"):
-        RlepPool.rollout_queue(cfg.buffer, shards=2)

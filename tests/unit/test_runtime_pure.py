@@ -272,15 +272,16 @@ def test_block_bound_holds_areal_rule_and_drop_evicts_stale_rollouts():
         for _ in range(20):
             pipeline.next_step()
     assert most_ahead(blocked.events, 8, 4) <= 1 < most_ahead(unbounded.events, 8, 4)
-    dropped = lockstep(workers=1, mu=4.0, staleness=1, staleness_mode="drop", capacity=64)
+    dropped = lockstep(workers=1, mu=4.0, max_age=1, capacity=64)
     assert max(dropped.next_step()["offpolicy/max"] for _ in range(20)) <= 1
 
 
 def max_off_policiness(queue: str, mode: str, eta: int | None, steps: int = 40) -> int:
     # Four workers at mu = 1 make rollouts four times faster than the trainer uses them: a FIFO of 64 then
     # keeps each rollout for several steps, and a LIFO of 32 keeps workers waiting on a full queue.
-    pipeline = lockstep(queue, capacity=64 if queue == "buffer" else 32, workers=4, mu=1.0, staleness=eta,
-                        staleness_mode=mode)
+    # `block`: eta is AReaL's bound (runtime.staleness); `drop`: the age window (buffer.max_age).
+    bound = {"staleness": eta} if mode == "block" else {"max_age": eta}
+    pipeline = lockstep(queue, capacity=64 if queue == "buffer" else 32, workers=4, mu=1.0, **bound)
     return int(max(pipeline.next_step()["offpolicy/max"] for _ in range(steps)))
 
 
@@ -370,14 +371,14 @@ def seed001_lockstep(compose_config, *overrides):
     cfg = compose_config("+experiment=seed001-async-tiny", *overrides)
     r, (kind, queue) = cfg.runtime, described(cfg.buffer).rollout_queue(cfg.buffer, 1)
     return lockstep(kind.name, capacity=queue["capacity"], workers=r.workers, trainers=r.trainers,
-                    batch=r.batch_rollouts,
+                    batch=cfg.buffer.batch_rollouts,
                     group_size=cfg.trainer.group_size, mu=r.mu, groups_per_request=r.groups_per_request)
 
 
 def test_seed001s_lifo_baseline_keeps_every_worker_generating(compose_config):
     """The no-buffer cell ((W, T) = (6, 2), N = 252): one group a request, as B.2's worker generates, leaves room
     for all 6 workers' requests beside a batch; 4 groups (64 rollouts) a request held it to 3 of them."""
-    lifo = ("buffer=none", "buffer.capacity=252", "runtime.sharded=false")
+    lifo = ("buffer=none", "buffer.capacity=252")
     pipeline = seed001_lockstep(compose_config, *lifo)
     metrics = [pipeline.next_step() for _ in range(40)][-1]
     assert metrics["runtime/idle_workers"] == 0.0
