@@ -333,16 +333,17 @@ def _validate_ranks(cfg: DictConfig) -> None:
 
 
 def _validate_nodes(cfg: DictConfig, ranks: int) -> None:
-    """A cell over `hardware.nodes` nodes: the same number of ranks on each, and ranks that run the loop (SLURM's
-    tasks or torchrun's processes meet in one process group); seed 001's pipeline keeps its Ray session on one node."""
+    """A cell over `hardware.nodes` nodes: the same number of ranks on each where ranks run the loop (SLURM's
+    tasks or torchrun's processes meet in one process group); seed 001's pipeline starts a Ray cluster over them."""
     nodes = int(cfg.hardware.get("nodes", 1) or 1)
     if nodes == 1:
         return
     key = f"hardware.nodes={nodes}"
-    _check(described(cfg.runtime).ranks_run_the_loop,
-           f"{key} with runtime={cfg.runtime.get('name')}: the pipeline's workers and trainer actors run in one Ray "
-           "session that the run joins from one node; set hardware.nodes=1 with runtime.address naming a Ray cluster "
-           "over the nodes as docs/async.md shows, or train over several nodes with runtime=sync")
+    if not described(cfg.runtime).ranks_run_the_loop:  # one driver: its Ray cluster spans the job's nodes
+        _check(cfg.runtime.get("address") is None,
+               f"{key} with runtime.address={cfg.runtime.get('address')}: over a SLURM job's nodes the run starts "
+               "its own Ray cluster; drop runtime.address, or set hardware.nodes=1 to join that cluster")
+        return
     _check(ranks % nodes == 0 and ranks >= nodes,
            f"{key} with hardware.ranks={ranks}: every node runs the same number of ranks (one a GPU); set "
            f"hardware.ranks to a multiple of {nodes} (hardware=h100x8: hardware.ranks={8 * nodes})")

@@ -144,11 +144,11 @@ class Ranks:
         return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def processes(ranks: int | None, runtime) -> int:
-    """How many processes run the cell: `hardware.ranks` under runtime=sync (torchrun's, or SLURM's tasks); one
-    under runtime=async (the runtime group's node), whose trainer ranks are Ray actors of its one driver
-    (src/runtime/ray_work.py)."""
-    return described(runtime).processes(runtime, ranks)  # src.runtime.base.Runtime.processes
+def processes(ranks: int | None, runtime, nodes: int = 1) -> int:
+    """How many processes run the cell: `hardware.ranks` under runtime=sync (torchrun's, or SLURM's tasks); under
+    runtime=async (the runtime group's node) one driver, whose trainer ranks are Ray actors
+    (src/runtime/ray_work.py), and one task for each further node of its Ray cluster."""
+    return described(runtime).processes(runtime, ranks, nodes)  # src.runtime.base.Runtime.processes
 
 
 def mismatch(want: int, world: int) -> str | None:

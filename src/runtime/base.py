@@ -86,9 +86,10 @@ class Runtime(Variant, ABC):
         return ranks
 
     @classmethod
-    def processes(cls, node, ranks: int | None) -> int:
-        """How many processes run the cell for `hardware.ranks=ranks`."""
-        return int(ranks or 1) if cls.ranks_run_the_loop else 1
+    def processes(cls, node, ranks: int | None, nodes: int = 1) -> int:
+        """How many processes run the cell for `hardware.ranks=ranks` over `nodes` nodes: the ranks where they run
+        the loop; else one driver and one process for each further node (its Ray cluster's, `serves`)."""
+        return int(ranks or 1) if cls.ranks_run_the_loop else int(nodes or 1)
 
     @classmethod
     def store_label(cls, node, cfg, reader: bool = False) -> str | None:
@@ -113,13 +114,18 @@ class Runtime(Variant, ABC):
             self._ranks = Ranks()
         return self._ranks
 
+    def serves(self, run) -> bool:
+        """Whether this process serves the run from a further node (SLURM's task on a node of the run's Ray
+        cluster) and runs no loop: it returns once the run, which the first node drives, has ended."""
+        return False
+
     @contextmanager
     def joined(self, run, error=ValueError) -> Iterator["Runtime"]:
         """The run's processes (`processes`: torchrun's ranks where they run the loop, else this one) joined for
         the run's length; `error` with one line when torchrun started other processes than the run wants."""
         from src.runs.ranks import joined
 
-        wanted = self.processes(run.groups["runtime"], run.hardware.ranks)
+        wanted = self.processes(run.groups["runtime"], run.hardware.ranks)  # the processes torchrun started
         with joined(wanted, run.hardware.device, error, run.hardware.ranked, run.hardware.nodes) as ranks:
             self._ranks = ranks
             yield self

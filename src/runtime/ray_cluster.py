@@ -5,11 +5,14 @@
     python -m src.runtime.ray_cluster stop --dir /tmp/rc                       # stops those nodes, and only them
 
 `start` runs `ray start --block` once for the head and once for each further node on this machine, each node with
-its own CPUs and a resource named after it (`node2`, ...), as nodes of a cluster over several machines have; over
-SLURM nodes each further node's command is the same `ray start --address HEAD:PORT --block` run by `srun`. The
+its own CPUs and a resource named after it (`node2`, ...), as nodes of a cluster over several machines have. The
 folder keeps each node's log and the process ids, so `stop` ends exactly these nodes: SIGTERM to each `ray start
 --block`, which stops what it started (ray/_private/node.py:629-664 in Ray 2.60), then SIGKILL to any process
 still naming the folder. `ray stop` would end every Ray process of the machine, another run's included.
+
+Inside a SLURM job of several nodes (`hardware.nodes=N` under runtime=async, one task a node) the run starts the
+same cluster itself: the first node's task runs the head and the driver (`lead_cluster`), every other task joins
+and serves until the run ends (`serve_node`); the head's address passes through the job's shared folder.
 
 The nodes run with RAY_AUTH_MODE=disabled unless it is set: Ray 2.60 turns token authentication on wherever it
 finds a token file (ray/_private/authentication/authentication_token_setup.py:55-68), and a driver that joins by
@@ -19,6 +22,8 @@ address sends a token only when told to, so the cluster and its runs must agree.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import re
@@ -26,8 +31,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 PIDS = "nodes.json"
 WORKER_PORTS = 2000  # each node's own range of worker ports, so two raylets on one machine never race for one
@@ -43,19 +51,23 @@ def ray_command() -> list[str]:
     return [str(Path(sys.executable).with_name("ray"))]
 
 
+def node_command(index: int, head: str, port: int, cpus: int, first_worker_port: int) -> list[str]:
+    """`ray start --block` for node `index` of a cluster whose head (node 0) listens on head:port: each node with a
+    resource named after it (`node2`, ...) and its own range of worker ports (two nodes may share a machine)."""
+    low = first_worker_port + index * WORKER_PORTS
+    shared = ["--block", f"--num-cpus={cpus}", "--disable-usage-stats", "--dashboard-agent-listen-port=0",
+              f"--min-worker-port={low}", f"--max-worker-port={low + WORKER_PORTS - 1}"]
+    if index == 0:
+        own = ["--head", f"--port={port}", "--include-dashboard=false"]
+        own += [] if head == "127.0.0.1" else [f"--node-ip-address={head}"]  # else Ray's own pick: one machine
+    else:
+        own = [f"--address={head}:{port}", f"--resources={json.dumps({f'node{index + 1}': 1})}"]
+    return [*ray_command(), "start", *own, *shared]
+
+
 def node_commands(nodes: int, cpus: int, port: int, first_worker_port: int) -> list[list[str]]:
     """`ray start --block` for the head and each further node of one machine."""
-    commands = []
-    for index in range(nodes):
-        low = first_worker_port + index * WORKER_PORTS
-        shared = ["--block", f"--num-cpus={cpus}", "--disable-usage-stats", "--dashboard-agent-listen-port=0",
-                  f"--min-worker-port={low}", f"--max-worker-port={low + WORKER_PORTS - 1}"]
-        if index == 0:
-            own = ["--head", f"--port={port}", "--include-dashboard=false"]
-        else:
-            own = [f"--address=127.0.0.1:{port}", f"--resources={json.dumps({f'node{index + 1}': 1})}"]
-        commands.append([*ray_command(), "start", *own, *shared])
-    return commands
+    return [node_command(index, "127.0.0.1", port, cpus, first_worker_port) for index in range(nodes)]
 
 
 def alive_nodes(address: str, env: dict) -> int:
@@ -142,6 +154,127 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except ProcessLookupError:
         pass
+
+
+# ---- over the nodes of one SLURM job: `hardware.nodes=N` under runtime=async, one task a node ----
+
+HEAD = "head"          # in the job's folder: the head's host:port, once it is up
+STOPPED = "stopped"    # in the job's folder: the run has ended, the further nodes leave
+PR_SET_PDEATHSIG = 1   # prctl(2): the signal a process gets when the one that started it dies
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """This task's place in a SLURM job of several nodes, one task a node (submitit's job environment)."""
+
+    index: int        # this task's node: 0 runs the head and the run's driver, the others serve
+    nodes: int
+    tasks: int
+    folder: Path      # shared by the job's nodes: the head's address, each node's log
+    scratch: Path     # on this node: Ray's session files and sockets (never on a shared file system)
+
+
+def slurm_allocation() -> Allocation | None:
+    """The allocation this process runs in, when submitit started it in a SLURM job of two nodes or more; else None.
+
+    A requeued job keeps its id, so each attempt (SLURM_RESTART_COUNT) has a folder of its own."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return None
+    from submitit import JobEnvironment
+
+    job = JobEnvironment()
+    if job.num_nodes < 2:
+        return None
+    attempt = f"ray-{job.job_id}-{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    return Allocation(job.global_rank, job.num_nodes, job.num_tasks, Path(job.paths.folder).resolve() / attempt,
+                      Path(tempfile.gettempdir()) / attempt)
+
+
+def _spawn(command: list[str], log: Path, env: dict) -> subprocess.Popen:
+    """`command`, stopped by SIGTERM when this process dies however it dies (a SIGKILL included: PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(log, "a") as handle:
+        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=lambda: libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
+
+
+def _finish(process: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM, which `ray start --block` answers by stopping what it started; SIGKILL after `grace_s`."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _node_env(allocation: Allocation) -> dict:
+    # A further node leaves 10 s after the head is gone (Ray's default waits 60 s for the GCS to come back).
+    return {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_gcs_rpc_server_reconnect_timeout_s": "10",
+            "RAY_TMPDIR": str(allocation.scratch)}
+
+
+def _node_ip() -> str:
+    import ray.util
+
+    return ray.util.get_node_ip_address()
+
+
+@contextlib.contextmanager
+def lead_cluster(allocation: Allocation, cpus: int, timeout_s: float = 300.0) -> Iterator[str]:
+    """On the job's first node: start the head, wait until every node of the allocation has joined, and give the
+    head's host:port; the cluster stops when the body ends, and with this process if it is killed outright."""
+    allocation.folder.mkdir(parents=True, exist_ok=True)
+    allocation.scratch.mkdir(parents=True, exist_ok=True)
+    env, host, port = _node_env(allocation), _node_ip(), free_port()
+    address = f"{host}:{port}"
+    head = _spawn([*node_command(0, host, port, cpus, 20_000), f"--temp-dir={allocation.scratch}"],
+                  allocation.folder / "node1.log", env)
+    try:
+        _wait_for_nodes(address, env, 1, head, allocation, timeout_s)
+        (allocation.folder / HEAD).write_text(address)  # the further nodes join through it
+        _wait_for_nodes(address, env, allocation.nodes, head, allocation, timeout_s)
+        yield address
+    finally:
+        (allocation.folder / STOPPED).write_text("")
+        _finish(head)
+
+
+def _wait_for_nodes(address: str, env: dict, count: int, head: subprocess.Popen, allocation: Allocation,
+                    timeout_s: float) -> None:
+    from src.runtime.pipeline import PipelineError
+
+    deadline = time.monotonic() + timeout_s
+    while alive_nodes(address, env) < count:
+        if head.poll() is not None or time.monotonic() > deadline:
+            raise PipelineError(f"the Ray cluster over the job's {allocation.nodes} nodes has "
+                                f"{alive_nodes(address, env)} of {count} up after {timeout_s:g} s; the nodes' logs: "
+                                f"{allocation.folder}/node*.log")
+        time.sleep(1.0)
+
+
+def serve_node(allocation: Allocation, cpus: int, timeout_s: float = 300.0) -> int:
+    """On a further node of the job: join the head the first node starts and serve until the run ends there (or the
+    head is gone); returns `ray start`'s exit status."""
+    from src.runtime.pipeline import PipelineError
+
+    deadline = time.monotonic() + timeout_s
+    while not (allocation.folder / HEAD).exists():
+        if time.monotonic() > deadline or (allocation.folder / STOPPED).exists():
+            raise PipelineError(f"node {allocation.index + 1} of the job: no Ray head came up in {timeout_s:g} s "
+                                f"(its log: {allocation.folder}/node1.log)")
+        time.sleep(0.5)
+    head, _, port = (allocation.folder / HEAD).read_text().rpartition(":")
+    allocation.scratch.mkdir(parents=True, exist_ok=True)
+    node = _spawn([*node_command(allocation.index, head, int(port), cpus, 20_000),
+                   f"--node-ip-address={_node_ip()}", f"--temp-dir={allocation.scratch}"],
+                  allocation.folder / f"node{allocation.index + 1}.log", _node_env(allocation))
+    while node.poll() is None and not (allocation.folder / STOPPED).exists():
+        time.sleep(1.0)
+    _finish(node)
+    return node.returncode
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -345,6 +345,50 @@ class AsyncRuntime(Runtime):
                              f"{self.signature()!r}; resume with the same runtime settings")
         self.saved = {key: value for key, value in saved.items() if key != "signature"}
 
+    def serves(self, run) -> bool:
+        """In a SLURM job over several nodes (`hardware.nodes`), a task on a further node joins the Ray cluster the
+        first node's task starts (`src.runtime.ray_cluster.serve_node`) and serves until the run ends there."""
+        from src.runtime.ray_cluster import serve_node, slurm_allocation
+
+        allocation = slurm_allocation()
+        if allocation is None or allocation.index == 0:
+            return False
+        self._check_allocation(allocation, run)
+        serve_node(allocation, self.node_cpus(allocation.nodes))
+        return True
+
+    @contextmanager
+    def joined(self, run, error=ValueError) -> Iterator["AsyncRuntime"]:
+        """One driver; in a SLURM job over several nodes, the driver of a Ray cluster over them, started here on the
+        first node and stopped with the run (the pipeline then joins it by address, as `runtime.address` does)."""
+        from src.runtime.ray_cluster import lead_cluster, slurm_allocation
+
+        allocation = slurm_allocation()
+        if allocation is None:
+            if run.hardware.nodes > 1:
+                raise error(f"hardware.nodes={run.hardware.nodes} with runtime=async outside a SLURM job of as many "
+                            "nodes: launch it with hydra/launcher=submitit_slurm hydra.launcher.nodes="
+                            f"{run.hardware.nodes} hydra.launcher.tasks_per_node=1, or join a running cluster with "
+                            "runtime.address and hardware.nodes=1 (docs/async.md)")
+            with super().joined(run, error):
+                yield self
+            return
+        self._check_allocation(allocation, run, error)
+        with lead_cluster(allocation, self.node_cpus(allocation.nodes)) as self.address:
+            yield self
+
+    def node_cpus(self, nodes: int) -> int:
+        """The CPU slots each node of a cluster offers: `runtime.num_cpus` counts the cluster's, as the actors'
+        shares do (a worker or trainer asks num_cpus / (W + 1))."""
+        return max(1, self.num_cpus // nodes)
+
+    def _check_allocation(self, allocation, run, error=ValueError) -> None:
+        if (allocation.nodes, allocation.tasks) != (run.hardware.nodes, run.hardware.nodes) or self.address:
+            raise error(f"hardware.nodes={run.hardware.nodes} with runtime=async in a SLURM job of "
+                        f"{allocation.nodes} nodes and {allocation.tasks} tasks: the run starts a Ray cluster with "
+                        "one task a node; set hydra.launcher.nodes=hardware.nodes, hydra.launcher.tasks_per_node=1 "
+                        "and no runtime.address")
+
     @contextmanager
     def session(self, context: RunContext) -> Iterator["AsyncSession | SyncSteps"]:
         """A Ray session for the run's remaining trainer steps; none is started when no step remains."""

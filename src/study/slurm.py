@@ -197,14 +197,15 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
     from src.runs.ranks import processes
 
     ranks, gpus, name = int(cfg.hardware.get("ranks", 1) or 1), gpus_per_job(launcher), cfg.policy.name_or_path
-    tasks, wanted = int(launcher.get("tasks_per_node", 1) or 1), processes(ranks, cfg.runtime)
     nodes = nodes_per_job(launcher)
+    tasks, wanted = int(launcher.get("tasks_per_node", 1) or 1), processes(ranks, cfg.runtime, nodes)
     if tasks * nodes != wanted:
         spread = f" on hydra.launcher.nodes={nodes}" if nodes > 1 else ""
         fix = f"{wanted // nodes}" if wanted % nodes == 0 else f"{wanted} and hydra.launcher.nodes=1"
         return (f"hydra.launcher.tasks_per_node={tasks}{spread} with runtime={cfg.runtime.get('name')} and "
                 f"hardware.ranks={ranks}: the cell runs {wanted} process(es) (runtime=async: one driver, its "
-                f"trainer ranks are Ray actors); set hydra.launcher.tasks_per_node={fix}")
+                f"trainer ranks are Ray actors, and a task on each further node); set "
+                f"hydra.launcher.tasks_per_node={fix}")
     if gpus and ranks > gpus:
         more = (f", or hardware.nodes={math.ceil(ranks / (gpus // nodes))} to span more nodes"
                 if described(cfg.runtime).ranks_run_the_loop and ranks % (gpus // nodes) == 0 else "")

@@ -5,6 +5,7 @@ the same command resuming it into the same MLflow run, and a stop that leaves no
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,49 @@ def test_each_node_of_one_machine_has_its_own_worker_ports_and_resource():
     assert ranges == [["--min-worker-port=20000", "--max-worker-port=21999"],
                       ["--min-worker-port=22000", "--max-worker-port=23999"],
                       ["--min-worker-port=24000", "--max-worker-port=25999"]]
+
+
+def test_a_slurm_task_knows_its_node_and_its_attempts_folder(monkeypatch, tmp_path):
+    """submitit's job environment: the task's node, and a folder for each attempt of a requeued job (same id)."""
+    from src.runtime.ray_cluster import slurm_allocation
+
+    assert slurm_allocation() is None or os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+    job = {"SUBMITIT_EXECUTOR": "slurm", "SUBMITIT_FOLDER": f"{tmp_path}/%j", "SLURM_JOB_ID": "77",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+           "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_RESTART_COUNT": "3"}
+    for key, value in job.items():
+        monkeypatch.setenv(key, value)
+    allocation = slurm_allocation()
+    assert (allocation.index, allocation.nodes, allocation.tasks) == (1, 2, 2)
+    assert allocation.folder == tmp_path / "77" / "ray-77-3" and allocation.scratch.name == "ray-77-3"
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
+    monkeypatch.setenv("SLURM_NNODES", "1")
+    assert slurm_allocation() is None  # one node: the run's own session
+
+
+def test_a_further_node_whose_head_never_comes_up_says_where_to_look(tmp_path):
+    from src.runtime.pipeline import PipelineError
+    from src.runtime.ray_cluster import Allocation, serve_node
+
+    allocation = Allocation(1, 2, 2, tmp_path / "ray-5-0", tmp_path / "scratch")
+    with pytest.raises(PipelineError, match=f"node 2 of the job: no Ray head came up in 0.5 s .its log: "
+                                            f"{allocation.folder}/node1.log"):
+        serve_node(allocation, cpus=1, timeout_s=0.5)
+
+
+def test_the_pipeline_over_nodes_outside_a_slurm_job_is_refused_in_one_line(compose_config, monkeypatch):
+    from src.build import build_runtime
+    from src.settings import RunSettings
+
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    run = RunSettings(compose_config("runtime=async", "hardware.nodes=2"))
+    runtime = build_runtime(run)
+    assert not runtime.serves(run)
+    with pytest.raises(ValueError, match="^hardware.nodes=2 with runtime=async outside a SLURM job of as many "
+                                         "nodes: launch it with hydra/launcher=submitit_slurm") as error:
+        with runtime.joined(run):
+            pass
+    assert "\n" not in str(error.value)
 
 
 def test_a_bad_node_count_is_one_line_and_a_folder_without_a_cluster_has_nothing_to_stop(tmp_path):

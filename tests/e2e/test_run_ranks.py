@@ -221,10 +221,9 @@ def test_ranks_that_torchrun_did_not_start_are_refused_in_one_line(compose_confi
     (("hardware.nodes=2", "policy.engine=vllm", "policy.vllm.tensor_parallel_size=2"),
      "policy.vllm.tensor_parallel_size=2 with hardware.ranks=2 over hardware.nodes=2: an engine takes 2 consecutive "
      "ranks, which must sit on one node of 1; set tensor_parallel_size to a divisor of 1"),
-    (("hardware.nodes=2", "runtime=async", "runtime.trainers=2", "buffer=none"), "hardware.nodes=2 with "
-     "runtime=async: the pipeline's workers and trainer actors run in one Ray session that the run joins from one "
-     "node; set hardware.nodes=1 with runtime.address naming a Ray cluster over the nodes as docs/async.md shows, "
-     "or train over several nodes with runtime=sync"),
+    (("hardware.nodes=2", "runtime=async", "runtime.trainers=2", "buffer=none", "runtime.address=10.1.2.3:6379"),
+     "hardware.nodes=2 with runtime.address=10.1.2.3:6379: over a SLURM job's nodes the run starts its own Ray "
+     "cluster; drop runtime.address, or set hardware.nodes=1 to join that cluster"),
 ])
 def test_what_ranks_cannot_run_is_refused_before_any_model_loads(compose_config, overrides, named):
     from src.command.config import ConfigError, validate
