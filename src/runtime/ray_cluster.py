@@ -161,6 +161,7 @@ def _signal(pid: int, signum: int) -> None:
 HEAD = "head"          # in the job's folder: the head's host:port, once it is up
 STOPPED = "stopped"    # in the job's folder: the run has ended, the further nodes leave
 PR_SET_PDEATHSIG = 1   # prctl(2): the signal a process gets when the one that started it dies
+HEAD_GONE_S = 10       # a further node leaves once the head has not answered this long
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ def _finish(process: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 
 def _node_env(allocation: Allocation) -> dict:
-    # A further node leaves 10 s after the head is gone (Ray's default waits 60 s for the GCS to come back).
+    # Ray's raylet waits 60 s by default for a lost GCS to come back; a further node waits no longer than its task.
     return {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_gcs_rpc_server_reconnect_timeout_s": "10",
             "RAY_TMPDIR": str(allocation.scratch)}
@@ -271,10 +272,20 @@ def serve_node(allocation: Allocation, cpus: int, timeout_s: float = 300.0) -> i
     node = _spawn([*node_command(allocation.index, head, int(port), cpus, 20_000),
                    f"--node-ip-address={_node_ip()}", f"--temp-dir={allocation.scratch}"],
                   allocation.folder / f"node{allocation.index + 1}.log", _node_env(allocation))
-    while node.poll() is None and not (allocation.folder / STOPPED).exists():
+    unreachable = 0  # seconds the head has not answered: a killed driver's head is gone, and so is the run
+    while node.poll() is None and not (allocation.folder / STOPPED).exists() and unreachable < HEAD_GONE_S:
         time.sleep(1.0)
+        unreachable = 0 if _answers(head, int(port)) else unreachable + 1
     _finish(node)
     return node.returncode
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

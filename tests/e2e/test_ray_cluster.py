@@ -1,6 +1,7 @@
 """Seed 001's pipeline on a Ray cluster of two nodes on this machine (`src.runtime.ray_cluster`, docs/async.md):
 the commands as the docs type them, a run that trains with workers on both nodes, a SIGKILL of its driver and
-the same command resuming it into the same MLflow run, and a stop that leaves no process of the cluster."""
+the same command resuming it into the same MLflow run, and a stop that leaves no process of the cluster; and the
+two tasks of a SLURM job's cluster, whose head and further node end with a driver killed outright."""
 
 from __future__ import annotations
 
@@ -60,6 +61,48 @@ def test_a_further_node_whose_head_never_comes_up_says_where_to_look(tmp_path):
     with pytest.raises(PipelineError, match=f"node 2 of the job: no Ray head came up in 0.5 s .its log: "
                                             f"{allocation.folder}/node1.log"):
         serve_node(allocation, cpus=1, timeout_s=0.5)
+
+
+NODE = """
+import sys, time
+from pathlib import Path
+from src.runtime.ray_cluster import Allocation, lead_cluster, serve_node
+folder, index = Path(sys.argv[1]), int(sys.argv[2])
+allocation = Allocation(index, 2, 2, folder / "job", folder / "scratch")
+if index:
+    sys.exit(serve_node(allocation, cpus=1))
+with lead_cluster(allocation, cpus=1) as address:
+    print(address, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_slurm_clusters_head_stops_with_its_killed_driver_and_the_further_node_leaves(tmp_path):
+    """The two tasks of a job of two nodes, on this machine: the first starts the head and waits for the second to
+    join. A driver killed by SIGKILL runs no `finally`: the kernel's SIGTERM to its children (PR_SET_PDEATHSIG) stops
+    the head, the further node sees it gone and leaves, and nothing of the cluster stays."""
+    folder = Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))  # short: Ray's socket paths live under it
+    started = [subprocess.Popen([sys.executable, "-c", NODE, str(folder), str(index)], cwd=PROJECT_ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for index in (0, 1)]
+    driver, further = started
+    try:
+        address = driver.stdout.readline().strip()  # printed once both nodes are up
+        assert address.rpartition(":")[2].isdigit() and (folder / "job" / "head").read_text() == address
+        assert further.poll() is None, "the further node serves while the run goes on"
+        driver.kill()
+        driver.wait(timeout=30)
+        further.wait(timeout=90)
+        deadline = time.time() + 60
+        while _processes_naming(folder) and time.time() < deadline:
+            time.sleep(0.5)
+        assert _processes_naming(folder) == [], "a process of the cluster outlived its driver"
+    finally:
+        for process in started:
+            process.kill()
+        for pid in _processes_naming(folder):
+            os.kill(pid, 9)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_pipeline_over_nodes_outside_a_slurm_job_is_refused_in_one_line(compose_config, monkeypatch):
