@@ -261,8 +261,8 @@ def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_th
     actors = ("hardware=h100x4", "runtime=async", "runtime.workers=2", "runtime.gpus_per_worker=1",
               "hardware.device=cuda:2", "hardware.ranks=2", "runtime.trainers=2", "buffer=none")
     assert refusal(*actors) == ("hydra.launcher.tasks_per_node=2 with runtime=async and hardware.ranks=2: the cell "
-                                "runs 1 process(es) (runtime=async: one driver, its trainer ranks are Ray actors); "
-                                "set hydra.launcher.tasks_per_node=1")
+                                "runs 1 process(es) (runtime=async: one driver, its trainer ranks are Ray actors, "
+                                "and a task on each further node); set hydra.launcher.tasks_per_node=1")
     assert refusal(*actors, "hydra.launcher.tasks_per_node=1") is None
 
 
