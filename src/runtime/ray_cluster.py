@@ -253,7 +253,7 @@ def _wait_for_nodes(address: str, env: dict, count: int, head: subprocess.Popen,
             raise PipelineError(f"the Ray cluster over the job's {allocation.nodes} nodes has "
                                 f"{alive_nodes(address, env)} of {count} up after {timeout_s:g} s; the nodes' logs: "
                                 f"{allocation.folder}/node*.log")
-        time.sleep(1.0)
+        time.sleep(2.0)  # each look is a `ray status` process
 
 
 def serve_node(allocation: Allocation, cpus: int, timeout_s: float = 300.0) -> int:

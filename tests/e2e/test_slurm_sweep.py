@@ -95,8 +95,8 @@ def test_a_cell_over_two_nodes_is_one_slurm_job_on_both_nodes(tmp_path, slurm_cl
 
 def test_the_async_pipeline_over_two_slurm_nodes_starts_its_ray_cluster_and_leaves_nothing(tmp_path, slurm_cluster):
     """docs/async.md's command on the local cluster's two nodes: one job, a task on each; the first starts Ray's head
-    and drives the run, the second joins it and serves; the workers run on both nodes; the job COMPLETES (the second
-    task leaves when the run ends) and no process of the cluster is left."""
+    and drives the run, the second joins it and serves; the worker runs on the second node, the trainer actor on the
+    first; the job COMPLETES (the second task leaves when the run ends) and no process of the cluster is left."""
     import json
 
     from pathlib import Path
@@ -106,7 +106,7 @@ def test_the_async_pipeline_over_two_slurm_nodes_starts_its_ray_cluster_and_leav
     docs = " ".join((PROJECT_ROOT / "docs" / "async.md").read_text().split())
     typed = next(line for line in docs.split("python -m src.run")[1:] if "hardware.nodes=2" in line).split(" ```")[0]
     store = f"sqlite:///{tmp_path}/mlruns.db"
-    command = [sys.executable, "-m", "src.run", *typed.split(), "trainer.steps=2", "evaluation.at_start=false",
+    command = [sys.executable, "-m", "src.run", *typed.split(), "trainer.steps=1", "evaluation.at_start=false",
                "hydra.launcher.timeout_min=10", "hydra.launcher.cpus_per_task=1", f"hydra.sweep.dir={tmp_path}/multirun",
                f"tracking.uri={store}", f"tracking.artifact_location={tmp_path}/artifacts", "tracking.sweep=nodes"]
     done = subprocess.run(command, cwd=PROJECT_ROOT, env=slurm_cluster.env, capture_output=True, text=True,
@@ -123,14 +123,14 @@ def test_the_async_pipeline_over_two_slurm_nodes_starts_its_ray_cluster_and_leav
     assert "NumNodes=2 " in shown and "JobState=COMPLETED" in shown, shown
     [placement] = (tmp_path / "multirun").rglob("ray_placement.json")
     placement = json.loads(placement.read_text())
-    assert placement["nodes"] == 2 and placement["workers_over_nodes"] == 2, placement
+    assert placement["nodes"] == 2 and placement["worker_nodes"] != [placement["trainer_node"]], placement
     [cluster] = script.parent.glob(f"ray-{job}-*")  # the job's nodes' logs and the head's address
     assert sorted(path.name for path in cluster.glob("node*.log")) == ["node1.log", "node2.log"]
     assert _processes_naming(Path(f"ray-{job}-")) == [], "processes of the job's cluster still running"
     mlflow.set_tracking_uri(store)
     [run] = mlflow.MlflowClient().search_runs([mlflow.get_experiment_by_name("replay-rloo").experiment_id])
     assert (run.info.status, run.data.params["hardware.nodes"]) == ("FINISHED", "2")
-    assert sorted(m.step for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "train/loss")) == [0, 1]
+    assert [m.step for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "train/loss")] == [0]
 
 
 @pytest.mark.long  # make test-long (docs/testing.md): test_sweep's preempted run resumes in the suite
