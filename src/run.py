@@ -96,7 +96,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     run = run.on_device(placement.trainer_device(run.groups["runtime"], run))
     warn_short_replay_pool(run)
     runtime = build_runtime(run)  # conf/runtime: what supplies the steps (SPEC 3 here, or SPEC 11's pipeline)
-    if runtime.serves(run):  # a further node of the run's Ray cluster: it served while the first node trained
+    if runtime.serves(run, ConfigError):  # a further node of the run's Ray cluster: served while the first trained
         return {}
     with runtime.joined(run, ConfigError):  # the processes that run the loop: torchrun's ranks, or this one
         return train_joined(run, cell, runtime)

@@ -114,7 +114,7 @@ class Runtime(Variant, ABC):
             self._ranks = Ranks()
         return self._ranks
 
-    def serves(self, run) -> bool:
+    def serves(self, run, error=ValueError) -> bool:
         """Whether this process serves the run from a further node (SLURM's task on a node of the run's Ray
         cluster) and runs no loop: it returns once the run, which the first node drives, has ended."""
         return False

@@ -365,8 +365,8 @@ class LockstepPipeline(Pipeline):
         s = self.settings
         return (f"the lockstep pipeline stalled at virtual time {float(self.clock.now):g}: the trainer waits for "
                 f"{s.batch} rollouts, the {self.queue.name} queue holds {self.queue.size()} and no worker may start "
-                f"(buffer.capacity={self.queue.capacity}, runtime.staleness={s.staleness}, buffer.max_age={s.max_age or 0}); "
-                "raise buffer.capacity or the staleness bound")
+                f"(buffer.capacity={self.queue.capacity}, runtime.staleness={s.staleness}, "
+                f"buffer.max_age={s.max_age or 0}); raise buffer.capacity or the staleness bound")
 
     def clock_measures(self) -> dict[str, float]:
         return {"runtime/virtual_time": float(self.clock.now),

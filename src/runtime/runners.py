@@ -134,6 +134,23 @@ def worker_gpus(workers: int, per_worker: float, device: str) -> int:
 MU_SOURCES = ("forward", "engine")
 
 
+def bounds_as_version_1(eta: int | None, window: int | None) -> dict:
+    """The workers' bound eta and the age window as version 1 spelled them: the window as staleness=L with
+    staleness_mode=drop, exclusive of eta (staleness_mode=block); both at once name the window apart."""
+    if window is None:
+        return {"staleness": eta, "staleness_mode": "block"}
+    if eta is None:
+        return {"staleness": window, "staleness_mode": "drop"}
+    return {"staleness": eta, "staleness_mode": "block", "max_age": window}
+
+
+def staleness_text(settings: PipelineSettings) -> str:
+    """The bounds in a checkpoint's signature, as version 1 wrote them (`eta=2 drop`: a window of 2)."""
+    spelled = bounds_as_version_1(settings.staleness, settings.max_age)
+    window = f" max_age={spelled['max_age']}" if "max_age" in spelled else ""
+    return f"eta={spelled['staleness']} {spelled['staleness_mode']}{window}"
+
+
 class AsyncRuntime(Runtime):
     """`runtime=async`: seed 001's pipeline of W workers, one queue and the trainer, on Ray."""
 
@@ -200,22 +217,12 @@ class AsyncRuntime(Runtime):
                        independent=arguments.get("independent", False),
                        positive_bias=arguments.get("positive_bias", 0.0),
                        sharded=bool(cfg.buffer.get("sharded", False)),
-                       batch_rollouts=cfg.buffer.get("batch_rollouts"), **cls._staleness_identity(cfg))
+                       batch_rollouts=cfg.buffer.get("batch_rollouts"),
+                       **bounds_as_version_1(cfg.runtime.staleness, age_window(cfg.buffer)))
         # A queue's further settings (buffer=rlep's pool) name its cells too; `sharded` already gives shards.
         runtime.update({key: value for key, value in arguments.items() if key not in (*runtime, "shards")})
         dropped = ("buffer",) if cls.names_clip(cfg) else ("buffer", "clip")
         return {**{key: value for key, value in resolved.items() if key not in dropped}, "runtime": runtime}
-
-    @staticmethod
-    def _staleness_identity(cfg) -> dict:
-        """Version 1 spelled the age window as runtime.staleness=L with staleness_mode=drop, exclusive of
-        the workers' bound eta (staleness_mode=block); a cell with both names the window apart."""
-        window, eta = age_window(cfg.buffer), cfg.runtime.staleness
-        if window is None:
-            return {"staleness": eta, "staleness_mode": "block"}
-        if eta is None:
-            return {"staleness": window, "staleness_mode": "drop"}
-        return {"staleness": eta, "staleness_mode": "block", "max_age": window}
 
     @classmethod
     def trainer_device(cls, node, run: RunSettings) -> str:
@@ -234,7 +241,8 @@ class AsyncRuntime(Runtime):
 
     def __init__(self, run: RunSettings, name: str = "async", workers: int = 2, trainers: int = 1,
                  sync_every: int = 1, schedule: str = "lockstep", mu: float = 4.0, worker_cost: float | None = None,
-                 trainer_cost: float = 1.0, staleness: int | None = None, depth: int = 8, groups_per_request: int = 1, num_cpus: int = 2, worker_threads: int = 1,
+                 trainer_cost: float = 1.0, staleness: int | None = None, depth: int = 8, groups_per_request: int = 1,
+                 num_cpus: int = 2, worker_threads: int = 1,
                  max_restarts: int = 3, gpus_per_worker: float = 0.0, behaviour_logprobs: str = "forward",
                  address: str | None = None) -> None:
         self.run, self.name = run, name
@@ -303,15 +311,8 @@ class AsyncRuntime(Runtime):
         return (f"{self.queue_kind.name} N={queue['capacity']} delta={queue.get('positive_bias', 0.0):g} "
                 f"independent={queue.get('independent', False)} shards={queue.get('shards', 1)} "
                 f"{self.schedule} W={s.workers} T={s.trainers} B={s.batch} sync_every={s.sync_every} mu={s.mu:g} "
-                f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} {self._staleness_signature()} "
+                f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} {staleness_text(s)} "
                 f"g={s.groups_per_request}")
-
-    def _staleness_signature(self) -> str:
-        """eta and the age window as checkpoints of version 1 wrote them (`eta=2 drop`: a window of 2)."""
-        eta, window = self.settings.staleness, self.settings.max_age
-        if window is None:
-            return f"eta={eta} block"
-        return f"eta={window} drop" if eta is None else f"eta={eta} block max_age={window}"
 
     def queue_arguments_for(self, task) -> dict:
         """The queue's arguments, with what `task` counts as correct where the queue keeps correct rollouts (the
@@ -345,7 +346,7 @@ class AsyncRuntime(Runtime):
                              f"{self.signature()!r}; resume with the same runtime settings")
         self.saved = {key: value for key, value in saved.items() if key != "signature"}
 
-    def serves(self, run) -> bool:
+    def serves(self, run, error=ValueError) -> bool:
         """In a SLURM job over several nodes (`hardware.nodes`), a task on a further node joins the Ray cluster the
         first node's task starts (`src.runtime.ray_cluster.serve_node`) and serves until the run ends there."""
         from src.runtime.ray_cluster import serve_node, slurm_allocation
@@ -353,7 +354,7 @@ class AsyncRuntime(Runtime):
         allocation = slurm_allocation()
         if allocation is None or allocation.index == 0:
             return False
-        self._check_allocation(allocation, run)
+        self._check_allocation(allocation, run, error)
         serve_node(allocation, self.node_cpus(allocation.nodes))
         return True
 
