@@ -9,7 +9,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+
+def _ctrl_c_while_loading(*_) -> None:
+    """SIGINT while torch, transformers and MLflow load: exit here, in the handler. Raised as KeyboardInterrupt it
+    could cross C++ (a pybind11 callback during an import), which then aborts the process (SIGABRT) instead."""
+    os.write(2, b"Ctrl-C before the run began: nothing to save\n")
+    os._exit(130)
+
 
 if __name__ == "__main__":
     # `python -m src.run` runs this file as __main__: the command line is checked (src/command/cli.py) before the imports
@@ -19,8 +28,10 @@ if __name__ == "__main__":
         from src.command.cli import cli
 
         if cli():  # --help answered, or the command line checked before torch, transformers and MLflow load
+            signal.signal(signal.SIGINT, _ctrl_c_while_loading)
             from src import run
 
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # the run installs its own handlers
             run.launch()
     except KeyboardInterrupt:  # Ctrl-C while the libraries load, before any handler of ours is installed
         print("Ctrl-C before the run began: nothing to save", file=sys.stderr)
@@ -36,7 +47,6 @@ import io  # noqa: E402  (the imports of the training itself)
 import logging
 import math
 import shutil
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
