@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from src.batch import BatchGroup, Group
-from src.buffer.store import ReplayStore, checked_for_storing, newest_that_fit, replayed
+from src.buffer.rollouts import newest_that_fit
+from src.buffer.store import ReplayStore, checked_for_storing, replayed
 from src.validate.checks import check_int
 
 

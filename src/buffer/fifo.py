@@ -13,6 +13,11 @@ Sources (docs/papers.md summarises each cited part):
   FIFO buffer, and only then the fresh batch is appended to the buffer
   (:func:`extra_updates`, :meth:`FifoReplayBuffer.extra_update_batches`).
 
+The rollouts, their retention, the draws, the per-rollout statistics and the persistence are the one replay core's
+(:class:`src.buffer.rollouts.RolloutQueue`, which the pipeline's FIFO under runtime=async is too): this store
+is an adapter over it on the RL-step clock, groups in and :class:`~src.batch.BatchGroup` entries out, adding
+seed 002's extra updates and the per-group view of each draw (:class:`FifoDraw`).
+
 Conventions shared with :class:`src.buffer.age.ReplayBuffer`:
 
 * The stored unit is :class:`~src.buffer.age.Group` (one prompt and its K responses), and the
@@ -71,24 +76,21 @@ rollouts, so the rule is per rollout, and we follow it per rollout:
 
 Use statistics (seed 001): every draw returns a :class:`FifoDraw` carrying its age at use, its use
 number and its steps since last use ("new" for a first use, 0 for a repeat within the same
-batch, as in appendix D.3); :func:`use_statistics` summarises draws and
-:meth:`FifoReplayBuffer.replay_counts` gives the replay count per group (mean / max / histogram).
+batch, as in appendix D.3), those of the group's drawn rollouts (the core keeps them per rollout: the
+highest use number, the most recent use); :func:`use_statistics` summarises draws and
+:meth:`FifoReplayBuffer.replay_counts` gives the replay count per rollout (mean / max / histogram).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from src.batch import Batch, BatchGroup, Group
-from src.buffer.positive_bias import positive_bias_keep
-from src.buffer.store import QUEUE_KNOBS, ReplayStore, checked_for_storing, newest_that_fit
-from src.batch import plan_batch
-from src.validate.checks import check_choice, check_int
+from src.batch import Batch, BatchGroup, Group, plan_batch
+from src.buffer.rollouts import RolloutQueue, Sample
+from src.buffer.store import QUEUE_KNOBS, ReplayStore, checked_for_storing
+from src.validate.checks import check_int
 from src.variant import Knob, described, float_knob, int_knob
-
-SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
 
 
 def extra_updates(replay_factor: int) -> int:
@@ -143,16 +145,16 @@ class UseStats:
 
 @dataclass(frozen=True)
 class ReplayCounts:
-    """Replay count per group (seed 001's replay ratio): how many times each group was drawn."""
+    """Replay count per rollout (seed 001's replay ratio, D.3): how many times each rollout was drawn."""
 
-    groups: int
-    mean: float | None  # None when no group was ever added
+    rollouts: int
+    mean: float | None  # None when no rollout was ever added
     max: int | None
-    histogram: dict[int, int]  # uses -> number of groups
+    histogram: dict[int, int]  # uses -> number of rollouts
 
     def metrics(self, prefix: str = "fifo/") -> dict[str, float]:
         """Flat float metrics for logging; undefined values are left out."""
-        out = {f"{prefix}replay_count_groups": float(self.groups)}
+        out = {f"{prefix}replay_count_rollouts": float(self.rollouts)}
         if self.mean is not None:
             out[f"{prefix}replay_count_mean"] = self.mean
             out[f"{prefix}replay_count_max"] = float(self.max)
@@ -184,18 +186,6 @@ def use_statistics(draws: Sequence[FifoDraw]) -> UseStats:
     )
 
 
-@dataclass
-class _Slot:
-    # Mutable bookkeeping for one stored group; never handed out (FifoDraw is the public view).
-    uid: int
-    group: Group
-    responses: tuple[int, ...]
-    uses: int = 0
-    last_used: int | None = None
-    drawn: set[int] = field(default_factory=set)  # responses ever drawn (positive bias draws rollouts)
-    update: int = 0  # index of the update of the step that sampled the group (seed 001's gradient-step clock)
-
-
 class FifoReplayBuffer(ReplayStore):
     """`buffer=fifo`: keeps the last N rollouts in whole groups (optionally positive-biased), draws replay groups
     of age >= 1."""
@@ -215,19 +205,15 @@ class FifoReplayBuffer(ReplayStore):
     def rollout_queue(cls, node, trainers: int) -> tuple[type, dict]:
         """Under `runtime=async`, seed 001's FIFO of rollouts (B.5, D.4): the N newest rollouts (the paper's
         N = 252), drawn without removal, one FIFO of N/T per trainer with `sharded`; `mode` says
-        whether a batch's draws are distinct (without_replacement, Listing 5's random.sample) or independent
-        (with_replacement, section 4's analysis). The pipeline's schedule sets the reuse (mu T / W, footnote 5),
-        so rho does not enter; what the synchronous step alone reads is refused."""
-        from src.buffer.rollouts import RolloutReplayBuffer
-
-        if node.mode not in ("with_replacement", "without_replacement") or node.extra_updates:
-            raise ValueError(f"buffer=fifo with buffer.mode={node.mode}, buffer.extra_updates={node.extra_updates} "
-                             "under runtime=async: the pipeline draws each batch with or without replacement and "
-                             "updates once per batch; use mode=with_replacement or without_replacement and "
-                             "extra_updates=0, or runtime=sync")
-        return RolloutReplayBuffer, {"capacity": node.capacity, "independent": node.mode == "with_replacement",
-                                     "positive_bias": node.positive_bias,
-                                     "shards": int(trainers) if node.get("sharded", False) else 1}
+        whether a batch's draws are distinct (without_replacement, Listing 5's random.sample), independent
+        (with_replacement, section 4's analysis) or never-drawn first (at_least_once, Figure 18), per rollout.
+        The pipeline's schedule sets the reuse (mu T / W, footnote 5), so rho does not enter; the synchronous
+        step's extra updates are refused."""
+        if node.extra_updates:
+            raise ValueError(f"buffer=fifo with buffer.extra_updates={node.extra_updates} under runtime=async: the "
+                             "pipeline updates once per batch it draws; use extra_updates=0, or runtime=sync")
+        return RolloutQueue, {"capacity": node.capacity, "mode": node.mode, "positive_bias": node.positive_bias,
+                              "shards": int(trainers) if node.get("sharded", False) else 1}
 
     @classmethod
     def cell_label(cls, node, cfg) -> str:
@@ -286,8 +272,6 @@ class FifoReplayBuffer(ReplayStore):
                  allow_infeasible: bool = False, sharded: bool = False, batch_rollouts: int | None = None) -> None:
         # `sharded` and `batch_rollouts` shape the FIFO's rollout form only (`rollout_queue`, runtime=async).
         super().__init__(seed)
-        self.mode = check_choice("buffer.mode", mode, SAMPLING_MODES)
-        self.positive_bias = float(positive_bias)
         self.extra_updates = int(extra_updates)
         if max_age != 0:
             raise ValueError(f"buffer.max_age={max_age}: under runtime=sync buffer=fifo has no age window (the "
@@ -298,17 +282,17 @@ class FifoReplayBuffer(ReplayStore):
                              "set rho > 0 or extra_updates >= 1, or use buffer=none")
         self.ratio = float(ratio)
         self.groups_per_step = int(groups_per_step)
+        # The one replay core, on the RL-step clock, sharing this store's generator (persisted by ReplayStore).
+        # Without positive bias it keeps and draws whole groups; with it, rollouts in units of K (set by `add`).
+        self.fifo = RolloutQueue(capacity, mode=mode, positive_bias=positive_bias, correct_reward=correct_reward,
+                                 whole_groups=float(positive_bias) == 0, rng=self._rng, log_events=False)
+        self.capacity, self.mode = self.fifo.capacity, self.fifo.mode
+        self.positive_bias, self.correct_reward = self.fifo.positive_bias, self.fifo.correct_reward
         self._draws: list[FifoDraw] = []  # this step's, main and extra batches (seed 001's use statistics)
         self._extra_draws = 0
-        self.capacity = int(capacity)
-        if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)):
-            raise ValueError(f"correct_reward must be a number (the task's Task.correct_reward, e.g. 1.0), "
-                             f"got {correct_reward!r}.")
-        self.correct_reward = float(correct_reward)
-        self._slots: list[_Slot] = []  # insertion order == step order
         self.group_size: int | None = None  # K, fixed by the first group when positive_bias > 0
-        self._next_uid = 0
-        self._retired_uses: dict[int, int] = {}  # final use count -> groups that left the buffer
+        self._update_of: dict[int, int] = {}  # stored group -> the update of the step that sampled it
+        self._next_uid = 0  # the next group's key in the core
         self.added = 0
         self.dropped = 0  # groups that left the buffer entirely
         self.dropped_rollouts = 0  # responses that left it (whole dropped groups and positive-bias trims)
@@ -317,36 +301,36 @@ class FifoReplayBuffer(ReplayStore):
         self._step_update = 0  # this step's main update, recorded with the groups the step stores
 
     def __len__(self) -> int:
-        return len(self._slots)
+        return len(self.fifo.groups)
 
     @property
     def groups(self) -> tuple[Group, ...]:
         """All stored groups, oldest first (read-only view)."""
-        return tuple(s.group for s in self._slots)
+        return tuple(self.fifo.groups.values())
 
     @property
     def stored_responses(self) -> tuple[tuple[int, ...], ...]:
         """Response indices still stored for each group in `groups` (all K unless trimmed by positive bias)."""
-        return tuple(s.responses for s in self._slots)
+        held: dict[int, list[int]] = {key: [] for key in self.fifo.groups}
+        for rollout in self.fifo.rollouts:
+            held[rollout.group_key].append(rollout.index)
+        return tuple(tuple(indices) for indices in held.values())
 
     @property
     def rollouts(self) -> int:
         """Number of stored responses (at most N)."""
-        return sum(len(s.responses) for s in self._slots)
+        return len(self.fifo)
 
     def eligible(self, step: int) -> list[Group]:
         """Groups that may be drawn at `step`: age >= 1, i.e. not sampled at `step` itself."""
-        return [s.group for s in self._eligible_slots(step)]
-
-    def _eligible_slots(self, step: int) -> list[_Slot]:
-        return [s for s in self._slots if s.group.age(step) >= 1]
+        return [g for g in self.groups if g.age(step) >= 1]
 
     # ---- adding and the retention rule ----
 
     def add(self, groups: Iterable[Group]) -> None:
-        """Store this step's fresh groups (call after the update), then apply the retention rule."""
+        """Store this step's fresh groups (call after the update); the core applies the retention rule."""
         new = list(groups)
-        newest = self._slots[-1].group.step if self._slots else None
+        newest = max((g.step for g in self.fifo.groups.values()), default=None)
         group_size = self.group_size
         for g in checked_for_storing(new, "FifoReplayBuffer"):
             # FIFO order must be step order, or "oldest dropped first" would drop the wrong groups.
@@ -364,45 +348,18 @@ class FifoReplayBuffer(ReplayStore):
                         "its rollout budget N*K needs one group size (use positive_bias=0 for mixed K)."
                     )
         self.group_size = group_size  # set only once the whole call is valid
+        if group_size is not None:
+            self.fifo.unit = group_size  # seed 001 D.4 in whole groups: delta N rounds to groups of K
         for g in new:
-            self._slots.append(_Slot(uid=self._next_uid, group=g, responses=tuple(range(g.size)),
-                                     update=self._step_update))
+            self._update_of[self._next_uid] = self._step_update
+            gone = self.fifo.put(self._next_uid, g, g.step, wall=0.0)
             self._next_uid += 1
+            self.dropped_rollouts += len(gone)
+            left = {r.group_key for r in gone} - set(self.fifo.groups)
+            self.dropped += len(left)
+            for key in left:
+                del self._update_of[key]
         self.added += len(new)
-        if self.positive_bias > 0:
-            self._retain_positive_bias()
-        else:
-            kept = newest_that_fit([len(slot.responses) for slot in self._slots], self.capacity)
-            self._remove(self._slots[: len(self._slots) - kept])
-
-    def _retain_positive_bias(self) -> None:
-        # Seed 001 D.4 on the flattened rollout stream (oldest group first, response index order).
-        flat = [(slot, i) for slot in self._slots for i in slot.responses]
-        correct = [slot.group.rewards[i] >= self.correct_reward for slot, i in flat]
-        keep = positive_bias_keep(correct, self.capacity // self.group_size, self.positive_bias, unit=self.group_size)
-        kept_by_uid: dict[int, list[int]] = {}
-        for j in keep:
-            slot, i = flat[j]
-            kept_by_uid.setdefault(slot.uid, []).append(i)
-        gone = []
-        for slot in self._slots:
-            kept = tuple(kept_by_uid.get(slot.uid, ()))
-            if not kept:
-                gone.append(slot)
-            else:
-                self.dropped_rollouts += len(slot.responses) - len(kept)
-                slot.responses = kept
-        self._remove(gone)
-
-    def _remove(self, slots: list[_Slot]) -> None:
-        if not slots:
-            return
-        uids = {s.uid for s in slots}
-        for s in slots:
-            self._retired_uses[s.uses] = self._retired_uses.get(s.uses, 0) + 1
-            self.dropped_rollouts += len(s.responses)
-        self.dropped += len(slots)
-        self._slots = [s for s in self._slots if s.uid not in uids]
 
     # ---- sampling ----
 
@@ -410,54 +367,34 @@ class FifoReplayBuffer(ReplayStore):
         """Draw `count` groups' worth of replay for the batch of `step`; the caller fills any gap fresh.
 
         Whole groups without positive bias: with_replacement returns `count` draws (none if nothing is
-        eligible); the other modes min(count, #eligible) distinct groups. With positive bias,
-        `count * K` rollouts by the same rules (`_sample_rollouts`), one draw per group they fall in.
+        eligible); the other modes min(count, #eligible) distinct groups. With positive bias, `count * K`
+        rollouts by the same rules, one draw per group they fall in, in the order the groups were stored.
         """
         count = check_int("count", count, 0)
-        step = int(step)
-        pool = self._eligible_slots(step)
-        if count == 0 or not pool:
-            return []  # consume no randomness, so empty draws do not shift the RNG stream
-        if self.positive_bias > 0:
-            return self._sample_rollouts(pool, count * self.group_size, step)
-        if self.mode == "with_replacement":
-            chosen = self._rng.choices(pool, k=count)
-        elif self.mode == "without_replacement":
-            chosen = self._rng.sample(pool, min(count, len(pool)))
-        else:  # at_least_once: never-drawn groups first, then fill without replacement
-            never = [s for s in pool if s.uses == 0]
-            used = [s for s in pool if s.uses > 0]
-            k = min(count, len(pool))
-            chosen = self._rng.sample(never, min(k, len(never)))
-            chosen += self._rng.sample(used, k - len(chosen))
-        return [self._record(slot, step, slot.responses) for slot in chosen]
+        wanted = count * self.group_size if self.positive_bias > 0 and self.group_size else count
+        samples = self.fifo.draw(wanted, int(step))
+        if self.positive_bias == 0:  # whole groups, in draw order: each starts at its response 0
+            runs: list[list[Sample]] = []
+            for sample in samples:
+                if sample.rollout.index == 0:
+                    runs.append([])
+                runs[-1].append(sample)
+        else:
+            by_key: dict[int, list[Sample]] = {}
+            for sample in sorted(samples, key=lambda s: s.rollout.group_key):
+                by_key.setdefault(sample.rollout.group_key, []).append(sample)
+            runs = list(by_key.values())
+        return [self._as_draw(run, int(step)) for run in runs]
 
-    def _sample_rollouts(self, pool: list[_Slot], wanted: int, step: int) -> list[FifoDraw]:
-        # Seed 001 D.4: uniform over the stored rollouts, the buffer's mode applied to rollouts.
-        rollouts = [(slot, i) for slot in pool for i in slot.responses]
-        if self.mode == "with_replacement":
-            chosen = self._rng.choices(rollouts, k=wanted)
-        elif self.mode == "without_replacement":
-            chosen = self._rng.sample(rollouts, min(wanted, len(rollouts)))
-        else:  # at_least_once, per rollout
-            never = [(slot, i) for slot, i in rollouts if i not in slot.drawn]
-            used = [(slot, i) for slot, i in rollouts if i in slot.drawn]
-            k = min(wanted, len(rollouts))
-            chosen = self._rng.sample(never, min(k, len(never)))
-            chosen += self._rng.sample(used, k - len(chosen))
-        by_group: dict[int, list[int]] = {}
-        for slot, i in chosen:
-            by_group.setdefault(slot.uid, []).append(i)
-        return [self._record(slot, step, tuple(sorted(by_group[slot.uid]))) for slot in pool if slot.uid in by_group]
-
-    def _record(self, slot: _Slot, step: int, responses: tuple[int, ...]) -> FifoDraw:
-        since = None if slot.last_used is None else step - slot.last_used
-        slot.uses += 1
-        slot.last_used = step
-        slot.drawn.update(responses)
-        return FifoDraw(group=slot.group, responses=responses, uid=slot.uid, step=step,
-                        age=slot.group.age(step), use=slot.uses, steps_since_last_use=since,
-                        update_age=None if self._update is None else self._update - slot.update)
+    def _as_draw(self, run: list[Sample], step: int) -> FifoDraw:
+        """One group's share of a draw: its drawn responses, its use number and steps since any of them was
+        used (the core keeps both per rollout)."""
+        key, group = run[0].rollout.group_key, run[0].group
+        since = [s.since_last_use for s in run if s.since_last_use is not None]
+        return FifoDraw(group=group, responses=tuple(sorted(s.rollout.index for s in run)), uid=key, step=step,
+                        age=group.age(step), use=max(s.use for s in run),
+                        steps_since_last_use=min(since) if since else None,
+                        update_age=None if self._update is None else self._update - self._update_of[key])
 
     def extra_update_batches(self, replay_factor: int, batch_size: int, step: int) -> list[list[FifoDraw]]:
         """Seed 002's replay mode: the R - 1 extra batches after the fresh update at optimizer step `step`.
@@ -471,12 +408,12 @@ class FifoReplayBuffer(ReplayStore):
         n_extra = extra_updates(replay_factor)
         batch_size = check_int("batch_size", batch_size, 1)
         step = int(step)
-        if any(s.group.step >= step for s in self._slots):
+        if any(g.step >= step for g in self.groups):
             raise ValueError(
                 f"The buffer already holds groups of step {step} or later; the extra updates of step {step} "
                 "replay only older batches, so add() the fresh batch after extra_update_batches()."
             )
-        if n_extra == 0 or not self._slots:
+        if n_extra == 0 or not len(self):
             return []
         batches = []
         for _ in range(n_extra):  # every stored group is at least one step old: each draw is non-empty
@@ -513,21 +450,19 @@ class FifoReplayBuffer(ReplayStore):
     # ---- statistics ----
 
     def replay_counts(self) -> ReplayCounts:
-        """Replay count per group over every group ever added (dropped groups: final; stored ones: so far)."""
-        hist = dict(self._retired_uses)
-        for s in self._slots:
-            hist[s.uses] = hist.get(s.uses, 0) + 1
-        groups = sum(hist.values())
+        """Replay count per rollout over every rollout ever added (dropped ones: final; stored ones: so far)."""
+        hist = self.fifo.replay_count_distribution()
+        rollouts = sum(hist.values())
         return ReplayCounts(
-            groups=groups,
-            mean=sum(u * n for u, n in hist.items()) / groups if groups else None,
-            max=max(hist) if groups else None,
-            histogram=dict(sorted(hist.items())),
+            rollouts=rollouts,
+            mean=sum(u * n for u, n in hist.items()) / rollouts if rollouts else None,
+            max=max(hist) if rollouts else None,
+            histogram=hist,
         )
 
     def age_histogram(self, step: int) -> dict[int, int]:
         """Map age at `step` -> number of stored groups of that age."""
-        return _histogram(s.group.age(step) for s in self._slots)
+        return _histogram(g.age(step) for g in self.groups)
 
     # ---- persistence (ReplayStore.state_dict adds settings, counters and the RNG) ----
 
@@ -536,33 +471,53 @@ class FifoReplayBuffer(ReplayStore):
         rollouts, which a run resumed with the same buffer holds (an empty store's N decided nothing it holds)."""
         settings = state["settings"]
         if "capacity_unit" not in settings:
-            sizes = [len(slot["group"]["rewards"]) for slot in state["contents"]["slots"]]
-            group_size = state["contents"]["group_size"] or (sizes[0] if sizes else None)
+            contents = state["contents"]
+            stored = contents["slots"] if "slots" in contents else [{"group": g} for _, g in contents["queue"]["groups"]]
+            sizes = [len(slot["group"]["rewards"]) for slot in stored]
+            group_size = contents["group_size"] or (sizes[0] if sizes else None)
             rollouts = self.capacity if group_size is None else settings["capacity"] * int(group_size)
             state = {**state, "settings": {**settings, "capacity": rollouts, "capacity_unit": "rollouts"}}
         super().load_state_dict(state)
 
     def _contents(self) -> dict:
-        return {
-            "group_size": self.group_size,
-            "slots": [
-                {"uid": s.uid, "group": dataclasses.asdict(s.group), "responses": list(s.responses),
-                 "uses": s.uses, "last_used": s.last_used, "drawn": sorted(s.drawn), "update": s.update}
-                for s in self._slots
-            ],
-            "retired_uses": sorted([u, n] for u, n in self._retired_uses.items()),
-        }
+        return {"group_size": self.group_size, "queue": self.fifo.state_dict(),
+                "update_of": sorted([key, update] for key, update in self._update_of.items())}
 
     def _restore(self, contents: dict) -> None:
         self.group_size = None if contents["group_size"] is None else int(contents["group_size"])
-        self._slots = [
-            _Slot(uid=int(s["uid"]), group=Group(**s["group"]), responses=tuple(int(i) for i in s["responses"]),
-                  uses=int(s["uses"]), last_used=None if s["last_used"] is None else int(s["last_used"]),
-                  drawn={int(i) for i in s.get("drawn", ())},
-                  update=int(s.get("update", s["group"]["step"])))  # older checkpoints: one update per step
-            for s in contents["slots"]
-        ]
-        self._retired_uses = {int(u): int(n) for u, n in contents["retired_uses"]}
+        if self.group_size is not None:
+            self.fifo.unit = self.group_size
+        if "slots" in contents:  # written before the one replay core: the store's groups as slots
+            contents = slots_as_queue(contents, self.fifo)
+        self.fifo.load_state_dict(contents["queue"])
+        self._update_of = {int(key): int(update) for key, update in contents["update_of"]}
+
+
+def slots_as_queue(contents: dict, fifo: RolloutQueue) -> dict:
+    """A checkpoint's FIFO contents as slots of groups (one per stored group: its responses, uses, last use, the
+    responses ever drawn, its update) in the core's form: a rollout per stored response, keyed by the slot's uid,
+    with the group's uses for each response it drew (all of them for a whole group); a retired group's use
+    count counts once for each of its K rollouts. The generator's state is the store's own (restored already)."""
+    version, internal, gauss = fifo._rng.getstate()
+    rollouts, groups, replay_counts = [], [], {}
+    for slot in contents["slots"]:
+        group, drawn = Group(**slot["group"]), set(slot.get("drawn", slot["responses"] if slot["uses"] else ()))
+        groups.append([int(slot["uid"]), slot["group"]])
+        for i in slot["responses"]:
+            used = int(i) in drawn
+            rollouts.append({"uid": len(rollouts), "group_key": int(slot["uid"]), "index": int(i),
+                             "version": group.step, "reward": group.rewards[int(i)], "created_wall": 0.0,
+                             "uses": int(slot["uses"]) if used else 0,
+                             "last_used": slot["last_used"] if used else None})
+    size = int(contents["group_size"] or (len(groups[0][1]["rewards"]) if groups else 1))
+    for uses, count in contents["retired_uses"]:
+        replay_counts[int(uses)] = replay_counts.get(int(uses), 0) + int(count) * size
+    queue = {"queue": fifo.name, "capacity": fifo.capacity, "rng": [version, list(internal), gauss],
+             "next_uid": len(rollouts), "rollouts": rollouts, "groups": groups,
+             "replay_counts": sorted(replay_counts.items()), "off_policiness": [], "since_last_use": [],
+             "new_uses": 0}
+    updates = [[int(slot["uid"]), int(slot.get("update", slot["group"]["step"]))] for slot in contents["slots"]]
+    return {"queue": queue, "update_of": updates}
 
 
 def as_entry(draw: FifoDraw) -> BatchGroup:

@@ -1,35 +1,39 @@
-"""The rollout queues between seed 001's workers and trainers (SPEC 11 "Queues"), pure Python.
+"""The one replay core (SPEC 11 "Queues"; seed 001 B.5, D.2-D.4): rollouts, their groups, their use statistics.
 
-The unit is a rollout, not a group (seed 001 D.2): each of a group's K responses enters the
-queue on its own, carrying the version of the weights that generated it, its creation time
-(wall and virtual), its use count and the step it was last used. Its reward and log mu were
-fixed when its group was generated; the group itself (prompt, K rewards, log mu) is kept once
-and shared by its rollouts, so a trainer rebuilds the update batch from it, and its advantage from the
-group's K rewards (which generation fixed, so it is the generation-time advantage of D.2).
+The unit is a rollout, not a group (seed 001 D.2): each of a group's K responses is a `Rollout` record carrying
+the clock it was generated at (the version of the weights under `runtime=async`, the RL step under
+`runtime=sync`), its creation time (wall and virtual), its use count and the clock of its last use. Its reward
+and log mu were fixed when its group was generated; the group itself (prompt, K rewards, log mu) is kept once
+and shared by its rollouts, so a trainer rebuilds the update batch from it, and its advantage from the group's
+K rewards (which generation fixed, so it is the generation-time advantage of D.2).
 
-* `RolloutReplayBuffer` (`buffer=fifo` under `runtime=async`, seed 001 B.5 and D.4): the N most recent rollouts,
-  oldest evicted first; a draw removes nothing. The B rollouts of one batch are distinct by
-  default (Listing 5's `random.sample`); `independent=True` draws them independently, as the
-  analysis of section 4 assumes. Positive bias delta keeps the freshest N - round(delta N)
-  rollouts plus the freshest round(delta N) correct ones older than those (D.4;
-  `src.buffer.positive_bias`). Trainers wait until it holds B rollouts.
-* `LifoQueue` (`buffer=none` under `runtime=async`, seed 001 B.1's on-policy streaming baseline): newest
-  first, each rollout used exactly once; trainers wait for B queued rollouts, workers wait while
-  the queue (with what is in flight) would exceed N.
+`RolloutQueue` is the one object for every form seed 001 gives:
 
-Both record seed 001's measures (section 3.2, Figure 2, D.3): off-policiness t - v of every
-sample, steps since last use ("new" on first use, 0 for a repeat in the same batch), and each
-rollout's replay count when it leaves the queue (and, for those still queued, at the end).
-Every put, sample and eviction is appended to `events` (with rollout ids and versions) for the
-run's event log, which the pipeline takes with `drain_events`.
+* FIFO (`buffer=fifo`, B.5 and D.4): the N most recent rollouts, oldest evicted first; a draw removes nothing.
+  `mode` says how a draw picks: distinct (without_replacement, Listing 5's `random.sample`, the pipeline's
+  default), independent (with_replacement, as section 4's analysis assumes, the synchronous step's default), or
+  never-drawn first (at_least_once, Figure 18). Positive bias delta keeps the freshest N - round(delta N)
+  rollouts plus the freshest round(delta N) correct ones older than those (`src.buffer.positive_bias`), counted
+  in units of `unit` rollouts (K for the synchronous store, so no fresh group is split). With `shards` = T
+  (D.4's sharded buffer) rollout u belongs to trainer u mod T, each shard keeps its N/T newest, and a batch is
+  B/T rollouts from every shard. With `whole_groups` the FIFO keeps and draws whole groups (the synchronous
+  store without positive bias: the newest groups that fit in N, drawn uniformly).
+* LIFO (`LifoQueue`, `buffer=none` under `runtime=async`, B.1's on-policy streaming baseline): the same object
+  with the other order: newest first, each rollout used exactly once; workers wait while the queue (with what is
+  in flight) would exceed N.
 
-The pipeline talks to a queue only through its methods (put, ready, room, take, drop_stale, age,
-size, drain_events, replay_count_distribution, distributions, state_dict, load_state_dict) and
-its `name`, `replays` and `capacity`, so the same queue runs in the driver (the pure tests) or in a Ray
-actor behind `src.runtime.queue_actor.QueueActor` (`runtime=async`). Which one a run gets, and with what
-arguments, the run's replay store says (`src.buffer.store.ReplayStore.rollout_queue`): the store of groups
-and the rollout queue are one `buffer` option, in the group's form under `runtime=sync` and in this one under
-`runtime=async`.
+The pipeline (`runtime=async`) talks to a queue through `put`, `ready`, `room`, `take`, `drop_stale`, `age`,
+`size`, `drain_events`, `replay_count_distribution`, `distributions`, `state_dict`, `load_state_dict` and its
+`name`, `replays` and `capacity`, so the same queue runs in the driver (the pure tests) or in a Ray actor behind
+`src.runtime.queue_actor.QueueActor`. The synchronous step's FIFO (`src.buffer.fifo.FifoReplayBuffer`) is an
+adapter over the same object: groups in, `draw` with only groups of earlier steps eligible, `BatchGroup`s out.
+Which form a run gets the run's replay store says (`src.buffer.store.ReplayStore.rollout_queue`).
+
+Every form records seed 001's measures (section 3.2, Figure 2, D.3): off-policiness (clock at use - clock at
+generation) of every sample, steps since last use ("new" on first use, 0 for a repeat in the same batch), and
+each rollout's replay count when it leaves the queue (and, for those still queued, at the end). Every put,
+sample and eviction is appended to `events` (with rollout ids and versions) for the run's event log, which the
+pipeline takes with `drain_events`.
 """
 
 from __future__ import annotations
@@ -39,10 +43,14 @@ import math
 import random
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable, Sequence, TypeVar
 
 from src.batch import Group
 from src.buffer.positive_bias import positive_bias_keep
-from src.validate.checks import check_int
+from src.validate.checks import check_choice, check_int
+
+SAMPLING_MODES = ("with_replacement", "without_replacement", "at_least_once")
+T = TypeVar("T")
 
 @dataclass
 class Rollout:
@@ -51,12 +59,12 @@ class Rollout:
     uid: int                     # order of arrival in the queue
     group_key: int               # the request that generated its group
     index: int                   # its response index in the group
-    version: int                 # trainer updates behind the weights that generated it
+    version: int                 # its clock: the weights' version (async) or the RL step (sync) it came from
     reward: float
     created_wall: float          # seconds since the run started
     created_virtual: float | None = None  # lockstep clock; None in the free schedule
     uses: int = 0
-    last_used: int | None = None  # trainer step of its latest use
+    last_used: int | None = None  # the clock of its latest use
 
 
 @dataclass(frozen=True)
@@ -65,8 +73,9 @@ class Sample:
 
     rollout: Rollout
     group: Group                 # the group it was generated in (K rewards, log mu), for the update batch
-    off_policiness: int          # trainer step - version (>= 0)
+    off_policiness: int          # clock at use - version (>= 0)
     since_last_use: int | None   # None: first use ("new"); else steps since its previous use
+    use: int = 1                 # 1 for the rollout's first use, 2 for its second, ...
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -80,16 +89,61 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-class RolloutQueue:
-    """What both queues share: storage of rollouts and their groups, use statistics, events, persistence."""
 
-    name = ""
-    replays = False  # whether a rollout may be drawn again (seed 001 footnote 5 predicts its reuse)
+def choose(items: Sequence[T], k: int, mode: str, rng: random.Random, never_drawn: Callable[[T], bool]) -> list[T]:
+    """`k` of `items` by a FIFO's sampling mode (seed 001 B.5 and Figure 18), written once for every draw unit:
+    with_replacement, k independent draws; without_replacement, min(k, len) distinct ones; at_least_once,
+    min(k, len) distinct ones, the never-drawn first (all of them if they fit, else a random subset), then the
+    remainder from those drawn before."""
+    if mode == "with_replacement":
+        return rng.choices(items, k=k)
+    k = min(k, len(items))
+    if mode == "without_replacement":
+        return rng.sample(items, k)
+    never = [item for item in items if never_drawn(item)]
+    chosen = rng.sample(never, min(k, len(never)))
+    return chosen + rng.sample([item for item in items if not never_drawn(item)], k - len(chosen))
+
+
+def newest_that_fit(sizes: Sequence[int], capacity: int) -> int:
+    """How many of the newest groups (`sizes`: their rollouts, oldest first) fit together in `capacity` rollouts:
+    a store of N rollouts keeps whole groups, floor(N / K) of K."""
+    held = 0
+    for count, size in enumerate(reversed(sizes)):
+        held += size
+        if held > capacity:
+            return count
+    return len(sizes)
+
+
+class RolloutQueue:
+    """The one replay core: rollouts and their groups, retention, draws, use statistics, events, persistence.
+
+    FIFO by default (`name` buffer: a draw removes nothing); `LifoQueue` sets the other order."""
+
+    name = "buffer"
+    replays = True  # whether a rollout may be drawn again (seed 001 footnote 5 predicts its reuse)
+    order = "fifo"  # fifo: the newest N stay and draws remove nothing; lifo: newest first, each used once
     bound = "buffer.capacity"  # the setting that gives `capacity`, for the pipeline's messages
 
-    def __init__(self, capacity: int, seed: int = 0) -> None:
+    def __init__(self, capacity: int, seed: int = 0, mode: str = "without_replacement", positive_bias: float = 0.0,
+                 correct_reward: float = 1.0, shards: int = 1, unit: int = 1, whole_groups: bool = False,
+                 rng: random.Random | None = None, log_events: bool = True) -> None:
         self.capacity = check_int("buffer.capacity", capacity, 1, "N counts rollouts (e.g. 512).")
-        self._rng = random.Random(int(seed))
+        self.mode = check_choice("buffer.mode", mode, SAMPLING_MODES)
+        if isinstance(positive_bias, bool) or not 0.0 <= float(positive_bias) < 1.0:
+            raise ValueError(f"buffer.positive_bias delta={positive_bias!r}: use 0 <= delta < 1 (0 = plain FIFO; "
+                             "seed 001 uses 0.5)")
+        if isinstance(correct_reward, bool) or not isinstance(correct_reward, (int, float)):
+            raise ValueError(f"correct_reward must be a number (the task's Task.correct_reward, e.g. 1.0), "
+                             f"got {correct_reward!r}.")
+        self.positive_bias, self.correct_reward = float(positive_bias), float(correct_reward)
+        self.shards = check_int("runtime.trainers (shards)", shards, 1)
+        if self.capacity % self.shards:
+            raise ValueError(f"buffer.capacity N={self.capacity} with buffer.sharded=true and T={self.shards}: each "
+                             f"trainer keeps N/T rollouts, so N must be a multiple of T")
+        self.unit, self.whole_groups, self.log_events = int(unit), bool(whole_groups), bool(log_events)
+        self._rng = random.Random(int(seed)) if rng is None else rng
         self.rollouts: list[Rollout] = []          # oldest first
         self.groups: dict[int, Group] = {}          # group key -> group, while any of its rollouts is queued
         self._next_uid = 0
@@ -113,6 +167,10 @@ class RolloutQueue:
         """Rollouts queued (`len`, as a method a Ray actor can answer)."""
         return len(self.rollouts)
 
+    def _event(self, event: dict) -> None:
+        if self.log_events:
+            self.events.append(event)
+
     def drain_events(self) -> list[dict]:
         """The events since the last drain, for the run's event log, in the order they happened."""
         events, self.events = self.events, []
@@ -124,39 +182,31 @@ class RolloutQueue:
         if group_key in self.groups:
             raise ValueError(f"group {group_key} is queued already; each request's group is put once")
         self.groups[group_key] = group
-        new = [Rollout(self._next_uid + i, group_key, i, int(version), group.rewards[i], float(wall), virtual) for i in range(group.size)]
+        new = [Rollout(self._next_uid + i, group_key, i, int(version), group.rewards[i], float(wall), virtual)
+               for i in range(group.size)]
         self._next_uid += group.size
         self.rollouts += new
-        self.events.append({"event": "put", "group": group_key, "version": int(version),
-                            "ids": [r.uid for r in new]})
+        self._event({"event": "put", "group": group_key, "version": int(version), "ids": [r.uid for r in new]})
         return self._evict(self._kept())
 
     def ready(self, batch: int) -> bool:
         """Whether a trainer can take a batch of `batch` rollouts now."""
-        return len(self.rollouts) >= batch
+        if self.order == "lifo":
+            return len(self.rollouts) >= batch
+        if batch % self.shards:
+            raise ValueError(f"a batch of {batch} rollouts cannot be split over {self.shards} shards evenly")
+        return all(len(pool) >= batch // self.shards for pool in self._pools())
 
     def room(self, rollouts: int, in_flight: int) -> bool:
         """Whether a worker may start a group of `rollouts` with `in_flight` rollouts still being generated."""
-        return True
+        return self.order == "fifo" or len(self.rollouts) + in_flight + rollouts <= self.capacity
 
     def take(self, batch: int, step: int) -> list[Sample]:
         """A trainer batch of `batch` rollouts for trainer step `step`, in the order they are used."""
         if not self.ready(batch):
             raise ValueError(f"the {self.name} queue holds {len(self.rollouts)} rollouts, fewer than a batch of {batch}")
         chosen = self._choose(batch)
-        samples = []
-        for rollout in chosen:  # in draw order: a repeat within the batch counts 0 steps since its last use
-            since = None if rollout.last_used is None else step - rollout.last_used
-            samples.append(Sample(rollout, self.groups[rollout.group_key], step - rollout.version, since))
-            rollout.uses += 1
-            rollout.last_used = step
-            self.off_policiness[step - rollout.version] += 1
-            if since is None:
-                self.new_uses += 1
-            else:
-                self.since_last_use[since] += 1
-        self.events.append({"event": "sample", "step": step, "ids": [s.rollout.uid for s in samples],
-                            "versions": [s.rollout.version for s in samples]})
+        samples = self._record(chosen, step)
         self._after_take(chosen)
         return samples
 
@@ -165,23 +215,86 @@ class RolloutQueue:
         process."""
         return self.take(batch, step) if self.ready(batch) else None
 
+    def draw(self, count: int, now: int) -> list[Sample]:
+        """The synchronous step's draw at RL step `now`: `count` units (groups with `whole_groups`, else rollouts)
+        from the rollouts of earlier steps (a group stored at `now` has age 0, not eligible); none, and no
+        randomness consumed, where nothing is eligible."""
+        pool = [r for r in self.rollouts if r.version < now]
+        if count == 0 or not pool:
+            return []
+        return self._record(self._choose_from(pool, count), now)
+
     def drop_stale(self, step: int, eta: int) -> list[Rollout]:
-        """SPEC 11's `drop` bound: evict every rollout whose off-policiness at `step` would exceed eta."""
+        """The age window: evict every rollout whose off-policiness at `step` would exceed eta."""
         keep = [i for i, r in enumerate(self.rollouts) if step - r.version <= eta]
         return self._evict(keep, reason="stale")
 
-    # ---- what the two queues do differently ----
+    # ---- the two orders ----
     def _kept(self) -> list[int]:
-        """Positions (ascending) of the rollouts to keep after a put."""
-        return list(range(len(self.rollouts)))
+        """Positions (ascending) of the rollouts to keep after a put: a FIFO's newest N (per shard, with positive
+        bias), or with `whole_groups` its newest whole groups that fit; a LIFO keeps all (workers wait instead)."""
+        if self.order == "lifo":
+            return list(range(len(self.rollouts)))
+        if self.whole_groups:
+            return self._newest_whole_groups()
+        size, kept = self.capacity // self.shards // self.unit, []
+        for pool in self._pools():
+            correct = [self.rollouts[i].reward >= self.correct_reward for i in pool]
+            kept += [pool[i] for i in positive_bias_keep(correct, size, self.positive_bias, unit=self.unit)]
+        return sorted(kept)
+
+    def _newest_whole_groups(self) -> list[int]:
+        sizes = Counter(r.group_key for r in self.rollouts)  # keys in order of arrival, oldest first
+        kept = set(list(sizes)[len(sizes) - newest_that_fit(list(sizes.values()), self.capacity):])
+        return [i for i, r in enumerate(self.rollouts) if r.group_key in kept]
 
     def _choose(self, batch: int) -> list[Rollout]:
-        raise NotImplementedError
+        if self.order == "lifo":
+            return self.rollouts[::-1][:batch]  # newest first, as asyncio.LifoQueue hands them out
+        share = batch // self.shards
+        return [r for pool in self._pools() for r in self._choose_from([self.rollouts[i] for i in pool], share)]
+
+    def _choose_from(self, pool: list[Rollout], count: int) -> list[Rollout]:
+        """`count` units of `pool` by the mode: rollouts, or whole groups (their rollouts in index order)."""
+        if not self.whole_groups:
+            return choose(pool, count, self.mode, self._rng, lambda r: r.uses == 0)
+        groups: dict[int, list[Rollout]] = {}
+        for rollout in pool:
+            groups.setdefault(rollout.group_key, []).append(rollout)
+        chosen = choose(list(groups.values()), count, self.mode, self._rng, lambda g: g[0].uses == 0)
+        return [r for group in chosen for r in group]
 
     def _after_take(self, chosen: list[Rollout]) -> None:
-        pass
+        if self.order == "lifo":
+            taken = {r.uid for r in chosen}
+            self.rollouts = [r for r in self.rollouts if r.uid not in taken]
+            self._retire(chosen, "consume", "used")
+
+    def _pools(self) -> list[list[int]]:
+        """Positions of each shard's rollouts, oldest first."""
+        pools: list[list[int]] = [[] for _ in range(self.shards)]
+        for position, rollout in enumerate(self.rollouts):
+            pools[rollout.uid % self.shards].append(position)
+        return pools
 
     # ---- shared bookkeeping ----
+    def _record(self, chosen: list[Rollout], now: int) -> list[Sample]:
+        samples = []
+        for rollout in chosen:  # in draw order: a repeat within the batch counts 0 steps since its last use
+            since = None if rollout.last_used is None else now - rollout.last_used
+            rollout.uses += 1
+            rollout.last_used = now
+            samples.append(Sample(rollout, self.groups[rollout.group_key], now - rollout.version, since,
+                                  rollout.uses))
+            self.off_policiness[now - rollout.version] += 1
+            if since is None:
+                self.new_uses += 1
+            else:
+                self.since_last_use[since] += 1
+        self._event({"event": "sample", "step": now, "ids": [s.rollout.uid for s in samples],
+                     "versions": [s.rollout.version for s in samples]})
+        return samples
+
     def _evict(self, keep: list[int], reason: str = "capacity") -> list[Rollout]:
         kept = set(keep)
         gone = [r for i, r in enumerate(self.rollouts) if i not in kept]
@@ -197,8 +310,8 @@ class RolloutQueue:
         queued = {r.group_key for r in self.rollouts}
         for key in {r.group_key for r in gone} - queued:
             del self.groups[key]
-        self.events.append({"event": event, "reason": reason, "ids": [r.uid for r in gone],
-                            "versions": [r.version for r in gone]})
+        self._event({"event": event, "reason": reason, "ids": [r.uid for r in gone],
+                     "versions": [r.version for r in gone]})
 
     def replay_count_distribution(self) -> dict[int, int]:
         """Rollouts per replay count so far: retired rollouts' final counts, queued ones' uses until now."""
@@ -245,70 +358,9 @@ class RolloutQueue:
         self.new_uses = int(state["new_uses"])
 
 
-class RolloutReplayBuffer(RolloutQueue):
-    """`buffer=fifo` under `runtime=async`: seed 001's FIFO of the N newest rollouts, sampled without removal.
-
-    With `shards` = T (D.4's sharded buffer) rollout u belongs to trainer u mod T, each shard keeps its
-    N/T newest (positive bias within the shard), and a batch is B/T rollouts from every shard.
-    """
-
-    name = "buffer"
-    replays = True
-
-    def __init__(self, capacity: int, seed: int = 0, independent: bool = False, positive_bias: float = 0.0,
-                 correct_reward: float = 1.0, shards: int = 1) -> None:
-        super().__init__(capacity, seed)
-        if isinstance(positive_bias, bool) or not 0.0 <= float(positive_bias) < 1.0:
-            raise ValueError(f"buffer.positive_bias delta={positive_bias!r}: use 0 <= delta < 1 (0 = plain FIFO; "
-                             "seed 001 uses 0.5)")
-        self.independent = bool(independent)
-        self.positive_bias = float(positive_bias)
-        self.correct_reward = float(correct_reward)
-        self.shards = check_int("runtime.trainers (shards)", shards, 1)
-        if self.capacity % self.shards:
-            raise ValueError(f"buffer.capacity N={self.capacity} with buffer.sharded=true and T={self.shards}: each "
-                             f"trainer keeps N/T rollouts, so N must be a multiple of T")
-
-    def ready(self, batch: int) -> bool:
-        if batch % self.shards:
-            raise ValueError(f"a batch of {batch} rollouts cannot be split over {self.shards} shards evenly")
-        return all(len(pool) >= batch // self.shards for pool in self._pools())
-
-    def _pools(self) -> list[list[int]]:
-        """Positions of each shard's rollouts, oldest first."""
-        pools: list[list[int]] = [[] for _ in range(self.shards)]
-        for position, rollout in enumerate(self.rollouts):
-            pools[rollout.uid % self.shards].append(position)
-        return pools
-
-    def _kept(self) -> list[int]:
-        size = self.capacity // self.shards
-        kept = []
-        for pool in self._pools():
-            correct = [self.rollouts[i].reward >= self.correct_reward for i in pool]
-            kept += [pool[i] for i in positive_bias_keep(correct, size, self.positive_bias)]
-        return sorted(kept)
-
-    def _choose(self, batch: int) -> list[Rollout]:
-        share, chosen = batch // self.shards, []
-        for pool in self._pools():
-            rollouts = [self.rollouts[i] for i in pool]
-            chosen += self._rng.choices(rollouts, k=share) if self.independent else self._rng.sample(rollouts, share)
-        return chosen
-
-
 class LifoQueue(RolloutQueue):
     """`buffer=none` under `runtime=async`: seed 001's streaming baseline; the newest B rollouts, each used once."""
 
     name = "lifo"
-
-    def room(self, rollouts: int, in_flight: int) -> bool:
-        return len(self.rollouts) + in_flight + rollouts <= self.capacity
-
-    def _choose(self, batch: int) -> list[Rollout]:
-        return self.rollouts[::-1][:batch]  # newest first, as asyncio.LifoQueue hands them out
-
-    def _after_take(self, chosen: list[Rollout]) -> None:
-        taken = {r.uid for r in chosen}
-        self.rollouts = [r for r in self.rollouts if r.uid not in taken]
-        self._retire(chosen, "consume", "used")
+    replays = False
+    order = "lifo"

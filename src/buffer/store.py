@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Callable, ClassVar, Iterable, Sequence
+from typing import Callable, ClassVar, Iterable
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from src.batch import Batch, BatchGroup, Group
+from src.buffer.rollouts import LifoQueue
 from src.validate.checks import check_int
 from src.variant import Variant, described, float_knob, int_knob
 
@@ -235,8 +236,6 @@ class NoReplay(ReplayStore):
     @classmethod
     def rollout_queue(cls, node, trainers: int) -> tuple[type, dict]:
         """Seed 001's on-policy streaming baseline (B.1): no buffer, the newest rollouts first, each used once."""
-        from src.buffer.rollouts import LifoQueue
-
         return LifoQueue, {"capacity": node.capacity}
 
     @classmethod
@@ -257,17 +256,6 @@ class NoReplay(ReplayStore):
 
     def metrics(self, step: int) -> dict[str, float]:
         return {"buffer/size": 0}
-
-
-def newest_that_fit(sizes: Sequence[int], capacity: int) -> int:
-    """How many of the newest groups (`sizes`: their rollouts, oldest first) fit together in `capacity` rollouts:
-    a store of N rollouts keeps whole groups, floor(N / K) of K."""
-    held = 0
-    for count, size in enumerate(reversed(sizes)):
-        held += size
-        if held > capacity:
-            return count
-    return len(sizes)
 
 
 def age_stand_in(node) -> ReplayStore:

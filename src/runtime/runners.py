@@ -214,13 +214,15 @@ class AsyncRuntime(Runtime):
         kind, arguments = cls.rollout_queue(cfg, cfg.runtime)
         runtime = dict(resolved["runtime"])
         runtime.update(queue=kind.name, capacity=arguments["capacity"],
-                       independent=arguments.get("independent", False),
+                       independent=arguments.get("mode") == "with_replacement",
                        positive_bias=arguments.get("positive_bias", 0.0),
                        sharded=bool(cfg.buffer.get("sharded", False)),
                        batch_rollouts=cfg.buffer.get("batch_rollouts"),
                        **bounds_as_version_1(cfg.runtime.staleness, age_window(cfg.buffer)))
-        # A queue's further settings (buffer=rlep's pool) name its cells too; `sharded` already gives shards.
-        runtime.update({key: value for key, value in arguments.items() if key not in (*runtime, "shards")})
+        # A queue's further settings (buffer=rlep's pool, a FIFO's at_least_once) name its cells too; `sharded`
+        # already gives shards, `independent` the two modes version 1 had.
+        version_1 = ("shards",) + (("mode",) if arguments.get("mode") != "at_least_once" else ())
+        runtime.update({key: value for key, value in arguments.items() if key not in (*runtime, *version_1)})
         dropped = ("buffer",) if cls.names_clip(cfg) else ("buffer", "clip")
         return {**{key: value for key, value in resolved.items() if key not in dropped}, "runtime": runtime}
 
@@ -308,8 +310,10 @@ class AsyncRuntime(Runtime):
     def signature(self) -> str:
         """The settings a checkpoint must agree on to resume."""
         s, queue = self.settings, self.queue_arguments
+        mode = queue.get("mode")
+        independent = f"independent={mode == 'with_replacement'}" + (f" mode={mode}" if mode == "at_least_once" else "")
         return (f"{self.queue_kind.name} N={queue['capacity']} delta={queue.get('positive_bias', 0.0):g} "
-                f"independent={queue.get('independent', False)} shards={queue.get('shards', 1)} "
+                f"{independent} shards={queue.get('shards', 1)} "
                 f"{self.schedule} W={s.workers} T={s.trainers} B={s.batch} sync_every={s.sync_every} mu={s.mu:g} "
                 f"worker_cost={s.worker_cost} trainer_cost={s.trainer_cost:g} {staleness_text(s)} "
                 f"g={s.groups_per_request}")

@@ -69,7 +69,6 @@ def test_async_keeps_the_pipeline_state_under_its_own_name_and_names_its_own_cel
     (("runtime.schedule=free", "runtime.trainers=2"), "runtime.trainers=2 with runtime.schedule=free"),
     (("buffer=age2",), "buffer=age2 with runtime=async"),
     (("buffer=popo",), "buffer=popo with runtime=async"),
-    (("buffer=fifo", "buffer.mode=at_least_once"), "buffer.mode=at_least_once"),
     (("buffer=fifo", "buffer.extra_updates=1"), "extra_updates=1"),
     (("sampling=dynamic",), "sampling=dynamic"),
     (("runtime.workers=0",), "runtime.workers"),

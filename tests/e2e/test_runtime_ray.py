@@ -171,10 +171,10 @@ def test_the_buffer_actor_answers_as_the_queue_in_this_process_and_its_death_is_
     distributions and checkpoint state as the local queue; a dead buffer actor stops the run in one line."""
     from src.runtime.pipeline import PipelineError
     from src.runtime.queue_actor import QueueActor
-    from src.buffer.rollouts import LifoQueue, RolloutReplayBuffer
+    from src.buffer.rollouts import LifoQueue, RolloutQueue
 
-    for kind, options in ((RolloutReplayBuffer, {"independent": True, "positive_bias": 0.5}),
-                          (RolloutReplayBuffer, {"shards": 2}), (LifoQueue, {})):
+    for kind, options in ((RolloutQueue, {"mode": "with_replacement", "positive_bias": 0.5}),
+                          (RolloutQueue, {"shards": 2}), (LifoQueue, {})):
         local, remote = kind(capacity=16, seed=7, **options), QueueActor(kind, {"capacity": 16, "seed": 7, **options})
         try:
             assert (remote.name, remote.replays, remote.capacity) == (local.name, local.replays, local.capacity)

@@ -1,34 +1,27 @@
 """A copy of `buffer=none` under a new name, outside src/, in both of its forms: under runtime=sync a store that
 keeps nothing (fresh-only), under runtime=async seed 001's LIFO pipe (B.1), newest rollouts first, each used once.
 
-It subclasses only the two interfaces, `ReplayStore` (the step's store) and `RolloutQueue` (the pipeline's queue,
-which keeps the rollouts, their use statistics and events), and names its rollout form itself
+It subclasses only the two interfaces, `ReplayStore` (the step's store) and `RolloutQueue` (the replay core, which
+keeps the rollouts, their use statistics and events, and takes the LIFO order as a policy), and names its rollout
+form itself
 (`rollout_queue`), so one `buffer` option plugs into both runtimes with no file under src/ listing it
 (tests/e2e/test_outside_variant.py, tests/e2e/test_runtime_ray.py).
 """
 
 from __future__ import annotations
 
-from src.buffer.rollouts import Rollout, RolloutQueue
+from src.buffer.rollouts import RolloutQueue
 from src.buffer.store import ReplayStore
 from src.variant import int_knob
 
 
 class LifoCopyQueue(RolloutQueue):
-    """Newest first, each rollout used once; workers wait while the queue and what is in flight would pass N."""
+    """Newest first, each rollout used once; workers wait while the queue and what is in flight would pass N: the
+    core's other order, named here."""
 
     name = "lifo"
-
-    def room(self, rollouts: int, in_flight: int) -> bool:
-        return len(self.rollouts) + in_flight + rollouts <= self.capacity
-
-    def _choose(self, batch: int) -> list[Rollout]:
-        return self.rollouts[::-1][:batch]
-
-    def _after_take(self, chosen: list[Rollout]) -> None:
-        taken = {r.uid for r in chosen}
-        self.rollouts = [r for r in self.rollouts if r.uid not in taken]
-        self._retire(chosen, "consume", "used")
+    replays = False
+    order = "lifo"
 
 
 class LifoCopyStore(ReplayStore):

@@ -15,7 +15,8 @@ from typing import Iterable
 import torch
 
 from src.batch import BatchGroup, Group
-from src.buffer.store import ReplayStore, checked_for_storing, newest_that_fit, replayed
+from src.buffer.rollouts import newest_that_fit
+from src.buffer.store import ReplayStore, checked_for_storing, replayed
 from src.validate.checks import check_int
 from src.loss.base import Objective
 from src.loss.rloo_math import importance_weights, rloo_policy_loss

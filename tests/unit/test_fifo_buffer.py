@@ -1,7 +1,9 @@
 """FIFO replay buffer rules (SPEC 9; seeds 001 and 002), each on hand-built groups."""
 
+import json
 import pickle
 import random
+from pathlib import Path
 
 import pytest
 
@@ -354,7 +356,7 @@ def test_use_statistics_of_no_draws_leaves_means_undefined():
     assert stats.metrics() == {"fifo/draws": 0.0, "fifo/new_draws": 0.0}
 
 
-def test_replay_counts_cover_stored_and_dropped_groups():
+def test_replay_counts_cover_stored_and_dropped_rollouts():
     buf = FifoReplayBuffer(capacity=2 * K, mode="without_replacement", seed=0)
     assert buf.replay_counts().mean is None
     buf.add([make_group(0, "a"), make_group(0, "b")])
@@ -363,11 +365,12 @@ def test_replay_counts_cover_stored_and_dropped_groups():
     buf.add([make_group(2, "c")])  # capacity 2: "a" leaves with its final count 2
     buf.sample(2, step=3)  # b: 3, c: 1
     counts = buf.replay_counts()
-    assert (counts.groups, counts.histogram, counts.mean, counts.max) == (3, {1: 1, 2: 1, 3: 1}, 2.0, 3)
+    # per rollout (seed 001 D.3): a whole group's K = 2 rollouts share its count
+    assert (counts.rollouts, counts.histogram, counts.mean, counts.max) == (6, {1: 2, 2: 2, 3: 2}, 2.0, 3)
     buf.add([make_group(3, "d"), make_group(3, "e")])  # b and c leave; d and e are unused so far
     final = buf.replay_counts()
-    assert final.histogram == {0: 2, 1: 1, 2: 1, 3: 1} and final.mean == pytest.approx(6 / 5)
-    assert final.metrics() == {"fifo/replay_count_groups": 5.0, "fifo/replay_count_mean": pytest.approx(1.2),
+    assert final.histogram == {0: 4, 1: 2, 2: 2, 3: 2} and final.mean == pytest.approx(6 / 5)
+    assert final.metrics() == {"fifo/replay_count_rollouts": 10.0, "fifo/replay_count_mean": pytest.approx(1.2),
                                "fifo/replay_count_max": 3.0}
 
 
@@ -486,7 +489,7 @@ def test_state_dict_is_plain_data():
     buf = FifoReplayBuffer(capacity=3 * RUN_K, positive_bias=0.5)
     _run(buf, 0, 4)
     state = buf.state_dict()
-    assert all(isinstance(s["group"], dict) for s in state["contents"]["slots"])
+    assert all(isinstance(group, dict) for _, group in state["contents"]["queue"]["groups"])
     assert pickle.loads(pickle.dumps(state)) == state
 
 
@@ -506,3 +509,23 @@ def test_age_at_use_in_updates_counts_every_extra_update_as_seed_001_does(tmp_pa
     restored = through_checkpoint(buf, FifoReplayBuffer(capacity=8 * K, extra_updates=2, groups_per_step=1),
                                   tmp_path / "store.pt")
     assert restored.updates == buf.updates == 4
+
+
+SLOTS = json.loads((Path(__file__).parent / "checkpoints" / "fifo_slots.json").read_text())
+
+
+@pytest.mark.parametrize("case", SLOTS["cases"], ids=lambda c: f"{c['mode']}-pb{c['positive_bias']}")
+def test_a_checkpoint_of_slots_resumes_into_the_one_core_and_draws_as_it_would_have(case):
+    """tests/unit/checkpoints/fifo_slots.json holds checkpoints the store wrote while it kept one slot per group
+    (before the one replay core), with the draws that store made after each: the converter (`slots_as_queue`)
+    restores them, and the same groups and responses are drawn at the same ages. Use numbers and steps since last
+    use are the group's where whole groups are drawn; with positive bias the core keeps them per rollout."""
+    buf = FifoReplayBuffer(capacity=SLOTS["capacity"], mode=case["mode"], positive_bias=case["positive_bias"])
+    buf.load_state_dict(case["state"])
+    observed = [[[uid, prompt, list(responses), *rest] for uid, prompt, responses, *rest in draws]
+                for draws in _run(buf, 5, 12)]
+    whole = case["positive_bias"] == 0
+    assert [[d[:4] for d in draws] for draws in observed] == [[d[:4] for d in draws] for draws in case["draws"]]
+    if whole:
+        assert observed == case["draws"]
+        assert sorted(buf.replay_counts().histogram.items()) == [(u, n * RUN_K) for u, n in case["replay_counts"]]

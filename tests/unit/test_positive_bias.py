@@ -1,5 +1,6 @@
-"""Seed 001's positive-bias retention (D.4) is one function, and its two buffers keep the same rollouts with it:
-the group store (buffer=fifo, capacity in groups) and the async pipeline's rollout buffer (capacity in rollouts)."""
+"""Seed 001's positive-bias retention (D.4) is one function in the one replay core, and both of the core's forms keep
+the same rollouts with it: the synchronous store (buffer=fifo, delta N in whole groups) and the async pipeline's
+rollout buffer (delta N in rollouts)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import random
 import pytest
 
 from src.batch import Group
-from src.buffer import fifo, positive_bias
+from src.buffer import positive_bias
 from src.buffer.fifo import FifoReplayBuffer
 from src.buffer import rollouts
-from src.buffer.rollouts import RolloutReplayBuffer
+from src.buffer.rollouts import RolloutQueue
 
 
-def test_both_buffers_call_the_one_rule():
-    assert fifo.positive_bias_keep is rollouts.positive_bias_keep is positive_bias.positive_bias_keep
+def test_both_forms_keep_with_the_one_core_and_its_one_rule():
+    assert isinstance(FifoReplayBuffer(capacity=8, positive_bias=0.5).fifo, RolloutQueue)
+    assert rollouts.positive_bias_keep is positive_bias.positive_bias_keep
 
 
 def a_group(step: int, rewards: list[float]) -> Group:
@@ -30,7 +32,7 @@ def test_the_group_store_and_the_rollout_buffer_keep_the_same_rollouts(k, groups
     after every group of a random reward stream they hold the same (group, response) pairs."""
     rng = random.Random(k * 100 + groups)
     store = FifoReplayBuffer(capacity=groups * k, positive_bias=delta, correct_reward=1.0)
-    rollouts = RolloutReplayBuffer(capacity=groups * k, positive_bias=delta, correct_reward=1.0)
+    rollouts = RolloutQueue(capacity=groups * k, positive_bias=delta, correct_reward=1.0)
     for step in range(30):
         group = a_group(step, [rng.choice((0.0, 0.1, 1.0)) for _ in range(k)])
         store.add([group])

@@ -13,7 +13,7 @@ import torch
 from src.batch import Group
 from src.runtime import formulas
 from src.runtime.pipeline import (FreePipeline, Generated, LockstepPipeline, PipelineError, PipelineSettings)
-from src.buffer.rollouts import LifoQueue, RolloutReplayBuffer
+from src.buffer.rollouts import LifoQueue, RolloutQueue
 from src.variant import described
 from src.runtime.schedule import LockstepClock
 
@@ -57,7 +57,7 @@ def test_areal_block_rule():
 
 # --------------------------------------------------------------------------- queues
 def test_buffer_keeps_the_n_newest_samples_distinct_and_removes_nothing():
-    buffer = RolloutReplayBuffer(capacity=6, seed=0)
+    buffer = RolloutQueue(capacity=6, seed=0)
     evicted = []
     for key in range(3):
         evicted += buffer.put(key, group(key), version=key, wall=0.0)
@@ -72,7 +72,7 @@ def test_buffer_keeps_the_n_newest_samples_distinct_and_removes_nothing():
 
 
 def test_independent_draws_repeat_within_a_batch_and_count_zero_steps_since_last_use():
-    buffer = RolloutReplayBuffer(capacity=16, seed=1, independent=True)
+    buffer = RolloutQueue(capacity=16, seed=1, mode="with_replacement")
     for key in range(4):
         buffer.put(key, group(key), 0, 0.0)
     samples = buffer.take(16, step=2)
@@ -84,9 +84,22 @@ def test_independent_draws_repeat_within_a_batch_and_count_zero_steps_since_last
     assert sum(r.uses for r in buffer.rollouts) == 16
 
 
+def test_at_least_once_draws_every_queued_rollout_before_any_twice_per_shard():
+    # Figure 18's rule in the one core, now also the pipeline's: two groups of K = 4 in two shards of 4
+    buffer = RolloutQueue(capacity=8, seed=5, mode="at_least_once", shards=2)
+    for key in range(2):
+        buffer.put(key, group(key), 0, 0.0)
+    first, second = buffer.take(4, step=1), buffer.take(4, step=2)
+    assert all(s.since_last_use is None for s in first + second)  # all 8 new before any repeat
+    assert sorted(s.rollout.uid for s in first + second) == list(range(8))
+    assert sorted(s.rollout.uid % 2 for s in first) == [0, 0, 1, 1]
+    third = buffer.take(4, step=3)
+    assert len({s.rollout.uid for s in third}) == 4 and {s.use for s in third} == {2}
+
+
 def test_positive_bias_keeps_freshest_share_plus_freshest_correct_rollouts():
     # D.4 example: N = 8, delta = 0.75 -> 2 freshest of any reward + 6 freshest correct older ones
-    buffer = RolloutReplayBuffer(capacity=8, seed=0, positive_bias=0.75)
+    buffer = RolloutQueue(capacity=8, seed=0, positive_bias=0.75)
     buffer.put(0, group(0, k=4, correct=(0, 2)), 0, 0.0)
     buffer.put(1, group(1, k=4, correct=(1,)), 0, 0.0)
     buffer.put(2, group(2, k=4, correct=()), 0, 0.0)
@@ -95,7 +108,7 @@ def test_positive_bias_keeps_freshest_share_plus_freshest_correct_rollouts():
 
 
 def test_sharded_buffer_keeps_n_over_t_per_trainer_and_draws_b_over_t_from_each():
-    buffer = RolloutReplayBuffer(capacity=8, seed=0, shards=2)
+    buffer = RolloutQueue(capacity=8, seed=0, shards=2)
     for key in range(3):
         buffer.put(key, group(key), key, 0.0)
     assert [r.uid for r in buffer.rollouts] == [4, 5, 6, 7, 8, 9, 10, 11]  # 4 newest of each shard
@@ -103,7 +116,7 @@ def test_sharded_buffer_keeps_n_over_t_per_trainer_and_draws_b_over_t_from_each(
     samples = buffer.take(4, step=3)
     assert sorted(s.rollout.uid % 2 for s in samples) == [0, 0, 1, 1]
     with pytest.raises(ValueError, match="multiple of T"):
-        RolloutReplayBuffer(capacity=9, shards=2)
+        RolloutQueue(capacity=9, shards=2)
 
 
 def test_lifo_takes_newest_first_and_uses_each_rollout_once():
@@ -132,12 +145,12 @@ def test_queue_reports_its_replay_counts_distributions_and_drains_its_events():
 
 
 def test_queue_state_survives_a_weights_only_checkpoint(tmp_path):
-    buffer = RolloutReplayBuffer(capacity=6, seed=3)
+    buffer = RolloutQueue(capacity=6, seed=3)
     for key in range(3):
         buffer.put(key, group(key), key, float(key), virtual=float(key))
     buffer.take(4, step=3)
     torch.save(buffer.state_dict(), tmp_path / "q.pt")
-    restored = RolloutReplayBuffer(capacity=6, seed=99)
+    restored = RolloutQueue(capacity=6, seed=99)
     restored.load_state_dict(torch.load(tmp_path / "q.pt", weights_only=True))
     assert restored.rollouts == buffer.rollouts and restored.groups == buffer.groups
     assert [s.rollout.uid for s in restored.take(4, 4)] == [s.rollout.uid for s in buffer.take(4, 4)]
@@ -211,7 +224,7 @@ def machine_free(metrics: list[dict]) -> list[dict]:
 
 def lockstep(queue="buffer", capacity=64, **settings):
     options = dict(workers=1, trainers=1, batch=8, group_size=4, mu=2.0) | settings
-    kind = RolloutReplayBuffer if queue == "buffer" else LifoQueue
+    kind = RolloutQueue if queue == "buffer" else LifoQueue
     return LockstepPipeline(PipelineSettings(**options), kind(capacity, seed=0), FakeWork())
 
 
@@ -339,7 +352,7 @@ def test_a_stalled_pipeline_says_why():
 
 
 def test_free_pipeline_finishes_and_counts_every_group():
-    pipeline = FreePipeline(PipelineSettings(workers=2, trainers=1, batch=8, group_size=4), RolloutReplayBuffer(32),
+    pipeline = FreePipeline(PipelineSettings(workers=2, trainers=1, batch=8, group_size=4), RolloutQueue(32),
                             FakeWork())
     for _ in range(5):
         metrics = pipeline.next_step()
