@@ -487,7 +487,7 @@ class FifoReplayBuffer(ReplayStore):
         self.group_size = None if contents["group_size"] is None else int(contents["group_size"])
         if self.group_size is not None:
             self.fifo.unit = self.group_size
-        if "slots" in contents:  # written before the one replay core: the store's groups as slots
+        if "slots" in contents:  # the slot form, one slot per stored group: converted into the core's
             contents = slots_as_queue(contents, self.fifo)
         self.fifo.load_state_dict(contents["queue"])
         self._update_of = {int(key): int(update) for key, update in contents["update_of"]}

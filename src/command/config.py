@@ -64,16 +64,23 @@ if not OmegaConf.has_resolver("rollouts_in"):
 
 
 def each_share(total, parts) -> int:
-    """`total` split over `parts` (at least 1 each): the launchers' `${per_task:...}` and `${per_node:...}`."""
+    """`total` split over `parts` (at least 1 each): the launchers' `${per_task:...}` and `${tasks_a_node:...}`."""
     return max(1, int(total) // max(1, int(parts)))
 
 
-# `${per_task:64,${.tasks_per_node}}`: a node's CPUs split over its SLURM tasks (one task a rank).
-# `${per_node:${hardware.ranks},${hardware.nodes}}`: a job's ranks split over its nodes (SLURM tasks a node); a
-# split that is not even is refused by `_validate_nodes` before anything runs.
-for _name in ("per_task", "per_node"):
+def tasks_a_node(ranks, nodes, runtime) -> int:
+    """SLURM tasks on each node of a cell's job: its processes (`Runtime.processes`: one a rank where ranks run the
+    loop; under runtime=async one driver, whose trainer ranks are Ray actors, and one task a further node) split
+    over its nodes."""
+    return each_share(described(runtime).processes(runtime, ranks, nodes), nodes)
+
+
+# `${per_task:64,${.tasks_per_node}}`: a node's CPUs split over its SLURM tasks.
+# `${tasks_a_node:${hardware.ranks},${hardware.nodes},${runtime}}`: the cell's processes split over its nodes (SLURM
+# tasks a node); a split that is not even is refused by `_validate_nodes` before anything runs.
+for _name, _resolver in (("per_task", each_share), ("tasks_a_node", tasks_a_node)):
     if not OmegaConf.has_resolver(_name):
-        OmegaConf.register_new_resolver(_name, each_share)
+        OmegaConf.register_new_resolver(_name, _resolver)
 
 ENGINES = ("hf", "vllm")
 HUB_TIMEOUT_S = 10  # the one request that asks the hub whether a policy name exists

@@ -260,10 +260,17 @@ def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_th
     # runtime=async: one driver process; its 2 trainer ranks are Ray actors (on cuda:2 and 3), not SLURM tasks
     actors = ("hardware=h100x4", "runtime=async", "runtime.workers=2", "runtime.gpus_per_worker=1",
               "hardware.device=cuda:2", "hardware.ranks=2", "runtime.trainers=2", "buffer=none")
-    assert refusal(*actors) == ("hydra.launcher.tasks_per_node=2 with runtime=async and hardware.ranks=2: the cell "
-                                "runs 1 process(es) (runtime=async: one driver, its trainer ranks are Ray actors, "
-                                "and a task on each further node); set hydra.launcher.tasks_per_node=1")
-    assert refusal(*actors, "hydra.launcher.tasks_per_node=1") is None
+    assert refusal(*actors) is None  # the launcher asks for the runtime's processes a node (`tasks_a_node`): 1
+    assert refusal(*actors, "hydra.launcher.tasks_per_node=2") == (
+        "hydra.launcher.tasks_per_node=2 with runtime=async and hardware.ranks=2: the cell runs 1 process(es) "
+        "(runtime=async: one driver, its trainer ranks are Ray actors, and a task on each further node); set "
+        "hydra.launcher.tasks_per_node=1")
+    # over two nodes: one task a node (the driver, and the further node's Ray cluster member), whatever T is
+    spread = ("hardware=h100x8", "runtime=async", "hardware.nodes=2", "hardware.ranks=4", "runtime.trainers=4",
+              "runtime.gpus_per_worker=1", "buffer=none")
+    assert refusal(*spread) is None
+    cfg = compose_config(*spread, hydra=True)
+    assert (cfg.hydra.launcher.nodes, cfg.hydra.launcher.tasks_per_node, cfg.hydra.launcher.cpus_per_task) == (2, 1, 64)
 
 
 @pytest.mark.slow  # a Hydra sweep composes in a subprocess: ~10 s
