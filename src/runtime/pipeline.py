@@ -8,13 +8,16 @@ actors and the trainer's `learn` in `src.runtime.ray_work`, a stand-in in the te
     work.start(worker, key, version)    # begin request `key`: groups key .. key + g - 1 (g groups a request)
                                         #   with published weights `version` (None: the newest published
                                         #   when the worker starts it)
-    work.result(worker) -> [Generated]  # lockstep: that worker's groups, once they are done
-    work.poll(timeout) -> [Generated]   # free: the groups of whatever requests are done
+    work.result(worker, version) -> [Generated]  # lockstep: that worker's groups, once they are done
+    work.poll(timeout, version) -> [Generated]   # free: the groups of whatever requests are done
     work.train(step, samples, arrived, publish)  # begin one update on the batch; `arrived`: groups put since
                                         #   the last one; `publish`: the version its weights become, the workers'
                                         #   next load, once it is done (None: not with this update)
     work.trained() -> (metrics, seconds)  # wait for that update: its metrics, and the seconds its publish took
     work.publish(version) -> seconds    # make the trainer's weights the workers' next load
+
+`version` in `result` and `poll` is the one step counter, the updates done as the schedule counts them
+(`Counters.version`): what the curriculum records with the groups that arrive.
 
 The queue is any object with `src.buffer.rollouts.RolloutQueue`'s methods: the queue itself here and
 in the pure tests, `src.runtime.queue_actor.QueueActor` (the queue in a Ray actor, each call a
@@ -82,8 +85,8 @@ class Generated:
 
 class Work(Protocol):
     def start(self, worker: int, key: int, version: int | None) -> None: ...  # None: the latest published
-    def result(self, worker: int) -> list[Generated]: ...
-    def poll(self, timeout: float | None) -> list[Generated]: ...
+    def result(self, worker: int, version: int) -> list[Generated]: ...
+    def poll(self, timeout: float | None, version: int) -> list[Generated]: ...
     def train(self, step: int, samples, arrived: list[Generated], publish: int | None) -> None: ...
     def trained(self) -> tuple[dict[str, float], float | None]: ...
     def publish(self, version: int) -> float: ...
@@ -337,7 +340,7 @@ class LockstepPipeline(Pipeline):
             updated = False
             for role, ident in self.clock.advance():  # every job finishing now, before anything starts
                 if role == "worker":
-                    for generated in self.work.result(ident):
+                    for generated in self.work.result(ident, self.counters.version):
                         self.arrive(generated, virtual=float(self.clock.now))
                 else:
                     self.finish_update()
@@ -394,7 +397,7 @@ class FreePipeline(Pipeline):
         s = self.settings
         while True:
             if self.counters.in_flight:  # whatever finished while the trainer trained
-                for generated in self.work.poll(0):
+                for generated in self.work.poll(0, self.counters.version):
                     self.arrive(generated)
             samples = self.take()
             if samples is not None:
@@ -411,7 +414,7 @@ class FreePipeline(Pipeline):
                                     f"{self.queue.name} queue holds {self.queue.size()} and no worker may start; "
                                     "raise buffer.capacity or the staleness bound")
             waited = time.perf_counter()
-            for generated in self.work.poll(None):
+            for generated in self.work.poll(None, self.counters.version):
                 self.arrive(generated)
             self.counters.trainer_wait_s += time.perf_counter() - waited
 

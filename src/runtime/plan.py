@@ -89,7 +89,7 @@ class _Placeholder:
         self.running[worker] = [Generated(k, worker, version or 0, self.group, request=key)
                                 for k in range(key, key + self.size)]
 
-    def result(self, worker: int):
+    def result(self, worker: int, version: int):
         return self.running.pop(worker)
 
     def train(self, step: int, samples, arrived, publish) -> None:

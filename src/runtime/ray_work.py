@@ -437,10 +437,9 @@ class RayWork:
         self.preloaded: dict[int, list[Generated]] = {}
         self.published: tuple[int, ray.ObjectRef] | None = None
         self.wait_s = 0.0
-        self.training: tuple | None = None  # (step, publish, [call per rank]) of the update under way
+        self.training: tuple | None = None  # (publish, [call per rank]) of the update under way
         self.last_counts: StepCounts | None = None  # what the last update adds to the driver's counters
         self.last_completions: dict[int, list] = {}  # ... and the completions the run logs of it
-        self.version = state.step  # the trainer's policy version: the steps it has trained
 
     def placement(self) -> dict:
         """Where the actors run: the session's live nodes, each worker's node, and the trainers' (the driver's)."""
@@ -460,19 +459,20 @@ class RayWork:
             key, instances, request_seed(self.seed, key), version, weights)
         self.pending.append(Pending(worker, key, head, groups))
 
-    def result(self, worker: int) -> list[Generated]:
+    def result(self, worker: int, version: int) -> list[Generated]:
         if worker in self.preloaded:
-            return self._arrived(self.preloaded.pop(worker))
+            return self._arrived(self.preloaded.pop(worker), version)
         pending = next(p for p in self.pending if p.worker == worker)
-        return self._finish(pending, self._get(pending.ref))
+        return self._finish(pending, self._get(pending.ref), version)
 
-    def poll(self, timeout: float | None) -> list[Generated]:
+    def poll(self, timeout: float | None, version: int) -> list[Generated]:
         refs = [p.ref for p in self.pending]
         started = time.perf_counter()
         ray.wait(refs, num_returns=1, timeout=timeout)
         done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])  # every one finished by now
         self.wait_s += time.perf_counter() - started
-        return [g for p in [p for p in self.pending if p.ref in done] for g in self._finish(p, self._get(p.ref))]
+        return [g for p in [p for p in self.pending if p.ref in done]
+                for g in self._finish(p, self._get(p.ref), version)]
 
     def peek(self, worker: int) -> list[Generated]:
         if worker in self.preloaded:
@@ -483,22 +483,23 @@ class RayWork:
     def preload(self, worker: int, groups: list[Generated]) -> None:
         self.preloaded[worker] = groups
 
-    def _finish(self, pending: Pending, payload: list[dict]) -> list[Generated]:
+    def _finish(self, pending: Pending, payload: list[dict], version: int) -> list[Generated]:
         self.pending.remove(pending)
-        return self._arrived(self._generated(pending, payload))
+        return self._arrived(self._generated(pending, payload), version)
 
     def _generated(self, pending: Pending, heads: list[dict]) -> list[Generated]:
         return [Generated(worker=pending.worker, group=Stored(ref, head.pop("size"), head.pop("instance"),
                                                               head.pop("rewards")), **head)
                 for head, ref in zip(heads, pending.groups, strict=True)]
 
-    def _arrived(self, generated: list[Generated]) -> list[Generated]:
+    def _arrived(self, generated: list[Generated], version: int) -> list[Generated]:
+        """Groups that arrived while the schedule counts `version` updates done: the curriculum records them so."""
         if generated and generated[0].restarted:
             log.warning("rollout worker %d was restarted by Ray (max_restarts); its request %d was retried",
                         generated[0].worker, generated[0].request)
         groups = [g.group for g in generated]  # `Stored` but where a resumed lockstep run preloaded them
         instances = [g.instance if isinstance(g, Stored) else self.parts.task.instance_of(g) for g in groups]
-        self.parts.curriculum.observe(instances, [g.rewards for g in groups], self.version)
+        self.parts.curriculum.observe(instances, [g.rewards for g in groups], version)
         return generated
 
     def _get(self, ref):
@@ -513,16 +514,15 @@ class RayWork:
         drawn twice trains twice): `samples` is the buffer actor's reference to them (`DrawnBatch`), or the
         samples themselves; the driver's loop counts the step (`last_counts`)."""
         waited, self.wait_s = self.wait_s, 0.0
-        self.training = (step, publish, self._send(
+        self.training = (publish, self._send(
             "learn", step, getattr(samples, "ref", samples),
             [g.group.ref if isinstance(g.group, Stored) else g.group for g in arrived], waited,
             self.parts.curriculum.metrics(), dataclasses.replace(self.state, history=[]), publish))
 
     def trained(self) -> tuple[dict[str, float], float | None]:
         """Wait for the update begun: its metrics, and the seconds its publish took (None: none asked)."""
-        step, publish, refs = self.training
+        publish, refs = self.training
         metrics, self.last_counts, self.last_completions, published = self._answer(refs)
-        self.version = step + 1
         if publish is None:
             return metrics, None
         self.published = (publish, published[0])  # the trainer actor has told the board

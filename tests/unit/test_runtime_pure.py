@@ -184,6 +184,7 @@ class FakeWork:
 
     def __init__(self):
         self.running, self.preloaded, self.updates, self.versions_loaded = {}, {}, [], []
+        self.arrived_at: list[int] = []  # the step counter each `result` and `poll` was given
 
     def start(self, worker, key, version):
         version = self.published if version is None else version
@@ -191,7 +192,8 @@ class FakeWork:
                   for k in range(key, key + self.groups_per_request)]
         self.running.setdefault(worker, []).append(groups)
 
-    def result(self, worker):
+    def result(self, worker, version):
+        self.arrived_at.append(version)
         return self.preloaded.pop(worker, None) or self.running[worker].pop(0)
 
     peek = lambda self, worker: self.running[worker][0]  # noqa: E731
@@ -199,7 +201,8 @@ class FakeWork:
     def preload(self, worker, groups):
         self.preloaded[worker] = groups
 
-    def poll(self, timeout):  # each worker finishes its oldest request
+    def poll(self, timeout, version):  # each worker finishes its oldest request
+        self.arrived_at.append(version)
         return [g for w in sorted(self.running) if self.running[w] for g in self.running[w].pop(0)]
 
     def train(self, step, samples, arrived, publish):
@@ -244,6 +247,27 @@ def test_lockstep_long_run_mean_replay_count_approaches_footnote5():
         metrics = pipeline.next_step()
     assert metrics["replay/count_mean"] == pytest.approx(3.0, rel=0.02)
     assert metrics["replay/ratio_counts"] == pytest.approx(3.0, rel=0.02)
+
+
+def test_arrivals_carry_the_one_step_counter_the_updates_the_clock_has_finished():
+    """The curriculum records arriving groups with `Counters.version` (what `result` is given): under the lockstep
+    clock a group that arrives while an update runs in virtual time counts it undone, though its work is done."""
+    pipeline = lockstep(workers=2, mu=0.5, capacity=64)  # the trainer slower than the workers: arrivals mid-update
+    finished = []
+    for _ in range(6):
+        pipeline.next_step()
+        finished.append(pipeline.counters.version)
+    arrivals = [e for e in pipeline.events if e["event"] in ("put", "update", "publish")]
+    done, seen = 0, []
+    for event in arrivals:  # the updates finished (published: sync_every=1) before each group is put
+        if event["event"] == "publish":
+            done = event["version"]
+        elif event["event"] == "put":
+            seen.append(done)
+    # the queue's events reach the log at the step's end: the last arrivals are not in it yet
+    assert pipeline.work.arrived_at[:len(seen)] == seen and len(seen) >= 40 and finished == [1, 2, 3, 4, 5, 6]
+    # the update of step 0 runs for four rounds of the workers: their groups arrive with 0 updates done
+    assert seen[:8] == [0] * 8 and sorted(set(seen)) == [0, 1, 2, 3, 4, 5]
 
 
 def test_lockstep_is_deterministic_and_versions_never_exceed_the_trainers():
