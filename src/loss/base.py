@@ -54,9 +54,11 @@ class Objective(Variant):
     """A loss: `__call__(micro_batch, totals) -> Loss`, and what it asks of the trainer as data (`needs`).
 
     The trainer (`src.loss.trainer.Trainer`) lays out every row's inputs (advantages by `advantages`, log mu,
-    truncated rows) on each micro-batch and calls the loss on it. A loss that fixes numbers for the whole update
-    over a first pass (GRPO's pi_prox, IPO's pair gradients) adds `prepare`, `observe` and `result`; the other
-    hooks below have the defaults of a loss that trains on every batch.
+    truncated rows, and pi_prox and mu per token where `needs.proximal` asks for them) on each micro-batch and
+    calls the loss on it; the loss's diagnostics travel in its `Loss`. A loss that fixes numbers for the whole
+    batch from pi_prox adds `fix` (M2PO's mask); one that keeps its own numbers from a first pass (IPO's pair
+    gradients) adds `prepare`, `observe` and `result`; the other hooks below have the defaults of a loss that
+    trains on every batch.
     """
 
     # Whether the objective weighs replayed rows with clip.ceiling (eq. 2): then the ceiling names the cell
@@ -86,6 +88,12 @@ class Objective(Variant):
         """Numbers the loss fixes for the whole batch, handed to `observe`, `trains`, `skips`, `result` and each
         micro-batch (`MicroBatch.state`); None: none. `shared`: the trainer's reducer over ranks and KL estimate,
         for a state that needs them."""
+        return None
+
+    def fix(self, proximal, reducer):
+        """Where the loss asks for pi_prox (`Needs.proximal`): numbers it fixes for the whole batch from every row's
+        pi_prox and mu per token (`src.loss.trainer.Proximal`), over the ranks that share it (`reducer`), handed
+        to each micro-batch (`MicroBatch.state`); None: none."""
         return None
 
     def observe(self, state, lp: MicroBatch) -> None:

@@ -29,6 +29,10 @@ class Needs:
     # (entropy, pi_ref) of a no-grad pass over every micro-batch before the first optimizer step, handed to the
     # loss's `observe`; None: no such pass.
     first_pass: tuple[bool, bool] | None = None
+    # pi_prox and mu per token, which the trainer keeps from a first pass and lays out on every training
+    # micro-batch (`MicroBatch.proximal`, `behaviour_tokens`), and the update's per-row numbers it gives
+    # (`src.loss.trainer.Proximal`): GRPO's decoupled ratio, M2PO's mask.
+    proximal: bool = False
     reads: tuple[bool, bool] = (False, False)  # (entropy, pi_ref) the loss itself reads in each training pass
     updates: int = 1  # optimizer steps per batch, on interleaved mini-batches (`interleaved_mini_batches`)
     # Whether the trainer adds eq. 3's beta_KL KL - beta_H H (`src.loss.trainer.penalised`); a loss with a

@@ -14,15 +14,13 @@ computes it (docs/papers.md#m2po). A fresh row of an on-policy sampler has mu = 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from src.batch import Batch
 from src.loss.base import Objective
-from src.loss.grpo import stored_behaviour_tokens
-from src.loss.inputs import Needs, Shared
-from src.loss.trainer import Loss, MicroBatch, Tally, Totals
+from src.loss.inputs import Needs
+from src.loss.trainer import Loss, MicroBatch, Totals
 from src.loss.variant_math import group_normalised_advantages
 from src.policy.forward import place_tokens, upcast
 from src.variant import float_knob, int_knob
@@ -76,62 +74,34 @@ class M2po(Objective):
     def __init__(self, m2_threshold: float, updates_per_step: int, **settings) -> None:
         super().__init__(**settings)
         self.m2_threshold, self.updates_per_step = float(m2_threshold), int(updates_per_step)
-        # pi_prox from a first pass; mu per token is the loss's own, so no row is truncated.
-        self.needs = Needs(truncates="none", first_pass=(False, False), updates=self.updates_per_step)
+        # pi_prox and mu per token from the trainer's first pass; no row is truncated: r weighs every token.
+        self.needs = Needs(truncates="none", proximal=True, updates=self.updates_per_step)
 
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """GRPO's group-normalised advantages, as M2PO trains with."""
         return group_normalised_advantages(rewards)
 
-    def prepare(self, batch: Batch, shared: Shared) -> "_Step":
-        return _Step(stored_behaviour_tokens(batch), [torch.empty(0)] * len(batch.rows), shared.reducer)
-
-    def observe(self, step: "_Step", lp: MicroBatch) -> None:
-        """pi_prox per response token of one micro-batch (the first pass)."""
-        token_logprobs, mask = upcast(lp.policy).cpu(), lp.mask.bool().cpu()
-        for row, i in enumerate(lp.index):
-            step.prox[i] = token_logprobs[row][mask[row]].clone()
-
-    def trains(self, step: "_Step") -> bool:
-        """Called once the first pass is over: the step's mask, from every row's pi_prox and mu."""
-        squared = [(step.prox[i] - step.behaviour(i)) ** 2 for i in range(len(step.prox))]
-        step.kept, step.extras = second_moment_mask(squared, self.m2_threshold, step.reducer)
-        return True
+    def fix(self, proximal, reducer) -> "_Mask":
+        """The step's mask, from every row's pi_prox and mu per token (the trainer's first pass)."""
+        squared = [(proximal.prox[i] - proximal.behaviour(i)) ** 2 for i in range(len(proximal.prox))]
+        return _Mask(*second_moment_mask(squared, self.m2_threshold, reducer))
 
     def __call__(self, lp: MicroBatch, totals: Totals) -> Loss:
+        """J on one micro-batch, with r = pi_prox/mu per token as the raw weight, r kept by the mask as the used
+        one, and the mask's diagnostics."""
         zeros = torch.zeros_like(upcast(lp.policy))
-        step = lp.state
-        behaviour = place_tokens(lp.chunk, [step.behaviour(i) for i in lp.index], zeros.clone())
-        kept = place_tokens(lp.chunk, [step.kept[i].to(zeros.dtype) for i in lp.index], zeros.clone())
+        behaviour = lp.behaviour_tokens
+        kept = place_tokens(lp.chunk, [lp.state.kept[i].to(zeros.dtype) for i in lp.index], zeros.clone())
         log_ratio = torch.where(kept > 0, upcast(lp.policy) - behaviour, zeros)  # no exp of a masked token
         terms = kept * torch.exp(log_ratio) * lp.advantages[:, None].to(zeros.dtype)
         policy_loss = -terms.sum() / totals.tokens
-        return Loss(policy_loss, policy_loss)
-
-    def result(self, step: "_Step", tally: Tally, token_counts: torch.Tensor, optimizer_steps: int) -> dict:
-        """Per response: log pi_prox (stored as a fresh row's log mu, per token too), its sequence ratio to mu,
-        and the share of its tokens kept as the used weight's mean; the mask's diagnostics."""
-        prox, behaviour = step.prox, [step.behaviour(i) for i in range(len(step.prox))]
-        token_raw = [(p - b).exp() for p, b in zip(prox, behaviour)]
-        token_used = [raw * kept for raw, kept in zip(token_raw, step.kept)]
-        return {"logprobs": torch.stack([p.sum() for p in prox]),
-                "raw_weights": torch.stack([(p - b).sum().exp() for p, b in zip(prox, behaviour)]),
-                "weights": torch.stack([used.mean() if len(used) else torch.tensor(1.0) for used in token_used]),
-                "behaviour_tokens": [tuple(p.tolist()) for p in prox],
-                "token_raw_weights": token_raw, "token_weights": token_used,
-                "extras": {**step.extras, "m2po/updates": float(optimizer_steps)}}
+        raw = (lp.proximal - behaviour).exp()
+        return Loss(policy_loss, policy_loss, token_weights=(raw, raw * kept), diagnostics=lp.state.diagnostics)
 
 
-@dataclass
-class _Step:
-    """What stays fixed through one RL step's updates: mu and pi_prox per response token, and the mask."""
+@dataclass(frozen=True)
+class _Mask:
+    """What stays fixed through one RL step's updates: the tokens kept, per row, and the mask's diagnostics."""
 
-    stored_behaviour: list[torch.Tensor | None]  # None: a fresh row's, mu = pi_prox
-    prox: list[torch.Tensor]
-    reducer: object
-    kept: list[torch.Tensor] = field(default_factory=list)
-    extras: dict = field(default_factory=dict)
-
-    def behaviour(self, row: int) -> torch.Tensor:
-        stored = self.stored_behaviour[row]
-        return self.prox[row] if stored is None else stored.to(self.prox[row].dtype)
+    kept: list[torch.Tensor]
+    diagnostics: dict

@@ -21,7 +21,7 @@ from src.loss.inputs import RowInputs, Shared
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.reducer import Reducer
 from src.loss.rloo_math import interleaved_mini_batches
-from src.policy.forward import place_tokens
+from src.policy.forward import place_tokens, upcast
 from src.policy.token_stats import on_device
 
 
@@ -104,9 +104,11 @@ class MicroBatch:
     advantages: torch.Tensor | None = None  # A_i per row (the loss's estimator, eq. 1 by default)
     behaviour: torch.Tensor | None = None   # log mu(y|x) per row; fresh rows of an on-policy sampler: log pi_theta now
     truncated: list[bool] | None = None     # rows seed 002's truncated IS weighs (`Needs.truncates`)
-    # log mu per token on truncated rows (zeros elsewhere) where the batch is weighed per token; None: per response
+    # log mu per token: on truncated rows (zeros elsewhere) where the batch is weighed per token, on every row where
+    # the loss asks for pi_prox (`Needs.proximal`); None: neither
     behaviour_tokens: torch.Tensor | None = None
-    state: object = None  # what the loss's own `prepare` fixed for the batch (None for most losses)
+    proximal: torch.Tensor | None = None   # log pi_prox per token where the loss asks for it (`Needs.proximal`)
+    state: object = None  # what the loss's own `prepare` or `fix` fixed for the batch (None for most losses)
     _sequence: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def sequence_logprobs(self) -> torch.Tensor:
@@ -138,6 +140,9 @@ class Loss:
     logprobs: torch.Tensor | None = None      # log pi_theta(y|x) per row
     weights: tuple[torch.Tensor, torch.Tensor] | None = None        # (raw, used) per row
     token_weights: tuple[torch.Tensor, torch.Tensor] | None = None  # (raw, used) per token
+    # The loss's diagnostics of the micro-batch ("family/name": a token mean, or a maximum where the name ends in
+    # _max): the trainer averages them over the update, weighted by response tokens, and over ranks (`Tally`).
+    diagnostics: dict[str, float] | None = None
 
 
 class Tally:
@@ -153,6 +158,7 @@ class Tally:
     def __init__(self, rows: int, updates: int, keep_token_logprobs: bool) -> None:
         self.rows, self.updates, self.keep_token_logprobs = rows, updates, keep_token_logprobs
         self.pieces: list[tuple[str, list[int], list | None, torch.Tensor]] = []  # (name, rows, their chunk, values)
+        self.diagnostics: defaultdict = defaultdict(float)  # token-weighted sums (maxima for *_max), "tokens"
 
     def add(self, lp: MicroBatch, out: Loss) -> None:
         def keep(name: str, values: torch.Tensor, per_token: bool = False) -> None:
@@ -177,6 +183,22 @@ class Tally:
             value = getattr(out, key)
             if value is not None:
                 keep(key, value.reshape(1))
+        if out.diagnostics:
+            tokens = sum(len(response) for _, response in lp.chunk)
+            for key, value in out.diagnostics.items():
+                sums = self.diagnostics
+                sums[key] = max(sums[key], value) if key.endswith("_max") else sums[key] + value * tokens
+            self.diagnostics["tokens"] += tokens
+
+    def diagnostic_means(self, reducer, optimizer_steps: int) -> dict[str, float]:
+        """The losses' diagnostics over the update and the ranks that share it (token means, maxima), and the
+        optimizer steps taken, as `family/updates` for each family of diagnostics."""
+        sums = dict(self.diagnostics)
+        for key in sorted(sums):  # one order on every rank: each key is a collective
+            sums[key] = reducer.maximum(sums[key]) if key.endswith("_max") else reducer.total(sums[key])
+        tokens = sums.pop("tokens", 0.0)
+        means = {key: value if key.endswith("_max") else value / tokens for key, value in sums.items()}
+        return {**means, **{f"{key.split('/')[0]}/updates": float(optimizer_steps) for key in sums}}
 
     def __getattr__(self, name: str):
         if name not in Tally.READ:
@@ -268,8 +290,9 @@ class Trainer:
         token_logprobs, entropy, mask = self.forward.token_stats(model, chunk, with_entropy=with_entropy)
         ref = (self.forward.reference_tokens(reference, chunk, [inputs.cached[i] for i in index], like=token_logprobs)
                if with_reference else None)
-        lp = MicroBatch(index, chunk, token_logprobs, entropy, ref, mask.float(), state=inputs.state)
-        return row_inputs(lp, inputs.rows)
+        lp = row_inputs(MicroBatch(index, chunk, token_logprobs, entropy, ref, mask.float(), state=inputs.state),
+                        inputs.rows)
+        return lp if inputs.proximal is None else inputs.proximal.laid_out(lp)
 
     def mini_batches(self, rows: int) -> list[list[int]]:
         """This rank's rows (0..rows-1) per optimizer step: all of them, or, at `Needs.updates` = M > 1, the
@@ -294,8 +317,9 @@ class Trainer:
 
         1. Every row's inputs (`RowInputs`: advantages, log mu...), the loss's own per-batch numbers where it
            fixes some (`prepare`), and the mini-batches (`Needs.updates`).
-        2. Where the loss asks for a first pass (`Needs.first_pass`: pi_prox, IPO's log pi), a no-grad pass
-           over every micro-batch before the first optimizer step (`observe`).
+        2. Where the loss asks for a first pass, a no-grad pass over every micro-batch before the first optimizer
+           step: pi_prox and mu per token, which the trainer keeps (`Needs.proximal`; the loss may `fix` numbers
+           for the batch from them), or what the loss keeps itself (`Needs.first_pass`, `observe`: IPO's log pi).
         3. Per mini-batch: zero the gradients, backpropagate each micro-batch's loss (normalised by the
            mini-batch's totals, so accumulation gives the one-batch gradient exactly), clip, step.
         """
@@ -309,11 +333,7 @@ class Trainer:
         # Under autocast: the update's forward and backward passes on bf16 copies of the fp32 weights, made once.
         reads_reference = self.train_reads()[1] or (needs.first_pass is not None and needs.first_pass[1])
         with self.forward.compute_weights(policy, reference if reads_reference else None) as weights:
-            if needs.first_pass is not None:  # 2.
-                with torch.no_grad():
-                    for index in (chunk for plan in plans for chunk in plan):
-                        objective.observe(inputs.state, self.micro_batch(policy, reference, inputs, index,
-                                                                         needs.first_pass))
+            self.first_pass(policy, reference, inputs, [chunk for plan in plans for chunk in plan], batch)  # 2.
             steps = len(plans) if objective.trains(inputs.state) else 0
             tally = Tally(len(sequences), max(steps, 1), needs.keep_token_logprobs)
             for plan in plans[:steps]:  # 3.
@@ -330,7 +350,29 @@ class Trainer:
                     out.loss.backward()
                     tally.add(lp, out)  # kept on the device: read once, after the update
                 weights.step(lambda: self.optimizer_step(policy, optimizer))
-        return replace(tally.result(token_counts, steps), **objective.result(inputs.state, tally, token_counts, steps))
+        result = replace(tally.result(token_counts, steps), extras=tally.diagnostic_means(reducer, steps))
+        if inputs.proximal is not None:
+            result = replace(result, **inputs.proximal.numbers(tally))
+        return replace(result, **objective.result(inputs.state, tally, token_counts, steps))
+
+    def first_pass(self, policy, reference, inputs: "_BatchInputs", chunks: list[list[int]], batch: Batch) -> None:
+        """The no-grad pass before the first optimizer step, where the loss asks for one: pi_prox per response
+        token into `inputs.proximal`, with mu per token, and what the loss fixes from them (`fix`); or each
+        micro-batch to the loss's `observe` (`Needs.first_pass`)."""
+        objective, needs = self.objective, self.objective.needs
+        if needs.first_pass is None and not needs.proximal:
+            return
+        proximal = Proximal.of(batch) if needs.proximal else None
+        with torch.no_grad():
+            for index in chunks:
+                lp = self.micro_batch(policy, reference, inputs, index, needs.first_pass or (False, False))
+                if proximal is not None:
+                    proximal.observe(lp)
+                if needs.first_pass is not None:
+                    objective.observe(inputs.state, lp)
+        if proximal is not None:
+            inputs.proximal = proximal
+            inputs.state = objective.fix(proximal, self.reducer)
 
     def optimizer_step(self, policy, optimizer) -> None:
         """Reduce the accumulated gradients over ranks (where the reducer must), clip them, step."""
@@ -343,12 +385,70 @@ class Trainer:
 @dataclass
 class _BatchInputs:
     """What every micro-batch of one update reads: the rows' (prompt, response) ids, their stored log pi_ref,
-    their `RowInputs` and the loss's own per-batch numbers."""
+    their `RowInputs`, the loss's own per-batch numbers and, after the first pass, pi_prox and mu per token."""
 
     sequences: list
     cached: list
     rows: RowInputs
     state: object
+    proximal: "Proximal | None" = None
+
+
+@dataclass
+class Proximal:
+    """Per trained row, what the trainer's first pass fixes for a loss that weighs tokens by pi_prox
+    (`Needs.proximal`: GRPO's decoupled ratio, M2PO's mask): log pi_prox per response token (the policy before the
+    update's first optimizer step, so the first mini-batch's ratio is exactly 1) and log mu per token (a replayed
+    group's stored one, a stale sampler's fresh one; pi_prox for a fresh row of an on-policy sampler, whose
+    behaviour weight is then exactly 1)."""
+
+    stored: list[torch.Tensor | None]  # None: a fresh row's, mu = pi_prox
+    prox: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, batch: Batch) -> "Proximal":
+        """mu per token as stored, the rows' pi_prox still to come (`observe`)."""
+        groups, stored = batch.groups, []
+        for g, j in batch.rows:
+            group = groups[g]
+            if group.behaviour_logprobs is None:
+                stored.append(None)
+            elif group.behaviour_token_logprobs is None:
+                raise ValueError(f"a replayed group of step {group.step} has no per-token behaviour log-probs, which "
+                                 "a loss weighing tokens by pi_prox/mu needs (loss=grpo, loss=m2po); groups stored by "
+                                 "a loss=rloo run cannot be replayed under it")
+            else:
+                stored.append(torch.tensor(group.behaviour_token_logprobs[j]))
+        return cls(stored, [torch.empty(0)] * len(batch.rows))
+
+    def observe(self, lp: MicroBatch) -> None:
+        """pi_prox per response token of one micro-batch of the first pass."""
+        token_logprobs, mask = upcast(lp.policy).cpu(), lp.mask.bool().cpu()
+        for row, i in enumerate(lp.index):
+            self.prox[i] = token_logprobs[row][mask[row]].clone()
+
+    def behaviour(self, row: int) -> torch.Tensor:
+        stored = self.stored[row]
+        return self.prox[row] if stored is None else stored.to(self.prox[row].dtype)
+
+    def numbers(self, tally: Tally) -> dict:
+        """The update's per-row numbers from pi_prox: log pi_prox (stored as a fresh row's log mu, per token too),
+        the sequence ratio pi_prox/mu as the raw weight, and the mean of the used token weights (the loss's)."""
+        prox, behaviour = self.prox, [self.behaviour(i) for i in range(len(self.prox))]
+        used = tally.token_used
+        return {"logprobs": torch.stack([p.sum() for p in prox]),
+                "raw_weights": torch.stack([(p - b).sum().exp() for p, b in zip(prox, behaviour)]),
+                "weights": torch.stack([u.mean() if len(u) else torch.tensor(1.0, dtype=p.dtype)
+                                        for u, p in zip(used, prox)]),
+                "behaviour_tokens": [tuple(p.tolist()) for p in prox]}
+
+    def laid_out(self, lp: MicroBatch) -> MicroBatch:
+        """`lp` with pi_prox and mu per token at its rows' response positions (zeros elsewhere)."""
+        zeros = torch.zeros_like(upcast(lp.policy))
+        laid = replace(lp, proximal=place_tokens(lp.chunk, [self.prox[i] for i in lp.index], zeros.clone()),
+                       behaviour_tokens=place_tokens(lp.chunk, [self.behaviour(i) for i in lp.index], zeros.clone()))
+        laid._sequence = lp._sequence  # the same log-probs and mask: not summed again
+        return laid
 
 
 def row_inputs(lp: MicroBatch, rows: RowInputs) -> MicroBatch:

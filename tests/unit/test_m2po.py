@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from src.loss.m2po import M2po, _Step, second_moment_mask
+from src.loss.m2po import M2po, _Mask, second_moment_mask
 from src.loss.reducer import Reducer
 from src.loss.trainer import MicroBatch, Totals
 from tests.unit.test_train import make_parts, policy_update, sample_groups, small_config
@@ -78,11 +78,11 @@ def test_the_objective_is_minus_the_token_mean_of_mask_times_ratio_times_advanta
     """Two rows (prompt of one token, responses of 3 and 2 tokens), the middle token of row 0 masked."""
     policy = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, 0.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    behaviour = [torch.tensor([-1.2, -0.1, -0.5]), torch.tensor([-1.5, -1.0])]
-    step = _Step(behaviour, [torch.zeros(3), torch.zeros(2)], Reducer(),
-                 kept=[torch.tensor([True, False, True]), torch.tensor([True, True])])
+    behaviour = torch.tensor([[-1.2, -0.1, -0.5], [-1.5, -1.0, 0.0]])  # mu per token, as the trainer lays it out
+    fixed = _Mask(kept=[torch.tensor([True, False, True]), torch.tensor([True, True])], diagnostics={})
     lp = MicroBatch([0, 1], [((7,), (1, 2, 3)), ((7,), (4, 5))], policy, None, None, mask,
-                    advantages=torch.tensor([1.0, -0.5]), state=step)
+                    advantages=torch.tensor([1.0, -0.5]), behaviour_tokens=behaviour,
+                    proximal=torch.zeros(2, 3), state=fixed)
     loss = M2po(m2_threshold=0.04, updates_per_step=1)(lp, Totals(rows=2, tokens=5))
     # row 0: e^{0.2} * 1 + (masked) + e^{0} * 1; row 1: e^{0} * -0.5 + e^{0.3} * -0.5
     expected = -(math.exp(0.2) + 1.0 - 0.5 - 0.5 * math.exp(0.3)) / 5

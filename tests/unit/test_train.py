@@ -15,6 +15,7 @@ from src.settings import RunSettings
 from src.batch import Batch, BatchGroup, Group
 from src.study.budget import plan_fresh_evaluations
 from src.loss.base import Truncation
+from src.loss.inputs import Needs
 from src.loss.rloo import RlooObjective
 from src.loss.trainer import Trainer
 from src.policy.forward import Forward, micro_batches
@@ -305,3 +306,43 @@ def test_a_loss_that_returns_no_logprobs_still_stores_the_behaviour_logprobs(ran
         stored.append(result.stored(group, 0).behaviour_logprobs)
     assert all(value < 0 for value in stored[0])  # log-probs of sampled responses under the policy
     assert stored[1] == pytest.approx(stored[0], abs=1e-6)
+
+
+class ProximalProbe(RlooObjective):
+    """A loss that asks for pi_prox (`Needs.proximal`) and no more: it reads the trainer's pi_prox and mu per token,
+    returns eq. 3's RLOO term and two diagnostics, and keeps what it saw."""
+
+    def __init__(self) -> None:
+        super().__init__(clip_ceiling=2.0)
+        self.needs = Needs(truncates="none", proximal=True, updates=2)
+        self.seen: list[tuple[float, float]] = []
+
+    def __call__(self, lp, totals):
+        response = lp.mask.bool()
+        moved = float((lp.policy.detach() - lp.proximal)[response].abs().max())
+        fresh = [i for i, row in enumerate(lp.index) if row < 3]  # group 0 (rows 0..2) is fresh: mu = pi_prox
+        self.seen.append((moved, float((lp.behaviour_tokens - lp.proximal)[fresh][response[fresh]].abs().max())))
+        out = super().__call__(lp, totals)
+        return dataclasses.replace(out, diagnostics={"probe/moved_max": moved, "probe/one": 1.0})
+
+
+def test_the_trainer_owns_pi_prox_and_mu_per_token_for_a_loss_that_asks(random_policy_dir, compose_config):
+    """Needs.proximal: the trainer's first pass fixes pi_prox, so the first mini-batch's ratio is exactly 1 and the
+    second's is not; mu per token is pi_prox on fresh rows; the update stores pi_prox as their log mu (per token
+    too) and averages the loss's diagnostics, with the optimizer steps as probe/updates."""
+    cfg = small_config(compose_config)
+    parts = make_parts(random_policy_dir, cfg)
+    groups = sample_groups(parts.tokenizer)
+    groups[1] = dataclasses.replace(groups[1], behaviour_token_logprobs=[tuple([-2.0] * len(ids))
+                                                                         for ids in groups[1].response_ids])
+    probe = ProximalProbe()
+    trainer = Trainer(probe, Forward(parts.tokenizer.pad_token_id, micro_batch_size=100))
+    batch = Batch([BatchGroup(groups[0], "fresh", 0), BatchGroup(groups[1], "replay", 1)])
+    result = trainer.update(parts.policy, parts.reference, parts.optimizer, batch)
+    (first_moved, first_fresh), (second_moved, _) = probe.seen
+    assert first_moved <= 1e-6 and first_fresh == 0.0 and second_moved > 1e-4
+    assert [len(tokens) for tokens in result.behaviour_tokens] == [len(r) for g in groups for r in g.response_ids]
+    assert result.logprobs[:3].tolist() == pytest.approx([sum(t) for t in result.behaviour_tokens[:3]], abs=1e-4)
+    stored = result.stored(groups[0], 0)
+    assert stored.behaviour_token_logprobs == tuple(result.behaviour_tokens[:3])
+    assert result.extras == {"probe/moved_max": second_moved, "probe/one": pytest.approx(1.0), "probe/updates": 2.0}
