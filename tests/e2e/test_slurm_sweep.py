@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -131,6 +132,76 @@ def test_the_async_pipeline_over_two_slurm_nodes_starts_its_ray_cluster_and_leav
     [run] = mlflow.MlflowClient().search_runs([mlflow.get_experiment_by_name("replay-rloo").experiment_id])
     assert (run.info.status, run.data.params["hardware.nodes"]) == ("FINISHED", "2")
     assert [m.step for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "train/loss")] == [0]
+
+
+@pytest.mark.long  # make test-long (docs/testing.md): two runs of the two-node job, about three minutes
+def test_the_async_pipeline_over_two_slurm_nodes_resumes_after_its_driver_is_killed(tmp_path, slurm_cluster):
+    """docs/async.md's two-node command with a checkpoint every step: SIGKILL to the driver (task 0) once a
+    checkpoint is written ends the job with no process of its Ray cluster left; the same command again resumes the
+    run from its checkpoint into the same MLflow run, each step logged once."""
+    import os
+    import signal
+
+    from src.runtime.ray_cluster import _processes_naming
+
+    docs = " ".join((PROJECT_ROOT / "docs" / "async.md").read_text().split())
+    typed = next(line for line in docs.split("python -m src.run")[1:] if "hardware.nodes=2" in line).split(" ```")[0]
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    command = [sys.executable, "-m", "src.run", *typed.split(), "trainer.steps=6", "trainer.checkpoint_every=1",
+               "evaluation.at_start=false", "hydra.launcher.timeout_min=10", "hydra.launcher.cpus_per_task=1",
+               f"hydra.sweep.dir={tmp_path}/multirun", f"tracking.uri={store}",
+               f"tracking.artifact_location={tmp_path}/artifacts", "tracking.sweep=nodes"]
+    first = subprocess.Popen(command, cwd=PROJECT_ROOT, env=slurm_cluster.env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    deadline, checkpoints = time.time() + 600, []
+    while not checkpoints and first.poll() is None and time.time() < deadline:
+        checkpoints = list((tmp_path / "multirun").rglob("checkpoint.pt"))
+        time.sleep(0.2)
+    assert checkpoints, "no checkpoint was written"
+    drivers = [pid for pid in task_processes(tmp_path / "multirun") if pid[1] == "0"]
+    assert len(drivers) == 1, drivers
+    os.kill(drivers[0][0], signal.SIGKILL)
+    [script] = (tmp_path / "multirun" / ".submitit").glob("*/*_submission.sh")
+    job, deadline = script.name.split("_")[0], time.time() + 120
+    shown = slurm_cluster.run("scontrol", "show", "job", job).stdout
+    while ("JobState=RUNNING" in shown or "JobState=COMPLETING" in shown) and time.time() < deadline:
+        time.sleep(1.0)  # the further node leaves once the head is gone (HEAD_GONE_S), and the job ends
+        shown = slurm_cluster.run("scontrol", "show", "job", job).stdout
+    assert "JobState=FAILED" in shown and "NumNodes=2 " in shown, shown
+    assert not task_processes(tmp_path / "multirun") and _processes_naming(Path(f"ray-{job}-")) == []
+    # The local SLURM keeps no accounting (no sacct), so submitit never learns that the job failed: the launcher
+    # waiting on it is stopped here, as its user would stop it, once SLURM shows the job ended.
+    first.terminate()
+    output, _ = first.communicate(timeout=60)
+    assert "1 finished" not in output, output[-3000:]
+
+    again = subprocess.run(command, cwd=PROJECT_ROOT, env=slurm_cluster.env, capture_output=True, text=True,
+                           timeout=900)
+    said = again.stdout + again.stderr
+    assert again.returncode == 0 and "1 finished" in said, said[-3000:]
+    mlflow.set_tracking_uri(store)
+    client = mlflow.MlflowClient()
+    [run] = client.search_runs([mlflow.get_experiment_by_name("replay-rloo").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in sorted(client.get_metric_history(run.info.run_id, "train/loss"),
+                                   key=lambda m: m.step)] == list(range(6))
+
+
+def task_processes(sweep: Path) -> list[tuple[int, str]]:
+    """(pid, SLURM_PROCID) of the python processes running a task of a job launched from `sweep` (submitit's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+            if not Path(argv[0]).name.startswith("python") or "submitit.core._submit" not in argv or \
+                    not any(str(sweep) in arg for arg in argv):
+                continue  # srun, the batch script, SLURM's own: not the task's python
+            environ = dict(item.split("=", 1) for item in (entry / "environ").read_bytes().decode().split("\0")
+                           if "=" in item)
+        except (OSError, ValueError):
+            continue
+        found.append((int(entry.name), environ.get("SLURM_PROCID", "")))
+    return found
 
 
 @pytest.mark.long  # make test-long (docs/testing.md): test_sweep's preempted run resumes in the suite
