@@ -89,7 +89,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-
 def choose(items: Sequence[T], k: int, mode: str, rng: random.Random, never_drawn: Callable[[T], bool]) -> list[T]:
     """`k` of `items` by a FIFO's sampling mode (seed 001 B.5 and Figure 18), written once for every draw unit:
     with_replacement, k independent draws; without_replacement, min(k, len) distinct ones; at_least_once,

@@ -180,3 +180,32 @@ def test_a_buffer_the_async_pipeline_cannot_keep_is_one_line_before_mlflow_opens
     done = src_run(["runtime=async", "buffer=age1"], tmp_path)
     one_line(done, "buffer=age1 with runtime=async", "use buffer=fifo or buffer=none")
     assert not (tmp_path / "m.db").exists()  # refused by src.command.config.validate, before any MLflow run opens
+
+
+def async_md_command(*words: str) -> list[str]:
+    """The words after `python -m src.run` of the docs/async.md command that holds each of `words`."""
+    docs = " ".join((ROOT / "docs" / "async.md").read_text().split())
+    return next(command.split("`")[0].split() for command in docs.split("python -m src.run ")[1:]
+                if all(word in command.split("`")[0] for word in words))
+
+
+@pytest.mark.slow  # one async run of trainer=smoke: ~23 s
+def test_the_async_fifo_draws_never_drawn_rollouts_first_as_docs_async_types_it(tmp_path):
+    """docs/async.md's `buffer.mode=at_least_once` under runtime=async, as typed: it trains (the pipeline's FIFO is
+    the one replay core, whose draw has that mode) and finishes its MLflow run."""
+    typed = async_md_command("buffer.mode=at_least_once")
+    assert typed == ["runtime=async", "buffer=fifo", "buffer.mode=at_least_once", "trainer=smoke"]
+    done = src_run(typed, tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "gradient steps: 2" in done.stdout + done.stderr
+
+
+@pytest.mark.slow  # a Hydra sweep composes in a subprocess: ~10 s
+def test_an_async_cell_over_two_nodes_plans_one_task_a_node_as_docs_async_types_it(tmp_path):
+    """docs/async.md's dry run of an async cell with 4 trainer ranks over 2 nodes: SLURM is asked for 1 task a
+    node (the trainer ranks are Ray actors), not ranks / nodes."""
+    typed = async_md_command("hardware.nodes=2", "hydra.sweeper.dry_run=true")
+    done = src_run(typed, tmp_path)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 0, said[-3000:]
+    assert "each asks for 2 nodes x 1 task, 16 GPUs in all, 64 CPUs and 512 GB a node" in said
