@@ -105,7 +105,8 @@ def test_the_async_pipeline_over_two_slurm_nodes_starts_its_ray_cluster_and_leav
     from src.runtime.ray_cluster import _processes_naming
 
     docs = " ".join((PROJECT_ROOT / "docs" / "async.md").read_text().split())
-    typed = next(line for line in docs.split("python -m src.run")[1:] if "hardware.nodes=2" in line).split(" ```")[0]
+    typed = next(line for line in docs.split("python -m src.run")[1:]
+                 if "hardware.nodes=2" in line and "submitit_slurm" in line).split(" ```")[0]
     store = f"sqlite:///{tmp_path}/mlruns.db"
     command = [sys.executable, "-m", "src.run", *typed.split(), "trainer.steps=1", "evaluation.at_start=false",
                "hydra.launcher.timeout_min=10", "hydra.launcher.cpus_per_task=1", f"hydra.sweep.dir={tmp_path}/multirun",
@@ -145,7 +146,8 @@ def test_the_async_pipeline_over_two_slurm_nodes_resumes_after_its_driver_is_kil
     from src.runtime.ray_cluster import _processes_naming
 
     docs = " ".join((PROJECT_ROOT / "docs" / "async.md").read_text().split())
-    typed = next(line for line in docs.split("python -m src.run")[1:] if "hardware.nodes=2" in line).split(" ```")[0]
+    typed = next(line for line in docs.split("python -m src.run")[1:]
+                 if "hardware.nodes=2" in line and "submitit_slurm" in line).split(" ```")[0]
     store = f"sqlite:///{tmp_path}/mlruns.db"
     command = [sys.executable, "-m", "src.run", *typed.split(), "trainer.steps=6", "trainer.checkpoint_every=1",
                "evaluation.at_start=false", "hydra.launcher.timeout_min=10", "hydra.launcher.cpus_per_task=1",
