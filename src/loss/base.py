@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from src.batch import Batch
-from src.loss.inputs import Needs, Shared
+from src.loss.inputs import Needs
 from src.loss.rloo_math import leave_one_out_advantages
 from src.validate.checks import check_choice
-from src.loss.trainer import Loss, MicroBatch, Tally, Totals
+from src.loss.trainer import FirstPass, Fixed, Loss, MicroBatch, Totals
 from src.variant import Variant
 
 IS_LEVELS = ("sequence", "token")  # truncated importance weights per response or per token (seed 002 eq. 3)
@@ -56,9 +55,7 @@ class Objective(Variant):
     The trainer (`src.loss.trainer.Trainer`) lays out every row's inputs (advantages by `advantages`, log mu,
     truncated rows, and pi_prox and mu per token where `needs.proximal` asks for them) on each micro-batch and
     calls the loss on it; the loss's diagnostics travel in its `Loss`. A loss that fixes numbers for the whole
-    batch from pi_prox adds `fix` (M2PO's mask); one that keeps its own numbers from a first pass (IPO's pair
-    gradients) adds `prepare`, `observe` and `result`; the other hooks below have the defaults of a loss that
-    trains on every batch.
+    batch from the trainer's first pass adds `fix` (M2PO's mask, IPO's pair gradients).
     """
 
     # Whether the objective weighs replayed rows with clip.ceiling (eq. 2): then the ceiling names the cell
@@ -84,30 +81,8 @@ class Objective(Variant):
         """
         return leave_one_out_advantages(rewards)
 
-    def prepare(self, batch: Batch, shared: Shared):
-        """Numbers the loss fixes for the whole batch, handed to `observe`, `trains`, `skips`, `result` and each
-        micro-batch (`MicroBatch.state`); None: none. `shared`: the trainer's reducer over ranks and KL estimate,
-        for a state that needs them."""
-        return None
-
-    def fix(self, proximal, reducer):
-        """Where the loss asks for pi_prox (`Needs.proximal`): numbers it fixes for the whole batch from every row's
-        pi_prox and mu per token (`src.loss.trainer.Proximal`), over the ranks that share it (`reducer`), handed
-        to each micro-batch (`MicroBatch.state`); None: none."""
-        return None
-
-    def observe(self, state, lp: MicroBatch) -> None:
-        """Keep what the first pass (`Needs.first_pass`) gives of one micro-batch."""
-
-    def trains(self, state) -> bool:
-        """Whether the batch asks for any optimizer step (the same answer on every rank)."""
-        return True
-
-    def skips(self, state, index: list[int]) -> bool:
-        """Whether a training micro-batch contributes nothing (decided alike on every rank: a collective)."""
-        return False
-
-    def result(self, state, tally: Tally, token_counts: torch.Tensor, optimizer_steps: int) -> dict:
-        """The update's numbers the loss fixes itself, as `UpdateResult` fields over those its micro-batches'
-        `Loss`es left in `tally` (the trainer builds the result); by default none."""
-        return {}
+    def fix(self, first: FirstPass, reducer) -> Fixed:
+        """Where the loss asks for a first pass (`Needs.first_pass`, `Needs.proximal`): what it fixes for the whole
+        batch from every row's numbers of that pass (`FirstPass`), over the ranks that share the batch
+        (`reducer`): a state for each micro-batch, the rows' advantages, the batch's loss and diagnostics."""
+        return Fixed()

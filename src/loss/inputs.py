@@ -26,19 +26,22 @@ class Needs:
 
     truncates: str = "off_policy"  # one of TRUNCATES
     behaviour_tokens: bool = False  # log mu per token of the truncated rows (token-level IS, seed 002 l.121)
-    # (entropy, pi_ref) of a no-grad pass over every micro-batch before the first optimizer step, handed to the
-    # loss's `observe`; None: no such pass.
+    # (entropy, pi_ref) of a no-grad pass over every micro-batch before the first optimizer step, which the
+    # trainer keeps (`src.loss.trainer.FirstPass`) and hands to the loss's `fix`; None: no such pass.
     first_pass: tuple[bool, bool] | None = None
     # pi_prox and mu per token, which the trainer keeps from a first pass and lays out on every training
     # micro-batch (`MicroBatch.proximal`, `behaviour_tokens`), and the update's per-row numbers it gives
-    # (`src.loss.trainer.Proximal`): GRPO's decoupled ratio, M2PO's mask.
+    # (`src.loss.trainer.FirstPass`): GRPO's decoupled ratio, M2PO's mask.
     proximal: bool = False
     reads: tuple[bool, bool] = (False, False)  # (entropy, pi_ref) the loss itself reads in each training pass
     updates: int = 1  # optimizer steps per batch, on interleaved mini-batches (`interleaved_mini_batches`)
     # Whether the trainer adds eq. 3's beta_KL KL - beta_H H (`src.loss.trainer.penalised`); a loss with a
-    # regulariser of its own (IPO's margin to pi_ref) reports KL and entropy itself.
+    # regulariser of its own (IPO's margin to pi_ref) reads KL and entropy in the first pass, for the logs.
     penalised: bool = True
     keep_token_logprobs: bool = False  # keep log pi_theta per token of fresh rows, stored as their mu
+    # Whether a row of zero advantage adds nothing to the loss's gradient (IPO's rows in no pair): the trainer
+    # then skips micro-batches of such rows, and takes no optimizer step on a batch of nothing else.
+    skips_zero_advantage: bool = False
 
     def __post_init__(self) -> None:
         if self.truncates not in TRUNCATES:
@@ -52,16 +55,6 @@ class Needs:
         if self.truncates == "off_policy":
             return batch.row_off_policy()
         return [off_policy or age > 0 for off_policy, age in zip(batch.row_off_policy(), batch.row_ages())]
-
-
-@dataclass(frozen=True)
-class Shared:
-    """What the trainer lends a loss's batch-wide hooks (`prepare` and, through its state, the others): the
-    reducer that sums over the ranks sharing the batch, and the trainer's per-token KL estimate
-    (`trainer.kl_estimator`) for a loss that reports its KL itself (IPO)."""
-
-    reducer: object                 # src.loss.reducer.Reducer
-    kl_tokens: object               # (log pi, log pi_ref) -> [rows, T]
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch
 
 from src.loss.base import Objective
 from src.loss.inputs import Needs
-from src.loss.trainer import Loss, MicroBatch, Totals
+from src.loss.trainer import FirstPass, Fixed, Loss, MicroBatch, Totals
 from src.loss.variant_math import group_normalised_advantages
 from src.policy.forward import place_tokens, upcast
 from src.variant import float_knob, int_knob
@@ -81,10 +81,10 @@ class M2po(Objective):
         """GRPO's group-normalised advantages, as M2PO trains with."""
         return group_normalised_advantages(rewards)
 
-    def fix(self, proximal, reducer) -> "_Mask":
+    def fix(self, first: FirstPass, reducer) -> Fixed:
         """The step's mask, from every row's pi_prox and mu per token (the trainer's first pass)."""
-        squared = [(proximal.prox[i] - proximal.behaviour(i)) ** 2 for i in range(len(proximal.prox))]
-        return _Mask(*second_moment_mask(squared, self.m2_threshold, reducer))
+        squared = [(first.prox[i] - first.behaviour(i)) ** 2 for i in range(len(first.prox))]
+        return Fixed(state=_Mask(*second_moment_mask(squared, self.m2_threshold, reducer)))
 
     def __call__(self, lp: MicroBatch, totals: Totals) -> Loss:
         """J on one micro-batch, with r = pi_prox/mu per token as the raw weight, r kept by the mask as the used

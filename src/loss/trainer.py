@@ -17,15 +17,15 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from src.batch import Batch, Group
-from src.loss.inputs import RowInputs, Shared
+from src.loss.inputs import RowInputs
 from src.loss.kl import KL_ESTIMATORS
 from src.loss.reducer import Reducer
 from src.loss.rloo_math import interleaved_mini_batches
-from src.policy.forward import place_tokens, upcast
+from src.policy.forward import place_tokens, row_values, upcast
 from src.policy.token_stats import on_device
 
 
-# The batch-wide totals where no micro-batch measured them (every one skipped, as IPO skips rows in no pair).
+# The batch-wide totals where no micro-batch measured them (every one skipped: IPO's batch without a pair).
 UNMEASURED = {"loss": float("nan"), "policy_loss": float("nan"), "kl": float("nan"), "entropy": float("nan")}
 
 
@@ -108,7 +108,7 @@ class MicroBatch:
     # the loss asks for pi_prox (`Needs.proximal`); None: neither
     behaviour_tokens: torch.Tensor | None = None
     proximal: torch.Tensor | None = None   # log pi_prox per token where the loss asks for it (`Needs.proximal`)
-    state: object = None  # what the loss's own `prepare` or `fix` fixed for the batch (None for most losses)
+    state: object = None  # what the loss fixed for the whole batch (`Fixed.state`: M2PO's mask; None for most)
     _sequence: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def sequence_logprobs(self) -> torch.Tensor:
@@ -143,6 +143,18 @@ class Loss:
     # The loss's diagnostics of the micro-batch ("family/name": a token mean, or a maximum where the name ends in
     # _max): the trainer averages them over the update, weighted by response tokens, and over ranks (`Tally`).
     diagnostics: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """What a loss fixes for the whole batch from the trainer's first pass (`Objective.fix`), before any step."""
+
+    state: object = None  # handed to every training micro-batch (`MicroBatch.state`): M2PO's mask
+    # Per row, in place of the estimator's: IPO's -dL/d log pi(y|x), so its term is a plain sum_i A_i log pi
+    advantages: torch.Tensor | None = None
+    # This rank's share of the batch's loss, where its micro-batches' terms are not its value (IPO's)
+    loss: float | None = None
+    diagnostics: dict[str, float] = field(default_factory=dict)  # batch-wide, over every rank ("family/name")
 
 
 class Tally:
@@ -265,12 +277,8 @@ class Trainer:
         self.use_reducer(Reducer())  # one process: the totals are this process's
 
     def use_reducer(self, reducer: Reducer) -> None:
-        """Batch-wide totals from `reducer`: the trainer's, lent to the objective's `prepare` (`Shared`)."""
+        """Batch-wide totals from `reducer`: the trainer's, lent to the objective's `fix`."""
         self.reducer = reducer
-
-    def shared(self) -> Shared:
-        """What the objective's batch-wide hooks borrow: this trainer's reducer and KL estimate."""
-        return Shared(self.reducer, self.kl_tokens)
 
     def train_reads(self) -> tuple[bool, bool]:
         """(entropy, pi_ref) of each training micro-batch's forward pass: the objective's own, and what eq. 3's
@@ -292,7 +300,7 @@ class Trainer:
                if with_reference else None)
         lp = row_inputs(MicroBatch(index, chunk, token_logprobs, entropy, ref, mask.float(), state=inputs.state),
                         inputs.rows)
-        return lp if inputs.proximal is None else inputs.proximal.laid_out(lp)
+        return inputs.first.laid_out(lp) if inputs.first is not None and inputs.first.proximal else lp
 
     def mini_batches(self, rows: int) -> list[list[int]]:
         """This rank's rows (0..rows-1) per optimizer step: all of them, or, at `Needs.updates` = M > 1, the
@@ -315,33 +323,31 @@ class Trainer:
     def update(self, policy, reference, optimizer, batch: Batch) -> UpdateResult:
         """One update of `policy` on `batch` with the objective's loss: one optimizer step per mini-batch.
 
-        1. Every row's inputs (`RowInputs`: advantages, log mu...), the loss's own per-batch numbers where it
-           fixes some (`prepare`), and the mini-batches (`Needs.updates`).
-        2. Where the loss asks for a first pass, a no-grad pass over every micro-batch before the first optimizer
-           step: pi_prox and mu per token, which the trainer keeps (`Needs.proximal`; the loss may `fix` numbers
-           for the batch from them), or what the loss keeps itself (`Needs.first_pass`, `observe`: IPO's log pi).
+        1. Every row's inputs (`RowInputs`: advantages, log mu...) and the mini-batches (`Needs.updates`).
+        2. Where the loss asks for one, a no-grad pass over every micro-batch before the first optimizer step
+           (`FirstPass`: pi_prox, and mu per token), and what the loss fixes from it for the batch (`fix`).
         3. Per mini-batch: zero the gradients, backpropagate each micro-batch's loss (normalised by the
-           mini-batch's totals, so accumulation gives the one-batch gradient exactly), clip, step.
+           mini-batch's totals, so accumulation gives the one-batch gradient exactly), clip, step; micro-batches
+           that add nothing are skipped, and a batch of nothing but those takes no step (`idle`).
         """
         objective, reducer, needs = self.objective, self.reducer, self.objective.needs
         sequences, cached, token_counts = batch_sequences(batch)
-        inputs = _BatchInputs(sequences, cached, RowInputs.of(batch, objective.advantages, needs),
-                              objective.prepare(batch, self.shared()))  # 1.
+        inputs = _BatchInputs(sequences, cached, RowInputs.of(batch, objective.advantages, needs))  # 1.
         plans = [[[mini[k] for k in chunk] for chunk in self.forward.batches([sequences[i] for i in mini])]
                  for mini in self.mini_batches(len(sequences))]
         policy.train()
         # Under autocast: the update's forward and backward passes on bf16 copies of the fp32 weights, made once.
         reads_reference = self.train_reads()[1] or (needs.first_pass is not None and needs.first_pass[1])
         with self.forward.compute_weights(policy, reference if reads_reference else None) as weights:
-            self.first_pass(policy, reference, inputs, [chunk for plan in plans for chunk in plan], batch)  # 2.
-            steps = len(plans) if objective.trains(inputs.state) else 0
+            fixed = self.first_pass(policy, reference, inputs, [chunk for plan in plans for chunk in plan], batch)  # 2.
+            steps = 0 if self.idle(inputs.rows, None) else len(plans)
             tally = Tally(len(sequences), max(steps, 1), needs.keep_token_logprobs)
             for plan in plans[:steps]:  # 3.
                 totals = Totals(reducer.total(sum(len(chunk) for chunk in plan)),
                                 reducer.total(sum(len(sequences[i][1]) for chunk in plan for i in chunk)))
                 weights.zero_grad(optimizer)
                 for index in plan:
-                    if objective.skips(inputs.state, index):
+                    if self.idle(inputs.rows, index):
                         continue
                     lp = self.micro_batch(policy, reference, inputs, index, self.train_reads())
                     out = objective(lp, totals)
@@ -350,29 +356,46 @@ class Trainer:
                     out.loss.backward()
                     tally.add(lp, out)  # kept on the device: read once, after the update
                 weights.step(lambda: self.optimizer_step(policy, optimizer))
-        result = replace(tally.result(token_counts, steps), extras=tally.diagnostic_means(reducer, steps))
-        if inputs.proximal is not None:
-            result = replace(result, **inputs.proximal.numbers(tally))
-        return replace(result, **objective.result(inputs.state, tally, token_counts, steps))
+        return self.result(tally, inputs.first, fixed, token_counts, steps)
 
-    def first_pass(self, policy, reference, inputs: "_BatchInputs", chunks: list[list[int]], batch: Batch) -> None:
-        """The no-grad pass before the first optimizer step, where the loss asks for one: pi_prox per response
-        token into `inputs.proximal`, with mu per token, and what the loss fixes from them (`fix`); or each
-        micro-batch to the loss's `observe` (`Needs.first_pass`)."""
-        objective, needs = self.objective, self.objective.needs
+    def first_pass(self, policy, reference, inputs: "_BatchInputs", chunks: list[list[int]], batch: Batch) -> Fixed:
+        """The no-grad pass before the first optimizer step, where the loss asks for one (`Needs.first_pass`,
+        `Needs.proximal`), into `inputs.first`; and what the loss fixes from it (`fix`): the state every training
+        micro-batch gets, and the rows' advantages where it replaces them."""
+        needs = self.objective.needs
         if needs.first_pass is None and not needs.proximal:
-            return
-        proximal = Proximal.of(batch) if needs.proximal else None
+            return Fixed()
+        first = FirstPass.of(batch, needs)
         with torch.no_grad():
             for index in chunks:
-                lp = self.micro_batch(policy, reference, inputs, index, needs.first_pass or (False, False))
-                if proximal is not None:
-                    proximal.observe(lp)
-                if needs.first_pass is not None:
-                    objective.observe(inputs.state, lp)
-        if proximal is not None:
-            inputs.proximal = proximal
-            inputs.state = objective.fix(proximal, self.reducer)
+                first.observe(self.micro_batch(policy, reference, inputs, index, first.reads), self.kl_tokens)
+        fixed = self.objective.fix(first, self.reducer)
+        inputs.first, inputs.state = first, fixed.state
+        if fixed.advantages is not None:
+            inputs.rows = replace(inputs.rows, advantages=fixed.advantages)
+        return fixed
+
+    def idle(self, rows: RowInputs, index: list[int] | None) -> bool:
+        """Whether rows `index` (None: the whole batch) add nothing to the gradient: the loss's rows of zero
+        advantage add nothing (`Needs.skips_zero_advantage`: IPO's rows in no pair) and theirs are all zero, on
+        every rank (a collective, so every rank takes the same branch)."""
+        if not self.objective.needs.skips_zero_advantage:
+            return False
+        advantages = rows.advantages if index is None else rows.advantages[index]
+        return self.reducer.every(not advantages.any())
+
+    def result(self, tally: Tally, first: "FirstPass | None", fixed: Fixed, token_counts: torch.Tensor,
+               steps: int) -> UpdateResult:
+        """The update's numbers: its micro-batches' (`Tally`), the first pass's, measured before any step
+        (`FirstPass.numbers`), and those the loss fixed for the batch (`Fixed`)."""
+        reducer = self.reducer
+        result = tally.result(token_counts, steps)
+        if first is not None:
+            tokens = max(reducer.total(float(token_counts.sum())), 1.0) if any(first.reads) else 1.0
+            result = replace(result, **first.numbers(tally, tokens))
+        if fixed.loss is not None:
+            result = replace(result, loss=fixed.loss, policy_loss=fixed.loss)
+        return replace(result, extras={**tally.diagnostic_means(reducer, steps), **fixed.diagnostics})
 
     def optimizer_step(self, policy, optimizer) -> None:
         """Reduce the accumulated gradients over ranks (where the reducer must), clip them, step."""
@@ -385,61 +408,81 @@ class Trainer:
 @dataclass
 class _BatchInputs:
     """What every micro-batch of one update reads: the rows' (prompt, response) ids, their stored log pi_ref,
-    their `RowInputs`, the loss's own per-batch numbers and, after the first pass, pi_prox and mu per token."""
+    their `RowInputs` and, after the first pass, its record and what the loss fixed from it (`Fixed.state`)."""
 
     sequences: list
     cached: list
     rows: RowInputs
-    state: object
-    proximal: "Proximal | None" = None
+    first: "FirstPass | None" = None
+    state: object = None
 
 
 @dataclass
-class Proximal:
-    """Per trained row, what the trainer's first pass fixes for a loss that weighs tokens by pi_prox
-    (`Needs.proximal`: GRPO's decoupled ratio, M2PO's mask): log pi_prox per response token (the policy before the
-    update's first optimizer step, so the first mini-batch's ratio is exactly 1) and log mu per token (a replayed
-    group's stored one, a stale sampler's fresh one; pi_prox for a fresh row of an on-policy sampler, whose
-    behaviour weight is then exactly 1)."""
+class FirstPass:
+    """What the trainer's no-grad pass before the first optimizer step keeps of every trained row, for a loss that
+    asks for one: log pi_prox per response token (the policy before the step, so the first mini-batch's ratio is
+    exactly 1); where the loss weighs tokens by pi_prox/mu (`Needs.proximal`: GRPO's decoupled ratio, M2PO's
+    mask), log mu per token (a replayed group's stored one, a stale sampler's fresh one; pi_prox for a fresh row
+    of an on-policy sampler, whose behaviour weight is then exactly 1); and where the pass reads them
+    (`Needs.first_pass`: IPO), log pi_ref per token, each row's KL sum and the entropy summed over tokens."""
 
+    batch: Batch
+    proximal: bool
+    reads: tuple[bool, bool]  # (entropy, pi_ref)
     stored: list[torch.Tensor | None]  # None: a fresh row's, mu = pi_prox
     prox: list[torch.Tensor]
+    logprobs: torch.Tensor  # log pi_prox(y|x), the sum over response tokens
+    reference: list[tuple[float, ...] | None]
+    reference_sums: torch.Tensor  # log pi_ref(y|x)
+    kl_sums: torch.Tensor
+    entropy: float = 0.0
 
     @classmethod
-    def of(cls, batch: Batch) -> "Proximal":
-        """mu per token as stored, the rows' pi_prox still to come (`observe`)."""
-        groups, stored = batch.groups, []
-        for g, j in batch.rows:
-            group = groups[g]
-            if group.behaviour_logprobs is None:
-                stored.append(None)
-            elif group.behaviour_token_logprobs is None:
-                raise ValueError(f"a replayed group of step {group.step} has no per-token behaviour log-probs, which "
-                                 "a loss weighing tokens by pi_prox/mu needs (loss=grpo, loss=m2po); groups stored by "
-                                 "a loss=rloo run cannot be replayed under it")
-            else:
-                stored.append(torch.tensor(group.behaviour_token_logprobs[j]))
-        return cls(stored, [torch.empty(0)] * len(batch.rows))
+    def of(cls, batch: Batch, needs) -> "FirstPass":
+        """mu per token as stored where the loss asks for it; the rest still to come (`observe`)."""
+        rows = len(batch.rows)
+        stored = stored_behaviour(batch) if needs.proximal else [None] * rows
+        return cls(batch, needs.proximal, needs.first_pass or (False, False), stored, [torch.empty(0)] * rows,
+                   torch.zeros(rows), [None] * rows, torch.zeros(rows), torch.zeros(rows))
 
-    def observe(self, lp: MicroBatch) -> None:
-        """pi_prox per response token of one micro-batch of the first pass."""
-        token_logprobs, mask = upcast(lp.policy).cpu(), lp.mask.bool().cpu()
+    def observe(self, lp: MicroBatch, kl_tokens) -> None:
+        """One micro-batch of the pass: pi_prox per response token, and pi_ref, KL and entropy where read."""
+        token_logprobs, mask = upcast(lp.policy), lp.mask
+        on_cpu, kept = token_logprobs.cpu(), mask.bool().cpu()
         for row, i in enumerate(lp.index):
-            self.prox[i] = token_logprobs[row][mask[row]].clone()
+            self.prox[i] = on_cpu[row][kept[row]].clone()
+        self.logprobs[lp.index] = (token_logprobs * mask).sum(-1).cpu()
+        if lp.reference is not None:
+            reference = upcast(lp.reference)
+            self.reference_sums[lp.index] = (reference * mask).sum(-1).cpu()
+            self.kl_sums[lp.index] = (kl_tokens(token_logprobs, reference) * mask).sum(-1).cpu()
+            for i, tokens in zip(lp.index, row_values(reference, mask)):
+                self.reference[i] = tokens
+        if lp.entropy is not None:
+            self.entropy += (upcast(lp.entropy) * mask).sum().item()
 
     def behaviour(self, row: int) -> torch.Tensor:
         stored = self.stored[row]
         return self.prox[row] if stored is None else stored.to(self.prox[row].dtype)
 
-    def numbers(self, tally: Tally) -> dict:
-        """The update's per-row numbers from pi_prox: log pi_prox (stored as a fresh row's log mu, per token too),
-        the sequence ratio pi_prox/mu as the raw weight, and the mean of the used token weights (the loss's)."""
+    def numbers(self, tally: Tally, tokens: float) -> dict:
+        """The update's per-row numbers as the pass measured them, before any step: log pi (stored as a fresh
+        row's log mu); where it read them, log pi_ref per token and the KL and entropy (means over the batch's
+        `tokens`); where the loss weighs tokens by pi_prox/mu, the sequence ratio pi_prox/mu as the raw weight,
+        the mean of the used token weights (the loss's) and pi_prox per token (a fresh row's stored mu)."""
+        numbers = {"logprobs": self.logprobs}
+        if self.reads[1]:
+            numbers.update(kl_sums=self.kl_sums, reference_tokens=list(self.reference),
+                           kl=float(self.kl_sums.sum()) / tokens)
+        if self.reads[0]:
+            numbers["entropy"] = self.entropy / tokens
+        if not self.proximal:
+            return numbers
         prox, behaviour = self.prox, [self.behaviour(i) for i in range(len(self.prox))]
-        used = tally.token_used
-        return {"logprobs": torch.stack([p.sum() for p in prox]),
+        return {**numbers,
                 "raw_weights": torch.stack([(p - b).sum().exp() for p, b in zip(prox, behaviour)]),
                 "weights": torch.stack([u.mean() if len(u) else torch.tensor(1.0, dtype=p.dtype)
-                                        for u, p in zip(used, prox)]),
+                                        for u, p in zip(tally.token_used, prox)]),
                 "behaviour_tokens": [tuple(p.tolist()) for p in prox]}
 
     def laid_out(self, lp: MicroBatch) -> MicroBatch:
@@ -449,6 +492,22 @@ class Proximal:
                        behaviour_tokens=place_tokens(lp.chunk, [self.behaviour(i) for i in lp.index], zeros.clone()))
         laid._sequence = lp._sequence  # the same log-probs and mask: not summed again
         return laid
+
+
+def stored_behaviour(batch: Batch) -> list[torch.Tensor | None]:
+    """Each trained row's stored log mu per token (None for a fresh row, whose mu is pi_prox)."""
+    groups, stored = batch.groups, []
+    for g, j in batch.rows:
+        group = groups[g]
+        if group.behaviour_logprobs is None:
+            stored.append(None)
+        elif group.behaviour_token_logprobs is None:
+            raise ValueError(f"a replayed group of step {group.step} has no per-token behaviour log-probs, which "
+                             "a loss weighing tokens by pi_prox/mu needs (loss=grpo, loss=m2po); groups stored by "
+                             "a loss=rloo run cannot be replayed under it")
+        else:
+            stored.append(torch.tensor(group.behaviour_token_logprobs[j]))
+    return stored
 
 
 def row_inputs(lp: MicroBatch, rows: RowInputs) -> MicroBatch:

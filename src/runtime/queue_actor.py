@@ -26,7 +26,7 @@ from ray.exceptions import RayActorError
 
 from src.batch import Group
 from src.runtime.pipeline import PipelineError
-from src.buffer.rollouts import Rollout, RolloutQueue, Sample
+from src.buffer.rollouts import Rollout, RolloutQueue
 from src.runtime.ray_session import first_line
 
 

@@ -45,7 +45,7 @@ def test_any_loss_is_wrapped_with_rank_aware_micro_batches():
     loss, reducer = NewLoss(), Reducer()
     wrapped = DataParallelTrainer(Trainer(loss, Forward(0, 4, fused=True)), reducer=reducer)
     assert wrapped.reducer is reducer and wrapped.forward.inner.micro_batch_size == 4
-    assert vars(loss).keys() == vars(NewLoss()).keys()  # the trainer lends its reducer (`Shared`), writes nothing
+    assert vars(loss).keys() == vars(NewLoss()).keys()  # the trainer lends its reducer to `fix`, writes nothing
     assert wrapped.forward.fused  # the fused head runs through the sharded model's own forward
 
 

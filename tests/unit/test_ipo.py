@@ -12,7 +12,7 @@ from src.command.config import ConfigError, validate
 from src.loss.ipo import batch_pairs, ipo_loss, ipo_pairs, ipo_response_gradients
 from src.study.sweep import cell_name, variant_label
 from src.policy.forward import response_token_stats
-from src.batch import TrainState
+from src.batch import Batch, BatchGroup, Group, TrainState, fresh_entries
 from src.train import train_step
 from tests.unit.test_train import make_parts, policy_update, sample_groups, small_config
 
@@ -23,11 +23,19 @@ def test_pairs_are_every_ordered_pair_with_a_higher_reward_chosen():
     assert ipo_pairs([0.1, 0.1, 0.1]) == []  # no preference, no pair
 
 
-def test_batch_pairs_index_the_flat_response_list():
-    class G:  # only what batch_pairs reads
-        def __init__(self, rewards):
-            self.rewards, self.size = rewards, len(rewards)
-    assert batch_pairs([G([1.0, 0.0, 0.1]), G([0.0, 0.0]), G([0.1, 1.0])]) == [(0, 1), (0, 2), (2, 1), (6, 5)]
+def group(rewards: tuple[float, ...]) -> Group:
+    k = len(rewards)
+    return Group("p", (1,), None, ("r",) * k, ((2,),) * k, rewards, step=0)
+
+
+def test_batch_pairs_index_the_batchs_rows_within_each_group():
+    whole = Batch(fresh_entries([group((1.0, 0.0, 0.1)), group((0.0, 0.0)), group((0.1, 1.0))]))
+    assert batch_pairs(whole) == [(0, 1), (0, 2), (2, 1), (6, 5)]
+    # A draw of some of a group's responses (a positive-bias FIFO, the async pipeline) pairs those it trains:
+    # responses 0 and 2 of the first group (rows 0, 1), responses 1 and 0 of the third (rows 2, 3).
+    drawn = Batch([BatchGroup(group((1.0, 0.0, 0.1)), "replay", 1, (0, 2)),
+                   BatchGroup(group((0.1, 1.0)), "replay", 1, (1, 0))])
+    assert batch_pairs(drawn) == [(0, 1), (2, 3)]
 
 
 def test_ipo_loss_hand_worked():
@@ -74,7 +82,7 @@ def test_ipo_update_gradient_equals_autograd_of_the_loss_and_ignores_micro_batch
     with torch.no_grad():
         ref_tokens, _, _ = response_token_stats(parts.reference, sequences, 0, with_entropy=False)
     ratios = ((token_logprobs - ref_tokens) * mask).sum(-1)
-    pairs = batch_pairs(groups)
+    pairs = batch_pairs(Batch(fresh_entries(groups)))
     assert len(pairs) == 6  # rewards [1, 0, 0.1] and [0.1, 0, 1]: 3 pairs each
     loss = ipo_loss(ratios[[w for w, _ in pairs]], ratios[[l for _, l in pairs]], tau=0.5)
     loss.backward()

@@ -189,17 +189,21 @@ def test_eq3_kl_term_uses_the_estimator_it_is_given():
 
 @pytest.mark.parametrize("loss", ["rloo", "grpo", "ipo"])
 def test_trainer_kl_estimator_reaches_every_objective(compose_config, loss):
-    from src.batch import Batch
+    from src.batch import Batch, Group, fresh_entries
     from src.build import build
     from src.loss.kl import kl_k2
-    from src.loss.trainer import Trainer
+    from src.loss.trainer import FirstPass, MicroBatch, Trainer
 
     cfg = compose_config(f"loss={loss}", "trainer.kl_estimator=k2")
     objective = build(cfg.loss)
     trainer = Trainer(objective, forward=None, kl_estimator=cfg.trainer.kl_estimator)
-    assert trainer.kl_tokens is kl_k2 and trainer.shared().kl_tokens is kl_k2  # lent to `prepare`
-    state = objective.prepare(Batch([]), trainer.shared())
-    if loss == "ipo":  # IPO reports its KL itself, with the trainer's estimate
-        assert state.shared.kl_tokens is kl_k2
+    assert trainer.kl_tokens is kl_k2
+    if loss == "ipo":  # IPO logs the KL its first pass measures, with the trainer's estimate
+        policy, reference = torch.tensor([[-1.0, -0.5], [-0.5, -0.5]]), torch.tensor([[-0.5, -0.5], [-0.5, -1.5]])
+        lp = MicroBatch([0, 1], [((1,), (2, 3))] * 2, policy, torch.zeros(2, 2), reference, torch.ones(2, 2))
+        two = Group("p", (1,), None, ("r", "r"), ((2, 3), (2, 3)), (1.0, 0.0), step=0)
+        first = FirstPass.of(Batch(fresh_entries([two])), objective.needs)
+        first.observe(lp, trainer.kl_tokens)
+        assert first.kl_sums.tolist() == [0.125, 0.5]  # k2: (log pi - log pi_ref)^2 / 2 per token
     with pytest.raises(ValueError, match="trainer.kl_estimator='k4': choose one of k1, k2, k3"):
         Trainer(build(cfg.loss), forward=None, kl_estimator="k4")
