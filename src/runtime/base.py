@@ -80,9 +80,9 @@ class Runtime(Variant, ABC):
         return run.hardware.device
 
     @classmethod
-    def gpus_needed(cls, node, ranks: int, device: str) -> int:
-        """The GPUs a cell occupies on `device` with `ranks` trainer ranks: one a rank, unless the runtime places
-        more on GPUs of their own."""
+    def gpus_needed(cls, node, ranks: int, device: str, nodes: int = 1) -> int:
+        """The GPUs a cell occupies on `device` with `ranks` trainer ranks over `nodes` nodes: one a rank, unless
+        the runtime places more on GPUs of their own."""
         return ranks
 
     @classmethod

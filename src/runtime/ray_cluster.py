@@ -223,13 +223,30 @@ def _node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
+def without_gpu(env: dict, gpu: int | None) -> dict:
+    """`env` for a node's `ray start` that offers Ray every GPU the job gave the node but the driver's `gpu` (an index
+    into CUDA_VISIBLE_DEVICES, or into the node's devices where that is unset). Ray counts and hands out the GPUs
+    its raylet sees (ray/_private/accelerators/nvidia_gpu.py:37-53, resource_and_label_spec.py:355-373)."""
+    if gpu is None:
+        return env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        import torch
+
+        visible = ",".join(str(index) for index in range(torch.cuda.device_count()))
+    ids = [item for item in visible.split(",") if item.strip()]
+    return {**env, "CUDA_VISIBLE_DEVICES": ",".join(item for index, item in enumerate(ids) if index != gpu)}
+
+
 @contextlib.contextmanager
-def lead_cluster(allocation: Allocation, cpus: int, timeout_s: float = 300.0) -> Iterator[str]:
+def lead_cluster(allocation: Allocation, cpus: int, driver_gpu: int | None = None,
+                 timeout_s: float = 300.0) -> Iterator[str]:
     """On the job's first node: start the head, wait until every node of the allocation has joined, and give the
-    head's host:port; the cluster stops when the body ends, and with this process if it is killed outright."""
+    head's host:port; the cluster stops when the body ends, and with this process if it is killed outright. The
+    head offers Ray the node's GPUs but the driver's (`driver_gpu`), which holds the driver's copy of the policy."""
     allocation.folder.mkdir(parents=True, exist_ok=True)
     allocation.scratch.mkdir(parents=True, exist_ok=True)
-    env, host, port = _node_env(allocation), _node_ip(), free_port()
+    env, host, port = without_gpu(_node_env(allocation), driver_gpu), _node_ip(), free_port()
     address = f"{host}:{port}"
     head = _spawn([*node_command(0, host, port, cpus, 20_000), f"--temp-dir={allocation.scratch}"],
                   allocation.folder / "node1.log", env)

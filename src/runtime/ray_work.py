@@ -19,7 +19,8 @@
   `learn` half on a `StepBatch` it makes of the drawn rollouts, which Ray hands it from the buffer
   actor; it publishes its weights itself (the free schedule: in the same call, right after the update). With
   `hardware.ranks` = T > 1 the T actors train data-parallel (FSDP2) over their own process group.
-  On CUDA rank r sits at `hardware.device` + r, after the workers' GPUs.
+  On CUDA and one node rank r sits at `hardware.device` + r, after the workers' GPUs; on a cluster of several
+  nodes each rank holds a GPU Ray gives it, on any node (`start_trainers`).
 * `RayWork`: the `src.runtime.pipeline.Work` the pipelines drive, in the driver process (`src.run`'s
   loop), where the pipeline itself runs; the rollout queue it puts into and draws from is the buffer
   actor (`src.runtime.queue_actor.QueueActor`). A group goes from a worker to the buffer actor, and to
@@ -299,23 +300,35 @@ class TrainerActor:
     weights()                            the policy's whole weights (the driver's evaluation copy)
     """
 
-    def __init__(self, run: RunSettings, threads: int, board, rank: int = 0, world: int = 1,
-                 rendezvous: str | None = None) -> None:
+    def __init__(self, run: RunSettings, threads: int, board, rank: int = 0, world: int = 1) -> None:
+        self.run, self.threads, self.board, self.rank, self.sharded = run, threads, board, rank, world > 1
+        self.world = world
+
+    def rendezvous(self) -> str:
+        """Where the ranks meet (asked of rank 0): a TCP port of this actor's node, whichever node Ray chose."""
+        return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+
+    def start(self, rendezvous: str | None, own_gpu: bool) -> None:
+        """Join the ranks' process group through `rendezvous` (T > 1), then build the policy, its optimizer and the
+        objective as the driver builds them (same seed, dtype and loss), on this rank's device: the GPU Ray gave it
+        where `own_gpu`, else `hardware.device` (+ the rank on CUDA)."""
         from src.build import build_components, data_parallel
 
-        self.rank, self.sharded = rank, world > 1
+        run = self.run.on_device("cuda:0") if own_gpu else self.run  # Ray's CUDA_VISIBLE_DEVICES: its one GPU
         if self.sharded:
-            run = run.on_device(join_trainer_ranks(run.hardware.device, rank, world, rendezvous))
+            run = run.on_device(join_trainer_ranks(run.hardware.device, self.rank, self.world, rendezvous, own_gpu))
         self.sampler = _Reported()
-        # The driver's own build: same seed, dtype, device (hardware.device, after the workers' GPUs), loss.
         parts = build_components(run, [], engine=_NoEngine(), sampler=self.sampler)
         self.parts = data_parallel(parts) if self.sharded else parts
-        torch.set_num_threads(threads)  # the driver's count: the update's sums then add in the same order
-        self.board = board
+        torch.set_num_threads(self.threads)  # the driver's count: the update's sums then add in the same order
         self.completion_counts = run.tracking.completion_counts
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node(self) -> str:
+        """The Ray node this rank runs on (`RayWork.placement`)."""
+        return ray.get_runtime_context().get_node_id()
 
     def learn(self, step: int, samples: list[Sample], generated: list, waited: float, sampler_metrics: dict,
               state: TrainState, publish: int | None) -> tuple[dict, StepCounts, dict, list | None]:
@@ -372,17 +385,17 @@ class TrainerActor:
         os._exit(1)
 
 
-def join_trainer_ranks(device: str, rank: int, world: int, rendezvous: str) -> str:
+def join_trainer_ranks(device: str, rank: int, world: int, rendezvous: str, own_gpu: bool = False) -> str:
     """Join the trainer ranks' process group (`src.distributed.group`: gloo on the CPU, NCCL beside gloo on GPUs)
-    through `rendezvous`; returns this
-    rank's device: rank r sits r GPUs after `hardware.device`, and CPU ranks share the CPU."""
+    through `rendezvous`; returns this rank's device: the one GPU it sees where Ray gave it one (`own_gpu`), else
+    r GPUs after `hardware.device` for rank r; CPU ranks share the CPU."""
     import torch.distributed as dist
 
     from src.distributed.group import group_options
 
     index = 0
     if device.startswith("cuda"):
-        index = (torch.device(device).index or 0) + rank
+        index = 0 if own_gpu else (torch.device(device).index or 0) + rank
         device = f"cuda:{index}"
         torch.cuda.set_device(device)
     dist.init_process_group(init_method=rendezvous, rank=rank, world_size=world, **group_options(device, index))
@@ -423,11 +436,11 @@ class RayWork:
         # A buffer draws a rollout again and again, and the KL term reads log pi_ref: the workers compute it once.
         reference = bool(run.trainer.kl_coef) and replays
         workers = lambda: [actor.remote(run, threads, reference, engine_logprobs) for _ in range(settings.workers)]
-        # On several nodes the trainers come first: pinned to this node (`start_trainers`), they must not find its
-        # CPUs taken by workers. On one node all fit, and the workers load their policies while the trainers do.
+        # On several nodes the trainers come first, so that Ray places their ranks before the workers fill the
+        # nodes. On one node all fit, and the workers load their policies while the trainers do.
         several = sum(bool(node["Alive"]) for node in ray.nodes()) > 1
         self.workers = [] if several else workers()
-        self.trainers = start_trainers(run, cpus_per_worker, self.board, parts, state, trainer_ranks)
+        self.trainers = start_trainers(run, cpus_per_worker, self.board, parts, state, trainer_ranks, several)
         self.workers = self.workers or workers()
         log.info("trainer actor(s) started at step %d (pid %s)", state.step,
                  ", ".join(str(pid) for pid in ray.get([trainer.pid.remote() for trainer in self.trainers])))
@@ -442,10 +455,11 @@ class RayWork:
         self.last_completions: dict[int, list] = {}  # ... and the completions the run logs of it
 
     def placement(self) -> dict:
-        """Where the actors run: the session's live nodes, each worker's node, and the trainers' (the driver's)."""
+        """Where the actors run: the session's live nodes, the driver's, each worker's and each trainer rank's."""
         nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
         workers = ray.get([worker.node.remote() for worker in self.workers])
-        return {"nodes": len(nodes), "worker_nodes": workers, "trainer_node": ray.get_runtime_context().get_node_id(),
+        return {"nodes": len(nodes), "driver_node": ray.get_runtime_context().get_node_id(), "worker_nodes": workers,
+                "trainer_nodes": ray.get([trainer.node.remote() for trainer in self.trainers]),
                 "workers_over_nodes": len(set(workers))}
 
     # ---- workers ----
@@ -597,19 +611,26 @@ class RayWork:
             ray.kill(actor, no_restart=True)
 
 
-def start_trainers(run: RunSettings, cpus: float, board, parts: Components, state: TrainState, ranks: int) -> list:
+def start_trainers(run: RunSettings, cpus: float, board, parts: Components, state: TrainState, ranks: int,
+                   several: bool = False) -> list:
     """The `ranks` trainer actors, started from the driver's trainer state (a resumed run's: the checkpoint's).
 
-    Not restarted by Ray: a new trainer would have lost its updates since the checkpoint. On CUDA they hold
-    no Ray GPU slot: rank r sits at `hardware.device` + r, after the workers' slots (`worker_gpus`), where it
-    sees the driver's devices (Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for an actor without GPUs). The
-    ranks meet at a TCP port of this node, the driver's, to which they are pinned whatever node the workers use.
+    Not restarted by Ray: a new trainer would have lost its updates since the checkpoint. Rank 0 names the
+    rendezvous, a port of its own node. On one node they run on the driver's and, on CUDA, hold no Ray GPU slot:
+    rank r sits at `hardware.device` + r, after the workers' slots (`worker_gpus`), where it sees the driver's
+    devices (Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for an actor without GPUs). On a cluster of several nodes
+    Ray places each rank, on CUDA with a GPU of its own on any node: the driver's GPU is not among the cluster's
+    (`src.runtime.ray_cluster.lead_cluster`).
     """
-    rendezvous = f"tcp://127.0.0.1:{free_port()}" if ranks > 1 else None
-    # On the driver's node, whatever node the workers run on: the GPUs past theirs and the port are this node's.
-    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-    actor = ray.remote(TrainerActor).options(max_restarts=0, num_cpus=cpus / ranks, scheduling_strategy=here)
-    trainers = [actor.remote(run, torch.get_num_threads(), board, rank, ranks, rendezvous) for rank in range(ranks)]
+    own_gpu = several and run.hardware.device.startswith("cuda")
+    options = {"max_restarts": 0, "num_cpus": cpus / ranks, "num_gpus": 1 if own_gpu else 0}
+    if not several:  # the GPUs past the workers' slots are this node's
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+            node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    actor = ray.remote(TrainerActor).options(**options)
+    trainers = [actor.remote(run, torch.get_num_threads(), board, rank, ranks) for rank in range(ranks)]
+    rendezvous = ray.get(trainers[0].rendezvous.remote()) if ranks > 1 else None
+    ray.get([trainer.start.remote(rendezvous, own_gpu) for trainer in trainers])
     whole = {"policy": on_cpu(parts.policy.state_dict()), "optimizer": on_cpu(parts.optimizer.state_dict()),
              "torch_rng": torch.get_rng_state()}
     ray.get([trainer.load_state.remote(whole) for trainer in trainers])
@@ -617,11 +638,11 @@ def start_trainers(run: RunSettings, cpus: float, board, parts: Components, stat
 
 
 def free_port() -> int:
-    """A TCP port no process on this machine listens on now."""
+    """A TCP port no process on this machine listens on now, on any of its addresses."""
     import socket
 
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind(("", 0))
         return probe.getsockname()[1]
 
 

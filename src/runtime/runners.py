@@ -157,12 +157,16 @@ class AsyncRuntime(Runtime):
     step_replays = False  # the buffer option's rollout queue replays; the trainer's step keeps nothing
 
     @classmethod
-    def gpus_needed(cls, node, ranks: int, device: str) -> int:
-        """The workers' Ray GPU slots come first (`worker_gpus`), the trainer's ranks after them."""
+    def gpus_needed(cls, node, ranks: int, device: str, nodes: int = 1) -> int:
+        """On one node the workers' Ray GPU slots come first (`worker_gpus`), the trainer's ranks after them; over
+        several, one GPU for the driver's copy beside the workers' and the ranks' (`trainer_device`)."""
         if not device.startswith("cuda"):
             return ranks
         index = device.partition(":")[2]
-        return (int(index) if index else math.ceil(node.workers * node.gpus_per_worker - 1e-9)) + ranks
+        workers = math.ceil(node.workers * node.gpus_per_worker - 1e-9)
+        if nodes > 1:
+            return 1 + workers + ranks
+        return (int(index) if index else workers) + ranks
 
     knobs = {"workers": int_knob(1, 1_024, "2"), "trainers": int_knob(1, 1_024, "1"),
              "sync_every": int_knob(1, 100_000, "1"), "mu": float_knob(0, 1e6, "5.28", low_open=True),
@@ -229,10 +233,14 @@ class AsyncRuntime(Runtime):
     @classmethod
     def trainer_device(cls, node, run: RunSettings) -> str:
         """A bare `hardware.device=cuda` puts the trainer (its rank 0) on the first GPU after the workers' Ray
-        slots (`worker_gpus`), so one node preset (hardware=h100x8) serves both runtimes; `cuda:K` stays K."""
+        slots (`worker_gpus`), so one node preset (hardware=h100x8) serves both runtimes; `cuda:K` stays K. Over
+        several nodes the driver's copy alone holds the first node's GPU 0, which the cluster leaves out, and
+        every worker and trainer rank a GPU Ray gives it (`src.runtime.ray_work.start_trainers`)."""
         device = run.hardware.device
         if device != "cuda":
             return device
+        if run.hardware.nodes > 1:
+            return "cuda:0"
         return f"cuda:{worker_gpus(int(node.workers), float(node.gpus_per_worker), device)}"
 
     @classmethod
@@ -379,7 +387,9 @@ class AsyncRuntime(Runtime):
                 yield self
             return
         self._check_allocation(allocation, run, error)
-        with lead_cluster(allocation, self.node_cpus(allocation.nodes)) as self.address:
+        device = run.hardware.device  # the driver's copy's GPU (`trainer_device`): the cluster leaves it out
+        driver_gpu = int(device.partition(":")[2] or 0) if device.startswith("cuda") else None
+        with lead_cluster(allocation, self.node_cpus(allocation.nodes), driver_gpu) as self.address:
             yield self
 
     def node_cpus(self, nodes: int) -> int:
@@ -405,8 +415,8 @@ class AsyncRuntime(Runtime):
             yield SyncSteps(context)  # never asked for a step
             return
         device = torch.device(context.run.hardware.device)
-        last = (device.index or 0) + self.trainer_ranks - 1  # the last trainer rank's GPU
-        if self.worker_gpus and last >= torch.cuda.device_count():
+        last = (device.index or 0) + self.trainer_ranks - 1  # the last trainer rank's GPU, on one node
+        if self.worker_gpus and not self.address and last >= torch.cuda.device_count():
             raise PipelineError(f"hardware.device={device} with {self.worker_gpus} GPU workers and "
                                 f"{self.trainer_ranks} trainer rank(s): this node shows {torch.cuda.device_count()} "
                                 f"GPUs; ask SLURM for {last + 1} (hardware=h100x8) or run fewer workers")

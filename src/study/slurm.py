@@ -183,9 +183,10 @@ def engine_share(cfg: DictConfig):
 
 
 def gpus_needed(cfg: DictConfig) -> int:
-    """The GPUs a cell occupies: one a rank, and under runtime=async its workers' Ray slots before the trainer's."""
+    """The GPUs a cell occupies: one a rank, and under runtime=async its workers' Ray slots beside the trainer's."""
     ranks = int(cfg.hardware.get("ranks", 1) or 1)
-    return described(cfg.runtime).gpus_needed(cfg.runtime, ranks, str(cfg.hardware.device))
+    nodes = int(cfg.hardware.get("nodes", 1) or 1)
+    return described(cfg.runtime).gpus_needed(cfg.runtime, ranks, str(cfg.hardware.device), nodes)
 
 
 def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str | None:
@@ -213,7 +214,7 @@ def memory_refusal(cfg: DictConfig, launcher: DictConfig, hardware: str) -> str 
                 f"set hardware.ranks={gpus}{more}, or use a hardware option with more GPUs")
     if gpus and gpus_needed(cfg) > gpus:
         return (f"runtime.workers={cfg.runtime.workers} x runtime.gpus_per_worker={cfg.runtime.gpus_per_worker:g} "
-                f"and {ranks} trainer rank(s) after them on hardware={hardware}: {gpus_needed(cfg)} GPUs, the job "
+                f"and {ranks} trainer rank(s) beside them on hardware={hardware}: {gpus_needed(cfg)} GPUs, the job "
                 f"asks for {gpus}; run fewer workers, or set runtime.gpus_per_worker=0.5 to pack two on a GPU")
     if not (SHAPES / f"{name.replace('/', '__')}.json").is_file():
         return None  # the tiny policy or a local folder: no plan

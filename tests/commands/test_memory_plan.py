@@ -248,7 +248,14 @@ def test_a_job_whose_gpus_cannot_hold_the_policy_is_refused_with_the_hardware_th
                    "buffer=none") is None
     assert refusal("hardware=h100x8", "runtime=async", "runtime.workers=8", "runtime.gpus_per_worker=1",
                    "buffer=none").startswith("runtime.workers=8 x runtime.gpus_per_worker=1 and 1 trainer rank(s) "
-                                             "after them on hardware=h100x8: 9 GPUs, the job asks for 8")
+                                             "beside them on hardware=h100x8: 9 GPUs, the job asks for 8")
+    # Over two nodes the driver's copy holds a GPU of its own beside the workers' and the rank's.
+    assert refusal("hardware=h100x8", "runtime=async", "hardware.nodes=2", "runtime.workers=14",
+                   "runtime.gpus_per_worker=1", "buffer=none") is None
+    assert refusal("hardware=h100x8", "runtime=async", "hardware.nodes=2", "runtime.workers=15",
+                   "runtime.gpus_per_worker=1", "buffer=none").startswith(
+        "runtime.workers=15 x runtime.gpus_per_worker=1 and 1 trainer rank(s) beside them on hardware=h100x8: "
+        "17 GPUs, the job asks for 16")
     many = refusal("hardware=h100x4", "hardware.ranks=8")
     assert many.startswith("hardware.ranks=8 on hardware=h100x4: the job asks for 4 GPU(s)")
     # 4 ranks each load 7.6 B fp32 parameters (28 GiB) on the host beside 3 GiB of their own: 126 GiB

@@ -53,6 +53,14 @@ def test_async_trainer_ranks_on_gpus_reduce_cpu_tensors_through_gloo(captured_gr
     assert group["device_id"] == torch.device("cuda", 3)
 
 
+def test_an_async_trainer_rank_with_a_gpu_from_ray_trains_on_the_one_it_sees(captured_group):
+    # On a cluster of several nodes Ray gives each rank one GPU (CUDA_VISIBLE_DEVICES): cuda:0 whatever its rank.
+    device = ray_work.join_trainer_ranks("cuda:0", rank=5, world=8, rendezvous="tcp://10.0.0.1:1", own_gpu=True)
+    group = [call for call in captured_group if "args" in call][-1]
+    assert device == "cuda:0" and group["device_id"] == torch.device("cuda", 0)
+    assert {"set_device": "cuda:0"} in captured_group
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_a_rank_waits_longer_than_torchs_ten_minutes_for_rank_0s_save(captured_group, monkeypatch, device):
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -17,12 +17,16 @@ from pathlib import Path
 import pytest
 
 from src.paths import PROJECT_ROOT
-from src.runtime.ray_cluster import _processes_naming, node_commands
+from src.runtime.ray_cluster import _processes_naming, node_commands, without_gpu
 
-# Three workers and the trainer actor ask one CPU each of the two nodes' 2 + 2: the trainer, pinned to the driver's
-# node, takes one of the head's, so at least one worker runs on the second node.
-RUN = ("runtime=async", "runtime.workers=3", "runtime.num_cpus=4", "runtime.groups_per_request=1", "trainer=smoke",
-       "trainer.steps=4", "trainer.checkpoint_every=1", "evaluation.at_start=false")
+# docs/async.md's run on a cluster: two workers ask one CPU each and two trainer ranks half a CPU each
+# (num_cpus / (W + 1) = 1 a worker, and the trainer's share split over its ranks), 3 of the two nodes' 2 + 2: every
+# placement Ray may choose fits, and none fits on one node, so the actors span both. The ranks meet at rank 0's
+# node address, wherever Ray placed it.
+TYPED = next(line for line in (PROJECT_ROOT / "docs" / "async.md").read_text().splitlines()
+             if line.startswith("python -m src.run") and "runtime.address=127.0.0.1:PORT" in line)
+RUN = (*[word for word in TYPED.split()[3:] if not word.startswith("runtime.address=")], "trainer.steps=4",
+       "trainer.checkpoint_every=1", "evaluation.at_start=false")
 
 
 def test_each_node_of_one_machine_has_its_own_worker_ports_and_resource():
@@ -33,6 +37,12 @@ def test_each_node_of_one_machine_has_its_own_worker_ports_and_resource():
     assert ranges == [["--min-worker-port=20000", "--max-worker-port=21999"],
                       ["--min-worker-port=22000", "--max-worker-port=23999"],
                       ["--min-worker-port=24000", "--max-worker-port=25999"]]
+
+
+def test_the_head_offers_ray_every_gpu_of_its_node_but_the_drivers():
+    assert without_gpu({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, 0)["CUDA_VISIBLE_DEVICES"] == "5,6,7"
+    assert without_gpu({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, 2)["CUDA_VISIBLE_DEVICES"] == "4,5,7"
+    assert without_gpu({"PATH": "/bin"}, None) == {"PATH": "/bin"}  # a CPU driver: the node's GPUs stay Ray's
 
 
 def test_a_slurm_task_knows_its_node_and_its_attempts_folder(monkeypatch, tmp_path):
@@ -155,8 +165,8 @@ def test_a_run_on_a_two_node_cluster_trains_on_both_is_killed_and_resumes_into_t
         first.wait(timeout=60)
         relaunch_resumes_the_killed_run(command, store, steps=4)
         placement = json.loads((tmp_path / "run" / "ray_placement.json").read_text())
-        assert placement["nodes"] == 2 and placement["workers_over_nodes"] == 2, placement
-        assert placement["trainer_node"] in placement["worker_nodes"]
+        assert placement["nodes"] == 2 and len(placement["trainer_nodes"]) == 2, placement
+        assert len(set(placement["worker_nodes"] + placement["trainer_nodes"])) == 2, placement
     finally:
         stopped = subprocess.run([sys.executable, "-m", "src.runtime.ray_cluster", "stop", "--dir", str(cluster)],
                                  cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)

@@ -104,6 +104,12 @@ def test_gpu_workers_take_the_first_gpus_and_leave_the_trainer_its_own(compose_c
                             "hardware.device=cuda:5")
     assert AsyncRuntime.trainer_device(pinned.runtime, RunSettings(pinned)) == "cuda:5"
     assert SyncRuntime.trainer_device(None, RunSettings(compose_config("hardware=h100x8"))) == "cuda"
+    # Over two nodes the driver's copy alone holds GPU 0 of the first (the cluster leaves it out), and Ray gives every
+    # worker and trainer rank a GPU on any node: 14 workers and 1 rank fill the 16 GPUs with it.
+    spread = compose_config("runtime=async", "hardware=h100x8", "hardware.nodes=2", "runtime.workers=14",
+                            "runtime.gpus_per_worker=1")
+    assert AsyncRuntime.trainer_device(spread.runtime, RunSettings(spread)) == "cuda:0"
+    assert AsyncRuntime.gpus_needed(spread.runtime, 1, "cuda", nodes=2) == 16
     halves = compose_config("runtime=async", "hardware=h100x8", "runtime.workers=7", "runtime.gpus_per_worker=0.5")
     assert build_runtime(RunSettings(halves)).worker_gpus == 4  # ceil(7 x 0.5): Ray packs two workers on a GPU
     assert cell_identity(halves) == cell_identity(full)  # placement is launch-only: the same cell

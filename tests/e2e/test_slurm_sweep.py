@@ -125,7 +125,7 @@ def test_the_async_pipeline_over_two_slurm_nodes_starts_its_ray_cluster_and_leav
     assert "NumNodes=2 " in shown and "JobState=COMPLETED" in shown, shown
     [placement] = (tmp_path / "multirun").rglob("ray_placement.json")
     placement = json.loads(placement.read_text())
-    assert placement["nodes"] == 2 and placement["worker_nodes"] != [placement["trainer_node"]], placement
+    assert placement["nodes"] == 2 and placement["worker_nodes"] != placement["trainer_nodes"], placement
     [cluster] = script.parent.glob(f"ray-{job}-*")  # the job's nodes' logs and the head's address
     assert sorted(path.name for path in cluster.glob("node*.log")) == ["node1.log", "node2.log"]
     assert _processes_naming(Path(f"ray-{job}-")) == [], "processes of the job's cluster still running"
