@@ -280,6 +280,14 @@ def test_rlep_under_the_pipeline_appends_earlier_successes_to_arriving_groups(co
     assert all(math.isfinite(m["train/loss"]) for _, m in recorder.steps)
 
 
+def test_ipo_under_the_pipeline_pairs_the_drawn_rollouts_of_each_group(compose_config_module, tmp_path, ray_cpus):
+    """The pipeline hands the trainer drawn rollouts, not whole groups as sampled: loss=ipo pairs those of each
+    group (`src.loss.ipo.batch_pairs`) and trains on them."""
+    recorder, _ = run(compose_config_module, tmp_path, "loss=ipo", "runtime.workers=1", "trainer.steps=2")
+    assert [step for step, _ in recorder.steps] == [0, 1]
+    assert all(m["ipo/pairs"] >= 0 and m["ipo/target_margin"] == 5.0 for _, m in recorder.steps), recorder.steps
+
+
 def test_free_schedule_w1_with_two_groups_a_request_finishes(compose_config_module, tmp_path, ray_cpus):
     recorder, events = run(compose_config_module, tmp_path, "runtime.schedule=free", "runtime.workers=1",
                            "trainer.steps=3", "runtime.groups_per_request=2")
