@@ -83,6 +83,10 @@ class Comparison:
     why: str = ""
     substitution: str = ""
 
+    def pairs(self) -> int:
+        """The training seeds at which both roles have a value: the count this comparison's test stands on."""
+        return int(self.method.dropna().index.intersection(self.baseline.dropna().index).size)
+
     def judged(self, level: float = ALPHA) -> dict:
         """The paired difference (mean, 1 - 2 level two-sided half-width, 90 % at 5 %: its ends are the one-sided
         tests' bounds), the claim's one-sided test at `level` (p), the smallest difference the seeds detect (80 %

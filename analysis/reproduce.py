@@ -139,10 +139,13 @@ def section(claim: Claim, study: Study, figure: Path | None, command: str) -> st
     the command that made it. Runs of several commits get no verdict, only the line that refuses one; runs of
     fewer seeds than planned are undecided, their tests withheld."""
     levels = look_levels(claim)
-    planned, seeds = max(levels), study.runs["seed"].nunique()
+    comparisons = claim.compare(study)
+    # A look is at the seeds every comparison pairs: a study whose baseline has all its seeds and a method cell
+    # few is at the method cell's count, not the baseline's.
+    planned, seeds = max(levels), min((c.pairs() for c in comparisons), default=0)
     level = levels.get(seeds, min(levels.values()))  # between looks the tests are withheld: shown at a look's level
-    judged = [{**vars(comparison), **comparison.judged(level)} for comparison in claim.compare(study)]
-    refused = commit_refusal(study.runs) or unplanned_refusal(seeds, planned)
+    judged = [{**vars(comparison), **comparison.judged(level)} for comparison in comparisons]
+    refused = commit_refusal(study.runs) or unplanned_refusal(study.runs["seed"].nunique(), planned)
     untestable = baseline_learns(study, claim.baseline)
     outcome, reason = ("refused", refused) if refused else (NOT_TESTABLE, untestable) if untestable \
         else verdict(judged)
@@ -153,8 +156,8 @@ def section(claim: Claim, study: Study, figure: Path | None, command: str) -> st
                            "budget/fresh_evaluations")
                if "metrics." + m in study.runs]
     lines = [f"## {claim.paper}: {outcome}", "", f"**The paper** (line {claim.source[0]}): {claim.statement}", "",
-             f"**The miniature** (`{command}`): {seeds} training seed(s) of the {planned} planned, "
-             f"{len(study.runs)} finished run(s). Substitutions: " + "; ".join(claim.substitutions) + ".", "",
+             f"**The miniature** (`{command}`): {seeds} training seed(s) paired in every comparison, of the "
+             f"{planned} planned, {len(study.runs)} finished run(s). Substitutions: " + "; ".join(claim.substitutions) + ".", "",
              *role_table(study, metrics), "", *comparison_table(judged, tested=early is None, level=level), "",
              f"Tests: {claim_test(level)}; each margin fixed in analysis/claims.py before any run"
              + (f"; a sequential design, tested at {' and '.join(map(str, levels))} seeds, each at {100 * level:g} %"

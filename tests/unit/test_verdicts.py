@@ -257,6 +257,22 @@ def test_a_claim_is_tested_once_at_its_planned_seeds_and_fewer_show_their_differ
     assert f"**Verdict: {NOT_TESTABLE}.**" in section(claim, Study(flat), None, "x")  # no test, early or not
 
 
+def test_a_study_still_running_is_at_the_seeds_every_comparison_pairs_not_at_its_most_finished_cell():
+    """Fresh-only and one replay cell at the planned seeds, the other replay cell at 3 (a study still running,
+    cell by cell): the claim is at 3 seeds, so every test is withheld; with the third cell done it is decided."""
+    claim = CLAIMS["seed000"]
+    planned = planned_seeds(claim)
+    runs = replay_clearly_better(planned)
+    running = runs[(runs["tags.cell"] != "rho1-L2-c1") | (runs["seed"] < 3)]
+    text = section(claim, Study(running), None, "make reproduce-seed000")
+    assert f"**Verdict: {UNDECIDED}.** 3 of the {planned} planned training seeds" in text, text
+    rows = [line for line in text.splitlines() if line.startswith("| rho1-L") and " vs fresh-only" in line]
+    assert len(rows) == 2 and all("| withheld |" in row for row in rows) and "| yes" not in text
+    assert f"3 training seed(s) paired in every comparison, of the {planned} planned" in text
+    done = section(claim, Study(runs), None, "make reproduce-seed000")
+    assert f"**Verdict: {REPRODUCED}.**" in done and "withheld" not in done
+
+
 def replay_by(differences) -> pd.DataFrame:
     """Seed 000's three roles, both replay cells `differences[s]` above fresh-only at training seed s."""
     rows = [{"tags.cell": cell, "seed": seed, "metrics.budget/fresh_evaluations": 200.0 if cell == "rho0" else 100.0,
