@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = PROJECT_ROOT / "launch" / "local_slurm.sh"
@@ -98,26 +99,6 @@ def _have_slurm() -> bool:
     return all(shutil.which(name, path=path) for name in _NEEDED)
 
 
-def _free_port(count: int = 1) -> int:
-    """A port that is free with the `count - 1` after it (node i's slurmd listens on the first + i)."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            first = sock.getsockname()[1]
-        if first + count <= 65536 and all(_bindable(first + i) for i in range(1, count)):
-            return first
-    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def ensure_installed() -> None:
     """Skip unless we can have slurm + munge; install them (apt-get) when missing."""
     if not sys.platform.startswith("linux"):
@@ -149,8 +130,8 @@ def local_slurm(tmp_dir: str | os.PathLike, nodes: int = 1) -> Iterator[LocalSlu
 
     env = {
         **os.environ,
-        "LOCAL_SLURM_CTLD_PORT": str(_free_port()),
-        "LOCAL_SLURM_D_PORT": str(_free_port(nodes)),
+        "LOCAL_SLURM_CTLD_PORT": str(free_port()),
+        "LOCAL_SLURM_D_PORT": str(free_port(nodes)),
         "LOCAL_SLURM_NODES": str(nodes),
     }
     try:

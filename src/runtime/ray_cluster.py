@@ -42,8 +42,10 @@ WORKER_PORTS = 2000  # each node's own range of worker ports, so two raylets on 
 
 
 def free_port() -> int:
+    """A TCP port no process on this machine listens on now, on any of its addresses (a head or a rendezvous
+    other nodes reach)."""
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind(("", 0))
         return probe.getsockname()[1]
 
 

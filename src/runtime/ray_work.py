@@ -63,6 +63,7 @@ from src.components import Components
 from src.policy.model import trainer_names, trainer_weights
 from src.runtime.pipeline import Generated, PipelineError, PipelineSettings
 from src.runtime.queue_actor import Stored
+from src.runtime.ray_cluster import free_port
 from src.runtime.ray_session import first_line
 from src.runtime.weight_board import WeightBoard
 from src.buffer.rollouts import Sample
@@ -635,15 +636,6 @@ def start_trainers(run: RunSettings, cpus: float, board, parts: Components, stat
              "torch_rng": torch.get_rng_state()}
     ray.get([trainer.load_state.remote(whole) for trainer in trainers])
     return trainers
-
-
-def free_port() -> int:
-    """A TCP port no process on this machine listens on now, on any of its addresses."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
 
 
 def resolved(items: list) -> list:

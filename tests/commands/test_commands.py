@@ -31,6 +31,7 @@ import pytest
 
 from src.runs import auth
 from src.runs.serve import announce, port_free
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the console scripts of this venv
@@ -75,12 +76,6 @@ def args(*words: str) -> str:
 
 def store_args(store: dict) -> list[str]:
     return [f"tracking.uri={store['uri']}", f"tracking.artifact_location={store['folder']}/artifacts"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def parallel(commands: list[list[str]], timeout: float = 300) -> list[subprocess.CompletedProcess]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import configparser
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from src.paths import PROJECT_ROOT
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

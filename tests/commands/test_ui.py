@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from mlflow.tracking import MlflowClient
 from src.runs import links
 from src.runs.store import ensure_experiment
 from src.paths import PROJECT_ROOT
+from tests.ports import free_port
 
 BROWSER_PACKAGES = ("chromium", "chromium-driver")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -45,12 +45,6 @@ def ensure_browser() -> tuple[str, str]:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
         subprocess.run(install, env=env, capture_output=True, text=True, check=True)
     return shutil.which("chromium"), shutil.which("chromedriver")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def one_step_run(tmp_path, random_policy_dir, compose_config) -> tuple[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from src.paths import PROJECT_ROOT
 from tests.conftest import kill_tree, wall_clock
+from tests.ports import free_port
 
 # float64: the ranks sum the same terms in other orders, which float32 would round apart (~1e-5)
 SETTINGS = ("trainer.steps=5", "trainer.groups_per_step=4", "trainer.group_size=4", "policy.max_new_tokens=16",
@@ -30,12 +30,6 @@ def launch(tmp_path, store: str, folder: str, *prefix: str, extra=(), group: boo
                f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/{folder}"]
     return subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=group, env=env)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def slurm_node(node: int, nodes: int, port: int) -> dict[str, str]:
