@@ -344,12 +344,7 @@ def select_replacements(
     Fewer than n prompts come back only when the filtered candidates run out; the caller
     then keeps that many more of its uniform prompts (`Replacements.apply`).
     """
-    if isinstance(min_memory, bool) or int(min_memory) != min_memory or min_memory < 1:
-        raise ValueError(f"min_memory must be an integer >= 1, got {min_memory!r}.")
-    if isinstance(pool_factor, bool) or int(pool_factor) != pool_factor or pool_factor < 1:
-        raise ValueError(f"pool_factor must be an integer >= 1, got {pool_factor!r}; 1 = deterministic top-n.")
-    if not isinstance(rng, random.Random):
-        raise ValueError(f"rng must be a random.Random (seeded, checkpointable), got {type(rng).__name__}.")
+    _check_selection(min_memory, pool_factor, rng)
     bank = candidates if isinstance(candidates, PromptBank) else PromptBank(candidates, memory.task, memory.max_numbers)
     if bank.max_numbers != memory.max_numbers:
         raise ValueError(
@@ -358,40 +353,58 @@ def select_replacements(
         )
     n = replacement_count(len(batch), fraction)
     excluded: set[Key] = memory.keys() | {x.key for x in batch}
-    picks: list[Instance] = []
-    scores: list[float] = []
     if n == 0 or len(bank) == 0:
-        return Replacements(picks, n, 0, 0, scores)
-
+        return Replacements([], n, 0, 0, [])
+    picks, scores = [], []
     if len(memory) >= min_memory:
-        mem_emb, mem_pri = memory.matrices()
-        c = retrieval_scores(bank.embeddings, mem_emb, mem_pri)
-        order = torch.sort(c, descending=True, stable=True).indices.tolist()
-        pool: list[int] = []
-        pool_keys: set[Key] = set()
-        for idx in order:
-            key = bank.keys[idx]
-            if key in excluded or key in pool_keys:
-                continue
-            pool.append(idx)
-            pool_keys.add(key)
-            if len(pool) == pool_factor * n:
-                break
-        chosen = pool if len(pool) <= n else rng.sample(pool, n)
-        for idx in chosen:
-            picks.append(bank.instances[idx])
-            scores.append(float(c[idx]))
-            excluded.add(bank.keys[idx])
+        picks, scores = _retrieve(memory, bank, excluded, n, pool_factor * n, rng)
     retrieved = len(picks)
-
-    if len(picks) < n:
-        # Uniform fall-back for the missing positions (early training, or filtering left too few).
-        for idx in _lazy_permutation(len(bank), rng):
-            key = bank.keys[idx]
-            if key in excluded:
-                continue
-            picks.append(bank.instances[idx])
-            excluded.add(key)
-            if len(picks) == n:
-                break
+    picks += _uniform_fill(bank, excluded, n - retrieved, rng)  # early training, or filtering left too few
     return Replacements(picks, n, retrieved, len(picks) - retrieved, scores)
+
+
+def _check_selection(min_memory: int, pool_factor: int, rng: random.Random) -> None:
+    if isinstance(min_memory, bool) or int(min_memory) != min_memory or min_memory < 1:
+        raise ValueError(f"min_memory must be an integer >= 1, got {min_memory!r}.")
+    if isinstance(pool_factor, bool) or int(pool_factor) != pool_factor or pool_factor < 1:
+        raise ValueError(f"pool_factor must be an integer >= 1, got {pool_factor!r}; 1 = deterministic top-n.")
+    if not isinstance(rng, random.Random):
+        raise ValueError(f"rng must be a random.Random (seeded, checkpointable), got {type(rng).__name__}.")
+
+
+def _retrieve(memory: FrontierMemory, bank: PromptBank, excluded: set[Key], n: int, pool_size: int,
+              rng: random.Random) -> tuple[list[Instance], list[float]]:
+    """Step 2: n of the `pool_size` valid candidates of highest c_m (ties by bank order), with their scores;
+    each pick's key joins `excluded`."""
+    mem_emb, mem_pri = memory.matrices()
+    c = retrieval_scores(bank.embeddings, mem_emb, mem_pri)
+    order = torch.sort(c, descending=True, stable=True).indices.tolist()
+    pool: list[int] = []
+    pool_keys: set[Key] = set()
+    for idx in order:
+        key = bank.keys[idx]
+        if key in excluded or key in pool_keys:
+            continue
+        pool.append(idx)
+        pool_keys.add(key)
+        if len(pool) == pool_size:
+            break
+    chosen = pool if len(pool) <= n else rng.sample(pool, n)
+    excluded.update(bank.keys[idx] for idx in chosen)
+    return [bank.instances[idx] for idx in chosen], [float(c[idx]) for idx in chosen]
+
+
+def _uniform_fill(bank: PromptBank, excluded: set[Key], missing: int, rng: random.Random) -> list[Instance]:
+    """Step 3: up to `missing` uniform draws from the bank whose keys are not in `excluded` (each added to it)."""
+    picks: list[Instance] = []
+    if missing <= 0:
+        return picks
+    for idx in _lazy_permutation(len(bank), rng):
+        key = bank.keys[idx]
+        if key in excluded:
+            continue
+        picks.append(bank.instances[idx])
+        excluded.add(key)
+        if len(picks) == missing:
+            break
+    return picks
