@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402  (the report's own imports)
 import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from analysis.claims import (CLAIMS, NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED, UNDECIDED, Claim,  # noqa: E402
+from analysis.claims import (CLAIMS, NOT_TESTABLE, UNDECIDED, Claim,  # noqa: E402
                              Study, assign_roles, baseline_learns, commit_refusal, look_levels, verdict)
 from analysis.seeds import ALPHA, claim_test  # noqa: E402
 
@@ -150,7 +150,7 @@ def section(claim: Claim, study: Study, figure: Path | None, command: str) -> st
     outcome, reason = ("refused", refused) if refused else (NOT_TESTABLE, untestable) if untestable \
         else verdict(judged)
     early = early_look(seeds, planned, claim.looks)
-    if early and outcome in (REPRODUCED, NOT_REPRODUCED, UNDECIDED):  # a test's outcome, not a missing test
+    if early and not (refused or untestable):  # a test's outcome, or seeds still to come for one
         outcome, reason = UNDECIDED, early
     metrics = [m for m in ("quick/start/mean_reward", "quick/final/mean_reward", "quick/final/pass_at_1",
                            "budget/fresh_evaluations")

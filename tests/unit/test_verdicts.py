@@ -271,6 +271,8 @@ def test_a_study_still_running_is_at_the_seeds_every_comparison_pairs_not_at_its
     assert f"3 training seed(s) paired in every comparison, of the {planned} planned" in text
     done = section(claim, Study(runs), None, "make reproduce-seed000")
     assert f"**Verdict: {REPRODUCED}.**" in done and "withheld" not in done
+    started = section(claim, Study(runs[runs["tags.cell"] == "rho0"]), None, "make reproduce-seed000")
+    assert f"**Verdict: {UNDECIDED}.** 0 of the {planned} planned training seeds" in started, started  # not yet
 
 
 def replay_by(differences) -> pd.DataFrame:
