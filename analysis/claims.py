@@ -263,8 +263,10 @@ def look_levels(claim: "Claim") -> dict[int, float]:
     return {**{n: level for n in claim.looks}, planned_seeds(claim): level}
 
 
-def verdict(judged: list[dict]) -> tuple[str, str]:
-    """The claim's verdict from its comparisons' judgements, with the reason in words."""
+def verdict(judged: list[dict], next_look: int | None = None) -> tuple[str, str]:
+    """The claim's verdict from its comparisons' judgements, with the reason in words. Undecided at an interim
+    look, the reason names the `next_look` the design preset; at the last look, no seeds are added to the study
+    (a further look would break its 5 %), so the count that would decide is a new study's plan at this spread."""
     if not judged or any(row["outcome"] == "no data" for row in judged):
         return NOT_TESTABLE, "a comparison has fewer than two seeds with both roles' runs"
     by = lambda outcome: [row for row in judged if row["outcome"] == outcome]
@@ -279,8 +281,11 @@ def verdict(judged: list[dict]) -> tuple[str, str]:
                               + "; ".join(row["label"] for row in by("no spread")))
     open_rows = by("undecided")
     needed = [row["seeds_needed"] for row in open_rows]
-    count = f"{max(needed)} seeds would decide" if None not in needed else "more than 10,000 seeds would be needed"
-    return UNDECIDED, (f"{count}: " + "; ".join(
+    count = f"{max(needed)} seeds" if None not in needed else "more than 10,000 seeds"
+    why = (f"undecided at this look; the next, preset, is at {next_look} seeds" if next_look else
+           f"undecided at the study's last look, and not tested again; a new study planned at this spread would "
+           f"need {count}")
+    return UNDECIDED, (f"{why}: " + "; ".join(
         f"{row['label']} detects {row['detectable']:.3f} > margin {row['margin']:.3f}"
         if row["detectable"] > row["margin"] else f"{row['label']} ({row['diff']:+.3f}) rejects neither"
         for row in open_rows))

@@ -82,10 +82,12 @@ OUTCOME_WORDS = {"agrees": "yes", "against": "no: the claim is rejected", "undec
                  "no spread": "no spread: no test", "no data": "no data"}
 
 
-def comparison_table(judged: list[dict], tested: bool = True, level: float = ALPHA) -> list[str]:
+def comparison_table(judged: list[dict], tested: bool = True, level: float = ALPHA,
+                     next_look: int | None = None) -> list[str]:
     """One row a comparison: the paired difference, the claim's one-sided test, the smallest difference its seeds
     detect (80 % power at the test's `level`) against the margin, the outcome and what stands in for the paper. Not
-    `tested` (fewer seeds than planned and no look: `early_look`), the test's p and outcome are withheld."""
+    `tested` (fewer seeds than planned and no look: `early_look`), the test's p and outcome are withheld. An
+    undecided row names the preset `next_look`, or at the last look the seeds a new study would be planned at."""
     interval = f"{100 * (1 - 2 * level):g} %"
     lines = [f"| comparison | paper | expected (margin) | difference ({interval}, paired) | p (one-sided) "
              "| detectable (80 %) | seeds | agrees | substitution |", "| --- |" + " --- |" * 8]
@@ -94,8 +96,9 @@ def comparison_table(judged: list[dict], tested: bool = True, level: float = ALP
         p = f"{row['p_value']:.3g}" if not np.isnan(row["p_value"]) else "none"
         detect = f"{row['detectable']:.3f}" if not np.isnan(row["detectable"]) else "none"
         agrees = OUTCOME_WORDS[row["outcome"]]
-        if row["seeds_needed"] is not None:
-            agrees += f" ({row['seeds_needed']} would decide)"
+        if row["outcome"] == "undecided":
+            agrees += (f" (next look: {next_look} seeds)" if next_look else
+                       f" (a new study: {row['seeds_needed'] or 'over 10,000'} seeds)")
         if not tested:
             p, agrees = "withheld", "not tested before the planned seeds"
         lines.append(f"| {row['label']} | {row['paper']} | {row['expect']} ({row['margin']:g}: {row['why']}) | "
@@ -144,11 +147,12 @@ def section(claim: Claim, study: Study, figure: Path | None, command: str) -> st
     # few is at the method cell's count, not the baseline's.
     planned, seeds = max(levels), min((c.pairs() for c in comparisons), default=0)
     level = levels.get(seeds, min(levels.values()))  # between looks the tests are withheld: shown at a look's level
+    next_look = min((n for n in levels if n > seeds), default=None)
     judged = [{**vars(comparison), **comparison.judged(level)} for comparison in comparisons]
     refused = commit_refusal(study.runs) or unplanned_refusal(study.runs["seed"].nunique(), planned)
     untestable = baseline_learns(study, claim.baseline)
     outcome, reason = ("refused", refused) if refused else (NOT_TESTABLE, untestable) if untestable \
-        else verdict(judged)
+        else verdict(judged, next_look)
     early = early_look(seeds, planned, claim.looks)
     if early and not (refused or untestable):  # a test's outcome, or seeds still to come for one
         outcome, reason = UNDECIDED, early
@@ -158,7 +162,8 @@ def section(claim: Claim, study: Study, figure: Path | None, command: str) -> st
     lines = [f"## {claim.paper}: {outcome}", "", f"**The paper** (line {claim.source[0]}): {claim.statement}", "",
              f"**The miniature** (`{command}`): {seeds} training seed(s) paired in every comparison, of the "
              f"{planned} planned, {len(study.runs)} finished run(s). Substitutions: " + "; ".join(claim.substitutions) + ".", "",
-             *role_table(study, metrics), "", *comparison_table(judged, tested=early is None, level=level), "",
+             *role_table(study, metrics), "",
+             *comparison_table(judged, tested=early is None, level=level, next_look=next_look), "",
              f"Tests: {claim_test(level)}; each margin fixed in analysis/claims.py before any run"
              + (f"; a sequential design, tested at {' and '.join(map(str, levels))} seeds, each at {100 * level:g} %"
                 if claim.looks else "") + ".", ""]

@@ -30,7 +30,9 @@ def compared(expect: str, differences, margin: float = 0.02) -> dict:
 def test_the_table_gives_the_claims_test_its_power_and_the_seeds_that_would_decide():
     open_row = comparison_table([compared("at least", [0.03, -0.02, 0.01])])[-1]
     assert "| at least (0.02: why) |" in open_row and "| 3 | undecided (" in open_row
-    assert "would decide) |" in open_row and "worse" not in open_row
+    assert "(a new study: " in open_row and "worse" not in open_row  # the last look: no seeds added to this one
+    interim = comparison_table([compared("at least", [0.03, -0.02, 0.01])], next_look=14)[-1]
+    assert "| undecided (next look: 14 seeds) |" in interim
     constant = comparison_table([compared("lower", [-300.0, -300.0, -300.0], 0.26)])[-1]
     assert "| none | 0.000 | 3 | no spread: no test |" in constant  # a constant difference is no p = 0
 

@@ -80,8 +80,10 @@ def test_a_row_too_few_to_decide_names_the_seed_count_that_decides():
     assert row["detectable"] == pytest.approx(detectable(sd, 3)) and row["detectable"] > 0.02
     needed = row["seeds_needed"]
     assert detectable(sd, needed) <= 0.02 < detectable(sd, needed - 1)
-    outcome, reason = verdict([{**row, "label": "m vs b", "margin": 0.02}])
-    assert outcome == UNDECIDED and f"{needed} seeds would decide" in reason
+    outcome, reason = verdict([{**row, "label": "m vs b", "margin": 0.02}])  # at the study's last look
+    assert outcome == UNDECIDED and "not tested again" in reason and f"would need {needed} seeds" in reason
+    outcome, reason = verdict([{**row, "label": "m vs b", "margin": 0.02}], next_look=14)  # at an interim look
+    assert outcome == UNDECIDED and "the next, preset, is at 14 seeds" in reason and "would need" not in reason
 
 
 @pytest.mark.parametrize("name", sorted(CLAIMS))
@@ -141,7 +143,7 @@ def test_the_claims_verdict_follows_its_comparisons():
     assert verdict(rows("agrees", "against"))[0] == NOT_REPRODUCED
     assert verdict(rows("agrees", "against", "undecided"))[0] == NOT_REPRODUCED
     outcome, reason = verdict(rows("agrees", "undecided"))
-    assert outcome == UNDECIDED and "9 seeds would decide" in reason and "c1" in reason
+    assert outcome == UNDECIDED and "would need 9 seeds" in reason and "c1" in reason
     assert verdict(rows("agrees", "no spread"))[0] == NOT_TESTABLE
     assert verdict(rows("agrees", "no data"))[0] == NOT_TESTABLE and verdict([])[0] == NOT_TESTABLE
 
@@ -233,12 +235,12 @@ def test_runs_of_two_commits_get_no_verdict_only_the_line_naming_the_commits():
     assert commit_refusal(one) is None and commit_refusal(seed000_runs()) is None
 
 
-def replay_clearly_better(seeds: int) -> pd.DataFrame:
-    """Seed 000's three roles over `seeds` training seeds, replay 0.05 above fresh-only at every seed (+- 0.002)."""
+def replay_clearly_better(seeds: int, lift: float = 0.05) -> pd.DataFrame:
+    """Seed 000's three roles over `seeds` training seeds, replay `lift` above fresh-only at every seed (+- 0.002)."""
     rows = [{"tags.cell": cell, "seed": seed, "metrics.budget/fresh_evaluations": 200.0 if cell == "rho0" else 100.0,
-             "metrics.quick/final/pass_at_8": 0.3 + 0.01 * (seed % 4) + lift + 0.002 * ((seed * 7 + index) % 3)}
-            for seed in range(seeds) for index, (cell, lift) in enumerate(
-                (("rho0", 0.0), ("rho1-L1-c1", 0.05), ("rho1-L2-c1", 0.05)))]
+             "metrics.quick/final/pass_at_8": 0.3 + 0.01 * (seed % 4) + above + 0.002 * ((seed * 7 + index) % 3)}
+            for seed in range(seeds) for index, (cell, above) in enumerate(
+                (("rho0", 0.0), ("rho1-L1-c1", lift), ("rho1-L2-c1", lift)))]
     return assign_roles(pd.DataFrame([{"run_id": f"r{i}", **r} for i, r in enumerate(rows)]), CLAIMS["seed000"])
 
 
@@ -249,12 +251,24 @@ def test_a_claim_is_tested_once_at_its_planned_seeds_and_fewer_show_their_differ
     assert f"**Verdict: {UNDECIDED}.** 3 of the {planned} planned training seeds: the claim is tested once" in early
     rows = [line for line in early.splitlines() if line.startswith("| rho1-L") and " vs fresh-only" in line]
     assert len(rows) == 2 and all("+0.050 ± " in row and "| withheld |" in row for row in rows)
-    assert "would decide" not in early and "| yes" not in early
+    assert "a new study" not in early and "next look" not in early and "| yes" not in early
     at_plan = section(claim, Study(replay_clearly_better(planned)), None, "make reproduce-seed000")
     assert f"**Verdict: {REPRODUCED}.**" in at_plan and "withheld" not in at_plan
     flat = replay_clearly_better(3).assign(**{"metrics.quick/start/mean_reward": 0.5,
                                               "metrics.quick/final/mean_reward": 0.4})
     assert f"**Verdict: {NOT_TESTABLE}.**" in section(claim, Study(flat), None, "x")  # no test, early or not
+
+
+def test_a_study_undecided_at_its_last_look_is_not_offered_more_seeds_only_a_new_plan():
+    """At the planned count "N seeds would decide" would invite adding seeds and testing again, the optional
+    stopping the plan forbids; the report says the study is not tested again and what a new plan would need."""
+    claim = CLAIMS["seed000"]
+    at_edge = section(claim, Study(replay_clearly_better(planned_seeds(claim), lift=-0.02)), None, "x")
+    assert f"**Verdict: {UNDECIDED}.** undecided at the study's last look, and not tested again; a new study " \
+        "planned at this spread would need" in at_edge
+    rows = [line for line in at_edge.splitlines() if line.startswith("| rho1-L") and " vs fresh-only" in line]
+    assert len(rows) == 2 and all("| undecided (a new study: " in row for row in rows)
+    assert "would decide" not in at_edge and "next look" not in at_edge
 
 
 def test_a_study_still_running_is_at_the_seeds_every_comparison_pairs_not_at_its_most_finished_cell():
