@@ -282,9 +282,8 @@ def verdict(judged: list[dict], next_look: int | None = None) -> tuple[str, str]
     open_rows = by("undecided")
     needed = [row["seeds_needed"] for row in open_rows]
     count = f"{max(needed)} seeds" if None not in needed else "more than 10,000 seeds"
-    why = (f"undecided at this look; the next, preset, is at {next_look} seeds" if next_look else
-           f"undecided at the study's last look, and not tested again; a new study planned at this spread would "
-           f"need {count}")
+    why = (f"at this look; the next, preset, is at {next_look} seeds" if next_look else
+           f"at its last look, so not tested again; a new study planned at this spread would need {count}")
     return UNDECIDED, (f"{why}: " + "; ".join(
         f"{row['label']} detects {row['detectable']:.3f} > margin {row['margin']:.3f}"
         if row["detectable"] > row["margin"] else f"{row['label']} ({row['diff']:+.3f}) rejects neither"

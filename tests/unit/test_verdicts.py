@@ -83,7 +83,7 @@ def test_a_row_too_few_to_decide_names_the_seed_count_that_decides():
     outcome, reason = verdict([{**row, "label": "m vs b", "margin": 0.02}])  # at the study's last look
     assert outcome == UNDECIDED and "not tested again" in reason and f"would need {needed} seeds" in reason
     outcome, reason = verdict([{**row, "label": "m vs b", "margin": 0.02}], next_look=14)  # at an interim look
-    assert outcome == UNDECIDED and "the next, preset, is at 14 seeds" in reason and "would need" not in reason
+    assert outcome == UNDECIDED and "at this look; the next, preset, is at 14 seeds" in reason and "would need" not in reason
 
 
 @pytest.mark.parametrize("name", sorted(CLAIMS))
@@ -264,8 +264,8 @@ def test_a_study_undecided_at_its_last_look_is_not_offered_more_seeds_only_a_new
     stopping the plan forbids; the report says the study is not tested again and what a new plan would need."""
     claim = CLAIMS["seed000"]
     at_edge = section(claim, Study(replay_clearly_better(planned_seeds(claim), lift=-0.02)), None, "x")
-    assert f"**Verdict: {UNDECIDED}.** undecided at the study's last look, and not tested again; a new study " \
-        "planned at this spread would need" in at_edge
+    assert f"**Verdict: {UNDECIDED}.** at its last look, so not tested again; a new study planned at this " \
+        "spread would need" in at_edge
     rows = [line for line in at_edge.splitlines() if line.startswith("| rho1-L") and " vs fresh-only" in line]
     assert len(rows) == 2 and all("| undecided (a new study: " in row for row in rows)
     assert "would decide" not in at_edge and "next look" not in at_edge
