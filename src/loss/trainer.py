@@ -451,7 +451,7 @@ class FirstPass:
         on_cpu, kept = token_logprobs.cpu(), mask.bool().cpu()
         for row, i in enumerate(lp.index):
             self.prox[i] = on_cpu[row][kept[row]].clone()
-        self.logprobs[lp.index] = (token_logprobs * mask).sum(-1).cpu()
+        self.logprobs[lp.index] = (on_cpu * kept).sum(-1)  # from the host copy: one device-to-host copy, not two
         if lp.reference is not None:
             reference = upcast(lp.reference)
             self.reference_sums[lp.index] = (reference * mask).sum(-1).cpu()
